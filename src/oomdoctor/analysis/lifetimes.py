@@ -1,0 +1,194 @@
+"""Block lifetimes: alloc -> free_requested -> free_completed for every block, truncation-aware.
+
+The trace pairs events by address: ``alloc`` returns a block at ``addr``; ``free_requested`` is the
+user's free; ``free_completed`` is when the block really returned to the pool, later than
+``free_requested`` only when the block was used on another stream (``record_stream``) and the
+allocator waited on CUDA events (``CUDACachingAllocator.cpp`` ``free``/``insert_events``/
+``process_events``; ``shared/reference/caching_allocator_spec.md`` §8).
+
+A trace may start after blocks were allocated (recording began late, or the ``max_entries`` ring
+buffer dropped the oldest events). Those blocks are reconstructed from the evidence the trace and the
+final segments give: a free with no alloc before it means the block existed at the start; an active
+block of the final segments whose address never appears in the trace existed all along ("ghost").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, DeviceTrace, Trace
+from .rounding import divisions_table, round_size
+
+IN_TRACE = 0
+ALLOCATED_AT_START = 1
+PENDING_AT_START = 2
+
+
+@dataclass
+class Lifetimes:
+    """One row per block instance, as parallel arrays (length ``n``).
+
+    ``alloc``/``free_requested``/``free_completed`` are event indices, -1 when the event is not in
+    the trace (before its start, or not yet happened at its end). ``size`` is the block size in bytes
+    (exact where the block is in the final segments, else the allocator's rounding of ``requested``);
+    ``start_state`` is :data:`IN_TRACE`, :data:`ALLOCATED_AT_START` or :data:`PENDING_AT_START`.
+    """
+
+    addr: np.ndarray
+    requested: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    stack: np.ndarray
+    alloc: np.ndarray
+    free_requested: np.ndarray
+    free_completed: np.ndarray
+    start_state: np.ndarray
+    size_exact: np.ndarray
+    unmatched_frees: int
+    ghost_blocks: int
+
+    def __len__(self) -> int:
+        return int(self.addr.shape[0])
+
+    @property
+    def truncated(self) -> bool:
+        """True when the trace shows blocks that existed before it started (late start or ring-buffer
+        overflow)."""
+        return self.unmatched_frees > 0 or self.ghost_blocks > 0
+
+    def alive_mask(self, k: int) -> np.ndarray:
+        """Blocks active (allocated or pending free) after event ``k`` (-1: before the first event)."""
+        born = (self.alloc <= k) & ((self.alloc >= 0) | (self.start_state != IN_TRACE))
+        return born & ((self.free_completed > k) | (self.free_completed < 0))
+
+    def allocated_mask(self, k: int) -> np.ndarray:
+        """Blocks allocated (not yet freed by the user) after event ``k``."""
+        alive = self.alive_mask(k)
+        not_freed = (self.free_requested > k) | ((self.free_requested < 0) & (self.start_state != PENDING_AT_START))
+        return alive & not_freed
+
+    @property
+    def deferred(self) -> np.ndarray:
+        """Blocks whose completion was deferred: ``free_completed`` is not right after
+        ``free_requested`` (or the block was still pending at the end, or at the start)."""
+        fr, fc = self.free_requested, self.free_completed
+        return ((fr >= 0) & ((fc < 0) | (fc > fr + 1))) | (self.start_state == PENDING_AT_START)
+
+
+def _prev_in_group(mask: np.ndarray, group_start: np.ndarray) -> np.ndarray:
+    """For each sorted position p, the last position q <= p with ``mask[q]`` in p's group, else -1."""
+    pos = np.arange(mask.shape[0])
+    last = np.maximum.accumulate(np.where(mask, pos, -1)) if mask.size else pos
+    return np.where(last >= group_start, last, -1)
+
+
+def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
+    """Pair the alloc/free events of ``dt`` into block lifetimes and add the blocks that existed
+    before the trace started. Pure; O(n log n) in the number of events."""
+    action, addr = dt.events["action"], dt.events["addr"]
+    mem = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
+    order = mem[np.argsort(addr[mem], kind="stable")]
+    sa, sact = addr[order], action[order]
+    m = order.shape[0]
+    pos = np.arange(m)
+    new_group = np.ones(m, dtype=bool)
+    if m:
+        new_group[1:] = sa[1:] != sa[:-1]
+    group_start = np.maximum.accumulate(np.where(new_group, pos, 0)) if m else pos
+
+    is_a, is_fr, is_fc = sact == ALLOC, sact == FREE_REQUESTED, sact == FREE_COMPLETED
+    last_a = _prev_in_group(is_a, group_start)
+    last_fr = _prev_in_group(is_fr, group_start)
+    last_fc = _prev_in_group(is_fc, group_start)
+    prev_fr = np.concatenate(([-1], last_fr[:-1])) if m else last_fr
+    prev_fr = np.where(prev_fr >= group_start, prev_fr, -1)
+    prev_fc = np.concatenate(([-1], last_fc[:-1])) if m else last_fc
+    prev_fc = np.where(prev_fc >= group_start, prev_fc, -1)
+
+    # free_requested -> its alloc (the last alloc of this address not already freed)
+    fr_pos = np.flatnonzero(is_fr)
+    fr_alloc = last_a[fr_pos]
+    fr_ok = (fr_alloc >= 0) & (prev_fr[fr_pos] < fr_alloc)
+    # free_completed -> its free_requested (since the last alloc), or its alloc when no request was recorded
+    fc_pos = np.flatnonzero(is_fc)
+    fc_fr = last_fr[fc_pos]
+    fc_a = last_a[fc_pos]
+    fc_fr_ok = (fc_fr >= 0) & (fc_fr > fc_a) & (prev_fc[fc_pos] < fc_fr)
+    fc_a_ok = ~fc_fr_ok & (fc_a >= 0) & (prev_fc[fc_pos] < fc_a) & (last_fr[fc_pos] < fc_a)
+
+    fr_of = np.full(m, -1, dtype=np.int64)  # alloc pos -> fr pos
+    fr_of[fr_alloc[fr_ok]] = fr_pos[fr_ok]
+    fc_of = np.full(m, -1, dtype=np.int64)  # alloc pos or fr pos -> fc pos
+    fc_of[fc_fr[fc_fr_ok]] = fc_pos[fc_fr_ok]
+    fc_of[fc_a[fc_a_ok]] = fc_pos[fc_a_ok]
+
+    def idx(p: np.ndarray) -> np.ndarray:
+        return np.where(p >= 0, order[np.maximum(p, 0)] if m else p, -1)
+
+    # rows 1: allocs in the trace
+    a_pos = np.flatnonzero(is_a)
+    a_fr = fr_of[a_pos]
+    a_fc = np.where(a_fr >= 0, fc_of[np.maximum(a_fr, 0)], fc_of[a_pos]) if a_pos.size else a_fr
+    # rows 2: free_requested with no alloc before it -> allocated at the start
+    u_fr = fr_pos[~fr_ok & (last_a[fr_pos] < 0)]
+    u_fr_fc = fc_of[u_fr]
+    # rows 3: free_completed with neither alloc nor request before it -> pending at the start
+    u_fc = fc_pos[~fc_fr_ok & ~fc_a_ok & (fc_a < 0) & (fc_fr < 0)]
+
+    ev_size, ev_stream, ev_stack = dt.events["size"], dt.events["stream"], dt.events["stack"]
+    cols = {k: [] for k in ("addr", "req", "stream", "stack", "alloc", "fr", "fc", "state")}
+
+    def add(addr_, req, stream, stack, alloc, fr, fc, state):
+        cols["addr"].append(addr_); cols["req"].append(req); cols["stream"].append(stream)
+        cols["stack"].append(stack); cols["alloc"].append(alloc); cols["fr"].append(fr)
+        cols["fc"].append(fc); cols["state"].append(state)
+
+    ai = order[a_pos]
+    add(addr[ai], ev_size[ai], ev_stream[ai], ev_stack[ai], ai, idx(a_fr), idx(a_fc),
+        np.full(ai.size, IN_TRACE, np.int8))
+    ui = order[u_fr]
+    add(addr[ui], ev_size[ui], ev_stream[ui], np.full(ui.size, -1, np.int32), np.full(ui.size, -1), ui,
+        idx(u_fr_fc), np.full(ui.size, ALLOCATED_AT_START, np.int8))
+    ci = order[u_fc]
+    add(addr[ci], ev_size[ci], ev_stream[ci], np.full(ci.size, -1, np.int32), np.full(ci.size, -1),
+        np.full(ci.size, -1), ci, np.full(ci.size, PENDING_AT_START, np.int8))
+
+    # rows 4: ghosts: active final blocks whose address never appears in the trace
+    seen = set(np.unique(sa).tolist())
+    final_active = {}
+    g_rows = []
+    for seg, blk in dt.blocks():
+        if blk.is_active:
+            final_active[blk.address] = blk
+            if blk.address not in seen:
+                g_rows.append((blk.address, blk.requested_size, seg.stream, blk.stack,
+                               ALLOCATED_AT_START if blk.is_allocated else PENDING_AT_START))
+    if g_rows:
+        g = np.array([r[:4] for r in g_rows], dtype=np.int64)
+        add(g[:, 0], g[:, 1], g[:, 2], g[:, 3].astype(np.int32), np.full(len(g_rows), -1),
+            np.full(len(g_rows), -1), np.full(len(g_rows), -1), np.array([r[4] for r in g_rows], np.int8))
+
+    def cat(k: str, dtype) -> np.ndarray:
+        return np.concatenate([np.asarray(x, dtype=dtype) for x in cols[k]]) if cols[k] else np.zeros(0, dtype)
+
+    row_addr = cat("addr", np.int64)
+    req = cat("req", np.int64)
+    stack = cat("stack", np.int32)
+    alloc, fr, fc = cat("alloc", np.int64), cat("fr", np.int64), cat("fc", np.int64)
+    state = cat("state", np.int8)
+    size = round_size(req, divisions_table(trace.allocator_settings))
+    exact = np.zeros(row_addr.shape[0], dtype=bool)
+    # blocks still active at the end: their exact size (and frames) are in the final segments
+    live_end = np.flatnonzero(fc < 0)
+    for r in live_end.tolist():
+        blk = final_active.get(int(row_addr[r]))
+        if blk is not None:
+            size[r] = blk.size
+            exact[r] = True
+            if stack[r] < 0:
+                stack[r] = blk.stack
+    return Lifetimes(addr=row_addr, requested=req, size=size, stream=cat("stream", np.int64), stack=stack,
+                     alloc=alloc, free_requested=fr, free_completed=fc, start_state=state, size_exact=exact,
+                     unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(g_rows))

@@ -1,0 +1,181 @@
+"""Loading snapshot files and directories of per-rank files.
+
+``load(path)`` reads one file; ``load_ranks(paths)`` reads files and directories as the ranks of one
+job. The rank comes from a sidecar ``*.meta.json`` when present, else from the file name, in the
+spellings the frameworks write: ``rank3``/``rank_3``/``rank-3`` (oomdoctor, Composer
+``rank{rank}.{batch}.memory_snapshot``, Megatron-Bridge ``snapshot_oom_rank-{N}``), torchtitan's
+``{rank:06d}_step_{step}.pickle`` and Megatron-Bridge's ``snapshot_{rank}.pickle``
+(``shared/reference/snapshot_format_and_peers.md`` §1.13).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import SnapshotError
+from .build import build_trace
+from .model import Trace
+from .reader import ProgressFn, decode, read_file
+
+_RANK_PATTERNS = (
+    re.compile(r"rank[_-]?(\d+)", re.IGNORECASE),
+    re.compile(r"^(\d{6})(?=[_.\-]|$)"),
+    re.compile(r"^snapshot_(\d+)(?=[_.\-]|$)", re.IGNORECASE),
+)
+_SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pt.trace", ".json")
+_COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst", ".bz2")
+
+
+def rank_from_name(name: str) -> int | None:
+    """The rank spelled in a file name, or None. ``rank_from_name("rank_3.pickle") == 3``."""
+    base = os.path.basename(name)
+    for pat in _RANK_PATTERNS:
+        m = pat.search(base)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _stem(path: str) -> str:
+    name = os.path.basename(path)
+    for suf in _COMPRESSED_SUFFIXES:
+        if name.endswith(suf):
+            name = name[: -len(suf)]
+    for suf in (".pickle", ".pkl", ".json"):
+        if name.endswith(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def sidecar_path(path: str) -> str | None:
+    """The ``*.meta.json`` written beside a snapshot: ``<stem>.meta.json``, else ``rank{R}.meta.json``."""
+    d = os.path.dirname(path) or "."
+    candidates = [os.path.join(d, _stem(path) + ".meta.json")]
+    r = rank_from_name(path)
+    if r is not None:
+        candidates.append(os.path.join(d, f"rank{r}.meta.json"))
+    return next((c for c in candidates if os.path.isfile(c)), None)
+
+
+def read_sidecar(path: str) -> dict[str, Any]:
+    """Parse a sidecar. Raises :class:`SnapshotError` naming the sidecar if it is not a JSON object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SnapshotError(path, f"sidecar metadata is not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(meta, dict):
+        raise SnapshotError(path, "sidecar metadata must be a JSON object")
+    return meta
+
+
+def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar: bool = True) -> Trace:
+    """Read one snapshot file into a :class:`Trace`.
+
+    Accepts ``torch.cuda.memory._dump_snapshot()`` pickles, the same compressed with gzip, xz, zstd
+    or bzip2 (detected by magic bytes), the JSON form pytorch.org/memory_viz accepts, and the older
+    list-of-segments pickles of ``torch.cuda.memory_snapshot()``.
+
+    Args:
+        path: the file.
+        progress: called as ``progress(bytes_read, bytes_total)`` while the file is read.
+        sidecar: read ``<stem>.meta.json`` beside the file when present.
+
+    Raises:
+        SnapshotError: missing, empty, truncated, corrupt, or not a snapshot (message names the file).
+        UnsafeSnapshotError: the pickle asks for a global; nothing from it was executed.
+    """
+    p = os.fspath(path)
+    trace = build_trace(p, decode(p, read_file(p, progress)))
+    meta = trace.meta
+    side = sidecar_path(p) if sidecar else None
+    if side:
+        side_meta = read_sidecar(side)
+        meta.update(side_meta)
+        meta["sidecar"] = side
+    if meta.get("rank") is None:
+        meta["rank"] = rank_from_name(p)
+    elif not isinstance(meta["rank"], int):
+        raise SnapshotError(side or p, f"'rank' must be an integer, got {meta['rank']!r}")
+    _check_step_markers(side or p, meta)
+    if not trace.has_history:
+        trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
+                              "only the final state is reported")
+    return trace
+
+
+def _check_step_markers(path: str, meta: dict[str, Any]) -> None:
+    steps = meta.get("step_markers")
+    if steps is None:
+        return
+    if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("time_us"), int)
+                                              for s in steps):
+        raise SnapshotError(path, "'step_markers' must be a list of objects with an integer 'time_us'")
+
+
+def discover(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """Expand directories into the snapshot files they hold (sorted); files pass through.
+
+    Raises:
+        SnapshotError: a path does not exist, or a directory holds no snapshot file.
+    """
+    out: list[str] = []
+    for raw in paths:
+        p = os.fspath(raw)
+        if os.path.isdir(p):
+            found = sorted(str(f) for f in Path(p).iterdir() if f.is_file() and _looks_like_snapshot(f.name))
+            if not found:
+                raise SnapshotError(p, "directory holds no snapshot files (*.pickle, *.pkl, *.json, "
+                                       "optionally .gz/.xz/.zst)")
+            out.extend(found)
+        elif os.path.exists(p):
+            out.append(p)
+        else:
+            raise SnapshotError(p, "no such file or directory")
+    return out
+
+
+def _looks_like_snapshot(name: str) -> bool:
+    if name.endswith(".meta.json") or name in ("summary.json",) or name.startswith("."):
+        return False
+    base = name
+    for suf in _COMPRESSED_SUFFIXES:
+        if base.endswith(suf):
+            base = base[: -len(suf)]
+    return base.endswith(_SNAPSHOT_SUFFIXES)
+
+
+def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | None = None) -> list[Trace]:
+    """Read files and directories as the ranks of one job, sorted by rank.
+
+    Files whose rank cannot be told (no sidecar, no rank in the name) are numbered in path order
+    after the known ranks, with a warning on each.
+
+    Raises:
+        SnapshotError: as :func:`load`; also when two files claim the same rank.
+    """
+    files = discover(paths)
+    traces = [load(f, progress=progress) for f in files]
+    if len(traces) > 1:
+        seen: dict[int, str] = {}
+        for t in traces:
+            if t.rank is None:
+                continue
+            if t.rank in seen:
+                raise SnapshotError(t.path, f"claims rank {t.rank}, like {seen[t.rank]}: pass the files of one "
+                                            "run at a time (a directory may hold several runs)")
+            seen[t.rank] = t.path
+        nxt = max(seen, default=-1) + 1
+        for t in traces:
+            if t.rank is None:
+                t.meta["rank"] = nxt
+                t.warnings.append(f"rank not found in the file name or a sidecar: numbered {nxt} by path order")
+                nxt += 1
+    elif traces and traces[0].rank is None:
+        traces[0].meta["rank"] = 0
+        traces[0].meta["rank_assumed"] = True
+    return sorted(traces, key=lambda t: t.rank if t.rank is not None else 0)

@@ -1,0 +1,233 @@
+"""The central data type: a snapshot turned into columnar arrays.
+
+A :class:`Trace` is one snapshot file (usually one rank). It holds, per CUDA device with anything
+recorded, a :class:`DeviceTrace`: the trace events as numpy columns, and the final segments and blocks
+(the point-in-time state ``torch.cuda.memory._snapshot()`` dumped). Frames and stacks are interned in
+one :class:`StackTable` shared by every device of the file: each distinct frame and stack is stored once.
+
+Field meanings follow PyTorch's ``torch/csrc/cuda/memory_snapshot.cpp`` / ``Module.cpp``
+(``traceEntryToDict``, ``segmentInfoToDict``); see ``shared/reference/snapshot_format_and_peers.md`` §1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+# Action codes of the ``action`` column. Order is part of the saved format: append only.
+ALLOC = 0
+FREE_REQUESTED = 1
+FREE_COMPLETED = 2
+SEGMENT_ALLOC = 3
+SEGMENT_FREE = 4
+SEGMENT_MAP = 5
+SEGMENT_UNMAP = 6
+SNAPSHOT = 7
+OOM = 8
+ANNOTATE = 9
+
+ACTION_NAMES: tuple[str, ...] = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+    "annotate",
+)
+ACTION_CODES: dict[str, int] = {name: code for code, name in enumerate(ACTION_NAMES)}
+
+# Block states of the final segments (the strings ``Module.cpp`` emits; ``active_awaiting_free`` is the
+# spelling of the ``_snapshot`` docstring and is read as pending free).
+BLOCK_ALLOCATED = "active_allocated"
+BLOCK_PENDING_FREE = "active_pending_free"
+BLOCK_INACTIVE = "inactive"
+
+DEFAULT_POOL: tuple[int, int] = (0, 0)
+
+#: Event columns: name -> dtype. ``stack``/``pool``/``user_metadata``/``compile_context`` are indices
+#: into the trace's tables, -1 when absent; ``device_free`` is set only on ``oom`` events (else -1).
+EVENT_COLUMNS: dict[str, type] = {
+    "action": np.int8,
+    "addr": np.int64,
+    "size": np.int64,
+    "stream": np.int64,
+    "time_us": np.int64,
+    "stack": np.int32,
+    "pool": np.int32,
+    "device_free": np.int64,
+    "user_metadata": np.int32,
+    "compile_context": np.int32,
+}
+
+Frame = tuple[str, int, str]
+"""One stack frame: ``(filename, line, name)``; C++ frames have line 0 and often filename ``??``."""
+
+
+class StackTable:
+    """Interned frames and stacks. A stack is a tuple of frame ids, innermost frame first (the order
+    of ``frames`` in a snapshot). Stack id -1 means "no stack recorded"."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.stacks: list[tuple[int, ...]] = []
+        self._frame_ids: dict[Frame, int] = {}
+        self._stack_ids: dict[tuple[int, ...], int] = {}
+
+    def intern_frame(self, frame: Frame) -> int:
+        fid = self._frame_ids.get(frame)
+        if fid is None:
+            fid = self._frame_ids[frame] = len(self.frames)
+            self.frames.append(frame)
+        return fid
+
+    def intern_stack(self, frame_ids: tuple[int, ...]) -> int:
+        sid = self._stack_ids.get(frame_ids)
+        if sid is None:
+            sid = self._stack_ids[frame_ids] = len(self.stacks)
+            self.stacks.append(frame_ids)
+        return sid
+
+    def stack_frames(self, stack_id: int) -> list[Frame]:
+        """The frames of ``stack_id``, innermost first; ``[]`` for -1."""
+        if stack_id < 0:
+            return []
+        return [self.frames[f] for f in self.stacks[stack_id]]
+
+    def __len__(self) -> int:
+        return len(self.stacks)
+
+
+@dataclass
+class Block:
+    """A block of the final state. Sizes in bytes; ``stack`` indexes the trace's StackTable."""
+
+    address: int
+    size: int
+    requested_size: int
+    state: str
+    stack: int = -1
+
+    @property
+    def is_allocated(self) -> bool:
+        return self.state == BLOCK_ALLOCATED
+
+    @property
+    def is_pending_free(self) -> bool:
+        return self.state == BLOCK_PENDING_FREE
+
+    @property
+    def is_active(self) -> bool:
+        return self.state != BLOCK_INACTIVE
+
+
+@dataclass
+class Segment:
+    """A segment of the final state: one ``cudaMalloc``, or one contiguous mapped range of an
+    expandable segment. ``blocks`` are in address order and cover the segment exactly."""
+
+    address: int
+    total_size: int
+    stream: int
+    segment_type: str  # "small" or "large"
+    pool_id: tuple[int, int]
+    is_expandable: bool
+    blocks: list[Block]
+    stack: int = -1
+
+    @property
+    def allocated_size(self) -> int:
+        return sum(b.size for b in self.blocks if b.is_allocated)
+
+    @property
+    def active_size(self) -> int:
+        return sum(b.size for b in self.blocks if b.is_active)
+
+    @property
+    def end(self) -> int:
+        return self.address + self.total_size
+
+
+@dataclass
+class Annotation:
+    """An ``external_annotations`` record (``record_function`` scope START/END), times in µs."""
+
+    name: str
+    stage: str
+    time_us: int
+
+
+@dataclass
+class DeviceTrace:
+    """Everything recorded for one CUDA device of one process.
+
+    ``events`` maps each name of :data:`EVENT_COLUMNS` to a 1-D array of length ``num_events``,
+    ordered as recorded (oldest first). ``segments`` is the final state, sorted by address.
+    """
+
+    device: int
+    events: dict[str, np.ndarray]
+    segments: list[Segment]
+    annotations: list[Annotation] = field(default_factory=list)
+
+    @property
+    def num_events(self) -> int:
+        return int(self.events["action"].shape[0])
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        # Column access as attributes: ``dt.addr``, ``dt.size``, ...
+        events = self.__dict__.get("events")
+        if events is not None and name in events:
+            return events[name]
+        raise AttributeError(name)
+
+    @property
+    def final_reserved_bytes(self) -> int:
+        return sum(s.total_size for s in self.segments)
+
+    def blocks(self) -> Iterator[tuple[Segment, Block]]:
+        for seg in self.segments:
+            for blk in seg.blocks:
+                yield seg, blk
+
+
+@dataclass
+class Trace:
+    """One snapshot file, as columns.
+
+    Attributes:
+        path: the file it was read from.
+        devices: device index -> :class:`DeviceTrace`, for every device with events or segments.
+        stacks: interned frames and stacks shared by all devices.
+        strings: interned strings (``user_metadata``, ``compile_context``) indexed by those columns.
+        pools: interned memory-pool ids indexed by the ``pool`` column.
+        allocator_settings: the snapshot's ``allocator_settings`` dict (``{}`` before PyTorch 2.3).
+        meta: rank, world size, versions, environment, step markers... from the sidecar or file name.
+        has_history: False when the snapshot was recorded with ``enabled="state"`` (no trace).
+        warnings: what the loader skipped or repaired, one line each.
+    """
+
+    path: str
+    devices: dict[int, DeviceTrace]
+    stacks: StackTable
+    strings: list[str] = field(default_factory=list)
+    pools: list[tuple[int, int]] = field(default_factory=list)
+    allocator_settings: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    has_history: bool = True
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int | None:
+        r = self.meta.get("rank")
+        return int(r) if r is not None else None
+
+    @property
+    def primary(self) -> DeviceTrace:
+        """The device with the most events (then the most segments): the rank's own GPU."""
+        return max(self.devices.values(), key=lambda d: (d.num_events, len(d.segments), -d.device))

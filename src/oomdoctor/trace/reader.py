@@ -1,0 +1,139 @@
+"""Reading snapshot bytes safely: decompression by magic bytes, a restricted unpickler, JSON.
+
+Snapshots are untrusted input. :func:`decode` never executes anything from a file: the unpickler
+refuses every global (``find_class``) and persistent id, so only the plain data types that pickle
+builds natively (dict, list, tuple, str, bytes, int, float, bool, None, set) can come out.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import os
+import pickle
+import zlib
+from typing import Any, Callable
+
+from ..errors import SnapshotError, UnsafeSnapshotError
+
+ProgressFn = Callable[[int, int], None]
+"""``progress(bytes_done, bytes_total)``, called while a file is read."""
+
+_CHUNK = 4 << 20
+
+_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"BZh", "bzip2"),
+)
+
+
+def read_file(path: str, progress: ProgressFn | None = None) -> bytes:
+    """Read ``path`` whole, reporting progress. Raises :class:`SnapshotError` if it cannot be read
+    or is empty."""
+    try:
+        total = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if progress is None:
+                data = f.read()
+            else:
+                parts, done = [], 0
+                while chunk := f.read(_CHUNK):
+                    parts.append(chunk)
+                    done += len(chunk)
+                    progress(done, total)
+                data = b"".join(parts)
+    except FileNotFoundError:
+        raise SnapshotError(path, "no such file") from None
+    except IsADirectoryError:
+        raise SnapshotError(path, "is a directory, not a snapshot file") from None
+    except OSError as e:
+        raise SnapshotError(path, f"cannot be read ({e.strerror or e})") from None
+    if not data:
+        raise SnapshotError(path, "is empty (0 bytes); a snapshot dump that failed or was interrupted leaves such files")
+    return data
+
+
+def compression_of(data: bytes) -> str | None:
+    """The compression format named by the magic bytes at the start of ``data``, or None."""
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return name
+    return None
+
+
+def decompress(path: str, data: bytes) -> bytes:
+    """Undo gzip/xz/zstd/bzip2 compression detected by magic bytes (never by file name)."""
+    kind = compression_of(data)
+    if kind is None:
+        return data
+    try:
+        if kind == "gzip":
+            out = gzip.decompress(data)
+        elif kind == "xz":
+            out = lzma.decompress(data)
+        elif kind == "bzip2":
+            out = bz2.decompress(data)
+        else:
+            import zstandard
+
+            out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read()
+    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError) as e:
+        raise SnapshotError(path, f"{kind}-compressed data is truncated or corrupt ({e})") from None
+    except Exception as e:  # zstandard.ZstdError and friends
+        raise SnapshotError(path, f"{kind}-compressed data is truncated or corrupt ({e})") from None
+    if not out:
+        raise SnapshotError(path, f"{kind}-compressed file holds no data")
+    return out
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Admits only what pickle builds without importing anything."""
+
+    def __init__(self, file: io.BytesIO, path: str) -> None:
+        super().__init__(file)
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D401 - pickle hook
+        raise UnsafeSnapshotError(self._path, f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeSnapshotError(self._path, f"persistent id {str(pid)[:40]!r}")
+
+
+def unpickle(path: str, data: bytes) -> Any:
+    """Unpickle plain data only. Raises :class:`UnsafeSnapshotError` on any global and
+    :class:`SnapshotError` on truncated or corrupt bytes."""
+    try:
+        return _PlainDataUnpickler(io.BytesIO(data), path).load()
+    except UnsafeSnapshotError:
+        raise
+    except EOFError:
+        raise SnapshotError(path, "pickle data is truncated (ended before its STOP opcode)") from None
+    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            MemoryError, OverflowError, UnicodeDecodeError, RecursionError) as e:
+        raise SnapshotError(path, f"is not a valid pickle ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def decode(path: str, data: bytes) -> Any:
+    """Turn file bytes (possibly compressed) into plain Python data: a pickle, or the JSON form that
+    pytorch.org/memory_viz accepts."""
+    data = decompress(path, data)
+    if data[:1] == b"\x80":  # pickle protocol >= 2
+        return unpickle(path, data)
+    head = data[:64].lstrip()
+    if head[:1] in (b"{", b"["):
+        try:
+            return json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SnapshotError(path, f"looks like JSON but does not parse ({str(e)[:120]})") from None
+        except RecursionError:
+            raise SnapshotError(path, "JSON is nested too deeply to be a snapshot") from None
+    if head[:1] in (b"(", b"]", b"}", b"I", b"N", b"S", b"V"):  # pickle protocol 0/1
+        return unpickle(path, data)
+    raise SnapshotError(path, "is neither a pickle nor JSON (unrecognised first bytes "
+                              f"{data[:8].hex(' ')}); expected a torch.cuda.memory._dump_snapshot() file")

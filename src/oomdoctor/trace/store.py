@@ -1,0 +1,81 @@
+"""Saving and re-loading a :class:`Trace` losslessly (``.npz``: numpy columns + one JSON document).
+
+The file holds no pickled objects (``allow_pickle=False`` both ways), so a saved trace is as safe
+to open as a snapshot read through the restricted unpickler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from ..errors import SnapshotError
+from .model import EVENT_COLUMNS, Annotation, Block, DeviceTrace, Segment, StackTable, Trace
+
+FORMAT_VERSION = 1
+
+
+def save_trace(trace: Trace, path: str | os.PathLike) -> None:
+    """Write ``trace`` to ``path`` (``.npz``)."""
+    arrays: dict[str, np.ndarray] = {}
+    devices = []
+    for dev, dt in trace.devices.items():
+        for name in EVENT_COLUMNS:
+            arrays[f"d{dev}_{name}"] = dt.events[name]
+        devices.append({
+            "device": dev,
+            "segments": [asdict(s) for s in dt.segments],
+            "annotations": [asdict(a) for a in dt.annotations],
+        })
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "path": trace.path,
+        "devices": devices,
+        "frames": trace.stacks.frames,
+        "stacks": trace.stacks.stacks,
+        "strings": trace.strings,
+        "pools": trace.pools,
+        "allocator_settings": trace.allocator_settings,
+        "meta": trace.meta,
+        "has_history": trace.has_history,
+        "warnings": trace.warnings,
+    }
+    arrays["doc"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Read a trace written by :func:`save_trace`.
+
+    Raises:
+        SnapshotError: not such a file, or written by an incompatible version.
+    """
+    p = os.fspath(path)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            doc: dict[str, Any] = json.loads(bytes(z["doc"]).decode())
+            columns = {k: z[k] for k in z.files if k != "doc"}
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        raise SnapshotError(p, f"is not a saved oomdoctor trace ({str(e)[:100]})") from None
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise SnapshotError(p, f"saved trace format {doc.get('format_version')!r} is not {FORMAT_VERSION}")
+    stacks = StackTable()
+    for f in doc["frames"]:
+        stacks.intern_frame((f[0], f[1], f[2]))
+    for s in doc["stacks"]:
+        stacks.intern_stack(tuple(s))
+    devices = {}
+    for d in doc["devices"]:
+        dev = d["device"]
+        segs = [Segment(**{**s, "pool_id": tuple(s["pool_id"]), "blocks": [Block(**b) for b in s["blocks"]]})
+                for s in d["segments"]]
+        events = {name: columns[f"d{dev}_{name}"].astype(dt, copy=False) for name, dt in EVENT_COLUMNS.items()}
+        devices[dev] = DeviceTrace(dev, events, segs, [Annotation(**a) for a in d["annotations"]])
+    return Trace(path=doc["path"], devices=devices, stacks=stacks, strings=doc["strings"],
+                 pools=[tuple(p) for p in doc["pools"]], allocator_settings=doc["allocator_settings"],
+                 meta=doc["meta"], has_history=doc["has_history"], warnings=doc["warnings"])
