@@ -104,7 +104,10 @@ def build_trace(path: str, obj: Any) -> Trace:
         warnings.append("older list-of-segments snapshot (torch.cuda.memory_snapshot()): final state only")
     if settings.get("trace_alloc_overflowed"):
         warnings.append("the allocator reports that its trace ring buffer overflowed: the oldest events were dropped")
-    meta = {"format": "memory_snapshot_list" if legacy_list else "snapshot_dict"}
+    meta: dict[str, Any] = {"format": "memory_snapshot_list" if legacy_list else "snapshot_dict"}
+    first = next((t[0] for t in traces if t and isinstance(t[0], dict)), None)
+    meta["trace_entry_keys"] = sorted(map(str, first)) if first else []
+    meta["snapshot_keys"] = sorted(map(str, raw))
     return Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
                  allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
 

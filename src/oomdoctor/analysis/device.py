@@ -1,0 +1,88 @@
+"""One rank's analyses, computed once and shared by the detectors and the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from ..trace.model import OOM, DeviceTrace, Trace
+from .fragmentation import Anatomy, anatomy
+from .iterations import Steps, find_steps
+from .lifetimes import Lifetimes, lifetimes
+from .sites import Site, sites_at
+from .timeline import Timeline, timeline
+
+
+@dataclass
+class DeviceAnalysis:
+    """The analyses of one device of one trace. Properties are computed on first access."""
+
+    trace: Trace
+    device: DeviceTrace
+    lifetimes: Lifetimes
+    timeline: Timeline
+    _anatomies: dict[int, Anatomy] = field(default_factory=dict, repr=False)
+
+    @property
+    def rank(self) -> int:
+        return self.trace.rank if self.trace.rank is not None else 0
+
+    @property
+    def num_events(self) -> int:
+        return self.device.num_events
+
+    @cached_property
+    def steps(self) -> Steps | None:
+        return find_steps(self.trace, self.device)
+
+    @cached_property
+    def oom_events(self) -> np.ndarray:
+        """Event indices of ``oom`` entries."""
+        return np.flatnonzero(self.device.events["action"] == OOM)
+
+    @property
+    def peak_reserved(self) -> tuple[int, int]:
+        """``(bytes, event)``: without history, the final reserved bytes at event -1."""
+        if self.num_events == 0:
+            return self.device.final_reserved_bytes, -1
+        return self.timeline.peak_reserved
+
+    @property
+    def peak_allocated(self) -> tuple[int, int]:
+        if self.num_events == 0:
+            return sum(b.size for _, b in self.device.blocks() if b.is_allocated), -1
+        return self.timeline.peak_allocated
+
+    def anatomy_at(self, k: int) -> Anatomy:
+        """Fragmentation anatomy after event ``k`` (cached)."""
+        got = self._anatomies.get(k)
+        if got is None:
+            got = self._anatomies[k] = anatomy(self.device, self.lifetimes, k)
+        return got
+
+    @property
+    def end_index(self) -> int:
+        return self.num_events - 1
+
+    def sites_at(self, k: int) -> list[Site]:
+        return sites_at(self.trace, self.lifetimes, k)
+
+    def deferred_held(self) -> np.ndarray:
+        """Bytes held by deferred frees (``free_requested`` waiting on other streams) after each event."""
+        lt, n = self.lifetimes, self.num_events
+        d = np.flatnonzero(lt.deferred)
+        delta = np.zeros(n + 1, dtype=np.int64)
+        start = np.where(lt.free_requested[d] >= 0, lt.free_requested[d], 0)
+        end = np.where(lt.free_completed[d] >= 0, lt.free_completed[d], n)
+        np.add.at(delta, start, lt.size[d])
+        np.subtract.at(delta, end, lt.size[d])
+        return np.cumsum(delta[:n])
+
+
+def analyze(trace: Trace, device: DeviceTrace | None = None) -> DeviceAnalysis:
+    """Analyse one device of ``trace`` (its primary device by default)."""
+    dt = device if device is not None else trace.primary
+    lt = lifetimes(trace, dt)
+    return DeviceAnalysis(trace, dt, lt, timeline(dt, lt))

@@ -1,0 +1,137 @@
+"""Allocation sites: which code holds the bytes at a moment of the trace.
+
+A block's *site* is the first frame of its allocation stack (innermost first) that is not PyTorch's
+own Python code, the Python standard library, or a C++ frame: the user's (or a model library's)
+line that asked for the memory. Blocks allocated before recording started have no stack and are
+grouped under :data:`PRE_TRACE`; allocations with an empty stack (autograd's C++ threads record no
+Python frames unless ``stacks="all"``) under :data:`NO_STACK`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.model import Frame, StackTable, Trace
+from .lifetimes import IN_TRACE, Lifetimes
+
+PRE_TRACE = -2
+"""Site id of blocks allocated before the trace started, with no known stack."""
+NO_STACK = -1
+"""Site id of allocations recorded without any frame."""
+
+_INTERNAL = re.compile(
+    r"(-packages/|^|/pytorch/)(torch|triton|functorch|apex|transformer_engine)/"  # framework internals
+    r"|(^|/)python3\.\d+/(?!site-packages|dist-packages)"  # stdlib
+    r"|^<frozen |^<string>|^\?\?$|^$"
+)
+
+
+def is_internal(frame: Frame) -> bool:
+    """True for frames of PyTorch itself, the standard library, or C++ (not a ``.py`` file)."""
+    filename = frame[0]
+    if not filename.endswith(".py"):
+        return True
+    return bool(_INTERNAL.search(filename))
+
+
+class SiteIndex:
+    """Maps stack ids to site frame ids (cached per trace)."""
+
+    def __init__(self, stacks: StackTable) -> None:
+        self.stacks = stacks
+        self._cache: dict[int, int] = {}
+
+    def site(self, stack_id: int) -> int:
+        if stack_id < 0:
+            return NO_STACK
+        got = self._cache.get(stack_id)
+        if got is None:
+            got = NO_STACK
+            fids = self.stacks.stacks[stack_id]
+            for fid in fids:
+                if not is_internal(self.stacks.frames[fid]):
+                    got = fid
+                    break
+            else:  # only internal frames: the innermost Python frame is the best we have
+                got = next((f for f in fids if self.stacks.frames[f][0].endswith(".py")), fids[0] if fids else NO_STACK)
+            self._cache[stack_id] = got
+        return got
+
+    def sites_of(self, stack_ids: np.ndarray, pre_trace: np.ndarray | None = None) -> np.ndarray:
+        """Site frame ids for an array of stack ids; :data:`PRE_TRACE` where ``pre_trace`` and no stack."""
+        uniq, inv = np.unique(stack_ids, return_inverse=True)
+        mapped = np.array([self.site(int(s)) for s in uniq], dtype=np.int64)[inv] if uniq.size else \
+            np.zeros(0, np.int64)
+        if pre_trace is not None:
+            mapped = np.where(pre_trace & (stack_ids < 0), PRE_TRACE, mapped)
+        return mapped
+
+    def user_frame(self, stack_id: int) -> int:
+        """The first frame outside any installed package (the training script itself), or -1."""
+        if stack_id < 0:
+            return -1
+        for fid in self.stacks.stacks[stack_id]:
+            fn = self.stacks.frames[fid][0]
+            if fn.endswith(".py") and "-packages/" not in fn and not is_internal(self.stacks.frames[fid]):
+                return fid
+        return -1
+
+
+def site_index(trace: Trace) -> SiteIndex:
+    """The :class:`SiteIndex` of a trace (cached on the trace object's stack table)."""
+    idx = getattr(trace.stacks, "_site_index", None)
+    if idx is None:
+        idx = SiteIndex(trace.stacks)
+        trace.stacks._site_index = idx  # type: ignore[attr-defined]
+    return idx
+
+
+@dataclass
+class Site:
+    """Bytes one site holds at an event. ``frame`` indexes the trace's frames (or is
+    :data:`PRE_TRACE` / :data:`NO_STACK`); ``stack`` is the stack of its largest block."""
+
+    frame: int
+    bytes: int
+    count: int
+    stack: int
+    largest_block_bytes: int
+
+
+def sites_at(trace: Trace, lt: Lifetimes, k: int, *, mask: np.ndarray | None = None) -> list[Site]:
+    """Sites of the blocks allocated after event ``k`` (or of the rows in ``mask``), largest first."""
+    rows = np.flatnonzero(lt.allocated_mask(k) if mask is None else mask)
+    return group_sites(trace, lt, rows)
+
+
+def group_sites(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> list[Site]:
+    """Group block rows by site, largest total first."""
+    if rows.size == 0:
+        return []
+    idx = site_index(trace)
+    site = idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE)
+    size = lt.size[rows]
+    uniq, inv = np.unique(site, return_inverse=True)
+    total = np.bincount(inv, weights=size).astype(np.int64)
+    count = np.bincount(inv)
+    out = []
+    for u in range(uniq.size):
+        members = np.flatnonzero(inv == u)
+        big = members[np.argmax(size[members])]
+        out.append(Site(int(uniq[u]), int(total[u]), int(count[u]), int(lt.stack[rows[big]]), int(size[big])))
+    return sorted(out, key=lambda s: -s.bytes)
+
+
+def site_label(trace: Trace, frame: int) -> str:
+    """``file.py:line in name`` with the path shortened after ``site-packages/``; special ids named."""
+    if frame == PRE_TRACE:
+        return "<allocated before recording started>"
+    if frame == NO_STACK:
+        return "<no stack recorded>"
+    filename, line, name = trace.stacks.frames[frame]
+    if "-packages/" in filename:
+        filename = filename.split("-packages/", 1)[1]
+    return f"{filename}:{line} in {name}"

@@ -1,0 +1,57 @@
+"""``allgather-list``: ``all_gather`` into a Python list, then ``torch.cat`` (seed 001 tip 1, AP-05).
+
+``ProcessGroupNCCL::allgather`` with a list of same-sized outputs gathers into a temporary flat buffer
+(``newLikeFlat``, world size x input) and copies it into each list element; the user's ``torch.cat``
+makes a third copy. Signature: allocations whose innermost Python frame is
+``distributed_c10d.py`` in ``all_gather`` (the flat buffer). Fix: one preallocated output and
+``all_gather_into_tensor`` (PR #85686, public since 1.13; named ``all_gather_single`` from about 2.13,
+PR #186124).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis.device import DeviceAnalysis
+from ..analysis.sites import group_sites
+from ._common import rows_with, site_refs, stacks_matching
+from .context import Context
+from .finding import Finding, Fix
+
+ID = "allgather-list"
+
+
+def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
+    lt = a.lifetimes
+    mask = stacks_matching(a.trace, "distributed_c10d.py", ("all_gather",), innermost_python=True)
+    rows = np.flatnonzero(rows_with(mask, lt.stack) & (lt.alloc >= 0))
+    if rows.size == 0:
+        return None
+    flat = lt.size[rows]
+    evidence = {
+        "calls": int(rows.size),
+        "flat_buffer_bytes_total": int(flat.sum()),
+        "largest_flat_buffer_bytes": int(flat.max()),
+        "extra_copies_per_call": 2,
+        "peak_reserved_bytes": int(a.peak_reserved[0]),
+        "peak_allocated_bytes": int(a.peak_allocated[0]),
+    }
+    summary = ("{calls} calls of all_gather into a list allocated a temporary flat buffer each (largest "
+               "{largest_flat_buffer_bytes:bytes}, {flat_buffer_bytes_total:bytes} in all) that is copied into "
+               "the list and then copied again by torch.cat: three buffers of the gathered size instead of one, "
+               "and more sizes for the allocator to cache.")
+    fixes = [
+        Fix("Preallocate the output once and call dist.all_gather_into_tensor(out, inp) (all_gather_single in "
+            "recent releases); view it as chunks instead of concatenating a list.", versions=">=1.13",
+            source="pytorch/pytorch PR #85686; DeepSpeed PR #4705; seed 001", kind="code",
+            setting="all_gather_into_tensor"),
+        Fix("For reduce-scatter likewise use reduce_scatter_tensor instead of a list input.", versions=">=1.13",
+            source="pytorch/pytorch PR #85686", kind="code"),
+    ]
+    return Finding(ID, "medium", "all_gather into a list then torch.cat copies the gathered data twice",
+                   [a.rank], int(flat.max()), summary, evidence, site_refs(a, group_sites(a.trace, lt, rows)), fixes,
+                   per_rank_bytes={a.rank: int(flat.max())})
+
+
+def detect(ctx: Context) -> list[Finding]:
+    return [f for a in ctx.analyses if (f := detect_rank(a, ctx)) is not None]

@@ -1,0 +1,83 @@
+"""What every detector receives: the analyses of all ranks, and the PyTorch version where known.
+
+The snapshot does not record PyTorch's version. The sidecar (``oomdoctor.record``) does; otherwise a
+lower bound is read off the fields the snapshot has, from when each was added
+(``shared/reference/snapshot_format_and_peers.md`` §1.12): ``user_metadata`` on trace entries 2.10
+(PR #165490), ``compile_context`` 2.8 (PR #152707), ``graph_capture_record_stream_reuse`` in
+``allocator_settings`` 2.9 (PR #158352), ``external_annotations`` 2.5 (PR #129072),
+``allocator_settings`` 2.3 (PR #119404), ``time_us`` 2.2 (PR #112266).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..analysis.device import DeviceAnalysis
+
+Version = tuple[int, int]
+
+_FIELD_VERSIONS: tuple[tuple[str, str, Version], ...] = (
+    ("entry", "user_metadata", (2, 10)),
+    ("settings", "graph_capture_record_stream_reuse", (2, 9)),
+    ("entry", "compile_context", (2, 8)),
+    ("snapshot", "external_annotations", (2, 5)),
+    ("snapshot", "allocator_settings", (2, 3)),
+    ("entry", "time_us", (2, 2)),
+)
+
+
+def parse_version(text: str) -> Version | None:
+    """``"2.11.0+cu130"`` -> ``(2, 11)``."""
+    m = re.match(r"^\s*(\d+)\.(\d+)", str(text))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclass
+class TorchVersion:
+    """``exact`` from the sidecar, else ``minimum`` inferred from the snapshot's fields (or None)."""
+
+    exact: Version | None
+    minimum: Version | None
+    text: str
+
+    def at_least(self, v: Version) -> bool | None:
+        """True/False when the version is known (or its lower bound settles it), None otherwise."""
+        if self.exact is not None:
+            return self.exact >= v
+        if self.minimum is not None and self.minimum >= v:
+            return True
+        return None
+
+    def in_range(self, lo: Version, hi: Version) -> bool | None:
+        """Is the version in ``[lo, hi)``?"""
+        if self.exact is not None:
+            return lo <= self.exact < hi
+        if self.minimum is not None and self.minimum >= hi:
+            return False
+        return None
+
+
+def torch_version(a: DeviceAnalysis) -> TorchVersion:
+    meta = a.trace.meta
+    raw = meta.get("torch_version") or (meta.get("versions") or {}).get("torch")
+    if raw and parse_version(raw):
+        return TorchVersion(parse_version(raw), None, str(raw))
+    entry_keys = set(meta.get("trace_entry_keys", []))
+    snap_keys = set(meta.get("snapshot_keys", []))
+    settings = set(a.trace.allocator_settings)
+    for where, key, v in _FIELD_VERSIONS:
+        present = {"entry": entry_keys, "snapshot": snap_keys, "settings": settings}[where]
+        if key in present:
+            return TorchVersion(None, v, f">= {v[0]}.{v[1]} (snapshot has '{key}')")
+    return TorchVersion(None, None, "unknown")
+
+
+@dataclass
+class Context:
+    """All ranks' analyses, sorted by rank."""
+
+    analyses: list[DeviceAnalysis]
+
+    def version(self, a: DeviceAnalysis) -> TorchVersion:
+        return torch_version(a)

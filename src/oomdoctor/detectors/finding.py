@@ -1,0 +1,58 @@
+"""What a detector reports: a :class:`Finding` with its evidence and fixes.
+
+Text fields may hold ``{name}`` / ``{name:bytes}`` / ``{name:us}`` placeholders naming keys of
+``evidence``; renderers fill them (only renderers format sizes for people).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("critical", "high", "medium", "low", "info")
+
+
+@dataclass
+class Fix:
+    """One remedy. ``applies`` is True/False for the user's PyTorch version when it is known or can be
+    bounded from the snapshot, None when it cannot be told."""
+
+    text: str
+    versions: str
+    source: str
+    kind: str = "code"  # env | config | code | upgrade
+    setting: str | None = None
+    applies: bool | None = None
+
+
+@dataclass
+class SiteRef:
+    """An allocation site behind a finding: ``label`` (``file:line in function``), bytes, block count,
+    and the full stack (innermost first) of its largest block."""
+
+    label: str
+    bytes: int
+    count: int
+    stack: list[str] = field(default_factory=list)
+    user_frame: str | None = None
+
+
+@dataclass
+class Finding:
+    """A diagnosed problem. ``id`` is stable (the detector's name); ``bytes`` is what is at stake."""
+
+    id: str
+    severity: str
+    title: str
+    ranks: list[int]
+    bytes: int
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    sites: list[SiteRef] = field(default_factory=list)
+    fixes: list[Fix] = field(default_factory=list)
+    prediction: dict[str, Any] | None = None
+    per_rank_bytes: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")

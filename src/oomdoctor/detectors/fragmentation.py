@@ -1,0 +1,126 @@
+"""``fragmentation``: reserved memory the allocator cannot use for the request at hand (AP-06).
+
+Two signatures (``shared/reference/antipatterns.md`` AP-06; ``caching_allocator_spec.md`` §5-6):
+
+* an ``oom`` entry whose request (rounded, as the allocator records it) is larger than every free
+  block of its pool and stream while the reserved-but-unallocated bytes would cover it: the memory
+  is there, in pieces;
+* without an OOM: at the peak of reserved memory, free bytes stranded inside segments that still hold
+  live blocks (``empty_cache()`` cannot return them) are at least 1 GiB and a quarter of reserved.
+
+Fixes in order: ``expandable_segments:True`` (PR #96995, 2.1+; incompatible with CUDA IPC of its
+tensors, issue #130330; with NCCL user-buffer registration, NVIDIA/nccl#1584; CUDA graphs + NCCL need
+``NCCL_GRAPH_REGISTER=0``, issue #158029); then ``max_split_size_mb``; then
+``garbage_collection_threshold`` (only with a memory fraction set). The variable is
+``PYTORCH_ALLOC_CONF`` from 2.9 (``PYTORCH_CUDA_ALLOC_CONF`` still read as an alias).
+"""
+
+from __future__ import annotations
+
+from ..analysis.device import DeviceAnalysis
+from ..analysis.fragmentation import request_pool
+from ..analysis.rounding import round_size
+from ..units import GiB, MiB
+from .context import Context
+from .finding import Finding, Fix
+
+ID = "fragmentation"
+MIN_STRANDED_BYTES = 1 * GiB
+MIN_STRANDED_FRACTION = 0.25
+
+
+def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
+    v = ctx.version(a)
+    expandable_on = bool(a.trace.allocator_settings.get("expandable_segments")) or any(
+        s.is_expandable for s in a.device.segments)
+    if a.oom_events.size:
+        k = int(a.oom_events[-1])
+        ev = a.device.events
+        request = int(round_size(ev["size"][k:k + 1])[0])
+        stream = int(ev["stream"][k])
+        an = a.anatomy_at(k)
+        pool = request_pool(request)
+        largest = an.largest_free_block(stream, pool)
+        unallocated = an.reserved_bytes - an.allocated_bytes
+        if request <= largest or unallocated < request:
+            return None
+        evidence = {
+            "oom_event": k,
+            "requested_bytes": request,
+            "reserved_bytes": an.reserved_bytes,
+            "allocated_bytes": an.allocated_bytes,
+            "reserved_unallocated_bytes": unallocated,
+            "largest_free_block_bytes": largest,
+            "largest_free_block_any_stream_bytes": an.largest_free_block_bytes,
+            "free_in_used_segments_bytes": an.free_in_used_segments_bytes,
+            "free_segments_bytes": an.free_segments_bytes,
+            "pending_free_bytes": an.pending_free_bytes,
+            "device_free_bytes": int(ev["device_free"][k]),
+            "pool": pool,
+            "stream": stream,
+            "segments": an.segments,
+            "expandable_segments": expandable_on,
+        }
+        summary = ("Out of memory asking for {requested_bytes:bytes} while {reserved_unallocated_bytes:bytes} "
+                   "of the {reserved_bytes:bytes} reserved were not allocated: the largest free block of the "
+                   "{pool} pool on this stream was {largest_free_block_bytes:bytes}. "
+                   "{free_in_used_segments_bytes:bytes} are free but stranded in {segments} segments that "
+                   "still hold live blocks, so the allocator could not cudaMalloc a new segment under the cap "
+                   "and freeing its cache did not help.")
+        return Finding(ID, "critical", "Out of memory with enough free memory, in pieces too small",
+                       [a.rank], unallocated, summary, evidence, [], _fixes(v, expandable_on, request),
+                       per_rank_bytes={a.rank: unallocated})
+    if a.num_events == 0 or expandable_on:
+        return None
+    reserved, k = a.peak_reserved
+    an = a.anatomy_at(max(k, 0))
+    stranded = an.free_in_used_segments_bytes
+    if stranded < max(MIN_STRANDED_BYTES, MIN_STRANDED_FRACTION * reserved):
+        return None
+    evidence = {
+        "peak_reserved_bytes": reserved,
+        "allocated_at_peak_bytes": an.allocated_bytes,
+        "free_in_used_segments_bytes": stranded,
+        "free_segments_bytes": an.free_segments_bytes,
+        "largest_free_block_bytes": an.largest_free_block_bytes,
+        "segments": an.segments,
+    }
+    summary = ("At the peak, {free_in_used_segments_bytes:bytes} of the {peak_reserved_bytes:bytes} reserved "
+               "were free but stranded inside segments that still hold live blocks (largest free block "
+               "{largest_free_block_bytes:bytes}); only {allocated_at_peak_bytes:bytes} were allocated.")
+    return Finding(ID, "high", "Reserved memory far above allocated: free space stranded in segments",
+                   [a.rank], stranded, summary, evidence, [], _fixes(v, False, 0), per_rank_bytes={a.rank: stranded})
+
+
+def _fixes(v, expandable_on: bool, request: int) -> list[Fix]:
+    env = "PYTORCH_ALLOC_CONF" if v.at_least((2, 9)) else "PYTORCH_CUDA_ALLOC_CONF"
+    env_note = ("PYTORCH_ALLOC_CONF (PyTorch >= 2.9; PYTORCH_CUDA_ALLOC_CONF is still read as an alias there "
+                "and is the name before 2.9)")
+    split_mb = max(20, min(1024, (request // MiB) // 2)) if request else 512
+    fixes = []
+    if not expandable_on:
+        fixes.append(Fix(
+            f"Set {env}=expandable_segments:True ({env_note}): segments grow by mapping pages, so free space "
+            "is not stranded between fixed-size segments. Not compatible with CUDA IPC of those tensors "
+            "(issue #130330), NCCL user-buffer registration (--use-nccl-ub, NVIDIA/nccl#1584); with CUDA "
+            "graphs and NCCL set NCCL_GRAPH_REGISTER=0 (issue #158029).",
+            versions=">=2.1", source="pytorch/pytorch PR #96995; docs notes/cuda.md 'Optimizing memory usage'",
+            kind="env", setting=f"{env}=expandable_segments:True", applies=v.at_least((2, 1))))
+    fixes.append(Fix(
+        f"Or set {env}=max_split_size_mb:{split_mb}: blocks at least that large are never split, so large "
+        "requests find whole blocks (ignored when expandable segments are on, issue #119452).",
+        versions=">=1.10", source="docs notes/cuda.md; CUDACachingAllocator.cpp get_free_block/should_split",
+        kind="env", setting=f"{env}=max_split_size_mb:{split_mb}"))
+    fixes.append(Fix(
+        f"With a memory fraction set (torch.cuda.set_per_process_memory_fraction), add "
+        f"garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap.",
+        versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
+        setting=f"{env}=garbage_collection_threshold:0.8"))
+    fixes.append(Fix(
+        "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
+        versions="all", source="shared/reference/antipatterns.md AP-06", kind="code"))
+    return fixes
+
+
+def detect(ctx: Context) -> list[Finding]:
+    return [f for a in ctx.analyses if (f := detect_rank(a, ctx)) is not None]

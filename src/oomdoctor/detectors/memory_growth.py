@@ -1,0 +1,77 @@
+"""``memory-growth``: memory allocated in step i still allocated steps later, step after step (AP-13).
+
+Steps come from :func:`oomdoctor.analysis.find_steps`. Blocks allocated in the first two steps and
+kept (optimizer state created lazily at the first ``step()``, DDP's buckets rebuilt after the first
+iteration) are warm-up, and so is what the step just before the last one leaves for its successor.
+Growth is what steps 2 .. last-2 each leave behind: a finding when at least two of them do, for at
+least 64 MiB and 2% of the peak allocated in all. Outputs cached by a pipeline schedule are left to
+``pipeline-output-cache``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis.device import DeviceAnalysis
+from ..analysis.iterations import step_growth
+from ..analysis.sites import group_sites
+from ..units import MiB
+from ._common import rows_with, site_refs, stacks_matching
+from .context import Context
+from .finding import Finding, Fix
+
+ID = "memory-growth"
+WARMUP_STEPS = 2
+MIN_BYTES = 64 * MiB
+MIN_FRACTION = 0.02
+MIN_STEPS = 2
+
+
+def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
+    steps = a.steps
+    if steps is None or len(steps) < WARMUP_STEPS + 3:
+        return None
+    g = step_growth(a.lifetimes, a.timeline.allocated, steps)
+    pp = stacks_matching(a.trace, "torch/distributed/pipelining/")
+    counted = range(WARMUP_STEPS, len(steps) - 2)
+    rows, per_step = [], []
+    for i in counted:
+        r = g.retained_rows[i]
+        r = r[~rows_with(pp, a.lifetimes.stack[r])]
+        rows.append(r)
+        per_step.append(int(a.lifetimes.size[r].sum()))
+    total = sum(per_step)
+    growing = [i for i, b in zip(counted, per_step) if b > 0]
+    if len(growing) < MIN_STEPS or total < max(MIN_BYTES, MIN_FRACTION * a.peak_allocated[0]):
+        return None
+    all_rows = np.concatenate(rows)
+    start_alloc = g.allocated_at_start
+    evidence = {
+        "steps": len(steps),
+        "step_source": steps.source,
+        "steps_leaving_memory": len(growing),
+        "leaking_steps": ", ".join(str(i) for i in growing),
+        "retained_bytes": total,
+        "retained_bytes_per_step": per_step,
+        "allocated_at_first_step_bytes": int(start_alloc[min(WARMUP_STEPS, len(start_alloc) - 1)]),
+        "allocated_at_last_step_bytes": int(start_alloc[-1]),
+        "peak_allocated_bytes": int(a.peak_allocated[0]),
+    }
+    summary = ("Over {steps} training steps (found by {step_source}), steps {leaking_steps} each left blocks "
+               "allocated that are still alive at the last step: {retained_bytes:bytes} in all. Allocated memory "
+               "at step start grew from {allocated_at_first_step_bytes:bytes} to {allocated_at_last_step_bytes:bytes}.")
+    fixes = [
+        Fix("Do not keep tensors that are attached to the graph or live on the GPU across steps: log with "
+            "loss.item() or t.detach().cpu(), and keep debug tensors on the CPU.", versions="all",
+            source="PyTorch FAQ 'Don't accumulate history across your training loop'", kind="code"),
+        Fix("If a list or dict of tensors grows per step, bound it or clear it at the step boundary; find "
+            "reference cycles with torch.utils.viz._cycles.warn_tensor_cycles().", versions=">=2.1",
+            source="PyTorch blog 'Understanding GPU Memory 2'", kind="code"),
+    ]
+    return Finding(ID, "high", "Memory grows from step to step: tensors from earlier steps stay allocated",
+                   [a.rank], total, summary, evidence, site_refs(a, group_sites(a.trace, a.lifetimes, all_rows)),
+                   fixes, per_rank_bytes={a.rank: total})
+
+
+def detect(ctx: Context) -> list[Finding]:
+    return [f for a in ctx.analyses if (f := detect_rank(a, ctx)) is not None]

@@ -1,0 +1,104 @@
+"""``pipeline-output-cache``: the last pipeline stage keeps every micro-batch's output until ``step()``
+returns (seed 003, AP-04).
+
+``torch.distributed.pipelining`` ``_PipelineStageBase.forward_one_chunk`` appends each micro-batch's
+output to ``output_chunks`` for ``_merge_outputs`` (last stage only since 2.8, PR #153383). The
+outputs (often ``[seq, vocab]`` logits) stay allocated for the whole step, so memory grows with the
+number of micro-batches.
+
+Signature: blocks allocated under ``pipelining/stage.py`` ``forward_one_chunk`` from one site and of
+one size, of which at least 3 are allocated at once, and whose frees come in one burst (within 10% of
+the span of their allocations) instead of one per backward.
+
+Fix: ``schedule.step(..., return_outputs=False)`` (PyTorch >= 2.10, PR #165822; torchtitan PR #1922);
+before 2.10 skip ``output_chunks.append`` as seed 003's patch does, or compute the loss inside the
+schedule (``loss_fn``) and chunk the LM head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis.device import DeviceAnalysis
+from ..analysis.sites import group_sites, site_index
+from ..units import MiB
+from ._common import rows_with, site_refs, stacks_matching
+from .context import Context
+from .finding import Finding, Fix
+
+ID = "pipeline-output-cache"
+MIN_CONCURRENT = 3
+MIN_BYTES = 256 * MiB
+BURST_FRACTION = 0.10
+
+
+def _max_concurrent(alloc: np.ndarray, free: np.ndarray, n: int) -> int:
+    d = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(d, alloc, 1)
+    np.subtract.at(d, np.where(free >= 0, free, n), 1)
+    return int(np.cumsum(d[:n]).max()) if n else 0
+
+
+def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
+    lt = a.lifetimes
+    mask = stacks_matching(a.trace, "torch/distributed/pipelining/stage.py", ("forward_one_chunk",))
+    rows = np.flatnonzero(rows_with(mask, lt.stack) & (lt.alloc >= 0))
+    if rows.size < MIN_CONCURRENT:
+        return None
+    n = a.num_events
+    sites = site_index(a.trace).sites_of(lt.stack[rows])
+    best = None
+    for key in set(zip(sites.tolist(), lt.size[rows].tolist())):
+        g = rows[(sites == key[0]) & (lt.size[rows] == key[1])]
+        if g.size < MIN_CONCURRENT:
+            continue
+        conc = _max_concurrent(lt.alloc[g], lt.free_requested[g], n)
+        total = conc * int(key[1])
+        if conc < MIN_CONCURRENT or total < MIN_BYTES:
+            continue
+        frees = lt.free_requested[g]
+        frees = np.where(frees >= 0, frees, n - 1)
+        span = max(int(lt.alloc[g].max() - lt.alloc[g].min()), 1)
+        burst = (int(frees.max() - frees.min()) <= BURST_FRACTION * span) or bool((lt.free_requested[g] < 0).all())
+        if burst and (best is None or total > best[0]):
+            best = (total, conc, g)
+    if best is None:
+        return None
+    total, conc, g = best
+    tu = a.device.events["time_us"]
+    frees = np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n - 1)
+    held_us = tu[frees] - tu[lt.alloc[g]]
+    v = ctx.version(a)
+    evidence = {
+        "outputs_kept": conc,
+        "output_bytes": int(lt.size[g][0]),
+        "kept_bytes": total,
+        "micro_batches_seen": int(g.size),
+        "median_held_us": int(np.median(held_us)),
+        "peak_allocated_bytes": int(a.peak_allocated[0]),
+        "torch_version": v.text,
+    }
+    summary = ("This pipeline stage keeps {outputs_kept} micro-batch outputs of {output_bytes:bytes} each "
+               "({kept_bytes:bytes}) allocated at once until step() ends (median {median_held_us:us} each): "
+               "the schedule caches every output of the last stage to merge them, so memory grows with the "
+               "number of micro-batches.")
+    fixes = [
+        Fix("Call schedule.step(..., return_outputs=False) when you do not use the merged outputs (the loss "
+            "is still computed by the schedule's loss_fn).", versions=">=2.10",
+            source="pytorch/pytorch PR #165822; torchtitan PR #1922", kind="code",
+            setting="return_outputs=False", applies=v.at_least((2, 10))),
+        Fix("Before 2.10: do not append outputs to stage.output_chunks on the last stage (seed 003's "
+            "requires_merge_outputs patch of _PipelineStageBase.forward_one_chunk / PipelineScheduleSingle.step).",
+            versions="2.4-2.9", source="pytorch/pytorch issue #159251; discuss.pytorch.org/t/221886", kind="code",
+            applies=None if v.at_least((2, 10)) is None else not v.at_least((2, 10))),
+        Fix("Shrink what is kept: compute the loss inside the schedule and chunk or fuse the LM head and "
+            "cross-entropy so no full [tokens, vocab] logits tensor is materialised.",
+            versions="all", source="torchtitan docs/chunked_loss.md", kind="code"),
+    ]
+    return Finding(ID, "high", "Last pipeline stage keeps every micro-batch's output until step() ends",
+                   [a.rank], total, summary, evidence, site_refs(a, group_sites(a.trace, lt, g)), fixes,
+                   per_rank_bytes={a.rank: total})
+
+
+def detect(ctx: Context) -> list[Finding]:
+    return [f for a in ctx.analyses if (f := detect_rank(a, ctx)) is not None]

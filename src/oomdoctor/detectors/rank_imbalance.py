@@ -1,0 +1,81 @@
+"""``rank-imbalance``: one rank's peak well above the others' (AP-11).
+
+With several ranks, a rank whose peak allocated memory is at least 10% and 256 MiB above the median of
+the other ranks is reported with the allocation sites that hold more on it than on the others, at its
+peak and at the end of the trace (rank 0 keeping debug tensors, metrics, full state dicts...).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis.ranks import peaks, site_deltas
+from ..analysis.sites import site_label
+from ..units import MiB
+from ._common import site_refs
+from .context import Context
+from .finding import Finding, Fix
+
+ID = "rank-imbalance"
+MIN_RATIO = 1.10
+MIN_BYTES = 256 * MiB
+
+
+def detect(ctx: Context) -> list[Finding]:
+    if len(ctx.analyses) < 2:
+        return []
+    pk = peaks(ctx.analyses)
+    out = []
+    for i, p in enumerate(pk):
+        others = [q.peak_allocated_bytes for j, q in enumerate(pk) if j != i]
+        med = int(np.median(others))
+        excess = p.peak_allocated_bytes - med
+        if p.peak_allocated_bytes < MIN_RATIO * med or excess < MIN_BYTES:
+            continue
+        a = ctx.analyses[i]
+        at_peak = [d for d in site_deltas(ctx.analyses, i, "peak") if d.delta_bytes >= 16 * MiB]
+        at_end = [d for d in site_deltas(ctx.analyses, i, "end") if d.delta_bytes >= 16 * MiB]
+        end_others = int(np.median([q.end_allocated_bytes for j, q in enumerate(pk) if j != i]))
+        evidence = {
+            "rank": p.rank,
+            "peak_allocated_bytes": p.peak_allocated_bytes,
+            "others_median_peak_allocated_bytes": med,
+            "excess_bytes": excess,
+            "peak_reserved_bytes": p.peak_reserved_bytes,
+            "end_allocated_bytes": p.end_allocated_bytes,
+            "others_median_end_allocated_bytes": end_others,
+            "ranks_compared": len(pk),
+            "per_rank_peak_allocated_bytes": {q.rank: q.peak_allocated_bytes for q in pk},
+            "extra_at_end": [{"site": _label(a, d), "bytes": d.bytes, "others_bytes": d.others_median_bytes,
+                              "blocks": d.count} for d in at_end[:5]],
+        }
+        top = (at_end or at_peak)
+        if top:
+            evidence["top_site_extra_bytes"] = top[0].delta_bytes
+            evidence["top_site_blocks"] = top[0].count
+            evidence["top_site"] = _label(a, top[0])
+            detail = (" The difference is {top_site_extra_bytes:bytes} in {top_site_blocks} blocks allocated at "
+                      "{top_site}, still held at the end on this rank only.") if at_end else \
+                     " The most different site is {top_site} ({top_site_extra_bytes:bytes} more)."
+        else:
+            detail = ""
+        summary = ("Rank {rank} peaks at {peak_allocated_bytes:bytes} allocated, {excess_bytes:bytes} above the "
+                   "median of the other ranks ({others_median_peak_allocated_bytes:bytes}); at the end it still "
+                   "holds {end_allocated_bytes:bytes} against {others_median_end_allocated_bytes:bytes}." + detail)
+        fixes = [
+            Fix("Keep per-rank extras off the GPU: move logged or debug tensors to the CPU (t.detach().cpu()) or "
+                "keep scalars with .item(); run metrics and evaluation on every rank or under inference_mode.",
+                versions="all", source="shared/reference/antipatterns.md AP-11", kind="code"),
+            Fix("Checkpoint with torch.distributed.checkpoint (sharded) or full state dicts offloaded to the CPU "
+                "(StateDictOptions(full_state_dict=True, cpu_offload=True)) instead of gathering on rank 0.",
+                versions=">=2.2", source="torch/distributed/checkpoint/state_dict.py StateDictOptions", kind="code"),
+        ]
+        sites = [d.site for d in (at_end or at_peak)]
+        out.append(Finding(ID, "high" if excess >= 0.2 * med else "medium",
+                           f"Rank {p.rank} uses more memory than the other ranks", [p.rank], excess, summary,
+                           evidence, site_refs(a, sites), fixes, per_rank_bytes={p.rank: excess}))
+    return out
+
+
+def _label(a, d) -> str:
+    return site_label(a.trace, d.site.frame)

@@ -1,0 +1,39 @@
+"""The detectors, in one explicit list. Each module has ``ID`` and ``detect(ctx) -> list[Finding]``."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import (allgather_list, cache_flush, deferred_free, fragmentation, memory_growth, pipeline_output_cache,
+               rank_imbalance, small_long_lived)
+from .context import Context
+from .finding import Finding
+
+DETECTORS: tuple[ModuleType, ...] = (
+    deferred_free,
+    fragmentation,
+    pipeline_output_cache,
+    memory_growth,
+    allgather_list,
+    rank_imbalance,
+    small_long_lived,
+    cache_flush,
+)
+
+
+def run_all(ctx: Context) -> list[Finding]:
+    """Every detector's findings, with the same id on several ranks merged into one finding."""
+    merged: dict[str, Finding] = {}
+    for det in DETECTORS:
+        for f in det.detect(ctx):
+            key = f.id if f.id != "rank-imbalance" else f"{f.id}:{f.ranks[0]}"
+            cur = merged.get(key)
+            if cur is None:
+                merged[key] = f
+                continue
+            per_rank = {**cur.per_rank_bytes, **f.per_rank_bytes}
+            keep = f if f.bytes > cur.bytes else cur
+            keep.ranks = sorted(set(cur.ranks) | set(f.ranks))
+            keep.per_rank_bytes = per_rank
+            merged[key] = keep
+    return sorted(merged.values(), key=lambda f: -f.bytes)

@@ -1,0 +1,84 @@
+"""``small-long-lived``: many small long-lived blocks scattered through segments (seed 001 tip 3, AP-10).
+
+Per-parameter gradients, optimizer states or cached tensors allocated one by one, at different times,
+end up spread over many segments; each pins its segment, whose free space then only fits requests no
+larger than the gaps, and which ``empty_cache()`` cannot release.
+
+Signature, at the end of the trace: at least 256 blocks smaller than 10 MiB (``kMinLargeAlloc``:
+requests that share 2 MiB or 20 MiB segments) alive for at least half of the trace, spread over
+segments whose free bytes add up to at least 256 MiB and 10% of reserved memory.
+Fix: one contiguous buffer sliced into views (Megatron's contiguous grad buffer, DeepSpeed
+``contiguous_gradients``, DDP ``gradient_as_bucket_view=True``), or create long-lived state before the
+first forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis.device import DeviceAnalysis
+from ..analysis.fragmentation import live_segments
+from ..analysis.rounding import K_MIN_LARGE_ALLOC
+from ..analysis.sites import group_sites
+from ..units import MiB
+from ._common import site_refs
+from .context import Context
+from .finding import Finding, Fix
+
+ID = "small-long-lived"
+MIN_BLOCKS = 256
+MIN_PINNED_BYTES = 256 * MiB
+MIN_PINNED_FRACTION = 0.10
+
+
+def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
+    if a.num_events == 0:
+        return None
+    lt, k = a.lifetimes, a.end_index
+    tu = a.device.events["time_us"]
+    duration = int(tu[-1] - tu[0]) or 1
+    born = np.where(lt.alloc >= 0, tu[np.maximum(lt.alloc, 0)], tu[0])
+    rows = np.flatnonzero(lt.allocated_mask(k) & (lt.size < K_MIN_LARGE_ALLOC) & ((tu[-1] - born) >= duration // 2))
+    if rows.size < MIN_BLOCKS:
+        return None
+    an = a.anatomy_at(k)
+    segs = live_segments(a.device, k)
+    starts = np.array([s.address for s in segs], dtype=np.int64)
+    si = np.unique(np.searchsorted(starts, lt.addr[rows], side="right") - 1)
+    pinned_segments = {int(i) for i in si if i >= 0}
+    # free bytes in the segments these blocks pin, from the final state
+    final = {s.address: s for s in a.device.segments}
+    pinned_free = 0
+    for i in pinned_segments:
+        s = final.get(segs[i].address)
+        if s is not None:
+            pinned_free += sum(b.size for b in s.blocks if not b.is_active)
+    if pinned_free < max(MIN_PINNED_BYTES, MIN_PINNED_FRACTION * an.reserved_bytes):
+        return None
+    evidence = {
+        "blocks": int(rows.size),
+        "bytes": int(lt.size[rows].sum()),
+        "segments_pinned": len(pinned_segments),
+        "free_in_pinned_segments_bytes": pinned_free,
+        "reserved_bytes": an.reserved_bytes,
+    }
+    summary = ("{blocks} small blocks ({bytes:bytes}) live for most of the trace, spread over "
+               "{segments_pinned} segments that hold {free_in_pinned_segments_bytes:bytes} of free space the "
+               "allocator can neither release nor use for larger requests.")
+    fixes = [
+        Fix("Allocate long-lived tensors as views of one contiguous buffer (data = torch.empty(total); "
+            "t = data[a:b].view(shape)), then torch.cuda.empty_cache() once to drop the old pieces.",
+            versions="all", source="seed 001 tip 3; Megatron-LM contiguous grad buffer", kind="code"),
+        Fix("DDP: gradient_as_bucket_view=True makes gradients views of the all-reduce buckets; DeepSpeed: "
+            "contiguous_gradients (default True); fused optimizers (fused=True) avoid per-tensor temporaries.",
+            versions=">=1.7", source="torch/nn/parallel/distributed.py docstring; DeepSpeed PR #1199", kind="config"),
+        Fix("Create optimizer state before the first forward (e.g. one zero-loss step) so it is not "
+            "interleaved with activations.", versions="all", source="shared/reference/antipatterns.md AP-10",
+            kind="code"),
+    ]
+    return Finding(ID, "low", "Many small long-lived blocks pin segments", [a.rank], pinned_free, summary,
+                   evidence, site_refs(a, group_sites(a.trace, lt, rows)), fixes, per_rank_bytes={a.rank: pinned_free})
+
+
+def detect(ctx: Context) -> list[Finding]:
+    return [f for a in ctx.analyses if (f := detect_rank(a, ctx)) is not None]
