@@ -22,6 +22,7 @@ import numpy as np
 from ..trace.model import ALLOC, DeviceTrace, Trace
 from .lifetimes import Lifetimes
 
+MIN_STACKS = 3
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
@@ -95,9 +96,10 @@ def _detect(dt: DeviceTrace) -> Steps | None:
             regular.setdefault(c, []).append(pos)
     if not regular:
         return None
-    # the count shared by the most stacks is the number of steps
+    # the count shared by the most stacks is the number of steps; a count shared by fewer than
+    # MIN_STACKS stacks is more likely a layer loop than a training step
     c = max(regular, key=lambda k: (len(regular[k]), k))
-    if len(regular[c]) < 2 and c < 3:
+    if len(regular[c]) < MIN_STACKS:
         return None
     anchor = min(regular[c], key=lambda p: p[0])
     return Steps(anchor.astype(np.int64), "detected", int(stack[anchor[0]]))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import request_pool
-from ..analysis.rounding import round_size
+from ..analysis.rounding import allocation_size, round_size
 from ..units import GiB, MiB
 from .context import Context
 from .finding import Finding, Fix
@@ -47,6 +47,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         evidence = {
             "oom_event": k,
             "requested_bytes": request,
+            "cuda_malloc_bytes": allocation_size(request),
             "reserved_bytes": an.reserved_bytes,
             "allocated_bytes": an.allocated_bytes,
             "reserved_unallocated_bytes": unallocated,
@@ -61,7 +62,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
             "segments": an.segments,
             "expandable_segments": expandable_on,
         }
-        summary = ("Out of memory asking for {requested_bytes:bytes} while {reserved_unallocated_bytes:bytes} "
+        summary = ("Out of memory asking for {requested_bytes:bytes} (a cudaMalloc of {cuda_malloc_bytes:bytes}, "
+                   "the size PyTorch's error message shows) while {reserved_unallocated_bytes:bytes} "
                    "of the {reserved_bytes:bytes} reserved were not allocated: the largest free block of the "
                    "{pool} pool on this stream was {largest_free_block_bytes:bytes}. "
                    "{free_in_used_segments_bytes:bytes} are free but stranded in {segments} segments that "

@@ -1,0 +1,49 @@
+"""Formatting numbers for people, and filling finding templates. The only place sizes are formatted."""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Mapping
+
+from ..units import GiB, KiB, MiB
+
+
+def format_bytes(n: int | float) -> str:
+    """``3_053_453_312`` -> ``"2.84 GiB"`` (binary units, GiB = 2**30)."""
+    n = float(n)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def format_us(us: int | float) -> str:
+    """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"``."""
+    us = float(us)
+    if us < 1000:
+        return f"{us:.0f} µs"
+    if us < 1_000_000:
+        return f"{us / 1000:.1f} ms"
+    return f"{us / 1_000_000:.1f} s"
+
+
+class _EvidenceFormatter(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec == "bytes":
+            return format_bytes(value)
+        if format_spec == "us":
+            return format_us(value)
+        return super().format_field(value, format_spec)
+
+
+_FORMATTER = _EvidenceFormatter()
+
+
+def fill(template: str, evidence: Mapping[str, Any]) -> str:
+    """Fill ``{key}``, ``{key:bytes}``, ``{key:us}`` from ``evidence``; a missing key stays visible."""
+    try:
+        return _FORMATTER.vformat(template, (), evidence)
+    except (KeyError, IndexError, ValueError):
+        return template

@@ -1,0 +1,116 @@
+"""The terminal report (rich): a summary per rank, a compact timeline, findings by bytes at stake."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..report.model import RankSummary, Report
+from .format import fill, format_bytes, format_us
+
+_SPARK = "▁▂▃▄▅▆▇█"
+_SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
+                   "info": "dim"}
+_APPLIES = {True: ("✓", "green"), False: ("✗ not your version", "dim"), None: ("?", "yellow")}
+
+
+def sparkline(values: list[int], top: int) -> str:
+    if not values or top <= 0:
+        return ""
+    return "".join(_SPARK[min(len(_SPARK) - 1, int(v / top * (len(_SPARK) - 1) + 0.5))] for v in values)
+
+
+def _rank_table(report: Report) -> Table:
+    t = Table(title="Ranks", box=box.SIMPLE_HEAD, title_justify="left")
+    for col, just in (("rank", "right"), ("events", "right"), ("peak allocated", "right"),
+                      ("peak reserved", "right"), ("reserved / allocated", "right"), ("OOM", "left")):
+        t.add_column(col, justify=just)
+    for r in report.ranks:
+        oom = "-"
+        if r.oom is not None:
+            oom = (f"[bold red]{format_bytes(r.oom.requested_bytes)}[/] requested "
+                   f"(cudaMalloc {format_bytes(r.oom.cuda_malloc_bytes)}), largest free block "
+                   f"{format_bytes(r.oom.largest_free_block_bytes)}")
+        ratio = f"{r.peak_reserved_bytes / r.peak_allocated_bytes:.2f}x" if r.peak_allocated_bytes else "-"
+        t.add_row(str(r.rank), f"{r.events:,}" if r.has_history else "[dim]no history[/]",
+                  format_bytes(r.peak_allocated_bytes), format_bytes(r.peak_reserved_bytes), ratio, oom)
+    return t
+
+
+def _timeline(r: RankSummary) -> Text:
+    top = max(r.series.get("reserved") or [0])
+    text = Text()
+    text.append(f"rank {r.rank} ", style="bold")
+    text.append(f"over {r.events:,} events, {format_us(r.duration_us)}")
+    if r.steps:
+        text.append(f", {r.steps} steps ({r.step_source})")
+    text.append("\n  reserved  ")
+    text.append(sparkline(r.series.get("reserved", []), top), style="magenta")
+    text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}\n  allocated ")
+    text.append(sparkline(r.series.get("allocated", []), top), style="green")
+    text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
+    an = r.anatomy_at_peak
+    if an is not None:
+        parts = [("requested", an.requested_bytes), ("rounding", an.rounding_waste_bytes),
+                 ("pending free", an.pending_free_bytes), ("free in used segments", an.free_in_used_segments_bytes),
+                 ("free segments", an.free_segments_bytes)]
+        text.append("\n  at the peak of reserved: ")
+        text.append(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved")
+    return text
+
+
+def _finding_panel(i: int, f) -> Panel:
+    body = Text()
+    body.append(fill(f.summary, f.evidence) + "\n")
+    if f.sites:
+        body.append("\nWhere:\n", style="bold")
+        for s in f.sites[:3]:
+            body.append(f"  {format_bytes(s.bytes):>10}  {s.count:>5} blocks  {s.label}\n")
+            if s.user_frame and s.user_frame not in s.label:
+                body.append(f"{'':30}called from {s.user_frame}\n", style="dim")
+    if f.fixes:
+        body.append("\nFix:\n", style="bold")
+        for n, fx in enumerate(f.fixes, 1):
+            mark, style = _APPLIES[fx.applies]
+            body.append(f"  {n}. ")
+            body.append(f"[{fx.versions}] ", style="dim")
+            body.append(fx.text)
+            body.append(f"  {mark}\n", style=style)
+            body.append(f"     source: {fx.source}\n", style="dim")
+    sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
+    ranks = ",".join(str(r) for r in f.ranks)
+    title = Text.assemble(sev, f" {i}. {fill(f.title, f.evidence)} ", (f"[{f.id}] rank {ranks}, "
+                                                                         f"{format_bytes(f.bytes)} at stake", "dim"))
+    return Panel(body, title=title, title_align="left", box=box.ROUNDED)
+
+
+def render_text(report: Report, console: Console) -> None:
+    """Print ``report`` on ``console``."""
+    console.print(Text(f"oomdoctor {report.oomdoctor_version}: {len(report.ranks)} rank(s)", style="bold"))
+    console.print(_rank_table(report))
+    for r in report.ranks:
+        console.print(_timeline(r))
+        for w in r.warnings:
+            console.print(Text(f"  note: {w}", style="yellow"))
+        if r.truncated:
+            console.print(Text(f"  note: the trace starts after some blocks were allocated ({r.unmatched_frees} "
+                               f"frees without their alloc, {r.ghost_blocks} blocks never seen): their state at "
+                               "the start was reconstructed from the final segments", style="dim"))
+    for n in report.notes:
+        console.print(Text(f"note: {n}", style="yellow"))
+    console.print()
+    if not report.findings:
+        console.print(Text("No memory anti-pattern found.", style="bold green"))
+        for r in report.ranks[:1]:
+            if r.top_sites:
+                console.print(Group(Text("Largest allocation sites at the peak of rank "
+                                         f"{r.rank}:", style="bold"),
+                                    *[Text(f"  {format_bytes(s.bytes):>10}  {s.count:>5} blocks  {s.label}")
+                                      for s in r.top_sites]))
+        return
+    console.print(Text(f"{len(report.findings)} finding(s), largest first:", style="bold"))
+    for i, f in enumerate(report.findings, 1):
+        console.print(_finding_panel(i, f))

@@ -1,0 +1,63 @@
+"""The :class:`Report`: everything a renderer shows, already computed, sorted and trimmed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis.fragmentation import Anatomy
+from ..detectors.finding import Finding, SiteRef
+
+
+@dataclass
+class OomInfo:
+    """An ``oom`` entry of the trace: the rounded request, CUDA's free bytes then, and the state."""
+
+    event_index: int
+    requested_bytes: int
+    cuda_malloc_bytes: int
+    device_free_bytes: int
+    reserved_bytes: int
+    allocated_bytes: int
+    largest_free_block_bytes: int
+    stream: int
+
+
+@dataclass
+class RankSummary:
+    """One rank (one device of one snapshot file). Bytes; event indices (-1: trace start)."""
+
+    rank: int
+    path: str
+    device: int
+    events: int
+    has_history: bool
+    duration_us: int
+    peak_allocated_bytes: int
+    peak_allocated_event: int
+    peak_reserved_bytes: int
+    peak_reserved_event: int
+    end_allocated_bytes: int
+    end_reserved_bytes: int
+    oom: OomInfo | None
+    anatomy_at_peak: Anatomy | None
+    top_sites: list[SiteRef]
+    series: dict[str, list[int]]
+    steps: int | None
+    step_source: str | None
+    truncated: bool
+    unmatched_frees: int
+    ghost_blocks: int
+    torch_version: str
+    allocator_conf: str
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    ranks: list[RankSummary]
+    findings: list[Finding]
+    inputs: list[str]
+    oomdoctor_version: str
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
