@@ -70,8 +70,12 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         return None
     lt = a.lifetimes
     held = a.deferred_held()
-    peak_reserved, k = a.peak_reserved
-    k = max(k, 0)
+    peak_reserved, _ = a.peak_reserved
+    # reserved may stay at its peak for a while: take the moment of that plateau where most is held
+    plateau = np.flatnonzero(a.timeline.reserved == peak_reserved)
+    if plateau.size == 0:
+        plateau = np.arange(a.num_events)
+    k = int(plateau[np.argmax(held[plateau])])
     held_at_peak = int(held[k])
     if held_at_peak < max(MIN_HELD_BYTES, MIN_HELD_FRACTION * peak_reserved):
         return None

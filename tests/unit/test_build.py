@@ -1,0 +1,122 @@
+"""Every snapshot shape of PyTorch 2.x becomes the same Trace."""
+
+import pickle
+
+import pytest
+
+from builder import MiB, SnapBuilder
+from oomdoctor import SnapshotError, load
+from oomdoctor.trace.model import ACTION_CODES
+
+
+def write(tmp_path, obj, name="rank0.pickle"):
+    p = tmp_path / name
+    p.write_bytes(pickle.dumps(obj))
+    return p
+
+
+def test_columns_and_interned_stacks(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    a1 = b.alloc(s, 0, 2 * MiB)
+    a2 = b.alloc(s, 2 * MiB, 2 * MiB)
+    b.free(a1)
+    b.free(a2)
+    t = load(b.write(tmp_path / "x.pickle"))
+    dt = t.primary
+    assert dt.num_events == 7
+    assert [int(x) for x in dt.action] == [ACTION_CODES[n] for n in (
+        "segment_alloc", "alloc", "alloc", "free_requested", "free_completed", "free_requested", "free_completed")]
+    assert int(dt.size[1]) == 2 * MiB
+    assert len(t.stacks.stacks) == 1 and len(t.stacks.frames) == 1  # one distinct stack, stored once
+    assert set(dt.stack.tolist()) == {0}
+
+
+def test_unknown_actions_are_skipped_with_a_warning(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    b.alloc(s, 0, MiB)
+    snap = b.snapshot()
+    snap["device_traces"][0].insert(1, {"action": "teleport", "addr": 0, "size": 0, "stream": 0})
+    t = load(write(tmp_path, snap))
+    assert t.primary.num_events == 2
+    assert any("teleport" in w for w in t.warnings)
+
+
+def test_state_only_snapshot_has_no_history(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(20 * MiB, record=False)
+    b.alloc(s, 0, MiB, record=False)
+    snap = b.snapshot()
+    snap["device_traces"] = [[]]
+    t = load(write(tmp_path, snap))
+    assert not t.has_history
+    assert t.primary.final_reserved_bytes == 20 * MiB
+    assert any("no allocation history" in w for w in t.warnings)
+
+
+def test_older_list_of_segments_form(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    b.alloc(s, 0, MiB)
+    segs = b.snapshot()["segments"]
+    t = load(write(tmp_path, segs))
+    assert not t.has_history
+    assert t.meta["format"] == "memory_snapshot_list"
+    assert t.primary.segments[0].blocks[0].is_allocated
+
+
+def test_pre_2_1_blocks_with_history(tmp_path):
+    seg = {"device": 0, "address": 4096, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
+           "blocks": [{"size": MiB, "state": "active_allocated",
+                       "history": [{"real_size": 1000, "frames": [{"filename": "a.py", "line": 3, "name": "f"}]}]},
+                      {"size": MiB, "state": "inactive", "history": []}]}
+    t = load(write(tmp_path, {"segments": [seg], "device_traces": [[]]}))
+    blk = t.primary.segments[0].blocks[0]
+    assert blk.requested_size == 1000
+    assert t.stacks.stack_frames(blk.stack) == [("a.py", 3, "f")]
+    assert t.primary.segments[0].blocks[1].address == 4096 + MiB
+
+
+def test_oom_entry_and_several_devices(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    b.alloc(s, 0, MiB)
+    b.oom(64 * MiB, device_free=123)
+    snap = b.snapshot()
+    for seg in snap["segments"]:
+        seg["device"] = 1
+    snap["device_traces"] = [[], snap["device_traces"][0]]
+    t = load(write(tmp_path, snap))
+    assert list(t.devices) == [1]
+    dt = t.primary
+    assert int(dt.action[-1]) == ACTION_CODES["oom"]
+    assert int(dt.device_free[-1]) == 123 and int(dt.device_free[0]) == -1
+
+
+def test_awaiting_free_spelling_is_pending(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    a = b.alloc(s, 0, MiB)
+    b.free(a, deferred=True)
+    snap = b.snapshot()
+    snap["segments"][0]["blocks"][0]["state"] = "active_awaiting_free"
+    t = load(write(tmp_path, snap))
+    assert t.primary.segments[0].blocks[0].is_pending_free
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda s: s["device_traces"][0][0].update(size="big"), "expected an integer"),
+    (lambda s: s["device_traces"][0].append(7), "expected a dict"),
+    (lambda s: s["device_traces"][0][0].pop("action"), "has no 'action'"),
+    (lambda s: s["segments"][0]["blocks"][0].update(state="weird"), "unknown 'weird'"),
+    (lambda s: s["device_traces"][0][0].update(frames=5), "'frames'"),
+])
+def test_wrong_field_types_are_named(tmp_path, mutate, problem):
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    b.alloc(s, 0, MiB)
+    snap = b.snapshot()
+    mutate(snap)
+    with pytest.raises(SnapshotError, match=problem):
+        load(write(tmp_path, snap))
