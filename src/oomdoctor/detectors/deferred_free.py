@@ -70,14 +70,16 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         return None
     lt = a.lifetimes
     held = a.deferred_held()
-    peak_reserved, _ = a.peak_reserved
-    # reserved may stay at its peak for a while: take the moment of that plateau where most is held
-    plateau = np.flatnonzero(a.timeline.reserved == peak_reserved)
-    if plateau.size == 0:
-        plateau = np.arange(a.num_events)
-    k = int(plateau[np.argmax(held[plateau])])
+    peak_reserved, k = a.peak_reserved
+    threshold = max(MIN_HELD_BYTES, MIN_HELD_FRACTION * peak_reserved)
+    k = max(k, 0)
+    if held[k] < threshold:
+        # reserved may stay at its peak for a while (segments cached earlier): look over that plateau
+        plateau = np.flatnonzero(a.timeline.reserved == peak_reserved)
+        if plateau.size:
+            k = int(plateau[np.argmax(held[plateau])])
     held_at_peak = int(held[k])
-    if held_at_peak < max(MIN_HELD_BYTES, MIN_HELD_FRACTION * peak_reserved):
+    if held_at_peak < threshold:
         return None
     d = np.flatnonzero(lt.deferred)
     live_at_peak = d[(np.where(lt.free_requested[d] >= 0, lt.free_requested[d], -1) <= k)
