@@ -14,7 +14,7 @@ from .format import fill, format_bytes, format_us
 _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
-_APPLIES = {True: ("✓", "green"), False: ("✗ not your version", "dim"), None: ("?", "yellow")}
+_APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
 
 
 def sparkline(values: list[int], top: int) -> str:
@@ -64,6 +64,11 @@ def _timeline(r: RankSummary) -> Text:
 
 def _finding_panel(i: int, f) -> Panel:
     body = Text()
+    ranks = ",".join(str(r) for r in f.ranks)
+    head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
+    if f.evidence.get("torch_version"):
+        head += f" · PyTorch {f.evidence['torch_version']}"
+    body.append(head + "\n", style="dim")
     body.append(fill(f.summary, f.evidence) + "\n")
     if f.sites:
         body.append("\nWhere:\n", style="bold")
@@ -81,9 +86,7 @@ def _finding_panel(i: int, f) -> Panel:
             body.append(f"  {mark}\n", style=style)
             body.append(f"     source: {fx.source}\n", style="dim")
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-    ranks = ",".join(str(r) for r in f.ranks)
-    title = Text.assemble(sev, f" {i}. {fill(f.title, f.evidence)} ", (f"[{f.id}] rank {ranks}, "
-                                                                         f"{format_bytes(f.bytes)} at stake", "dim"))
+    title = Text.assemble(sev, f" {i}. {fill(f.title, f.evidence)} ")
     return Panel(body, title=title, title_align="left", box=box.ROUNDED)
 
 

@@ -10,11 +10,13 @@ spellings the frameworks write: ``rank3``/``rank_3``/``rank-3`` (oomdoctor, Comp
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+from contextlib import contextmanager
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ..errors import SnapshotError
 from .build import build_trace
@@ -90,7 +92,9 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
         UnsafeSnapshotError: the pickle asks for a global; nothing from it was executed.
     """
     p = os.fspath(path)
-    trace = build_trace(p, decode(p, read_file(p, progress)))
+    data = read_file(p, progress)
+    with _gc_paused():
+        trace = build_trace(p, decode(p, data))
     meta = trace.meta
     side = sidecar_path(p) if sidecar else None
     if side:
@@ -106,6 +110,20 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
         trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
                               "only the final state is reported")
     return trace
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Unpickling a snapshot creates millions of small dicts and lists; the cyclic garbage collector
+    would scan them again and again while they are created (more than doubling the time). None of
+    them can form a cycle worth collecting here, so collection waits until the trace is built."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _check_step_markers(path: str, meta: dict[str, Any]) -> None:
