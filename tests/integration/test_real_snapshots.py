@@ -120,13 +120,17 @@ def test_fragmentation_oom(snapshots):
 def test_pipeline_output_cache(snapshots):
     d = snapshots / "pp-microbatch"
     (f,) = [f for f in findings(d / "return-outputs-rank1.pickle") if f.id == "pipeline-output-cache"]
-    assert f.evidence["outputs_kept"] >= 7
+    assert f.evidence["outputs_kept"] == 8  # the 8 micro-batches of the recorded step
     assert f.evidence["output_bytes"] == 2048 * 128256 * 2  # one micro-batch's bf16 logits
     assert f.sites[0].label.endswith("pp_microbatch.py:36 in forward")
     for other in ("no-return-outputs-rank0.pickle", "no-return-outputs-rank1.pickle", "return-outputs-rank0.pickle"):
         assert "pipeline-output-cache" not in ids(d / other)
         assert "deferred-free" not in ids(d / other)  # a few small point-to-point deferrals
     assert "deferred-free" not in ids(d / "return-outputs-rank1.pickle")
+    # stages differ by design: the last one holds the LM head; that is not a rank imbalance
+    both = ids(d / "return-outputs-rank0.pickle", d / "return-outputs-rank1.pickle")
+    assert both == {"pipeline-output-cache"}
+    assert ids(d / "no-return-outputs-rank0.pickle", d / "no-return-outputs-rank1.pickle") == set()
 
 
 def test_allgather(snapshots):

@@ -174,6 +174,11 @@ def test_rank_imbalance(tmp_path):
     assert rank_imbalance.detect(ctx_of(tmp_path, training(None), training(None))) == []
 
 
+def test_pipeline_stages_are_not_compared_without_their_stage(tmp_path):
+    heavy, light = pipeline(False, micro=8), pipeline(False, micro=2)
+    assert rank_imbalance.detect(ctx_of(tmp_path, heavy, light)) == []
+
+
 def test_small_long_lived(tmp_path):
     b = SnapBuilder()
     segs = [b.segment(20 * MiB) for _ in range(40)]

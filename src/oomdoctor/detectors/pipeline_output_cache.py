@@ -7,7 +7,7 @@ outputs (often ``[seq, vocab]`` logits) stay allocated for the whole step, so me
 number of micro-batches.
 
 Signature: blocks allocated under ``pipelining/stage.py`` ``forward_one_chunk`` from one site and of
-one size, of which at least 3 are allocated at once, and whose frees come in one burst (within 10% of
+one requested size, of which at least 3 are allocated at once, and whose frees come in one burst (within 10% of
 the span of their allocations) instead of one per backward.
 
 Fix: ``schedule.step(..., return_outputs=False)`` (PyTorch >= 2.10, PR #165822; torchtitan PR #1922);
@@ -48,12 +48,14 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     n = a.num_events
     sites = site_index(a.trace).sites_of(lt.stack[rows])
     best = None
-    for key in set(zip(sites.tolist(), lt.size[rows].tolist())):
-        g = rows[(sites == key[0]) & (lt.size[rows] == key[1])]
+    # group by site and requested size (block sizes may differ by an unsplit remainder)
+    req = lt.requested[rows]
+    for key in set(zip(sites.tolist(), req.tolist())):
+        g = rows[(sites == key[0]) & (req == key[1])]
         if g.size < MIN_CONCURRENT:
             continue
         conc = _max_concurrent(lt.alloc[g], lt.free_requested[g], n)
-        total = conc * int(key[1])
+        total = conc * int(lt.size[g].max())
         if conc < MIN_CONCURRENT or total < MIN_BYTES:
             continue
         frees = lt.free_requested[g]
@@ -71,7 +73,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     v = ctx.version(a)
     evidence = {
         "outputs_kept": conc,
-        "output_bytes": int(lt.size[g][0]),
+        "output_bytes": int(lt.requested[g][0]),
         "kept_bytes": total,
         "micro_batches_seen": int(g.size),
         "median_held_us": int(np.median(held_us)),

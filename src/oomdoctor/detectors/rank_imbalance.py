@@ -1,8 +1,12 @@
 """``rank-imbalance``: one rank's peak well above the others' (AP-11).
 
 With several ranks, a rank whose peak allocated memory is at least 10% and 256 MiB above the median of
-the other ranks is reported with the allocation sites that hold more on it than on the others, at its
+the other ranks *that run the same code* is reported with the allocation sites that hold more on it than on the others, at its
 peak and at the end of the trace (rank 0 keeping debug tensors, metrics, full state dicts...).
+
+Pipeline stages run different layers (the last one the LM head), so their memory differs by design:
+ranks whose stacks show ``torch.distributed.pipelining`` are compared only with ranks of the same
+stage, known from the sidecar (``pp_rank``/``pipeline_stage``); without it they are not compared.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import numpy as np
 from ..analysis.ranks import peaks, site_deltas
 from ..analysis.sites import site_label
 from ..units import MiB
-from ._common import site_refs
+from ._common import site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 
@@ -21,9 +25,29 @@ MIN_RATIO = 1.10
 MIN_BYTES = 256 * MiB
 
 
+def _group(a) -> object:
+    meta = a.trace.meta
+    stage = meta.get("pp_rank", meta.get("pipeline_stage"))
+    if stage is not None:
+        return ("stage", stage)
+    if stacks_matching(a.trace, "torch/distributed/pipelining/").any():
+        return ("pipeline rank", a.rank)  # stage unknown: compare with nobody
+    return "all"
+
+
 def detect(ctx: Context) -> list[Finding]:
-    if len(ctx.analyses) < 2:
-        return []
+    groups: dict[object, list] = {}
+    for a in ctx.analyses:
+        groups.setdefault(_group(a), []).append(a)
+    out = []
+    for members in groups.values():
+        if len(members) >= 2:
+            out.extend(_detect_group(members))
+    return out
+
+
+def _detect_group(analyses: list) -> list[Finding]:
+    ctx = Context(analyses)
     pk = peaks(ctx.analyses)
     out = []
     for i, p in enumerate(pk):
