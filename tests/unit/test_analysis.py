@@ -168,3 +168,44 @@ def test_analyze_without_history(tmp_path):
     assert a.peak_reserved == (20 * MiB, -1)
     assert a.peak_allocated == (4 * MiB, -1)
     a.anatomy_at(-1).check()
+
+
+def test_site_is_the_first_frame_outside_torch_and_the_stdlib(tmp_path):
+    from builder import frames
+    from oomdoctor.analysis.sites import NO_STACK, PRE_TRACE, is_internal, site_label, sites_at
+
+    assert is_internal(("/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 1, "f"))
+    assert is_internal(("/usr/lib/python3.12/contextlib.py", 1, "f"))
+    assert is_internal(("at::native::mm", 0, "??"))
+    assert not is_internal(("/opt/torch/.venv/lib/python3.12/site-packages/transformers/x.py", 1, "f"))
+    assert not is_internal(("/opt/torch/train.py", 1, "main"))  # a user path containing "torch/" is user code
+    b = SnapBuilder()
+    s = b.segment(64 * MiB)
+    b.alloc(s, 0, 8 * MiB, record=False, fr=[])  # before recording: the final block has no frames
+    b.alloc(s, 8 * MiB, 4 * MiB, fr=frames(("/v/site-packages/torch/nn/functional.py", 5, "linear"),
+                                        ("/w/model.py", 12, "forward"), ("/w/train.py", 3, "main")))
+    b.alloc(s, 16 * MiB, 2 * MiB, fr=[])
+    t, dt = build(tmp_path, b)
+    got = {site_label(t, x.frame): (x.bytes, x.count) for x in sites_at(t, lifetimes(t, dt), dt.num_events - 1)}
+    assert got == {"/w/model.py:12 in forward": (4 * MiB, 1), "<allocated before recording started>": (8 * MiB, 1),
+                   "<no stack recorded>": (2 * MiB, 1)}
+    assert PRE_TRACE != NO_STACK
+
+
+def test_private_pools_are_their_own_group(tmp_path):
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    s2 = b.segment(20 * MiB)
+    b.alloc(s1, 0, 4 * MiB)
+    b.alloc(s2, 0, 2 * MiB)
+    snap = b.snapshot()
+    snap["segments"][1]["segment_pool_id"] = (1, 3)  # a CUDA graph / MemPool private pool
+    import pickle
+
+    p = tmp_path / "rank0.pickle"
+    p.write_bytes(pickle.dumps(snap))
+    t = load(p)
+    an = anatomy(t.primary, lifetimes(t, t.primary), t.primary.num_events - 1)
+    an.check()
+    by_pool = {g.pool_id: g for g in an.pools}
+    assert by_pool[(1, 3)].requested_bytes == 2 * MiB and by_pool[(0, 0)].requested_bytes == 4 * MiB

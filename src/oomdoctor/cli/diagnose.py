@@ -8,7 +8,7 @@ from importlib import resources
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
 from ..errors import UsageError
 from ..report import build_report
@@ -16,7 +16,7 @@ from ..render import render_json, render_text
 from ..trace import load_ranks
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
-_PROGRESS_MIN_BYTES = 8 << 20
+_PROGRESS_MIN_BYTES = 1 << 20
 
 
 def demo_path() -> str:
@@ -56,22 +56,19 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool) ->
 
 
 def _load(inputs: list[str]):
-    total = 0
-    for p in inputs:
-        if os.path.isfile(p):
-            total += os.path.getsize(p)
+    """Load with a progress display on a terminal when the input is large: bytes read, then a spinner
+    while the file is decoded and turned into columns."""
+    total = sum(os.path.getsize(p) for p in inputs if os.path.isfile(p))
     if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
         return load_ranks(inputs)
     console = Console(stderr=True)
-    with Progress(TextColumn("loading snapshots"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("load", total=total)
-        done = {"base": 0, "last": 0}
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("loading", total=None)
 
-        def progress(n: int, file_total: int) -> None:
-            bar.update(task, completed=done["base"] + n)
-            if n >= file_total:
-                done["base"] += file_total
+        def progress(done: int, file_total: int) -> None:
+            what = "reading" if done < file_total else "decoding and indexing"
+            bar.update(task, description=f"{what} snapshot", completed=done, total=file_total)
 
         return load_ranks(inputs, progress=progress)
 

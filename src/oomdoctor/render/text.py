@@ -44,6 +44,10 @@ def _timeline(r: RankSummary) -> Text:
     top = max(r.series.get("reserved") or [0])
     text = Text()
     text.append(f"rank {r.rank} ", style="bold")
+    if not r.has_history:
+        text.append(f"final state only: {format_bytes(r.peak_reserved_bytes)} reserved, "
+                    f"{format_bytes(r.peak_allocated_bytes)} allocated")
+        return text
     text.append(f"over {r.events:,} events, {format_us(r.duration_us)}")
     if r.steps:
         text.append(f", {r.steps} steps ({r.step_source})")
@@ -98,7 +102,7 @@ def render_text(report: Report, console: Console) -> None:
         console.print(_timeline(r))
         for w in r.warnings:
             console.print(Text(f"  note: {w}", style="yellow"))
-        if r.truncated:
+        if r.truncated and r.has_history:
             console.print(Text(f"  note: the trace starts after some blocks were allocated ({r.unmatched_frees} "
                                f"frees without their alloc, {r.ghost_blocks} blocks never seen): their state at "
                                "the start was reconstructed from the final segments", style="dim"))

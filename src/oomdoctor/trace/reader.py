@@ -42,6 +42,7 @@ def read_file(path: str, progress: ProgressFn | None = None) -> bytes:
                 data = f.read()
             else:
                 parts, done = [], 0
+                progress(0, total)
                 while chunk := f.read(_CHUNK):
                     parts.append(chunk)
                     done += len(chunk)
