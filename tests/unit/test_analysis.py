@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from builder import MiB, SnapBuilder
+
 from oomdoctor import load
 from oomdoctor.analysis import analyze, anatomy, find_steps, lifetimes, timeline
 from oomdoctor.analysis.lifetimes import ALLOCATED_AT_START, PENDING_AT_START
@@ -172,6 +172,7 @@ def test_analyze_without_history(tmp_path):
 
 def test_site_is_the_first_frame_outside_torch_and_the_stdlib(tmp_path):
     from builder import frames
+
     from oomdoctor.analysis.sites import NO_STACK, PRE_TRACE, is_internal, site_label, sites_at
 
     assert is_internal(("/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 1, "f"))

@@ -3,8 +3,8 @@
 import pickle
 
 import pytest
-
 from builder import MiB, SnapBuilder
+
 from oomdoctor import SnapshotError, load
 from oomdoctor.trace.model import ACTION_CODES
 

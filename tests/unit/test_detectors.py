@@ -3,11 +3,21 @@
 import pickle
 
 from builder import MiB, SnapBuilder, frames
+
 from oomdoctor import load
 from oomdoctor.analysis import analyze
-from oomdoctor.detectors import Context, run_all
-from oomdoctor.detectors import (allgather_list, cache_flush, deferred_free, fragmentation, memory_growth,
-                                 pipeline_output_cache, rank_imbalance, small_long_lived)
+from oomdoctor.detectors import (
+    Context,
+    allgather_list,
+    cache_flush,
+    deferred_free,
+    fragmentation,
+    memory_growth,
+    pipeline_output_cache,
+    rank_imbalance,
+    run_all,
+    small_long_lived,
+)
 
 GiB = 1 << 30
 

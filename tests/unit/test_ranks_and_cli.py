@@ -4,8 +4,8 @@ import json
 import pickle
 
 import pytest
-
 from builder import MiB, SnapBuilder
+
 from oomdoctor import SnapshotError
 from oomdoctor.cli.main import main
 from oomdoctor.trace import discover, load, load_ranks, rank_from_name
@@ -107,3 +107,10 @@ def test_cli_malicious_and_missing(tmp_path, capsys):
 def test_cli_usage_error(capsys):
     assert main(["diagnose", "--format", "xml", "--demo"]) == 2
     assert main(["--version"]) == 0
+
+
+def test_cli_unwritable_output(tmp_path, capsys):
+    target = tmp_path / "no" / "such" / "dir" / "report.txt"
+    assert main(["diagnose", "--demo", "-o", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the report" in err and err.count("\n") == 1

@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 import zstandard
-
 from builder import MiB, SnapBuilder
+
 from oomdoctor import SnapshotError, UnsafeSnapshotError, load
 
 

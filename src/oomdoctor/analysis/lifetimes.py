@@ -138,46 +138,39 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     u_fc = fc_pos[~fc_fr_ok & ~fc_a_ok & (fc_a < 0) & (fc_fr < 0)]
 
     ev_size, ev_stream, ev_stack = dt.events["size"], dt.events["stream"], dt.events["stack"]
-    cols = {k: [] for k in ("addr", "req", "stream", "stack", "alloc", "fr", "fc", "state")}
+    # row groups: (addr, requested, stream, stack, alloc, free_requested, free_completed, start_state)
+    groups: list[tuple] = []
 
-    def add(addr_, req, stream, stack, alloc, fr, fc, state):
-        cols["addr"].append(addr_); cols["req"].append(req); cols["stream"].append(stream)
-        cols["stack"].append(stack); cols["alloc"].append(alloc); cols["fr"].append(fr)
-        cols["fc"].append(fc); cols["state"].append(state)
-
-    ai = order[a_pos]
-    add(addr[ai], ev_size[ai], ev_stream[ai], ev_stack[ai], ai, idx(a_fr), idx(a_fc),
-        np.full(ai.size, IN_TRACE, np.int8))
-    ui = order[u_fr]
-    add(addr[ui], ev_size[ui], ev_stream[ui], np.full(ui.size, -1, np.int32), np.full(ui.size, -1), ui,
-        idx(u_fr_fc), np.full(ui.size, ALLOCATED_AT_START, np.int8))
-    ci = order[u_fc]
-    add(addr[ci], ev_size[ci], ev_stream[ci], np.full(ci.size, -1, np.int32), np.full(ci.size, -1),
-        np.full(ci.size, -1), ci, np.full(ci.size, PENDING_AT_START, np.int8))
+    ai = order[a_pos]  # rows 1
+    groups.append((addr[ai], ev_size[ai], ev_stream[ai], ev_stack[ai], ai, idx(a_fr), idx(a_fc),
+                   np.full(ai.size, IN_TRACE)))
+    ui = order[u_fr]  # rows 2
+    groups.append((addr[ui], ev_size[ui], ev_stream[ui], np.full(ui.size, -1), np.full(ui.size, -1), ui, idx(u_fr_fc),
+                   np.full(ui.size, ALLOCATED_AT_START)))
+    ci = order[u_fc]  # rows 3
+    groups.append((addr[ci], ev_size[ci], ev_stream[ci], np.full(ci.size, -1), np.full(ci.size, -1), np.full(ci.size, -1),
+                   ci, np.full(ci.size, PENDING_AT_START)))
 
     # rows 4: ghosts: active final blocks whose address never appears in the trace
     seen = set(np.unique(sa).tolist())
     final_active = {}
-    g_rows = []
+    ghosts = []
     for seg, blk in dt.blocks():
         if blk.is_active:
             final_active[blk.address] = blk
             if blk.address not in seen:
-                g_rows.append((blk.address, blk.requested_size, seg.stream, blk.stack,
+                ghosts.append((blk.address, blk.requested_size, seg.stream, blk.stack, -1, -1, -1,
                                ALLOCATED_AT_START if blk.is_allocated else PENDING_AT_START))
-    if g_rows:
-        g = np.array([r[:4] for r in g_rows], dtype=np.int64)
-        add(g[:, 0], g[:, 1], g[:, 2], g[:, 3].astype(np.int32), np.full(len(g_rows), -1),
-            np.full(len(g_rows), -1), np.full(len(g_rows), -1), np.array([r[4] for r in g_rows], np.int8))
+    if ghosts:
+        groups.append(tuple(np.array(col, dtype=np.int64) for col in zip(*ghosts)))
 
-    def cat(k: str, dtype) -> np.ndarray:
-        return np.concatenate([np.asarray(x, dtype=dtype) for x in cols[k]]) if cols[k] else np.zeros(0, dtype)
+    def column(i: int, dtype) -> np.ndarray:
+        return np.concatenate([np.asarray(g[i], dtype=dtype) for g in groups])
 
-    row_addr = cat("addr", np.int64)
-    req = cat("req", np.int64)
-    stack = cat("stack", np.int32)
-    alloc, fr, fc = cat("alloc", np.int64), cat("fr", np.int64), cat("fc", np.int64)
-    state = cat("state", np.int8)
+    row_addr, req = column(0, np.int64), column(1, np.int64)
+    stack = column(3, np.int32)
+    alloc, fr, fc = column(4, np.int64), column(5, np.int64), column(6, np.int64)
+    state = column(7, np.int8)
     size = round_size(req, divisions_table(trace.allocator_settings))
     exact = np.zeros(row_addr.shape[0], dtype=bool)
     # blocks still active at the end: their exact size (and frames) are in the final segments
@@ -189,6 +182,6 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
             exact[r] = True
             if stack[r] < 0:
                 stack[r] = blk.stack
-    return Lifetimes(addr=row_addr, requested=req, size=size, stream=cat("stream", np.int64), stack=stack,
+    return Lifetimes(addr=row_addr, requested=req, size=size, stream=column(2, np.int64), stack=stack,
                      alloc=alloc, free_requested=fr, free_completed=fc, start_state=state, size_exact=exact,
-                     unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(g_rows))
+                     unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(ghosts))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .device import DeviceAnalysis
-from .sites import PRE_TRACE, NO_STACK, Site, group_sites
+from .sites import NO_STACK, PRE_TRACE, Site, group_sites
 
 SiteKey = tuple[str, int, str]
 

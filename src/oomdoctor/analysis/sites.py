@@ -10,6 +10,7 @@ Python frames unless ``stacks="all"``) under :data:`NO_STACK`.
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,12 +81,14 @@ class SiteIndex:
         return -1
 
 
+_INDEXES: "weakref.WeakKeyDictionary[StackTable, SiteIndex]" = weakref.WeakKeyDictionary()
+
+
 def site_index(trace: Trace) -> SiteIndex:
-    """The :class:`SiteIndex` of a trace (cached on the trace object's stack table)."""
-    idx = getattr(trace.stacks, "_site_index", None)
+    """The :class:`SiteIndex` of a trace's stack table (one per table, kept while the table lives)."""
+    idx = _INDEXES.get(trace.stacks)
     if idx is None:
-        idx = SiteIndex(trace.stacks)
-        trace.stacks._site_index = idx  # type: ignore[attr-defined]
+        idx = _INDEXES[trace.stacks] = SiteIndex(trace.stacks)
     return idx
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from importlib import resources
@@ -11,8 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
 from ..errors import UsageError
-from ..report import build_report
 from ..render import render_json, render_text
+from ..report import build_report
 from ..trace import load_ranks
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
@@ -43,16 +44,17 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool) ->
     report = build_report(traces)
     if fmt == "json":
         text = render_json(report)
-        if output:
-            _write(output, text)
-        else:
-            click.echo(text, nl=False)
-        return
-    if output:
-        with open(output, "w", encoding="utf-8") as f:
-            render_text(report, Console(file=f, width=120, no_color=True, highlight=False))
+    elif output:
+        buf = io.StringIO()
+        render_text(report, Console(file=buf, width=120, no_color=True, highlight=False))
+        text = buf.getvalue()
     else:
         render_text(report, Console(highlight=False))
+        return
+    if output:
+        _write(output, text)
+    else:
+        click.echo(text, nl=False)
 
 
 def _load(inputs: list[str]):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..analysis.device import DeviceAnalysis
 from ..analysis.sites import group_sites
-from ._common import rows_with, site_refs, stacks_matching
+from .common import rows_with, site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 

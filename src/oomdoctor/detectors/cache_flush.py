@@ -15,7 +15,7 @@ import numpy as np
 
 from ..analysis.device import DeviceAnalysis
 from ..trace.model import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
-from ._common import rows_with, stacks_matching
+from .common import rows_with, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 

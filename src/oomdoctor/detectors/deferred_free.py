@@ -25,8 +25,9 @@ import numpy as np
 
 from ..analysis.device import DeviceAnalysis
 from ..analysis.sites import group_sites
+from ..trace.model import SEGMENT_ALLOC
 from ..units import MiB
-from ._common import rows_with, site_refs, stacks_matching
+from .common import rows_with, site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 
@@ -92,7 +93,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     fr, fc = lt.free_requested[d], lt.free_completed[d]
     end = a.num_events - 1
     dur_us = tu[np.where(fc >= 0, fc, end)] - tu[np.where(fr >= 0, fr, 0)]
-    seg_allocs = int(np.count_nonzero(a.device.events["action"][: k + 1] == 3))
+    seg_allocs = int(np.count_nonzero(a.device.events["action"][: k + 1] == SEGMENT_ALLOC))
     evidence = {
         "held_at_peak_bytes": held_at_peak,
         "max_held_bytes": int(held.max()),

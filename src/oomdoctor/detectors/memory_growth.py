@@ -16,7 +16,7 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.iterations import step_growth
 from ..analysis.sites import group_sites
 from ..units import MiB
-from ._common import rows_with, site_refs, stacks_matching
+from .common import rows_with, site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..analysis.ranks import peaks, site_deltas
 from ..analysis.sites import site_label
 from ..units import MiB
-from ._common import site_refs, stacks_matching
+from .common import site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import (allgather_list, cache_flush, deferred_free, fragmentation, memory_growth, pipeline_output_cache,
-               rank_imbalance, small_long_lived)
+from . import (
+    allgather_list,
+    cache_flush,
+    deferred_free,
+    fragmentation,
+    memory_growth,
+    pipeline_output_cache,
+    rank_imbalance,
+    small_long_lived,
+)
 from .context import Context
 from .finding import Finding
 

@@ -21,7 +21,7 @@ from ..analysis.fragmentation import live_segments
 from ..analysis.rounding import K_MIN_LARGE_ALLOC
 from ..analysis.sites import group_sites
 from ..units import MiB
-from ._common import site_refs
+from .common import site_refs
 from .context import Context
 from .finding import Finding, Fix
 

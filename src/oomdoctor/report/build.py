@@ -7,7 +7,7 @@ import numpy as np
 from .. import __version__
 from ..analysis.device import DeviceAnalysis, analyze
 from ..analysis.rounding import allocation_size
-from ..detectors._common import site_refs
+from ..detectors.common import site_refs
 from ..detectors.context import Context, torch_version
 from ..detectors.registry import run_all
 from ..trace.model import Trace

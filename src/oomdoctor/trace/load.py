@@ -13,8 +13,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-from contextlib import contextmanager
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
