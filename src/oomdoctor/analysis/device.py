@@ -55,6 +55,11 @@ class DeviceAnalysis:
             return sum(b.size for _, b in self.device.blocks() if b.is_allocated), -1
         return self.timeline.peak_allocated
 
+    @property
+    def end_allocated(self) -> int:
+        """Allocated bytes after the last event (the final state without history)."""
+        return int(self.timeline.allocated[-1]) if self.num_events else self.peak_allocated[0]
+
     def anatomy_at(self, k: int) -> Anatomy:
         """Fragmentation anatomy after event ``k`` (cached)."""
         got = self._anatomies.get(k)

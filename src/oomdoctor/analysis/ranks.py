@@ -40,11 +40,7 @@ class SiteDelta:
 
 
 def peaks(analyses: list[DeviceAnalysis]) -> list[RankPeaks]:
-    out = []
-    for a in analyses:
-        end = int(a.timeline.allocated[-1]) if a.num_events else a.peak_allocated[0]
-        out.append(RankPeaks(a.rank, a.peak_allocated[0], a.peak_reserved[0], end))
-    return out
+    return [RankPeaks(a.rank, a.peak_allocated[0], a.peak_reserved[0], a.end_allocated) for a in analyses]
 
 
 def _key(a: DeviceAnalysis, s: Site) -> SiteKey:

@@ -39,9 +39,11 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     empty_bursts = len(set(burst_id[is_empty].tolist()))
     retry_bursts = n_bursts - empty_bursts
     freed = int(ev["size"][frees].sum())
-    after = frees.max() if frees.size else 0
-    realloc = int(ev["size"][(np.arange(act.size) > frees.min() if frees.size else False)
-                             & ((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP))].sum()) if frees.size else 0
+    realloc = 0
+    if frees.size:  # segments created after the first flush
+        later = slice(int(frees.min()) + 1, None)
+        grow = (act[later] == SEGMENT_ALLOC) | (act[later] == SEGMENT_MAP)
+        realloc = int(ev["size"][later][grow].sum())
     retries = max(retries_stat, retry_bursts)
     churn = empty_bursts >= 2 and realloc >= 0.5 * freed
     if not churn and retries == 0:
@@ -53,7 +55,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "num_alloc_retries": retries_stat,
         "freed_bytes": freed,
         "reallocated_after_bytes": realloc,
-        "last_flush_event": int(after),
+        "last_flush_event": int(frees.max()) if frees.size else -1,
     }
     if churn:
         summary = ("empty_cache() released segments {empty_cache_bursts} times ({freed_bytes:bytes} in all) and "

@@ -83,10 +83,11 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     if held_at_peak < threshold:
         return None
     d = np.flatnonzero(lt.deferred)
-    live_at_peak = d[(np.where(lt.free_requested[d] >= 0, lt.free_requested[d], -1) <= k)
-                     & ((lt.free_completed[d] > k) | (lt.free_completed[d] < 0))]
+    at_peak = ((np.where(lt.free_requested[d] >= 0, lt.free_requested[d], -1) <= k)
+               & ((lt.free_completed[d] > k) | (lt.free_completed[d] < 0)))
+    live_at_peak = d[at_peak]
     owners = _owners(a, d)
-    owner_at_peak = _owners(a, live_at_peak)
+    owner_at_peak = owners[at_peak]
     by_owner = {o: int(lt.size[live_at_peak][owner_at_peak == o].sum()) for o in set(owner_at_peak.tolist())}
     main_owner = max(by_owner, key=by_owner.get) if by_owner else "user code"
     tu = a.device.events["time_us"]

@@ -47,8 +47,7 @@ def detect(ctx: Context) -> list[Finding]:
 
 
 def _detect_group(analyses: list) -> list[Finding]:
-    ctx = Context(analyses)
-    pk = peaks(ctx.analyses)
+    pk = peaks(analyses)
     out = []
     for i, p in enumerate(pk):
         others = [q.peak_allocated_bytes for j, q in enumerate(pk) if j != i]
@@ -56,9 +55,9 @@ def _detect_group(analyses: list) -> list[Finding]:
         excess = p.peak_allocated_bytes - med
         if p.peak_allocated_bytes < MIN_RATIO * med or excess < MIN_BYTES:
             continue
-        a = ctx.analyses[i]
-        at_peak = [d for d in site_deltas(ctx.analyses, i, "peak") if d.delta_bytes >= 16 * MiB]
-        at_end = [d for d in site_deltas(ctx.analyses, i, "end") if d.delta_bytes >= 16 * MiB]
+        a = analyses[i]
+        at_peak = [d for d in site_deltas(analyses, i, "peak") if d.delta_bytes >= 16 * MiB]
+        at_end = [d for d in site_deltas(analyses, i, "end") if d.delta_bytes >= 16 * MiB]
         end_others = int(np.median([q.end_allocated_bytes for j, q in enumerate(pk) if j != i]))
         evidence = {
             "rank": p.rank,

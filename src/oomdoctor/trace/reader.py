@@ -14,7 +14,6 @@ import json
 import lzma
 import os
 import pickle
-import zlib
 from typing import Any, Callable
 
 from ..errors import SnapshotError, UnsafeSnapshotError
@@ -83,9 +82,7 @@ def decompress(path: str, data: bytes) -> bytes:
             import zstandard
 
             out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read()
-    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError) as e:
-        raise SnapshotError(path, f"{kind}-compressed data is truncated or corrupt ({e})") from None
-    except Exception as e:  # zstandard.ZstdError and friends
+    except Exception as e:  # OSError, EOFError, LZMAError, zlib.error, zstandard.ZstdError, ...
         raise SnapshotError(path, f"{kind}-compressed data is truncated or corrupt ({e})") from None
     if not out:
         raise SnapshotError(path, f"{kind}-compressed file holds no data")
