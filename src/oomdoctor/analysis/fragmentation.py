@@ -94,7 +94,7 @@ def live_segments(dt: DeviceTrace, k: int) -> list[_Seg]:
     action = dt.events["action"]
     later = np.flatnonzero((action[k + 1:] >= SEGMENT_ALLOC) & (action[k + 1:] <= SEGMENT_UNMAP)) + k + 1
     expandable: list[tuple[int, int, int]] = [(s.address, s.end, s.stream) for s in dt.segments if s.is_expandable]
-    exp_meta = {s.stream: s for s in dt.segments if s.is_expandable}
+    exp_final = [s for s in dt.segments if s.is_expandable]
     addr, size, stream = dt.events["addr"], dt.events["size"], dt.events["stream"]
     for j in later[::-1].tolist():  # undo, newest first
         a, s, st, act = int(addr[j]), int(size[j]), int(stream[j]), int(action[j])
@@ -108,10 +108,21 @@ def live_segments(dt: DeviceTrace, k: int) -> list[_Seg]:
             expandable = _interval_add(expandable, a, a + s, st)
     out = [v for v in segs.values() if not v.is_expandable]
     for lo, hi, st in expandable:
-        meta = exp_meta.get(st)
+        meta = _owning_expandable(exp_final, lo, st)
         out.append(_Seg(lo, hi - lo, st, meta.segment_type if meta else "large",
                         meta.pool_id if meta else DEFAULT_POOL, True))
     return sorted(out, key=lambda s: s.address)
+
+
+def _owning_expandable(final: list, lo: int, stream: int):
+    """The final expandable range of ``stream`` whose virtual-address reservation most likely holds
+    ``lo``: the nearest one starting at or below it (a reservation is one contiguous VA range per pool
+    and stream, ``ExpandableSegment``), else the nearest above. None when the stream has none."""
+    mine = [s for s in final if s.stream == stream]
+    below = [s for s in mine if s.address <= lo]
+    if below:
+        return max(below, key=lambda s: s.address)
+    return min(mine, key=lambda s: s.address) if mine else None
 
 
 def _interval_remove(ivs: list[tuple[int, int, int]], lo: int, hi: int, st: int) -> list[tuple[int, int, int]]:

@@ -1,0 +1,575 @@
+"""Replay a recorded allocation trace through the allocator model, and compare with the recording.
+
+The recorded ``alloc`` / ``free_requested`` / ``oom`` entries are the program's requests and drive the
+model; ``segment_*`` entries are the allocator's answers and are what a replay is checked against
+(``shared/reference/caching_allocator_spec.md`` §10). The exceptions, read off the recording:
+
+- A run of ``segment_free``/``segment_unmap`` not made by a ``malloc`` fallback is a user
+  ``torch.cuda.empty_cache()`` and is replayed as one (a fallback always ends in a new segment or an
+  ``oom``; ``empty_cache`` frames settle the rest).
+- A deferred free (``free_completed`` not right after its ``free_requested``: ``record_stream``) is
+  replayed in one of two modes. ``recorded``: the block returns to the pool where the trace says,
+  i.e. at the ``process_events`` of the next ``malloc``, or at the ``synchronize_and_free_events`` of
+  a fallback when the recording shows the fallback's ``release_cached_blocks`` ran.
+  ``immediate``: the block returns at ``free_requested``, which is what
+  ``TORCH_NCCL_AVOID_RECORD_STREAMS=1`` (2.1-2.7) or PyTorch >= 2.8 (PR #148590) do for collectives.
+- A recorded ``oom`` is replayed as the request it was (its ``size`` is already rounded). The first
+  simulated OOM ends the replay.
+
+State at the start: when the trace starts after memory was allocated (recording began late, or the
+ring buffer dropped old entries), the replay under the recorded config starts from the segments and
+blocks that existed then, rebuilt from the final snapshot and the trace (:mod:`..analysis.lifetimes`,
+:func:`..analysis.fragmentation.live_segments`): addresses are exact, sizes are exact for blocks
+alive at the end and else the allocator's rounding plus an unsplit remainder (``should_split``: a large
+block keeps a remainder of at most 1 MiB). Under any other config the blocks alive at the start are
+allocated afresh, in address order, so the what-if layout is that config's own.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..analysis.fragmentation import live_segments
+from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START, lifetimes
+from ..analysis.rounding import round_size
+from ..errors import OomdoctorError
+from ..trace.model import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceTrace,
+    Trace,
+)
+from .allocator import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, AddressSpace, CachingAllocator
+from .capacity import Capacity
+from .config import AllocatorConfig, config_from_settings
+
+RECORDED = "recorded"
+IMMEDIATE = "immediate"
+
+# replay operations
+_MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE = range(6)
+_SEG = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
+_RELEASE = (SEGMENT_FREE, SEGMENT_UNMAP)
+_NEW = (SEGMENT_ALLOC, SEGMENT_MAP)
+
+
+class SimulationError(OomdoctorError):
+    """A trace or request the simulator cannot replay (e.g. the cudaMallocAsync backend)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class SimulatedOom:
+    """The first simulated OOM: the trace event whose request failed, the rounded request and the
+    segment size the allocator tried to get (bytes)."""
+
+    event_index: int
+    requested_bytes: int
+    alloc_size_bytes: int
+
+
+@dataclass
+class Validation:
+    """How a replay under the recorded config compares with the recording, over the events replayed.
+
+    ``segment_events_*``: count of ``segment_alloc/free/map/unmap`` entries; ``segment_events_differing``:
+    positions where (action, address, size) differ, plus the difference in length;
+    ``reserved_events_differing``: events after which reserved bytes differ;
+    ``max_reserved_difference_bytes``: the largest such difference; ``oom_event_index_recorded``: the
+    recorded OOM (None if none), to compare with the result's ``oom``.
+    """
+
+    segment_events_recorded: int
+    segment_events_simulated: int
+    segment_events_differing: int
+    first_differing_event: int | None
+    reserved_events_differing: int
+    max_reserved_difference_bytes: int
+    oom_event_index_recorded: int | None
+    oom_matches: bool
+
+    @property
+    def exact(self) -> bool:
+        return self.segment_events_differing == 0 and self.reserved_events_differing == 0 and self.oom_matches
+
+
+@dataclass
+class ReplayResult:
+    """One replay. Bytes; ``elapsed_s`` is wall time of the replay loop alone."""
+
+    config: AllocatorConfig
+    deferred_frees: str
+    capacity: Capacity
+    initial_state: str  # "recorded" | "reallocated" | "empty"
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    end_reserved_bytes: int
+    oom: SimulatedOom | None
+    events_replayed: int
+    num_events: int
+    segment_events: int
+    num_alloc_retries: int
+    elapsed_s: float
+    validation: Validation | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def matches_recorded(self) -> bool | None:
+        return None if self.validation is None else self.validation.exact
+
+
+@dataclass
+class Prepared:
+    """A trace turned into replay operations once, for any number of configs."""
+
+    trace: Trace
+    device: DeviceTrace
+    recorded_config: AllocatorConfig
+    ops: list[tuple]
+    requests: np.ndarray  # requested bytes per event (alloc), rounded size (oom), 0 elsewhere
+    marks: dict[int, tuple[int, int]]  # op position -> (group start event, end event) for seg alignment
+    rec_seg_pos: np.ndarray
+    rec_seg: list[tuple[int, int, int]]
+    start_blocks: list[tuple[int, int, int, int, str]]  # (stream, addr, size, requested, state)
+    start_segments: list  # live_segments at -1
+    reserved_start: int
+    recorded_oom: int | None
+    max_address: int
+    total_memory: int | None
+    warnings: list[str]
+
+
+def prepare(trace: Trace, device: DeviceTrace | None = None) -> Prepared:
+    """Classify the events of ``device`` (default: the trace's primary device) into replay operations.
+    Pure; O(events)."""
+    dt = device if device is not None else trace.primary
+    recorded = config_from_settings(trace.allocator_settings)
+    action = dt.events["action"]
+    addr_np, size_np = dt.events["addr"], dt.events["size"]
+    n = action.shape[0]
+    act = action.tolist()
+    addr = addr_np.tolist()
+    stream = dt.events["stream"].tolist()
+    stack = dt.events["stack"].tolist()
+
+    # immediate frees: free_completed right after its free_requested
+    fr_next_fc = np.zeros(n, dtype=bool)
+    if n > 1:
+        fr_next_fc[:-1] = (action[:-1] == FREE_REQUESTED) & (action[1:] == FREE_COMPLETED) & (addr_np[:-1] == addr_np[1:])
+    fc_immediate = np.zeros(n, dtype=bool)
+    fc_immediate[1:] = fr_next_fc[:-1]
+    grouped = np.isin(action, _SEG) | ((action == FREE_COMPLETED) & ~fc_immediate)
+    fr_deferred = (action == FREE_REQUESTED) & ~fr_next_fc
+
+    empty_cache_stacks = {sid for sid, frames in enumerate(trace.stacks.stacks)
+                          if any(trace.stacks.frames[f][2] == "empty_cache" for f in frames)}
+    release_without_chain = recorded.max_split_size is None and recorded.garbage_collection_threshold == 0
+
+    ops: list[tuple] = []
+    marks: dict[int, tuple[int, int]] = {}
+    warnings: list[str] = []
+    grouped_l = grouped.tolist()
+    fr_def_l = fr_deferred.tolist()
+    i = 0
+    while i < n:
+        a = act[i]
+        if grouped_l[i]:
+            g0 = i
+            while i < n and grouped_l[i]:
+                i += 1
+            g1 = i  # run is [g0, g1)
+            nxt = act[g1] if g1 < n else -1
+            run = range(g0, g1)
+            releases = [k for k in run if act[k] in _RELEASE]
+            news = [k for k in run if act[k] in _NEW]
+            if nxt in (ALLOC, OOM):
+                cut = g0
+                if releases and not news and nxt == ALLOC:
+                    cut = releases[-1] + 1  # empty_cache, then a malloc served from the cache
+                elif releases and stack[releases[0]] in empty_cache_stacks:
+                    cut = max(k for k in releases if stack[k] in empty_cache_stacks) + 1
+                if cut > g0:
+                    marks[len(ops)] = (g0, cut)
+                    ops.append((_EMPTY_CACHE, g0))
+                fcs = [k for k in range(cut, g1) if act[k] == FREE_COMPLETED]
+                rel = [k for k in range(cut, g1) if act[k] in _RELEASE]
+                if nxt == OOM or (rel and release_without_chain):
+                    sync, pe = fcs, []
+                elif rel:
+                    pe = [k for k in fcs if k < rel[0]]
+                    sync = [k for k in fcs if k > rel[0]]
+                else:
+                    pe, sync = fcs, []
+                marks[len(ops)] = (cut, g1)
+                ops.append((_OOM if nxt == OOM else _MALLOC, g1, stream[g1], addr[g1],
+                            [addr[k] for k in pe] or None, [addr[k] for k in sync] or None))
+                i = g1 + 1
+                continue
+            if releases:
+                marks[len(ops)] = (g0, g1)
+                ops.append((_EMPTY_CACHE, g0))
+            fcs = [addr[k] for k in run if act[k] == FREE_COMPLETED]
+            if fcs:
+                ops.append((_DONE, g0, fcs))
+            continue
+        if a == ALLOC:
+            ops.append((_MALLOC, i, stream[i], addr[i], None, None))
+        elif a == OOM:
+            ops.append((_OOM, i, stream[i], addr[i], None, None))
+        elif a == FREE_REQUESTED:
+            ops.append((_FREE_DEFERRED if fr_def_l[i] else _FREE, i, addr[i]))
+        i += 1
+
+    requests = np.where((action == ALLOC) | (action == OOM), size_np, 0)
+    seg_pos = np.flatnonzero(np.isin(action, _SEG))
+    rec_seg = list(zip(action[seg_pos].tolist(), addr_np[seg_pos].tolist(), size_np[seg_pos].tolist()))
+    ooms = np.flatnonzero(action == OOM)
+
+    start_segs = live_segments(dt, -1)
+    start_blocks = _start_blocks(trace, dt, start_segs, recorded)
+    addresses = [s.address + s.total_size for s in dt.segments] + [s.address + s.size for s in start_segs]
+    if seg_pos.size:
+        addresses.append(int((addr_np[seg_pos] + size_np[seg_pos]).max()))
+    total = trace.meta.get("gpu_total_memory_bytes")
+    return Prepared(trace=trace, device=dt, recorded_config=recorded, ops=ops, requests=requests, marks=marks,
+                    rec_seg_pos=seg_pos, rec_seg=rec_seg, start_blocks=start_blocks, start_segments=start_segs,
+                    reserved_start=sum(s.size for s in start_segs),
+                    recorded_oom=int(ooms[0]) if ooms.size else None,
+                    max_address=max(addresses, default=0), total_memory=int(total) if isinstance(total, int) else None,
+                    warnings=warnings)
+
+
+def _start_blocks(trace: Trace, dt: DeviceTrace, segs: list, config: AllocatorConfig) -> list[tuple]:
+    """Blocks alive at the trace's start: (stream, addr, size, requested, state), by address.
+
+    A block freed during the trace has no recorded size; it is the rounding of its request plus, in a
+    large non-expandable segment, the gap to the next block when that gap is too small to have been
+    split off (``should_split``: remainder > 1 MiB, or any remainder of an oversize block within
+    ``max_non_split_rounding``)."""
+    lt = lifetimes(trace, dt)
+    rows = np.flatnonzero(lt.start_state != IN_TRACE)
+    if rows.size == 0:
+        return []
+    table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
+    sizes = np.where(lt.size_exact[rows], lt.size[rows], round_size(lt.requested[rows], table))
+    items = sorted(zip(lt.addr[rows].tolist(), sizes.tolist(), lt.requested[rows].tolist(),
+                       lt.stream[rows].tolist(), lt.size_exact[rows].tolist(), lt.start_state[rows].tolist()))
+    starts = [s.address for s in segs]
+    out = []
+    for k, (a, sz, req, st, exact, state) in enumerate(items):
+        si = bisect_left(starts, a + 1) - 1
+        if si < 0 or a >= segs[si].address + segs[si].size:
+            continue  # not in any live segment: cannot be placed
+        seg = segs[si]
+        nxt = seg.address + seg.size
+        if k + 1 < len(items) and items[k + 1][0] < nxt:
+            nxt = items[k + 1][0]
+        gap = nxt - (a + sz)
+        if not exact and gap > 0 and seg.segment_type == "large" and not seg.is_expandable:
+            mss = config.max_split_size
+            if gap <= K_SMALL_SIZE or (mss is not None and sz >= mss and gap < config.max_non_split_rounding):
+                sz += gap
+        state_name = "allocated" if state == ALLOCATED_AT_START else "pending"
+        out.append((seg.stream, a, min(sz, nxt - a), req, state_name))
+    assert all(s in (ALLOCATED_AT_START, PENDING_AT_START) for *_, s in items)
+    return out
+
+
+class _RecordedAddresses(AddressSpace):
+    """Addresses for a replay of the recorded config: the n-th new segment gets the n-th recorded
+    one's address while the replay agrees with the recording; fresh addresses after that."""
+
+    def __init__(self, prepared: Prepared, va_bytes: int) -> None:
+        super().__init__(_fresh_base(prepared), va_bytes)
+        self.recorded = [(a, s) for act, a, s in prepared.rec_seg if act == SEGMENT_ALLOC]
+        self.n = 0
+
+    def segment(self, size: int, stream: int) -> int:
+        if self.n < len(self.recorded) and self.recorded[self.n][1] == size:
+            self.n += 1
+            return self.recorded[self.n - 1][0]
+        self.n = len(self.recorded)
+        return self._take(size)
+
+
+def _fresh_base(prepared: Prepared) -> int:
+    step = 1 << 36
+    return (prepared.max_address + step) // step * step
+
+
+def _va_bytes(prepared: Prepared) -> int:
+    """Size of an expandable reservation: 1.125 x the GPU's memory (``ExpandableSegment``), or 1 TiB
+    when the GPU is not known (it only matters once a reservation fills up)."""
+    total = prepared.total_memory
+    return total + total // 8 if total else 1 << 40
+
+
+def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferred_frees: str = RECORDED,
+           capacity: Capacity | None = None, validate: bool | None = None) -> ReplayResult:
+    """Replay ``prepared`` under ``config`` (default: the recorded one).
+
+    ``deferred_frees``: ``"recorded"`` or ``"immediate"`` (see the module doc). ``capacity``: the memory
+    limit (default: none). ``validate`` (default: when the config and mode are the recorded ones)
+    compares the simulated segment entries and reserved bytes with the recording.
+    Raises :class:`SimulationError` for the ``cudaMallocAsync`` backend or an unknown mode.
+    """
+    if deferred_frees not in (RECORDED, IMMEDIATE):
+        raise SimulationError(f"unknown deferred-free mode {deferred_frees!r} (recorded or immediate)")
+    config = config if config is not None else prepared.recorded_config
+    if config.backend != "native":
+        raise SimulationError("backend:cudaMallocAsync is CUDA's own pool allocator; only the native caching "
+                              "allocator is modelled")
+    capacity = capacity or Capacity(None, "none", "unlimited")
+    fraction_limit = capacity.limit_bytes if capacity.kind == "fraction" else None
+    device_limit = capacity.limit_bytes if capacity.kind == "device" else None
+    if config.per_process_memory_fraction < 1.0:
+        if not prepared.total_memory:
+            raise SimulationError("per_process_memory_fraction needs the GPU's total memory, which this snapshot "
+                                  "does not record: give the limit in bytes with --cap instead")
+        frac = int(config.per_process_memory_fraction * prepared.total_memory)
+        fraction_limit = frac if fraction_limit is None else min(fraction_limit, frac)
+    same_config = config == prepared.recorded_config
+    if validate is None:
+        validate = same_config and deferred_frees == RECORDED
+    va = _va_bytes(prepared)
+    addresses = _RecordedAddresses(prepared, va) if same_config else AddressSpace(_fresh_base(prepared), va)
+    sim = CachingAllocator(config, fraction_limit=fraction_limit, device_limit=device_limit, addresses=addresses)
+    warnings: list[str] = []
+    live: dict[int, object] = {}
+    pend: dict[int, object] = {}
+    immediate = deferred_frees == IMMEDIATE
+    table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
+    rounded = round_size(prepared.requests, table).tolist()
+    requests = prepared.requests.tolist()
+
+    initial = _install_start(prepared, sim, same_config, immediate, live, pend, rounded_table=table)
+    if initial == "reallocated":
+        sim.segment_events.clear()
+    reserved_at_start = sim.reserved
+    if sim.oom_request is not None:
+        warnings.append("the memory alive at the trace's start does not fit under this capacity")
+
+    seg_marks: list[tuple[int, int, int, int]] = []  # (group start, group end event, sim seg from, to)
+    marks = prepared.marks
+    oom: SimulatedOom | None = None
+    missing = 0
+    t0 = time.perf_counter()
+    malloc, free, complete = sim.malloc, sim.free, sim.complete
+    seg_events = sim.segment_events
+    last_event = prepared.device.num_events - 1
+    for pos, op in enumerate(prepared.ops):
+        kind = op[0]
+        if kind == _MALLOC or kind == _OOM:
+            j, st, a, pe, sync = op[1], op[2], op[3], op[4], op[5]
+            if pe is not None and not immediate:
+                for fa in pe:
+                    b = pend.pop(fa, None)
+                    if b is not None:
+                        complete(b)
+            syncing = None
+            if sync is not None and not immediate:
+                syncing = [b for fa in sync if (b := pend.pop(fa, None)) is not None]
+            n0 = len(seg_events)
+            size = rounded[j]
+            b = malloc(size, requests[j] if kind == _MALLOC else size, st)
+            if syncing:
+                for sb in syncing:
+                    complete(sb)  # done by now if the fallback did not already sync
+            if pos in marks or len(seg_events) != n0:
+                g = marks.get(pos, (j, j))
+                seg_marks.append((g[0], j, n0, len(seg_events)))
+            if b is None:
+                req, alloc_size = sim.oom_request
+                oom = SimulatedOom(j, req, alloc_size)
+                last_event = j
+                break
+            if kind == _OOM:
+                free(b)  # the program never got this block: the recorded run raised here
+                warnings.append(f"the recorded OOM at event {j} does not happen under this config and capacity")
+            else:
+                live[a] = b
+        elif kind == _FREE:
+            b = live.pop(op[2], None)
+            if b is None:
+                missing += 1
+            else:
+                free(b)
+        elif kind == _FREE_DEFERRED:
+            b = live.pop(op[2], None)
+            if b is None:
+                missing += 1
+            elif immediate:
+                free(b)
+            else:
+                free(b, True)
+                pend[op[2]] = b
+        elif kind == _EMPTY_CACHE:
+            n0 = len(seg_events)
+            pend.clear()  # synchronize_and_free_events completes every pending free
+            sim.empty_cache()
+            g = marks[pos]
+            seg_marks.append((g[0], g[1] - 1, n0, len(seg_events)))
+        else:  # _DONE
+            if not immediate:
+                for fa in op[2]:
+                    b = pend.pop(fa, None)
+                    if b is not None:
+                        complete(b)
+    elapsed = time.perf_counter() - t0
+    if missing:
+        warnings.append(f"{missing} frees of blocks the replay does not hold (the trace's start could not be "
+                        "rebuilt exactly) were skipped")
+    result = ReplayResult(
+        config=config, deferred_frees=deferred_frees, capacity=capacity, initial_state=initial,
+        peak_reserved_bytes=sim.peak_reserved, peak_allocated_bytes=sim.peak_allocated,
+        end_reserved_bytes=sim.reserved, oom=oom, events_replayed=last_event + 1,
+        num_events=prepared.device.num_events, segment_events=len(seg_events),
+        num_alloc_retries=sim.num_alloc_retries, elapsed_s=elapsed, warnings=warnings)
+    if validate:
+        result.validation = _validate(prepared, sim, seg_marks, last_event, oom, reserved_at_start)
+    result._sim = sim  # noqa: SLF001 - kept for tests and invariant checks
+    result._live = live
+    return result
+
+
+def _install_start(prepared: Prepared, sim: CachingAllocator, same_config: bool, immediate: bool,
+                   live: dict, pend: dict, rounded_table: np.ndarray) -> str:
+    """Put the memory alive at the trace's start into ``sim``; returns how."""
+    if not prepared.start_segments:
+        return "empty"
+    if same_config:
+        by_seg = _pieces(prepared)
+        for seg, pieces, reservation in by_seg:
+            active = sim.add_segment(pieces, seg.stream, seg.segment_type == "small", reservation)
+            for ptr, b in active.items():
+                if b.allocated:
+                    live[ptr] = b
+                elif immediate:
+                    b.event_count = 0
+                    del sim.pending[id(b)]
+                    sim.free_block(b)
+                else:
+                    pend[ptr] = b
+        return "recorded"
+    blocks = sorted(prepared.start_blocks, key=lambda x: (x[0], x[1]))
+    if blocks:
+        sizes = round_size(np.array([x[3] for x in blocks], dtype=np.int64), rounded_table).tolist()
+        for (st, ptr, _size, req, state), sz in zip(blocks, sizes):
+            b = sim.malloc(sz, req, st)
+            if b is None:
+                break
+            if state == "allocated":
+                live[ptr] = b
+            elif immediate:
+                sim.free(b)
+            else:
+                sim.free(b, True)
+                pend[ptr] = b
+    return "reallocated"
+
+
+def _pieces(prepared: Prepared) -> list[tuple]:
+    """The start segments as ``(segment, pieces, reservation)`` for :meth:`CachingAllocator.add_segment`.
+    Expandable ranges of one (pool, stream) become one reservation with unmapped holes between them."""
+    blocks = prepared.start_blocks
+    addrs = [b[1] for b in blocks]
+    out = []
+    plain = [s for s in prepared.start_segments if not s.is_expandable]
+    for seg in plain:
+        out.append((seg, _fill(seg.address, seg.address + seg.size, blocks, addrs), None))
+    groups: dict[tuple, list] = {}
+    for seg in prepared.start_segments:
+        if seg.is_expandable:
+            groups.setdefault((seg.segment_type, seg.stream), []).append(seg)
+    va = _va_bytes(prepared)
+    for (stype, _stream), segs in groups.items():
+        segs.sort(key=lambda s: s.address)
+        page = K_SMALL_BUFFER if stype == "small" else K_LARGE_BUFFER
+        base = segs[0].address
+        size = (va + page - 1) // page * page
+        size = max(size, (segs[-1].address + segs[-1].size - base + page - 1) // page * page)
+        pieces: list[tuple] = []
+        cursor = base
+        for s in segs:
+            if s.address > cursor:
+                pieces.append((cursor, s.address - cursor, "unmapped", 0))
+            pieces.extend(_fill(s.address, s.address + s.size, blocks, addrs))
+            cursor = s.address + s.size
+        if base + size > cursor:
+            pieces.append((cursor, base + size - cursor, "unmapped", 0))
+        out.append((segs[0], pieces, (base, size, page)))
+    return out
+
+
+def _fill(lo: int, hi: int, blocks: list[tuple], addrs: list[int]) -> list[tuple]:
+    """Pieces covering ``[lo, hi)``: the start blocks inside it and free gaps between them."""
+    pieces = []
+    cursor = lo
+    k = bisect_left(addrs, lo)
+    while k < len(blocks) and blocks[k][1] < hi:
+        _st, a, sz, req, state = blocks[k]
+        if a > cursor:
+            pieces.append((cursor, a - cursor, "free", 0))
+        pieces.append((a, sz, state, req))
+        cursor = a + sz
+        k += 1
+    if hi > cursor:
+        pieces.append((cursor, hi - cursor, "free", 0))
+    return pieces
+
+
+def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_event: int,
+              oom: SimulatedOom | None, sim_start: int) -> Validation:
+    """Compare the simulated segment entries and reserved bytes with the recording, up to
+    ``last_event`` (the end, or the simulated OOM)."""
+    rec_pos = prepared.rec_seg_pos
+    n_rec = int(np.searchsorted(rec_pos, last_event, side="right"))
+    rec = prepared.rec_seg[:n_rec]
+    sims = sim.segment_events
+    differing = sum(1 for x, y in zip(rec, sims) if x != y) + abs(len(rec) - len(sims))
+    first = None
+    for k, (x, y) in enumerate(zip(rec, sims)):
+        if x != y:
+            first = int(rec_pos[k])
+            break
+    if first is None and len(rec) != len(sims):
+        k = min(len(rec), len(sims))
+        first = int(rec_pos[k]) if k < len(rec) else last_event
+
+    # reserved after every event: recorded from its segment entries; simulated from the model's,
+    # each placed at the matching recorded entry of the same malloc (or at the malloc itself)
+    n = last_event + 1
+    sign = {SEGMENT_ALLOC: 1, SEGMENT_MAP: 1, SEGMENT_FREE: -1, SEGMENT_UNMAP: -1}
+    rec_delta = np.zeros(n, dtype=np.int64)
+    for p, (act, _a, s) in zip(rec_pos[:n_rec].tolist(), rec):
+        rec_delta[p] += sign[act] * s
+    sim_delta = np.zeros(n, dtype=np.int64)
+    for g0, end, s0, s1 in seg_marks:
+        lo = int(np.searchsorted(rec_pos, g0, side="left"))
+        hi = int(np.searchsorted(rec_pos, end, side="left"))
+        slots = rec_pos[lo:hi].tolist()
+        for m, (act, _a, s) in enumerate(sims[s0:s1]):
+            p = slots[m] if m < len(slots) else end
+            if p < n:
+                sim_delta[p] += sign[act] * s
+    diff = (prepared.reserved_start + np.cumsum(rec_delta)) - (sim_start + np.cumsum(sim_delta))
+    nz = np.flatnonzero(diff)
+    rec_oom = prepared.recorded_oom
+    oom_matches = (oom is None and (rec_oom is None or rec_oom > last_event)) or (
+        oom is not None and rec_oom == oom.event_index)
+    return Validation(
+        segment_events_recorded=len(rec), segment_events_simulated=len(sims), segment_events_differing=differing,
+        first_differing_event=first, reserved_events_differing=int(nz.size),
+        max_reserved_difference_bytes=int(np.abs(diff).max()) if n else 0,
+        oom_event_index_recorded=rec_oom, oom_matches=oom_matches)
