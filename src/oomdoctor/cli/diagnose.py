@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import io
-import os
-import sys
 from importlib import resources
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
 from ..errors import UsageError
 from ..render import render_json, render_text
 from ..report import build_report
-from ..trace import load_ranks
+from .inputs import load_with_progress, write_text
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
-_PROGRESS_MIN_BYTES = 1 << 20
 
 
 def demo_path() -> str:
@@ -40,7 +36,7 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool) ->
         inputs.append(demo_path())
     if not inputs:
         raise UsageError("no snapshot given: oomdoctor diagnose PATH... (files or directories), or --demo")
-    traces = _load(inputs)
+    traces = load_with_progress(inputs)
     report = build_report(traces)
     if fmt == "json":
         text = render_json(report)
@@ -52,32 +48,6 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool) ->
         render_text(report, Console(highlight=False))
         return
     if output:
-        _write(output, text)
+        write_text(output, text)
     else:
         click.echo(text, nl=False)
-
-
-def _load(inputs: list[str]):
-    """Load with a progress display on a terminal when the input is large: bytes read, then a spinner
-    while the file is decoded and turned into columns."""
-    total = sum(os.path.getsize(p) for p in inputs if os.path.isfile(p))
-    if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
-        return load_ranks(inputs)
-    console = Console(stderr=True)
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("loading", total=None)
-
-        def progress(done: int, file_total: int) -> None:
-            what = "reading" if done < file_total else "decoding and indexing"
-            bar.update(task, description=f"{what} snapshot", completed=done, total=file_total)
-
-        return load_ranks(inputs, progress=progress)
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"{path}: cannot write the report ({e.strerror or e})") from None

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import OomdoctorError
-from . import diagnose
+from . import diagnose, simulate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,6 +17,7 @@ def cli() -> None:
 
 
 cli.add_command(diagnose.command)
+cli.add_command(simulate.command)
 
 
 def main(argv: list[str] | None = None) -> int:

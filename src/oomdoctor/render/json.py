@@ -12,7 +12,9 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from .. import __version__
 from ..report.model import Report
+from ..simulate.whatif import Simulation
 from .format import fill
 
 
@@ -46,3 +48,52 @@ def _default(o: Any) -> Any:
     if hasattr(o, "item"):
         return o.item()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def simulation_dict(sim: Simulation) -> dict[str, Any]:
+    """The ``oomdoctor simulate --format json`` contract::
+
+        {"recorded": {"config", "peak_reserved_bytes", "peak_allocated_bytes", "oom_event_index"},
+         "capacity": {"limit_bytes", "kind", "source"},
+         "results": [{"config", "deferred_frees": "recorded"|"immediate", "peak_reserved_bytes",
+                      "peak_allocated_bytes", "end_reserved_bytes",
+                      "oom": null | {"event_index", "requested_bytes", "alloc_size_bytes"},
+                      "matches_recorded": bool|null, "validation": null | {...}, ...}],
+         "recommendation": null | {"config", "deferred_frees", "peak_reserved_bytes", "reason",
+                                   "incompatibilities"}}
+
+    ``config`` is the ``PYTORCH_CUDA_ALLOC_CONF`` string ("" for the defaults). ``results[0]`` is the
+    replay of the recorded settings, checked against the recording.
+    """
+    def result(r) -> dict[str, Any]:
+        return {
+            "config": r.config.to_string(), "deferred_frees": r.deferred_frees,
+            "peak_reserved_bytes": r.peak_reserved_bytes, "peak_allocated_bytes": r.peak_allocated_bytes,
+            "end_reserved_bytes": r.end_reserved_bytes,
+            "oom": None if r.oom is None else asdict(r.oom),
+            "matches_recorded": r.matches_recorded,
+            "validation": None if r.validation is None else asdict(r.validation),
+            "initial_state": r.initial_state, "events_replayed": r.events_replayed,
+            "num_alloc_retries": r.num_alloc_retries, "segment_events": r.segment_events, "warnings": r.warnings,
+        }
+
+    rec = sim.recommendation
+    return {
+        "oomdoctor_version": __version__, "path": sim.path, "rank": sim.rank, "num_events": sim.num_events,
+        "recorded": {"config": sim.recorded_config.to_string(), "peak_reserved_bytes": sim.recorded_peak_reserved_bytes,
+                     "peak_allocated_bytes": sim.recorded_peak_allocated_bytes,
+                     "oom_event_index": sim.recorded_oom_event},
+        "capacity": asdict(sim.capacity),
+        "has_deferred_frees": sim.has_deferred_frees,
+        "results": [result(r) for r in sim.results],
+        "recommendation": None if rec is None else {
+            "config": rec.result.config.to_string(), "deferred_frees": rec.result.deferred_frees,
+            "peak_reserved_bytes": rec.result.peak_reserved_bytes, "reason": rec.reason,
+            "incompatibilities": rec.incompatibilities},
+        "search_wall_s": sim.search_wall_s,
+        "notes": sim.notes,
+    }
+
+
+def render_simulation_json(sim: Simulation) -> str:
+    return json.dumps(simulation_dict(sim), indent=2, default=_default) + "\n"

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..report.model import RankSummary, Report
+from ..simulate.whatif import Simulation
 from .format import fill, format_bytes, format_us
 
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -121,3 +122,72 @@ def render_text(report: Report, console: Console) -> None:
     console.print(Text(f"{len(report.findings)} finding(s), largest first:", style="bold"))
     for i, f in enumerate(report.findings, 1):
         console.print(_finding_panel(i, f))
+
+
+def _oom_text(oom) -> Text:
+    if oom is None:
+        return Text("none", style="green")
+    return Text(f"at {oom.event_index}", style="bold red")
+
+
+def _matches_text(m: bool | None) -> Text:
+    return {True: Text("exact", style="green"), False: Text("differs", style="bold red"), None: Text("")}[m]
+
+
+def render_simulation_text(sim: Simulation, console: Console) -> None:
+    """Print an ``oomdoctor simulate`` result: the replays side by side, the self-replay check, and the
+    recommendation."""
+    head = f"oomdoctor simulate: {sim.path}"
+    if sim.rank is not None:
+        head += f" (rank {sim.rank})"
+    console.print(Text(head, style="bold"))
+    recorded = str(sim.recorded_config)
+    oom = f", OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None else ""
+    console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
+                  f"{format_bytes(sim.recorded_peak_reserved_bytes)}, peak allocated "
+                  f"{format_bytes(sim.recorded_peak_allocated_bytes)}{oom}")
+    cap = "unlimited" if sim.capacity.limit_bytes is None else f"{format_bytes(sim.capacity.limit_bytes)} " \
+        f"({sim.capacity.limit_bytes} bytes, {sim.capacity.kind} limit)"
+    console.print(Text(f"capacity: {cap}; {sim.capacity.source}", style="dim"))
+    caption = "reserved/allocated: peaks; frees: deferred frees as recorded or immediate"
+    table = Table(box=box.SIMPLE_HEAD, caption=caption + ("; ★ recommended" if sim.recommendation else ""))
+    table.add_column("", no_wrap=True)
+    table.add_column("PYTORCH_CUDA_ALLOC_CONF", overflow="fold", min_width=26)
+    for col in ("frees", "reserved", "allocated", "OOM", "check"):
+        table.add_column(col, justify="right" if col in ("reserved", "allocated") else "left",
+                         no_wrap=col not in ("OOM", "check"), overflow="fold")
+    rec_id = id(sim.recommendation.result) if sim.recommendation else None
+    for r in sim.results:
+        star = Text("★", style="bold green") if id(r) == rec_id else ""
+        table.add_row(star, str(r.config), r.deferred_frees, format_bytes(r.peak_reserved_bytes),
+                      format_bytes(r.peak_allocated_bytes), _oom_text(r.oom), _matches_text(r.matches_recorded))
+    console.print(table)
+    v = sim.self_replay.validation
+    if v is not None:
+        style = "green" if v.exact else "bold red"
+        console.print(Text(
+            f"self-replay: {v.segment_events_simulated} of {v.segment_events_recorded} segment events, "
+            f"{v.segment_events_differing} differing; reserved bytes differ after {v.reserved_events_differing} "
+            f"events (largest difference {format_bytes(v.max_reserved_difference_bytes)}); recorded OOM "
+            f"{'reproduced' if v.oom_matches else 'not reproduced'}", style=style))
+    for r in sim.results:
+        for w in r.warnings:
+            console.print(Text(f"  note ({r.config}, {r.deferred_frees} frees): {w}", style="yellow"))
+    for n in sim.notes:
+        console.print(Text(f"note: {n}", style="dim"))
+    rec = sim.recommendation
+    if rec is not None:
+        body = Text()
+        body.append(f"{rec.result.config}", style="bold")
+        if rec.result.deferred_frees == "immediate":
+            body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
+        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. {rec.reason}.\n")
+        if sim.search_wall_s is not None:
+            body.append(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s\n", style="dim")
+        if rec.incompatibilities:
+            body.append("Before you set it:\n", style="bold")
+            for line in rec.incompatibilities:
+                body.append(f"  - {line}\n")
+        console.print(Panel(body, title="recommendation", title_align="left", box=box.ROUNDED))
+    elif sim.search_wall_s is not None:
+        console.print(Text("No setting tried avoids the OOM under this capacity.", style="bold red"))

@@ -1,0 +1,40 @@
+"""Reading inputs and writing outputs for the subcommands."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
+
+from ..errors import UsageError
+from ..trace import Trace, load_ranks
+
+_PROGRESS_MIN_BYTES = 1 << 20
+
+
+def load_with_progress(inputs: list[str]) -> list[Trace]:
+    """Load with a progress display on a terminal when the input is large: bytes read, then a spinner
+    while the file is decoded and turned into columns."""
+    total = sum(os.path.getsize(p) for p in inputs if os.path.isfile(p))
+    if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
+        return load_ranks(inputs)
+    console = Console(stderr=True)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("loading", total=None)
+
+        def progress(done: int, file_total: int) -> None:
+            what = "reading" if done < file_total else "decoding and indexing"
+            bar.update(task, description=f"{what} snapshot", completed=done, total=file_total)
+
+        return load_ranks(inputs, progress=progress)
+
+
+def write_text(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write the report ({e.strerror or e})") from None

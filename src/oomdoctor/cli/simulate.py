@@ -1,0 +1,64 @@
+"""``oomdoctor simulate SNAPSHOT``: replay the trace through the allocator model and answer "what if"."""
+
+from __future__ import annotations
+
+import io
+
+import click
+from rich.console import Console
+
+from ..errors import UsageError
+from ..render import render_simulation_json, render_simulation_text
+from ..simulate.capacity import infer_capacity, parse_bytes
+from ..simulate.replay import prepare
+from ..simulate.whatif import simulate, with_capacity
+from .inputs import load_with_progress, write_text
+
+
+@click.command("simulate")
+@click.argument("snapshot", type=click.Path(path_type=str))
+@click.option("--config", "configs", multiple=True, metavar="STR",
+              help="A PYTORCH_CUDA_ALLOC_CONF value to try, e.g. 'expandable_segments:True' (repeatable).")
+@click.option("--immediate-frees", is_flag=True,
+              help="Also replay with deferred (record_stream) frees completed at once, as with "
+                   "TORCH_NCCL_AVOID_RECORD_STREAMS=1 or PyTorch >= 2.8.")
+@click.option("--cap", metavar="SIZE", help="Memory limit, in bytes or e.g. 38.67GiB (default: from the snapshot).")
+@click.option("--cap-kind", type=click.Choice(["device", "fraction"]),
+              help="What --cap is: what cudaMalloc can get (device), or a set_per_process_memory_fraction "
+                   "limit (fraction, which also enables garbage_collection_threshold).")
+@click.option("--search", is_flag=True, help="Try a grid of settings and recommend one.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), help="Write to this file.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Worker processes for --search (default: CPUs).")
+def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap: str | None, cap_kind: str | None,
+            search: bool, fmt: str, output: str | None, jobs: int | None) -> None:
+    """Replay SNAPSHOT under its recorded allocator settings (checked against the recording) and under
+    the settings given, and report peak reserved memory and OOMs for each."""
+    traces = load_with_progress([snapshot])
+    if len(traces) != 1:
+        raise UsageError(f"{snapshot}: holds {len(traces)} snapshots; simulate takes one file")
+    trace = traces[0]
+    if not trace.has_history:
+        raise UsageError(f"{trace.path}: the snapshot holds no allocation history (recorded with "
+                         "enabled='state'), so there is nothing to replay")
+    prepared = prepare(trace)
+    capacity = infer_capacity(trace, prepared.device, prepared.reserved_start)
+    if cap is not None:
+        capacity = with_capacity(capacity, parse_bytes(cap), cap_kind)
+    elif cap_kind is not None:
+        raise UsageError("--cap-kind needs --cap")
+    sim = simulate(trace, configs=list(configs), immediate_frees=immediate_frees, capacity=capacity,
+                   search=search, workers=jobs, prepared=prepared)
+    if fmt == "json":
+        text = render_simulation_json(sim)
+    else:
+        buf = io.StringIO() if output else None
+        console = Console(file=buf, width=120, no_color=True, highlight=False) if buf else Console(highlight=False)
+        render_simulation_text(sim, console)
+        if buf is None:
+            return
+        text = buf.getvalue()
+    if output:
+        write_text(output, text)
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,239 @@
+"""What-if: replay one trace under other allocator settings, search a grid, recommend one.
+
+``simulate(trace, ...)`` always replays the recorded settings first (the self-replay, checked against
+the recording), then each requested config, and with ``search=True`` a grid of the settings people are
+told to try (:func:`grid`). The recommendation is the result with the lowest peak reserved that does not
+OOM, ties going to the simpler change; it comes with what the setting is incompatible with.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from ..analysis.lifetimes import lifetimes
+from ..analysis.timeline import timeline
+from ..trace.model import Trace
+from .capacity import Capacity, infer_capacity
+from .config import AllocatorConfig, parse_config
+from .replay import IMMEDIATE, RECORDED, Prepared, ReplayResult, prepare, replay
+
+#: Above this many events x configs, ``--search`` fans out to worker processes.
+PARALLEL_MIN_WORK = 200_000
+
+# What each setting does not mix with, shown next to a recommendation (sources in each line).
+INCOMPATIBILITIES = {
+    "expandable_segments": [
+        "tensors in expandable segments cannot be shared with other processes through CUDA IPC "
+        "(torch.multiprocessing; pytorch/pytorch issue #130330)",
+        "NCCL user-buffer registration (e.g. Megatron --use-nccl-ub) does not support them (NVIDIA/nccl#1584)",
+        "with CUDA graphs and NCCL, set NCCL_GRAPH_REGISTER=0 (pytorch/pytorch issue #158029)",
+        "max_split_size_mb no longer limits splitting once expandable segments are on (CUDACachingAllocator.cpp "
+        "should_split)",
+    ],
+    "max_split_size": [
+        "blocks at least max_split_size are never split and serve only requests within "
+        "max_non_split_rounding_mb (20 MiB) of their size: large free blocks can sit unused "
+        "(CUDACachingAllocator.cpp get_free_block)",
+        "values below 20 MiB are rejected (>= 20 since 2.9, > 20 before)",
+    ],
+    "garbage_collection_threshold": [
+        "acts only when a memory fraction is set (torch.cuda.set_per_process_memory_fraction or "
+        "per_process_memory_fraction), and frees cached segments the next steps may cudaMalloc again "
+        "(CUDACachingAllocator.cpp garbage_collect_cached_blocks)",
+    ],
+    "roundup_power2_divisions": [
+        "rounds every request up to a 1/N step of its power of two: live tensors waste up to 1/N of "
+        "their size (CUDACachingAllocator.cpp round_size)",
+    ],
+    "immediate": [
+        "a code or version change, not a setting: TORCH_NCCL_AVOID_RECORD_STREAMS=1 on PyTorch 2.1-2.7 "
+        "(PR #89880/#97053) or PyTorch >= 2.8 (PR #148590) stop collectives from record_stream-ing their "
+        "tensors; point-to-point isend/irecv still record_stream in every version (ProcessGroupNCCL.cpp "
+        "pointToPoint)",
+    ],
+}
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One experiment: allocator settings and how deferred frees complete."""
+
+    config: AllocatorConfig
+    deferred_frees: str = RECORDED
+
+
+@dataclass
+class Recommendation:
+    """The chosen result, why, and what its setting does not mix with."""
+
+    result: ReplayResult
+    reason: str
+    incompatibilities: list[str]
+
+
+@dataclass
+class Simulation:
+    """Everything ``oomdoctor simulate`` reports for one snapshot. Bytes; ``search_wall_s`` in seconds."""
+
+    path: str
+    rank: int | None
+    num_events: int
+    recorded_config: AllocatorConfig
+    recorded_peak_reserved_bytes: int
+    recorded_peak_allocated_bytes: int
+    recorded_oom_event: int | None
+    has_deferred_frees: bool
+    capacity: Capacity
+    results: list[ReplayResult]
+    recommendation: Recommendation | None = None
+    search_wall_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def self_replay(self) -> ReplayResult:
+        return self.results[0]
+
+
+def grid(prepared: Prepared, capacity: Capacity, has_deferred: bool) -> list[WhatIf]:
+    """The settings ``--search`` tries: expandable segments; max_split_size 128-1024 MiB; rounding
+    divisions 4 and 8; with a fraction cap, GC thresholds 0.6/0.8 (alone and with max_split_size 512);
+    each with recorded deferred frees and, when the trace has any, immediate ones."""
+    base = prepared.recorded_config
+    texts = ["expandable_segments:True"]
+    texts += [f"max_split_size_mb:{m}" for m in (128, 256, 512, 1024)]
+    texts += ["roundup_power2_divisions:4", "roundup_power2_divisions:8"]
+    if capacity.kind == "fraction":
+        texts += ["garbage_collection_threshold:0.6", "garbage_collection_threshold:0.8",
+                  "max_split_size_mb:512,garbage_collection_threshold:0.8"]
+    configs = [base] + [c for c in (parse_config(t) for t in texts) if c != base]
+    modes = (RECORDED, IMMEDIATE) if has_deferred else (RECORDED,)
+    return [WhatIf(c, m) for m in modes for c in configs if not (c == base and m == RECORDED)]
+
+
+_WORKER_PREPARED: Prepared | None = None
+
+
+def _worker(args: tuple[WhatIf, Capacity]) -> ReplayResult:
+    w, capacity = args
+    return _strip(replay(_WORKER_PREPARED, w.config, deferred_frees=w.deferred_frees, capacity=capacity))
+
+
+def _strip(r: ReplayResult) -> ReplayResult:
+    for name in ("_sim", "_live"):
+        r.__dict__.pop(name, None)
+    return r
+
+
+def run_many(prepared: Prepared, whatifs: list[WhatIf], capacity: Capacity, workers: int | None = None) -> list[ReplayResult]:
+    """Replay every what-if, in worker processes (forked, sharing ``prepared``) when the work is large
+    enough to pay for them; results in the order given."""
+    global _WORKER_PREPARED
+    workers = workers if workers is not None else (os.cpu_count() or 1)
+    work = prepared.device.num_events * len(whatifs)
+    if workers <= 1 or len(whatifs) <= 1 or work < PARALLEL_MIN_WORK or "fork" not in multiprocessing.get_all_start_methods():
+        return [_strip(replay(prepared, w.config, deferred_frees=w.deferred_frees, capacity=capacity)) for w in whatifs]
+    _WORKER_PREPARED = prepared
+    try:
+        with ProcessPoolExecutor(max_workers=min(workers, len(whatifs)),
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(_worker, [(w, capacity) for w in whatifs]))
+    finally:
+        _WORKER_PREPARED = None
+
+
+def _complexity(r: ReplayResult, base: AllocatorConfig) -> int:
+    changed = sum(1 for f in ("expandable_segments", "max_split_size", "roundup_power2_divisions",
+                              "garbage_collection_threshold", "max_non_split_rounding")
+                  if getattr(r.config, f) != getattr(base, f))
+    return changed + (1 if r.deferred_frees == IMMEDIATE else 0)
+
+
+def recommend(results: list[ReplayResult], base: AllocatorConfig) -> Recommendation | None:
+    """The result with the lowest peak reserved among those that do not OOM (ties: fewest changes)."""
+    ok = [r for r in results if r.oom is None]
+    if not ok:
+        return None
+    best = min(ok, key=lambda r: (r.peak_reserved_bytes, _complexity(r, base)))
+    recorded = results[0]
+    if best is recorded or (best.peak_reserved_bytes >= recorded.peak_reserved_bytes and recorded.oom is None):
+        return Recommendation(recorded, "no setting tried does better than the recorded one", [])
+    notes: list[str] = []
+    for f in ("expandable_segments", "max_split_size", "garbage_collection_threshold", "roundup_power2_divisions"):
+        if getattr(best.config, f) != getattr(base, f) and getattr(best.config, f):
+            notes += INCOMPATIBILITIES[f]
+    if best.deferred_frees == IMMEDIATE:
+        notes += INCOMPATIBILITIES["immediate"]
+    if recorded.oom is not None:
+        reason = "the recorded settings run out of memory; this is the lowest peak reserved without an OOM"
+    else:
+        reason = "lowest peak reserved without an OOM"
+    return Recommendation(best, reason, notes)
+
+
+def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees: bool = False,
+             capacity: Capacity | None = None, search: bool = False, workers: int | None = None,
+             prepared: Prepared | None = None) -> Simulation:
+    """Replay ``trace`` (its primary device) under its recorded settings and the ones asked for.
+
+    ``configs``: ``PYTORCH_CUDA_ALLOC_CONF`` strings (each a full setting, as the environment variable
+    would hold it); ``immediate_frees``: also replay each with deferred frees completed at
+    ``free_requested``; ``capacity``: the memory limit (default: :func:`infer_capacity`); ``search``:
+    also the :func:`grid`, and recommend.
+    Raises :class:`~.config.ConfigError` for an invalid config string and
+    :class:`~.replay.SimulationError` for what the model cannot replay.
+    """
+    import time
+
+    parsed = [parse_config(c) for c in (configs or [])]
+    prepared = prepared or prepare(trace)
+    dt = prepared.device
+    lt = lifetimes(trace, dt)
+    tl = timeline(dt, lt)
+    capacity = capacity or infer_capacity(trace, dt, prepared.reserved_start)
+    has_deferred = bool(lt.deferred.any())
+    self_replay = replay(prepared, capacity=capacity)
+    whatifs: list[WhatIf] = []
+    if immediate_frees:
+        whatifs.append(WhatIf(prepared.recorded_config, IMMEDIATE))
+    for c in parsed:
+        whatifs.append(WhatIf(c, RECORDED))
+        if immediate_frees:
+            whatifs.append(WhatIf(c, IMMEDIATE))
+    notes = []
+    search_wall = None
+    if search:
+        for w in grid(prepared, capacity, has_deferred):
+            if w not in whatifs:
+                whatifs.append(w)
+        if not has_deferred:
+            notes.append("the trace has no deferred frees, so immediate-free replays were not needed")
+        if capacity.kind != "fraction":
+            notes.append("garbage_collection_threshold was not tried: it acts only under a memory fraction cap")
+    t0 = time.perf_counter()
+    results = [_strip(self_replay)] + run_many(prepared, whatifs, capacity, workers)
+    if search:
+        search_wall = time.perf_counter() - t0
+    peak_r, _ = tl.peak_reserved
+    peak_a, _ = tl.peak_allocated
+    sim = Simulation(path=trace.path, rank=trace.rank, num_events=dt.num_events,
+                     recorded_config=prepared.recorded_config, recorded_peak_reserved_bytes=int(peak_r),
+                     recorded_peak_allocated_bytes=int(peak_a), recorded_oom_event=prepared.recorded_oom,
+                     has_deferred_frees=has_deferred, capacity=capacity, results=results,
+                     search_wall_s=search_wall, notes=notes + list(prepared.warnings))
+    if search:
+        sim.recommendation = recommend(results, prepared.recorded_config)
+    return sim
+
+
+def with_capacity(capacity: Capacity, limit: int, kind: str | None = None) -> Capacity:
+    """``capacity`` with its limit replaced by a user-given one. The kind is ``kind`` when given, else
+    the inferred one (a recorded fraction cap stays one), else ``device``."""
+    kind = kind or (capacity.kind if capacity.kind != "none" else "device")
+    return replace(capacity, limit_bytes=limit, kind=kind, source=f"given with --cap ({kind} limit)")
+
+
+__all__ = ["INCOMPATIBILITIES", "Recommendation", "Simulation", "WhatIf", "grid", "recommend", "run_many",
+           "simulate", "with_capacity"]
