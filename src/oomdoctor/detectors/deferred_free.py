@@ -146,12 +146,13 @@ def _fixes(owner: str, v) -> list[Fix]:
             "Set TORCH_NCCL_AVOID_RECORD_STREAMS=1 before the process group is created: ProcessGroupNCCL then "
             "keeps a reference to the collective's tensors until wait() instead of calling record_stream.",
             versions="2.1-2.7", source="pytorch/pytorch PR #89880, #97053; issue #124260",
-            kind="env", setting="TORCH_NCCL_AVOID_RECORD_STREAMS=1", applies=legacy))
+            kind="env", setting="TORCH_NCCL_AVOID_RECORD_STREAMS=1", applies=legacy,
+            what_if={"deferred_frees": "immediate"}))
         fixes.append(Fix(
             "Upgrade to PyTorch >= 2.8, where synchronous collectives run on the current stream and never "
             "record_stream their tensors.",
             versions=">=2.8", source="pytorch/pytorch PR #148590 (relanded as #150398)", kind="upgrade",
-            applies=None if modern is None else not modern))
+            applies=None if modern is None else not modern, what_if={"deferred_frees": "immediate"}))
     if owner == "fsdp":
         fixes.append(Fix(
             "FSDP1: keep limit_all_gathers=True (the default since 2.1) so the CPU cannot run ahead with "
@@ -165,7 +166,8 @@ def _fixes(owner: str, v) -> list[Fix]:
             "torch.cuda.current_stream().wait_stream(stream)) before the tensor is reused, keeping a Python "
             "reference until then.",
             versions="all", source="torch.Tensor.record_stream docs; pytorch/pytorch issue #124260 (awgu)",
-            kind="code", applies=True if (owner == "user code" or modern) else None))
+            kind="code", applies=True if (owner == "user code" or modern) else None,
+            what_if={"deferred_frees": "immediate"}))
     if owner == "point-to-point":
         fixes.append(Fix(
             "Point-to-point sends still call record_stream in every version: wait on isend/irecv works "
@@ -174,7 +176,8 @@ def _fixes(owner: str, v) -> list[Fix]:
     fixes.append(Fix(
         "Do not expect expandable_segments:True to help: the blocks are held, not fragmented (measured: "
         "2.84 GiB legacy vs 2.23 GiB with expandable segments vs 1.22 GiB without record_stream).",
-        versions="all", source="shared/snapshots/tp-allreduce stats.jsonl", kind="config", applies=True))
+        versions="all", source="shared/snapshots/tp-allreduce stats.jsonl", kind="config", applies=True,
+        what_if={"config": "expandable_segments:True"}))
     return fixes
 
 

@@ -15,7 +15,11 @@ SEVERITIES = ("critical", "high", "medium", "low", "info")
 @dataclass
 class Fix:
     """One remedy. ``applies`` is True/False for the user's PyTorch version when it is known or can be
-    bounded from the snapshot, None when it cannot be told."""
+    bounded from the snapshot, None when it cannot be told.
+
+    ``what_if`` says how the allocator simulator can replay the fix: ``{"config": "<alloc conf>"}``
+    (options applied on top of the recorded ones) and/or ``{"deferred_frees": "immediate"}``.
+    ``prediction`` is what that replay gave (filled by the report, see ``report/predict.py``)."""
 
     text: str
     versions: str
@@ -23,6 +27,8 @@ class Fix:
     kind: str = "code"  # env | config | code | upgrade
     setting: str | None = None
     applies: bool | None = None
+    what_if: dict[str, str] | None = None
+    prediction: dict[str, Any] | None = None
 
 
 @dataclass

@@ -107,17 +107,19 @@ def _fixes(v, expandable_on: bool, request: int) -> list[Fix]:
             "(issue #130330), NCCL user-buffer registration (--use-nccl-ub, NVIDIA/nccl#1584); with CUDA "
             "graphs and NCCL set NCCL_GRAPH_REGISTER=0 (issue #158029).",
             versions=">=2.1", source="pytorch/pytorch PR #96995; docs notes/cuda.md 'Optimizing memory usage'",
-            kind="env", setting=f"{env}=expandable_segments:True", applies=v.at_least((2, 1))))
+            kind="env", setting=f"{env}=expandable_segments:True", applies=v.at_least((2, 1)),
+            what_if={"config": "expandable_segments:True"}))
     fixes.append(Fix(
         f"Or set {env}=max_split_size_mb:{split_mb}: blocks at least that large are never split, so large "
         "requests find whole blocks (ignored when expandable segments are on, issue #119452).",
         versions=">=1.10", source="docs notes/cuda.md; CUDACachingAllocator.cpp get_free_block/should_split",
-        kind="env", setting=f"{env}=max_split_size_mb:{split_mb}"))
+        kind="env", setting=f"{env}=max_split_size_mb:{split_mb}",
+        what_if={"config": f"max_split_size_mb:{split_mb}"}))
     fixes.append(Fix(
         f"With a memory fraction set (torch.cuda.set_per_process_memory_fraction), add "
         f"garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap.",
         versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
-        setting=f"{env}=garbage_collection_threshold:0.8"))
+        setting=f"{env}=garbage_collection_threshold:0.8", what_if={"config": "garbage_collection_threshold:0.8"}))
     fixes.append(Fix(
         "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
         versions="all", source="shared/reference/antipatterns.md AP-06", kind="code"))

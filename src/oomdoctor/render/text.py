@@ -67,6 +67,23 @@ def _timeline(r: RankSummary) -> Text:
     return text
 
 
+def _prediction_text(p: dict) -> str:
+    what = []
+    if p["config"]:
+        what.append(p["config"])
+    if p["deferred_frees"] == "immediate":
+        what.append("frees not deferred")
+    oom = "no OOM" if p["oom"] is None else f"OOM at event {p['oom']['event_index']}"
+    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {oom}, peak reserved "
+            f"{format_bytes(p['peak_reserved_bytes'])} (recorded {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    if p["recorded_oom_event_index"] is not None:
+        text += f", OOM at event {p['recorded_oom_event_index']}"
+    text += ")"
+    if not p["self_replay_exact"]:
+        text += " [the replay of the recorded run was not exact: approximate]"
+    return text
+
+
 def _finding_panel(i: int, f) -> Panel:
     body = Text()
     ranks = ",".join(str(r) for r in f.ranks)
@@ -89,6 +106,8 @@ def _finding_panel(i: int, f) -> Panel:
             body.append(f"[{fx.versions}] ", style="dim")
             body.append(fx.text)
             body.append(f"  {mark}\n", style=style)
+            if fx.prediction:
+                body.append(f"     simulated: {_prediction_text(fx.prediction)}\n", style="cyan")
             body.append(f"     source: {fx.source}\n", style="dim")
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
     title = Text.assemble(sev, f" {i}. {fill(f.title, f.evidence)} ")

@@ -12,6 +12,7 @@ from ..detectors.context import Context, torch_version
 from ..detectors.registry import run_all
 from ..trace.model import Trace
 from .model import OomInfo, RankSummary, Report
+from .predict import attach_predictions
 
 SERIES_POINTS = 64
 TOP_SITES = 5
@@ -65,6 +66,7 @@ def build_report(traces: list[Trace]) -> Report:
     analyses = [analyze(t) for t in traces]
     ctx = Context(analyses)
     findings = run_all(ctx)
+    attach_predictions(findings, analyses)
     notes = []
     if any(not a.trace.has_history for a in analyses):
         notes.append("Some snapshots hold no allocation history (recorded with enabled='state'): peaks are the "
