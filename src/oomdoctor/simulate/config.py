@@ -75,7 +75,7 @@ class AllocatorConfig:
             if len(set(table)) == 1:
                 parts.append(f"roundup_power2_divisions:{table[0]}")
             else:
-                items = [f"{1 << i}:{v}" for i, v in enumerate(table) if i == 0 or v != table[i - 1]]
+                items = [f"{1 << i}:{v}" for i, v in enumerate(table)]  # gaps do not carry values over
                 parts.append("roundup_power2_divisions:[" + ",".join(items) + "]")
         if self.garbage_collection_threshold > 0:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
