@@ -1,0 +1,124 @@
+"""Replay of small traces built in code, laid out as the real allocator would lay them out."""
+
+import pytest
+from builder import SnapBuilder, frames
+
+from oomdoctor.errors import UsageError
+from oomdoctor.simulate.capacity import Capacity, infer_capacity, parse_bytes
+from oomdoctor.simulate.config import parse_config
+from oomdoctor.simulate.replay import IMMEDIATE, SimulationError, prepare, replay
+from oomdoctor.trace.load import load
+
+MiB = 1 << 20
+EMPTY_CACHE = frames(("/usr/lib/python3/site-packages/torch/cuda/memory.py", 222, "empty_cache"),
+                     ("/work/train.py", 40, "step"))
+
+
+def build_deferred(tmp_path):
+    b = SnapBuilder()
+    s1 = b.segment(12 * MiB)                 # get_allocation_size(12 MiB) = 12 MiB
+    a = b.alloc(s1, 0, 12 * MiB)
+    b.free(a, deferred=True)                 # record_stream: free_requested only
+    s2 = b.segment(12 * MiB)                 # a is pending: the next 12 MiB request needs a new segment
+    x = b.alloc(s2, 0, 12 * MiB)
+    b.free(x)
+    b.complete(a)                            # process_events of the next malloc returns a
+    y = b.alloc(s1, 0, 12 * MiB)             # two free 12 MiB blocks: the lower address wins
+    b.free(y)
+    return b.write(tmp_path / "deferred.pickle")
+
+
+def test_deferred_frees_replay_exactly_and_immediate_saves_a_segment(tmp_path):
+    prepared = prepare(load(build_deferred(tmp_path)))
+    rec = replay(prepared)
+    assert rec.matches_recorded is True
+    assert rec.validation.segment_events_recorded == rec.validation.segment_events_simulated == 2
+    assert rec.peak_reserved_bytes == 24 * MiB
+    imm = replay(prepared, deferred_frees=IMMEDIATE)
+    assert imm.matches_recorded is None and imm.peak_reserved_bytes == 12 * MiB
+
+
+def test_validation_counts_what_differs(tmp_path):
+    # a recording the allocator could not have made: a 20 MiB segment for a 12 MiB request
+    # (get_allocation_size gives 12 MiB); validation must count it, not pass
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    b.alloc(s1, 0, 12 * MiB)
+    s2 = b.segment(2 * MiB)
+    b.alloc(s2, 0, 4096)
+    r = replay(prepare(load(b.write(tmp_path / "odd.pickle"))))
+    v = r.validation
+    assert r.matches_recorded is False
+    # both differ: the second in its address, as replay addresses stop following the recording
+    assert (v.segment_events_recorded, v.segment_events_simulated, v.segment_events_differing) == (2, 2, 2)
+    assert v.first_differing_event == 0
+    assert v.reserved_events_differing == 4 and v.max_reserved_difference_bytes == 8 * MiB
+
+
+def test_empty_cache_is_replayed_as_one(tmp_path):
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    keep = b.alloc(s1, 0, 4 * MiB)
+    s2 = b.segment(40 * MiB)
+    t = b.alloc(s2, 0, 40 * MiB)
+    b.free(t)
+    b.free_segment(s2, fr=EMPTY_CACHE)      # torch.cuda.empty_cache(): the whole free segment goes
+    b.alloc(s1, 4 * MiB, 4 * MiB)           # then a request served from the cache (no new segment)
+    b.free(keep)
+    prepared = prepare(load(b.write(tmp_path / "ec.pickle")))
+    r = replay(prepared)
+    assert r.matches_recorded is True
+    assert r.end_reserved_bytes == 20 * MiB and r.peak_reserved_bytes == 60 * MiB
+
+
+def test_truncated_trace_starts_from_the_rebuilt_state(tmp_path):
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    old = b.alloc(s1, 0, 6 * MiB)            # allocated before the recording starts
+    b.alloc(s1, 6 * MiB, 5 * MiB, requested=5 * MiB - 100)
+    b.free(old)                              # in the trace: a free with no alloc
+    s2 = b.segment(30 * MiB)
+    b.alloc(s2, 0, 30 * MiB)
+    b.alloc(s1, 0, 6 * MiB)                  # back into the space the early block left
+    prepared = prepare(load(b.write(tmp_path / "trunc.pickle", drop_first=3)))
+    assert prepared.reserved_start == 20 * MiB
+    r = replay(prepared)
+    assert r.initial_state == "recorded" and r.matches_recorded is True
+    assert r.peak_reserved_bytes == 50 * MiB
+
+
+def test_recorded_oom_sets_the_device_capacity(tmp_path):
+    b = SnapBuilder()
+    s1 = b.segment(40 * MiB)
+    b.alloc(s1, 0, 40 * MiB)
+    b.oom(60 * MiB, device_free=10 * MiB)     # cudaMemGetInfo said 10 MiB free: the device was full
+    t = load(b.write(tmp_path / "oom.pickle"))
+    prepared = prepare(t)
+    cap = infer_capacity(t, prepared.device, prepared.reserved_start)
+    assert (cap.limit_bytes, cap.kind) == (50 * MiB, "device")
+    r = replay(prepared, capacity=cap)
+    assert r.oom is not None and r.oom.event_index == prepared.device.num_events - 1
+    assert r.oom.requested_bytes == 60 * MiB and r.matches_recorded is True
+    ok = replay(prepared, capacity=Capacity(200 * MiB, "device", "test"))
+    assert ok.oom is None and ok.matches_recorded is False  # the recorded OOM is not reproduced
+    assert ok.validation.oom_matches is False
+
+
+def test_cuda_malloc_async_backend_is_refused(tmp_path):
+    prepared = prepare(load(build_deferred(tmp_path)))
+    with pytest.raises(SimulationError, match="cudaMallocAsync"):
+        replay(prepared, parse_config("backend:cudaMallocAsync"))
+    with pytest.raises(SimulationError, match="total memory"):
+        replay(prepared, parse_config("per_process_memory_fraction:0.5"))
+
+
+@pytest.mark.parametrize("text, value", [("41519093862", 41519093862), ("38.67GiB", int(38.67 * (1 << 30))),
+                                         ("40 GB", 40 * 10**9), ("512MiB", 512 * MiB), ("2g", 2 << 30)])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "12 parsecs", "-5GiB", "0"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(UsageError):
+        parse_bytes(text)
