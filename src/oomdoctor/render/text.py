@@ -165,9 +165,12 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
                   f"{format_bytes(sim.recorded_peak_reserved_bytes)}, peak allocated "
                   f"{format_bytes(sim.recorded_peak_allocated_bytes)}{oom}")
-    cap = "unlimited" if sim.capacity.limit_bytes is None else f"{format_bytes(sim.capacity.limit_bytes)} " \
-        f"({sim.capacity.limit_bytes} bytes, {sim.capacity.kind} limit)"
-    console.print(Text(f"capacity: {cap}; {sim.capacity.source}", style="dim"))
+    if sim.capacity.limit_bytes is None:
+        cap = sim.capacity.source
+    else:
+        cap = (f"{format_bytes(sim.capacity.limit_bytes)} ({sim.capacity.limit_bytes} bytes, {sim.capacity.kind} "
+               f"limit); {sim.capacity.source}")
+    console.print(Text(f"capacity: {cap}", style="dim"))
     caption = "reserved/allocated: peaks; frees: deferred frees as recorded or immediate"
     table = Table(box=box.SIMPLE_HEAD, caption=caption + ("; ★ recommended" if sim.recommendation else ""))
     table.add_column("", no_wrap=True)
@@ -187,8 +190,10 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         console.print(Text(
             f"self-replay: {v.segment_events_simulated} of {v.segment_events_recorded} segment events, "
             f"{v.segment_events_differing} differing; reserved bytes differ after {v.reserved_events_differing} "
-            f"events (largest difference {format_bytes(v.max_reserved_difference_bytes)}); recorded OOM "
-            f"{'reproduced' if v.oom_matches else 'not reproduced'}", style=style))
+            f"events (largest difference {format_bytes(v.max_reserved_difference_bytes)}); "
+            + (("recorded OOM " + ("reproduced" if v.oom_matches else "not reproduced"))
+               if v.oom_event_index_recorded is not None else
+               ("no OOM, as recorded" if v.oom_matches else "an OOM the recording does not have")), style=style))
     for r in sim.results:
         for w in r.warnings:
             console.print(Text(f"  note ({r.config}, {r.deferred_frees} frees): {w}", style="yellow"))
@@ -200,7 +205,8 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         body.append(f"{rec.result.config}", style="bold")
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
-        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. {rec.reason}.\n")
+        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. "
+                    f"{rec.reason[:1].upper()}{rec.reason[1:]}.\n")
         if sim.search_wall_s is not None:
             body.append(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s\n", style="dim")
         if rec.incompatibilities:
