@@ -45,7 +45,7 @@ def test_self_replay_is_exact(snapshots, name):
     assert v.reserved_events_differing == 0 and v.max_reserved_difference_bytes == 0, v
     assert v.segment_events_recorded == v.segment_events_simulated
     assert v.oom_matches and r.matches_recorded is True
-    r._sim.check(list(r._live.values()))  # the model's own byte identities hold at the end
+    r.model.check(r.live_blocks)  # the model's own byte identities hold at the end
     if r.oom is None:  # the simulated end state is the snapshot's
         assert r.end_reserved_bytes == prepared.device.final_reserved_bytes
         assert r.events_replayed == prepared.device.num_events

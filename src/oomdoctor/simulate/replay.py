@@ -123,6 +123,8 @@ class ReplayResult:
     elapsed_s: float
     validation: Validation | None = None
     warnings: list[str] = field(default_factory=list)
+    model: CachingAllocator | None = field(default=None, repr=False, compare=False)
+    live_blocks: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def matches_recorded(self) -> bool | None:
@@ -237,7 +239,10 @@ def prepare(trace: Trace, device: DeviceTrace | None = None) -> Prepared:
     ooms = np.flatnonzero(action == OOM)
 
     start_segs = live_segments(dt, -1)
-    start_blocks = _start_blocks(trace, dt, start_segs, recorded)
+    start_blocks, unplaced = _start_blocks(trace, dt, start_segs, recorded)
+    if unplaced:
+        warnings.append(f"{unplaced} blocks alive at the trace's start lie in no segment of that time and were left "
+                        "out of the replay's start state")
     addresses = [s.address + s.total_size for s in dt.segments] + [s.address + s.size for s in start_segs]
     if seg_pos.size:
         addresses.append(int((addr_np[seg_pos] + size_np[seg_pos]).max()))
@@ -250,8 +255,9 @@ def prepare(trace: Trace, device: DeviceTrace | None = None) -> Prepared:
                     warnings=warnings)
 
 
-def _start_blocks(trace: Trace, dt: DeviceTrace, segs: list, config: AllocatorConfig) -> list[tuple]:
-    """Blocks alive at the trace's start: (stream, addr, size, requested, state), by address.
+def _start_blocks(trace: Trace, dt: DeviceTrace, segs: list, config: AllocatorConfig) -> tuple[list[tuple], int]:
+    """Blocks alive at the trace's start: (stream, addr, size, requested, state), by address, and the
+    count of those that lie in no live segment (left out).
 
     A block freed during the trace has no recorded size; it is the rounding of its request plus, in a
     large non-expandable segment, the gap to the next block when that gap is too small to have been
@@ -260,17 +266,19 @@ def _start_blocks(trace: Trace, dt: DeviceTrace, segs: list, config: AllocatorCo
     lt = lifetimes(trace, dt)
     rows = np.flatnonzero(lt.start_state != IN_TRACE)
     if rows.size == 0:
-        return []
+        return [], 0
     table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
     sizes = np.where(lt.size_exact[rows], lt.size[rows], round_size(lt.requested[rows], table))
     items = sorted(zip(lt.addr[rows].tolist(), sizes.tolist(), lt.requested[rows].tolist(),
                        lt.stream[rows].tolist(), lt.size_exact[rows].tolist(), lt.start_state[rows].tolist()))
     starts = [s.address for s in segs]
     out = []
+    unplaced = 0
     for k, (a, sz, req, st, exact, state) in enumerate(items):
         si = bisect_left(starts, a + 1) - 1
         if si < 0 or a >= segs[si].address + segs[si].size:
-            continue  # not in any live segment: cannot be placed
+            unplaced += 1
+            continue
         seg = segs[si]
         nxt = seg.address + seg.size
         if k + 1 < len(items) and items[k + 1][0] < nxt:
@@ -283,7 +291,7 @@ def _start_blocks(trace: Trace, dt: DeviceTrace, segs: list, config: AllocatorCo
         state_name = "allocated" if state == ALLOCATED_AT_START else "pending"
         out.append((seg.stream, a, min(sz, nxt - a), req, state_name))
     assert all(s in (ALLOCATED_AT_START, PENDING_AT_START) for *_, s in items)
-    return out
+    return out, unplaced
 
 
 class _RecordedAddresses(AddressSpace):
@@ -437,8 +445,8 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
         num_alloc_retries=sim.num_alloc_retries, elapsed_s=elapsed, warnings=warnings)
     if validate:
         result.validation = _validate(prepared, sim, seg_marks, last_event, oom, reserved_at_start)
-    result._sim = sim  # noqa: SLF001 - kept for tests and invariant checks
-    result._live = live
+    result.model = sim  # the final state, for invariant checks (dropped by what-if batches)
+    result.live_blocks = list(live.values())
     return result
 
 

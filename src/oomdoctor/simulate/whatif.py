@@ -122,8 +122,9 @@ def _worker(args: tuple[WhatIf, Capacity]) -> ReplayResult:
 
 
 def _strip(r: ReplayResult) -> ReplayResult:
-    for name in ("_sim", "_live"):
-        r.__dict__.pop(name, None)
+    """Drop the model's final state (large; not needed once the numbers are out)."""
+    r.model = None
+    r.live_blocks = None
     return r
 
 
