@@ -46,7 +46,7 @@ def main() -> None:
     for path in sorted((shared / "snapshots").rglob("*.pickle*")):
         t = load(path)
         p = prepare(t)
-        cap = infer_capacity(t, p.device, p.reserved_start)
+        cap = infer_capacity(t, p.device)
         r = replay(p, capacity=cap)
         v = r.validation
         rows.append({"snapshot": str(path.relative_to(shared / "snapshots")), "events": p.device.num_events,

@@ -38,7 +38,7 @@ def _stats(snapshots, folder, tag, rank):
 def test_self_replay_is_exact(snapshots, name):
     trace = load(snapshots / name)
     prepared = prepare(trace)
-    cap = infer_capacity(trace, prepared.device, prepared.reserved_start)
+    cap = infer_capacity(trace, prepared.device)
     r = replay(prepared, capacity=cap)
     v = r.validation
     assert v.segment_events_differing == 0, v

@@ -94,7 +94,7 @@ def test_recorded_oom_sets_the_device_capacity(tmp_path):
     b.oom(60 * MiB, device_free=10 * MiB)     # cudaMemGetInfo said 10 MiB free: the device was full
     t = load(b.write(tmp_path / "oom.pickle"))
     prepared = prepare(t)
-    cap = infer_capacity(t, prepared.device, prepared.reserved_start)
+    cap = infer_capacity(t, prepared.device)
     assert (cap.limit_bytes, cap.kind) == (50 * MiB, "device")
     r = replay(prepared, capacity=cap)
     assert r.oom is not None and r.oom.event_index == prepared.device.num_events - 1

@@ -69,10 +69,23 @@ class Timeline:
                 "active": int(self.active[k]), "reserved": int(self.reserved[k])}
 
 
+def reserved_series(dt: DeviceTrace) -> tuple[int, np.ndarray]:
+    """Reserved bytes before the first event and after each event (``segment_alloc``/``segment_map``
+    add, ``segment_free``/``segment_unmap`` subtract; the start is the final segments minus all the
+    changes). Pure."""
+    action, size = dt.events["action"], dt.events["size"]
+    d_res = np.zeros(dt.num_events, dtype=np.int64)
+    grow = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)
+    shrink = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)
+    d_res[grow] = size[grow]
+    d_res[shrink] = -size[shrink]
+    start = dt.final_reserved_bytes - int(d_res.sum())
+    return start, start + np.cumsum(d_res)
+
+
 def timeline(dt: DeviceTrace, lt: Lifetimes) -> Timeline:
     """Build the :class:`Timeline` of one device from its events and block lifetimes. Pure."""
     n = dt.num_events
-    action, size = dt.events["action"], dt.events["size"]
     d_req = np.zeros(n + 1, dtype=np.int64)  # slot n collects "never" (-1 -> index n)
     d_alloc = np.zeros(n + 1, dtype=np.int64)
     d_active = np.zeros(n + 1, dtype=np.int64)
@@ -97,17 +110,12 @@ def timeline(dt: DeviceTrace, lt: Lifetimes) -> Timeline:
     req_start = int(lt.requested[pre & ~pending_start].sum())
     active_start = int(lt.size[pre].sum())
 
-    d_res = np.zeros(n, dtype=np.int64)
-    grow = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)
-    shrink = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)
-    d_res[grow] = size[grow]
-    d_res[shrink] = -size[shrink]
-    reserved_start = dt.final_reserved_bytes - int(d_res.sum())
+    reserved_start, reserved = reserved_series(dt)
     return Timeline(
         requested=req_start + np.cumsum(d_req[:n]),
         allocated=alloc_start + np.cumsum(d_alloc[:n]),
         active=active_start + np.cumsum(d_active[:n]),
-        reserved=reserved_start + np.cumsum(d_res),
+        reserved=reserved,
         requested_start=req_start,
         allocated_start=alloc_start,
         active_start=active_start,

@@ -42,7 +42,7 @@ def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap:
         raise UsageError(f"{trace.path}: the snapshot holds no allocation history (recorded with "
                          "enabled='state'), so there is nothing to replay")
     prepared = prepare(trace)
-    capacity = infer_capacity(trace, prepared.device, prepared.reserved_start)
+    capacity = infer_capacity(trace, prepared.device)
     if cap is not None:
         capacity = with_capacity(capacity, parse_bytes(cap), cap_kind)
     elif cap_kind is not None:

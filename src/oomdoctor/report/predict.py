@@ -29,8 +29,8 @@ def _on_top(base: AllocatorConfig, text: str) -> AllocatorConfig:
 class _Predictor:
     def __init__(self, analysis: DeviceAnalysis) -> None:
         self.analysis = analysis
-        self.prepared: Prepared = prepare(analysis.trace, analysis.device)
-        self.capacity = infer_capacity(analysis.trace, analysis.device, self.prepared.reserved_start)
+        self.prepared: Prepared = prepare(analysis.trace, analysis.device, analysis.lifetimes)
+        self.capacity = infer_capacity(analysis.trace, analysis.device)
         self.self_replay = replay(self.prepared, capacity=self.capacity)
         self.cache: dict[tuple, ReplayResult] = {}
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.rounding import allocation_size
+from ..analysis.timeline import reserved_series
 from ..errors import UsageError
-from ..trace.model import OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, DeviceTrace, Trace
+from ..trace.model import OOM, DeviceTrace, Trace
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
@@ -57,15 +58,7 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-def _reserved_after(dt: DeviceTrace, start: int) -> np.ndarray:
-    act = dt.events["action"]
-    size = dt.events["size"]
-    delta = np.where((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP), size, 0) - np.where(
-        (act == SEGMENT_FREE) | (act == SEGMENT_UNMAP), size, 0)
-    return start + np.cumsum(delta)
-
-
-def infer_capacity(trace: Trace, device: DeviceTrace, reserved_start: int) -> Capacity:
+def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     """The limit a replay of ``trace`` should use by default (see the module doc)."""
     cap = trace.meta.get("memory_cap_bytes")
     if isinstance(cap, int) and cap > 0:
@@ -75,7 +68,7 @@ def infer_capacity(trace: Trace, device: DeviceTrace, reserved_start: int) -> Ca
     if ooms.size == 0:
         return Capacity(None, "none", "unlimited (no OOM recorded, no cap in the metadata)")
     o = int(ooms[0])
-    reserved = _reserved_after(device, reserved_start)
+    reserved_start, reserved = reserved_series(device)
     at_oom = int(reserved[o])
     device_free = int(device.events["device_free"][o])
     if device_free < 0:

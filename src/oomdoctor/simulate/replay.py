@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.fragmentation import live_segments
-from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START, lifetimes
+from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START, Lifetimes, lifetimes
 from ..analysis.rounding import round_size
+from ..analysis.timeline import reserved_series
 from ..errors import OomdoctorError
 from ..trace.model import (
     ALLOC,
@@ -137,6 +138,7 @@ class Prepared:
 
     trace: Trace
     device: DeviceTrace
+    lifetimes: Lifetimes
     recorded_config: AllocatorConfig
     ops: list[tuple]
     requests: np.ndarray  # requested bytes per event (alloc), rounded size (oom), 0 elsewhere
@@ -152,10 +154,11 @@ class Prepared:
     warnings: list[str]
 
 
-def prepare(trace: Trace, device: DeviceTrace | None = None) -> Prepared:
+def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | None = None) -> Prepared:
     """Classify the events of ``device`` (default: the trace's primary device) into replay operations.
-    Pure; O(events)."""
+    ``lt``: its lifetimes when already computed. Pure; O(events)."""
     dt = device if device is not None else trace.primary
+    lt = lt if lt is not None else lifetimes(trace, dt)
     recorded = config_from_settings(trace.allocator_settings)
     action = dt.events["action"]
     addr_np, size_np = dt.events["addr"], dt.events["size"]
@@ -239,7 +242,7 @@ def prepare(trace: Trace, device: DeviceTrace | None = None) -> Prepared:
     ooms = np.flatnonzero(action == OOM)
 
     start_segs = live_segments(dt, -1)
-    start_blocks, unplaced = _start_blocks(trace, dt, start_segs, recorded)
+    start_blocks, unplaced = _start_blocks(lt, start_segs, recorded)
     if unplaced:
         warnings.append(f"{unplaced} blocks alive at the trace's start lie in no segment of that time and were left "
                         "out of the replay's start state")
@@ -247,7 +250,7 @@ def prepare(trace: Trace, device: DeviceTrace | None = None) -> Prepared:
     if seg_pos.size:
         addresses.append(int((addr_np[seg_pos] + size_np[seg_pos]).max()))
     total = trace.meta.get("gpu_total_memory_bytes")
-    return Prepared(trace=trace, device=dt, recorded_config=recorded, ops=ops, requests=requests, marks=marks,
+    return Prepared(trace=trace, device=dt, lifetimes=lt, recorded_config=recorded, ops=ops, requests=requests, marks=marks,
                     rec_seg_pos=seg_pos, rec_seg=rec_seg, start_blocks=start_blocks, start_segments=start_segs,
                     reserved_start=sum(s.size for s in start_segs),
                     recorded_oom=int(ooms[0]) if ooms.size else None,
@@ -255,7 +258,7 @@ def prepare(trace: Trace, device: DeviceTrace | None = None) -> Prepared:
                     warnings=warnings)
 
 
-def _start_blocks(trace: Trace, dt: DeviceTrace, segs: list, config: AllocatorConfig) -> tuple[list[tuple], int]:
+def _start_blocks(lt: Lifetimes, segs: list, config: AllocatorConfig) -> tuple[list[tuple], int]:
     """Blocks alive at the trace's start: (stream, addr, size, requested, state), by address, and the
     count of those that lie in no live segment (left out).
 
@@ -263,7 +266,6 @@ def _start_blocks(trace: Trace, dt: DeviceTrace, segs: list, config: AllocatorCo
     large non-expandable segment, the gap to the next block when that gap is too small to have been
     split off (``should_split``: remainder > 1 MiB, or any remainder of an oversize block within
     ``max_non_split_rounding``)."""
-    lt = lifetimes(trace, dt)
     rows = np.flatnonzero(lt.start_state != IN_TRACE)
     if rows.size == 0:
         return [], 0
@@ -558,9 +560,6 @@ def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_e
     # each placed at the matching recorded entry of the same malloc (or at the malloc itself)
     n = last_event + 1
     sign = {SEGMENT_ALLOC: 1, SEGMENT_MAP: 1, SEGMENT_FREE: -1, SEGMENT_UNMAP: -1}
-    rec_delta = np.zeros(n, dtype=np.int64)
-    for p, (act, _a, s) in zip(rec_pos[:n_rec].tolist(), rec):
-        rec_delta[p] += sign[act] * s
     sim_delta = np.zeros(n, dtype=np.int64)
     for g0, end, s0, s1 in seg_marks:
         lo = int(np.searchsorted(rec_pos, g0, side="left"))
@@ -570,7 +569,7 @@ def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_e
             p = slots[m] if m < len(slots) else end
             if p < n:
                 sim_delta[p] += sign[act] * s
-    diff = (prepared.reserved_start + np.cumsum(rec_delta)) - (sim_start + np.cumsum(sim_delta))
+    diff = reserved_series(prepared.device)[1][:n] - (sim_start + np.cumsum(sim_delta))
     nz = np.flatnonzero(diff)
     rec_oom = prepared.recorded_oom
     oom_matches = (oom is None and (rec_oom is None or rec_oom > last_event)) or (

@@ -13,7 +13,6 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..analysis.lifetimes import lifetimes
 from ..analysis.timeline import timeline
 from ..trace.model import Trace
 from .capacity import Capacity, infer_capacity
@@ -191,9 +190,9 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
     parsed = [parse_config(c) for c in (configs or [])]
     prepared = prepared or prepare(trace)
     dt = prepared.device
-    lt = lifetimes(trace, dt)
+    lt = prepared.lifetimes
     tl = timeline(dt, lt)
-    capacity = capacity or infer_capacity(trace, dt, prepared.reserved_start)
+    capacity = capacity or infer_capacity(trace, dt)
     has_deferred = bool(lt.deferred.any())
     self_replay = replay(prepared, capacity=capacity)
     whatifs: list[WhatIf] = []
