@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -185,8 +186,6 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
     Raises :class:`~.config.ConfigError` for an invalid config string and
     :class:`~.replay.SimulationError` for what the model cannot replay.
     """
-    import time
-
     parsed = [parse_config(c) for c in (configs or [])]
     prepared = prepared or prepare(trace)
     dt = prepared.device
