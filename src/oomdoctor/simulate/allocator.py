@@ -33,20 +33,19 @@ The model emits the trace entries a real allocator would record for segments
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Callable
 
+from ..analysis.rounding import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    allocation_size,
+)
 from ..trace.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from .config import AllocatorConfig
 
-K_MIN_BLOCK_SIZE = 512  # kMinBlockSize
-K_SMALL_SIZE = 1 << 20  # kSmallSize: rounded requests <= 1 MiB use the small pool
-K_SMALL_BUFFER = 2 << 20  # kSmallBuffer: small segment, small expandable page
-K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
-K_LARGE_BUFFER = 20 << 20  # kLargeBuffer: large segment for 1-10 MiB requests, large expandable page
-K_ROUND_LARGE = 2 << 20  # kRoundLarge
-
+# kSmallBuffer (2 MiB) and kLargeBuffer (20 MiB) are also the small and large expandable page sizes.
 KEY_SHIFT = 48  # free-list key: size << 48 | address; device addresses are below 2**48
-_ADDR_MASK = (1 << KEY_SHIFT) - 1
 
 
 class Block:
@@ -187,7 +186,6 @@ class CachingAllocator:
         self.done: list[Block] = []  # deferred frees whose events completed, for the next process_events
         self.segment_events: list[tuple[int, int, int]] = []
         self.oom_request: tuple[int, int] | None = None
-        self.on_segment: Callable[[], None] | None = None
 
     # ---- allocation -------------------------------------------------------------------------------
 
@@ -198,12 +196,7 @@ class CachingAllocator:
         pool = self.small if size <= K_SMALL_SIZE else self.large
         b = self.get_free_block(pool, size, stream)
         if b is None:
-            if size <= K_SMALL_SIZE:
-                alloc_size = K_SMALL_BUFFER
-            elif size < K_MIN_LARGE_ALLOC:
-                alloc_size = K_LARGE_BUFFER
-            else:
-                alloc_size = (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+            alloc_size = allocation_size(size)
             if self.gc_active:
                 self.garbage_collect_cached_blocks()
             b = self.alloc_block(pool, size, alloc_size, stream, False)

@@ -21,11 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..analysis.rounding import K_LARGE_BUFFER, N_INTERVALS
 from ..errors import OomdoctorError
 from ..units import MiB
-
-N_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals
-K_LARGE_BUFFER = 20 * MiB  # kLargeBuffer
 
 # Keys accepted by PyTorch 2.11 (generic + CUDA + HIP spellings) that do not change the device
 # allocator's behaviour in a trace replay (host/pinned memory, locking, graph capture).

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..analysis.fragmentation import live_segments
 from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START, Lifetimes, lifetimes
-from ..analysis.rounding import round_size
+from ..analysis.rounding import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, round_size
 from ..analysis.timeline import reserved_series
 from ..errors import OomdoctorError
 from ..trace.model import (
@@ -50,7 +50,7 @@ from ..trace.model import (
     DeviceTrace,
     Trace,
 )
-from .allocator import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, AddressSpace, CachingAllocator
+from .allocator import AddressSpace, CachingAllocator
 from .capacity import Capacity
 from .config import AllocatorConfig, config_from_settings
 
