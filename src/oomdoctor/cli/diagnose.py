@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from importlib import resources
 
 import click
@@ -10,6 +9,7 @@ from rich.console import Console
 
 from ..errors import UsageError
 from ..render import render_json, render_text
+from ..render.text import render_text_plain
 from ..report import build_report
 from .inputs import load_with_progress, write_text
 
@@ -41,9 +41,7 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool) ->
     if fmt == "json":
         text = render_json(report)
     elif output:
-        buf = io.StringIO()
-        render_text(report, Console(file=buf, width=120, no_color=True, highlight=False))
-        text = buf.getvalue()
+        text = render_text_plain(report)
     else:
         render_text(report, Console(highlight=False))
         return

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import OomdoctorError
-from . import diagnose, simulate
+from . import diagnose, run, simulate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,12 +18,13 @@ def cli() -> None:
 
 cli.add_command(diagnose.command)
 cli.add_command(simulate.command)
+cli.add_command(run.command)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 ok, 1 internal/usage problems, 2 bad input)."""
     try:
-        cli.main(args=argv, prog_name="oomdoctor", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="oomdoctor", standalone_mode=False)
     except OomdoctorError as e:
         click.echo(f"oomdoctor: error: {e}", err=True)
         return e.exit_code
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    return 0
+    return rv if isinstance(rv, int) else 0
 
 
 def entry() -> None:

@@ -34,6 +34,8 @@ from .finding import Finding, Fix
 ID = "deferred-free"
 MIN_HELD_BYTES = 128 * MiB
 MIN_HELD_FRACTION = 0.05
+PLATEAU_FRACTION = 0.02
+PLATEAU_BYTES = 20 * MiB
 
 _P2P_NAMES = ("isend", "irecv", "send", "recv", "batch_isend_irecv", "_batch_p2p", "P2POp")
 
@@ -75,8 +77,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     threshold = max(MIN_HELD_BYTES, MIN_HELD_FRACTION * peak_reserved)
     k = max(k, 0)
     if held[k] < threshold:
-        # reserved may stay at its peak for a while (segments cached earlier): look over that plateau
-        plateau = np.flatnonzero(a.timeline.reserved == peak_reserved)
+        # reserved may stay at its peak for a while (segments cached earlier): look over that plateau,
+        # including a last small segment (a barrier's, say) that sets the peak after the held blocks returned
+        near = peak_reserved - max(PLATEAU_FRACTION * peak_reserved, PLATEAU_BYTES)
+        plateau = np.flatnonzero(a.timeline.reserved >= near)
         if plateau.size:
             k = int(plateau[np.argmax(held[plateau])])
     held_at_peak = int(held[k])

@@ -39,6 +39,30 @@ def _max_concurrent(alloc: np.ndarray, free: np.ndarray, n: int) -> int:
     return int(np.cumsum(d[:n]).max()) if n else 0
 
 
+def _by_step(g: np.ndarray, lt, n: int) -> list[np.ndarray]:
+    """Split one site's blocks at the gaps between bursts of frees (one burst per ``step()`` when a
+    trace spans several steps): a gap longer than ``BURST_FRACTION`` of the span of the allocations."""
+    if g.size < MIN_CONCURRENT:
+        return []
+    frees = np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n - 1)
+    order = np.argsort(frees, kind="stable")
+    span = max(int(lt.alloc[g].max() - lt.alloc[g].min()), 1)
+    cuts = np.flatnonzero(np.diff(frees[order]) > BURST_FRACTION * span) + 1
+    return [part for part in np.split(g[order], cuts) if part.size >= MIN_CONCURRENT]
+
+
+def _candidate(g: np.ndarray, lt, n: int) -> tuple[int, int, np.ndarray] | None:
+    """``(bytes kept at once, blocks kept at once, rows)`` when ``g`` is kept and freed in one burst."""
+    conc = _max_concurrent(lt.alloc[g], lt.free_requested[g], n)
+    total = conc * int(lt.size[g].max())
+    if conc < MIN_CONCURRENT or total < MIN_BYTES:
+        return None
+    frees = np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n - 1)
+    span = max(int(lt.alloc[g].max() - lt.alloc[g].min()), 1)
+    burst = (int(frees.max() - frees.min()) <= BURST_FRACTION * span) or bool((lt.free_requested[g] < 0).all())
+    return (total, conc, g) if burst else None
+
+
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     lt = a.lifetimes
     mask = stacks_matching(a.trace, "torch/distributed/pipelining/stage.py", ("forward_one_chunk",))
@@ -51,19 +75,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     # group by site and requested size (block sizes may differ by an unsplit remainder)
     req = lt.requested[rows]
     for key in set(zip(sites.tolist(), req.tolist())):
-        g = rows[(sites == key[0]) & (req == key[1])]
-        if g.size < MIN_CONCURRENT:
-            continue
-        conc = _max_concurrent(lt.alloc[g], lt.free_requested[g], n)
-        total = conc * int(lt.size[g].max())
-        if conc < MIN_CONCURRENT or total < MIN_BYTES:
-            continue
-        frees = lt.free_requested[g]
-        frees = np.where(frees >= 0, frees, n - 1)
-        span = max(int(lt.alloc[g].max() - lt.alloc[g].min()), 1)
-        burst = (int(frees.max() - frees.min()) <= BURST_FRACTION * span) or bool((lt.free_requested[g] < 0).all())
-        if burst and (best is None or total > best[0]):
-            best = (total, conc, g)
+        for g in _by_step(rows[(sites == key[0]) & (req == key[1])], lt, n):
+            cand = _candidate(g, lt, n)
+            if cand is not None and (best is None or cand[0] > best[0]):
+                best = cand
     if best is None:
         return None
     total, conc, g = best

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.ranks import peaks, site_deltas
-from ..analysis.sites import site_label
+from ..analysis.device import DeviceAnalysis
+from ..analysis.ranks import RankProfile, SiteBytes, site_deltas, site_key, sites_held
 from ..units import MiB
-from .common import site_refs, stacks_matching
+from .common import MAX_SITES, site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 
@@ -25,20 +25,36 @@ MIN_RATIO = 1.10
 MIN_BYTES = 256 * MiB
 
 
-def _group(a) -> object:
+def _group(a: DeviceAnalysis) -> object:
     meta = a.trace.meta
     stage = meta.get("pp_rank", meta.get("pipeline_stage"))
     if stage is not None:
-        return ("stage", stage)
+        return f"stage {stage}"
     if stacks_matching(a.trace, "torch/distributed/pipelining/").any():
-        return ("pipeline rank", a.rank)  # stage unknown: compare with nobody
+        return f"pipeline rank {a.rank}"  # stage unknown: compare with nobody
     return "all"
 
 
+def profile(a: DeviceAnalysis) -> RankProfile:
+    """The rank's peaks and its sites (with their :class:`SiteRef`) at its peak and at its end."""
+    def sites(at: str) -> dict[str, SiteBytes]:
+        held = sites_held(a, at)
+        refs = site_refs(a, held, limit=len(held))
+        return {site_key(a, s): SiteBytes(s.bytes, s.count, r) for s, r in zip(held, refs)}
+
+    return RankProfile(a.rank, a.peak_allocated[0], a.peak_reserved[0], a.end_allocated, _group(a),
+                       sites("peak"), sites("end"))
+
+
 def detect(ctx: Context) -> list[Finding]:
-    groups: dict[object, list] = {}
-    for a in ctx.analyses:
-        groups.setdefault(_group(a), []).append(a)
+    return detect_profiles([profile(a) for a in ctx.analyses])
+
+
+def detect_profiles(profiles: list[RankProfile]) -> list[Finding]:
+    """The findings over ranks given as profiles (from one process, or gathered from a whole job)."""
+    groups: dict[object, list[RankProfile]] = {}
+    for p in profiles:
+        groups.setdefault(p.group, []).append(p)
     out = []
     for members in groups.values():
         if len(members) >= 2:
@@ -46,8 +62,7 @@ def detect(ctx: Context) -> list[Finding]:
     return out
 
 
-def _detect_group(analyses: list) -> list[Finding]:
-    pk = peaks(analyses)
+def _detect_group(pk: list[RankProfile]) -> list[Finding]:
     out = []
     for i, p in enumerate(pk):
         others = [q.peak_allocated_bytes for j, q in enumerate(pk) if j != i]
@@ -55,9 +70,8 @@ def _detect_group(analyses: list) -> list[Finding]:
         excess = p.peak_allocated_bytes - med
         if p.peak_allocated_bytes < MIN_RATIO * med or excess < MIN_BYTES:
             continue
-        a = analyses[i]
-        at_peak = [d for d in site_deltas(analyses, i, "peak") if d.delta_bytes >= 16 * MiB]
-        at_end = [d for d in site_deltas(analyses, i, "end") if d.delta_bytes >= 16 * MiB]
+        at_peak = [d for d in site_deltas(pk, i, "peak") if d.delta_bytes >= 16 * MiB]
+        at_end = [d for d in site_deltas(pk, i, "end") if d.delta_bytes >= 16 * MiB]
         end_others = int(np.median([q.end_allocated_bytes for j, q in enumerate(pk) if j != i]))
         evidence = {
             "rank": p.rank,
@@ -69,14 +83,14 @@ def _detect_group(analyses: list) -> list[Finding]:
             "others_median_end_allocated_bytes": end_others,
             "ranks_compared": len(pk),
             "per_rank_peak_allocated_bytes": {q.rank: q.peak_allocated_bytes for q in pk},
-            "extra_at_end": [{"site": _label(a, d), "bytes": d.bytes, "others_bytes": d.others_median_bytes,
+            "extra_at_end": [{"site": d.ref.label, "bytes": d.bytes, "others_bytes": d.others_median_bytes,
                               "blocks": d.count} for d in at_end[:5]],
         }
         top = (at_end or at_peak)
         if top:
             evidence["top_site_extra_bytes"] = top[0].delta_bytes
             evidence["top_site_blocks"] = top[0].count
-            evidence["top_site"] = _label(a, top[0])
+            evidence["top_site"] = top[0].ref.label
             detail = (" The difference is {top_site_extra_bytes:bytes} in {top_site_blocks} blocks allocated at "
                       "{top_site}, still held at the end on this rank only.") if at_end else \
                      " The most different site is {top_site} ({top_site_extra_bytes:bytes} more)."
@@ -93,12 +107,8 @@ def _detect_group(analyses: list) -> list[Finding]:
                 "(StateDictOptions(full_state_dict=True, cpu_offload=True)) instead of gathering on rank 0.",
                 versions=">=2.2", source="torch/distributed/checkpoint/state_dict.py StateDictOptions", kind="code"),
         ]
-        sites = [d.site for d in (at_end or at_peak)]
+        refs = [d.ref for d in (at_end or at_peak)][:MAX_SITES]
         out.append(Finding(ID, "high" if excess >= 0.2 * med else "medium",
                            f"Rank {p.rank} uses more memory than the other ranks", [p.rank], excess, summary,
-                           evidence, site_refs(a, sites), fixes, per_rank_bytes={p.rank: excess}))
+                           evidence, refs, fixes, per_rank_bytes={p.rank: excess}))
     return out
-
-
-def _label(a, d) -> str:
-    return site_label(a.trace, d.site.frame)

@@ -31,17 +31,22 @@ DETECTORS: tuple[ModuleType, ...] = (
 
 def run_all(ctx: Context) -> list[Finding]:
     """Every detector's findings, with the same id on several ranks merged into one finding."""
+    return merge_findings([f for det in DETECTORS for f in det.detect(ctx)])
+
+
+def merge_findings(findings: list[Finding]) -> list[Finding]:
+    """One finding per id (per rank for ``rank-imbalance``): the one with the most bytes at stake is
+    kept, with the ranks and per-rank bytes of all; sorted by bytes, largest first."""
     merged: dict[str, Finding] = {}
-    for det in DETECTORS:
-        for f in det.detect(ctx):
-            key = f.id if f.id != "rank-imbalance" else f"{f.id}:{f.ranks[0]}"
-            cur = merged.get(key)
-            if cur is None:
-                merged[key] = f
-                continue
-            per_rank = {**cur.per_rank_bytes, **f.per_rank_bytes}
-            keep = f if f.bytes > cur.bytes else cur
-            keep.ranks = sorted(set(cur.ranks) | set(f.ranks))
-            keep.per_rank_bytes = per_rank
-            merged[key] = keep
+    for f in findings:
+        key = f.id if f.id != "rank-imbalance" else f"{f.id}:{f.ranks[0]}"
+        cur = merged.get(key)
+        if cur is None:
+            merged[key] = f
+            continue
+        per_rank = {**cur.per_rank_bytes, **f.per_rank_bytes}
+        keep = f if f.bytes > cur.bytes else cur
+        keep.ranks = sorted(set(cur.ranks) | set(f.ranks))
+        keep.per_rank_bytes = per_rank
+        merged[key] = keep
     return sorted(merged.values(), key=lambda f: -f.bytes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -216,3 +218,10 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         console.print(Panel(body, title="recommendation", title_align="left", box=box.ROUNDED))
     elif sim.search_wall_s is not None:
         console.print(Text("No setting tried avoids the OOM under this capacity.", style="bold red"))
+
+
+def render_text_plain(report: Report, width: int = 120) -> str:
+    """The text report as a string without colour (for files and logs)."""
+    buf = io.StringIO()
+    render_text(report, Console(file=buf, width=width, no_color=True, highlight=False))
+    return buf.getvalue()

@@ -63,7 +63,11 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
 
 def build_report(traces: list[Trace]) -> Report:
     """Analyse every trace (its primary device), run the detectors, and assemble the report."""
-    analyses = [analyze(t) for t in traces]
+    return report_of([analyze(t) for t in traces])
+
+
+def report_of(analyses: list[DeviceAnalysis]) -> Report:
+    """The report of analyses already made (one per rank)."""
     ctx = Context(analyses)
     findings = run_all(ctx)
     attach_predictions(findings, analyses)
@@ -72,4 +76,4 @@ def build_report(traces: list[Trace]) -> Report:
         notes.append("Some snapshots hold no allocation history (recorded with enabled='state'): peaks are the "
                      "final state only; record with torch.cuda.memory._record_memory_history(max_entries=100000).")
     return Report(ranks=[summarize(a) for a in analyses], findings=findings,
-                  inputs=[t.path for t in traces], oomdoctor_version=__version__, notes=notes)
+                  inputs=[a.trace.path for a in analyses], oomdoctor_version=__version__, notes=notes)

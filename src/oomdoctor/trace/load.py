@@ -94,18 +94,31 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
     p = os.fspath(path)
     data = read_file(p, progress)
     with _gc_paused():
-        trace = build_trace(p, decode(p, data))
-    meta = trace.meta
+        obj = decode(p, data)
     side = sidecar_path(p) if sidecar else None
-    if side:
-        side_meta = read_sidecar(side)
-        meta.update(side_meta)
-        meta["sidecar"] = side
-    if meta.get("rank") is None:
-        meta["rank"] = rank_from_name(p)
-    elif not isinstance(meta["rank"], int):
-        raise SnapshotError(side or p, f"'rank' must be an integer, got {meta['rank']!r}")
-    _check_step_markers(side or p, meta)
+    return from_snapshot(obj, p, read_sidecar(side) if side else None, sidecar_file=side)
+
+
+def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
+                  sidecar_file: str | None = None) -> Trace:
+    """A :class:`Trace` from a snapshot already in memory (``torch.cuda.memory._snapshot()``'s dict,
+    or a decoded file), with sidecar metadata ``meta`` merged in. ``path`` names it in messages.
+
+    Raises:
+        SnapshotError: as :func:`load`.
+    """
+    with _gc_paused():
+        trace = build_trace(path, obj)
+    if meta:
+        trace.meta.update(meta)
+        if sidecar_file:
+            trace.meta["sidecar"] = sidecar_file
+    where = sidecar_file or path
+    if trace.meta.get("rank") is None:
+        trace.meta["rank"] = rank_from_name(path)
+    elif not isinstance(trace.meta["rank"], int):
+        raise SnapshotError(where, f"'rank' must be an integer, got {trace.meta['rank']!r}")
+    _check_step_markers(where, trace.meta)
     if not trace.has_history:
         trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
                               "only the final state is reported")
@@ -145,7 +158,8 @@ def discover(paths: Iterable[str | os.PathLike]) -> list[str]:
     for raw in paths:
         p = os.fspath(raw)
         if os.path.isdir(p):
-            found = sorted(str(f) for f in Path(p).iterdir() if f.is_file() and _looks_like_snapshot(f.name))
+            found = prefer_one_per_rank(
+                sorted(str(f) for f in Path(p).iterdir() if f.is_file() and _looks_like_snapshot(f.name)))
             if not found:
                 raise SnapshotError(p, "directory holds no snapshot files (*.pickle, *.pkl, *.json, "
                                        "optionally .gz/.xz/.zst)")
@@ -155,6 +169,27 @@ def discover(paths: Iterable[str | os.PathLike]) -> list[str]:
         else:
             raise SnapshotError(p, "no such file or directory")
     return out
+
+
+_RECORDER_NAME = re.compile(r"^rank(\d+)(?:_(oom)|_step(\d+))?\.pickle$")
+
+
+def prefer_one_per_rank(files: list[str]) -> list[str]:
+    """Among the files ``oomdoctor.record`` names in one directory (``rank{R}.pickle``,
+    ``rank{R}_step{S}.pickle``, ``rank{R}_oom.pickle``), keep one per rank: the OOM dump, else the
+    whole run, else the last step window. Other files pass through unchanged."""
+    best: dict[int, tuple[tuple[int, int], str]] = {}
+    out = []
+    for f in files:
+        m = _RECORDER_NAME.match(os.path.basename(f))
+        if not m:
+            out.append(f)
+            continue
+        rank, oom, step = int(m.group(1)), m.group(2), m.group(3)
+        key = (2, 0) if oom else (1, 0) if step is None else (0, int(step))
+        if rank not in best or key > best[rank][0]:
+            best[rank] = (key, f)
+    return sorted(out + [f for _, f in best.values()])
 
 
 def _looks_like_snapshot(name: str) -> bool:

@@ -1,0 +1,128 @@
+"""Recording without code change: what ``oomdoctor run``'s injected ``sitecustomize`` sets up.
+
+1. An import hook (a :data:`sys.meta_path` finder) lets the program import ``torch`` normally, then
+   calls :func:`on_torch_imported`.
+2. That queues :func:`start` with ``torch.cuda._lazy_call``: it runs when the process first
+   initialises CUDA, before its first allocation (``torch/cuda/__init__.py`` ``_lazy_init`` runs the
+   queued calls), and never in processes that do not use CUDA. A process that imports torch without
+   CUDA being available gets one warning at exit and nothing else.
+3. :func:`start` builds the :class:`~oomdoctor.capture.recorder.Recorder` from
+   ``OOMDOCTOR_RUN_CONFIG`` (JSON: ``out``, ``steps``, ``max_entries``, ``stacks``, ``summarize``,
+   ``summary_timeout_s``), stops it at exit (``atexit``) and on ``SIGTERM`` (what ``torchrun`` sends
+   the other workers when one fails), then lets the signal take its default course.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from .recorder import Recorder, warn
+
+CONFIG_ENV = "OOMDOCTOR_RUN_CONFIG"
+_recorder: Recorder | None = None
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the real loader of ``torch`` to run a callback after it executes."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            on_torch_imported(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install_import_hook() -> None:
+    if "torch" in sys.modules:
+        on_torch_imported(sys.modules["torch"])
+    elif not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchImportHook())
+
+
+def on_torch_imported(torch: Any) -> None:
+    """Queue :func:`start` for CUDA's initialisation. CUDA is not probed here: querying devices in a
+    process that later forks CUDA-using children would break them (``torch.cuda`` docs on fork)."""
+    try:
+        torch.cuda._lazy_call(_start_guarded)
+        atexit.register(_report_unused, torch)
+    except Exception as e:  # noqa: BLE001
+        warn(f"recording not set up in pid {os.getpid()}: {type(e).__name__}: {e}")
+
+
+def _report_unused(torch: Any) -> None:
+    """At exit of a process that imported torch but never started recording: say why, if CUDA is
+    missing (a process that simply did not use CUDA, like the launcher, stays silent)."""
+    if _recorder is not None:
+        return
+    try:
+        if not torch.cuda.is_available():
+            warn(f"CUDA is not available in this process (pid {os.getpid()}): nothing was recorded")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _start_guarded() -> None:
+    try:
+        start()
+    except Exception as e:  # noqa: BLE001 - never break the program's CUDA initialisation
+        warn(f"recording not started in pid {os.getpid()}: {type(e).__name__}: {e}")
+
+
+def config() -> dict[str, Any]:
+    """The run's settings from ``OOMDOCTOR_RUN_CONFIG``.
+
+    Raises:
+        ValueError: the variable is not a JSON object with ``out``.
+    """
+    cfg = json.loads(os.environ.get(CONFIG_ENV, ""))
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("out"), str):
+        raise ValueError(f"{CONFIG_ENV} must be a JSON object with 'out'")
+    return cfg
+
+
+def start() -> Recorder | None:
+    """Start this process's recorder (once)."""
+    global _recorder
+    if _recorder is not None:
+        return _recorder
+    cfg = config()
+    from .. import record  # the public API wires the in-job summary
+
+    rec = record(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries") or 100_000),
+                 stacks=cfg.get("stacks", "python"), summarize=bool(cfg.get("summarize")),
+                 summary_timeout_s=float(cfg.get("summary_timeout_s", 120.0)),
+                 print_summary=bool(cfg.get("print_summary", False)))
+    rec.start()
+    _recorder = rec
+    atexit.register(rec.stop)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        try:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread
+            pass
+    return rec
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if _recorder is not None:
+        warn(f"rank {_recorder.rank} got SIGTERM: dumping before exit")
+        _recorder.stop()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,1 @@
+"""The directory ``oomdoctor run`` puts first on ``PYTHONPATH``; it holds only ``sitecustomize``."""

@@ -1,0 +1,159 @@
+"""``oomdoctor run [options] -- COMMAND...``: record every CUDA process of a command, then diagnose.
+
+The command runs unchanged, with ``PYTHONPATH`` led by the directory of our ``sitecustomize``
+(:mod:`oomdoctor.capture.autorecord`), so every Python process it starts (``torchrun``'s workers,
+scripts a shell script calls) records once it initialises CUDA. Processes started with ``python -I``
+or ``-S`` ignore ``PYTHONPATH``/``site`` and are not recorded. The exit code is the command's; a
+command killed by a signal makes ``oomdoctor`` die of the same signal (after the report).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from importlib import resources
+
+import click
+
+from ..capture.files import ensure_writable
+from ..capture.recorder import DEFAULT_MAX_ENTRIES, STACKS, parse_steps
+from ..errors import OomdoctorError, UsageError
+from ..jobsummary import SUMMARY_JSON, SUMMARY_TEXT
+from ..render import render_json
+from ..render.text import render_text_plain
+from ..report import build_report
+from ..trace.load import discover
+from .inputs import load_with_progress
+
+
+class CommandNotRunnable(OomdoctorError):
+    """The command cannot be started (exit codes as in a POSIX shell)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def inject_dir() -> str:
+    return str(resources.files("oomdoctor.capture").joinpath("inject"))
+
+
+def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
+              timeout_s: float, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The command's environment: ``base`` (default ``os.environ``) plus the injection."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (inject_dir(), env.get("PYTHONPATH", "")) if p)
+    env["OOMDOCTOR_PACKAGE_ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["OOMDOCTOR_RUN_CONFIG"] = json.dumps({"out": out, "steps": steps, "max_entries": max_entries,
+                                              "stacks": stacks, "summarize": summarize,
+                                              "summary_timeout_s": timeout_s, "print_summary": False})
+    return env
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Directory for the snapshots [default: ./oomdoctor-run-<time>].")
+@click.option("--steps", default=None, help="Record only steps A..B (from 0, both included), e.g. 2:4.")
+@click.option("--max-entries", type=click.IntRange(min=1), default=DEFAULT_MAX_ENTRIES, show_default=True,
+              help="Events kept in the allocator's history ring buffer, per process.")
+@click.option("--stacks", type=click.Choice(STACKS), default="python", show_default=True,
+              help="Stack frames to record: Python only, or with C++ frames (slower).")
+@click.option("--summarize", is_flag=True, help="Analyse in the job: each rank its own snapshot, rank 0 writes "
+              "summary.json; the report printed is that summary.")
+@click.option("--summary-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="Seconds rank 0 waits for the other ranks' summaries.")
+@click.option("--no-diagnose", is_flag=True, help="Only record; print no report.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def command(out: str | None, steps: str | None, max_entries: int, stacks: str, summarize: bool,
+            summary_timeout: float, no_diagnose: bool, fmt: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND with CUDA memory recording in every process that uses CUDA, then diagnose.
+
+    Example: oomdoctor run --out mem -- torchrun --nproc_per_node=8 train.py
+    """
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command given: oomdoctor run [OPTIONS] -- COMMAND...")
+    parse_steps(steps)
+    if shutil.which(argv[0]) is None:
+        raise CommandNotRunnable(f"{argv[0]}: command not found", 127)
+    out = ensure_writable(out or f"oomdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}")
+    env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout)
+    code = _run(argv, env)
+    click.echo(f"oomdoctor: command exited with {_describe(code)}; snapshots in {out}", err=True)
+    if not no_diagnose:
+        _report(out, summarize, fmt)
+    if code < 0:  # killed by a signal: die of it too
+        sys.stdout.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    raise click.exceptions.Exit(code if code >= 0 else 128 - code)
+
+
+def _run(argv: list[str], env: dict[str, str]) -> int:
+    try:
+        proc = subprocess.Popen(argv, env=env)
+    except FileNotFoundError:
+        raise CommandNotRunnable(f"{argv[0]}: command not found", 127) from None
+    except PermissionError:
+        raise CommandNotRunnable(f"{argv[0]}: permission denied", 126) from None
+    previous = {}
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for s in _FORWARDED:
+        previous[s] = signal.signal(s, forward)
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:  # pragma: no cover - SIGINT is forwarded, keep waiting
+                continue
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _report(out: str, summarize: bool, fmt: str) -> None:
+    if summarize:
+        path = os.path.join(out, SUMMARY_JSON if fmt == "json" else SUMMARY_TEXT)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                click.echo(f.read(), nl=False)
+            return
+        click.echo(f"oomdoctor: no in-job summary in {out} (rank 0 did not finish it): diagnosing the snapshots",
+                   err=True)
+    try:
+        files = discover([out])
+    except OomdoctorError:
+        click.echo(f"oomdoctor: no snapshot was written in {out} (no process of the command used CUDA)", err=True)
+        return
+    try:
+        report = build_report(load_with_progress(files))
+    except OomdoctorError as e:
+        click.echo(f"oomdoctor: error: {e}", err=True)
+        return
+    click.echo(render_json(report) if fmt == "json" else render_text_plain(report), nl=False)

@@ -1,0 +1,54 @@
+"""One report for a whole job from the reports each rank built of its own snapshot (in-job summary).
+
+Every detector except ``rank-imbalance`` looks at one rank at a time, so a rank's own report holds
+its findings; they are merged across ranks the way ``diagnose`` merges them
+(:func:`~oomdoctor.detectors.registry.merge_findings`). ``rank-imbalance`` compares ranks: it runs
+here on the gathered :class:`~oomdoctor.analysis.ranks.RankProfile`\\ s. The result has the same
+shape as a report built from all the snapshots in one process.
+"""
+
+from __future__ import annotations
+
+from ..analysis.ranks import RankProfile
+from ..detectors import rank_imbalance
+from ..detectors.registry import merge_findings
+from .model import Report
+
+
+def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing_ranks: list[int] = (),
+                  world_size: int | None = None, waited_s: float | None = None) -> Report:
+    """Merge per-rank reports (any order) into one, sorted by rank.
+
+    Args:
+        reports: one report per rank that answered, each of one rank.
+        profiles: the same ranks' profiles (for ``rank-imbalance``).
+        missing_ranks: ranks that sent nothing (died, or slower than the wait); named in the notes.
+        world_size: the job's size, recorded in ``extra``.
+        waited_s: how long rank 0 waited for the others (seconds).
+    """
+    ranks = sorted((r for rep in reports for r in rep.ranks), key=lambda r: r.rank)
+    findings = merge_findings([f for rep in reports for f in rep.findings] + rank_imbalance.detect_profiles(
+        sorted(profiles, key=lambda p: p.rank)))
+    notes: list[str] = []
+    for rep in reports:
+        notes.extend(n for n in rep.notes if n not in notes)
+    if missing_ranks:
+        wait = f" within {waited_s:.0f} s" if waited_s is not None else ""
+        notes.append(f"No result from rank(s) {_span(sorted(missing_ranks))}{wait} (the process died or was still "
+                     "busy): this summary covers the other ranks only.")
+    version = reports[0].oomdoctor_version if reports else ""
+    extra = {"in_job_summary": True, "world_size": world_size, "missing_ranks": sorted(missing_ranks)}
+    return Report(ranks=ranks, findings=findings, inputs=[p for rep in reports for p in rep.inputs],
+                  oomdoctor_version=version, notes=notes, extra=extra)
+
+
+def _span(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(out)
