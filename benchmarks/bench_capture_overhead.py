@@ -3,7 +3,7 @@
 A realistic training step: a 12-layer pre-norm LM (d=2048, 32,000 vocabulary, ~0.7 B parameters),
 AdamW, bf16 autocast, batch 8 x 2048. Blocks of steps alternate off / on (recording with
 ``oomdoctor.record``'s defaults: Python stacks, 100,000-entry ring buffer) so drift hits both;
-each step is timed with CUDA events around the whole step and a synchronize.
+each step is timed on the host between two ``torch.cuda.synchronize()`` calls.
 
     python benchmarks/bench_capture_overhead.py --out results.json
 """

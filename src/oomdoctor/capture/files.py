@@ -55,12 +55,12 @@ def ensure_writable(out_dir: str) -> str:
         CaptureError: naming the directory and the operating system's reason.
     """
     path = os.path.abspath(out_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CaptureError(f"{path}: exists and is not a directory")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise CaptureError(f"{path}: cannot create the output directory ({e.strerror or e})") from None
-    if not os.path.isdir(path):
-        raise CaptureError(f"{path}: exists and is not a directory")
     try:
         fd, probe = tempfile.mkstemp(prefix=".oomdoctor-probe-", dir=path)
         os.close(fd)

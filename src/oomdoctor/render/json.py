@@ -34,8 +34,11 @@ def report_dict(report: Report) -> dict[str, Any]:
         d["title"] = fill(f.title, f.evidence)
         d["per_rank_bytes"] = {str(k): v for k, v in f.per_rank_bytes.items()}
         findings.append(d)
-    return {"oomdoctor_version": report.oomdoctor_version, "inputs": report.inputs, "ranks": ranks,
-            "findings": findings, "notes": report.notes}
+    out = {"oomdoctor_version": report.oomdoctor_version, "inputs": report.inputs, "ranks": ranks,
+           "findings": findings, "notes": report.notes}
+    if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}
+        out["extra"] = report.extra
+    return out
 
 
 def render_json(report: Report) -> str:

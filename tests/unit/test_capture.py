@@ -1,0 +1,257 @@
+"""Capture without a GPU: names, atomic writes, the writable check, the recorder's step windows and
+dumps against a stand-in for ``torch.cuda`` that serves a real snapshot, sidecars read back by ``load``,
+and gathering with a dead rank."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from builder import MiB, SnapBuilder
+
+from oomdoctor.capture import CaptureError, Recorder, parse_steps
+from oomdoctor.capture.files import atomic_write_bytes, ensure_writable, sidecar_name, snapshot_name
+from oomdoctor.capture.gather import DirectoryStore, gather_payloads
+from oomdoctor.capture.metadata import env_subset, place_markers, rank_info
+from oomdoctor.trace import discover, load, load_ranks
+from oomdoctor.trace.load import prefer_one_per_rank
+
+
+def test_names_round_trip_through_the_loader():
+    assert snapshot_name(3) == "rank3.pickle"
+    assert snapshot_name(3, step=20) == "rank3_step20.pickle"
+    assert snapshot_name(3, oom=True) == "rank3_oom.pickle"
+    assert sidecar_name("/x/rank3_oom.pickle") == "rank3_oom.meta.json"
+
+
+@pytest.mark.parametrize("text, window", [(None, None), ("2:4", (2, 4)), ("7", (7, 7)), ((0, 3), (0, 3))])
+def test_parse_steps(text, window):
+    assert parse_steps(text) == window
+
+
+@pytest.mark.parametrize("bad", ["4:2", "a:b", "1:2:3", "-1:3", (1,)])
+def test_parse_steps_rejects(bad):
+    with pytest.raises(CaptureError, match="steps"):
+        parse_steps(bad)
+
+
+def test_ensure_writable_creates_and_refuses(tmp_path):
+    assert ensure_writable(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(CaptureError, match="cannot create the output directory"):
+        ensure_writable(str(f / "sub"))
+    with pytest.raises(CaptureError, match="not a directory"):
+        ensure_writable(str(f))
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(CaptureError, match="not writable"):
+            ensure_writable(str(ro))
+
+
+def test_atomic_write_replaces_or_leaves_the_old_file(tmp_path, monkeypatch):
+    p = tmp_path / "rank0.pickle"
+    atomic_write_bytes(str(p), b"old")
+    assert p.read_bytes() == b"old" and oct(p.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        atomic_write_bytes(str(p), b"new" * 1000)
+    assert p.read_bytes() == b"old"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["rank0.pickle"]  # no temporary left behind
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def test_env_subset_and_rank_info():
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "NCCL_DEBUG": "INFO", "TORCH_NCCL_X": "1",
+           "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "s", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}
+    assert list(env_subset(env)) == ["LOCAL_RANK", "NCCL_DEBUG", "PYTORCH_CUDA_ALLOC_CONF", "RANK", "TORCH_NCCL_X",
+                                      "WORLD_SIZE"]
+    assert rank_info(env) == (3, 1, 8)
+    assert rank_info({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"}) == (5, 1, 16)
+    assert rank_info({}) == (0, 0, 1)
+
+
+def test_place_markers():
+    times = [10, 20, 20, 30, 40]
+    got = place_markers([{"step": 0, "time_us": 5}, {"step": 1, "time_us": 20}, {"step": 2, "time_us": 35},
+                         {"step": 3, "time_us": 99}], times)
+    assert [m["event_index"] for m in got] == [0, 1, 4, 5]
+
+
+def test_prefer_one_per_rank():
+    files = ["d/rank0.pickle", "d/rank0_oom.pickle", "d/rank1_step3.pickle", "d/rank1_step12.pickle",
+             "d/rank2.pickle", "d/rank2_step5.pickle", "d/other.pickle"]
+    assert prefer_one_per_rank(files) == ["d/other.pickle", "d/rank0_oom.pickle", "d/rank1_step12.pickle",
+                                          "d/rank2.pickle"]
+
+
+# ---- the recorder, against a stand-in for torch.cuda that serves a real snapshot --------------------
+
+class FakeCuda:
+    """``torch.cuda`` as far as the recorder uses it; ``_snapshot`` returns a snapshot built in code
+    whose trace times are ``time_us`` values the test controls."""
+
+    def __init__(self, snapshot: dict, fail_snapshot: bool = False):
+        self.snap = snapshot
+        self.fail_snapshot = fail_snapshot
+        self.history_calls: list[tuple] = []
+        self.memory = SimpleNamespace(_record_memory_history=self._record, _snapshot=self._snapshot)
+        self.nccl = SimpleNamespace(version=lambda: (2, 28, 9))
+
+    def _record(self, enabled="all", **kw):
+        self.history_calls.append((enabled, kw.get("clear_history", False)))
+
+    def _snapshot(self):
+        if self.fail_snapshot:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.snap
+
+    def current_device(self):
+        return 0
+
+    def get_device_properties(self, d):
+        return SimpleNamespace(name="NVIDIA H200", total_memory=150_119_759_872)
+
+    def get_per_process_memory_fraction(self, d):
+        return 0.25
+
+    def memory_stats(self, d):
+        return {"num_alloc_retries": 2, "num_ooms": 1, "allocated_bytes.all.peak": 8 * MiB}
+
+
+def fake_recorder(tmp_path, snapshot, **kw) -> tuple[Recorder, FakeCuda]:
+    cuda = FakeCuda(snapshot)
+    rec = Recorder(str(tmp_path / "out"), **kw)
+    rec._torch = SimpleNamespace(cuda=cuda, __version__="2.11.0+cu130", version=SimpleNamespace(cuda="13.0"))
+    rec.active = True
+    rec.markers.append({"step": 0, "time_us": 0})
+    return rec, cuda
+
+
+def small_snapshot(tmp_path) -> dict:
+    b = SnapBuilder()
+    s = b.segment(64 * MiB)
+    for i in range(6):
+        b.alloc(s, i * 4 * MiB, 4 * MiB)
+    return pickle.loads(Path(b.write(tmp_path / "src.pickle")).read_bytes())
+
+
+def test_recorder_window_dumps_once_with_sidecar(tmp_path):
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap, steps="1:2", on_oom=False)
+    assert cuda.history_calls == []  # window starts later and no OOM dumps asked: nothing recorded yet
+    rec.step()  # step 0 ends -> window opens at step 1
+    assert cuda.history_calls == [("all", True)]
+    rec.step()
+    rec.step()  # step 2 ends -> dump and stop recording
+    assert cuda.history_calls[-1] == (None, False)
+    rec.step()
+    rec.stop()
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["rank0_step2.meta.json", "rank0_step2.pickle"]
+    t = load(tmp_path / "out" / "rank0_step2.pickle")
+    assert t.rank == 0 and t.meta["kind"] == "window" and t.meta["torch_version"] == "2.11.0+cu130"
+    assert t.meta["memory_cap_bytes"] == int(0.25 * 150_119_759_872)
+    assert t.meta["memory_stats"]["num_alloc_retries"] == 2
+    assert [m["step"] for m in t.meta["step_markers"]] == [0, 1, 2, 3]
+    assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "all", "steps": [1, 2]}
+    assert t.devices[0].num_events == 7  # segment_alloc + 6 allocs
+
+
+def test_recorder_oom_observer_never_raises_and_final_dump_is_skipped(tmp_path, capsys):
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap)
+    rec._enable(clear=False)
+    rec._oom_observer(0, 4 * MiB, 37_529_939_968, 1 << 30)
+    rec._oom_observer(0, 4 * MiB, 37_529_939_968, 1 << 30)  # a second OOM is not dumped again
+    rec.stop()  # no step since the OOM: the OOM dump is the record of this run
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["rank0_oom.meta.json", "rank0_oom.pickle"]
+    meta = json.loads((out / "rank0_oom.meta.json").read_text())
+    assert meta["oom"] == {"device": 0, "alloc_bytes": 4 * MiB, "device_limit_bytes": 37_529_939_968,
+                           "device_free_bytes": 1 << 30}
+    failing, fcuda = fake_recorder(tmp_path / "b", snap)
+    fcuda.fail_snapshot = True
+    failing._oom_observer(0, 1, 2, 3)  # must not raise into the allocator
+    assert "illegal memory access" in capsys.readouterr().err
+
+
+def test_recorder_failed_dump_warns_and_goes_on(tmp_path, capsys, monkeypatch):
+    rec, _ = fake_recorder(tmp_path, small_snapshot(tmp_path))
+    rec._enable(clear=False)
+    import oomdoctor.capture.recorder as recorder_mod
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(recorder_mod, "atomic_write_bytes", full)
+    rec.stop()
+    err = capsys.readouterr().err
+    assert "could not write" in err and "No space left on device" in err and "training goes on" in err
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_recorder_without_torch_or_cuda_only_warns(tmp_path, capsys):
+    rec = Recorder(str(tmp_path / "out")).start()
+    assert not rec.active
+    rec.stop()
+    err = capsys.readouterr().err
+    assert "nothing is recorded" in err
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_recorder_rejects_bad_arguments(tmp_path):
+    with pytest.raises(CaptureError, match="stacks"):
+        Recorder(str(tmp_path), stacks="cpp")
+    with pytest.raises(CaptureError, match="max_entries"):
+        Recorder(str(tmp_path), max_entries=0)
+
+
+# ---- gathering --------------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def test_gather_names_the_rank_that_never_answers(tmp_path):
+    store = DirectoryStore(str(tmp_path))
+    assert gather_payloads(store, "job", 2, 4, b"two") is None  # other ranks return at once
+    gather_payloads(store, "job", 1, 4, b"one")
+    clock = Clock()
+    got = gather_payloads(store, "job", 0, 4, b"zero", timeout_s=5, poll_s=0.5, clock=clock, sleep=clock.sleep)
+    assert got.payloads == {0: b"zero", 1: b"one", 2: b"two"}
+    assert got.missing == [3] and got.waited_s == pytest.approx(5.0)
+
+
+def test_discover_ignores_store_and_temporary_files(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(64 * MiB)
+    b.alloc(s, 0, MiB)
+    b.write(tmp_path / "rank0.pickle")
+    DirectoryStore(str(tmp_path)).set("job/rank0", b"{}")
+    (tmp_path / ".rank1.pickle.123.abcd.tmp").write_bytes(b"\x80")
+    (tmp_path / "summary.json").write_text("{}")
+    assert [Path(p).name for p in discover([tmp_path])] == ["rank0.pickle"]
+    assert [t.rank for t in load_ranks([tmp_path])] == [0]
