@@ -119,6 +119,7 @@ class Recorder:
         self._hook_handle: Any = None
         self._first_optimizer: int | None = None
         self._manual_steps = False
+        self._last_snapshot: tuple[dict, dict] | None = None  # kept for on_finish only
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> Recorder:
@@ -187,8 +188,6 @@ class Recorder:
                     self.on_finish(self, snap, meta)
                 except Exception as e:  # noqa: BLE001 - the summary must never fail the job
                     warn(f"in-job summary failed on rank {self.rank}: {type(e).__name__}: {e}")
-
-    _last_snapshot: tuple[dict, dict] | None = None
 
     # ---- steps -----------------------------------------------------------------------------
     def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
