@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .capture.recorder import DEFAULT_MAX_ENTRIES  # noqa: E402
 from .errors import OomdoctorError, SnapshotError, UnsafeSnapshotError  # noqa: E402
 from .trace import Trace, load, load_ranks  # noqa: E402
 
@@ -28,7 +29,7 @@ def diagnose(paths, *, progress=None):
     return build_report(load_ranks(paths, progress=progress))
 
 
-def record(out_dir, *, steps=None, max_entries=100_000, stacks="python", on_oom=True, summarize=False,
+def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="python", on_oom=True, summarize=False,
            summary_timeout_s=120.0, print_summary=True):
     """A :class:`~oomdoctor.capture.recorder.Recorder` of this process's CUDA memory, used as a context
     manager (or ``.start()`` / ``.stop()``); ``rec.step()`` marks the end of a training step (until it is

@@ -20,7 +20,7 @@ from .capture.files import atomic_write_bytes
 from .capture.gather import DirectoryStore, Gathered, gather_payloads
 from .capture.recorder import Recorder, warn
 from .detectors import rank_imbalance
-from .render.json import render_json
+from .render.json import json_default, render_json
 from .render.text import render_text_plain
 from .report.build import report_of
 from .report.merge import merge_reports
@@ -36,15 +36,7 @@ def rank_payload(snapshot: dict, meta: dict[str, Any], path: str) -> bytes:
     a = analyze(from_snapshot(snapshot, path, meta))
     report = report_of([a])
     return json.dumps({"report": report_to_plain(report), "profile": profile_to_plain(rank_imbalance.profile(a))},
-                      default=_default).encode("utf-8")
-
-
-def _default(o: Any) -> Any:
-    if isinstance(o, (tuple, set)):
-        return list(o)
-    if hasattr(o, "item"):
-        return o.item()
-    raise TypeError(type(o).__name__)
+                      default=json_default).encode("utf-8")
 
 
 def merge_payloads(got: Gathered, world_size: int):

@@ -136,10 +136,8 @@ def test_summary_names_a_dead_rank(tmp_path):
     script.write_text("import os, torch\nx = torch.ones(1 << 20, device=f\"cuda:{os.environ['LOCAL_RANK']}\")\n"
                       "if os.environ['RANK'] == '1':\n    os._exit(3)\n")
     out = tmp_path / "died"
-    env_cfg = json.dumps({"out": str(out), "summarize": True, "summary_timeout_s": 5, "print_summary": False})
     from oomdoctor.cli.run import child_env
-    env = child_env(str(out), None, 1000, "python", True, 5.0)
-    env["OOMDOCTOR_RUN_CONFIG"] = env_cfg
+    env = child_env(str(out), None, 1000, "python", True, 5.0)  # as `oomdoctor run --summarize` sets it
     procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r),
                                                                    "WORLD_SIZE": "2"}) for r in (0, 1)]
     t0 = time.time()

@@ -22,7 +22,7 @@ import signal
 import sys
 from typing import Any
 
-from .recorder import Recorder, warn
+from .recorder import DEFAULT_MAX_ENTRIES, Recorder, warn
 
 CONFIG_ENV = "OOMDOCTOR_RUN_CONFIG"
 _recorder: Recorder | None = None
@@ -105,7 +105,7 @@ def start() -> Recorder | None:
     cfg = config()
     from .. import record  # the public API wires the in-job summary
 
-    rec = record(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries") or 100_000),
+    rec = record(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries", DEFAULT_MAX_ENTRIES)),
                  stacks=cfg.get("stacks", "python"), summarize=bool(cfg.get("summarize")),
                  summary_timeout_s=float(cfg.get("summary_timeout_s", 120.0)),
                  print_summary=bool(cfg.get("print_summary", False)))

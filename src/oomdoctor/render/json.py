@@ -42,10 +42,11 @@ def report_dict(report: Report) -> dict[str, Any]:
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(report_dict(report), indent=2, default=_default) + "\n"
+    return json.dumps(report_dict(report), indent=2, default=json_default) + "\n"
 
 
-def _default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """``json.dumps``'s ``default`` for reports: tuples as lists, numpy scalars as numbers."""
     if isinstance(o, tuple):
         return list(o)
     if hasattr(o, "item"):
@@ -99,4 +100,4 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
 
 
 def render_simulation_json(sim: Simulation) -> str:
-    return json.dumps(simulation_dict(sim), indent=2, default=_default) + "\n"
+    return json.dumps(simulation_dict(sim), indent=2, default=json_default) + "\n"
