@@ -9,9 +9,11 @@ from rich.console import Console
 
 from ..errors import UsageError
 from ..render import render_json, render_text
+from ..render.html import render_html
 from ..render.text import render_text_plain
-from ..report import build_report
-from .inputs import load_with_progress, write_text
+from ..report.build import report_of
+from ..report.visual import build_visual
+from .inputs import analyze_inputs, write_output
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 
@@ -22,30 +24,33 @@ def demo_path() -> str:
     return str(resources.files("oomdoctor").joinpath("data", DEMO_SNAPSHOT))
 
 
+def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str]:
+    inputs = list(paths)
+    if demo:
+        inputs.append(demo_path())
+    if not inputs:
+        raise UsageError(f"no snapshot given: oomdoctor {command} PATH... (files or directories), or --demo")
+    return inputs
+
+
 @click.command("diagnose")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="Output format.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True,
+              help="Output format (html: the self-contained page of `oomdoctor report`).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
               help="Write the report to this file instead of standard output.")
 @click.option("--demo", is_flag=True, help=f"Diagnose a real snapshot shipped with oomdoctor ({DEMO_SNAPSHOT}).")
 def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool) -> None:
     """Diagnose snapshot files or directories (one file per rank) of a failing or bloated run."""
-    inputs = list(paths)
-    if demo:
-        inputs.append(demo_path())
-    if not inputs:
-        raise UsageError("no snapshot given: oomdoctor diagnose PATH... (files or directories), or --demo")
-    traces = load_with_progress(inputs)
-    report = build_report(traces)
+    analyses = analyze_inputs(inputs_or_demo(paths, demo, "diagnose"))
+    report = report_of(analyses)
     if fmt == "json":
         text = render_json(report)
+    elif fmt == "html":
+        text = render_html(report, build_visual(analyses))
     elif output:
         text = render_text_plain(report)
     else:
         render_text(report, Console(highlight=False))
         return
-    if output:
-        write_text(output, text)
-    else:
-        click.echo(text, nl=False)
+    write_output(output, text)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
+import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
+from ..analysis.device import DeviceAnalysis, analyze
 from ..errors import UsageError
 from ..trace import Trace, load_ranks
 
@@ -38,3 +40,16 @@ def write_text(path: str, text: str) -> None:
             f.write(text)
     except OSError as e:
         raise UsageError(f"{path}: cannot write the report ({e.strerror or e})") from None
+
+
+def write_output(path: str | None, text: str) -> None:
+    """Write to ``path``, or to standard output when None."""
+    if path:
+        write_text(path, text)
+    else:
+        click.echo(text, nl=False)
+
+
+def analyze_inputs(inputs: list[str]) -> list[DeviceAnalysis]:
+    """Load snapshot files or directories (one file per rank) and analyse each rank's primary device."""
+    return [analyze(t) for t in load_with_progress(inputs)]

@@ -7,7 +7,8 @@ import sys
 import click
 
 from ..errors import OomdoctorError
-from . import diagnose, run, simulate
+from . import diagnose, diff, export, report, run, simulate
+from . import slice as slice_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,6 +20,10 @@ def cli() -> None:
 cli.add_command(diagnose.command)
 cli.add_command(simulate.command)
 cli.add_command(run.command)
+cli.add_command(report.command)
+cli.add_command(diff.command)
+cli.add_command(slice_cmd.command)
+cli.add_command(export.command)
 
 
 def main(argv: list[str] | None = None) -> int:

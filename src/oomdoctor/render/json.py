@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .. import __version__
+from ..report.diff import Diff
 from ..report.model import Report
 from ..simulate.whatif import Simulation
 from .format import fill
@@ -101,3 +102,39 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
 
 def render_simulation_json(sim: Simulation) -> str:
     return json.dumps(simulation_dict(sim), indent=2, default=json_default) + "\n"
+
+
+def diff_dict(diff: Diff) -> dict[str, Any]:
+    """The ``oomdoctor diff --format json`` contract::
+
+        {"before": [paths], "after": [paths], "peak_reserved_saved_bytes",
+         "ranks": [{"rank", "before_path", "after_path", "before_peak_reserved_bytes",
+                    "after_peak_reserved_bytes", "peak_reserved_saved_bytes", "before_peak_allocated_bytes",
+                    "after_peak_allocated_bytes", "peak_allocated_saved_bytes", "before_oom", "after_oom",
+                    "before_anatomy", "after_anatomy",
+                    "sites": [{"label", "before_bytes", "after_bytes", "delta_bytes", ...}]}],
+         "findings": [{"id", "status": "resolved"|"new"|"changed"|"unchanged", "title", "before_bytes",
+                       "after_bytes", "before_ranks", "after_ranks", "peak_reserved_saved_bytes"}],
+         "notes": [...]}
+
+    Saved bytes are before minus after (negative: the after run needs more).
+    """
+    ranks = []
+    for r in diff.ranks:
+        d = asdict(r)
+        d["peak_reserved_saved_bytes"] = r.peak_reserved_saved_bytes
+        d["peak_allocated_saved_bytes"] = r.peak_allocated_saved_bytes
+        for side in ("before", "after"):
+            an = getattr(r, f"{side}_anatomy")
+            if an is not None:
+                d[f"{side}_anatomy"]["allocated_bytes"] = an.allocated_bytes
+        for s, sd in zip(r.sites, d["sites"]):
+            sd["delta_bytes"] = s.delta_bytes
+        ranks.append(d)
+    return {"oomdoctor_version": __version__, "before": diff.before_inputs, "after": diff.after_inputs,
+            "peak_reserved_saved_bytes": diff.peak_reserved_saved_bytes, "ranks": ranks,
+            "findings": [asdict(f) for f in diff.findings], "notes": diff.notes}
+
+
+def render_diff_json(diff: Diff) -> str:
+    return json.dumps(diff_dict(diff), indent=2, default=json_default) + "\n"

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..report.diff import Diff
 from ..report.model import RankSummary, Report
 from ..simulate.whatif import Simulation
 from .format import fill, format_bytes, format_us
@@ -224,4 +225,71 @@ def render_text_plain(report: Report, width: int = 120) -> str:
     """The text report as a string without colour (for files and logs)."""
     buf = io.StringIO()
     render_text(report, Console(file=buf, width=width, no_color=True, highlight=False))
+    return buf.getvalue()
+
+
+def _signed(b: int) -> str:
+    return ("+" if b > 0 else "") + format_bytes(b) if b else "0 B"
+
+
+_STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow", "unchanged": "dim"}
+
+
+def render_diff_text(diff: Diff, console: Console) -> None:
+    """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
+    console.print(Text(f"oomdoctor diff: {len(diff.ranks)} rank pair(s); peaks in bytes, saved = before - after",
+                       style="bold"))
+    t = Table(box=box.SIMPLE_HEAD)
+    for col in ("rank", "reserved before", "after", "saved", "allocated before", "after", "saved", "OOM"):
+        t.add_column(col, justify="left" if col == "OOM" else "right", no_wrap=True)
+    for r in diff.ranks:
+        oom = f"{'yes' if r.before_oom else 'no'} → {'yes' if r.after_oom else 'no'}"
+        t.add_row(str(r.rank), format_bytes(r.before_peak_reserved_bytes), format_bytes(r.after_peak_reserved_bytes),
+                  _signed(r.peak_reserved_saved_bytes), format_bytes(r.before_peak_allocated_bytes),
+                  format_bytes(r.after_peak_allocated_bytes), _signed(r.peak_allocated_saved_bytes), oom)
+    console.print(t)
+    for r in diff.ranks:
+        for side, an in (("before", r.before_anatomy), ("after", r.after_anatomy)):
+            if an is None:
+                continue
+            console.print(Text(
+                f"  rank {r.rank} {side:>6} at peak reserved: requested {format_bytes(an.requested_bytes)}, "
+                f"rounding {format_bytes(an.rounding_waste_bytes)}, pending free {format_bytes(an.pending_free_bytes)}, "
+                f"free in used segments {format_bytes(an.free_in_used_segments_bytes)}, "
+                f"free segments {format_bytes(an.free_segments_bytes)}"))
+    for n in diff.notes:
+        console.print(Text(f"note: {n}", style="yellow"))
+    console.print()
+    if not diff.findings:
+        console.print(Text("No finding in either run.", style="green"))
+    for f in diff.findings:
+        line = Text()
+        line.append(f"{f.status:>9} ", style=_STATUS_STYLE[f.status])
+        line.append(f"[{f.id}] ")
+        if f.status == "resolved":
+            line.append(f"{format_bytes(f.before_bytes)} at stake before; peak reserved saved on rank(s) "
+                        f"{','.join(map(str, f.before_ranks))}: {_signed(f.peak_reserved_saved_bytes)}")
+        elif f.status == "new":
+            line.append(f"{format_bytes(f.after_bytes)} at stake on rank(s) {','.join(map(str, f.after_ranks))}")
+        else:
+            line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
+            if f.status == "changed":
+                line.append(f"; peak reserved saved {_signed(f.peak_reserved_saved_bytes)}")
+        console.print(line)
+    for r in diff.ranks:
+        if not r.sites:
+            continue
+        st = Table(title=f"rank {r.rank}: sites whose bytes at peak reserved moved", box=box.SIMPLE_HEAD,
+                   title_justify="left")
+        for col in ("before", "after", "change", "site"):
+            st.add_column(col, justify="left" if col == "site" else "right", overflow="fold")
+        for s in r.sites:
+            st.add_row(format_bytes(s.before_bytes), format_bytes(s.after_bytes),
+                       Text(_signed(s.delta_bytes), style="red" if s.delta_bytes > 0 else "green"), s.label)
+        console.print(st)
+
+
+def render_diff_text_plain(diff: Diff, width: int = 120) -> str:
+    buf = io.StringIO()
+    render_diff_text(diff, Console(file=buf, width=width, no_color=True, highlight=False))
     return buf.getvalue()

@@ -1,0 +1,57 @@
+"""``oomdoctor slice SNAPSHOT --start X --end Y -o OUT``: a smaller snapshot of one window."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+
+import click
+
+from ..analysis.device import analyze
+from ..analysis.slicing import WINDOW_UNITS, event_window, slice_metadata, slice_snapshot
+from ..capture.files import atomic_write_bytes, atomic_write_json, sidecar_name
+from ..errors import UsageError
+from ..trace import load
+
+_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*$")
+_SCALE = {None: 1, "us": 1, "µs": 1, "ms": 1_000, "s": 1_000_000}
+
+
+def parse_bound(text: str | None, unit: str) -> float | None:
+    """A window bound: an integer for ``event``/``step``; for ``time`` a number of µs or one with a
+    unit (``350us``, ``20ms``, ``1.5s``), counted from the trace's first event."""
+    if text is None:
+        return None
+    if unit == "time":
+        m = _TIME.match(text)
+        if not m:
+            raise UsageError(f"bad time {text!r}: a number of µs, or with a unit: 350us, 20ms, 1.5s")
+        return float(m.group(1)) * _SCALE[m.group(2)]
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"bad {unit} {text!r}: an integer") from None
+
+
+@click.command("slice")
+@click.argument("snapshot", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--by", "unit", type=click.Choice(WINDOW_UNITS), default="event", show_default=True,
+              help="What --start and --end count: event indices, time since the first event, or steps.")
+@click.option("--start", help="First event / time / step of the window (default: the trace's start).")
+@click.option("--end", help="End of the window, exclusive (default: the trace's end).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True, path_type=str),
+              help="The snapshot pickle to write (a sidecar <stem>.meta.json goes beside it).")
+def command(snapshot: str, unit: str, start: str | None, end: str | None, output: str) -> None:
+    """Cut a window out of a snapshot: a valid smaller snapshot that pytorch.org/memory_viz and oomdoctor
+    open, whose segments hold every block alive in the window."""
+    trace = load(snapshot)
+    a = analyze(trace)
+    window = event_window(trace, a.device, parse_bound(start, unit), parse_bound(end, unit), unit)
+    snap = slice_snapshot(trace, a.device, a.lifetimes, window)
+    if os.path.abspath(output) == os.path.abspath(snapshot):
+        raise UsageError(f"{output}: would overwrite the input snapshot; choose another -o")
+    atomic_write_bytes(output, pickle.dumps(snap, protocol=4))
+    atomic_write_json(sidecar_name(output), slice_metadata(trace, a.device, window))
+    click.echo(f"wrote {output}: {window.how}, {window.num_events:,} of {a.num_events:,} events, "
+               f"{len(snap['segments'])} segments at the window's end", err=True)
