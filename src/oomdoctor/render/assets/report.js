@@ -51,7 +51,7 @@
     el.textContent = "";
     var tl = view.timeline;
     var xs = mode === "time" ? tl.time_us.map(function (t) { return t / 1e6; }) : tl.event;
-    var names = ["requested", "allocated", "active", "reserved"];
+    var names = ["reserved", "active", "allocated", "requested"];  // drawn in this order: allocated shows over active
     var series = [{label: mode === "time" ? "time" : "event", value: function (u, v) { return v == null ? "" : fmtX(mode, v); }}];
     names.forEach(function (n) {
       series.push({label: n, stroke: COLORS[n], width: n === "reserved" ? 2 : 1.5,

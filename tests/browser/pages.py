@@ -1,0 +1,44 @@
+"""Opening a report page in Chromium and reading back what happened."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Pixels drawn on every chart and segment-map canvas (non-transparent), read from the canvases.
+_DRAWN = """() => Array.from(document.querySelectorAll('canvas')).map(c => {
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+  return {kind: c.closest('.uplot') ? 'chart' : 'segmap', drawn: n, total: c.width * c.height};
+})"""
+
+
+@dataclass
+class PageLoad:
+    console_errors: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    ready_ms: float = 0.0
+    wall_s: float = 0.0
+    canvases: list[dict] = field(default_factory=list)
+
+
+def open_page(browser, path: Path, screenshot: Path | None = None) -> PageLoad:
+    """Load ``path`` (file://), wait until the page's script says it has drawn, and collect console
+    errors, every request other than the page itself, the time to interactive and the canvases."""
+    out = PageLoad()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    url = path.resolve().as_uri()
+    page.on("console", lambda m: out.console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: out.console_errors.append(str(e)))
+    page.on("request", lambda r: out.requests.append(r.url) if r.url != url else None)
+    t0 = time.perf_counter()
+    page.goto(url)
+    page.wait_for_function("window.oomdoctorReady !== undefined", timeout=30_000)
+    out.wall_s = time.perf_counter() - t0
+    out.ready_ms = page.evaluate("window.oomdoctorReady")
+    out.canvases = page.evaluate(_DRAWN)
+    if screenshot is not None:
+        page.screenshot(path=str(screenshot), full_page=True)
+    page.close()
+    return out

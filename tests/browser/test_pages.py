@@ -1,0 +1,62 @@
+"""Every shared snapshot's HTML report, and the tp-allreduce diff, in headless Chromium: no console
+error, no request leaving the page, charts and segment maps drawn; screenshots kept in
+build/test-artifacts/."""
+
+from pathlib import Path
+
+import pytest
+from pages import open_page
+
+from oomdoctor.cli.main import main
+
+MiB = 1 << 20
+
+
+def _all_snapshots(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.name.endswith((".pickle", ".pickle.xz")))
+
+
+def _check(load, charts: int):
+    assert load.console_errors == []
+    assert load.requests == []
+    drawn = [c for c in load.canvases if c["kind"] == "chart"]
+    assert len(drawn) == charts
+    for c in load.canvases:  # every chart and segment map has ink on it
+        assert c["drawn"] > 0.01 * c["total"], c
+
+
+def test_reports_of_every_shared_snapshot(browser, snapshots, tmp_path, artifacts):
+    files = _all_snapshots(snapshots)
+    assert len(files) >= 21
+    for f in files:
+        name = f"{f.parent.name}-{f.name.split('.')[0]}"
+        out = tmp_path / f"{name}.html"
+        assert main(["report", str(f), "-o", str(out)]) == 0
+        load = open_page(browser, out, artifacts / f"report-{name}.png")
+        _check(load, charts=1)
+        assert sum(1 for c in load.canvases if c["kind"] == "segmap") >= 1, name
+
+
+def test_multi_rank_report_and_diff(browser, snapshots, tmp_path, artifacts):
+    tp = snapshots / "tp-allreduce"
+    out = tmp_path / "ranks.html"
+    assert main(["report", str(tp / "legacy-rank0.pickle"), str(tp / "legacy-rank1.pickle"), "-o", str(out)]) == 0
+    _check(open_page(browser, out, artifacts / "report-tp-legacy-2ranks.png"), charts=2)
+    out = tmp_path / "diff.html"
+    assert main(["diff", str(tp / "legacy-rank0.pickle"), str(tp / "modern-rank0.pickle"), "--format", "html",
+                 "-o", str(out)]) == 0
+    load = open_page(browser, out, artifacts / "diff-tp-allreduce-legacy-vs-modern.png")
+    _check(load, charts=2)
+    text = out.read_text()
+    assert "resolved" in text and "deferred-free" in text
+
+
+@pytest.mark.slow
+def test_large_report_size_and_load(browser, snapshots, tmp_path, artifacts):
+    out = tmp_path / "large.html"
+    assert main(["report", str(snapshots / "large"), "-o", str(out)]) == 0
+    size = out.stat().st_size
+    assert size < 10 * 1000 * 1000, size
+    load = open_page(browser, out, artifacts / "report-large.png")
+    _check(load, charts=1)
+    assert "271,109 events" in out.read_text()
