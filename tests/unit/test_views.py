@@ -206,3 +206,17 @@ def test_html_escapes_snapshot_text_and_inlines_everything():
     views = json.loads(data)["views"]
     assert views["r0"]["timeline"]["allocated"][-1] == 2 * MiB
     assert np.all(np.diff(views["r0"]["timeline"]["event"]) > 0)
+
+
+def test_vendored_chart_library_is_the_pinned_one():
+    import hashlib
+    import re
+    from importlib import resources
+
+    assets = resources.files("oomdoctor.render").joinpath("assets")
+    table = assets.joinpath("VENDORED.md").read_text()
+    for name in ("uPlot.iife.min.js", "uPlot.min.css"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{name}`"))
+        want = re.findall(r"`([0-9a-f]{64})`", row)[-1]
+        assert hashlib.sha256(assets.joinpath(name).read_bytes()).hexdigest() == want
+    assert assets.joinpath("uPlot.iife.min.js").read_text().startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32)")
