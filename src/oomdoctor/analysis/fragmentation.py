@@ -233,3 +233,48 @@ def _largest_gaps(starts: np.ndarray, ends: np.ndarray, si: np.ndarray, b_addr: 
 def request_pool(rounded_size: int) -> str:
     """``small`` for rounded requests up to 1 MiB (``kSmallSize``), else ``large`` (``get_pool``)."""
     return "small" if rounded_size <= K_SMALL_SIZE else "large"
+
+
+STATE_ALLOCATED = "allocated"
+STATE_PENDING_FREE = "pending_free"
+STATE_FREE = "free"
+
+
+@dataclass
+class SegmentState:
+    """A segment after some event with its blocks, free gaps included: ``blocks`` are
+    ``(address, size, state, row)`` in address order, covering the segment exactly; ``state`` is
+    :data:`STATE_ALLOCATED`, :data:`STATE_PENDING_FREE` or :data:`STATE_FREE`; ``row`` indexes the
+    :class:`~.lifetimes.Lifetimes` (-1 for a gap). Bytes."""
+
+    segment: _Seg
+    blocks: list[tuple[int, int, str, int]]
+
+
+def segment_states(dt: DeviceTrace, lt: Lifetimes, k: int) -> list[SegmentState]:
+    """Every segment after event ``k`` with the blocks :mod:`.lifetimes` says are active then. A block
+    that does not fit where the walk stands (an inconsistent trace) is left out, as :func:`anatomy`
+    counts it unattributed. Sizes in each segment add up to its size (asserted)."""
+    segs = live_segments(dt, k)
+    alive = np.flatnonzero(lt.alive_mask(k))
+    allocated = lt.allocated_mask(k)
+    alive = alive[np.argsort(lt.addr[alive], kind="stable")]
+    starts = np.array([s.address for s in segs], dtype=np.int64)
+    si = np.searchsorted(starts, lt.addr[alive], side="right") - 1 if segs else np.zeros(0, np.int64)
+    out = []
+    for i, s in enumerate(segs):
+        pos, end = s.address, s.address + s.size
+        blocks: list[tuple[int, int, str, int]] = []
+        for r in alive[si == i].tolist():
+            addr, size = int(lt.addr[r]), int(lt.size[r])
+            if addr < pos or addr + size > end:
+                continue
+            if addr > pos:
+                blocks.append((pos, addr - pos, STATE_FREE, -1))
+            blocks.append((addr, size, STATE_ALLOCATED if allocated[r] else STATE_PENDING_FREE, r))
+            pos = addr + size
+        if pos < end:
+            blocks.append((pos, end - pos, STATE_FREE, -1))
+        assert sum(b[1] for b in blocks) == s.size
+        out.append(SegmentState(s, blocks))
+    return out

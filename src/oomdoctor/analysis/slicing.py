@@ -4,10 +4,10 @@ A snapshot is the allocator's state when it was dumped (``segments``) plus the e
 (``device_traces``); readers (pytorch.org/memory_viz's ``annotate_snapshot``/``simulate_memory``,
 ``shared/reference/snapshot_format_and_peers.md`` §1.10, and oomdoctor's own :mod:`.lifetimes`) walk
 the events backwards from that state. So the slice of events ``[lo, hi)`` carries the state *after*
-event ``hi - 1`` as its segments: the segments that exist then (the final ones with later segment
-events undone, :func:`.fragmentation.live_segments`) holding the blocks :mod:`.lifetimes` says are
-active then, the gaps as inactive blocks. Walking back from it over the window's events gives the
-state at ``lo``: every block alive at the window's start lies in a segment.
+event ``hi - 1`` as its segments: the segments that exist then holding the blocks :mod:`.lifetimes` says
+are active then, the gaps as inactive blocks (:func:`.fragmentation.segment_states`). Walking back from
+it over the window's events gives the state at ``lo``: every block alive at the window's start lies in a
+segment.
 
 The output holds only plain data (dicts, lists, str, int, bool), the shape PyTorch 2.11 writes
 (``torch/csrc/cuda/Module.cpp`` ``segmentInfoToDict``/``traceEntryToDict``).
@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..trace.model import ACTION_NAMES, OOM, DeviceTrace, Trace
-from .fragmentation import live_segments
+from .fragmentation import STATE_ALLOCATED, STATE_FREE, STATE_PENDING_FREE, segment_states
 from .iterations import find_steps
 from .lifetimes import Lifetimes
 
@@ -95,30 +95,14 @@ def _frames(trace: Trace, stack: int) -> list[dict[str, Any]]:
 def _state_segments(trace: Trace, dt: DeviceTrace, lt: Lifetimes, k: int) -> list[dict[str, Any]]:
     """The segments after event ``k`` as snapshot dicts, blocks and gaps covering each exactly."""
     final_stack = {s.address: s.stack for s in dt.segments}
-    alive = np.flatnonzero(lt.alive_mask(k))
-    allocated = lt.allocated_mask(k)
-    alive = alive[np.argsort(lt.addr[alive], kind="stable")]
-    segs = live_segments(dt, k)
-    starts = np.array([s.address for s in segs], dtype=np.int64)
-    si = np.searchsorted(starts, lt.addr[alive], side="right") - 1 if segs else np.zeros(0, np.int64)
+    state_names = {STATE_ALLOCATED: "active_allocated", STATE_PENDING_FREE: "active_pending_free",
+                   STATE_FREE: "inactive"}
     out = []
-    for i, s in enumerate(segs):
-        end = s.address + s.size
-        blocks: list[dict[str, Any]] = []
-        pos = s.address
-        for r in alive[si == i].tolist():
-            addr, size = int(lt.addr[r]), int(lt.size[r])
-            if addr < pos or addr + size > end:
-                continue
-            if addr > pos:
-                blocks.append({"address": pos, "size": addr - pos, "requested_size": 0, "state": "inactive",
-                               "frames": []})
-            blocks.append({"address": addr, "size": size, "requested_size": int(lt.requested[r]),
-                           "state": "active_allocated" if allocated[r] else "active_pending_free",
-                           "frames": _frames(trace, int(lt.stack[r]))})
-            pos = addr + size
-        if pos < end:
-            blocks.append({"address": pos, "size": end - pos, "requested_size": 0, "state": "inactive", "frames": []})
+    for st in segment_states(dt, lt, k):
+        s = st.segment
+        blocks = [{"address": addr, "size": size, "requested_size": int(lt.requested[r]) if r >= 0 else 0,
+                   "state": state_names[state], "frames": _frames(trace, int(lt.stack[r])) if r >= 0 else []}
+                  for addr, size, state, r in st.blocks]
         alloc = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
         active = sum(b["size"] for b in blocks if b["state"] != "inactive")
         out.append({"device": dt.device, "address": s.address, "total_size": s.size, "allocated_size": alloc,

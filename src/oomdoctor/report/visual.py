@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
-from ..analysis.fragmentation import Anatomy, live_segments
+from ..analysis.fragmentation import Anatomy, segment_states
+from ..analysis.lifetimes import IN_TRACE
 from ..analysis.sites import site_index, site_label
 from ..detectors.common import frame_text
 
@@ -24,10 +25,6 @@ MAP_BLOCKS = 12_000
 """At most this many blocks are drawn in one segment map; further segments are listed as left out."""
 TOP_SITES = 15
 STACK_FRAMES = 40
-
-STATE_ALLOCATED = "allocated"
-STATE_PENDING = "pending_free"
-STATE_FREE = "free"
 
 
 @dataclass
@@ -169,30 +166,10 @@ def segment_map(a: DeviceAnalysis, k: int, max_blocks: int = MAP_BLOCKS) -> tupl
     """The segments after event ``k`` with their blocks and free gaps; returns ``(segments, left_out)``
     where ``left_out`` counts segments not drawn once ``max_blocks`` blocks were laid out (the
     largest segments are kept). Sizes in each segment add up to its size (asserted)."""
-    lt = a.lifetimes
-    segs = live_segments(a.device, k)
-    alive = np.flatnonzero(lt.alive_mask(k))
-    allocated = lt.allocated_mask(k)
-    alive = alive[np.argsort(lt.addr[alive], kind="stable")]
-    b_addr = lt.addr[alive]
-    starts = np.array([s.address for s in segs], dtype=np.int64)
-    si = np.searchsorted(starts, b_addr, side="right") - 1 if segs else np.zeros(0, np.int64)
     views = []
-    for i, s in enumerate(segs):
-        rows = alive[si == i]
-        blocks: list[list] = []
-        pos, end = s.address, s.address + s.size
-        for r in rows.tolist():
-            addr, size = int(lt.addr[r]), int(lt.size[r])
-            if addr < pos or addr + size > end:
-                continue  # not inside this segment (an inconsistent trace); counted as unattributed
-            if addr > pos:
-                blocks.append([pos - s.address, addr - pos, STATE_FREE])
-            blocks.append([addr - s.address, size, STATE_ALLOCATED if allocated[r] else STATE_PENDING])
-            pos = addr + size
-        if pos < end:
-            blocks.append([pos - s.address, end - pos, STATE_FREE])
-        assert sum(b[1] for b in blocks) == s.size
+    for st in segment_states(a.device, a.lifetimes, k):
+        s = st.segment
+        blocks = [[addr - s.address, size, state] for addr, size, state, _ in st.blocks]
         views.append(SegmentView(s.address, s.size, s.stream, s.segment_type, s.pool_id, s.is_expandable, blocks))
     kept = sorted(views, key=lambda v: -v.size)
     total, keep = 0, []
@@ -213,7 +190,7 @@ def site_views(a: DeviceAnalysis, k: int, limit: int = TOP_SITES) -> list[SiteVi
         return []
     t = a.timeline.time_us if n else np.zeros(1, np.int64)
     idx = site_index(a.trace)
-    site = idx.sites_of(lt.stack[rows], lt.alloc[rows] < 0)
+    site = idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE)  # as group_sites
     born = np.where(lt.alloc[rows] >= 0, t[np.maximum(lt.alloc[rows], 0)], t[0])
     gone = np.where(lt.free_requested[rows] >= 0, t[np.maximum(lt.free_requested[rows], 0)], t[-1])
     life = (gone - born).astype(np.int64)
