@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import OomdoctorError
-from . import diagnose, diff, export, report, run, simulate
+from . import diagnose, diff, export, plan, report, run, simulate
 from . import slice as slice_cmd
 
 
@@ -24,6 +24,7 @@ cli.add_command(report.command)
 cli.add_command(diff.command)
 cli.add_command(slice_cmd.command)
 cli.add_command(export.command)
+cli.add_command(plan.command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,139 @@
+"""Per-rank peak memory of a training plan, term by term, for every pipeline stage.
+
+::
+
+    allocated(stage) = weights + gradients + master weights + optimizer state      (terms.model_state_bytes)
+                     + FSDP gather buffers + DDP buckets + cuBLAS workspaces
+                     + max( activations of the micro-batches in flight under the schedule
+                            (+ one layer's working set when recomputing)
+                            + embedding inputs (first stage) + logits and loss (last stage)
+                            + cached outputs (last stage, pipelining return_outputs=True),
+                            optimizer-step temporaries )
+    reserved         = allocated × (1 + fragmentation)
+    device           = reserved + CUDA context + NCCL
+
+Structure from ``shared/reference/memory_estimation.md`` §5; each term's source is in :mod:`.terms`.
+Ranks of the same stage are symmetric (tensor, data and context parallel shards are equal), so one
+estimate per stage stands for all its ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import terms
+from .schedule import in_flight_chunks
+from .specs import Hardware, ModelSpec, ParallelPlan, TrainingSpec, padded_vocab, validate
+
+
+@dataclass
+class StageEstimate:
+    """One pipeline stage. ``terms`` maps each term's name to bytes; ``allocated_bytes`` is the peak of
+    ``torch.cuda.memory_allocated`` (what Megatron logs as ``mem-max-allocated-bytes``),
+    ``reserved_bytes`` of ``memory_reserved``, ``device_bytes`` what the GPU must hold (nvidia-smi)."""
+
+    stage: int
+    parameters: int
+    in_flight_chunks: int
+    terms: dict[str, int]
+    allocated_bytes: int
+    reserved_bytes: int
+    device_bytes: int
+    peak_phase: str  # "activations" or "optimizer step"
+
+    def check(self) -> None:
+        """Assert that the terms add up to the three totals."""
+        t = self.terms
+        static = sum(v for k, v in t.items() if k in STATIC_TERMS)
+        dynamic = sum(v for k, v in t.items() if k in DYNAMIC_TERMS)
+        assert self.allocated_bytes == static + max(dynamic, t["optimizer_step_temporaries"])
+        assert self.reserved_bytes == self.allocated_bytes + t["fragmentation"]
+        assert self.device_bytes == self.reserved_bytes + t["cuda_context"] + t["nccl"]
+
+
+STATIC_TERMS = ("weights", "gradients", "master_weights", "optimizer_state", "fsdp_gather_buffers",
+                "ddp_buckets", "workspace")
+DYNAMIC_TERMS = ("activations", "recompute_working_set", "embedding_inputs", "logits_and_loss", "cached_outputs")
+
+
+@dataclass
+class Estimate:
+    """The whole plan: one :class:`StageEstimate` per pipeline stage, the micro-batch count, and
+    whether the worst stage fits ``hardware.gpu_memory_bytes``."""
+
+    model: ModelSpec
+    train: TrainingSpec
+    plan: ParallelPlan
+    hardware: Hardware | None
+    microbatches: int
+    vocab: int
+    stages: list[StageEstimate] = field(default_factory=list)
+
+    @property
+    def peak(self) -> StageEstimate:
+        """The stage needing the most device memory."""
+        return max(self.stages, key=lambda s: (s.device_bytes, s.stage))
+
+    @property
+    def last(self) -> StageEstimate:
+        return self.stages[-1]
+
+    @property
+    def fits(self) -> bool | None:
+        if self.hardware is None:
+            return None
+        return self.peak.device_bytes <= self.hardware.gpu_memory_bytes
+
+
+def estimate_stage(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, stage: int, microbatches: int,
+                   vocab: int) -> StageEstimate:
+    """The :class:`StageEstimate` of pipeline stage ``stage`` (0-based)."""
+    params = terms.stage_params(m, plan, stage, vocab)
+    t: dict[str, int] = dict(terms.model_state_bytes(params, train, plan))
+    t["fsdp_gather_buffers"] = terms.fsdp_unsharded_bytes(m, plan, train, params)
+    t["ddp_buckets"] = terms.ddp_bucket_bytes(params, train, plan)
+    t["workspace"] = terms.workspace_bytes(plan)
+
+    chunks = in_flight_chunks(plan.schedule, plan.pp, stage, microbatches, plan.vpp)
+    layers_stage = m.num_layers // plan.pp
+    layers_chunk = layers_stage // plan.vpp
+    full = plan.recompute == "full"
+    n_full = (layers_stage if plan.recompute_layers is None else plan.recompute_layers) if full else 0
+    none_mode = "selective" if plan.recompute == "selective" else "none"
+    per_full = terms.layer_activation_bytes(m, train, plan, "full")
+    per_none = terms.layer_activation_bytes(m, train, plan, none_mode)
+    stage_bytes = n_full * per_full + (layers_stage - n_full) * per_none  # one micro-batch through the stage
+    t["activations"] = stage_bytes * layers_chunk * chunks // layers_stage
+    t["recompute_working_set"] = per_none if n_full else 0
+    first, last = stage == 0, stage == plan.pp - 1
+    stage_mbs = -(-chunks // plan.vpp)
+    t["embedding_inputs"] = terms.embedding_activation_bytes(train, plan, m.hidden_size) * stage_mbs if first else 0
+    t["logits_and_loss"] = terms.logits_loss_bytes(m, train, plan, vocab) if last else 0
+    t["cached_outputs"] = terms.cached_outputs_bytes(train, plan, vocab, microbatches) if last else 0
+    t["optimizer_step_temporaries"] = terms.optimizer_step_temporaries(params, train, plan)
+
+    static = sum(t[k] for k in STATIC_TERMS)
+    dynamic = sum(t[k] for k in DYNAMIC_TERMS)
+    phase = "activations" if dynamic >= t["optimizer_step_temporaries"] else "optimizer step"
+    allocated = static + max(dynamic, t["optimizer_step_temporaries"])
+    t["fragmentation"] = int(allocated * terms.fragmentation_fraction(plan))
+    reserved = allocated + t["fragmentation"]
+    t["cuda_context"] = terms.CUDA_CONTEXT_BYTES
+    t["nccl"] = terms.nccl_bytes(plan)
+    est = StageEstimate(stage, params, chunks, t, allocated, reserved, reserved + t["cuda_context"] + t["nccl"], phase)
+    est.check()
+    return est
+
+
+def estimate(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, hardware: Hardware | None = None, *,
+             pad_vocab: bool = True) -> Estimate:
+    """Estimate every pipeline stage of ``plan``.
+
+    Raises:
+        PlanError: the combination is invalid (see :func:`.specs.validate`).
+    """
+    mbs = validate(m, train, plan, hardware.num_gpus if hardware is not None else None)
+    vocab = padded_vocab(m.vocab_size, plan.tp) if pad_vocab else m.vocab_size
+    est = Estimate(m, train, plan, hardware, mbs, vocab)
+    est.stages = [estimate_stage(m, train, plan, s, mbs, vocab) for s in range(plan.pp)]
+    return est

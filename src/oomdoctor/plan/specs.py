@@ -1,0 +1,284 @@
+"""What a memory plan is about: the model, the training setup, the hardware and the parallel plan.
+
+Terms are Megatron-LM's and torchtitan's (``shared/reference/memory_estimation.md`` §1, §2): ``tp``
+tensor parallel, ``pp`` pipeline stages, ``vpp`` virtual stages (model chunks) per rank, ``dp`` data
+parallel, ``cp`` context parallel, ``ep`` expert parallel, ``sequence_parallel`` (Megatron SP, only
+with ``tp > 1``), micro-batch size and count. Sizes are in bytes, counts are ints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import OomdoctorError
+
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "zero-bubble", "zbv")
+RECOMPUTE = ("none", "selective", "full")
+DP_SHARDING = ("none", "zero1", "zero2", "zero3", "fsdp")
+FRAMEWORKS = ("megatron", "torch")
+
+
+class PlanError(OomdoctorError):
+    """An invalid model, setup or parallel plan; the message shows the arithmetic that fails."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer. ``ffn_hidden_size`` is the MLP width (per expert for MoE);
+    ``num_kv_heads`` < ``num_heads`` is GQA; ``gated_mlp`` is SwiGLU (three matrices);
+    ``learned_positions`` adds a ``max_positions × hidden`` table (GPT-2); ``bias`` adds linear biases;
+    ``norm`` is ``layernorm`` (weight and bias) or ``rmsnorm`` (weight only)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    tied_embeddings: bool = False
+    gated_mlp: bool = True
+    bias: bool = False
+    norm: str = "rmsnorm"
+    learned_positions: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """One optimizer step: ``global_batch`` sequences of ``seq_len`` tokens, in micro-batches of
+    ``micro_batch``. Dtypes: ``param_bytes`` (2 for bf16/fp16 weights used in the forward),
+    ``grad_bytes`` (Megatron keeps fp32 main grads: 4; ``grad_reduce_in_fp32=False``: 2), ``master_bytes``
+    (fp32 master copy, 0 when training in fp32), ``optimizer_state_bytes`` (Adam: 8 per param).
+    ``fp8`` saves linear-layer inputs in 1 byte (Transformer Engine). ``flash_attention`` drops the s²
+    attention scores; ``dropout`` keeps 1-byte masks."""
+
+    seq_len: int
+    global_batch: int
+    micro_batch: int = 1
+    param_bytes: int = 2
+    grad_bytes: int = 4
+    master_bytes: int = 4
+    optimizer_state_bytes: int = 8
+    fp8: bool = False
+    flash_attention: bool = True
+    dropout: bool = False
+    fused_cross_entropy: bool = False
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """GPUs: ``gpu_memory_bytes`` each, ``gpus_per_node`` of them per node; bandwidths in bytes/s per
+    GPU (intra-node NVLink, inter-node network); ``peak_flops`` dense bf16 per GPU."""
+
+    name: str
+    gpu_memory_bytes: int
+    num_gpus: int
+    gpus_per_node: int = 8
+    intra_node_bw: float = 450e9
+    inter_node_bw: float = 50e9
+    peak_flops: float = 989e12
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How the model is spread. ``recompute_layers`` is the number of layers per stage that are fully
+    recomputed (Megatron ``--recompute-method block --recompute-num-layers``); None means all of them
+    when ``recompute == "full"``. ``return_outputs`` is ``torch.distributed.pipelining``'s
+    ``step(return_outputs=True)``, which caches every micro-batch's output on the last stage."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    dp_sharding: str = "zero1"
+    recompute: str = "none"
+    recompute_layers: int | None = None
+    cpu_offload_optimizer: bool = False
+    return_outputs: bool = False
+    framework: str = "megatron"
+    expandable_segments: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def label(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        parts.append(f"DP{self.dp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.sequence_parallel:
+            parts.append("SP")
+        if self.dp_sharding not in ("none", "zero1"):
+            parts.append(self.dp_sharding.upper() if self.dp_sharding != "fsdp" else "FSDP")
+        if self.recompute != "none":
+            parts.append(f"recompute={self.recompute}")
+        return " ".join(parts)
+
+
+def num_microbatches(train: TrainingSpec, plan: ParallelPlan) -> int:
+    """``global_batch / (micro_batch × dp)`` (gradient-accumulation steps); raises when not whole."""
+    per = train.micro_batch * plan.dp
+    if train.global_batch % per:
+        raise PlanError(f"global batch {train.global_batch} is not a multiple of micro_batch({train.micro_batch}) "
+                        f"* dp({plan.dp}) = {per}")
+    return train.global_batch // per
+
+
+def validate(model: ModelSpec, train: TrainingSpec, plan: ParallelPlan, gpus: int | None = None) -> int:
+    """Check the combination; return the number of micro-batches per step.
+
+    Raises:
+        PlanError: with the failing arithmetic, e.g. ``tp(8) * pp(4) * dp(2) * cp(1) = 64 != gpus(32)``.
+    """
+    if plan.schedule not in SCHEDULES:
+        raise PlanError(f"unknown schedule {plan.schedule!r}: one of {', '.join(SCHEDULES)}")
+    if plan.recompute not in RECOMPUTE:
+        raise PlanError(f"unknown recompute {plan.recompute!r}: one of {', '.join(RECOMPUTE)}")
+    if plan.dp_sharding not in DP_SHARDING:
+        raise PlanError(f"unknown data-parallel sharding {plan.dp_sharding!r}: one of {', '.join(DP_SHARDING)}")
+    for name in ("tp", "pp", "dp", "cp", "ep", "vpp"):
+        if getattr(plan, name) < 1:
+            raise PlanError(f"{name}({getattr(plan, name)}) must be at least 1")
+    if gpus is not None and plan.world_size != gpus:
+        raise PlanError(f"tp({plan.tp}) * pp({plan.pp}) * dp({plan.dp}) * cp({plan.cp}) = {plan.world_size} "
+                        f"!= gpus({gpus})")
+    if model.num_heads % plan.tp:
+        raise PlanError(f"num_heads({model.num_heads}) % tp({plan.tp}) = {model.num_heads % plan.tp}: heads must "
+                        "split evenly across tensor-parallel ranks")
+    if model.num_kv_heads % plan.tp and plan.tp % model.num_kv_heads:
+        raise PlanError(f"num_kv_heads({model.num_kv_heads}) and tp({plan.tp}) must divide one another")
+    chunks = plan.pp * plan.vpp
+    if model.num_layers % chunks:
+        raise PlanError(f"num_layers({model.num_layers}) % (pp({plan.pp}) * vpp({plan.vpp})) = "
+                        f"{model.num_layers % chunks}: every model chunk needs the same number of layers")
+    if plan.vpp > 1 and plan.schedule not in ("interleaved", "zbv"):
+        raise PlanError(f"vpp({plan.vpp}) > 1 needs schedule 'interleaved' (or 'zbv'), not {plan.schedule!r}")
+    if plan.schedule == "zbv" and plan.vpp != 2:
+        raise PlanError(f"schedule 'zbv' places exactly 2 chunks per rank: vpp({plan.vpp}) != 2")
+    if plan.sequence_parallel and plan.tp == 1:
+        raise PlanError("sequence_parallel needs tp > 1 (it shards along the tensor-parallel group)")
+    if train.seq_len % plan.cp:
+        raise PlanError(f"seq_len({train.seq_len}) % cp({plan.cp}) = {train.seq_len % plan.cp}")
+    if plan.ep > 1 and (model.num_experts == 0 or model.num_experts % plan.ep):
+        raise PlanError(f"ep({plan.ep}) needs num_experts({model.num_experts}) to be a multiple of it")
+    if plan.cpu_offload_optimizer and plan.pp > 1 and plan.framework == "megatron":
+        raise PlanError(f"CPU offloading with pp({plan.pp}) > 1 is not supported by Megatron-LM "
+                        "('Currently there is no support for Pipeline parallelism with CPU offloading')")
+    m = num_microbatches(train, plan)
+    if plan.schedule == "interleaved" and plan.vpp > 1 and m % plan.pp:
+        raise PlanError(f"interleaved 1F1B needs micro-batches({m}) to be a multiple of pp({plan.pp}) "
+                        "(Megatron-LM schedules.py)")
+    if plan.recompute_layers is not None and not 0 <= plan.recompute_layers <= model.num_layers // plan.pp:
+        raise PlanError(f"recompute_layers({plan.recompute_layers}) must be within 0..{model.num_layers // plan.pp} "
+                        "(the layers of one stage)")
+    return m
+
+
+# -- presets and Hugging Face configs -------------------------------------------------------------
+
+PRESETS: dict[str, ModelSpec] = {
+    # Llama 3 / 3.1 (Meta, arXiv:2407.21783 Table 3; HF config.json of meta-llama/Meta-Llama-3*)
+    "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 14336, 32, 8, 128256),
+    "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 28672, 64, 8, 128256),
+    "llama3-405b": ModelSpec("llama3-405b", 126, 16384, 53248, 128, 8, 128256),
+    "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 11008, 32, 32, 32000),
+    "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 14336, 32, 8, 32000),
+    "qwen2.5-7b": ModelSpec("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152064, bias=True),
+    "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, num_experts=8, experts_per_token=2),
+    "gpt2": ModelSpec("gpt2", 12, 768, 3072, 12, 12, 50257, tied_embeddings=True, gated_mlp=False, bias=True,
+                      norm="layernorm", learned_positions=1024),
+    "gpt2-medium": ModelSpec("gpt2-medium", 24, 1024, 4096, 16, 16, 50257, tied_embeddings=True, gated_mlp=False,
+                             bias=True, norm="layernorm", learned_positions=1024),
+}
+
+
+def _get(cfg: dict[str, Any], path: str, *names: str, default: Any = None, required: bool = True) -> Any:
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return cfg[n]
+    if required and default is None:
+        raise PlanError(f"{path}: missing {' / '.join(names)} (a Hugging Face config.json of a decoder-only model)")
+    return default
+
+
+def from_hf_config(path: str | Path) -> ModelSpec:
+    """A :class:`ModelSpec` from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Mixtral, GPT-2,
+    GPT-NeoX field names).
+
+    Raises:
+        PlanError: unreadable file, not JSON, or a missing size field (named).
+    """
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PlanError(f"{p}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
+        raise PlanError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise PlanError(f"{p}: a config.json must be a JSON object")
+    src = str(p)
+    arch = " ".join(cfg.get("architectures") or []) + " " + str(cfg.get("model_type", ""))
+    gpt2 = "gpt2" in arch.lower() or "GPT2" in arch
+    neox = "neox" in arch.lower()
+    hidden = int(_get(cfg, src, "hidden_size", "n_embd", "d_model"))
+    heads = int(_get(cfg, src, "num_attention_heads", "n_head"))
+    layers = int(_get(cfg, src, "num_hidden_layers", "n_layer"))
+    ffn = int(_get(cfg, src, "intermediate_size", "n_inner", default=4 * hidden, required=False) or 4 * hidden)
+    kv = int(_get(cfg, src, "num_key_value_heads", default=heads, required=False))
+    vocab = int(_get(cfg, src, "vocab_size"))
+    experts = int(_get(cfg, src, "num_local_experts", "num_experts", "n_routed_experts", default=0, required=False)
+                  or 0)
+    ffn_moe = int(cfg.get("moe_intermediate_size") or ffn)
+    gated = not (gpt2 or neox)
+    return ModelSpec(
+        name=str(cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name or "model"),
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn_moe if experts else ffn, num_heads=heads,
+        num_kv_heads=kv, vocab_size=vocab,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", gpt2)), gated_mlp=gated,
+        bias=gpt2 or neox or bool(cfg.get("attention_bias", False)),
+        norm="layernorm" if (gpt2 or neox) else "rmsnorm",
+        learned_positions=int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0) if gpt2 else 0,
+        num_experts=experts, experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
+        shared_experts=int(cfg.get("n_shared_experts") or 0))
+
+
+def model_spec(name_or_path: str) -> ModelSpec:
+    """A preset by name (see :data:`PRESETS`) or a ``config.json`` path."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if name_or_path.endswith(".json") or Path(name_or_path).exists():
+        p = Path(name_or_path)
+        return from_hf_config(p / "config.json" if p.is_dir() else p)
+    raise PlanError(f"unknown model {name_or_path!r}: a config.json path or one of {', '.join(sorted(PRESETS))}")
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by × tp``
+    (``megatron/training/tokenizer/tokenizer.py`` ``_vocab_size_with_padding``, default 128)."""
+    m = multiple * tp
+    return int(math.ceil(vocab / m) * m)
+
+

@@ -1,0 +1,171 @@
+"""Checking the estimator against Megatron-LM's CI memory goldens.
+
+The CSV (schema of ``shared/megatron_ci/golden_memory_train.csv``) has one row per functional test and
+golden file: the test's key arguments and ``max_allocated_peak_bytes``, Megatron's
+``mem-max-allocated-bytes``, logged only on the last rank (``world_size − 1``: the last pipeline stage;
+``shared/reference/memory_estimation.md`` §4.1). Rows are mapped to specs with Megatron's defaults
+(``megatron/training/arguments.py``): 8 GPUs (the H100 recipe ``tests/test_utils/recipes/h100/gpt.yaml``),
+GPT-2 BPE vocabulary 50257 when none is given, ``ffn = 4h`` (``int(8h/3 / 64) · 64`` with SwiGLU),
+dropout 0.1, fp32 main grads, Transformer Engine's fused (flash) attention, the local implementation's
+unfused attention. Only GPT rows are estimated; the others (BERT, T5, MoE, multimodal) get
+``predicted_bytes: null``.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from .estimate import estimate
+from .specs import ModelSpec, ParallelPlan, PlanError, TrainingSpec
+
+WORLD_SIZE = 8
+GPT2_VOCAB = 50257
+REQUIRED_COLUMNS = ("test_dir", "golden_file", "max_allocated_peak_bytes", "num-layers", "hidden-size",
+                    "num-attention-heads", "seq-length", "micro-batch-size", "global-batch-size",
+                    "tensor-model-parallel-size", "pipeline-model-parallel-size")
+
+
+@dataclass
+class Row:
+    test_dir: str
+    golden_file: str
+    predicted_bytes: int | None
+    measured_bytes: int
+    reason: str = ""  # why not supported
+
+    @property
+    def relative_error(self) -> float | None:
+        if self.predicted_bytes is None or self.measured_bytes <= 0:
+            return None
+        return abs(self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+@dataclass
+class Validation:
+    rows: list[Row]
+
+    @property
+    def gpt_rows(self) -> list[Row]:
+        return [r for r in self.rows if "/gpt/" in r.test_dir]
+
+    def errors(self) -> list[float]:
+        return sorted(e for r in self.gpt_rows if (e := r.relative_error) is not None)
+
+    @property
+    def coverage(self) -> float:
+        g = self.gpt_rows
+        return sum(r.predicted_bytes is not None for r in g) / len(g) if g else 0.0
+
+    @property
+    def median_error(self) -> float | None:
+        e = self.errors()
+        return statistics.median(e) if e else None
+
+    @property
+    def p90_error(self) -> float | None:
+        e = self.errors()
+        if not e:
+            return None
+        return e[min(len(e) - 1, int(round(0.9 * (len(e) - 1))))]
+
+
+def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    v = (row.get(key) or "").strip()
+    if not v:
+        return default
+    return int(float(v))
+
+
+def _flag(row: dict[str, str], key: str) -> bool:
+    return (row.get(key) or "").strip().lower() in ("true", "1", "yes")
+
+
+def specs_of_row(row: dict[str, str]) -> tuple[ModelSpec, TrainingSpec, ParallelPlan]:
+    """The specs of one GPT row (see the module docstring for the defaults).
+
+    Raises:
+        PlanError: a configuration the estimator does not cover, or an inconsistent one.
+    """
+    if _int(row, "num-experts"):
+        raise PlanError("MoE layers are not covered")
+    if _flag(row, "optimizer-cpu-offload") or _flag(row, "cpu-offloading"):
+        raise PlanError("CPU offloading is not covered")
+    h = _int(row, "hidden-size")
+    heads = _int(row, "num-attention-heads")
+    layers = _int(row, "num-layers")
+    if not (h and heads and layers):
+        raise PlanError("missing model sizes")
+    swiglu = _flag(row, "swiglu")
+    ffn = _int(row, "ffn-hidden-size") or (int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h)
+    tp = _int(row, "tensor-model-parallel-size", 1)
+    pp = _int(row, "pipeline-model-parallel-size", 1)
+    cp = _int(row, "context-parallel-size", 1)
+    if WORLD_SIZE % (tp * pp * cp):
+        raise PlanError(f"tp({tp}) * pp({pp}) * cp({cp}) does not divide {WORLD_SIZE} GPUs")
+    dp = WORLD_SIZE // (tp * pp * cp)
+    per_vp = _int(row, "num-layers-per-virtual-pipeline-stage")
+    vpp = _int(row, "virtual-pipeline-model-parallel-size") or (layers // (pp * per_vp) if per_vp else 1)
+    local = (row.get("transformer-impl") or "").strip() == "local"
+    fp16 = _flag(row, "fp16")
+    model = ModelSpec(name=row["test_dir"].rsplit("/", 1)[-1], num_layers=layers, hidden_size=h, ffn_hidden_size=ffn,
+                      num_heads=heads, num_kv_heads=_int(row, "num-query-groups", heads),
+                      vocab_size=_int(row, "vocab-size", GPT2_VOCAB),
+                      tied_embeddings=not _flag(row, "untie-embeddings-and-output-weights"), gated_mlp=swiglu,
+                      bias=True, norm="layernorm", learned_positions=0)
+    train = TrainingSpec(seq_len=_int(row, "seq-length"), global_batch=_int(row, "global-batch-size"),
+                         micro_batch=_int(row, "micro-batch-size"),
+                         # fp16: fp16 grads plus fp32 main grads inside the optimizer (20 B / 4 + 16/d)
+                         grad_bytes=2 if fp16 else 4, master_bytes=8 if fp16 else 4,
+                         fp8=bool((row.get("fp8-format") or "").strip()), flash_attention=not local, dropout=True)
+    sharding = "zero3" if (row.get("data-parallel-sharding-strategy") or "").strip() == "optim_grads_params" else (
+        "zero1" if _flag(row, "use-distributed-optimizer") else "none")
+    recompute = (row.get("recompute-granularity") or "").strip() or "none"
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+                        sequence_parallel=_flag(row, "sequence-parallel") and tp > 1, dp_sharding=sharding,
+                        recompute=recompute, framework="megatron")
+    return model, train, plan
+
+
+def predict_row(row: dict[str, str]) -> tuple[int | None, str]:
+    """Predicted peak allocated bytes on the last rank, or ``(None, reason)``."""
+    if "/gpt/" not in row.get("test_dir", ""):
+        return None, "only GPT models are estimated"
+    try:
+        model, train, plan = specs_of_row(row)
+        return estimate(model, train, plan).last.allocated_bytes, ""
+    except (PlanError, ValueError, ZeroDivisionError) as e:
+        return None, str(e)
+
+
+def validate_csv(path: str | Path) -> Validation:
+    """Predict every row of a golden CSV.
+
+    Raises:
+        PlanError: the file cannot be read, or lacks a required column (named).
+    """
+    p = Path(path)
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise PlanError(f"{p}: missing column(s) {', '.join(missing)} (expected the schema of "
+                                "golden_memory_train.csv)")
+            raw = list(reader)
+    except OSError as e:
+        raise PlanError(f"{p}: cannot read ({e.strerror or e})") from None
+    except csv.Error as e:
+        raise PlanError(f"{p}: not a valid CSV ({e})") from None
+    rows = []
+    for i, r in enumerate(raw, start=2):
+        try:
+            measured = int(float(r["max_allocated_peak_bytes"]))
+        except (TypeError, ValueError):
+            raise PlanError(f"{p}:{i}: max_allocated_peak_bytes is not a number: {r['max_allocated_peak_bytes']!r}") \
+                from None
+        pred, reason = predict_row(r)
+        rows.append(Row(r["test_dir"], r["golden_file"], pred, measured, reason))
+    return Validation(rows)

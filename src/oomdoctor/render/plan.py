@@ -1,0 +1,129 @@
+"""``oomdoctor plan``'s output: per-stage estimates, the search table, validation errors (text, JSON)."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .. import __version__
+from ..plan.estimate import Estimate
+from ..plan.search import SearchResult
+from ..plan.validate import Validation
+
+GB = 10**9
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.1f}"
+
+
+def estimate_dict(e: Estimate) -> dict[str, Any]:
+    """``plan estimate --format json``: ``{"plan", "microbatches", "vocab", "fits", "peak_stage",
+    "stages": [{"stage", "parameters", "in_flight_chunks", "terms": {name: bytes}, "allocated_bytes",
+    "reserved_bytes", "device_bytes", "peak_phase"}]}``."""
+    return {"oomdoctor_version": __version__, "model": asdict(e.model), "train": asdict(e.train),
+            "plan": asdict(e.plan), "label": e.plan.label(), "microbatches": e.microbatches, "vocab": e.vocab,
+            "gpu_memory_bytes": e.hardware.gpu_memory_bytes if e.hardware else None, "fits": e.fits,
+            "peak_stage": e.peak.stage, "stages": [asdict(s) for s in e.stages]}
+
+
+def render_estimate_text(e: Estimate, console: Console) -> None:
+    console.print(Text(f"{e.model.name}: {e.plan.label()}, {e.plan.schedule}, {e.microbatches} micro-batches of "
+                       f"{e.train.micro_batch} x {e.train.seq_len} tokens; GB = 1e9 bytes", style="bold"))
+    t = Table(box=box.SIMPLE_HEAD)
+    cols = ("stage", "params", "in flight", "weights+grads+opt", "activations", "logits+loss", "other",
+            "allocated", "reserved", "device")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for s in e.stages:
+        x = s.terms
+        states = x["weights"] + x["gradients"] + x["master_weights"] + x["optimizer_state"]
+        acts = x["activations"] + x["recompute_working_set"] + x["embedding_inputs"]
+        logits = x["logits_and_loss"] + x["cached_outputs"]
+        other = s.allocated_bytes - states - (acts + logits if s.peak_phase == "activations" else
+                                               x["optimizer_step_temporaries"])
+        t.add_row(str(s.stage), f"{s.parameters / 1e9:.2f}B", str(s.in_flight_chunks), _gb(states), _gb(acts),
+                  _gb(logits), _gb(other), _gb(s.allocated_bytes), _gb(s.reserved_bytes), _gb(s.device_bytes))
+    console.print(t)
+    if e.hardware is not None:
+        p = e.peak
+        verdict = ("fits" if e.fits else "does NOT fit")
+        console.print(Text(f"worst stage {p.stage}: {_gb(p.device_bytes)} GB of {_gb(e.hardware.gpu_memory_bytes)} GB "
+                           f"-> {verdict}", style="green" if e.fits else "bold red"))
+    console.print(Text("other = FSDP buffers + DDP buckets + workspaces; device = reserved + CUDA context + NCCL",
+                       style="dim"))
+
+
+def search_dict(r: SearchResult, limit: int | None = None) -> dict[str, Any]:
+    """``plan search --format json``: ``{"candidates": [{"label", "plan", "fits", "relative_throughput",
+    "step_time_s", "peak_stage", "peak_device_bytes", "peak_allocated_bytes", "last_stage_allocated_bytes",
+    "why"}], "rules", "rejected"}``."""
+    cands = r.candidates if limit is None else r.candidates[:limit]
+    return {"oomdoctor_version": __version__, "model": r.model.name, "gpus": r.hardware.num_gpus,
+            "gpu_memory_bytes": r.hardware.gpu_memory_bytes, "rules": r.rules, "rejected": r.rejected,
+            "candidates": [{"label": c.plan.label(), "plan": asdict(c.plan), "fits": c.fits,
+                            "relative_throughput": round(c.relative_throughput, 4),
+                            "step_time_s": asdict(c.step) | {"total_s": c.step.total_s},
+                            "microbatches": c.estimate.microbatches, "peak_stage": c.estimate.peak.stage,
+                            "peak_device_bytes": c.estimate.peak.device_bytes,
+                            "peak_allocated_bytes": max(s.allocated_bytes for s in c.estimate.stages),
+                            "last_stage_allocated_bytes": c.estimate.last.allocated_bytes,
+                            "why": c.why} for c in cands]}
+
+
+def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> None:
+    console.print(Text(f"{r.model.name} on {r.hardware.num_gpus} x {_gb(r.hardware.gpu_memory_bytes)} GB "
+                       f"({r.hardware.name}): {len(r.candidates)} valid plans, best first", style="bold"))
+    t = Table(box=box.SIMPLE_HEAD)
+    for c in ("#", "plan", "peak (stage)", "last stage alloc", "fits", "rel. throughput"):
+        t.add_column(c, justify="left" if c in ("plan", "fits") else "right", no_wrap=True)
+    shown = r.candidates[:limit]
+    for i, c in enumerate(shown, 1):
+        style = {"yes": "green", "no": "red"}.get(c.fits, "yellow")
+        t.add_row(str(i), c.plan.label(), f"{_gb(c.estimate.peak.device_bytes)} GB ({c.estimate.peak.stage})",
+                  f"{_gb(c.estimate.last.allocated_bytes)} GB", Text(c.fits, style=style),
+                  f"{c.relative_throughput:.3f}")
+    console.print(t)
+    for i, c in enumerate(shown, 1):
+        if c.why:
+            console.print(f"  {i}. {'; '.join(c.why)}")
+    console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL); GB = 1e9 bytes",
+                       style="dim"))
+    console.print(Text("Decision rules:", style="bold"))
+    for i, rule in enumerate(r.rules, 1):
+        console.print(f"  {i}. {rule}")
+
+
+def validation_dict(v: Validation) -> dict[str, Any]:
+    """``plan validate --format json``: ``{"rows": [{"test_dir", "golden_file", "predicted_bytes",
+    "measured_bytes"}], "summary": {"gpt_rows", "covered", "coverage", "median_abs_rel_error",
+    "p90_abs_rel_error"}}``."""
+    g = v.gpt_rows
+    return {"rows": [{"test_dir": r.test_dir, "golden_file": r.golden_file, "predicted_bytes": r.predicted_bytes,
+                      "measured_bytes": r.measured_bytes} for r in v.rows],
+            "summary": {"gpt_rows": len(g), "covered": sum(r.predicted_bytes is not None for r in g),
+                        "coverage": round(v.coverage, 4),
+                        "median_abs_rel_error": None if v.median_error is None else round(v.median_error, 4),
+                        "p90_abs_rel_error": None if v.p90_error is None else round(v.p90_error, 4)}}
+
+
+def render_json(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def render_validation_text(v: Validation) -> str:
+    d = validation_dict(v)["summary"]
+    buf = io.StringIO()
+    c = Console(file=buf, width=120, no_color=True, highlight=False)
+    c.print(f"GPT rows: {d['gpt_rows']}, estimated: {d['covered']} ({100 * d['coverage']:.1f}%)")
+    if d["median_abs_rel_error"] is not None:
+        c.print(f"absolute relative error of peak allocated on the last rank: median "
+                f"{100 * d['median_abs_rel_error']:.1f}%, p90 {100 * d['p90_abs_rel_error']:.1f}%")
+    return buf.getvalue()

@@ -1,0 +1,205 @@
+"""oomdoctor plan: terms against the paper's formulas, schedules, the Megatron goldens, search, CLI."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.cli.main import main
+from oomdoctor.plan import terms
+from oomdoctor.plan.estimate import estimate
+from oomdoctor.plan.schedule import bubble_fraction, in_flight_chunks
+from oomdoctor.plan.search import search
+from oomdoctor.plan.specs import (
+    PRESETS,
+    Hardware,
+    ModelSpec,
+    ParallelPlan,
+    PlanError,
+    TrainingSpec,
+    from_hf_config,
+)
+from oomdoctor.plan.validate import validate_csv
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+GOLDEN = SHARED / "megatron_ci" / "golden_memory_train.csv"
+GPT = ModelSpec("gpt", 24, 1024, 4096, 16, 16, 50257, tied_embeddings=True, gated_mlp=False, bias=True,
+                norm="layernorm")
+
+
+def test_layer_activations_are_korthikanti_table_2():
+    """GPT block (4h GeLU MLP, dropout, unfused attention): the rows of Table 2 of arXiv:2205.05198."""
+    s, b, h, a = 2048, 4, 1024, 16
+    train = TrainingSpec(seq_len=s, global_batch=8, micro_batch=b, flash_attention=False, dropout=True)
+    sbh = s * b * h
+    none = terms.layer_activation_bytes(GPT, train, ParallelPlan(), "none")
+    assert none == sbh * 34 + 5 * a * s * s * b  # sbh(34 + 5as/h)
+    tp = ParallelPlan(tp=4, dp=1)
+    assert terms.layer_activation_bytes(GPT, train, tp, "none") == sbh * 10 + (sbh * 24 + 5 * a * s * s * b) // 4
+    sp = replace(tp, sequence_parallel=True)
+    assert terms.layer_activation_bytes(GPT, train, sp, "selective") == sbh * 34 // 4
+    assert terms.layer_activation_bytes(GPT, train, sp, "full") == 2 * sbh // 4
+
+
+def test_model_states_follow_the_megatron_and_zero_tables():
+    train = TrainingSpec(seq_len=1024, global_batch=8)
+    n = 1_000_000
+    full = terms.model_state_bytes(n, train, ParallelPlan(dp=8, dp_sharding="none"))
+    assert sum(full.values()) == 18 * n  # bf16 params, fp32 grads: 18 B
+    dist = terms.model_state_bytes(n, train, ParallelPlan(dp=8, dp_sharding="zero1"))
+    assert sum(dist.values()) == 6 * n + 12 * n // 8  # 6 + 12/d
+    fsdp = terms.model_state_bytes(n, train, ParallelPlan(dp=8, dp_sharding="fsdp"))
+    assert sum(fsdp.values()) == 16 * n // 8  # 16/d
+    fp16 = replace(train, grad_bytes=2, master_bytes=8)
+    assert sum(terms.model_state_bytes(n, fp16, ParallelPlan(dp=8, dp_sharding="none")).values()) == 20 * n
+
+
+def test_in_flight_micro_batches_per_schedule():
+    assert [in_flight_chunks("1f1b", 4, r, 8) for r in range(4)] == [4, 3, 2, 1]
+    assert [in_flight_chunks("gpipe", 4, r, 8) for r in range(4)] == [8] * 4
+    # interleaved: Megatron test gpt3_7b_tp1_pp4 (p=4, v=8, M=4): the last rank holds 29 chunk-micro-batches
+    assert in_flight_chunks("interleaved", 4, 3, 4, 8) == 29
+    assert in_flight_chunks("interleaved", 4, 0, 4, 8) == 32  # capped at M * v
+    assert in_flight_chunks("interleaved", 8, 0, 64, 4) == 3 * 8 + 14 + 1
+    assert bubble_fraction("1f1b", 4, 16) == 3 / 16 and bubble_fraction("interleaved", 4, 16, 5) == 3 / 80
+    with pytest.raises(ValueError):
+        in_flight_chunks("1f1b", 4, 4, 8)
+
+
+def test_invalid_plans_show_the_arithmetic():
+    m, t = PRESETS["llama3-70b"], TrainingSpec(seq_len=4096, global_batch=32)
+    with pytest.raises(PlanError, match=r"tp\(8\) \* pp\(4\) \* dp\(2\) \* cp\(1\) = 64 != gpus\(32\)"):
+        estimate(m, t, ParallelPlan(tp=8, pp=4, dp=2), Hardware("h", 80 * 10**9, 32))
+    with pytest.raises(PlanError, match=r"num_layers\(80\) % \(pp\(3\) \* vpp\(1\)\) = 2"):
+        estimate(m, t, ParallelPlan(pp=3, dp=1))
+    with pytest.raises(PlanError, match=r"global batch 32 is not a multiple of micro_batch\(1\) \* dp\(3\) = 3"):
+        estimate(m, t, ParallelPlan(dp=3))
+    with pytest.raises(PlanError, match="sequence_parallel needs tp > 1"):
+        estimate(m, t, ParallelPlan(dp=1, sequence_parallel=True))
+    with pytest.raises(PlanError, match="no support for Pipeline parallelism with CPU offloading"):
+        estimate(m, t, ParallelPlan(pp=2, dp=1, cpu_offload_optimizer=True))
+
+
+def test_megatron_7b_memory_tests_within_4_percent():
+    v = validate_csv(GOLDEN)
+    seven = [r for r in v.gpt_rows if "gpt3_7b" in r.test_dir]
+    assert len(seven) == 6
+    for r in seven:
+        assert r.relative_error < 0.04, (r.golden_file, r.measured_bytes, r.predicted_bytes)
+    h100 = {r.test_dir.rsplit("/", 1)[-1]: r for r in seven if r.golden_file.endswith("dgx_h100.json")}
+    assert h100["gpt3_7b_tp1_pp4_memory_speed"].predicted_bytes == 60_042_936_320  # measured 60.72e9
+    assert h100["gpt3_7b_tp4_pp1_memory_speed"].predicted_bytes == 56_288_641_024  # measured 57.14e9
+
+
+def test_megatron_goldens_summary():
+    v = validate_csv(GOLDEN)
+    assert len(v.gpt_rows) == 260
+    assert v.coverage == pytest.approx(252 / 260)
+    assert v.median_error < 0.10
+    assert all(r.predicted_bytes is None for r in v.rows if "/gpt/" not in r.test_dir)
+    # the p90 target (25%) is missed: recorded in docs/plan.md; this keeps the number honest
+    assert 0.30 < v.p90_error < 0.45
+
+
+def test_each_stage_adds_up_and_pipelining_outputs_grow_the_last_stage():
+    m = replace(PRESETS["llama3-8b"], num_layers=16)
+    base = ParallelPlan(pp=2, dp=2, dp_sharding="fsdp", recompute="full", framework="torch")
+    last = []
+    for mbs in (2, 4, 8, 16):
+        t = TrainingSpec(seq_len=4096, global_batch=2 * mbs)
+        cached = estimate(m, t, replace(base, return_outputs=True), pad_vocab=False)
+        flat = estimate(m, t, base, pad_vocab=False)
+        for s in cached.stages + flat.stages:
+            s.check()
+        assert cached.stages[0].allocated_bytes == flat.stages[0].allocated_bytes  # stage 0 unaffected
+        assert flat.stages[1].allocated_bytes == estimate(m, TrainingSpec(seq_len=4096, global_batch=4), base,
+                                                          pad_vocab=False).stages[1].allocated_bytes
+        last.append(cached.stages[1].terms["cached_outputs"])
+    logits = 4096 * 128256 * 2  # one micro-batch's bf16 logits
+    assert last == [logits * (n - 1) for n in (2, 4, 8, 16)]
+
+
+def test_seed_002_ordering():
+    m = PRESETS["llama3-70b"]
+    t = TrainingSpec(seq_len=4096, global_batch=32, grad_bytes=2, fp8=True)
+    hw = Hardware("h100-80gb", 81559 * 2**20, 32)
+    base = ParallelPlan(schedule="interleaved", sequence_parallel=True)
+    plans = [replace(base, tp=4, pp=4, vpp=5, dp=2), replace(base, tp=4, pp=8, vpp=5, dp=1),
+             replace(base, tp=8, pp=4, vpp=5, dp=1)]
+    r = search(m, t, hw, base, plans=plans)
+    labels = [" ".join(c.plan.label().split()[:3]) for c in r.candidates]
+    assert labels == ["TP4 PP4 VPP5", "TP4 PP8 VPP5", "TP8 PP4 VPP5"]
+    assert all(c.fits == "yes" for c in r.candidates)
+    assert r.candidates[1].relative_throughput < 1.0 and r.candidates[2].relative_throughput < 0.9
+    # last-rank allocated against the seed's measured 58.8 / 53.2 / 50.2 GB
+    got = [c.estimate.last.allocated_bytes / 1e9 for c in r.candidates]
+    for g, want in zip(got, (58.8, 53.2, 50.2)):
+        assert abs(g - want) / want < 0.10
+
+
+def test_search_marks_plans_saved_by_expandable_segments():
+    m = PRESETS["llama3-8b"]
+    t = TrainingSpec(seq_len=8192, global_batch=16, micro_batch=2)
+    plan = ParallelPlan(dp=8, dp_sharding="fsdp", framework="torch")
+    e = estimate(m, t, plan)
+    p = e.peak
+    # capacity between the expandable and the default reserved estimates
+    cap = p.device_bytes - p.terms["fragmentation"] // 2
+    r = search(m, t, Hardware("x", cap, 8), plan, plans=[plan])
+    assert r.candidates[0].fits == "with expandable_segments"
+    assert any("fragmentation margin" in w for w in r.candidates[0].why)
+
+
+def test_hf_config(tmp_path):
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
+           "tie_word_embeddings": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = from_hf_config(p)
+    assert replace(m, name="llama3-8b") == PRESETS["llama3-8b"]
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_head": 12, "n_layer": 12,
+                                "vocab_size": 50257, "n_positions": 1024}))
+    assert replace(from_hf_config(gpt2), name="gpt2") == replace(PRESETS["gpt2"], ffn_hidden_size=3072)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 10}))
+    with pytest.raises(PlanError, match="missing num_attention_heads / n_head"):
+        from_hf_config(bad)
+
+
+def test_cli_validate_json(capsys):
+    assert main(["plan", "validate", str(GOLDEN), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["rows"]) == 404
+    assert set(d["rows"][0]) == {"test_dir", "golden_file", "predicted_bytes", "measured_bytes"}
+    assert d["summary"]["gpt_rows"] == 260 and d["summary"]["covered"] == 252
+    assert sum(r["predicted_bytes"] is None for r in d["rows"]) == 404 - 252
+
+
+def test_cli_search_and_estimate(capsys):
+    args = ["--model", "llama3-70b", "--gpus", "32", "--seq", "4096", "--gbs", "32", "--grad-dtype", "bf16", "--fp8"]
+    assert main(["plan", "search", *args, "--plan", "tp4,pp4,vpp5", "--plan", "tp8,pp4,vpp5", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [c["label"].split()[0] for c in d["candidates"]] == ["TP4", "TP8"]
+    assert main(["plan", "estimate", *args, "--tp", "4", "--pp", "8", "--vpp", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "fits" in out and "TP4 PP8 VPP5 DP1 SP" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "estimate", "--model", "llama3-70b", "--gpus", "32", "--tp", "8", "--pp", "8"],
+     "tp(8) * pp(8) * cp(1) = 64 does not divide gpus(32)"),
+    (["plan", "estimate", "--model", "nope", "--gpus", "8"], "unknown model 'nope'"),
+    (["plan", "estimate", "--model", "llama3-70b", "--gpus", "6", "--pp", "3", "--gbs", "24"],
+     "num_layers(80) % (pp(3) * vpp(1)) = 2"),
+    (["plan", "search", "--model", "llama3-8b", "--gpus", "8", "--plan", "tp3x"], "bad --plan 'tp3x'"),
+    (["plan", "validate", "{tmp}/missing.csv"], "missing.csv: cannot read"),
+    (["plan", "validate", "{tmp}/bad.csv"], "missing column(s)"),
+])
+def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    assert main([a.format(tmp=tmp_path) for a in args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
