@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 from dataclasses import replace
@@ -57,6 +58,16 @@ def parse_memory(text: str) -> int:
 def _console() -> Console:
     """The terminal, or 130 columns when the output is piped (the tables need the width)."""
     return Console(highlight=False, width=None if sys.stdout.isatty() else 130)
+
+
+def _text(output: str | None, draw) -> None:
+    """Draw a rich rendering on the terminal, or into ``output`` without colour."""
+    if not output:
+        draw(_console())
+        return
+    buf = io.StringIO()
+    draw(Console(file=buf, width=130, no_color=True, highlight=False))
+    write_output(output, buf.getvalue())
 
 
 def _common(f):
@@ -135,13 +146,8 @@ def estimate_cmd(tp, pp, vpp, cp, ep, schedule, sequence_parallel, recompute, re
     e = estimate(model, train, plan, hw)
     if kw["fmt"] == "json":
         write_output(kw["output"], render_json(estimate_dict(e)))
-    elif kw["output"]:
-        from io import StringIO
-        buf = StringIO()
-        render_estimate_text(e, Console(file=buf, width=120, no_color=True))
-        write_output(kw["output"], buf.getvalue())
     else:
-        render_estimate_text(e, _console())
+        _text(kw["output"], lambda console: render_estimate_text(e, console))
 
 
 _PLAN_SPEC = re.compile(r"^(?:(tp|pp|vpp|cp)=?(\d+)[,\s]*)+$", re.IGNORECASE)
@@ -173,13 +179,8 @@ def search_cmd(plans, top, **kw) -> None:
         raise UsageError("no valid plan for these GPUs and this model (check --gpus, --gbs and --mbs)")
     if kw["fmt"] == "json":
         write_output(kw["output"], render_json(search_dict(r)))
-    elif kw["output"]:
-        from io import StringIO
-        buf = StringIO()
-        render_search_text(r, Console(file=buf, width=160, no_color=True), limit=top)
-        write_output(kw["output"], buf.getvalue())
     else:
-        render_search_text(r, _console(), limit=top)
+        _text(kw["output"], lambda console: render_search_text(r, console, limit=top))
 
 
 @command.command("validate")
