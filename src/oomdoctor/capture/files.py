@@ -48,6 +48,11 @@ def sidecar_name(snapshot: str) -> str:
     return stem + ".meta.json"
 
 
+def sidecar_for(snapshot_path: str) -> str:
+    """The sidecar path beside ``snapshot_path``: ``out/rank3_oom.pickle`` -> ``out/rank3_oom.meta.json``."""
+    return os.path.join(os.path.dirname(snapshot_path), sidecar_name(snapshot_path))
+
+
 def ensure_writable(out_dir: str) -> str:
     """Create ``out_dir`` if needed and prove a file can be created in it; return its absolute path.
 

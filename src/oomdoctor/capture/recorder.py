@@ -27,7 +27,7 @@ from .files import (
     atomic_write_bytes,
     atomic_write_json,
     ensure_writable,
-    sidecar_name,
+    sidecar_for,
     snapshot_name,
 )
 from .metadata import SIDECAR_FORMAT, env_subset, host_info, now_us, place_markers, rank_info, torch_info
@@ -292,7 +292,7 @@ class Recorder:
             snap = self._torch.cuda.memory._snapshot()
             meta = self.metadata(snap, kind, oom)
             atomic_write_bytes(path, pickle.dumps(snap))
-            atomic_write_json(os.path.join(self.out_dir, sidecar_name(name)), meta)
+            atomic_write_json(sidecar_for(path), meta)
         except Exception as e:  # noqa: BLE001 - disk full, permissions: training goes on
             warn(f"could not write {path}: {type(e).__name__}: {e}; training goes on")
             return None, None

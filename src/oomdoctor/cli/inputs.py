@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
+from typing import Callable
 
 import click
 from rich.console import Console
@@ -48,6 +50,18 @@ def write_output(path: str | None, text: str) -> None:
         write_text(path, text)
     else:
         click.echo(text, nl=False)
+
+
+def write_rendered(output: str | None, draw: Callable[[Console], None], *, width: int = 120,
+                   terminal: Console | None = None) -> None:
+    """Draw a rich rendering on the terminal (``terminal``, or a plain one), or into ``output`` at
+    ``width`` columns without colour."""
+    if not output:
+        draw(terminal or Console(highlight=False))
+        return
+    buf = io.StringIO()
+    draw(Console(file=buf, width=width, no_color=True, highlight=False))
+    write_text(output, buf.getvalue())
 
 
 def analyze_inputs(inputs: list[str]) -> list[DeviceAnalysis]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import re
 import sys
 from dataclasses import replace
@@ -33,7 +32,7 @@ from ..render.plan import (
     search_dict,
     validation_dict,
 )
-from .inputs import write_output
+from .inputs import write_output, write_rendered
 
 # name: (memory bytes as CUDA reports the device's total, bf16 dense FLOP/s, NVLink bytes/s per GPU one way)
 GPUS = {
@@ -58,16 +57,6 @@ def parse_memory(text: str) -> int:
 def _console() -> Console:
     """The terminal, or 130 columns when the output is piped (the tables need the width)."""
     return Console(highlight=False, width=None if sys.stdout.isatty() else 130)
-
-
-def _text(output: str | None, draw) -> None:
-    """Draw a rich rendering on the terminal, or into ``output`` without colour."""
-    if not output:
-        draw(_console())
-        return
-    buf = io.StringIO()
-    draw(Console(file=buf, width=130, no_color=True, highlight=False))
-    write_output(output, buf.getvalue())
 
 
 def _common(f):
@@ -147,7 +136,7 @@ def estimate_cmd(tp, pp, vpp, cp, ep, schedule, sequence_parallel, recompute, re
     if kw["fmt"] == "json":
         write_output(kw["output"], render_json(estimate_dict(e)))
     else:
-        _text(kw["output"], lambda console: render_estimate_text(e, console))
+        write_rendered(kw["output"], lambda console: render_estimate_text(e, console), width=130, terminal=_console())
 
 
 _PLAN_SPEC = re.compile(r"^(?:(tp|pp|vpp|cp)=?(\d+)[,\s]*)+$", re.IGNORECASE)
@@ -180,7 +169,8 @@ def search_cmd(plans, top, **kw) -> None:
     if kw["fmt"] == "json":
         write_output(kw["output"], render_json(search_dict(r)))
     else:
-        _text(kw["output"], lambda console: render_search_text(r, console, limit=top))
+        write_rendered(kw["output"], lambda console: render_search_text(r, console, limit=top), width=130,
+                       terminal=_console())
 
 
 @command.command("validate")

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import io
-
 import click
-from rich.console import Console
 
 from ..errors import UsageError
 from ..render import render_simulation_json, render_simulation_text
 from ..simulate.capacity import infer_capacity, parse_bytes
 from ..simulate.replay import prepare
 from ..simulate.whatif import simulate, with_capacity
-from .inputs import load_with_progress, write_text
+from .inputs import load_with_progress, write_output, write_rendered
 
 
 @click.command("simulate")
@@ -50,15 +47,6 @@ def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap:
     sim = simulate(trace, configs=list(configs), immediate_frees=immediate_frees, capacity=capacity,
                    search=search, workers=jobs, prepared=prepared)
     if fmt == "json":
-        text = render_simulation_json(sim)
+        write_output(output, render_simulation_json(sim))
     else:
-        buf = io.StringIO() if output else None
-        console = Console(file=buf, width=120, no_color=True, highlight=False) if buf else Console(highlight=False)
-        render_simulation_text(sim, console)
-        if buf is None:
-            return
-        text = buf.getvalue()
-    if output:
-        write_text(output, text)
-    else:
-        click.echo(text, nl=False)
+        write_rendered(output, lambda console: render_simulation_text(sim, console))

@@ -10,7 +10,7 @@ import click
 
 from ..analysis.device import analyze
 from ..analysis.slicing import WINDOW_UNITS, event_window, slice_metadata, slice_snapshot
-from ..capture.files import atomic_write_bytes, atomic_write_json, sidecar_name
+from ..capture.files import atomic_write_bytes, atomic_write_json, sidecar_for
 from ..errors import UsageError
 from ..trace import load
 
@@ -52,6 +52,6 @@ def command(snapshot: str, unit: str, start: str | None, end: str | None, output
     if os.path.abspath(output) == os.path.abspath(snapshot):
         raise UsageError(f"{output}: would overwrite the input snapshot; choose another -o")
     atomic_write_bytes(output, pickle.dumps(snap, protocol=4))
-    atomic_write_json(os.path.join(os.path.dirname(output), sidecar_name(output)), slice_metadata(trace, a.device, window))
+    atomic_write_json(sidecar_for(output), slice_metadata(trace, a.device, window))
     click.echo(f"wrote {output}: {window.how}, {window.num_events:,} of {a.num_events:,} events, "
                f"{len(snap['segments'])} segments at the window's end", err=True)

@@ -77,7 +77,7 @@ class SearchResult:
         return fit[0] if fit else None
 
 
-def _params_total(m: ModelSpec, e: Estimate) -> int:
+def _params_total(e: Estimate) -> int:
     """All parameters of the model (sum over stages of one tensor-parallel shard, times tp)."""
     return sum(s.parameters for s in e.stages) * e.plan.tp
 
@@ -86,7 +86,7 @@ def step_time(e: Estimate, hw: Hardware) -> StepTime:
     """The modelled step time of an estimated plan (see the module docstring)."""
     m, t, p = e.model, e.train, e.plan
     tokens = t.global_batch * t.seq_len
-    n = _params_total(m, e)
+    n = _params_total(e)
     flops = 6 * n * tokens + 12 * m.num_layers * m.hidden_size * t.seq_len * tokens
     if p.recompute == "full":
         flops *= 1 + FULL_RECOMPUTE_COST

@@ -19,6 +19,11 @@ def format_bytes(n: int | float) -> str:
     return f"{sign}{int(n)} B"
 
 
+def format_signed_bytes(n: int) -> str:
+    """A change in bytes: ``"+64.00 MiB"``, ``"-1.66 GiB"``, ``"0 B"``."""
+    return ("+" if n > 0 else "") + format_bytes(n) if n else "0 B"
+
+
 def format_us(us: int | float) -> str:
     """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"``."""
     us = float(us)

@@ -19,7 +19,7 @@ from .. import __version__
 from ..report.diff import Diff
 from ..report.model import Report
 from ..report.visual import RankView, Visual
-from .format import format_bytes, format_us
+from .format import format_bytes, format_signed_bytes, format_us
 from .json import diff_dict, report_dict
 
 
@@ -35,7 +35,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["bytes"] = format_bytes
     env.filters["us"] = format_us
-    env.filters["signed_bytes"] = lambda b: ("+" if b > 0 else "") + format_bytes(b) if b else "0 B"
+    env.filters["signed_bytes"] = format_signed_bytes
     env.filters["evidence"] = _evidence_value
     env.globals["asset"] = _asset
     return env

@@ -13,20 +13,26 @@ from dataclasses import asdict
 from typing import Any
 
 from .. import __version__
+from ..analysis.fragmentation import Anatomy
 from ..report.diff import Diff
 from ..report.model import Report
 from ..simulate.whatif import Simulation
 from .format import fill
 
 
+def anatomy_dict(an: Anatomy | None) -> dict[str, Any] | None:
+    """An anatomy's fields plus its derived ``allocated_bytes`` (requested + rounding waste)."""
+    if an is None:
+        return None
+    return asdict(an) | {"allocated_bytes": an.allocated_bytes}
+
+
 def report_dict(report: Report) -> dict[str, Any]:
     ranks = []
     for r in report.ranks:
         d = asdict(r)
-        an = d.pop("anatomy_at_peak")
-        if an is not None:
-            an["allocated_bytes"] = r.anatomy_at_peak.allocated_bytes
-        d["anatomy_at_peak"] = an
+        del d["anatomy_at_peak"]  # re-added last, where the JSON contract has always had it
+        d["anatomy_at_peak"] = anatomy_dict(r.anatomy_at_peak)
         ranks.append(d)
     findings = []
     for f in report.findings:
@@ -124,10 +130,8 @@ def diff_dict(diff: Diff) -> dict[str, Any]:
         d = asdict(r)
         d["peak_reserved_saved_bytes"] = r.peak_reserved_saved_bytes
         d["peak_allocated_saved_bytes"] = r.peak_allocated_saved_bytes
-        for side in ("before", "after"):
-            an = getattr(r, f"{side}_anatomy")
-            if an is not None:
-                d[f"{side}_anatomy"]["allocated_bytes"] = an.allocated_bytes
+        d["before_anatomy"] = anatomy_dict(r.before_anatomy)
+        d["after_anatomy"] = anatomy_dict(r.after_anatomy)
         for s, sd in zip(r.sites, d["sites"]):
             sd["delta_bytes"] = s.delta_bytes
         ranks.append(d)

@@ -13,7 +13,7 @@ from rich.text import Text
 from ..report.diff import Diff
 from ..report.model import RankSummary, Report
 from ..simulate.whatif import Simulation
-from .format import fill, format_bytes, format_us
+from .format import fill, format_bytes, format_signed_bytes, format_us
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
@@ -228,10 +228,6 @@ def render_text_plain(report: Report, width: int = 120) -> str:
     return buf.getvalue()
 
 
-def _signed(b: int) -> str:
-    return ("+" if b > 0 else "") + format_bytes(b) if b else "0 B"
-
-
 _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow", "unchanged": "dim"}
 
 
@@ -245,8 +241,8 @@ def render_diff_text(diff: Diff, console: Console) -> None:
     for r in diff.ranks:
         oom = f"{'yes' if r.before_oom else 'no'} → {'yes' if r.after_oom else 'no'}"
         t.add_row(str(r.rank), format_bytes(r.before_peak_reserved_bytes), format_bytes(r.after_peak_reserved_bytes),
-                  _signed(r.peak_reserved_saved_bytes), format_bytes(r.before_peak_allocated_bytes),
-                  format_bytes(r.after_peak_allocated_bytes), _signed(r.peak_allocated_saved_bytes), oom)
+                  format_signed_bytes(r.peak_reserved_saved_bytes), format_bytes(r.before_peak_allocated_bytes),
+                  format_bytes(r.after_peak_allocated_bytes), format_signed_bytes(r.peak_allocated_saved_bytes), oom)
     console.print(t)
     for r in diff.ranks:
         for side, an in (("before", r.before_anatomy), ("after", r.after_anatomy)):
@@ -268,13 +264,13 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         line.append(f"[{f.id}] ")
         if f.status == "resolved":
             line.append(f"{format_bytes(f.before_bytes)} at stake before; peak reserved saved on rank(s) "
-                        f"{','.join(map(str, f.before_ranks))}: {_signed(f.peak_reserved_saved_bytes)}")
+                        f"{','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         elif f.status == "new":
             line.append(f"{format_bytes(f.after_bytes)} at stake on rank(s) {','.join(map(str, f.after_ranks))}")
         else:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
-                line.append(f"; peak reserved saved {_signed(f.peak_reserved_saved_bytes)}")
+                line.append(f"; peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         console.print(line)
     for r in diff.ranks:
         if not r.sites:
@@ -285,7 +281,7 @@ def render_diff_text(diff: Diff, console: Console) -> None:
             st.add_column(col, justify="left" if col == "site" else "right", overflow="fold")
         for s in r.sites:
             st.add_row(format_bytes(s.before_bytes), format_bytes(s.after_bytes),
-                       Text(_signed(s.delta_bytes), style="red" if s.delta_bytes > 0 else "green"), s.label)
+                       Text(format_signed_bytes(s.delta_bytes), style="red" if s.delta_bytes > 0 else "green"), s.label)
         console.print(st)
 
 
