@@ -1,6 +1,7 @@
 """oomdoctor plan: terms against the paper's formulas, schedules, the Megatron goldens, search, CLI."""
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,6 +119,79 @@ def test_each_stage_adds_up_and_pipelining_outputs_grow_the_last_stage():
         last.append(cached.stages[1].terms["cached_outputs"])
     logits = 4096 * 128256 * 2  # one micro-batch's bf16 logits
     assert last == [logits * (n - 1) for n in (2, 4, 8, 16)]
+
+
+LLAMA_1B = ModelSpec("llama3.2-1b-untied", 16, 2048, 8192, 32, 8, 128256)  # benchmarks/measure_plan_gpu.py
+
+
+def test_eager_layer_activations_are_the_tensors_autograd_saves():
+    """torchtitan's Llama block in eager mode: 16sbh + 8sbf (+ 4asb) without TP, which is what the fsdp4
+    snapshot holds per layer; with TP + SP the projections keep the all-gathered input whole."""
+    s, b, h, f, a = 4096, 2, 2048, 8192, 32
+    train = TrainingSpec(seq_len=s, global_batch=8, micro_batch=b)
+    sbh, sbf = s * b * h, s * b * f
+    torch_plan = ParallelPlan(dp=4, dp_sharding="fsdp", framework="torch")
+    eager = terms.layer_activation_bytes(LLAMA_1B, train, torch_plan, "none")
+    assert eager == 16 * sbh + 8 * sbf + 4 * a * s * b
+    # probe on H200: one block saved 895,557,648 bytes besides its input (2sbh, the previous layer's output),
+    # including its bf16 weights, the complex64 RoPE table (s x 32) and two fp32 RMSNorm rstd (s x b)
+    weights, freqs, rstd = 2 * sum(terms.layer_params(LLAMA_1B, 1)), s * 32 * 8, 2 * s * b * 4
+    assert 0 <= 895_557_648 + 2 * sbh - (eager + weights + freqs + rstd) < 64
+    megatron = terms.layer_activation_bytes(LLAMA_1B, train, replace(torch_plan, framework="megatron"), "none")
+    assert megatron == 13 * sbh + 6 * sbf + 4 * a * s * b  # fused: GQA K/V at g/a, no separate SiLU output
+    tp = replace(torch_plan, tp=2, dp=2, sequence_parallel=True)
+    assert terms.layer_activation_bytes(LLAMA_1B, train, tp, "none") == 2 * sbh + 4 * sbh + (
+        8 * sbh + 8 * sbf + 4 * a * s * b) // 2
+    assert terms.layer_activation_bytes(LLAMA_1B, train, tp, "full") == 2 * sbh // 2
+
+
+def test_torch_loss_bytes_per_logit_and_gpipe_held_losses():
+    train = TrainingSpec(seq_len=4096, global_batch=16, micro_batch=1)
+    n = 4096 * 128256
+    t = ParallelPlan(dp=2, dp_sharding="fsdp", framework="torch")
+    assert terms.logits_loss_bytes(LLAMA_1B, train, t, 128256) == 12 * n  # probe: 12.000 B/logit
+    assert terms.logits_loss_bytes(LLAMA_1B, train, replace(t, tp=2), 128256) == 16 * n // 2  # loss_parallel
+    pp = replace(t, pp=2)
+    assert terms.logits_loss_bytes(LLAMA_1B, train, pp, 128256) == 14 * n  # + the stage output
+    assert terms.logits_loss_bytes(LLAMA_1B, train, replace(t, framework="megatron"), 128256) == 6 * n
+    assert terms.held_losses_bytes(train, pp, 128256, 8) == 0  # 1F1B: backward right after the loss
+    gpipe = replace(pp, schedule="gpipe")
+    assert terms.held_losses_bytes(train, gpipe, 128256, 8) == 6 * n * 7
+    assert terms.held_losses_bytes(train, replace(gpipe, return_outputs=True), 128256, 8) == 4 * n * 7
+
+
+def test_torch_gradients_meet_activations_only_under_accumulation():
+    torch_fsdp = ParallelPlan(dp=4, dp_sharding="fsdp", framework="torch")
+    assert not terms.gradients_persist(torch_fsdp, 1)
+    assert terms.gradients_persist(torch_fsdp, 4)
+    assert not terms.gradients_persist(replace(torch_fsdp, pp=2, dp=2), 8)  # FSDP2 under PP: unsharded grads
+    assert terms.gradients_persist(replace(torch_fsdp, framework="megatron"), 1)  # contiguous grad buffers
+    train = TrainingSpec(seq_len=4096, global_batch=8, micro_batch=2)
+    st = estimate(LLAMA_1B, train, torch_fsdp).stages[0]
+    st.check()
+    assert st.peak_phase == "activations" and not st.gradients_persist
+    t = st.terms
+    assert st.breakdown["model_states"] == t["weights"] + t["optimizer_state"]  # no gradients at the loss
+    assert st.allocated_bytes == (t["weights"] + t["optimizer_state"] + t["workspace"] + t["fsdp_gather_buffers"]
+                                  + t["activations"] + t["embedding_inputs"] + t["logits_and_loss"])
+
+
+def test_predictions_match_the_h200_measurements(monkeypatch):
+    """docs/plan_gpu.json: max_allocated and max_reserved measured on 4 H200s (benchmarks/measure_plan_gpu.py),
+    against today's estimate: allocated within 8% on every rank, reserved within 10% off GPipe's last stage."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("measure_plan_gpu", root / "benchmarks" / "measure_plan_gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    records = json.loads((root / "docs" / "plan_gpu.json").read_text())["records"]
+    assert len(records) == 32 and {r["gpu_name"] for r in records} == {"NVIDIA H200"}
+    for row in bench.compare(records)["rows"]:
+        assert abs(row["allocated_error"]) < 0.08, row["config"]
+        if row["config"] != "pp2-fsdp2-gpipe" or row["stage"] == 0:
+            assert abs(row["reserved_error"]) < 0.10, row["config"]
 
 
 def test_seed_002_ordering():

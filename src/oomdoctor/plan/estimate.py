@@ -2,15 +2,21 @@
 
 ::
 
-    allocated(stage) = weights + gradients + master weights + optimizer state      (terms.model_state_bytes)
-                     + FSDP gather buffers + DDP buckets + cuBLAS workspaces
-                     + max( activations of the micro-batches in flight under the schedule
-                            (+ one layer's working set when recomputing)
-                            + embedding inputs (first stage) + logits and loss (last stage)
-                            + cached outputs (last stage, pipelining return_outputs=True),
-                            optimizer-step temporaries )
+    allocated(stage) = weights + master weights + optimizer state                  (terms.model_state_bytes)
+                     + DDP buckets + cuBLAS workspaces
+                     + gradients, when they persist (terms.gradients_persist)
+                     + max( activation phase: FSDP gather buffers
+                                + activations of the micro-batches in flight under the schedule
+                                + embedding inputs (first stage)
+                                + cached outputs (last stage, pipelining return_outputs=True)
+                                + the other micro-batches' loss graphs (last stage, GPipe)
+                                + max(one layer's recompute working set, logits and loss (last stage)),
+                            step phase: optimizer-step temporaries + gradients, when they do not persist )
     reserved         = allocated × (1 + fragmentation)
     device           = reserved + CUDA context + NCCL
+
+The recompute working set and the loss never coexist: a rank computes one op at a time, and the loss's
+tensors are freed by the end of its backward, before any layer's backward recomputes.
 
 Structure from ``shared/reference/memory_estimation.md`` §5; each term's source is in :mod:`.terms`.
 Ranks of the same stage are symmetric (tensor, data and context parallel shards are equal), so one
@@ -36,24 +42,51 @@ class StageEstimate:
     parameters: int
     in_flight_chunks: int
     terms: dict[str, int]
+    gradients_persist: bool
     allocated_bytes: int
     reserved_bytes: int
     device_bytes: int
     peak_phase: str  # "activations" or "optimizer step"
+    breakdown: dict[str, int]  # model_states, activations, logits_and_loss, other: what allocated holds at its peak
 
     def check(self) -> None:
-        """Assert that the terms add up to the three totals."""
+        """Assert that the terms add up to the three totals, and the breakdown to allocated."""
         t = self.terms
-        static = sum(v for k, v in t.items() if k in STATIC_TERMS)
-        dynamic = sum(v for k, v in t.items() if k in DYNAMIC_TERMS)
-        assert self.allocated_bytes == static + max(dynamic, t["optimizer_step_temporaries"])
+        static, act, step = phase_totals(t, self.gradients_persist)
+        assert self.allocated_bytes == static + max(act, step)
+        assert self.peak_phase == ("activations" if act >= step else "optimizer step")
+        assert sum(self.breakdown.values()) == self.allocated_bytes
         assert self.reserved_bytes == self.allocated_bytes + t["fragmentation"]
         assert self.device_bytes == self.reserved_bytes + t["cuda_context"] + t["nccl"]
 
 
-STATIC_TERMS = ("weights", "gradients", "master_weights", "optimizer_state", "fsdp_gather_buffers",
-                "ddp_buckets", "workspace")
-DYNAMIC_TERMS = ("activations", "recompute_working_set", "embedding_inputs", "logits_and_loss", "cached_outputs")
+STATIC_TERMS = ("weights", "master_weights", "optimizer_state", "ddp_buckets", "workspace")
+ACTIVATION_TERMS = ("fsdp_gather_buffers", "activations", "embedding_inputs", "cached_outputs", "held_losses")
+
+
+def phase_totals(t: dict[str, int], gradients_persist: bool) -> tuple[int, int, int]:
+    """``(static, activation phase, step phase)`` bytes of a stage's terms (see the module formula)."""
+    grads = t["gradients"]
+    static = sum(t[k] for k in STATIC_TERMS) + (grads if gradients_persist else 0)
+    act = sum(t[k] for k in ACTIVATION_TERMS) + max(t["recompute_working_set"], t["logits_and_loss"])
+    step = t["optimizer_step_temporaries"] + (0 if gradients_persist else grads)
+    return static, act, step
+
+
+def breakdown(t: dict[str, int], gradients_persist: bool) -> dict[str, int]:
+    """What allocated holds at its peak, in the four groups ``plan estimate`` prints."""
+    static, act, step = phase_totals(t, gradients_persist)
+    states = t["weights"] + t["master_weights"] + t["optimizer_state"]
+    if act >= step:
+        states += t["gradients"] if gradients_persist else 0
+        loss_wins = t["logits_and_loss"] > t["recompute_working_set"]
+        acts = t["activations"] + t["embedding_inputs"] + (0 if loss_wins else t["recompute_working_set"])
+        logits = t["cached_outputs"] + t["held_losses"] + (t["logits_and_loss"] if loss_wins else 0)
+    else:
+        states += t["gradients"]
+        acts = logits = 0
+    return {"model_states": states, "activations": acts, "logits_and_loss": logits,
+            "other": static + max(act, step) - states - acts - logits}
 
 
 @dataclass
@@ -110,17 +143,19 @@ def estimate_stage(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, stage:
     t["embedding_inputs"] = terms.embedding_activation_bytes(train, plan, m.hidden_size) * stage_mbs if first else 0
     t["logits_and_loss"] = terms.logits_loss_bytes(m, train, plan, vocab) if last else 0
     t["cached_outputs"] = terms.cached_outputs_bytes(train, plan, vocab, microbatches) if last else 0
+    t["held_losses"] = terms.held_losses_bytes(train, plan, vocab, microbatches) if last else 0
     t["optimizer_step_temporaries"] = terms.optimizer_step_temporaries(params, train, plan)
 
-    static = sum(t[k] for k in STATIC_TERMS)
-    dynamic = sum(t[k] for k in DYNAMIC_TERMS)
-    phase = "activations" if dynamic >= t["optimizer_step_temporaries"] else "optimizer step"
-    allocated = static + max(dynamic, t["optimizer_step_temporaries"])
+    persist = terms.gradients_persist(plan, microbatches)
+    static, act, step = phase_totals(t, persist)
+    phase = "activations" if act >= step else "optimizer step"
+    allocated = static + max(act, step)
     t["fragmentation"] = int(allocated * terms.fragmentation_fraction(plan))
     reserved = allocated + t["fragmentation"]
     t["cuda_context"] = terms.CUDA_CONTEXT_BYTES
     t["nccl"] = terms.nccl_bytes(plan)
-    est = StageEstimate(stage, params, chunks, t, allocated, reserved, reserved + t["cuda_context"] + t["nccl"], phase)
+    est = StageEstimate(stage, params, chunks, t, persist, allocated, reserved,
+                        reserved + t["cuda_context"] + t["nccl"], phase, breakdown(t, persist))
     est.check()
     return est
 
@@ -133,7 +168,8 @@ def estimate(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, hardware: Ha
         PlanError: the combination is invalid (see :func:`.specs.validate`).
     """
     mbs = validate(m, train, plan, hardware.num_gpus if hardware is not None else None)
-    vocab = padded_vocab(m.vocab_size, plan.tp) if pad_vocab else m.vocab_size
+    pad = pad_vocab and plan.framework == "megatron"  # PyTorch models keep the tokenizer's vocabulary
+    vocab = padded_vocab(m.vocab_size, plan.tp) if pad else m.vocab_size
     est = Estimate(m, train, plan, hardware, mbs, vocab)
     est.stages = [estimate_stage(m, train, plan, s, mbs, vocab) for s in range(plan.pp)]
     return est

@@ -86,13 +86,19 @@ def fsdp_unsharded_bytes(m: ModelSpec, plan: ParallelPlan, train: TrainingSpec, 
     buffers"; PyTorch ``sac_ilp`` budgets 3 × the largest unit). Under pipeline parallelism torchtitan
     sets ``reshard_after_forward=False``: the whole stage's parameters stay unsharded, and its unsharded
     gradients persist across micro-batches until the last backward's reduce-scatter (§2.2), in the
-    reduce dtype (``grad_bytes``)."""
+    reduce dtype (``grad_bytes``). Without PP, torchtitan keeps the ``[norm, output]`` unit and the last block
+    unsharded from the forward to the backward: the output matrix ``V·h/tp`` and one layer in the compute
+    dtype (seen in the snapshots of ``benchmarks/measure_plan_gpu.py``, docs/plan.md)."""
     if plan.dp_sharding not in ("zero3", "fsdp") or plan.dp * plan.cp == 1:
         return 0
-    if plan.pp > 1 and plan.framework == "torch":
-        return stage_params * (train.param_bytes + train.grad_bytes)
     shard, repl = layer_params(m, plan.tp, plan.ep)
     layer = shard + repl
+    if plan.framework == "torch":
+        if plan.pp > 1:
+            return stage_params * (train.param_bytes + train.grad_bytes)
+        # torchtitan parallelize.py: [norm, output] and the last block keep reshard_after_forward=False, so at the
+        # loss (the activation peak) the output unit and one block are unsharded; no gradient exists yet
+        return (m.vocab_size * m.hidden_size // plan.tp + layer) * train.param_bytes
     return 2 * layer * train.param_bytes + 2 * layer * train.grad_bytes
 
 
@@ -103,6 +109,21 @@ def ddp_bucket_bytes(params: int, train: TrainingSpec, plan: ParallelPlan) -> in
     if plan.framework != "torch" or plan.dp_sharding != "none" or plan.dp == 1:
         return 0
     return params * train.grad_bytes
+
+
+def gradients_persist(plan: ParallelPlan, microbatches: int) -> bool:
+    """Whether the (sharded) gradients are held while activations are: Megatron-LM allocates its
+    contiguous main-grad buffers once (``distributed/param_and_grad_buffer.py``), so always. PyTorch
+    creates gradients in the backward and frees them at ``zero_grad(set_to_none=True)`` (the default since
+    2.0), so they meet the activations only when a later micro-batch runs its forward after a backward:
+    gradient accumulation over ``microbatches > 1``. Under PP, FSDP2 accumulates the *unsharded*
+    gradients instead (:func:`fsdp_unsharded_bytes`) and reduce-scatters once after the last backward
+    (``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync``)."""
+    if plan.framework != "torch":
+        return True
+    if plan.dp_sharding in ("zero3", "fsdp") and plan.dp * plan.cp > 1 and plan.pp > 1:
+        return False
+    return microbatches > 1
 
 
 def optimizer_step_temporaries(params: int, train: TrainingSpec, plan: ParallelPlan) -> int:
@@ -118,7 +139,16 @@ def optimizer_step_temporaries(params: int, train: TrainingSpec, plan: ParallelP
 
 
 def layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, recompute: str) -> int:
-    """Bytes one transformer layer saves for backward, for one micro-batch, on one rank.
+    """Bytes one transformer layer saves for backward, for one micro-batch, on one rank: Megatron-LM's
+    fused layers (:func:`megatron_layer_activation_bytes`) or PyTorch eager modules as torchtitan writes
+    them (:func:`eager_layer_activation_bytes`), by ``plan.framework``."""
+    if plan.framework == "torch":
+        return eager_layer_activation_bytes(m, train, plan, recompute)
+    return megatron_layer_activation_bytes(m, train, plan, recompute)
+
+
+def megatron_layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, recompute: str) -> int:
+    """Bytes one Megatron-LM transformer layer saves for backward, for one micro-batch, on one rank.
 
     Korthikanti et al. §4.1 / Table 2 (arXiv:2205.05198), term by term so that GQA, SwiGLU, flash
     attention, dropout and FP8 change only their own terms (§1.1 "Adaptations"): with ``s`` the local
@@ -159,6 +189,51 @@ def layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan
     return replicated // repl_div + (attn + core + mlp) // t
 
 
+def eager_layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, recompute: str) -> int:
+    """Bytes one layer of torchtitan's Llama (``torchtitan/models/llama3/model/model.py``) saves for
+    backward in PyTorch eager mode, for one micro-batch, on one rank: what autograd keeps per op, not a
+    fused kernel's choice (``s`` local sequence, ``b`` micro-batch, ``h``, ``f``, ``a`` heads, ``t`` = tp):
+
+    - the two RMSNorm inputs, 2·2sbh (÷ t with sequence parallel);
+    - the two norm outputs, which the QKV and w1/w3 projections save, 2·2sbh; with TP + sequence parallel
+      the projections save the all-gathered input, so these stay whole (DTensor ``SequenceParallel`` +
+      ``ColwiseParallel``; Megatron instead re-gathers in the backward);
+    - attention, ÷ t: Q after RoPE 2sbh; K and V after ``repeat_kv``, which copies the KV heads up to
+      ``a`` heads, 2sbh each; the SDPA output 2sbh (it is also ``wo``'s input); flash log-sum-exp 4asb
+      (or the s² scores of unfused attention, as in Megatron's term); RoPE's fp32 copies are not saved
+      (``mul`` saves an operand only when the other requires grad, and the frequencies do not);
+    - the SwiGLU MLP ``w2(silu(w1 x) * w3 x)``, ÷ t: w1's output (silu's input), silu's output, w3's
+      output and their product (w2's input), 4·2sbf; a GeLU MLP keeps fc1's output and GeLU's, 2·2sbf.
+
+    Without TP that is 16sbh + 8sbf (+ 4asb): the snapshot of ``benchmarks/measure_plan_gpu.py``'s
+    ``fsdp4`` run holds exactly these tensors per layer at its peak, and its ``probe`` counts 895,557,648
+    bytes saved by one block at s=4096, b=2 besides its input: to 16 bytes, these terms less the input
+    2sbh, plus the block's bf16 weights (which FSDP frees after the forward), the RoPE table and the
+    RMSNorm fp32 reciprocals. ``full`` recompute (``checkpoint_wrapper``) keeps the
+    block input 2sbh (÷ t with sequence parallel); ``selective`` drops the attention core, as Megatron's.
+    """
+    s = train.seq_len // plan.cp
+    b, h, f = train.micro_batch, m.hidden_size, m.ffn_hidden_size
+    a, t = m.num_heads, plan.tp
+    sbh = s * b * h
+    repl_div = t if plan.sequence_parallel else 1
+    if recompute == "full":
+        return 2 * sbh // repl_div
+    norm_in = 2 * 2 * sbh // repl_div
+    proj_in = 2 * 2 * sbh + (2 * sbh if train.dropout else 0)
+    attn = 4 * 2 * sbh
+    if recompute == "selective":
+        core = 0
+    elif train.flash_attention:
+        core = 4 * a * s * b
+    else:
+        core = (5 if train.dropout else 2) * a * s * s * b
+    mlp = (4 if m.gated_mlp else 2) * 2 * s * b * f
+    if m.num_experts:
+        mlp = mlp * max(m.experts_per_token, 1) + 2 * sbh
+    return norm_in + proj_in + (attn + core + mlp) // t
+
+
 def embedding_activation_bytes(train: TrainingSpec, plan: ParallelPlan, h: int) -> int:
     """First stage, per micro-batch: int64 input ids 8sb and, with dropout, the embedding dropout mask
     sbh (Megatron ``compute_activation_memory``: ``8·s·b·p + s·b·h·p``)."""
@@ -168,11 +243,37 @@ def embedding_activation_bytes(train: TrainingSpec, plan: ParallelPlan, h: int) 
 
 
 def logits_loss_bytes(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, vocab: int) -> int:
-    """Last stage, one micro-batch: bf16 logits ``s·b·V/t`` × 2 plus the fp32 copy cross-entropy works
-    on × 4 (6 bytes per logit; §2.3, the checks of §4.1); a fused cross-entropy keeps only the bf16
-    logits and a bf16 gradient (4 bytes)."""
+    """Last stage, one micro-batch, per logit ``s·b·V/t``. Megatron: the bf16 logits × 2 plus the fp32
+    copy its vocab-parallel cross-entropy works on × 4 (6 bytes; §2.3, the checks of §4.1). PyTorch
+    (``F.cross_entropy(pred.float(), ...)``, torchtitan ``cross_entropy_loss``): at the start of its
+    backward the fp32 log-softmax output, ``nll_loss``'s gradient and log-softmax's gradient are held,
+    12 bytes (the bf16 logits were dropped with ``del pred``); with TP, ``loss_parallel``'s backward
+    (``torch/distributed/tensor/parallel/loss.py`` ``_nll_loss_and_log_softmax_backward``) holds 16 bytes
+    of its shard; under PP the schedule also keeps the stage's bf16 output until its backward, +2.
+    Measured: 12.000 bytes per logit (``probe``), 16 with loss parallel (the ``fsdp2-tp2`` snapshot),
+    ``benchmarks/measure_plan_gpu.py``. A fused cross-entropy keeps the bf16 logits and a bf16
+    gradient (4 bytes)."""
     n = (train.seq_len // plan.cp) * train.micro_batch * vocab // plan.tp
-    return n * (4 if train.fused_cross_entropy else 6)
+    if train.fused_cross_entropy:
+        return n * 4
+    if plan.framework == "torch":
+        per = 16 if plan.tp > 1 else 12
+        return n * (per + (2 if plan.pp > 1 else 0))
+    return n * 6
+
+
+def held_losses_bytes(train: TrainingSpec, plan: ParallelPlan, vocab: int, microbatches: int) -> int:
+    """Last stage under GPipe: every micro-batch's forward, loss included, runs before any backward
+    (``torch/distributed/pipelining/schedules.py`` ``ScheduleGPipe``), so the other ``M − 1`` micro-batches'
+    loss graphs are held at the first backward: each keeps the fp32 log-softmax output its backward needs
+    (4 bytes per logit ``s·b·V/t``) and the bf16 stage output the schedule keeps for the stage's backward
+    (2 bytes; with ``return_outputs=True`` that output is already in :func:`cached_outputs_bytes`).
+    Other schedules run a micro-batch's backward right after its loss on the last stage: 0. Measured on
+    the ``pp2-fsdp2-gpipe`` run of ``benchmarks/measure_plan_gpu.py`` (docs/plan.md)."""
+    if plan.schedule != "gpipe" or plan.pp == 1:
+        return 0
+    n = (train.seq_len // plan.cp) * train.micro_batch * vocab // plan.tp
+    return n * (4 + (0 if plan.return_outputs else 2)) * (microbatches - 1)
 
 
 def cached_outputs_bytes(train: TrainingSpec, plan: ParallelPlan, vocab: int, microbatches: int) -> int:
@@ -190,10 +291,16 @@ def cached_outputs_bytes(train: TrainingSpec, plan: ParallelPlan, vocab: int, mi
 
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
 """Hopper cuBLAS workspace per handle and stream, through the caching allocator (PyTorch PR #120925)."""
-CUDA_CONTEXT_BYTES = 500 * 10**6
-"""CUDA context with lazy module loading: 300-500 MB, plus library kernels (PyTorch PR #86509, §3)."""
-NCCL_PER_COMMUNICATOR_BYTES = 500 * 10**6
-"""NCCL buffers per communicator the rank belongs to: 0.5 GB (§3 "NCCL": nccl #964 measured 544-688 MB)."""
+CUDA_CONTEXT_BYTES = 740 * 10**6
+"""CUDA context and the kernels of a training step, outside the caching allocator: 737 MB measured on
+H200, CUDA 13.0, torch 2.11 after CUDA init, a GEMM and SDPA forward and backward
+(``benchmarks/measure_plan_gpu.py overhead``, docs/plan.md); PyTorch PR #86509 measured 287 MB with
+lazy module loading, 667 MB without (§3)."""
+NCCL_FIRST_COMMUNICATOR_BYTES = 880 * 10**6
+"""The first NCCL communicator (the world group, which ``init_process_group(device_id=...)`` creates):
+883 MB measured (same run), its buffers plus NCCL's per-process state."""
+NCCL_PER_COMMUNICATOR_BYTES = 510 * 10**6
+"""Each further communicator: 508-510 MB measured (same run); nccl #964 measured 544-688 MB (§3)."""
 
 
 def workspace_bytes(plan: ParallelPlan) -> int:
@@ -203,17 +310,26 @@ def workspace_bytes(plan: ParallelPlan) -> int:
 
 
 def nccl_bytes(plan: ParallelPlan) -> int:
-    """Outside the caching allocator: one communicator per parallel dimension larger than 1."""
+    """Outside the caching allocator: the world communicator, and one per parallel dimension larger
+    than 1 (none on one GPU)."""
     groups = sum(1 for x in (plan.tp, plan.pp, plan.dp, plan.cp, plan.ep) if x > 1)
-    return NCCL_PER_COMMUNICATOR_BYTES * groups
+    if groups == 0:
+        return 0
+    return NCCL_FIRST_COMMUNICATOR_BYTES + NCCL_PER_COMMUNICATOR_BYTES * groups
 
 
 def fragmentation_fraction(plan: ParallelPlan) -> float:
     """Reserved over allocated, minus one: 10% with the default allocator, 15% with interleaving plus
     recompute (more, smaller, shorter-lived blocks), 3% with ``expandable_segments`` (§3 "Allocator
-    fragmentation": GMLake 15% average, Mist 8%, arXiv:2507.16274 up to 43% with VPP + recompute)."""
+    fragmentation": GMLake 15% average, Mist 8%, arXiv:2507.16274 up to 43% with VPP + recompute).
+    ``torch.distributed.pipelining`` with FSDP2: 30%, the median reserved / allocated of the pipeline
+    stages we measured (1.10-1.35 on H200, ``benchmarks/measure_plan_gpu.py``, docs/plan.md), which
+    seed 003's stage 0 also shows (35.75 GiB reserved for about 26.6 GiB of terms); the non-pipelined
+    FSDP2 and TP runs measured 1.05-1.20, inside the 10% default's error."""
     if plan.expandable_segments:
         return 0.03
+    if plan.framework == "torch" and plan.pp > 1:
+        return 0.30
     if plan.vpp > 1 and plan.recompute != "none":
         return 0.15
     return 0.10

@@ -27,7 +27,7 @@ def _gb(n: int) -> str:
 def estimate_dict(e: Estimate) -> dict[str, Any]:
     """``plan estimate --format json``: ``{"plan", "microbatches", "vocab", "fits", "peak_stage",
     "stages": [{"stage", "parameters", "in_flight_chunks", "terms": {name: bytes}, "allocated_bytes",
-    "reserved_bytes", "device_bytes", "peak_phase"}]}``."""
+    "reserved_bytes", "device_bytes", "peak_phase", "gradients_persist", "breakdown"}]}``."""
     return {"oomdoctor_version": __version__, "model": asdict(e.model), "train": asdict(e.train),
             "plan": asdict(e.plan), "label": e.plan.label(), "microbatches": e.microbatches, "vocab": e.vocab,
             "gpu_memory_bytes": e.hardware.gpu_memory_bytes if e.hardware else None, "fits": e.fits,
@@ -43,21 +43,18 @@ def render_estimate_text(e: Estimate, console: Console) -> None:
     for c in cols:
         t.add_column(c, justify="right")
     for s in e.stages:
-        x = s.terms
-        states = x["weights"] + x["gradients"] + x["master_weights"] + x["optimizer_state"]
-        acts = x["activations"] + x["recompute_working_set"] + x["embedding_inputs"]
-        logits = x["logits_and_loss"] + x["cached_outputs"]
-        other = s.allocated_bytes - states - (acts + logits if s.peak_phase == "activations" else
-                                               x["optimizer_step_temporaries"])
-        t.add_row(str(s.stage), f"{s.parameters / 1e9:.2f}B", str(s.in_flight_chunks), _gb(states), _gb(acts),
-                  _gb(logits), _gb(other), _gb(s.allocated_bytes), _gb(s.reserved_bytes), _gb(s.device_bytes))
+        b = s.breakdown
+        t.add_row(str(s.stage), f"{s.parameters / 1e9:.2f}B", str(s.in_flight_chunks), _gb(b["model_states"]),
+                  _gb(b["activations"]), _gb(b["logits_and_loss"]), _gb(b["other"]), _gb(s.allocated_bytes),
+                  _gb(s.reserved_bytes), _gb(s.device_bytes))
     console.print(t)
     if e.hardware is not None:
         p = e.peak
         verdict = ("fits" if e.fits else "does NOT fit")
         console.print(Text(f"worst stage {p.stage}: {_gb(p.device_bytes)} GB of {_gb(e.hardware.gpu_memory_bytes)} GB "
                            f"-> {verdict}", style="green" if e.fits else "bold red"))
-    console.print(Text("other = FSDP buffers + DDP buckets + workspaces; device = reserved + CUDA context + NCCL",
+    console.print(Text("at each stage's peak; other = FSDP buffers + DDP buckets + workspaces (+ optimizer-step "
+                       "temporaries when the step is the peak); device = reserved + CUDA context + NCCL",
                        style="dim"))
 
 
