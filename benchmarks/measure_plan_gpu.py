@@ -28,6 +28,7 @@ measured and predicted bytes per rank; ``compare FILE`` recomputes the predictio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -251,11 +252,8 @@ def worker(cfg: Config, out_dir: Path, steps: int, snapshot: Path | None = None)
         fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
     model.to_empty(device=dev)
     model.init_weights()
-    if cfg.dp == 1:  # no FSDP mixed precision: autocast, as torchtitan's maybe_enable_amp
-        amp = torch.autocast("cuda", dtype=torch.bfloat16)
-    else:
-        import contextlib
-        amp = contextlib.nullcontext()
+    # no FSDP mixed precision without FSDP: autocast, as torchtitan's maybe_enable_amp
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.dp == 1 else contextlib.nullcontext()
     params = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())  # this rank's shards
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     torch.cuda.synchronize()

@@ -74,19 +74,22 @@ def phase_totals(t: dict[str, int], gradients_persist: bool) -> tuple[int, int, 
 
 
 def breakdown(t: dict[str, int], gradients_persist: bool) -> dict[str, int]:
-    """What allocated holds at its peak, in the four groups ``plan estimate`` prints."""
-    static, act, step = phase_totals(t, gradients_persist)
+    """What allocated holds at its peak, in the four groups ``plan estimate`` prints; they add up to
+    allocated (asserted by :meth:`StageEstimate.check`)."""
+    _, act, step = phase_totals(t, gradients_persist)
     states = t["weights"] + t["master_weights"] + t["optimizer_state"]
+    other = t["workspace"] + t["ddp_buckets"]
     if act >= step:
         states += t["gradients"] if gradients_persist else 0
         loss_wins = t["logits_and_loss"] > t["recompute_working_set"]
         acts = t["activations"] + t["embedding_inputs"] + (0 if loss_wins else t["recompute_working_set"])
         logits = t["cached_outputs"] + t["held_losses"] + (t["logits_and_loss"] if loss_wins else 0)
+        other += t["fsdp_gather_buffers"]
     else:
         states += t["gradients"]
         acts = logits = 0
-    return {"model_states": states, "activations": acts, "logits_and_loss": logits,
-            "other": static + max(act, step) - states - acts - logits}
+        other += t["optimizer_step_temporaries"]
+    return {"model_states": states, "activations": acts, "logits_and_loss": logits, "other": other}
 
 
 @dataclass

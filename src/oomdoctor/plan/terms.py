@@ -174,12 +174,7 @@ def megatron_layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: Par
     lin_in = 1 if train.fp8 else 2
     replicated = (2 + 2) * sbh + 2 * lin_in * sbh + (2 * sbh if train.dropout else 0)
     attn = 2 * sbh + 2 * 2 * sbh * g // a + 2 * sbh
-    if recompute == "selective":
-        core = 0
-    elif train.flash_attention:
-        core = 4 * a * s * b
-    else:
-        core = (5 if train.dropout else 2) * a * s * s * b
+    core = attention_core_bytes(train, recompute, a, s, b)
     if m.gated_mlp:
         mlp = 2 * 2 * s * b * f + lin_in * s * b * f
     else:
@@ -187,6 +182,17 @@ def megatron_layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: Par
     if m.num_experts:
         mlp = mlp * max(m.experts_per_token, 1) + 2 * sbh  # each token in top-k experts; the dispatcher input
     return replicated // repl_div + (attn + core + mlp) // t
+
+
+def attention_core_bytes(train: TrainingSpec, recompute: str, heads: int, s: int, b: int) -> int:
+    """The attention core one layer saves, before the TP split: the s² scores, dropout mask and dropout
+    output 5as²b (2as²b without dropout) of unfused attention, or flash attention's fp32 log-sum-exp 4asb;
+    nothing under ``selective`` recompute, which recomputes it (Korthikanti et al. §5)."""
+    if recompute == "selective":
+        return 0
+    if train.flash_attention:
+        return 4 * heads * s * b
+    return (5 if train.dropout else 2) * heads * s * s * b
 
 
 def eager_layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, recompute: str) -> int:
@@ -222,12 +228,7 @@ def eager_layer_activation_bytes(m: ModelSpec, train: TrainingSpec, plan: Parall
     norm_in = 2 * 2 * sbh // repl_div
     proj_in = 2 * 2 * sbh + (2 * sbh if train.dropout else 0)
     attn = 4 * 2 * sbh
-    if recompute == "selective":
-        core = 0
-    elif train.flash_attention:
-        core = 4 * a * s * b
-    else:
-        core = (5 if train.dropout else 2) * a * s * s * b
+    core = attention_core_bytes(train, recompute, a, s, b)
     mlp = (4 if m.gated_mlp else 2) * 2 * s * b * f
     if m.num_experts:
         mlp = mlp * max(m.experts_per_token, 1) + 2 * sbh
