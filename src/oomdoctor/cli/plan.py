@@ -26,7 +26,7 @@ from ..plan.validate import validate_csv
 from ..render.plan import (
     estimate_dict,
     render_estimate_text,
-    render_json,
+    render_plan_json,
     render_search_text,
     render_validation_text,
     search_dict,
@@ -134,7 +134,7 @@ def estimate_cmd(tp, pp, vpp, cp, ep, schedule, sequence_parallel, recompute, re
                    recompute=recompute, recompute_layers=recompute_layers)
     e = estimate(model, train, plan, hw)
     if kw["fmt"] == "json":
-        write_output(kw["output"], render_json(estimate_dict(e)))
+        write_output(kw["output"], render_plan_json(estimate_dict(e)))
     else:
         write_rendered(kw["output"], lambda console: render_estimate_text(e, console), width=130, terminal=_console())
 
@@ -167,7 +167,7 @@ def search_cmd(plans, top, **kw) -> None:
     if not r.candidates:
         raise UsageError("no valid plan for these GPUs and this model (check --gpus, --gbs and --mbs)")
     if kw["fmt"] == "json":
-        write_output(kw["output"], render_json(search_dict(r)))
+        write_output(kw["output"], render_plan_json(search_dict(r)))
     else:
         write_rendered(kw["output"], lambda console: render_search_text(r, console, limit=top), width=130,
                        terminal=_console())
@@ -180,4 +180,4 @@ def search_cmd(plans, top, **kw) -> None:
 def validate_cmd(csv_path: str, fmt: str, output: str | None) -> None:
     """Predict each row of a Megatron-LM CI golden-memory CSV and report the errors on the GPT rows."""
     v = validate_csv(csv_path)
-    write_output(output, render_json(validation_dict(v)) if fmt == "json" else render_validation_text(v))
+    write_output(output, render_plan_json(validation_dict(v)) if fmt == "json" else render_validation_text(v))

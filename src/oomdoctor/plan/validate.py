@@ -55,9 +55,14 @@ class Validation:
         return sorted(e for r in self.gpt_rows if (e := r.relative_error) is not None)
 
     @property
+    def covered(self) -> int:
+        """GPT rows with a prediction."""
+        return sum(r.predicted_bytes is not None for r in self.gpt_rows)
+
+    @property
     def coverage(self) -> float:
         g = self.gpt_rows
-        return sum(r.predicted_bytes is not None for r in g) / len(g) if g else 0.0
+        return self.covered / len(g) if g else 0.0
 
     @property
     def median_error(self) -> float | None:

@@ -105,13 +105,13 @@ def validation_dict(v: Validation) -> dict[str, Any]:
     g = v.gpt_rows
     return {"rows": [{"test_dir": r.test_dir, "golden_file": r.golden_file, "predicted_bytes": r.predicted_bytes,
                       "measured_bytes": r.measured_bytes} for r in v.rows],
-            "summary": {"gpt_rows": len(g), "covered": sum(r.predicted_bytes is not None for r in g),
+            "summary": {"gpt_rows": len(g), "covered": v.covered,
                         "coverage": round(v.coverage, 4),
                         "median_abs_rel_error": None if v.median_error is None else round(v.median_error, 4),
                         "p90_abs_rel_error": None if v.p90_error is None else round(v.p90_error, 4)}}
 
 
-def render_json(obj: dict[str, Any]) -> str:
+def render_plan_json(obj: dict[str, Any]) -> str:
     return json.dumps(obj, indent=2) + "\n"
 
 
