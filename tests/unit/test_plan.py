@@ -271,9 +271,12 @@ def test_cli_search_and_estimate(capsys):
     (["plan", "search", "--model", "llama3-8b", "--gpus", "8", "--plan", "tp3x"], "bad --plan 'tp3x'"),
     (["plan", "validate", "{tmp}/missing.csv"], "missing.csv: cannot read"),
     (["plan", "validate", "{tmp}/bad.csv"], "missing column(s)"),
+    (["plan", "validate", "{tmp}/random.bin"], "random.bin: not a UTF-8 text CSV"),
+    (["plan", "estimate", "--model", "{tmp}/random.bin", "--gpus", "8"], "random.bin: not valid JSON"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "random.bin").write_bytes(bytes([0x8D, 0x40, 0x9E, 0x77, 0xFF, 0x00]) * 100)
     assert main([a.format(tmp=tmp_path) for a in args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

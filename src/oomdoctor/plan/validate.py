@@ -149,7 +149,7 @@ def validate_csv(path: str | Path) -> Validation:
     """Predict every row of a golden CSV.
 
     Raises:
-        PlanError: the file cannot be read, or lacks a required column (named).
+        PlanError: the file cannot be read, is not UTF-8 text, or lacks a required column (named).
     """
     p = Path(path)
     try:
@@ -164,6 +164,8 @@ def validate_csv(path: str | Path) -> Validation:
         raise PlanError(f"{p}: cannot read ({e.strerror or e})") from None
     except csv.Error as e:
         raise PlanError(f"{p}: not a valid CSV ({e})") from None
+    except UnicodeDecodeError as e:
+        raise PlanError(f"{p}: not a UTF-8 text CSV ({e.reason} at byte {e.start})") from None
     rows = []
     for i, r in enumerate(raw, start=2):
         try:
