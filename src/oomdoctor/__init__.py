@@ -29,8 +29,8 @@ def diagnose(paths, *, progress=None):
     return build_report(load_ranks(paths, progress=progress))
 
 
-def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="python", on_oom=True, summarize=False,
-           summary_timeout_s=120.0, print_summary=True):
+def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="python", free_stacks=False, on_oom=True,
+           summarize=False, summary_timeout_s=120.0, print_summary=True):
     """A :class:`~oomdoctor.capture.recorder.Recorder` of this process's CUDA memory, used as a context
     manager (or ``.start()`` / ``.stop()``); ``rec.step()`` marks the end of a training step (until it is
     first called, optimizer steps are counted).
@@ -43,14 +43,17 @@ def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="pyth
     Args:
         max_entries: the allocator's history ring buffer (events).
         stacks: ``"python"`` (default, low overhead) or ``"all"`` (C++ frames too).
+        free_stacks: also record a stack at every free (``context="all"``). Off by default: on torch 2.11
+            it crashes non-reentrant activation checkpointing in backward (``docs/checkpoint_crash.md``).
         summarize: at the end, every rank analyses its own snapshot and rank 0 writes
             ``summary.json`` (``diagnose --format json``'s schema) and ``summary.txt``, and prints the
             report (``print_summary``); ranks silent after ``summary_timeout_s`` seconds are named.
 
-    Without torch or CUDA: a warning, and the block runs unchanged.
+    Without torch or CUDA, or with an ``out_dir`` that cannot be written: a warning, and the block runs
+    unchanged. Nothing the recorder does at run time raises into the job (failures are logged once).
 
     Raises:
-        CaptureError: bad arguments, or ``out_dir`` cannot be created or written.
+        CaptureError: bad arguments (``steps``, ``stacks``, ``max_entries``).
     """
     from .capture.recorder import Recorder
 
@@ -60,7 +63,8 @@ def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="pyth
 
         from .jobsummary import summarize_rank
         hook = functools.partial(summarize_rank, timeout_s=summary_timeout_s, print_report=print_summary)
-    return Recorder(out_dir, steps=steps, max_entries=max_entries, stacks=stacks, on_oom=on_oom, on_finish=hook)
+    return Recorder(out_dir, steps=steps, max_entries=max_entries, stacks=stacks, free_stacks=free_stacks, on_oom=on_oom,
+                    on_finish=hook)
 
 
 __all__ = ["OomdoctorError", "SnapshotError", "Trace", "UnsafeSnapshotError", "__version__", "diagnose", "load", "record",

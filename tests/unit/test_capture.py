@@ -110,11 +110,13 @@ class FakeCuda:
         self.snap = snapshot
         self.fail_snapshot = fail_snapshot
         self.history_calls: list[tuple] = []
+        self.contexts: list[str | None] = []
         self.memory = SimpleNamespace(_record_memory_history=self._record, _snapshot=self._snapshot)
         self.nccl = SimpleNamespace(version=lambda: (2, 28, 9))
 
     def _record(self, enabled="all", **kw):
         self.history_calls.append((enabled, kw.get("clear_history", False)))
+        self.contexts.append(kw.get("context"))
 
     def _snapshot(self):
         if self.fail_snapshot:
@@ -169,7 +171,10 @@ def test_recorder_window_dumps_once_with_sidecar(tmp_path):
     assert t.meta["memory_cap_bytes"] == int(0.25 * 150_119_759_872)
     assert t.meta["memory_stats"]["num_alloc_retries"] == 2
     assert [m["step"] for m in t.meta["step_markers"]] == [0, 1, 2, 3]
-    assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "all", "steps": [1, 2]}
+    # free stacks are off by default (they crash non-reentrant checkpointing, docs/checkpoint_crash.md)
+    assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "alloc", "steps": [1, 2]}
+    assert cuda.contexts[0] == "alloc"
+    assert set(t.meta["dump"]) == {"snapshot_s", "pickle_and_write_s"} and t.meta["dump"]["snapshot_s"] >= 0
     assert t.devices[0].num_events == 7  # segment_alloc + 6 allocs
 
 
@@ -202,8 +207,52 @@ def test_recorder_failed_dump_warns_and_goes_on(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(recorder_mod, "atomic_write_bytes", full)
     rec.stop()
     err = capsys.readouterr().err
-    assert "could not write" in err and "No space left on device" in err and "training goes on" in err
+    assert "writing a snapshot" in err and "No space left on device" in err and "training goes on" in err
+    assert str(tmp_path / "out" / "rank0.pickle") in err
+    assert rec.failures == {"writing a snapshot": 1}
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_recorder_failures_are_logged_once_and_never_raise(tmp_path, capsys):
+    """Every hook the recorder puts into the job swallows its own failures: the first of each kind is
+    printed, the rest counted, and a last line sums them up at stop()."""
+    rec, cuda = fake_recorder(tmp_path, small_snapshot(tmp_path), steps="1:1", on_oom=False)
+
+    def broken(*a, **kw):
+        raise RuntimeError("CUDA driver shutting down")
+
+    cuda.memory._record_memory_history = broken  # opening the window fails at every step
+    for _ in range(5):
+        rec._optimizer_hook(object(), (), {})  # what torch.optim calls after each step
+    assert rec.step_count == 5 and rec.failures == {"the optimizer step hook": 1}
+    rec.step()
+    cuda.memory._snapshot = broken
+    rec._oom_observer(0, 1, 2, 3)
+    rec.stop()
+    err = capsys.readouterr().err
+    assert err.count("CUDA driver shutting down") == 2  # the optimizer hook once, the OOM dump once
+    assert "the optimizer step hook x1, writing a snapshot x1" in err
+
+
+def test_recorder_with_unwritable_directory_warns_and_records_nothing(tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    rec = Recorder(str(f / "sub"))  # cannot be created: a file is in the way
+    assert rec.out_dir is None and rec.start() is rec and not rec.active
+    rec.step()
+    rec.stop()
+    assert "nothing will be recorded; training goes on" in capsys.readouterr().err
+
+
+def test_free_stacks_are_opt_in_and_warned(tmp_path, capsys, monkeypatch):
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap, free_stacks=True)
+    rec._enable(clear=False)
+    assert cuda.contexts == ["all"] and rec.metadata(snap, "final")["recording"]["context"] == "all"
+    torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setitem(__import__("sys").modules, "torch", torch)
+    Recorder(str(tmp_path / "o2"), free_stacks=True, on_oom=False)._start()
+    assert "non-reentrant activation checkpointing" in capsys.readouterr().err
 
 
 def test_recorder_without_torch_or_cuda_only_warns(tmp_path, capsys):

@@ -7,9 +7,15 @@
    queued calls), and never in processes that do not use CUDA. A process that imports torch without
    CUDA being available gets one warning at exit and nothing else.
 3. :func:`start` builds the :class:`~oomdoctor.capture.recorder.Recorder` from
-   ``OOMDOCTOR_RUN_CONFIG`` (JSON: ``out``, ``steps``, ``max_entries``, ``stacks``, ``summarize``,
-   ``summary_timeout_s``), stops it at exit (``atexit``) and on ``SIGTERM`` (what ``torchrun`` sends
-   the other workers when one fails), then lets the signal take its default course.
+   ``OOMDOCTOR_RUN_CONFIG`` (JSON: ``out``, ``steps``, ``max_entries``, ``stacks``, ``free_stacks``,
+   ``summarize``, ``summary_timeout_s``) and stops it at exit (``atexit``).
+
+No signal handler is installed. A Python-level ``SIGTERM`` handler runs only when the main thread is back
+in the interpreter: a rank blocked in an NCCL collective (what ``torchrun`` tears down with ``SIGTERM``
+when another rank fails) would then ignore the signal until the launcher's ``SIGKILL``, 30 s later.
+Measured on 2 H200s (tests/gpu/test_capture_safety.py): the job exited 30 s late with such a handler.
+So a rank stopped by a signal leaves no final dump; OOM dumps (written by the allocator's observer at the
+failure) and step windows (``--steps``, written when the window ends) are unaffected.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ import atexit
 import importlib.abc
 import json
 import os
-import signal
 import sys
 from typing import Any
 
@@ -106,23 +111,11 @@ def start() -> Recorder | None:
     from .. import record  # the public API wires the in-job summary
 
     rec = record(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries", DEFAULT_MAX_ENTRIES)),
-                 stacks=cfg.get("stacks", "python"), summarize=bool(cfg.get("summarize")),
+                 stacks=cfg.get("stacks", "python"), free_stacks=bool(cfg.get("free_stacks")),
+                 summarize=bool(cfg.get("summarize")),
                  summary_timeout_s=float(cfg.get("summary_timeout_s", 120.0)),
                  print_summary=bool(cfg.get("print_summary", False)))
     rec.start()
     _recorder = rec
     atexit.register(rec.stop)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        try:
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        except ValueError:  # not the main thread
-            pass
     return rec
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    if _recorder is not None:
-        warn(f"rank {_recorder.rank} got SIGTERM: dumping before exit")
-        _recorder.stop()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)

@@ -1,7 +1,7 @@
 """Recording a rank's CUDA memory history: start, step windows, the OOM dump, the final dump.
 
 Calls PyTorch's recording API (``shared/reference/snapshot_format_and_peers.md`` §1.1, §1.8):
-``torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+``torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
 max_entries=N)``, ``torch.cuda.memory._snapshot()`` (the dict ``_dump_snapshot`` pickles, so the
 files open in pytorch.org/memory_viz), and ``torch._C._cuda_attach_out_of_memory_observer``, whose
 callback runs after the ``oom`` trace entry and before the exception unwinds, so the dump holds the
@@ -9,17 +9,31 @@ state at the failure. Steps are counted by a global optimizer step hook
 (``torch.optim.optimizer.register_optimizer_step_post_hook``) until the user calls
 :meth:`Recorder.step` themselves.
 
-Overhead: the allocator gathers a Python stack per event (about 2 µs, PyTorch's docstring) and keeps at
-most ``max_entries`` events in a ring buffer; ``stacks="all"`` (C++ frames too) costs more and has
+Safety: recording must never change what the job does.
+
+- ``context="alloc"`` by default: every event is recorded, but only allocations carry a stack; a free
+  carries the stack of the allocation it frees (``CUDACachingAllocator.cpp``: ``free`` and
+  ``release_block`` pass ``context ? context : block->context_when_allocated``). Gathering a Python
+  stack at each free (``context="all"``) makes non-reentrant activation checkpointing crash in
+  backward on torch 2.11 (``SystemError: ... returned NULL without setting an exception``), see
+  ``docs/checkpoint_crash.md``; it is opt-in (``free_stacks=True``) with a warning.
+- Every hook the recorder installs (the optimizer step hook, the OOM observer, ``step()``, the dumps,
+  ``stop()``) catches its own failures: each kind is logged once on stderr and counted, and the job
+  goes on exactly as it would have. Only bad arguments to the constructor raise.
+
+Overhead: the allocator gathers a Python stack per allocation (about 2 µs, PyTorch's docstring) and keeps
+at most ``max_entries`` events in a ring buffer; ``stacks="all"`` (C++ frames too) costs more and has
 hung the unwinder on generated code (torchtitan PR #2991), so it is not the default.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 from .files import (
@@ -33,7 +47,12 @@ from .files import (
 from .metadata import SIDECAR_FORMAT, env_subset, host_info, now_us, place_markers, rank_info, torch_info
 
 DEFAULT_MAX_ENTRIES = 100_000
-STACKS = ("python", "all")
+STACKS = ("python", "all", "none")
+FREE_STACKS_WARNING = (
+    "recording a stack at every free (context='all'): on torch 2.11 this makes non-reentrant activation "
+    "checkpointing (torch.utils.checkpoint use_reentrant=False: Hugging Face gradient_checkpointing, "
+    "Lightning and torchtitan AC) crash in backward with 'SystemError: ... returned NULL without setting an "
+    "exception'. Turn free stacks off unless you need them (oomdoctor docs/checkpoint_crash.md)")
 
 #: ``on_finish(recorder, snapshot_dict, meta)``: called once on every rank after the last dump
 #: (the in-job summary plugs in here).
@@ -74,6 +93,24 @@ def parse_steps(steps: Any) -> tuple[int, int] | None:
     return a, b
 
 
+def _guarded(site: str) -> Callable:
+    """Run a recorder method so that nothing it raises reaches the job: an ``Exception`` is logged once per
+    ``site`` (then only counted, see :attr:`Recorder.failures`) and the method returns None."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def run(self: Recorder, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the job must never see the recorder fail
+                self._failed(site, e)
+                return None
+
+        return run
+
+    return wrap
+
+
 class Recorder:
     """Records this process's CUDA memory history into ``out_dir`` (see :mod:`.files` for the names).
 
@@ -82,26 +119,41 @@ class Recorder:
         steps: ``None`` (record everything; dump when stopped) or a window ``(A, B)`` / ``"A:B"``:
             record steps A..B (from 0) and dump ``rank{R}_step{B}.pickle`` when step B ends.
         max_entries: ring-buffer length (events) of the allocator's history.
-        stacks: ``"python"`` or ``"all"`` (adds C++ frames).
+        stacks: ``"python"``, ``"all"`` (adds C++ frames) or ``"none"`` (every event, no stack at all:
+            ``context=None``, the lowest overhead; allocation sites cannot be named).
+        free_stacks: also gather a stack at every free (``context="all"``). Off by default: it crashes
+            non-reentrant activation checkpointing on torch 2.11 (``docs/checkpoint_crash.md``); a
+            warning says so when it is on.
         on_oom: dump ``rank{R}_oom.pickle`` from the out-of-memory observer. With a step window,
             history is then kept from the start (bounded by ``max_entries``) so that an OOM before the
             window still has it; it is cleared when the window opens.
         on_finish: called after the last dump (see :data:`FinishHook`).
 
+    An ``out_dir`` that cannot be created or written is not an error: a warning says so and nothing is
+    recorded (a training job must not die for its memory recorder).
+
     Raises:
-        CaptureError: bad ``steps``/``stacks``/``max_entries``, or an unwritable ``out_dir``.
+        CaptureError: bad ``steps``/``stacks``/``max_entries``.
     """
 
     def __init__(self, out_dir: str, *, steps: Any = None, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 stacks: str = "python", on_oom: bool = True, on_finish: FinishHook | None = None) -> None:
+                 stacks: str = "python", free_stacks: bool = False, on_oom: bool = True,
+                 on_finish: FinishHook | None = None) -> None:
         if stacks not in STACKS:
             raise CaptureError(f"stacks {stacks!r}: expected one of {', '.join(STACKS)}")
-        if not isinstance(max_entries, int) or max_entries < 1:
+        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
             raise CaptureError(f"max_entries {max_entries!r}: expected a positive integer")
         self.window = parse_steps(steps)
-        self.out_dir = ensure_writable(out_dir)
+        #: ``{site: count}`` of failures caught inside the recorder (each site warned about once).
+        self.failures: dict[str, int] = {}
+        try:
+            self.out_dir: str | None = ensure_writable(out_dir)
+        except CaptureError as e:
+            self.out_dir = None
+            warn(f"{e}: nothing will be recorded; training goes on")
         self.max_entries = max_entries
         self.stacks = stacks
+        self.context: str | None = None if stacks == "none" else "all" if free_stacks else "alloc"
         self.on_oom = on_oom
         self.on_finish = on_finish
         self.step_count = 0
@@ -121,19 +173,38 @@ class Recorder:
         self._manual_steps = False
         self._last_snapshot: tuple[dict, dict] | None = None  # kept for on_finish only
 
+    def _failed(self, site: str, exc: BaseException, where: str = "") -> None:
+        """Count a failure caught at ``site``; warn the first time that site fails (``where``: a path)."""
+        n = self.failures.get(site, 0) + 1
+        self.failures[site] = n
+        if n == 1:
+            at = f" {where}" if where else ""
+            warn(f"rank {self.rank}: {site}{at} failed ({type(exc).__name__}: {str(exc)[:300]}); training goes on "
+                 "(further failures here are counted, not printed)")
+
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> Recorder:
-        """Begin recording (a warning and nothing else when torch or CUDA is missing)."""
+        """Begin recording (a warning and nothing else when torch or CUDA is missing, or the output
+        directory is unusable). Never raises."""
+        self._start()
+        return self
+
+    @_guarded("starting the recording")
+    def _start(self) -> None:
+        if self.out_dir is None:
+            return
         try:
             import torch
         except ImportError:
             warn("torch is not importable in this process: nothing is recorded")
-            return self
+            return
         if not torch.cuda.is_available():
             warn(f"CUDA is not available in this process (pid {os.getpid()}): nothing is recorded")
-            return self
+            return
         self._torch = torch
         self.active = True
+        if self.context == "all":
+            warn(FREE_STACKS_WARNING)
         self._refresh_dist()
         self.markers.append({"step": 0, "time_us": now_us()})
         if self.window is None or self.on_oom or self.window[0] == 0:
@@ -148,7 +219,6 @@ class Recorder:
             self._hook_handle = register_optimizer_step_post_hook(self._optimizer_hook)
         except Exception:  # noqa: BLE001 - very old torch: only manual steps
             self._hook_handle = None
-        return self
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -156,16 +226,18 @@ class Recorder:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @_guarded("step()")
     def step(self) -> None:
-        """Mark the end of a training step. Calling it turns off counting by optimizer steps."""
+        """Mark the end of a training step. Calling it turns off counting by optimizer steps. Never raises."""
         if not self._manual_steps:
             self._manual_steps = True
             self._remove_hook()
         self._advance()
 
+    @_guarded("stopping the recording")
     def stop(self) -> None:
         """Dump what is not dumped yet (the whole run, or an unfinished window), stop recording,
-        detach the hooks and run ``on_finish``. Safe to call twice, and at interpreter exit."""
+        detach the hooks and run ``on_finish``. Safe to call twice, and at interpreter exit; never raises."""
         with self._lock:
             if self.finished or not self.active:
                 self.finished = True
@@ -187,9 +259,13 @@ class Recorder:
                 try:
                     self.on_finish(self, snap, meta)
                 except Exception as e:  # noqa: BLE001 - the summary must never fail the job
-                    warn(f"in-job summary failed on rank {self.rank}: {type(e).__name__}: {e}")
+                    self._failed("the in-job summary", e)
+        if self.failures:
+            warn(f"rank {self.rank}: recording problems caught (the job was not affected): "
+                 + ", ".join(f"{site} x{n}" for site, n in self.failures.items()))
 
     # ---- steps -----------------------------------------------------------------------------
+    @_guarded("the optimizer step hook")
     def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # several optimizers step once each per training step: count the first one seen
         if self._first_optimizer is None:
@@ -218,7 +294,8 @@ class Recorder:
     # ---- recording ----------------------------------------------------------------------------
     def _enable(self, clear: bool) -> None:
         mem = self._torch.cuda.memory
-        kw: dict[str, Any] = {"context": "all", "stacks": self.stacks, "max_entries": self.max_entries}
+        kw: dict[str, Any] = {"context": self.context, "stacks": "python" if self.stacks == "none" else self.stacks,
+                              "max_entries": self.max_entries}
         try:
             mem._record_memory_history("all", clear_history=clear, **kw)
         except TypeError:  # torch < 2.4: no clear_history
@@ -227,11 +304,11 @@ class Recorder:
 
     def _disable(self) -> None:
         if self.recording:
+            self.recording = False
             try:
                 self._torch.cuda.memory._record_memory_history(None)
             except Exception as e:  # noqa: BLE001
-                warn(f"could not stop recording: {e}")
-            self.recording = False
+                self._failed("stopping the allocator's history", e)
 
     def _oom_observer(self, device: int, alloc: int, device_limit: int, device_free: int) -> None:
         # Runs inside the allocator's failing malloc: never raise (it would propagate into the allocator)
@@ -243,8 +320,8 @@ class Recorder:
             oom = {"device": int(device), "alloc_bytes": int(alloc), "device_limit_bytes": int(device_limit),
                    "device_free_bytes": int(device_free)}
             self._dump(snapshot_name(self.rank, oom=True), "oom", oom=oom)
-        except BaseException as e:  # noqa: BLE001
-            warn(f"out-of-memory dump failed: {type(e).__name__}: {e}")
+        except BaseException as e:  # noqa: BLE001 - nothing may unwind into the allocator
+            self._failed("the out-of-memory dump", e)
 
     def _refresh_dist(self) -> None:
         """Keep the process group's store once seen: scripts often destroy the group before exit."""
@@ -264,7 +341,7 @@ class Recorder:
                                 "local_rank": self.local_rank, "world_size": self.world_size, **host_info()}
         meta.update(torch_info(torch, device))
         meta["env"] = env_subset(os.environ)
-        meta["recording"] = {"max_entries": self.max_entries, "stacks": self.stacks, "context": "all",
+        meta["recording"] = {"max_entries": self.max_entries, "stacks": self.stacks, "context": self.context,
                              "steps": list(self.window) if self.window else None}
         try:
             meta["memory_stats"] = dict(torch.cuda.memory_stats(device))
@@ -286,15 +363,20 @@ class Recorder:
         return meta
 
     def _dump(self, name: str, kind: str, oom: dict | None = None) -> tuple[dict, dict] | tuple[None, None]:
-        """Write ``name`` and its sidecar atomically; a failure warns and returns (None, None)."""
-        path = os.path.join(self.out_dir, name)
+        """Write ``name`` and its sidecar atomically; a failure is logged (once per run) and returns
+        (None, None). The sidecar's ``dump`` says how long the snapshot and the write took (seconds)."""
+        path = os.path.join(self.out_dir or ".", name)
         try:
+            t0 = time.perf_counter()
             snap = self._torch.cuda.memory._snapshot()
-            meta = self.metadata(snap, kind, oom)
+            t1 = time.perf_counter()
             atomic_write_bytes(path, pickle.dumps(snap))
+            t2 = time.perf_counter()
+            meta = self.metadata(snap, kind, oom)
+            meta["dump"] = {"snapshot_s": round(t1 - t0, 4), "pickle_and_write_s": round(t2 - t1, 4)}
             atomic_write_json(sidecar_for(path), meta)
         except Exception as e:  # noqa: BLE001 - disk full, permissions: training goes on
-            warn(f"could not write {path}: {type(e).__name__}: {e}; training goes on")
+            self._failed("writing a snapshot", e, where=path)
             return None, None
         self.written.append(path)
         if self.on_finish is not None:
@@ -310,4 +392,4 @@ class Recorder:
             self._hook_handle = None
 
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "CaptureError", "Recorder", "parse_steps", "warn"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "FREE_STACKS_WARNING", "CaptureError", "Recorder", "parse_steps", "warn"]

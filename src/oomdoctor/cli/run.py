@@ -47,13 +47,13 @@ def inject_dir() -> str:
 
 
 def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
-              timeout_s: float, base: dict[str, str] | None = None) -> dict[str, str]:
+              timeout_s: float, base: dict[str, str] | None = None, free_stacks: bool = False) -> dict[str, str]:
     """The command's environment: ``base`` (default ``os.environ``) plus the injection."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (inject_dir(), env.get("PYTHONPATH", "")) if p)
     env["OOMDOCTOR_PACKAGE_ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["OOMDOCTOR_RUN_CONFIG"] = json.dumps({"out": out, "steps": steps, "max_entries": max_entries,
-                                              "stacks": stacks, "summarize": summarize,
+                                              "stacks": stacks, "free_stacks": free_stacks, "summarize": summarize,
                                               "summary_timeout_s": timeout_s, "print_summary": False})
     return env
 
@@ -65,7 +65,10 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
 @click.option("--max-entries", type=click.IntRange(min=1), default=DEFAULT_MAX_ENTRIES, show_default=True,
               help="Events kept in the allocator's history ring buffer, per process.")
 @click.option("--stacks", type=click.Choice(STACKS), default="python", show_default=True,
-              help="Stack frames to record: Python only, or with C++ frames (slower).")
+              help="Stack frames to record at each allocation: Python only, with C++ frames (slower), or none "
+              "(every event, no stacks: the lowest overhead, but allocation sites cannot be named).")
+@click.option("--free-stacks", is_flag=True, help="Also record a stack at every free (context='all'). Off by "
+              "default: on torch 2.11 it crashes non-reentrant activation checkpointing (docs/checkpoint_crash.md).")
 @click.option("--summarize", is_flag=True, help="Analyse in the job: each rank its own snapshot, rank 0 writes "
               "summary.json; the report printed is that summary.")
 @click.option("--summary-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
@@ -73,7 +76,7 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
 @click.option("--no-diagnose", is_flag=True, help="Only record; print no report.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out: str | None, steps: str | None, max_entries: int, stacks: str, summarize: bool,
+def command(out: str | None, steps: str | None, max_entries: int, stacks: str, free_stacks: bool, summarize: bool,
             summary_timeout: float, no_diagnose: bool, fmt: str, command: tuple[str, ...]) -> None:
     """Run COMMAND with CUDA memory recording in every process that uses CUDA, then diagnose.
 
@@ -88,7 +91,7 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, s
     if shutil.which(argv[0]) is None:
         raise CommandNotRunnable(f"{argv[0]}: command not found", 127)
     out = ensure_writable(out or f"oomdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}")
-    env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout)
+    env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout, free_stacks=free_stacks)
     code = _run(argv, env)
     click.echo(f"oomdoctor: command exited with {_describe(code)}; snapshots in {out}", err=True)
     if not no_diagnose:
