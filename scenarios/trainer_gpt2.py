@@ -1,0 +1,105 @@
+"""A Hugging Face Trainer job, as users write it: GPT-2 (random init), bf16, AdamW, DDP under torchrun.
+
+Nothing in it knows about oomdoctor: the capture tests and the overhead benchmark run it plain and
+under ``oomdoctor run`` and compare. Options let a test shape the job and inject faults:
+
+    torchrun --nproc_per_node=2 scenarios/trainer_gpt2.py --steps 40 --gradient-checkpointing \
+        --done DIR            # each rank writes DIR/done-rank{R}.json: steps trained, last loss
+        --times FILE          # rank 0 writes the wall time at the end of every step (after a sync)
+        --kill-rank 1 --kill-step 5        # that rank SIGKILLs itself at the end of that step
+        --fault-step 3 --fault-cmd "CMD"   # rank 0 runs a shell command at the end of that step
+
+GPT-2 124M: 12 layers, 768 wide, 12 heads, 50,257 vocabulary, dropout 0.1 (``GPT2Config`` defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n: int, seq: int, vocab: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=g)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class Harness(TrainerCallback):
+    """Step times, fault injection and the 'done' record; rank from the environment (torchrun)."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.times: list[float] = []
+
+    def on_step_end(self, args, state, control, **kw):
+        a = self.a
+        if a.times and self.rank == 0:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+        if a.kill_step is not None and state.global_step == a.kill_step and self.rank == a.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if a.fault_cmd and state.global_step == a.fault_step and self.rank == 0:
+            subprocess.run(a.fault_cmd, shell=True, check=False)
+
+    def on_train_end(self, args, state, control, **kw):
+        if self.a.times and self.rank == 0:
+            with open(self.a.times, "w") as f:
+                json.dump({"step_end_s": self.times}, f)
+        if self.a.done:
+            losses = [h["loss"] for h in state.log_history if "loss" in h]
+            with open(os.path.join(self.a.done, f"done-rank{self.rank}.json"), "w") as f:
+                json.dump({"rank": self.rank, "global_step": state.global_step,
+                           "last_loss": losses[-1] if losses else None}, f)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--width", type=int, default=768)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--use-reentrant", choices=("default", "true", "false"), default="default",
+                   help="gradient_checkpointing_kwargs; 'default' passes none, as most users do")
+    p.add_argument("--cpu", action="store_true", help="tiny dry run without a GPU")
+    p.add_argument("--output-dir", default="/tmp/trainer-gpt2")
+    p.add_argument("--done")
+    p.add_argument("--times")
+    p.add_argument("--kill-rank", type=int, default=1)
+    p.add_argument("--kill-step", type=int)
+    p.add_argument("--fault-step", type=int)
+    p.add_argument("--fault-cmd")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=max(1, a.width // 64), n_positions=a.seq)
+    model = GPT2LMHeadModel(cfg)
+    data = RandomTokens(a.steps * a.batch * int(os.environ.get("WORLD_SIZE", "1")), a.seq, cfg.vocab_size)
+    kwargs = {}
+    if a.use_reentrant != "default":
+        kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": a.use_reentrant == "true"}
+    args = TrainingArguments(
+        output_dir=a.output_dir, per_device_train_batch_size=a.batch, max_steps=a.steps, learning_rate=3e-4,
+        bf16=not a.cpu, use_cpu=a.cpu, gradient_checkpointing=a.gradient_checkpointing, logging_steps=1,
+        save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=0, **kwargs)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Harness(a)])
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()
