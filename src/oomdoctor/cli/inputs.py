@@ -13,17 +13,38 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 
 from ..analysis.device import DeviceAnalysis, analyze
 from ..errors import UsageError
-from ..trace import Trace, load_ranks
+from ..trace import Skipped, Trace, load_ranks
 
 _PROGRESS_MIN_BYTES = 1 << 20
 
 
 def load_with_progress(inputs: list[str]) -> list[Trace]:
     """Load with a progress display on a terminal when the input is large: bytes read, then a spinner
-    while the file is decoded and turned into columns."""
+    while the file is decoded and turned into columns. Files of a directory that are not snapshots are
+    skipped and named on one line of standard error."""
+    skipped: list[Skipped] = []
+    try:
+        return _load(inputs, skipped)
+    finally:
+        if skipped:
+            click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+
+
+def skipped_line(skipped: list[Skipped], most: int = 6) -> str:
+    """``skipped 3 files (not snapshots, or unreadable): metrics.json (why); train.log; ckpt (a directory)``."""
+    def one(s: Skipped) -> str:
+        return os.path.basename(s.path) + (f" ({s.reason})" if s.reason else "")
+
+    shown = "; ".join(one(s) for s in skipped[:most])
+    more = f"; and {len(skipped) - most} more" if len(skipped) > most else ""
+    noun = "file" if len(skipped) == 1 else "files"
+    return f"skipped {len(skipped)} {noun} (not snapshots, or unreadable): {shown}{more}"
+
+
+def _load(inputs: list[str], skipped: list[Skipped]) -> list[Trace]:
     total = sum(os.path.getsize(p) for p in inputs if os.path.isfile(p))
     if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
-        return load_ranks(inputs)
+        return load_ranks(inputs, skipped=skipped)
     console = Console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -33,7 +54,7 @@ def load_with_progress(inputs: list[str]) -> list[Trace]:
             what = "reading" if done < file_total else "decoding and indexing"
             bar.update(task, description=f"{what} snapshot", completed=done, total=file_total)
 
-        return load_ranks(inputs, progress=progress)
+        return load_ranks(inputs, progress=progress, skipped=skipped)
 
 
 def write_text(path: str, text: str) -> None:

@@ -15,13 +15,14 @@ import json
 import os
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..errors import SnapshotError
 from .build import build_trace
 from .model import Trace
-from .reader import ProgressFn, decode, read_file
+from .reader import ProgressFn, decode, read_file, sniff
 
 _RANK_PATTERNS = (
     re.compile(r"rank[_-]?(\d+)", re.IGNORECASE),
@@ -148,8 +149,21 @@ def _check_step_markers(path: str, meta: dict[str, Any]) -> None:
         raise SnapshotError(path, "'step_markers' must be a list of objects with an integer 'time_us'")
 
 
-def discover(paths: Iterable[str | os.PathLike]) -> list[str]:
+@dataclass(frozen=True)
+class Skipped:
+    """A file that a directory holds beside its snapshots and that was not read as one, with why."""
+
+    path: str
+    reason: str
+
+
+def discover(paths: Iterable[str | os.PathLike], skipped: list[Skipped] | None = None) -> list[str]:
     """Expand directories into the snapshot files they hold (sorted); files pass through.
+
+    A directory may hold other files (metrics JSON, logs, checkpoints): those whose name is not a
+    snapshot's, and those whose first MiB shows they are not one (:func:`~.reader.sniff`), are appended to
+    ``skipped`` when given. The recorder's own files (sidecars, ``summary.*``, hidden temporaries) are
+    passed over silently.
 
     Raises:
         SnapshotError: a path does not exist, or a directory holds no snapshot file.
@@ -158,12 +172,25 @@ def discover(paths: Iterable[str | os.PathLike]) -> list[str]:
     for raw in paths:
         p = os.fspath(raw)
         if os.path.isdir(p):
-            found = prefer_one_per_rank(
-                sorted(str(f) for f in Path(p).iterdir() if f.is_file() and _looks_like_snapshot(f.name)))
+            found, other = [], []
+            for f in sorted(Path(p).iterdir(), key=lambda f: f.name):
+                if _ours(f.name):
+                    continue
+                if not f.is_file():
+                    other.append(Skipped(str(f), "a directory" if f.is_dir() else "not a regular file"))
+                elif not _looks_like_snapshot(f.name):
+                    other.append(Skipped(str(f), ""))
+                elif (why := sniff(str(f))) is not None:
+                    other.append(Skipped(str(f), why))
+                else:
+                    found.append(str(f))
             if not found:
-                raise SnapshotError(p, "directory holds no snapshot files (*.pickle, *.pkl, *.json, "
-                                       "optionally .gz/.xz/.zst)")
-            out.extend(found)
+                names = ", ".join(os.path.basename(s.path) for s in other[:5]) + (" ..." if len(other) > 5 else "")
+                raise SnapshotError(p, "directory holds no snapshot files (*.pickle, *.pkl, *.json, optionally "
+                                       ".gz/.xz/.zst/.bz2)" + (f"; it holds {names}" if other else ""))
+            if skipped is not None:
+                skipped.extend(other)
+            out.extend(prefer_one_per_rank(found))
         elif os.path.exists(p):
             out.append(p)
         else:
@@ -192,8 +219,13 @@ def prefer_one_per_rank(files: list[str]) -> list[str]:
     return sorted(out + [f for _, f in best.values()])
 
 
+def _ours(name: str) -> bool:
+    """Files the recorder writes beside the snapshots: sidecars, the in-job summary, hidden temporaries."""
+    return name.endswith(".meta.json") or name in ("summary.json", "summary.txt") or name.startswith(".")
+
+
 def _looks_like_snapshot(name: str) -> bool:
-    if name.endswith(".meta.json") or name in ("summary.json",) or name.startswith("."):
+    if _ours(name):
         return False
     base = name
     for suf in _COMPRESSED_SUFFIXES:
@@ -202,17 +234,47 @@ def _looks_like_snapshot(name: str) -> bool:
     return base.endswith(_SNAPSHOT_SUFFIXES)
 
 
-def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | None = None) -> list[Trace]:
+def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | None = None,
+               skipped: list[Skipped] | None = None) -> list[Trace]:
     """Read files and directories as the ranks of one job, sorted by rank.
 
     Files whose rank cannot be told (no sidecar, no rank in the name) are numbered in path order
     after the known ranks, with a warning on each.
 
+    Files named on the command line must load. Files found in a directory may be something else (a
+    metrics JSON, a checkpoint): with ``skipped`` given, those that are not snapshots, or do not load,
+    are appended to it with the reason, and only a directory without any loadable snapshot is an error.
+
     Raises:
-        SnapshotError: as :func:`load`; also when two files claim the same rank.
+        SnapshotError: as :func:`load` (for a directory: when none of its files loads); also when two
+            files claim the same rank.
     """
-    files = discover(paths)
-    traces = [load(f, progress=progress) for f in files]
+    paths = [os.fspath(p) for p in paths]
+    own: list[Skipped] = []
+    files = discover(paths, own if skipped is not None else None)
+    named = {p for p in paths if not os.path.isdir(p)}
+    traces = []
+    for f in files:
+        if f in named or skipped is None:
+            traces.append(load(f, progress=progress))
+            continue
+        try:
+            traces.append(load(f, progress=progress))
+        except SnapshotError as e:
+            own.append(Skipped(f, e.problem))
+    if skipped is not None:
+        skipped.extend(sorted(own, key=lambda s: s.path))
+        dirs = [p for p in paths if os.path.isdir(p)]
+
+        def inside(path: str, d: str) -> bool:
+            return os.path.normpath(os.path.dirname(path)) == os.path.normpath(d)
+
+        for d in dirs:
+            if not any(inside(t.path, d) for t in traces):
+                bad = sorted((s for s in own if inside(s.path, d) and s.reason),
+                             key=lambda s: not _looks_like_snapshot(os.path.basename(s.path)))
+                why = f": {os.path.basename(bad[0].path)}: {bad[0].reason}" if bad else ""
+                raise SnapshotError(d, f"none of the files in this directory is a snapshot that loads{why}")
     if len(traces) > 1:
         seen: dict[int, str] = {}
         for t in traces:

@@ -14,6 +14,8 @@ import json
 import lzma
 import os
 import pickle
+import pickletools
+import zlib
 from typing import Any, Callable
 
 from ..errors import SnapshotError, UnsafeSnapshotError
@@ -115,6 +117,63 @@ def unpickle(path: str, data: bytes) -> Any:
     except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
             MemoryError, OverflowError, UnicodeDecodeError, RecursionError) as e:
         raise SnapshotError(path, f"is not a valid pickle ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+_SNIFF_BYTES = 1 << 20
+# opcodes that import or call: a snapshot (plain dicts, lists, strings, numbers) never holds one
+_OBJECT_OPCODES = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "BUILD", "NEWOBJ", "NEWOBJ_EX",
+                             "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"})
+
+
+def _head_decompressed(head: bytes) -> bytes | None:
+    """Up to 1 MiB of the decompressed start of ``head``, or None when it cannot be had cheaply."""
+    kind = compression_of(head)
+    try:
+        if kind is None:
+            return head
+        if kind == "gzip":
+            return zlib.decompressobj(wbits=31).decompress(head, _SNIFF_BYTES)
+        if kind == "xz":
+            return lzma.LZMADecompressor().decompress(head, max_length=_SNIFF_BYTES)
+        if kind == "bzip2":
+            return bz2.BZ2Decompressor().decompress(head, max_length=_SNIFF_BYTES)
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(head)[:_SNIFF_BYTES]
+    except Exception:  # noqa: BLE001 - corrupt or cut off: the full load says what is wrong
+        return None
+
+
+def sniff(path: str) -> str | None:
+    """Why ``path`` is plainly not a snapshot, read from its first MiB only (after decompression), or None
+    when it may be one. Used on the files a directory holds beside the snapshots (checkpoints, metrics,
+    logs), so that a multi-gigabyte ``torch.save`` file is not read whole to be refused.
+
+    Nothing is unpickled: :mod:`pickletools` only walks the opcodes.
+
+    Raises:
+        SnapshotError: the file cannot be read.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except OSError as e:
+        raise SnapshotError(path, f"cannot be read ({e.strerror or e})") from None
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive (a torch.save checkpoint?)"
+    data = _head_decompressed(head)
+    if not data or data[:1] not in (b"\x80", b"(", b"]", b"}"):
+        return None
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            if op.name in _OBJECT_OPCODES:
+                what = f" {str(arg)[:60]!r}" if op.name in ("GLOBAL", "INST") and arg else ""
+                return f"a pickle of Python objects ({op.name}{what}), not plain data"
+            if op.name == "STOP":
+                break
+    except Exception:  # noqa: BLE001 - the first MiB ends mid-opcode, or the bytes are not a pickle
+        pass
+    return None
 
 
 def decode(path: str, data: bytes) -> Any:
