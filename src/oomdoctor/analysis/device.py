@@ -14,6 +14,9 @@ from .lifetimes import Lifetimes, lifetimes
 from .sites import Site, sites_at
 from .timeline import Timeline, timeline
 
+MIN_PAIRS = 20
+SAME_STACK_FRACTION = 0.98
+
 
 @dataclass
 class DeviceAnalysis:
@@ -36,6 +39,29 @@ class DeviceAnalysis:
     @cached_property
     def steps(self) -> Steps | None:
         return find_steps(self.trace, self.device)
+
+    @cached_property
+    def free_stacks(self) -> bool:
+        """Whether frees carry their own stacks (recorded with ``context="all"``).
+
+        Recorded with ``context="alloc"`` (oomdoctor's default since free stacks crash non-reentrant
+        checkpointing) or ``"state"``, a free carries the stack of the allocation it frees, and a segment
+        free the stack of the segment's allocation (``CUDACachingAllocator.cpp``: ``free`` and
+        ``release_block`` pass ``context ? context : block->context_when_allocated``). The sidecar's
+        ``recording.context`` says which; without a sidecar, frees whose stacks equal their allocation's
+        for at least :data:`SAME_STACK_FRACTION` of at least :data:`MIN_PAIRS` blocks mean none were recorded
+        (with free stacks, most frees happen on another line than the allocation).
+        """
+        rec = self.trace.meta.get("recording")
+        if isinstance(rec, dict) and "context" in rec:
+            return rec.get("context") == "all"
+        lt = self.lifetimes
+        both = (lt.alloc >= 0) & (lt.free_requested >= 0)
+        if int(both.sum()) < MIN_PAIRS:
+            return True
+        stack = self.device.events["stack"]
+        same = stack[lt.alloc[both]] == stack[lt.free_requested[both]]
+        return float(same.mean()) < SAME_STACK_FRACTION
 
     @cached_property
     def oom_events(self) -> np.ndarray:

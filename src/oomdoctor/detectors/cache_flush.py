@@ -7,6 +7,13 @@ device-wide synchronisation and fresh ``cudaMalloc`` calls. A finding when segme
 bursts that the trace then allocates again (empty_cache churn, at least two bursts), or when the
 allocator had to retry (any burst without ``empty_cache`` frames, or ``num_alloc_retries > 0`` in the
 sidecar's ``memory_stats``).
+
+Without free stacks (recorded with ``context="alloc"``, oomdoctor's default, or ``"state"``), a segment
+free carries the stack of the segment's allocation, so ``empty_cache`` frames cannot show. Bursts are then
+told apart by ``num_alloc_retries`` (each retry frees the cache once, ``release_cached_blocks`` in
+``CUDACachingAllocator.cpp`` ``malloc``) when the sidecar has it. With neither, nothing in the trace tells them apart (after an
+``empty_cache()`` the next allocation also opens with a ``segment_alloc``, as a retry does): the finding
+then names both causes, says why, and stays LOW. The evidence says how the bursts were classified.
 """
 
 from __future__ import annotations
@@ -33,10 +40,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     # bursts: consecutive segment frees with no alloc in between
     allocs_before = np.cumsum(act == ALLOC)
     burst_id = np.concatenate(([0], np.cumsum(np.diff(allocs_before[frees]) > 0))) if frees.size else frees
-    empty = stacks_matching(a.trace, "torch/cuda/memory.py", ("empty_cache",))
-    is_empty = rows_with(empty, ev["stack"][frees])
     n_bursts = int(burst_id.max()) + 1 if frees.size else 0
-    empty_bursts = len(set(burst_id[is_empty].tolist()))
+    empty_bursts, classified_by = _empty_cache_bursts(a, frees, burst_id, n_bursts, retries_stat, stats)
     retry_bursts = n_bursts - empty_bursts
     freed = int(ev["size"][frees].sum())
     realloc = 0
@@ -56,8 +61,15 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "freed_bytes": freed,
         "reallocated_after_bytes": realloc,
         "last_flush_event": int(frees.max()) if frees.size else -1,
+        "bursts_classified_by": classified_by,
     }
-    if churn:
+    if churn and classified_by == "unknown":
+        summary = ("Cached segments were released {segment_free_bursts} times ({freed_bytes:bytes} in all) and the "
+                   "trace allocated {reallocated_after_bytes:bytes} again afterwards: either torch.cuda.empty_cache() "
+                   "calls or allocator retries. This trace has no free stacks (recorded with context='alloc') and "
+                   "no memory_stats to tell them apart; record with oomdoctor (its sidecar has num_alloc_retries).")
+        title, sev = "Cached memory released and allocated again (empty_cache() or allocator retries)", "low"
+    elif churn:
         summary = ("empty_cache() released segments {empty_cache_bursts} times ({freed_bytes:bytes} in all) and "
                    "the trace allocated {reallocated_after_bytes:bytes} again afterwards: each call synchronises "
                    "the device and the next steps pay for fresh cudaMalloc calls.")
@@ -79,6 +91,20 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     ]
     return Finding(ID, sev, title, [a.rank], max(realloc, freed) if churn else freed, summary, evidence, [],
                    fixes, per_rank_bytes={a.rank: freed})
+
+
+def _empty_cache_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray, n_bursts: int,
+                        retries_stat: int, stats: dict) -> tuple[int, str]:
+    """How many bursts were ``empty_cache()`` calls, and from what: ``"free stacks"``, ``"memory_stats"``
+    or ``"unknown"`` (every burst counted as a flush; see the module docstring)."""
+    if n_bursts == 0:
+        return 0, "free stacks" if a.free_stacks else "memory_stats"
+    if a.free_stacks:
+        empty = stacks_matching(a.trace, "torch/cuda/memory.py", ("empty_cache",))
+        return len(set(burst_id[rows_with(empty, a.device.events["stack"][frees])].tolist())), "free stacks"
+    if "num_alloc_retries" in stats:
+        return max(n_bursts - retries_stat, 0), "memory_stats"
+    return n_bursts, "unknown"
 
 
 def detect(ctx: Context) -> list[Finding]:

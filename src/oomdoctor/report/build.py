@@ -57,8 +57,12 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
         truncated=lt.truncated, unmatched_frees=lt.unmatched_frees, ghost_blocks=lt.ghost_blocks,
         torch_version=torch_version(a).text,
         allocator_conf=str(a.trace.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or ""),
-        warnings=list(a.trace.warnings),
+        warnings=list(a.trace.warnings) + ([NO_FREE_STACKS] if a.num_events and not a.free_stacks else []),
     )
+
+
+NO_FREE_STACKS = ("frees carry the stack of their allocation (recorded without free stacks, context='alloc'): "
+                  "where a tensor was released, and whether a segment free was empty_cache(), are not known")
 
 
 def build_report(traces: list[Trace]) -> Report:
