@@ -18,7 +18,7 @@ from oomdoctor.cli.main import main
 from oomdoctor.detectors import cache_flush
 from oomdoctor.detectors.context import Context
 from oomdoctor.report import build_report
-from oomdoctor.report.build import NO_FREE_STACKS
+from oomdoctor.report.build import NO_FREE_STACKS, NO_STACKS
 from oomdoctor.trace import load, load_ranks
 from oomdoctor.trace.reader import sniff
 
@@ -81,6 +81,9 @@ def test_report_says_free_stacks_are_missing(tmp_path, snapshots):
     assert NO_FREE_STACKS in build_report([load(churn(False).write(tmp_path / "rank0.pickle"))]).ranks[0].warnings
     real = build_report([load(snapshots / "ddp-clean" / "rank0.pickle")])  # recorded with context='all'
     assert NO_FREE_STACKS not in real.ranks[0].warnings
+    path = churn(False).write(tmp_path / "rank1.pickle")
+    (tmp_path / "rank1.meta.json").write_text(json.dumps({"rank": 1, "recording": {"stacks": "none", "context": None}}))
+    assert build_report([load(path)]).ranks[0].warnings == [NO_STACKS]
 
 
 def test_real_snapshot_stripped_of_free_stacks_keeps_its_findings(tmp_path, snapshots):

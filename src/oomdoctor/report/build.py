@@ -57,12 +57,24 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
         truncated=lt.truncated, unmatched_frees=lt.unmatched_frees, ghost_blocks=lt.ghost_blocks,
         torch_version=torch_version(a).text,
         allocator_conf=str(a.trace.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or ""),
-        warnings=list(a.trace.warnings) + ([NO_FREE_STACKS] if a.num_events and not a.free_stacks else []),
+        warnings=list(a.trace.warnings) + _stack_notes(a),
     )
 
 
 NO_FREE_STACKS = ("frees carry the stack of their allocation (recorded without free stacks, context='alloc'): "
                   "where a tensor was released, and whether a segment free was empty_cache(), are not known")
+
+
+NO_STACKS = "recorded without stacks (--stacks none): allocation sites cannot be named"
+
+
+def _stack_notes(a: DeviceAnalysis) -> list[str]:
+    """What the report cannot say because stacks were not recorded."""
+    if not a.num_events:
+        return []
+    if (a.trace.meta.get("recording") or {}).get("stacks") == "none":
+        return [NO_STACKS]
+    return [] if a.free_stacks else [NO_FREE_STACKS]
 
 
 def build_report(traces: list[Trace]) -> Report:
