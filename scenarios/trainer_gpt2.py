@@ -8,6 +8,9 @@ under ``oomdoctor run`` and compare. Options let a test shape the job and inject
         --times FILE          # rank 0 writes the wall time at the end of every step (after a sync)
         --kill-rank 1 --kill-step 5        # that rank SIGKILLs itself at the end of that step
         --fault-step 3 --fault-cmd "CMD"   # rank 0 runs a shell command at the end of that step
+        --ground-truth FILE   # rank 0 writes what the job measures itself: parameter, gradient and
+                              # optimizer-state bytes of the live tensors, max_memory_allocated/reserved,
+                              # and the out-of-memory error if one ended the job
 
 GPT-2 124M: 12 layers, 768 wide, 12 heads, 50,257 vocabulary, dropout 0.1 (``GPT2Config`` defaults).
 """
@@ -44,6 +47,19 @@ class Harness(TrainerCallback):
         self.a = a
         self.rank = int(os.environ.get("RANK", "0"))
         self.times: list[float] = []
+        self.truth: dict = {"gradients_bytes": 0, "optimizer_state_bytes": 0}
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+        if self.a.ground_truth and model is not None:
+            grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+            self.truth["gradients_bytes"] = max(self.truth["gradients_bytes"], grads)
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kw):
+        if self.a.ground_truth and optimizer is not None:
+            opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+            size = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                       if isinstance(t, torch.Tensor) and t.is_cuda)
+            self.truth["optimizer_state_bytes"] = max(self.truth["optimizer_state_bytes"], size)
 
     def on_step_end(self, args, state, control, **kw):
         a = self.a
@@ -85,6 +101,7 @@ def main() -> None:
     p.add_argument("--kill-step", type=int)
     p.add_argument("--fault-step", type=int)
     p.add_argument("--fault-cmd")
+    p.add_argument("--ground-truth")
     a = p.parse_args()
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=max(1, a.width // 64), n_positions=a.seq)
@@ -97,8 +114,32 @@ def main() -> None:
         output_dir=a.output_dir, per_device_train_batch_size=a.batch, max_steps=a.steps, learning_rate=3e-4,
         bf16=not a.cpu, use_cpu=a.cpu, gradient_checkpointing=a.gradient_checkpointing, logging_steps=1,
         save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=0, **kwargs)
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Harness(a)])
-    trainer.train()
+    harness = Harness(a)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[harness])
+    oom = None
+    try:
+        trainer.train()
+    except torch.OutOfMemoryError as e:
+        oom = str(e).splitlines()[0][:400]
+        raise
+    finally:
+        if a.ground_truth and harness.rank == 0 and torch.cuda.is_available():
+            write_ground_truth(a, harness, model, oom)
+
+
+def write_ground_truth(a: argparse.Namespace, harness: Harness, model: torch.nn.Module, oom: str | None) -> None:
+    import transformers
+
+    dev = torch.cuda.current_device()
+    truth = {"batch": a.batch, "seq": a.seq, "layers": a.layers, "width": a.width,
+             "world_size": int(os.environ.get("WORLD_SIZE", "1")), "gradient_checkpointing": a.gradient_checkpointing,
+             "parameters_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+             **harness.truth, "max_memory_allocated": torch.cuda.max_memory_allocated(dev),
+             "max_memory_reserved": torch.cuda.max_memory_reserved(dev),
+             "gpu_total_memory_bytes": torch.cuda.get_device_properties(dev).total_memory, "oom": oom,
+             "torch": torch.__version__, "transformers": transformers.__version__}
+    with open(a.ground_truth, "w") as f:
+        json.dump(truth, f, indent=1)
 
 
 if __name__ == "__main__":
