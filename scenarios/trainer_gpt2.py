@@ -8,6 +8,9 @@ under ``oomdoctor run`` and compare. Options let a test shape the job and inject
         --times FILE          # rank 0 writes the wall time at the end of every step (after a sync)
         --kill-rank 1 --kill-step 5        # that rank SIGKILLs itself at the end of that step
         --fault-step 3 --fault-cmd "CMD"   # rank 0 runs a shell command at the end of that step
+        --eval-samples N [--eval-accumulation-steps K]   # after training, Trainer.evaluate() with
+                              # compute_metrics over N samples (the logits are gathered on the GPU until
+                              # every K steps, or the end, moves them to the CPU)
         --ground-truth FILE   # rank 0 writes what the job measures itself: parameter, gradient and
                               # optimizer-state bytes of the live tensors, max_memory_allocated/reserved,
                               # and the out-of-memory error if one ended the job
@@ -73,6 +76,8 @@ class Harness(TrainerCallback):
             subprocess.run(a.fault_cmd, shell=True, check=False)
 
     def on_train_end(self, args, state, control, **kw):
+        if torch.cuda.is_available():
+            self.truth["train_max_memory_allocated"] = torch.cuda.max_memory_allocated()
         if self.a.times and self.rank == 0:
             with open(self.a.times, "w") as f:
                 json.dump({"step_end_s": self.times}, f)
@@ -102,23 +107,34 @@ def main() -> None:
     p.add_argument("--fault-step", type=int)
     p.add_argument("--fault-cmd")
     p.add_argument("--ground-truth")
+    p.add_argument("--eval-samples", type=int, default=0)
+    p.add_argument("--eval-batch", type=int, default=8)
+    p.add_argument("--eval-accumulation-steps", type=int)
     a = p.parse_args()
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=max(1, a.width // 64), n_positions=a.seq)
     model = GPT2LMHeadModel(cfg)
     data = RandomTokens(a.steps * a.batch * int(os.environ.get("WORLD_SIZE", "1")), a.seq, cfg.vocab_size)
     kwargs = {}
+    if a.eval_accumulation_steps:
+        kwargs["eval_accumulation_steps"] = a.eval_accumulation_steps
     if a.use_reentrant != "default":
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": a.use_reentrant == "true"}
     args = TrainingArguments(
-        output_dir=a.output_dir, per_device_train_batch_size=a.batch, max_steps=a.steps, learning_rate=3e-4,
+        output_dir=a.output_dir, per_device_train_batch_size=a.batch, per_device_eval_batch_size=a.eval_batch, max_steps=a.steps, learning_rate=3e-4,
         bf16=not a.cpu, use_cpu=a.cpu, gradient_checkpointing=a.gradient_checkpointing, logging_steps=1,
         save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=0, **kwargs)
     harness = Harness(a)
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[harness])
+    evaluation = {}
+    if a.eval_samples:
+        evaluation = {"eval_dataset": RandomTokens(a.eval_samples, a.seq, cfg.vocab_size, seed=1),
+                      "compute_metrics": token_accuracy}
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[harness], **evaluation)
     oom = None
     try:
         trainer.train()
+        if a.eval_samples:
+            harness.truth["eval_metrics"] = trainer.evaluate()
     except torch.OutOfMemoryError as e:
         oom = str(e).splitlines()[0][:400]
         raise
@@ -127,11 +143,19 @@ def main() -> None:
             write_ground_truth(a, harness, model, oom)
 
 
+def token_accuracy(p) -> dict:
+    """``compute_metrics``: next-token accuracy from the logits, which makes Trainer keep every batch's."""
+    preds = p.predictions.argmax(-1)
+    return {"token_accuracy": float((preds[:, :-1] == p.label_ids[:, 1:]).mean())}
+
+
 def write_ground_truth(a: argparse.Namespace, harness: Harness, model: torch.nn.Module, oom: str | None) -> None:
     import transformers
 
     dev = torch.cuda.current_device()
-    truth = {"batch": a.batch, "seq": a.seq, "layers": a.layers, "width": a.width,
+    truth = {"batch": a.batch, "seq": a.seq, "layers": a.layers, "width": a.width, "vocab": model.config.vocab_size,
+             "eval_samples": a.eval_samples, "eval_batch": a.eval_batch,
+             "eval_accumulation_steps": a.eval_accumulation_steps,
              "world_size": int(os.environ.get("WORLD_SIZE", "1")), "gradient_checkpointing": a.gradient_checkpointing,
              "parameters_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
              **harness.truth, "max_memory_allocated": torch.cuda.max_memory_allocated(dev),

@@ -21,7 +21,8 @@ def unpack(tmp_path: Path, name: str) -> Path:
     return tmp_path / name
 
 
-@pytest.mark.parametrize("name", ["trainer-ddp-gpt2-b88", "trainer-ddp-gpt2-b96"])
+@pytest.mark.parametrize("name", ["trainer-ddp-gpt2-b88", "trainer-ddp-gpt2-b96", "trainer-ddp-gpt2-eval-accumulate",
+                                  "trainer-ddp-gpt2-checkpointing-b88"])
 def test_peaks_match_what_the_job_measured(tmp_path, name):
     run = unpack(tmp_path, name)
     truth = json.loads((run / "ground_truth.json").read_text())  # rank 0's torch.cuda.max_memory_*
@@ -44,3 +45,24 @@ def test_the_capacity_oom_is_recorded_at_the_failure(tmp_path):
     sweep = [json.loads(ln) for ln in (CORPUS / "trainer-ddp-gpt2-sweep.jsonl").read_text().splitlines()]
     fits = [s["batch"] for s in sweep if s["exit_code"] == 0]
     assert max(fits) == 88 and min(s["batch"] for s in sweep if s["exit_code"] != 0) == 96
+
+
+def test_the_eval_oom_is_every_batchs_logits_gathered_on_the_gpu(tmp_path):
+    """Trainer.evaluate() with compute_metrics keeps every eval batch's logits on the GPU: the request that
+    failed is all of them at once, 384 samples x 1024 tokens x 50,257 logits x 4 bytes."""
+    run = unpack(tmp_path, "trainer-ddp-gpt2-eval-accumulate")
+    truth = json.loads((run / "ground_truth.json").read_text())
+    assert truth["oom"].startswith("CUDA out of memory. Tried to allocate 73.62 GiB")
+    assert truth["train_max_memory_allocated"] < truth["max_memory_allocated"] / 5  # the peak is the eval's
+    report = build_report(load_ranks([run], skipped=[]))
+    expected = truth["eval_samples"] * truth["seq"] * truth["vocab"] * 4
+    assert [r.oom.requested_bytes for r in report.ranks] == [expected, expected] == [79_047_426_048] * 2
+
+
+def test_checkpointing_halves_the_peak_of_the_same_batch(tmp_path):
+    plain = json.loads(tarfile.open(CORPUS / "trainer-ddp-gpt2-b88.tar.xz").extractfile(
+        "trainer-ddp-gpt2-b88/ground_truth.json").read())
+    ckpt = json.loads(tarfile.open(CORPUS / "trainer-ddp-gpt2-checkpointing-b88.tar.xz").extractfile(
+        "trainer-ddp-gpt2-checkpointing-b88/ground_truth.json").read())
+    assert ckpt["gradient_checkpointing"] and ckpt["batch"] == plain["batch"] == 88
+    assert ckpt["max_memory_allocated"] == 60_295_796_736 and plain["max_memory_allocated"] == 128_640_581_120
