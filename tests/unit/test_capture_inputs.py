@@ -130,6 +130,8 @@ def test_sniff_names_checkpoints_without_reading_them_whole(tmp_path, snapshots)
     assert "pickle of Python objects" in sniff(str(d / "state.pkl.gz"))  # through gzip
     assert sniff(str(d / "rank0.pickle")) is None and sniff(str(d / "metrics.json")) is None
     assert sniff(str(snapshots / "large" / "fsdp2-gpt2-60steps-rank0.pickle.xz")) is None  # xz: the first MiB
+    assert sniff(str(d / "optimizer.pkl"), walk=False) is None  # small files: the full load refuses them
+    assert "zip archive" in sniff(str(d / "model.pt.json"), walk=False)
 
 
 def test_directory_with_other_files_loads_its_snapshots_and_lists_the_rest(tmp_path, snapshots):
@@ -158,7 +160,8 @@ def test_cli_fails_only_when_no_snapshot_is_found(tmp_path, snapshots, capsys):
     d = mixed_dir(tmp_path, snapshots, with_snapshots=False)
     assert main(["diagnose", str(d)]) == 2
     err = capsys.readouterr().err
-    assert "none of the files in this directory is a snapshot that loads" in err and "Traceback" not in err
+    assert "none of the 7 files in this directory is a snapshot that loads" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
     empty = tmp_path / "only-logs"
     empty.mkdir()
     (empty / "train.log").write_text("x")

@@ -21,13 +21,12 @@ _PROGRESS_MIN_BYTES = 1 << 20
 def load_with_progress(inputs: list[str]) -> list[Trace]:
     """Load with a progress display on a terminal when the input is large: bytes read, then a spinner
     while the file is decoded and turned into columns. Files of a directory that are not snapshots are
-    skipped and named on one line of standard error."""
+    skipped and named on one line of standard error (when nothing loads, the error says so instead)."""
     skipped: list[Skipped] = []
-    try:
-        return _load(inputs, skipped)
-    finally:
-        if skipped:
-            click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+    traces = _load(inputs, skipped)
+    if skipped:
+        click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+    return traces
 
 
 def skipped_line(skipped: list[Skipped], most: int = 6) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 from ..errors import SnapshotError
 from .build import build_trace
 from .model import Trace
-from .reader import ProgressFn, decode, read_file, sniff
+from .reader import SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
 
 _RANK_PATTERNS = (
     re.compile(r"rank[_-]?(\d+)", re.IGNORECASE),
@@ -180,7 +180,7 @@ def discover(paths: Iterable[str | os.PathLike], skipped: list[Skipped] | None =
                     other.append(Skipped(str(f), "a directory" if f.is_dir() else "not a regular file"))
                 elif not _looks_like_snapshot(f.name):
                     other.append(Skipped(str(f), ""))
-                elif (why := sniff(str(f))) is not None:
+                elif (why := sniff(str(f), walk=f.stat().st_size > SNIFF_WALK_MIN_BYTES)) is not None:
                     other.append(Skipped(str(f), why))
                 else:
                     found.append(str(f))
@@ -274,7 +274,8 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
                 bad = sorted((s for s in own if inside(s.path, d) and s.reason),
                              key=lambda s: not _looks_like_snapshot(os.path.basename(s.path)))
                 why = f": {os.path.basename(bad[0].path)}: {bad[0].reason}" if bad else ""
-                raise SnapshotError(d, f"none of the files in this directory is a snapshot that loads{why}")
+                n = sum(inside(s.path, d) for s in own)
+                raise SnapshotError(d, f"none of the {n} files in this directory is a snapshot that loads{why}")
     if len(traces) > 1:
         seen: dict[int, str] = {}
         for t in traces:
