@@ -11,9 +11,10 @@ under ``oomdoctor run`` and compare. Options let a test shape the job and inject
         --eval-samples N [--eval-accumulation-steps K]   # after training, Trainer.evaluate() with
                               # compute_metrics over N samples (the logits are gathered on the GPU until
                               # every K steps, or the end, moves them to the CPU)
-        --ground-truth FILE   # rank 0 writes what the job measures itself: parameter, gradient and
-                              # optimizer-state bytes of the live tensors, max_memory_allocated/reserved,
-                              # and the out-of-memory error if one ended the job
+        --ground-truth FILE   # rank 0 writes what the job measures itself (scenarios/_truth.py): parameter,
+                              # gradient and optimizer-state bytes of the live tensors,
+                              # max_memory_allocated/reserved, and the out-of-memory error if one ended the job
+        --fsdp                # FSDP2 through Trainer (fsdp_config version 2, one unit per GPT2Block)
 
 GPT-2 124M: 12 layers, 768 wide, 12 heads, 50,257 vocabulary, dropout 0.1 (``GPT2Config`` defaults).
 """
@@ -28,6 +29,7 @@ import subprocess
 import time
 
 import torch
+from _truth import GroundTruth
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 
@@ -50,19 +52,7 @@ class Harness(TrainerCallback):
         self.a = a
         self.rank = int(os.environ.get("RANK", "0"))
         self.times: list[float] = []
-        self.truth: dict = {"gradients_bytes": 0, "optimizer_state_bytes": 0}
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-        if self.a.ground_truth and model is not None:
-            grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
-            self.truth["gradients_bytes"] = max(self.truth["gradients_bytes"], grads)
-
-    def on_optimizer_step(self, args, state, control, optimizer=None, **kw):
-        if self.a.ground_truth and optimizer is not None:
-            opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
-            size = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
-                       if isinstance(t, torch.Tensor) and t.is_cuda)
-            self.truth["optimizer_state_bytes"] = max(self.truth["optimizer_state_bytes"], size)
+        self.extra: dict = {}
 
     def on_step_end(self, args, state, control, **kw):
         a = self.a
@@ -77,7 +67,7 @@ class Harness(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kw):
         if torch.cuda.is_available():
-            self.truth["train_max_memory_allocated"] = torch.cuda.max_memory_allocated()
+            self.extra["train_max_memory_allocated"] = torch.cuda.max_memory_allocated()
         if self.a.times and self.rank == 0:
             with open(self.a.times, "w") as f:
                 json.dump({"step_end_s": self.times}, f)
@@ -110,6 +100,7 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=0)
     p.add_argument("--eval-batch", type=int, default=8)
     p.add_argument("--eval-accumulation-steps", type=int)
+    p.add_argument("--fsdp", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=max(1, a.width // 64), n_positions=a.seq)
@@ -120,6 +111,15 @@ def main() -> None:
         kwargs["eval_accumulation_steps"] = a.eval_accumulation_steps
     if a.use_reentrant != "default":
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": a.use_reentrant == "true"}
+    if a.fsdp:
+        kwargs["fsdp"] = True
+        kwargs["fsdp_config"] = {"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]}
+    truth = GroundTruth(a.ground_truth, batch=a.batch, seq=a.seq, layers=a.layers, width=a.width,
+                        vocab=cfg.vocab_size, eval_samples=a.eval_samples, eval_batch=a.eval_batch,
+                        eval_accumulation_steps=a.eval_accumulation_steps, fsdp=a.fsdp,
+                        gradient_checkpointing=a.gradient_checkpointing, framework="transformers.Trainer")
+    if torch.cuda.is_available():
+        truth.install()
     args = TrainingArguments(
         output_dir=a.output_dir, per_device_train_batch_size=a.batch, per_device_eval_batch_size=a.eval_batch, max_steps=a.steps, learning_rate=3e-4,
         bf16=not a.cpu, use_cpu=a.cpu, gradient_checkpointing=a.gradient_checkpointing, logging_steps=1,
@@ -130,40 +130,21 @@ def main() -> None:
         evaluation = {"eval_dataset": RandomTokens(a.eval_samples, a.seq, cfg.vocab_size, seed=1),
                       "compute_metrics": token_accuracy}
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[harness], **evaluation)
-    oom = None
     try:
         trainer.train()
         if a.eval_samples:
-            harness.truth["eval_metrics"] = trainer.evaluate()
+            harness.extra["eval_metrics"] = trainer.evaluate()
     except torch.OutOfMemoryError as e:
-        oom = str(e).splitlines()[0][:400]
+        truth.oom(e)
         raise
     finally:
-        if a.ground_truth and harness.rank == 0 and torch.cuda.is_available():
-            write_ground_truth(a, harness, model, oom)
+        truth.write(**harness.extra)
 
 
 def token_accuracy(p) -> dict:
     """``compute_metrics``: next-token accuracy from the logits, which makes Trainer keep every batch's."""
     preds = p.predictions.argmax(-1)
     return {"token_accuracy": float((preds[:, :-1] == p.label_ids[:, 1:]).mean())}
-
-
-def write_ground_truth(a: argparse.Namespace, harness: Harness, model: torch.nn.Module, oom: str | None) -> None:
-    import transformers
-
-    dev = torch.cuda.current_device()
-    truth = {"batch": a.batch, "seq": a.seq, "layers": a.layers, "width": a.width, "vocab": model.config.vocab_size,
-             "eval_samples": a.eval_samples, "eval_batch": a.eval_batch,
-             "eval_accumulation_steps": a.eval_accumulation_steps,
-             "world_size": int(os.environ.get("WORLD_SIZE", "1")), "gradient_checkpointing": a.gradient_checkpointing,
-             "parameters_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-             **harness.truth, "max_memory_allocated": torch.cuda.max_memory_allocated(dev),
-             "max_memory_reserved": torch.cuda.max_memory_reserved(dev),
-             "gpu_total_memory_bytes": torch.cuda.get_device_properties(dev).total_memory, "oom": oom,
-             "torch": torch.__version__, "transformers": transformers.__version__}
-    with open(a.ground_truth, "w") as f:
-        json.dump(truth, f, indent=1)
 
 
 if __name__ == "__main__":

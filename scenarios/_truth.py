@@ -1,0 +1,91 @@
+"""Ground truth a training job measures about itself, for the real-job corpus (docs/corpus/README.md).
+
+Framework-agnostic: global optimizer hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook`` /
+``..._post_hook``) see every ``torch.optim`` optimizer, whoever drives it (Trainer, Lightning,
+accelerate, a plain loop). Bytes are counted per distinct storage on this rank's GPU, so views (FSDP1
+``use_orig_params``, DDP bucket views) count once and DTensors (FSDP2) count their local shard:
+
+- ``parameters_bytes``: the optimizer's parameters, at the first pre-step hook;
+- ``gradients_bytes``: their ``.grad`` just before each ``step()`` (the largest seen);
+- ``optimizer_state_bytes``: the optimizer's state tensors just after each ``step()`` (the largest);
+- ``max_memory_allocated`` / ``max_memory_reserved``: ``torch.cuda`` peaks at the end (or at the OOM);
+- ``oom``: the first line of the out-of-memory error that ended the job, if any;
+- ``gpu_total_memory_bytes``, ``device_free_at_end_bytes`` (``cudaMemGetInfo``), versions.
+
+Nothing here records memory history: the job runs under ``oomdoctor run`` for that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+
+def _storages(tensors, device: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for t in tensors:
+        t = getattr(t, "_local_tensor", t)
+        if isinstance(t, torch.Tensor) and t.is_cuda and t.device.index == device:
+            st = t.untyped_storage()
+            out[st.data_ptr()] = st.nbytes()
+    return out
+
+
+class GroundTruth:
+    """Install with :meth:`install`; call :meth:`write` at the end (also from a ``finally``)."""
+
+    def __init__(self, path: str | None, **config: Any) -> None:
+        self.path = path
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.truth: dict[str, Any] = {**config, "parameters_bytes": 0, "gradients_bytes": 0,
+                                      "optimizer_state_bytes": 0, "optimizer_steps": 0, "oom": None}
+        self.handles: list[Any] = []
+
+    def install(self) -> GroundTruth:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
+        return self
+
+    def _device(self) -> int:
+        return torch.cuda.current_device()
+
+    def _pre(self, opt, args, kwargs) -> None:
+        params = [p for g in opt.param_groups for p in g["params"]]
+        dev = self._device()
+        self.truth["parameters_bytes"] = max(self.truth["parameters_bytes"], sum(_storages(params, dev).values()))
+        grads = [p.grad for p in params if p.grad is not None]
+        self.truth["gradients_bytes"] = max(self.truth["gradients_bytes"], sum(_storages(grads, dev).values()))
+
+    def _post(self, opt, args, kwargs) -> None:
+        state = [v for st in opt.state.values() if isinstance(st, dict) for v in st.values()]
+        self.truth["optimizer_state_bytes"] = max(self.truth["optimizer_state_bytes"],
+                                                  sum(_storages(state, self._device()).values()))
+        self.truth["optimizer_steps"] += 1
+
+    def oom(self, e: BaseException) -> None:
+        self.truth["oom"] = str(e).splitlines()[0][:400]
+
+    def write(self, **extra: Any) -> None:
+        """Rank 0 writes the JSON (with ``extra`` merged in)."""
+        if not self.path or self.rank != 0 or not torch.cuda.is_available():
+            return
+        dev = self._device()
+        free, total = torch.cuda.mem_get_info(dev)
+        versions = {"torch": torch.__version__}
+        for name in ("transformers", "accelerate", "lightning"):
+            try:
+                versions[name] = __import__(name).__version__
+            except Exception:  # noqa: BLE001 - not installed
+                pass
+        self.truth.update(extra, world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                          max_memory_allocated=torch.cuda.max_memory_allocated(dev),
+                          max_memory_reserved=torch.cuda.max_memory_reserved(dev),
+                          gpu_total_memory_bytes=int(total), device_free_at_end_bytes=int(free),
+                          alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"),
+                          **versions)
+        with open(self.path, "w") as f:
+            json.dump(self.truth, f, indent=1)

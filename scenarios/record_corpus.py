@@ -1,0 +1,177 @@
+"""Record the real-job corpus on GPUs: third-party training loops under ``oomdoctor run``, each with a
+batch sweep that finds the largest per-device micro-batch that fits (docs/corpus/README.md).
+
+Every run is recorded (recording changes nothing the job allocates) and measures its own ground truth
+(scenarios/_truth.py). The sweep for a job: two small batches give memory per sample; the batch that
+should just fit is tried, then one sweep step more, stepping until a fitting batch sits next to an
+OOMing one. Kept per job: the largest fitting run and the first OOMing one (snapshots, sidecars, ground
+truth, log), and one JSON line per run in ``<job>-sweep.jsonl``; the other runs keep ground truth and log
+only. Extra single runs (``EXTRA``) are recorded as they are. Everything lands in ``--out``.
+
+    python3 scenarios/record_corpus.py --out $OUT --jobs trainer-fsdp2,lightning-fsdp --budget-s 540
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+# name -> (command before the batch option, sweep step, first two batches)
+JOBS: dict[str, tuple[list[str], int, tuple[int, int]]] = {
+    "trainer-fsdp2-gpt2": (TORCHRUN + ["scenarios/trainer_gpt2.py", "--fsdp", "--steps", "3",
+                                       "--output-dir", "/tmp/hf-fsdp"], 8, (32, 64)),
+    "trainer-ddp-gpt2": (TORCHRUN + ["scenarios/trainer_gpt2.py", "--steps", "3", "--output-dir", "/tmp/hf-ddp"],
+                         8, (48, 80)),
+    "lightning-fsdp-gpt2": ([sys.executable, "scenarios/lightning_gpt2.py", "--devices", "2", "--strategy", "fsdp",
+                             "--steps", "3"], 8, (32, 64)),
+    "accelerate-ddp-llama": (TORCHRUN + ["scenarios/accelerate_llama.py", "--steps", "2", "--grad-accum", "2"],
+                             4, (8, 16)),
+    "compiled-lm": ([sys.executable, "scenarios/compiled_loop.py", "--steps", "6"], 16, (32, 64)),
+}
+
+# name -> command of a single recorded run (no sweep)
+EXTRA: dict[str, list[str]] = {
+    "lightning-ddp-gpt2-val-logits": [sys.executable, "scenarios/lightning_gpt2.py", "--devices", "2",
+                                      "--strategy", "ddp", "--steps", "3", "--batch", "8",
+                                      "--validate-samples", "3200", "--val-batch", "8", "--keep-val-logits"],
+    "trainer-ddp-gpt2-b96-expandable": TORCHRUN + ["scenarios/trainer_gpt2.py", "--steps", "4", "--batch", "96",
+                                                  "--output-dir", "/tmp/hf-exp"],
+}
+EXPANDABLE = {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+# between the sweep's points, where the simulator's "what fits" lands: does it fit?
+EXTRA.update({
+    "trainer-ddp-gpt2-b92": TORCHRUN + ["scenarios/trainer_gpt2.py", "--steps", "3", "--batch", "92",
+                                        "--output-dir", "/tmp/hf-92"],
+    "trainer-fsdp2-gpt2-b116": JOBS["trainer-fsdp2-gpt2"][0] + ["--batch", "116"],
+    "lightning-fsdp-gpt2-b100": JOBS["lightning-fsdp-gpt2"][0] + ["--batch", "100"],
+    "trainer-fsdp2-gpt2-b120-expandable": JOBS["trainer-fsdp2-gpt2"][0] + ["--batch", "120"],
+    "accelerate-ddp-llama-b76-expandable": JOBS["accelerate-ddp-llama"][0] + ["--batch", "76"],
+    "lightning-fsdp-gpt2-b104-expandable": JOBS["lightning-fsdp-gpt2"][0] + ["--batch", "104"],
+})
+EXTRA_ENV = {name: EXPANDABLE for name in EXTRA if name.endswith("-expandable")}
+
+
+def run(work: str, name: str, cmd: list[str], env_extra: dict | None = None, timeout_s: int = 300) -> dict:
+    """One run under ``oomdoctor run`` into ``work/name``; returns its ground truth plus exit code and time."""
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    env = dict(os.environ, **(env_extra or {}))
+    full = [sys.executable, "-m", "oomdoctor", "run", "--out", d, "--no-diagnose", "--"] + cmd + [
+        "--ground-truth", os.path.join(d, "ground_truth.json")]
+    t0 = time.time()
+    with open(os.path.join(d, "job.log"), "w") as log:
+        try:
+            rc = subprocess.run(full, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    try:
+        with open(os.path.join(d, "ground_truth.json")) as f:
+            truth = json.load(f)
+    except (OSError, ValueError):
+        truth = {}
+    truth.update(run=name, exit_code=rc, wall_s=round(time.time() - t0, 1))
+    print(f"{name}: exit {rc} in {truth['wall_s']} s, max reserved {truth.get('max_memory_reserved')}", flush=True)
+    return truth
+
+
+def fits(t: dict) -> bool:
+    return t.get("exit_code") == 0
+
+
+def sweep(work: str, out: str, job: str, deadline: float) -> None:
+    cmd, step, (b0, b1) = JOBS[job]
+    rows: dict[int, dict] = {}
+
+    def at(b: int) -> dict:
+        if b not in rows:
+            rows[b] = run(work, f"{job}-b{b}", cmd + ["--batch", str(b)])
+            with open(os.path.join(out, f"{job}-sweep.jsonl"), "a") as f:
+                f.write(json.dumps(rows[b]) + "\n")
+        return rows[b]
+
+    def boundary() -> tuple[int | None, int | None]:
+        ok = [b for b, t in rows.items() if fits(t)]
+        bad = [b for b, t in rows.items() if not fits(t)]
+        hi_ok = max(ok, default=None)
+        lo_bad = min((b for b in bad if hi_ok is None or b > hi_ok), default=None)
+        return hi_ok, lo_bad
+
+    at(b0)
+    if fits(rows[b0]):
+        t1 = at(b1)
+        if fits(t1):
+            r0, r1 = rows[b0]["max_memory_reserved"], t1["max_memory_reserved"]
+            usable = t1["gpu_total_memory_bytes"] - max(0, t1["gpu_total_memory_bytes"] - t1["device_free_at_end_bytes"]
+                                                         - r1)
+            per = max((r1 - r0) / (b1 - b0), 1)
+            guess = b1 + int((0.96 * usable - r1) / per) // step * step
+            at(max(guess, b1 + step))
+    while time.time() < deadline:
+        hi_ok, lo_bad = boundary()
+        if hi_ok is not None and lo_bad is not None and lo_bad - hi_ok <= step:
+            break
+        if lo_bad is None:
+            nxt = hi_ok + step
+        elif hi_ok is None:
+            nxt = max(step, lo_bad - step)
+        else:
+            nxt = hi_ok + max(step, (lo_bad - hi_ok) // 2 // step * step)
+        if nxt in rows or nxt <= 0:
+            break
+        at(nxt)
+    hi_ok, lo_bad = boundary()
+    for b in list(rows):
+        d = os.path.join(work, f"{job}-b{b}")
+        if b in (hi_ok, lo_bad):
+            archive(work, out, f"{job}-b{b}")
+        else:
+            keep = [p for p in os.listdir(d) if p in ("ground_truth.json", "job.log")]
+            small = os.path.join(work, f"{job}-b{b}-truth")
+            os.makedirs(small, exist_ok=True)
+            for p in keep:
+                shutil.copy(os.path.join(d, p), small)
+            archive(work, out, f"{job}-b{b}-truth")
+    print(f"{job}: largest fitting {hi_ok}, first OOM {lo_bad}", flush=True)
+
+
+def archive(work: str, out: str, name: str) -> None:
+    subprocess.run(["tar", "-C", work, "-cf", os.path.join(out, "runs", f"{name}.tar"), name], check=False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--jobs", default="", help="comma-separated sweep jobs")
+    p.add_argument("--extra", default="", help="comma-separated single runs")
+    p.add_argument("--budget-s", type=float, default=540)
+    a = p.parse_args()
+    deadline = time.time() + a.budget_s
+    os.chdir(os.path.dirname(HERE))
+    work = "/tmp/corpus-work"
+    os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
+    for name in filter(None, a.extra.split(",")):
+        if time.time() > deadline - 60:
+            print(f"{name}: skipped (time)", flush=True)
+            continue
+        t = run(work, name, EXTRA[name], EXTRA_ENV.get(name))
+        with open(os.path.join(a.out, "extra.jsonl"), "a") as f:
+            f.write(json.dumps(t) + "\n")
+        archive(work, a.out, name)
+    for job in filter(None, a.jobs.split(",")):
+        if time.time() > deadline - 90:
+            print(f"{job}: skipped (time)", flush=True)
+            continue
+        sweep(work, a.out, job, deadline)
+
+
+if __name__ == "__main__":
+    main()
