@@ -12,6 +12,8 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
      "env": {PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF, TORCH_NCCL_*, NCCL_*, ...},
      "recording": {"max_entries", "stacks", "context", "steps"},
      "memory_stats": torch.cuda.memory_stats() at the dump,
+     "device_free_bytes": cudaMemGetInfo's free bytes at the dump,   # + reserved = the allocator's room
+     "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state"}],  # .facts
      "step_markers": [{"step", "time_us", "event_index"}],  # start of each step
      "oom": null | {"device", "alloc_bytes", "device_limit_bytes", "device_free_bytes"},
      "written_time_us"}

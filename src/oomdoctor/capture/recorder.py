@@ -44,6 +44,7 @@ from .files import (
     sidecar_for,
     snapshot_name,
 )
+from .facts import FACT_STEPS, fact_record, optimizer_storages
 from .metadata import SIDECAR_FORMAT, env_subset, host_info, now_us, place_markers, rank_info, torch_info
 
 DEFAULT_MAX_ENTRIES = 100_000
@@ -171,6 +172,9 @@ class Recorder:
         self._hook_handle: Any = None
         self._first_optimizer: int | None = None
         self._manual_steps = False
+        #: storages of parameters, gradients and optimizer state at the first optimizer steps (``.facts``)
+        self.tensor_facts: list[dict[str, Any]] = []
+        self._facts_step: dict[str, Any] | None = None
         self._last_snapshot: tuple[dict, dict] | None = None  # kept for on_finish only
 
     def _failed(self, site: str, exc: BaseException, where: str = "") -> None:
@@ -270,8 +274,28 @@ class Recorder:
         # several optimizers step once each per training step: count the first one seen
         if self._first_optimizer is None:
             self._first_optimizer = id(optimizer)
-        if id(optimizer) == self._first_optimizer:
+        first = id(optimizer) == self._first_optimizer
+        self._note_tensors(optimizer, new_step=first)
+        if first:
             self._advance()
+
+    @_guarded("noting the optimizer's tensors")
+    def _note_tensors(self, optimizer: Any, new_step: bool) -> None:
+        """At the end of the first :data:`~.facts.FACT_STEPS` optimizer steps: the storages of the
+        parameters, gradients and optimizer state (all optimizers of a step merged into one record)."""
+        if not self.active or self._torch is None or getattr(optimizer, "param_groups", None) is None:
+            return
+        if new_step:
+            if len(self.tensor_facts) >= FACT_STEPS:
+                return
+            self._facts_step = {"step": self.step_count, "time_us": now_us(), "storages": {}}
+            self.tensor_facts.append(self._facts_step)
+        elif self._facts_step is None or self._facts_step["step"] != self.step_count:
+            return
+        found = optimizer_storages(optimizer, self._torch.cuda.current_device())
+        merged = self._facts_step["storages"]
+        for kind, items in found.items():
+            merged.setdefault(kind, set()).update(items)
 
     def _advance(self) -> None:
         if not self.active or self.finished:
@@ -347,6 +371,12 @@ class Recorder:
             meta["memory_stats"] = dict(torch.cuda.memory_stats(device))
         except Exception:  # noqa: BLE001
             meta["memory_stats"] = None
+        try:  # cudaMemGetInfo: with reserved bytes, the most the allocator could hold now
+            free, total = torch.cuda.mem_get_info(device)
+            meta["device_free_bytes"] = int(free)
+        except Exception:  # noqa: BLE001
+            meta["device_free_bytes"] = None
+        meta["tensors"] = [fact_record(f["step"], f["time_us"], f["storages"]) for f in self.tensor_facts]
         times: list[int] = []
         if snap is not None:
             traces = snap.get("device_traces") or []
