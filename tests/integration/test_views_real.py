@@ -147,7 +147,7 @@ def test_diagnose_html_of_a_real_snapshot(snapshots, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["slice", "{src}", "--start", "5", "--end", "5", "-o", "{tmp}/x.pickle"], "holds no event"),
-    (["slice", "{src}", "--by", "step", "--start", "0", "--end", "99", "-o", "{tmp}/x.pickle"], "outside the 7 steps"),
+    (["slice", "{src}", "--by", "step", "--start", "0", "--end", "99", "-o", "{tmp}/x.pickle"], "outside the 8 steps"),
     (["slice", "{src}", "--by", "time", "--start", "soon", "-o", "{tmp}/x.pickle"], "bad time 'soon'"),
     (["slice", "{src}", "-o", "{src}"], "would overwrite the input"),
     (["slice", "{tmp}/missing.pickle", "-o", "{tmp}/x.pickle"], "missing.pickle"),

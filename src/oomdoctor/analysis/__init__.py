@@ -6,11 +6,13 @@ fragmentation anatomy at the peak / OOM / end, computed on first use).
 
 from .device import DeviceAnalysis, analyze
 from .fragmentation import Anatomy, PoolAnatomy, anatomy
-from .iterations import Steps, find_steps, step_growth
+from .accounting import CATEGORIES, Accounting, Breakdown
+from .iterations import find_steps, step_growth
+from .phases import PHASE_NAMES, Phases, Steps
 from .lifetimes import Lifetimes, lifetimes
 from .sites import Site, group_sites, site_label, sites_at
 from .timeline import Timeline, timeline
 
-__all__ = ["Anatomy", "DeviceAnalysis", "Lifetimes", "PoolAnatomy", "Site", "Steps", "Timeline", "analyze",
+__all__ = ["CATEGORIES", "PHASE_NAMES", "Accounting", "Anatomy", "Breakdown", "DeviceAnalysis", "Phases", "Lifetimes", "PoolAnatomy", "Site", "Steps", "Timeline", "analyze",
            "anatomy", "find_steps", "group_sites", "lifetimes", "site_label", "sites_at", "step_growth",
            "timeline"]
