@@ -9,8 +9,9 @@ import numpy as np
 
 from ..trace.model import OOM, DeviceTrace, Trace
 from .fragmentation import Anatomy, anatomy
-from .iterations import Steps, find_steps
+from .accounting import Accounting, Breakdown, account, breakdown
 from .lifetimes import Lifetimes, lifetimes
+from .phases import Phases, Steps, find_phases
 from .sites import Site, sites_at
 from .timeline import Timeline, timeline
 
@@ -37,8 +38,28 @@ class DeviceAnalysis:
         return self.device.num_events
 
     @cached_property
+    def phases(self) -> Phases:
+        """Phase of every event, forward passes and optimizer steps (:mod:`.phases`)."""
+        return find_phases(self.trace, self.device)
+
+    @property
     def steps(self) -> Steps | None:
-        return find_steps(self.trace, self.device)
+        return self.phases.steps
+
+    @cached_property
+    def accounting(self) -> Accounting:
+        """The category of every block (:mod:`.accounting`)."""
+        return account(self.trace, self.device, self.lifetimes, self.phases)
+
+    def allocated_at(self, k: int) -> int:
+        """Allocated bytes after event ``k`` (-1: at the start)."""
+        if self.num_events == 0:
+            return self.peak_allocated[0]
+        return int(self.timeline.allocated[k]) if k >= 0 else self.timeline.allocated_start
+
+    def breakdown_at(self, k: int, at: str) -> Breakdown:
+        """Allocated bytes after event ``k`` by category; they add up to :meth:`allocated_at` (asserted)."""
+        return breakdown(self.accounting, self.lifetimes, self.phases, k, at, self.allocated_at(k))
 
     @cached_property
     def free_stacks(self) -> bool:
