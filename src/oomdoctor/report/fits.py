@@ -1,0 +1,200 @@
+"""What fits on the device: the room the allocator has, and the largest micro-batch that replays in it.
+
+**Room** (:func:`device_room`): the most memory PyTorch's caching allocator could hold on this GPU, from
+the best evidence, in order:
+
+1. a memory cap (``set_per_process_memory_fraction``) in the sidecar: the allocator refuses beyond it;
+2. an ``oom`` trace entry: the reserved bytes then plus ``device_free`` (``cudaMemGetInfo`` at the
+   failure, ``CUDACachingAllocator.cpp`` ``malloc``): exactly what was there to take;
+3. the sidecar's ``device_free_bytes`` at the dump plus ``memory_stats``' reserved bytes then;
+4. the GPU's total memory less what lives outside the allocator, estimated with the planner's measured
+   constants (CUDA context, and NCCL's first communicator when the job is distributed:
+   :data:`oomdoctor.plan.terms.CUDA_CONTEXT_BYTES`, ``NCCL_FIRST_COMMUNICATOR_BYTES``).
+
+**Fits** (:func:`fits`): the largest scale of the micro-batch's tensors (the accounting's
+``batch_scaled`` blocks) whose replay through the allocator model stays within the room
+(:func:`oomdoctor.simulate.scale.largest_scale`), under the recorded settings and with
+``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. A trace
+cut by an OOM lacks the rest of its step: the replay keeps free the persistent memory the job created
+after the first step's peak (optimizer state made lazily), or, when no step finished, an estimate of
+the optimizer state still to come (twice the parameters: Adam's two moments).
+Also: what activation checkpointing could free at most (the activations at the peak), and what
+sharding the optimizer state over the data-parallel ranks would (ZeRO-1 / FSDP: (1 - 1/world) of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
+from ..analysis.device import DeviceAnalysis
+from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE
+from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
+from ..simulate.capacity import Capacity
+from ..simulate.replay import SimulationError, prepare
+from ..simulate.scale import largest_scale
+from ..trace.model import OOM
+
+FIT_MARGIN_FRACTION = 0.03
+"""Room kept free on top of the replay: run-to-run variation of what lives outside the allocator
+(NCCL's channels, cuDNN/cuBLAS workspaces made on demand) and of allocation order."""
+
+
+@dataclass
+class Room:
+    """The most the allocator could hold (bytes; None when nothing says), its ``source`` in words and
+    ``kind``: ``fraction`` (a cap), ``device`` (measured at the failure or the dump) or ``estimated``."""
+
+    bytes: int | None
+    kind: str
+    source: str
+
+
+def device_room(a: DeviceAnalysis) -> Room:
+    """See the module doc. Pure."""
+    meta = a.trace.meta
+    cap = meta.get("memory_cap_bytes")
+    if isinstance(cap, int) and cap > 0:
+        return Room(cap, "fraction", "the memory cap set with set_per_process_memory_fraction (sidecar)")
+    if a.oom_events.size:
+        k = int(a.oom_events[-1])
+        free = int(a.device.events["device_free"][k])
+        if free >= 0:
+            reserved = int(a.timeline.reserved[k])
+            return Room(reserved + free, "device", "the OOM: reserved bytes then plus the device's free bytes "
+                                                   "(cudaMemGetInfo)")
+    free = meta.get("device_free_bytes")
+    stats = meta.get("memory_stats") or {}
+    reserved = stats.get("reserved_bytes.all.current") if isinstance(stats, dict) else None
+    if isinstance(free, int) and isinstance(reserved, int):
+        return Room(free + reserved, "device", "the sidecar: free device bytes at the dump plus reserved bytes then")
+    total = meta.get("gpu_total_memory_bytes")
+    if isinstance(total, int) and total > 0:
+        world = meta.get("world_size") or 1
+        outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if isinstance(world, int) and world > 1 else 0)
+        return Room(total - outside, "estimated", "the GPU's total memory less the CUDA context"
+                    + (" and NCCL's buffers" if outside > CUDA_CONTEXT_BYTES else "") + " (planner constants)")
+    return Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")
+
+
+@dataclass
+class Fits:
+    """What fits on this rank's device. Scales multiply the recorded micro-batch; None where the trace
+    cannot say. Bytes."""
+
+    room_bytes: int | None
+    room_source: str
+    batch_scale: float | None = None
+    largest_micro_batch: int | None = None
+    micro_batch: int | None = None
+    expandable_batch_scale: float | None = None
+    expandable_largest_micro_batch: int | None = None
+    batch_scaled_bytes_at_peak: int = 0
+    margin_bytes: int = 0
+    checkpointing_frees_at_most_bytes: int = 0
+    sharding_optimizer_frees_bytes: int = 0
+    replays: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _scale_events(a: DeviceAnalysis) -> np.ndarray:
+    """Events whose request grows with the micro-batch: allocations of batch-scaled blocks, and an
+    ``oom`` request made by a forward, backward or evaluation pass."""
+    lt, acc = a.lifetimes, a.accounting
+    mask = np.zeros(a.num_events, dtype=bool)
+    rows = np.flatnonzero(acc.batch_scaled & (lt.alloc >= 0))
+    mask[lt.alloc[rows]] = True
+    ph = a.phases.phase
+    oom = a.device.events["action"] == OOM
+    mask |= oom & np.isin(ph, (FORWARD_PHASE, BACKWARD_PHASE, EVALUATION_PHASE))
+    return mask
+
+
+def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
+    """Bytes the replay keeps free (see the module doc) and a note when it is an estimate."""
+    base = int(FIT_MARGIN_FRACTION * room)
+    if not a.oom_events.size:
+        return base, None
+    lt, acc, ph = a.lifetimes, a.accounting, a.phases
+    end = a.num_events - 1
+    persistent = lt.allocated_mask(end) & ~acc.batch_scaled
+    steps = ph.steps
+    if steps is not None and len(steps) >= 2:
+        lo, hi = int(steps.starts[0]), int(steps.starts[1])
+        seg = a.timeline.allocated[lo:hi]
+        peak0 = lo + int(np.argmax(seg)) if seg.size else lo
+        later = persistent & (lt.alloc > peak0) & (acc.category != PARAMETERS)
+        return base + int(lt.size[later].sum()), None
+    if ph.has_backward and not np.any(acc.category[persistent] == OPTIMIZER_STATE):
+        params = int(lt.size[persistent & (acc.category == PARAMETERS)].sum())
+        return base + 2 * params, ("no optimizer step finished before the OOM: the replay keeps room for optimizer "
+                                   "state of twice the parameters (Adam's two moments)")
+    return base, None
+
+
+def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recorded: bool = True,
+         expandable: bool = True) -> Fits:
+    """What fits on ``a``'s device (see the module doc): under the recorded settings (``recorded``) and
+    with expandable segments (``expandable``). Pure; a few replays of the trace (bisection from a guess
+    made of the peak: the fixed bytes plus the scaled ones times the scale)."""
+    out = Fits(room.bytes, room.source, micro_batch=micro_batch)
+    if a.num_events == 0:
+        out.notes.append("no allocation history: nothing to replay")
+        return out
+    pk = a.peak_allocated[1]
+    bd = a.breakdown_at(pk, "peak_allocated")
+    lt, acc = a.lifetimes, a.accounting
+    alive = lt.allocated_mask(pk)
+    out.batch_scaled_bytes_at_peak = int(lt.size[alive & acc.batch_scaled].sum())
+    out.checkpointing_frees_at_most_bytes = int(lt.size[alive & (acc.category == ACTIVATIONS)].sum())
+    world = a.trace.meta.get("world_size")
+    if isinstance(world, int) and world > 1:
+        state = int(lt.size[lt.allocated_mask(a.num_events - 1) & (acc.category == OPTIMIZER_STATE)].sum())
+        out.sharding_optimizer_frees_bytes = int(max(state, bd.categories["optimizer_state"]) * (1 - 1 / world))
+    if room.bytes is None:
+        out.notes.append("the device's size is unknown (no OOM, no sidecar): what fits cannot be replayed")
+        return out
+    if out.batch_scaled_bytes_at_peak == 0:
+        out.notes.append("no tensor of the trace grows with the micro-batch (no forward or backward pass seen)")
+        return out
+    margin, note = _margin(a, room.bytes)
+    out.margin_bytes = margin
+    if note:
+        out.notes.append(note)
+    try:
+        prepared = prepare(a.trace, a.device, a.lifetimes)
+    except SimulationError as e:
+        out.notes.append(f"the trace cannot be replayed: {e}")
+        return out
+    events = _scale_events(a)
+    cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
+    unit = 1.0 / micro_batch if micro_batch else None
+    # a run that finished at this micro-batch fits it: search above it
+    lo = 1.0 if not a.oom_events.size else 0.05
+    fixed = a.peak_reserved[0] - out.batch_scaled_bytes_at_peak
+    est = max((room.bytes - margin - fixed) / out.batch_scaled_bytes_at_peak, lo)
+    guess = (est * 0.9, est * 1.05)
+    try:
+        if recorded:
+            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, guess=guess)
+            out.replays += len(r.tried)
+            if r.scale is None and not a.oom_events.size:
+                r.scale = 1.0  # the recorded micro-batch ran; the replay finds no room for more
+            out.batch_scale = None if r.scale is None else round(r.scale, 3)
+            if micro_batch and r.scale is not None:
+                out.largest_micro_batch = int(round(r.scale * micro_batch))
+        if expandable:
+            config = replace(prepared.recorded_config, expandable_segments=True)
+            e = largest_scale(prepared, events, cap, config=config, margin_bytes=margin, unit=unit, lo=lo,
+                              guess=(est * 0.95, est * 1.1))
+            out.replays += len(e.tried)
+            if e.scale is None and not a.oom_events.size:
+                e.scale = 1.0
+            out.expandable_batch_scale = None if e.scale is None else round(e.scale, 3)
+            if micro_batch and e.scale is not None:
+                out.expandable_largest_micro_batch = int(round(e.scale * micro_batch))
+    except SimulationError as e:
+        out.notes.append(f"the trace cannot be replayed: {e}")
+    return out
