@@ -7,7 +7,9 @@ from importlib import resources
 import click
 from rich.console import Console
 
+from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
+from ..simulate.capacity import parse_bytes
 from ..render import render_json, render_text
 from ..render.html import render_html
 from ..render.text import render_text_plain
@@ -40,10 +42,18 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
               help="Write the report to this file instead of standard output.")
 @click.option("--demo", is_flag=True, help=f"Diagnose a real snapshot shipped with oomdoctor ({DEMO_SNAPSHOT}).")
-def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool) -> None:
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
+              help="The per-device micro-batch of the recorded run: say the largest that fits (replayed).")
+@click.option("--material-fraction", type=click.FloatRange(min=0, max=1), default=DEFAULT_FRACTION, show_default=True,
+              help="Findings under this fraction of peak reserved (and under --material-bytes) are shown as LOW.")
+@click.option("--material-bytes", default="64MiB", show_default=True,
+              help="Floor of the materiality threshold (bytes, or with a unit: 64MiB, 1GiB).")
+def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, micro_batch: int | None,
+            material_fraction: float, material_bytes: str) -> None:
     """Diagnose snapshot files or directories (one file per rank) of a failing or bloated run."""
+    rule = Materiality(material_fraction, parse_bytes(material_bytes))
     analyses = analyze_inputs(inputs_or_demo(paths, demo, "diagnose"))
-    report = report_of(analyses)
+    report = report_of(analyses, micro_batch=micro_batch, rule=rule)
     if fmt == "json":
         text = render_json(report)
     elif fmt == "html":

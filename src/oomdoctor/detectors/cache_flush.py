@@ -14,6 +14,12 @@ told apart by ``num_alloc_retries`` (each retry frees the cache once, ``release_
 ``CUDACachingAllocator.cpp`` ``malloc``) when the sidecar has it. With neither, nothing in the trace tells them apart (after an
 ``empty_cache()`` the next allocation also opens with a ``segment_alloc``, as a retry does): the finding
 then names both causes, says why, and stays LOW. The evidence says how the bursts were classified.
+
+Not churn, and not counted: the burst of an OOM itself (the allocator frees its cache and retries just
+before raising: the OOM's verdict covers it, and ``num_alloc_retries`` counts it once per ``oom``
+entry), and bursts outside the training passes (``empty_cache()`` at setup, after the last step, as
+Lightning and accelerate do at phase changes). A retry that succeeded means the job runs at the edge:
+reported LOW, with no memory at stake (its cost is synchronisation time).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
+from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, OPTIMIZER_PHASE
 from ..trace.model import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from .common import rows_with, stacks_matching
 from .context import Context
@@ -34,12 +41,19 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     act = ev["action"]
     frees = np.flatnonzero((act == SEGMENT_FREE) | (act == SEGMENT_UNMAP))
     stats = a.trace.meta.get("memory_stats") or {}
-    retries_stat = int(stats.get("num_alloc_retries", 0) or 0)
+    ooms = a.oom_events
+    retries_stat = max(int(stats.get("num_alloc_retries", 0) or 0) - int(ooms.size), 0)
     if frees.size == 0 and retries_stat == 0:
         return None
     # bursts: consecutive segment frees with no alloc in between
     allocs_before = np.cumsum(act == ALLOC)
     burst_id = np.concatenate(([0], np.cumsum(np.diff(allocs_before[frees]) > 0))) if frees.size else frees
+    keep = _training_bursts(a, frees, burst_id, allocs_before)
+    frees, burst_id = frees[keep], burst_id[keep]
+    if frees.size == 0 and retries_stat == 0:
+        return None
+    if frees.size:
+        burst_id = np.unique(burst_id, return_inverse=True)[1]
     n_bursts = int(burst_id.max()) + 1 if frees.size else 0
     empty_bursts, classified_by = _empty_cache_bursts(a, frees, burst_id, n_bursts, retries_stat, stats)
     retry_bursts = n_bursts - empty_bursts
@@ -63,23 +77,25 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "last_flush_event": int(frees.max()) if frees.size else -1,
         "bursts_classified_by": classified_by,
     }
+    at_stake = max(realloc, freed)
     if churn and classified_by == "unknown":
-        summary = ("Cached segments were released {segment_free_bursts} times ({freed_bytes:bytes} in all) and the "
-                   "trace allocated {reallocated_after_bytes:bytes} again afterwards: either torch.cuda.empty_cache() "
-                   "calls or allocator retries. This trace has no free stacks (recorded with context='alloc') and "
-                   "no memory_stats to tell them apart; record with oomdoctor (its sidecar has num_alloc_retries).")
+        summary = ("Cached segments were released {segment_free_bursts} times during training ({freed_bytes:bytes} in "
+                   "all) and the trace allocated {reallocated_after_bytes:bytes} again afterwards: either "
+                   "torch.cuda.empty_cache() calls or allocator retries. This trace has no free stacks (recorded with "
+                   "context='alloc') and no memory_stats to tell them apart; record with oomdoctor (its sidecar has "
+                   "num_alloc_retries).")
         title, sev = "Cached memory released and allocated again (empty_cache() or allocator retries)", "low"
     elif churn:
-        summary = ("empty_cache() released segments {empty_cache_bursts} times ({freed_bytes:bytes} in all) and "
-                   "the trace allocated {reallocated_after_bytes:bytes} again afterwards: each call synchronises "
-                   "the device and the next steps pay for fresh cudaMalloc calls.")
+        summary = ("empty_cache() released segments {empty_cache_bursts} times during training ({freed_bytes:bytes} "
+                   "in all) and the trace allocated {reallocated_after_bytes:bytes} again afterwards: each call "
+                   "synchronises the device and the next steps pay for fresh cudaMalloc calls.")
         title, sev = "torch.cuda.empty_cache() churn: memory released and allocated again", "medium"
     else:
-        summary = ("The allocator ran out of room and had to free its cache and retry cudaMalloc "
-                   "({allocator_retry_bursts} bursts of segment frees, {freed_bytes:bytes} released, "
-                   "{num_alloc_retries} retries counted by memory_stats): every retry synchronises all streams. "
-                   "The job runs at the edge of its memory.")
-        title, sev = "Allocator retries: cached memory freed to satisfy cudaMalloc", "medium"
+        summary = ("The allocator ran out of room {num_alloc_retries} time(s) without failing: it freed its cache "
+                   "({freed_bytes:bytes}) and retried cudaMalloc, synchronising every stream each time. The job runs "
+                   "at the edge of the device's memory; the cost is time, not memory.")
+        title, sev = "Allocator retries: the job runs at the edge of its memory", "low"
+        at_stake = 0
     fixes = [
         Fix("Call torch.cuda.empty_cache() only at phase changes (after initialisation, after evaluation), not "
             "every step; it never gives PyTorch more memory.", versions="all",
@@ -89,8 +105,31 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
             versions="all", source="zdevito 'A guide to PyTorch's CUDA Caching Allocator'; torchtitan metrics.py",
             kind="code"),
     ]
-    return Finding(ID, sev, title, [a.rank], max(realloc, freed) if churn else freed, summary, evidence, [],
-                   fixes, per_rank_bytes={a.rank: freed})
+    if not churn:
+        fixes = fixes[1:]
+    return Finding(ID, sev, title, [a.rank], at_stake, summary, evidence, [], fixes,
+                   per_rank_bytes={a.rank: at_stake})
+
+
+def _training_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray, allocs_before: np.ndarray) -> np.ndarray:
+    """Mask over ``frees``: bursts inside the training passes, and not the one an OOM made."""
+    keep = np.ones(frees.shape[0], dtype=bool)
+    if frees.size == 0:
+        return keep
+    act = a.device.events["action"]
+    # the OOM's own flush: a burst followed by an oom entry before any allocation
+    for o in a.oom_events.tolist():
+        before = frees[frees < o]
+        if before.size and allocs_before[before[-1]] == allocs_before[o]:
+            keep &= burst_id != burst_id[frees < o][-1]
+    ph = a.phases
+    if ph.pass_starts.size:
+        first = int(ph.pass_starts[0])
+        allocs = np.flatnonzero(act == ALLOC)
+        last_model = allocs[np.isin(ph.phase[allocs], (FORWARD_PHASE, BACKWARD_PHASE, OPTIMIZER_PHASE, EVALUATION_PHASE))]
+        end = int(last_model[-1]) if last_model.size else a.num_events
+        keep &= (frees > first) & (frees < end)
+    return keep
 
 
 def _empty_cache_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray, n_bursts: int,

@@ -58,6 +58,28 @@ class TorchVersion:
         return None
 
 
+def applies(versions: str, v: TorchVersion) -> bool | None:
+    """Does a fix for PyTorch ``versions`` apply to ``v``? ``versions`` is ``"all"``, ``">=2.8"``,
+    ``"2.1-2.7"`` (both ends included), ``"2.4-2.9"`` or ``"<2.8"``; text in parentheses after it is
+    ignored. None when the version is unknown or the spelling is not one of these."""
+    text = versions.split("(")[0].strip()
+    if text == "all":
+        return True
+    m = re.fullmatch(r">=\s*(\d+)\.(\d+)", text)
+    if m:
+        return v.at_least((int(m.group(1)), int(m.group(2))))
+    m = re.fullmatch(r"<\s*(\d+)\.(\d+)", text)
+    if m:
+        r = v.at_least((int(m.group(1)), int(m.group(2))))
+        return None if r is None else not r
+    m = re.fullmatch(r"(\d+)\.(\d+)\s*-\s*(\d+)\.(\d+)", text)
+    if m:
+        lo = (int(m.group(1)), int(m.group(2)))
+        hi = (int(m.group(3)), int(m.group(4)) + 1)
+        return v.in_range(lo, hi)
+    return None
+
+
 def torch_version(a: DeviceAnalysis) -> TorchVersion:
     meta = a.trace.meta
     raw = meta.get("torch_version") or (meta.get("versions") or {}).get("torch")

@@ -1,9 +1,21 @@
-"""The JSON contract other tools and our checks rely on::
+"""The JSON contract other tools and our checks rely on (``docs/json.md``)::
 
-    {"ranks": [{"rank", "path", "peak_allocated_bytes", "peak_reserved_bytes",
-                "oom": null | {"requested_bytes", ...}, ...}],
+    {"verdict": {"kind", "summary", "bytes", "ranks", "actions", "headroom_bytes"},     # the job's
+     "ranks": [{"rank", "path", "peak_allocated_bytes", "peak_reserved_bytes",
+                "oom": null | {"requested_bytes", ...},
+                "verdict":   {"kind": "capacity"|"fragmentation"|"deferred-free"|"growth"|"imbalance"|"healthy",
+                              "summary": str, "bytes": int, ...},
+                "breakdown": {"at": "oom"|"peak_allocated", "event_index", "step", "phase",
+                              "categories": {"parameters", "gradients", "optimizer_state", "activations",
+                                             "temporaries", "communication", "outputs", "unknown"},
+                              "sources": {category: "recorded"|"trace"}, "allocated_bytes"},
+                "breakdowns": [... the same at peak_allocated, peak_reserved, optimizer_start ...],
+                "holders": [{"label", "category", "phase", "bytes", "count", "stack", "user_frame"}],
+                "fits": {"batch_scale": float|null, "largest_micro_batch": int|null, ...},
+                ...}],
      "findings": [{"id", "severity", "title", "ranks", "bytes", "evidence",
-                   "fixes": [{"text", ...}], ...}]}
+                   "fixes": [{"text", ...}], ...}],
+     "materiality": {"fraction", "min_bytes"}}
 """
 
 from __future__ import annotations
@@ -27,12 +39,23 @@ def anatomy_dict(an: Anatomy | None) -> dict[str, Any] | None:
     return asdict(an) | {"allocated_bytes": an.allocated_bytes}
 
 
+def verdict_dict(v) -> dict[str, Any] | None:
+    """A verdict with its summary and actions filled in."""
+    if v is None:
+        return None
+    d = asdict(v)
+    d["summary"] = fill(v.summary, v.evidence)
+    d["actions"] = [fill(x, v.evidence) for x in v.actions]
+    return d
+
+
 def report_dict(report: Report) -> dict[str, Any]:
     ranks = []
     for r in report.ranks:
         d = asdict(r)
         del d["anatomy_at_peak"]  # re-added last, where the JSON contract has always had it
         d["anatomy_at_peak"] = anatomy_dict(r.anatomy_at_peak)
+        d["verdict"] = verdict_dict(r.verdict)
         ranks.append(d)
     findings = []
     for f in report.findings:
@@ -41,8 +64,9 @@ def report_dict(report: Report) -> dict[str, Any]:
         d["title"] = fill(f.title, f.evidence)
         d["per_rank_bytes"] = {str(k): v for k, v in f.per_rank_bytes.items()}
         findings.append(d)
-    out = {"oomdoctor_version": report.oomdoctor_version, "inputs": report.inputs, "ranks": ranks,
-           "findings": findings, "notes": report.notes}
+    out = {"oomdoctor_version": report.oomdoctor_version, "verdict": verdict_dict(report.verdict),
+           "inputs": report.inputs, "ranks": ranks, "findings": findings, "notes": report.notes,
+           "materiality": report.materiality}
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}
         out["extra"] = report.extra
     return out

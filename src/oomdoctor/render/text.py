@@ -27,34 +27,103 @@ def sparkline(values: list[int], top: int) -> str:
     return "".join(_SPARK[min(len(_SPARK) - 1, int(v / top * (len(_SPARK) - 1) + 0.5))] for v in values)
 
 
+_VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black on yellow",
+                  "deferred-free": "bold black on yellow", "growth": "bold white on red", "imbalance": "bold black on yellow",
+                  "healthy": "bold black on green"}
+_CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
+                   "activations": "activations", "temporaries": "temporaries", "communication": "communication",
+                   "outputs": "outputs kept", "unknown": "unknown"}
+_AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated memory",
+             "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step"}
+
+
+def _verdict_panel(report: Report) -> Panel | None:
+    v = report.verdict
+    if v is None:
+        return None
+    body = Text(fill(v.summary, v.evidence) + "\n")
+    if v.actions:
+        body.append("\nWhat to do:\n", style="bold")
+        for i, act in enumerate(v.actions, 1):
+            body.append(f"  {i}. {fill(act, v.evidence)}\n")
+    ranks = ", ".join(str(r) for r in v.ranks)
+    title = Text.assemble(Text(f" {v.kind.upper()} ", style=_VERDICT_STYLE.get(v.kind, "bold")),
+                          f" rank{'s' if len(v.ranks) > 1 else ''} {ranks} ")
+    return Panel(body, title=title, title_align="left", box=box.HEAVY)
+
+
 def _rank_table(report: Report) -> Table:
-    t = Table(title="Ranks", box=box.SIMPLE_HEAD, title_justify="left")
+    """One row per rank; short cells so that 80 columns hold it (details follow per rank)."""
+    t = Table(title="Ranks", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, padding=(0, 1))
     for col, just in (("rank", "right"), ("events", "right"), ("peak allocated", "right"),
-                      ("peak reserved", "right"), ("reserved / allocated", "right"), ("OOM", "left")):
-        t.add_column(col, justify=just)
+                      ("peak reserved", "right"), ("verdict", "left"), ("OOM request", "right")):
+        t.add_column(col, justify=just, no_wrap=True)
     for r in report.ranks:
-        oom = "-"
-        if r.oom is not None:
-            oom = (f"[bold red]{format_bytes(r.oom.requested_bytes)}[/] requested "
-                   f"(cudaMalloc {format_bytes(r.oom.cuda_malloc_bytes)}), largest free block "
-                   f"{format_bytes(r.oom.largest_free_block_bytes)}")
-        ratio = f"{r.peak_reserved_bytes / r.peak_allocated_bytes:.2f}x" if r.peak_allocated_bytes else "-"
-        t.add_row(str(r.rank), f"{r.events:,}" if r.has_history else "[dim]no history[/]",
-                  format_bytes(r.peak_allocated_bytes), format_bytes(r.peak_reserved_bytes), ratio, oom)
+        oom = f"[bold red]{format_bytes(r.oom.requested_bytes)}[/]" if r.oom is not None else "-"
+        t.add_row(str(r.rank), f"{r.events:,}" if r.has_history else "[dim]none[/]",
+                  format_bytes(r.peak_allocated_bytes), format_bytes(r.peak_reserved_bytes),
+                  r.verdict.kind if r.verdict else "-", oom)
     return t
+
+
+def _breakdown_text(r: RankSummary) -> Group:
+    bd = r.breakdown
+    text = Text()
+    if bd is None:
+        return Group(text)
+    where = _AT_LABEL.get(bd.at, bd.at)
+    step = f"step {bd.step}, " if bd.step is not None else ""
+    text.append(f"\n  {where} ({step}{bd.phase} phase): {format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
+    parts = sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+    text.append(" + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) or "nothing")
+    recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
+    text.append("\n  (" + ("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
+                          if recorded else "") + "the rest read from the trace)", style="dim")
+    holders = None
+    if r.holders:
+        text.append("\n  largest holders:", style="bold")
+        holders = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
+        holders.add_column(justify="right", no_wrap=True)
+        holders.add_column(justify="right", no_wrap=True)
+        holders.add_column(no_wrap=True)
+        holders.add_column(overflow="fold")
+        for h in r.holders[:6]:
+            holders.add_row(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}",
+                            h.label)
+    tail = Text()
+    f = r.fits
+    if f is not None and (f.batch_scale is not None or f.expandable_batch_scale is not None):
+        tail.append("  fits on this GPU (replayed): ", style="bold")
+        bits = []
+        if f.batch_scale is not None:
+            bits.append(f"{f.batch_scale}x the micro-batch with the recorded settings"
+                        + (f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""))
+        if f.expandable_batch_scale is not None:
+            bits.append(f"{f.expandable_batch_scale}x with expandable_segments"
+                        + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None else ""))
+        tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
+                    f"{format_bytes(f.margin_bytes)} kept free")
+        for n in f.notes:
+            tail.append(f"\n  note: {n}", style="dim")
+    return Group(*(x for x in (text, holders, tail) if x is not None and (not isinstance(x, Text) or x.plain)))
 
 
 def _timeline(r: RankSummary) -> Text:
     top = max(r.series.get("reserved") or [0])
     text = Text()
-    text.append(f"rank {r.rank} ", style="bold")
+    text.append(f"rank {r.rank}", style="bold")
+    if r.trace_kind:
+        text.append(f": {r.trace_kind}")
+        if r.frameworks:
+            text.append(f" · {', '.join(r.frameworks)}", style="dim")
+        text.append("\n  ")
     if not r.has_history:
         text.append(f"final state only: {format_bytes(r.peak_reserved_bytes)} reserved, "
                     f"{format_bytes(r.peak_allocated_bytes)} allocated")
         return text
     text.append(f"over {r.events:,} events, {format_us(r.duration_us)}")
     if r.steps:
-        text.append(f", {r.steps} steps ({r.step_source})")
+        text.append(f", {r.steps} step{'s' if r.steps > 1 else ''} ({r.step_source})")
     text.append("\n  reserved  ")
     text.append(sparkline(r.series.get("reserved", []), top), style="magenta")
     text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}\n  allocated ")
@@ -68,6 +137,7 @@ def _timeline(r: RankSummary) -> Text:
         text.append("\n  at the peak of reserved: ")
         text.append(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved")
     return text
+
 
 
 def _prediction_text(p: dict) -> str:
@@ -118,11 +188,24 @@ def _finding_panel(i: int, f) -> Panel:
 
 
 def render_text(report: Report, console: Console) -> None:
-    """Print ``report`` on ``console``."""
-    console.print(Text(f"oomdoctor {report.oomdoctor_version}: {len(report.ranks)} rank(s)", style="bold"))
+    """Print ``report`` on ``console``: the verdict first, then the ranks with what holds their memory,
+    then the findings (those under the materiality threshold on one line each)."""
+    v = report.verdict
+    head = Text(f"oomdoctor {report.oomdoctor_version}: ", style="bold")
+    if v is not None:
+        head.append(f"{v.kind} on rank{'s' if len(v.ranks) > 1 else ''} {', '.join(map(str, v.ranks))}",
+                    style="bold")
+        head.append(f" ({len(report.ranks)} rank(s) read)")
+    else:
+        head.append(f"{len(report.ranks)} rank(s)")
+    console.print(head)
+    panel = _verdict_panel(report)
+    if panel is not None:
+        console.print(panel)
     console.print(_rank_table(report))
     for r in report.ranks:
         console.print(_timeline(r))
+        console.print(_breakdown_text(r))
         for w in r.warnings:
             console.print(Text(f"  note: {w}", style="yellow"))
         if r.truncated and r.has_history:
@@ -132,18 +215,21 @@ def render_text(report: Report, console: Console) -> None:
     for n in report.notes:
         console.print(Text(f"note: {n}", style="yellow"))
     console.print()
-    if not report.findings:
-        console.print(Text("No memory anti-pattern found.", style="bold green"))
-        for r in report.ranks[:1]:
-            if r.top_sites:
-                console.print(Group(Text("Largest allocation sites at the peak of rank "
-                                         f"{r.rank}:", style="bold"),
-                                    *[Text(f"  {format_bytes(s.bytes):>10}  {s.count:>5} blocks  {s.label}")
-                                      for s in r.top_sites]))
-        return
-    console.print(Text(f"{len(report.findings)} finding(s), largest first:", style="bold"))
-    for i, f in enumerate(report.findings, 1):
-        console.print(_finding_panel(i, f))
+    material = [f for f in report.findings if f.severity not in ("low", "info")]
+    minor = [f for f in report.findings if f.severity in ("low", "info")]
+    if not material:
+        console.print(Text("No material finding.", style="bold green"))
+    else:
+        console.print(Text(f"{len(material)} finding(s), most severe first:", style="bold"))
+        for i, f in enumerate(material, 1):
+            console.print(_finding_panel(i, f))
+    if minor:
+        m = report.materiality or {}
+        rule = (f" (under max({m['fraction']:.0%} of peak reserved, {format_bytes(m['min_bytes'])}), or of no memory)"
+                if m else "")
+        console.print(Text(f"Also noted, not material{rule}:", style="dim"))
+        for f in minor:
+            console.print(Text(f"  [{f.id}] {format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", style="dim"))
 
 
 def _oom_text(oom) -> Text:

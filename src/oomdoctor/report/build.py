@@ -1,21 +1,32 @@
-"""Building a :class:`Report` from traces: analyses, detectors, and the series the renderers draw."""
+"""Building a :class:`Report` from traces: analyses, detectors, the materiality rule, the accounting, what
+fits, the verdict, and the series the renderers draw. The order matters and is fixed here: detectors,
+then the simulator's predictions for their fixes, then version applicability, then materiality (which
+ranks them), then per rank the breakdown, holders and fits, then the verdicts."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import __version__
+from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis, analyze
+from ..analysis.holders import holders_at
 from ..analysis.rounding import allocation_size
-from ..detectors.common import site_refs
-from ..detectors.context import Context, torch_version
+from ..detectors import materiality
+from ..detectors.common import frame_text, site_refs
+from ..detectors.context import Context, applies, torch_version
+from ..detectors.finding import Finding
 from ..detectors.registry import run_all
+from ..frameworks import detect_frameworks
 from ..trace.model import Trace
-from .model import OomInfo, RankSummary, Report
+from .fits import Fits, device_room, fits
+from .model import HolderRef, OomInfo, RankSummary, Report
 from .predict import attach_predictions
+from .verdict import job_verdict, rank_verdict
 
-SERIES_POINTS = 64
+SERIES_POINTS = 48
 TOP_SITES = 5
+TOP_HOLDERS = 8
 
 
 def downsample_max(values: np.ndarray, points: int = SERIES_POINTS) -> list[int]:
@@ -28,8 +39,45 @@ def downsample_max(values: np.ndarray, points: int = SERIES_POINTS) -> list[int]
     return [int(v) for v in np.maximum.reduceat(values, edges[:-1])]
 
 
+def breakdowns(a: DeviceAnalysis) -> tuple[Breakdown | None, list[Breakdown]]:
+    """The breakdown the verdict reads (at the OOM, else at the peak of allocated memory) and the
+    others that matter: peak allocated, peak reserved, and the start of every optimizer step (where the
+    gradients are all there)."""
+    if a.num_events == 0:
+        return None, []
+    out = [a.breakdown_at(a.peak_allocated[1], "peak_allocated"), a.breakdown_at(a.peak_reserved[1], "peak_reserved")]
+    main = out[0]
+    if a.oom_events.size:
+        main = a.breakdown_at(int(a.oom_events[-1]), "oom")
+        out.insert(0, main)
+    ph = a.phases.phase
+    o = (ph == 3).astype(np.int8)  # optimizer
+    for k in np.flatnonzero(np.diff(np.concatenate(([0], o))) == 1).tolist():
+        out.append(a.breakdown_at(max(k - 1, 0), "optimizer_start"))
+    return main, out
+
+
+def holder_refs(a: DeviceAnalysis, k: int, limit: int = TOP_HOLDERS) -> list[HolderRef]:
+    """The largest holders after event ``k`` with their category, phase and stack."""
+    out = []
+    for h in holders_at(a.trace, a.lifetimes, a.accounting, a.phases, k, limit):
+        stack = [frame_text(a.trace, f) for f in a.trace.stacks.stacks[h.stack]] if h.stack >= 0 else []
+        ref = site_refs(a, [_AsSite(h)], 1)[0] if h.stack >= 0 else None
+        out.append(HolderRef(label=h.label, bytes=h.bytes, count=h.count, stack=stack,
+                             user_frame=ref.user_frame if ref else None, category=h.category, phase=h.phase))
+    return out
+
+
+class _AsSite:
+    """A holder seen as a :class:`~oomdoctor.analysis.sites.Site` (for :func:`site_refs`)."""
+
+    def __init__(self, h) -> None:
+        self.frame, self.bytes, self.count, self.stack, self.largest_block_bytes = (h.frame, h.bytes, h.count, h.stack,
+                                                                                   h.largest_block_bytes)
+
+
 def summarize(a: DeviceAnalysis) -> RankSummary:
-    """The per-rank part of the report."""
+    """The per-rank part of the report (without verdict and fits, which need the findings)."""
     tl, dt, lt = a.timeline, a.device, a.lifetimes
     pa, pa_k = a.peak_allocated
     pr, pr_k = a.peak_reserved
@@ -58,6 +106,9 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
         torch_version=torch_version(a).text,
         allocator_conf=str(a.trace.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or ""),
         warnings=list(a.trace.warnings) + _stack_notes(a),
+        trace_kind=(a.phases.kind + (", then the OOM" if a.oom_events.size else "")) if a.num_events
+        else "final state only (no history)",
+        frameworks=[fw.name for fw in detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)],
     )
 
 
@@ -77,19 +128,60 @@ def _stack_notes(a: DeviceAnalysis) -> list[str]:
     return [] if a.free_stacks else [NO_FREE_STACKS]
 
 
-def build_report(traces: list[Trace]) -> Report:
+def build_report(traces: list[Trace], *, micro_batch: int | None = None,
+                 rule: materiality.Materiality = materiality.Materiality()) -> Report:
     """Analyse every trace (its primary device), run the detectors, and assemble the report."""
-    return report_of([analyze(t) for t in traces])
+    return report_of([analyze(t) for t in traces], micro_batch=micro_batch, rule=rule)
 
 
-def report_of(analyses: list[DeviceAnalysis]) -> Report:
-    """The report of analyses already made (one per rank)."""
+def _versions(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
+    """Fill ``Fix.applies`` where the detector left it open, from the version of the finding's ranks."""
+    by_rank = {a.rank: a for a in analyses}
+    for f in findings:
+        a = next((by_rank[r] for r in f.ranks if r in by_rank), None)
+        if a is None:
+            continue
+        v = torch_version(a)
+        for fx in f.fixes:
+            if fx.applies is None:
+                fx.applies = applies(fx.versions, v)
+
+
+def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
+              rule: materiality.Materiality = materiality.Materiality()) -> Report:
+    """The report of analyses already made (one per rank). ``micro_batch``: the per-device micro-batch
+    of the recorded run, to say the largest that fits; ``rule``: the materiality rule."""
     ctx = Context(analyses)
     findings = run_all(ctx)
     attach_predictions(findings, analyses)
+    _versions(findings, analyses)
+    findings = materiality.apply(findings, {a.rank: a.peak_reserved[0] for a in analyses}, rule)
     notes = []
     if any(not a.trace.has_history for a in analyses):
         notes.append("Some snapshots hold no allocation history (recorded with enabled='state'): peaks are the "
                      "final state only; record with torch.cuda.memory._record_memory_history(max_entries=100000).")
-    return Report(ranks=[summarize(a) for a in analyses], findings=findings,
-                  inputs=[a.trace.path for a in analyses], oomdoctor_version=__version__, notes=notes)
+    ranks = []
+    for a in analyses:
+        r = summarize(a)
+        r.breakdown, r.breakdowns = breakdowns(a)
+        if r.breakdown is not None:
+            r.holders = holder_refs(a, r.breakdown.event_index)
+        room = device_room(a)
+        done: list[Fits] = []
+
+        def get_fits(a=a, room=room, done=done) -> Fits:
+            if not done:
+                done.append(fits(a, room, micro_batch))
+            return done[0]
+
+        if r.breakdown is not None:
+            r.verdict = rank_verdict(a, findings, room, r.breakdown, r.holders, get_fits)
+        if micro_batch and a.num_events:
+            get_fits()
+        r.fits = done[0] if done else Fits(room.bytes, room.source)
+        ranks.append(r)
+    oom_ranks = {a.rank for a in analyses if a.oom_events.size}
+    return Report(ranks=ranks, findings=findings, inputs=[a.trace.path for a in analyses],
+                  oomdoctor_version=__version__, notes=notes,
+                  verdict=job_verdict([r.verdict for r in ranks if r.verdict is not None], oom_ranks),
+                  materiality={"fraction": rule.fraction, "min_bytes": rule.min_bytes})

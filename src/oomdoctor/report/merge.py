@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from ..analysis.ranks import RankProfile
 from ..detectors import rank_imbalance
+from ..detectors.materiality import Materiality, apply
 from ..detectors.registry import merge_findings
 from .model import Report
+from .verdict import job_verdict, with_findings
 
 
 def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing_ranks: list[int] = (),
@@ -27,8 +29,9 @@ def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing
         waited_s: how long rank 0 waited for the others (seconds).
     """
     ranks = sorted((r for rep in reports for r in rep.ranks), key=lambda r: r.rank)
-    findings = merge_findings([f for rep in reports for f in rep.findings] + rank_imbalance.detect_profiles(
-        sorted(profiles, key=lambda p: p.rank)))
+    rule = Materiality(**reports[0].materiality) if reports and reports[0].materiality else Materiality()
+    findings = apply(merge_findings([f for rep in reports for f in rep.findings] + rank_imbalance.detect_profiles(
+        sorted(profiles, key=lambda p: p.rank))), {p.rank: p.peak_reserved_bytes for p in profiles}, rule)
     notes: list[str] = []
     for rep in reports:
         notes.extend(n for n in rep.notes if n not in notes)
@@ -38,8 +41,14 @@ def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing
                      "busy): this summary covers the other ranks only.")
     version = reports[0].oomdoctor_version if reports else ""
     extra = {"in_job_summary": True, "world_size": world_size, "missing_ranks": sorted(missing_ranks)}
+    oom_ranks = {r.rank for r in ranks if r.oom is not None}
+    for r in ranks:  # the cross-rank findings were not there when each rank judged itself
+        if r.verdict is not None and r.oom is None:
+            r.verdict = with_findings(r.verdict, findings)
     return Report(ranks=ranks, findings=findings, inputs=[p for rep in reports for p in rep.inputs],
-                  oomdoctor_version=version, notes=notes, extra=extra)
+                  oomdoctor_version=version, notes=notes, extra=extra,
+                  verdict=job_verdict([r.verdict for r in ranks if r.verdict is not None], oom_ranks),
+                  materiality=reports[0].materiality if reports else {})
 
 
 def _span(ranks: list[int]) -> str:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.accounting import Breakdown
 from ..analysis.fragmentation import Anatomy
 from ..detectors.finding import Finding, SiteRef
+from .fits import Fits
+from .verdict import Verdict
 
 
 @dataclass
@@ -21,6 +24,15 @@ class OomInfo:
     allocated_bytes: int
     largest_free_block_bytes: int
     stream: int
+
+
+@dataclass
+class HolderRef(SiteRef):
+    """A holder of memory at the breakdown's event: a site and one category of what it holds, with the
+    phase most of those bytes were allocated in (:mod:`oomdoctor.analysis.holders`)."""
+
+    category: str = ""
+    phase: str = ""
 
 
 @dataclass
@@ -51,13 +63,25 @@ class RankSummary:
     torch_version: str
     allocator_conf: str
     warnings: list[str] = field(default_factory=list)
+    trace_kind: str = ""
+    verdict: Verdict | None = None
+    breakdown: Breakdown | None = None
+    breakdowns: list[Breakdown] = field(default_factory=list)
+    holders: list[HolderRef] = field(default_factory=list)
+    fits: Fits | None = None
+    frameworks: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Report:
+    """Everything about a job's ranks; ``verdict`` is the job's (its worst rank's), ``materiality``
+    the rule's parameters (``fraction``, ``min_bytes``)."""
+
     ranks: list[RankSummary]
     findings: list[Finding]
     inputs: list[str]
     oomdoctor_version: str
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    verdict: Verdict | None = None
+    materiality: dict[str, Any] = field(default_factory=dict)

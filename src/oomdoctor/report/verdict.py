@@ -1,0 +1,263 @@
+"""The verdict: the answer to the user's first question, per rank and for the job.
+
+Computed once, after the detectors and the materiality rule, from the accounting, the anatomy, the
+findings and the allocator model. Kinds (:data:`KINDS`):
+
+At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then + the failed request,
+``room`` = what the allocator could hold, :func:`.fits.device_room`):
+
+- ``growth``: memory kept across micro-batches (``outputs`` in the breakdown, or a material
+  ``output-accumulation`` / ``memory-growth`` / ``pipeline-output-cache`` finding on the rank) at least
+  the shortfall ``need - room`` and 64 MiB: the job accumulates, a bigger GPU only delays it;
+- ``imbalance``: a ``rank-imbalance`` finding on this rank whose excess covers the shortfall;
+- ``capacity``: ``need > room``: the live tensors alone do not fit; no allocator setting helps;
+- ``deferred-free``: ``need <= room < need + pending frees``: blocks freed by Python but held for
+  ``record_stream`` made the difference;
+- ``fragmentation``: ``need <= room``: enough memory was free, cached or on the device, but not in
+  one piece (PyTorch's "reserved but unallocated"); the simulator says whether
+  ``expandable_segments`` lets the recorded trace through (``fits.expandable_batch_scale >= 1``).
+
+Without an OOM: the kind of the material finding (MEDIUM or HIGH after the materiality rule) with the
+most bytes at stake (``deferred-free``, ``fragmentation``, ``growth`` for ``memory-growth`` /
+``output-accumulation`` / ``pipeline-output-cache``, ``imbalance``), else ``healthy``.
+
+The job's verdict is its worst rank's: ranks that ran out of memory first, then by bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..analysis.accounting import Breakdown
+from ..analysis.device import DeviceAnalysis
+from ..analysis.rounding import round_size
+from ..detectors.finding import Finding, SiteRef
+from ..frameworks import detect_frameworks
+from ..units import MiB
+from .fits import Fits, Room
+
+KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy")
+GROWTH_FINDINGS = ("output-accumulation", "memory-growth", "pipeline-output-cache")
+FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
+                **{f: "growth" for f in GROWTH_FINDINGS}}
+MIN_DECISIVE_BYTES = 64 * MiB
+
+
+@dataclass
+class Verdict:
+    """``kind`` (:data:`KINDS`), a one-sentence ``summary`` (a template over ``evidence``, filled by
+    renderers like a finding's), the ``bytes`` that decide it, the ``headroom_bytes`` left on the
+    device at the peak of reserved memory (None when the device's room is unknown), the ``ranks``
+    it concerns and the finding behind it, if one."""
+
+    kind: str
+    summary: str
+    bytes: int
+    ranks: list[int]
+    headroom_bytes: int | None = None
+    finding: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    actions: list[str] = field(default_factory=list)
+
+
+def _material(findings: list[Finding], rank: int) -> list[Finding]:
+    return [f for f in findings if rank in f.ranks and f.severity in ("medium", "high", "critical")]
+
+
+def _rank_bytes(f: Finding, rank: int) -> int:
+    return int(f.per_rank_bytes.get(rank, f.bytes))
+
+
+def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Breakdown, holders: list[SiteRef],
+                 fits: Callable[[], Fits | None]) -> Verdict:
+    """The verdict of one rank (see the module doc). ``bd``: the breakdown at the OOM or the peak;
+    ``fits``: computes what fits when a verdict needs it (capacity, fragmentation): replays cost time."""
+    rank = a.rank
+    peak_reserved = a.peak_reserved[0]
+    headroom = room.bytes - peak_reserved if room.bytes is not None else None
+    ev: dict[str, Any] = {"rank": rank, "peak_reserved_bytes": peak_reserved, "peak_allocated_bytes": a.peak_allocated[0],
+                          "room_bytes": room.bytes, "room_source": room.source, "phase": bd.phase,
+                          "step": bd.step if bd.step is not None else "-", "outputs_bytes": bd.categories["outputs"]}
+    mine = _material(findings, rank)
+    _logits(holders, bd, ev)
+    if a.oom_events.size:
+        v = _oom_verdict(a, mine, room, bd, fits, ev)
+        v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
+        return v
+    if headroom is not None:
+        ev["headroom_bytes"] = headroom
+        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes} of the {room_bytes:bytes} "
+                   "the allocator could use on this GPU ({headroom_bytes:bytes} headroom), peak allocated "
+                   "{peak_allocated_bytes:bytes} in the {phase} phase.")
+    else:
+        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}, peak allocated "
+                   "{peak_allocated_bytes:bytes} in the {phase} phase (the GPU's size is not recorded).")
+    return with_findings(Verdict("healthy", summary, peak_reserved, [rank], headroom, None, ev), findings)
+
+
+def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
+    """A verdict without OOM re-read against ``findings``: the material finding with the most bytes at
+    stake on the rank decides it (see the module doc); else ``v`` unchanged (healthy). Also used when
+    the in-job summary adds the cross-rank findings (``report/merge.py``)."""
+    rank = v.ranks[0]
+    mine = [f for f in _material(findings, rank) if f.id in FINDING_KIND]
+    if not mine:
+        return v
+    f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
+    ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title}
+    out = Verdict(FINDING_KIND[f.id], "{title}: {finding_bytes:bytes} at stake (no OOM in this trace; peak reserved "
+                                      "{peak_reserved_bytes:bytes}).", _rank_bytes(f, rank), [rank], v.headroom_bytes,
+                  f.id, ev)
+    fx = next((x for x in f.fixes if x.applies is not False), None)
+    if fx is not None:
+        out.actions = [fx.text.replace("{", "{{").replace("}", "}}")]
+    return out
+
+
+def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdown,
+                 get_fits: Callable[[], Fits | None], ev: dict[str, Any]) -> Verdict:
+    rank = a.rank
+    k = int(a.oom_events[-1])
+    request = int(round_size(a.device.events["size"][k:k + 1])[0])
+    allocated = a.allocated_at(k)
+    an = a.anatomy_at(k)
+    need = allocated + request
+    ev |= {"request_bytes": request, "allocated_bytes": allocated, "need_bytes": need,
+           "reserved_unallocated_bytes": an.reserved_bytes - an.allocated_bytes,
+           "largest_free_block_bytes": an.largest_free_block_bytes, "pending_free_bytes": an.pending_free_bytes}
+    room_b = room.bytes
+    short = need - room_b if room_b is not None else None
+    if short is not None:
+        ev["shortfall_bytes"] = short
+        ev["free_bytes"] = room_b - allocated
+    decisive = max(short or 0, MIN_DECISIVE_BYTES)
+    growth = [f for f in mine if f.id in GROWTH_FINDINGS]
+    kept = max([bd.categories["outputs"]] + [_rank_bytes(f, rank) for f in growth])
+    if kept >= decisive and (short is None or short > 0 or growth):
+        ev["kept_bytes"] = kept
+        f = max(growth, key=lambda x: _rank_bytes(x, rank)) if growth else None
+        return Verdict("growth", "out of memory after {kept_bytes:bytes} were kept across micro-batches (outputs "
+                                 "gathered or cached, {phase} phase): the job accumulates; a larger GPU only delays it.",
+                       kept, [rank], None, f.id if f else None, ev)
+    imb = [f for f in mine if f.id == "rank-imbalance" and f.ranks == [rank]]
+    if imb and short is not None and short > 0 and _rank_bytes(imb[0], rank) >= short:
+        ev["excess_bytes"] = _rank_bytes(imb[0], rank)
+        return Verdict("imbalance", "out of memory on this rank, which holds {excess_bytes:bytes} more than the "
+                                    "others: without the excess it would fit.", ev["excess_bytes"], [rank], None,
+                       "rank-imbalance", ev)
+    if short is None:
+        return Verdict("capacity", "out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} "
+                                   "allocated; the GPU's room is unknown, so capacity cannot be told from "
+                                   "fragmentation.", request, [rank], None, None, ev)
+    if short > 0:
+        fits = get_fits()
+        summary = ("the live tensors ({allocated_bytes:bytes}) plus the failed request ({request_bytes:bytes}) need "
+                   "{need_bytes:bytes}, {shortfall_bytes:bytes} more than the {room_bytes:bytes} the allocator could "
+                   "use on this GPU: no allocator setting helps.")
+        if fits is not None and fits.largest_micro_batch is not None:
+            ev["largest_micro_batch"] = fits.largest_micro_batch
+            summary += " The largest micro-batch that fits: {largest_micro_batch}."
+        elif fits is not None and fits.batch_scale is not None:
+            ev["batch_scale"] = fits.batch_scale
+            summary += " What fits: {batch_scale}x the current micro-batch."
+        return Verdict("capacity", summary, short, [rank], None, None, ev)
+    if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b and an.pending_free_bytes >= MIN_DECISIVE_BYTES:
+        return Verdict("deferred-free", "{pending_free_bytes:bytes} freed by Python were still held for other streams "
+                                        "(record_stream) at the OOM; without them the request fits.",
+                       an.pending_free_bytes, [rank], None, "deferred-free", ev)
+    summary = ("{free_bytes:bytes} were free (cached or on the device) for a request of {request_bytes:bytes}, but not "
+               "in one piece (largest free block {largest_free_block_bytes:bytes}).")
+    fits = get_fits()
+    if fits is not None and fits.expandable_batch_scale is not None:
+        ev["expandable_fits"] = fits.expandable_batch_scale >= 1.0
+        summary += (" Simulated with expandable_segments:True, this trace runs through." if ev["expandable_fits"] else
+                    " Simulated with expandable_segments:True, it still runs out of memory.")
+    if fits is not None and fits.largest_micro_batch is not None:
+        ev["largest_micro_batch"] = fits.largest_micro_batch
+        summary += " With the recorded settings the largest micro-batch that fits is {largest_micro_batch}."
+    elif fits is not None and fits.batch_scale is not None:
+        ev["batch_scale"] = fits.batch_scale
+        summary += " With the recorded settings {batch_scale}x the current micro-batch fits."
+    return Verdict("fragmentation", summary, room_b - allocated, [rank], None, "fragmentation", ev)
+
+
+LOGITS_NAMES = ("cross_entropy", "log_softmax", "_convert_to_fp32", "convert_to_fp32", "ForCausalLMLoss",
+                "fixed_cross_entropy", "softmax")
+LOGITS_FRACTION = 0.2
+
+
+def _logits(holders: list[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> None:
+    """When the loss's logits (cross-entropy, log-softmax, fp32 copies of the output) hold at least
+    :data:`LOGITS_FRACTION` of the allocated bytes, say so: the [tokens, vocabulary] tensors in fp32 are
+    the usual cause of a language model's peak."""
+    hit = [h for h in holders if any(n in h.label for n in LOGITS_NAMES)]
+    b = sum(h.bytes for h in hit)
+    if hit and b >= LOGITS_FRACTION * max(bd.allocated_bytes, 1):
+        ev["logits_bytes"] = b
+        ev["logits_sites"] = ", ".join(h.label for h in hit[:3])
+
+
+def _frameworks(a: DeviceAnalysis):
+    return detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
+
+
+def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | None) -> list[str]:
+    """What to do, in order, as templates over ``v.evidence`` (filled by the renderers)."""
+    ev, out = v.evidence, []
+    fws = _frameworks(a)
+    if v.kind == "capacity":
+        if fits is not None and fits.largest_micro_batch is not None:
+            out.append("Use a per-device micro-batch of at most {largest_micro_batch} and more gradient accumulation "
+                       "steps to keep the global batch.")
+        elif fits is not None and fits.batch_scale is not None:
+            out.append("Cut the per-device micro-batch to {batch_scale}x the current one (give --micro-batch N to get "
+                       "the number) and accumulate gradients to keep the global batch.")
+        if fits is not None and fits.checkpointing_frees_at_most_bytes:
+            ev["checkpointing_frees_bytes"] = fits.checkpointing_frees_at_most_bytes
+            out.append("Activation checkpointing frees at most {checkpointing_frees_bytes:bytes} (the activations "
+                       "saved for backward at the peak; recomputation adds back one layer's).")
+        if fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES:
+            ev["sharding_frees_bytes"] = fits.sharding_optimizer_frees_bytes
+            out.append("Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees "
+                       "{sharding_frees_bytes:bytes}.")
+        for fw in fws:
+            if "activations" in fw.knobs:
+                out.append(f"{fw.name}: {fw.knobs['activations']}.")
+                break
+    elif v.kind == "fragmentation":
+        if ev.get("expandable_fits"):
+            out.append("Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): "
+                       "simulated, this trace then runs through.")
+        else:
+            out.append("Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) to "
+                       "stop stranding free memory; simulated, it is not enough here: lower the micro-batch too.")
+        if "largest_micro_batch" in ev:
+            out.append("Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}.")
+    elif v.finding is not None:
+        f = next((x for x in mine if x.id == v.finding), None)
+        fx = next((x for x in f.fixes if x.applies is not False), None) if f is not None else None
+        if fx is not None:
+            out.append(fx.text.replace("{", "{{").replace("}", "}}"))
+    if "logits_bytes" in ev and v.kind in ("capacity", "fragmentation"):
+        knob = next((fw.knobs["logits"] for fw in fws if "logits" in fw.knobs), None)
+        out.append("The loss's logits hold {logits_bytes:bytes} ({logits_sites}): "
+                   + (knob.replace("{", "{{").replace("}", "}}") if knob else
+                      "compute the loss in chunks or fuse the LM head with the cross-entropy") + ".")
+    return out
+
+
+# on equal bytes, the more specific kind: one rank's excess over the others says where the growth is
+_PREFER = ("fragmentation", "deferred-free", "growth", "imbalance")
+
+_ORDER = {"growth": 0, "imbalance": 1, "capacity": 2, "deferred-free": 3, "fragmentation": 4, "healthy": 9}
+
+
+def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:
+    """The job's verdict: its worst rank's (ranks with an OOM first), naming every rank of that kind."""
+    if not verdicts:
+        return None
+    worst = min(verdicts, key=lambda v: (v.ranks[0] not in oom_ranks, _ORDER.get(v.kind, 5), -v.bytes))
+    ranks = sorted({r for v in verdicts if v.kind == worst.kind for r in v.ranks})
+    return Verdict(worst.kind, worst.summary, worst.bytes, ranks, worst.headroom_bytes, worst.finding, worst.evidence,
+                   worst.actions)
