@@ -15,7 +15,8 @@ told apart by ``num_alloc_retries`` (each retry frees the cache once, ``release_
 ``empty_cache()`` the next allocation also opens with a ``segment_alloc``, as a retry does): the finding
 then names both causes, says why, and stays LOW. The evidence says how the bursts were classified.
 
-Not churn, and not counted: the burst of an OOM itself (the allocator frees its cache and retries just
+Not churn, and not counted: the flush torch.compile's CUDA graph trees make before recording a graph
+(``torch/_inductor/cudagraph_trees.py``: the next allocation is made by ``_record``), the burst of an OOM itself (the allocator frees its cache and retries just
 before raising: the OOM's verdict covers it, and ``num_alloc_retries`` counts it once per ``oom``
 entry), and bursts outside the training passes (``empty_cache()`` at setup, after the last step, as
 Lightning and accelerate do at phase changes). A retry that succeeded means the job runs at the edge:
@@ -122,6 +123,14 @@ def _training_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray,
         before = frees[frees < o]
         if before.size and allocs_before[before[-1]] == allocs_before[o]:
             keep &= burst_id != burst_id[frees < o][-1]
+    # CUDA graph trees flush the cache before recording a graph (once per graph, at warm-up)
+    nxt_alloc = np.searchsorted(np.flatnonzero(act == ALLOC), frees, side="right")
+    alloc_idx = np.flatnonzero(act == ALLOC)
+    record = stacks_matching(a.trace, "cudagraph_trees.py", ("_record", "record_function"))
+    stacks = a.device.events["stack"]
+    for j, f in enumerate(frees.tolist()):
+        if nxt_alloc[j] < alloc_idx.size and rows_with(record, stacks[alloc_idx[nxt_alloc[j]]:alloc_idx[nxt_alloc[j]] + 1])[0]:
+            keep &= burst_id != burst_id[j]
     ph = a.phases
     if ph.pass_starts.size:
         first = int(ph.pass_starts[0])

@@ -65,8 +65,9 @@ def _view_data(v: RankView) -> dict[str, Any]:
 def render_html(report: Report, visual: Visual) -> str:
     """The report as one HTML page (str). ``visual`` must come from the same analyses as ``report``."""
     views = {f"r{i}": _view_data(v) for i, v in enumerate(visual.ranks)}
+    plain = report_dict(report)
     return _environment().get_template("report.html.j2").render(
-        title="oomdoctor report", report=report, findings=report_dict(report)["findings"],
+        title="oomdoctor report", report=report, findings=plain["findings"], verdict=plain["verdict"],
         ranks=list(zip(report.ranks, visual.ranks)), data={"views": views},
         points=visual.timeline_points, version=__version__)
 

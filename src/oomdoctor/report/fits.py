@@ -33,9 +33,9 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE
 from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity
-from ..simulate.replay import SimulationError, prepare
+from ..simulate.replay import SimulationError, prepare, replay
 from ..simulate.scale import largest_scale
-from ..trace.model import OOM
+from ..trace.model import DEFAULT_POOL, OOM
 
 FIT_MARGIN_FRACTION = 0.03
 """Room kept free on top of the replay: run-to-run variation of what lives outside the allocator
@@ -134,6 +134,14 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
     return base, None
 
 
+def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> bool:
+    """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
+    (the same OOM, or none)? Predictions are only as good as that."""
+    r = replay(prepared, capacity=cap, validate=True)
+    return r.validation is not None and r.validation.oom_matches and (
+        r.validation.segment_events_differing == 0 or bool(a.oom_events.size))
+
+
 def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recorded: bool = True,
          expandable: bool = True) -> Fits:
     """What fits on ``a``'s device (see the module doc): under the recorded settings (``recorded``) and
@@ -170,6 +178,12 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         return out
     events = _scale_events(a)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
+    if not _reproduced(a, prepared, cap):
+        private = any(s.pool_id != DEFAULT_POOL for s in a.device.segments)
+        out.notes.append("the allocator model does not reproduce this recording under the device's room"
+                         + (" (CUDA graph private pools, e.g. torch.compile mode='reduce-overhead', are not modelled)"
+                            if private else "") + ": what fits is not replayed")
+        return out
     unit = 1.0 / micro_batch if micro_batch else None
     # a run that finished at this micro-batch fits it: search above it
     lo = 1.0 if not a.oom_events.size else 0.05

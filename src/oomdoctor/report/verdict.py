@@ -32,6 +32,7 @@ from typing import Any, Callable
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.rounding import round_size
+from ..trace.model import DEFAULT_POOL
 from ..detectors.finding import Finding, SiteRef
 from ..frameworks import detect_frameworks
 from ..units import MiB
@@ -168,6 +169,12 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
                        an.pending_free_bytes, [rank], None, "deferred-free", ev)
     summary = ("{free_bytes:bytes} were free (cached or on the device) for a request of {request_bytes:bytes}, but not "
                "in one piece (largest free block {largest_free_block_bytes:bytes}).")
+    graph = sum(p.reserved_bytes for p in an.pools if p.pool_id != DEFAULT_POOL)
+    if graph:
+        ev["graph_pool_bytes"] = graph
+        summary += (" {graph_pool_bytes:bytes} were reserved by CUDA graph private pools (torch.compile "
+                    "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot "
+                    "release cached segments while a graph is being captured.")
     fits = get_fits()
     if fits is not None and fits.expandable_batch_scale is not None:
         ev["expandable_fits"] = fits.expandable_batch_scale >= 1.0
