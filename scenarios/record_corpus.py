@@ -34,7 +34,7 @@ JOBS: dict[str, tuple[list[str], int, tuple[int, int]]] = {
                              "--steps", "3"], 8, (32, 64)),
     "accelerate-ddp-llama": (TORCHRUN + ["scenarios/accelerate_llama.py", "--steps", "2", "--grad-accum", "2"],
                              4, (8, 16)),
-    "compiled-lm": ([sys.executable, "scenarios/compiled_loop.py", "--steps", "6"], 16, (32, 64)),
+    "compiled-lm": ([sys.executable, "scenarios/compiled_loop.py", "--steps", "5"], 32, (64, 128)),
 }
 
 # name -> command of a single recorded run (no sweep)

@@ -169,7 +169,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases) -> Account
         group = np.where(b >= 0, run_no[np.clip(b, 0, n - 1)], -1)
         op = bw & persistent & (group == run_no[-1])
         reduce = _stacks_with(trace, lt.stack, ("post_backward", "_post_backward_hook", "foreach_reduce"))
-        cat[op] = _fate_of_open(cat, bw & ~op, op, b, group, lt.stack, TEMPORARIES)
+        cat[op] = _fate_of_open(cat, bw & ~op, op, b, group, lt.stack, TEMPORARIES)[0]
         cat[op & reduce & (cat == TEMPORARIES)] = GRADIENTS
     # the engine thread's cuBLAS workspace: no frames, the workspace size, kept across optimizer steps
     # (gradients die at the next zero_grad)
@@ -231,12 +231,14 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, bp: 
     # finished pass, else what most of that stack's finished blocks became, else activations
     op = fw & open_
     if op.any():
-        cat[op] = _fate_of_open(cat, fw & ~open_, op, b, bpass, stack, ACTIVATIONS)
-        # the trace went on into this pass's backward and the block was still there: saved for it
+        fate, matched = _fate_of_open(cat, fw & ~open_, op, b, bpass, stack, ACTIVATIONS)
+        cat[op] = fate
+        # no earlier pass to learn from, but the trace went on into this pass's backward and the block
+        # was still there: saved for it
         bpos = np.flatnonzero(ph.phase == BACKWARD_PHASE)
         if bpos.size:
             nb = np.searchsorted(bpos, b[op], side="right")
-            entered = (nb < bpos.size) & (bpos[np.minimum(nb, bpos.size - 1)] < nxt[op])
+            entered = (nb < bpos.size) & (bpos[np.minimum(nb, bpos.size - 1)] < nxt[op]) & ~matched
             cat[np.flatnonzero(op)[entered]] = ACTIVATIONS
         cat[op & comm] = COMMUNICATION
 
@@ -248,11 +250,12 @@ def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...]) -> np
 
 
 def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarray, bpass: np.ndarray,
-                  stack: np.ndarray, default: int) -> np.ndarray:
+                  stack: np.ndarray, default: int) -> tuple[np.ndarray, np.ndarray]:
     """Categories for the rows of ``op``, still allocated when the trace ends inside their own group
     (``bpass``: a pass, or a backward run). Allocations are matched by (stack, rank among that stack's
     allocations in the group), counted over every row of the group, to the last finished group; else
-    the category most of that stack's finished rows got; else ``default``."""
+    the category most of that stack's finished rows got; else ``default``. Also returns which rows were
+    matched to an allocation of an earlier group."""
     rows = np.flatnonzero(done | op)
     rows = rows[np.argsort(b[rows], kind="stable")]
     seen: dict[tuple[int, int], int] = {}
@@ -269,13 +272,14 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     for s in np.unique(ks).tolist():
         vals, cnt = np.unique(cs[ks == s], return_counts=True)
         majority[s] = int(vals[np.argmax(cnt)])
-    fate = []
+    fate, matched = [], []
     for r in np.flatnonzero(op).tolist():
         p, s = int(bpass[r]), int(stack[r])
         prev = [q for q in passes_done if q < p]
         m = finished.get((prev[-1], s, rank[r])) if prev else None
         fate.append(int(cat[m]) if m is not None else majority.get(s, default))
-    return np.array(fate, dtype=np.int8)
+        matched.append(m is not None)
+    return np.array(fate, dtype=np.int8), np.array(matched, dtype=bool)
 
 
 _FACT_CATEGORY = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_state": OPTIMIZER_STATE}
@@ -293,9 +297,12 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
         if not isinstance(rec, dict):
             continue
         try:
-            k = int(np.searchsorted(t, int(rec["time_us"]), side="right")) - 1
-        except (KeyError, TypeError, ValueError):
+            when = int(rec["time_us"])
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
+        if when < t[0] or when > t[-1]:
+            continue  # noted before the trace's first event (ring buffer) or after it: addresses may be reused
+        k = int(np.searchsorted(t, when, side="right")) - 1
         alive = np.flatnonzero(lt.allocated_mask(k))
         if alive.size == 0:
             continue

@@ -176,8 +176,8 @@ def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
 
         if r.breakdown is not None:
             r.verdict = rank_verdict(a, findings, room, r.breakdown, r.holders, get_fits)
-        if micro_batch and a.num_events:
-            get_fits()
+        if micro_batch and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):
+            get_fits()  # for growth the micro-batch is not the cause: nothing to size
         r.fits = done[0] if done else Fits(room.bytes, room.source)
         ranks.append(r)
     oom_ranks = {a.rank for a in analyses if a.oom_events.size}

@@ -233,7 +233,11 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
                 out.append(f"{fw.name}: {fw.knobs['activations']}.")
                 break
     elif v.kind == "fragmentation":
-        if ev.get("expandable_fits"):
+        if "expandable_fits" not in ev:
+            out.append("Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) so "
+                       "that free memory is not stranded between segments (not simulated: the allocator model does not "
+                       "reproduce this recording).")
+        elif ev["expandable_fits"]:
             out.append("Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): "
                        "simulated, this trace then runs through.")
         else:
