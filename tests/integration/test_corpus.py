@@ -71,7 +71,7 @@ def test_checkpointing_halves_the_peak_of_the_same_batch(tmp_path):
 
 
 # ---- diagnosis on every run of the corpus ------------------------------------------------------------
-# The verdict each run must get, and why it is right:
+# The verdict each run must get, and why it is right (docs/corpus/runs.json says per run):
 # - healthy: the job finished;
 # - capacity: at the OOM the live tensors plus the request exceed the device's room, and the same job
 #   with expandable_segments:True ran out of memory too (lightning-fsdp-gpt2-b104-expandable);
@@ -79,19 +79,7 @@ def test_checkpointing_halves_the_peak_of_the_same_batch(tmp_path):
 #   with expandable_segments:True ran through (trainer-ddp-gpt2-b96, trainer-fsdp2-gpt2-b120,
 #   accelerate-ddp-llama-b76: see expandable-and-eval-runs.jsonl);
 # - growth: outputs of every evaluation batch kept on the GPU until the OOM.
-VERDICTS = {
-    "trainer-ddp-gpt2-b88": "healthy", "trainer-ddp-gpt2-b92": "healthy", "trainer-ddp-gpt2-b96": "fragmentation",
-    "trainer-ddp-gpt2-b96-expandable": "healthy", "trainer-ddp-gpt2-eval-accumulate": "growth",
-    "trainer-ddp-gpt2-checkpointing-b88": "healthy",
-    "trainer-fsdp2-gpt2-b112": "healthy", "trainer-fsdp2-gpt2-b116": "fragmentation",
-    "trainer-fsdp2-gpt2-b120": "fragmentation", "trainer-fsdp2-gpt2-b120-expandable": "healthy",
-    "lightning-fsdp-gpt2-b96": "healthy", "lightning-fsdp-gpt2-b100": "fragmentation",
-    "lightning-fsdp-gpt2-b104": "capacity", "lightning-fsdp-gpt2-b104-expandable": "capacity",
-    "lightning-ddp-gpt2-val-logits": "growth",
-    "accelerate-ddp-llama-b72": "healthy", "accelerate-ddp-llama-b76": "fragmentation",
-    "accelerate-ddp-llama-b76-expandable": "healthy",
-    "compiled-lm-b144": "healthy", "compiled-lm-b152": "fragmentation", "compiled-lm-b160": "fragmentation",
-}
+VERDICTS = {name: run["verdict"] for name, run in json.loads((CORPUS / "runs.json").read_text()).items()}
 # runs whose trace covers the training steps the ground truth measured (the validation run's trace window
 # holds only evaluation: Lightning moved the optimizer state to the CPU after fit())
 TRAINING_TRACE = [n for n in VERDICTS if n != "lightning-ddp-gpt2-val-logits"]

@@ -97,6 +97,17 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     return with_findings(Verdict("healthy", summary, peak_reserved, [rank], headroom, None, ev), findings)
 
 
+def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
+    """A snapshot without history (``enabled="state"``): no OOM to judge, only the final state."""
+    ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
+          "room_bytes": room.bytes}
+    return Verdict("healthy", "final state only, without allocation history: {allocated_bytes:bytes} allocated, "
+                              "{reserved_bytes:bytes} reserved, no OOM recorded; record with "
+                              "torch.cuda.memory._record_memory_history(max_entries=100000) to see what happened.",
+                   a.peak_reserved[0], [a.rank], room.bytes - a.peak_reserved[0] if room.bytes is not None else None,
+                   None, ev)
+
+
 def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     """A verdict without OOM re-read against ``findings``: the material finding with the most bytes at
     stake on the rank decides it (see the module doc); else ``v`` unchanged (healthy). Also used when

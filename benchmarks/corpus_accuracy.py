@@ -1,0 +1,99 @@
+"""Diagnosis on the real-job corpus (docs/corpus/) against what each job measured itself.
+
+For every run: the verdict against the expected one (docs/corpus/runs.json), the model-state bytes
+(parameters, gradients when the optimizer step begins, optimizer state) against the job's own counts
+from the trace alone and with the storages ``oomdoctor run`` recorded, what fits against the job's batch
+sweep (largest micro-batch that ran, first that did not), and the time ``diagnose`` took in-process.
+
+    python benchmarks/corpus_accuracy.py [--json docs/corpus_accuracy.json]
+
+Prints a markdown table (docs/diagnose.md quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from oomdoctor.report import build_report
+from oomdoctor.trace import load_ranks
+
+CORPUS = Path(__file__).resolve().parents[1] / "docs" / "corpus"
+
+
+def sweep(job: str) -> tuple[int, int] | None:
+    rows = []
+    for name in (f"{job}-sweep.jsonl", f"{job}-sweep-extra.jsonl"):
+        p = CORPUS / name
+        if p.exists():
+            rows += [json.loads(ln) for ln in p.read_text().splitlines()]
+    bad = [r["batch"] for r in rows if r["exit_code"] != 0]
+    if not rows or not bad:
+        return None
+    first = min(bad)
+    return max(r["batch"] for r in rows if r["exit_code"] == 0 and r["batch"] < first), first
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--json")
+    a = p.parse_args()
+    runs = json.loads((CORPUS / "runs.json").read_text())
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, spec in runs.items():
+            with tarfile.open(CORPUS / f"{name}.tar.xz") as tar:
+                tar.extractall(tmp, filter="data")
+            run = Path(tmp) / name
+            truth = json.loads((run / "ground_truth.json").read_text())
+            row = {"run": name, "expected": spec["verdict"], "batch": truth["batch"]}
+            for mode in ("trace", "recorded"):
+                traces = load_ranks([run], skipped=[])
+                if mode == "trace":
+                    for t in traces:
+                        t.meta.pop("tensors", None)
+                elif not traces[0].meta.get("tensors"):
+                    continue
+                t0 = time.perf_counter()
+                rep = build_report(traces, micro_batch=truth["batch"])
+                row[f"{mode}_s"] = round(time.perf_counter() - t0, 3)
+                r0 = rep.ranks[0]
+                bds = r0.breakdowns
+                got = {"parameters": max([b.categories["parameters"] for b in bds] or [0]),
+                       "gradients": max([b.categories["gradients"] for b in bds if b.at == "optimizer_start"] or [0]),
+                       "optimizer_state": max([b.categories["optimizer_state"] for b in bds] or [0])}
+                for c, key in (("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"),
+                               ("optimizer_state", "optimizer_state_bytes")):
+                    row[f"{mode}_{c}_error"] = (round((got[c] - truth[key]) / truth[key], 4)
+                                                if truth.get(key) and name != "lightning-ddp-gpt2-val-logits" else None)
+                if mode == "trace":
+                    row["verdict"] = rep.verdict.kind
+                    row["largest_micro_batch"] = r0.fits.largest_micro_batch if r0.fits else None
+                    row["expandable_largest_micro_batch"] = r0.fits.expandable_largest_micro_batch if r0.fits else None
+            sw = sweep(spec["job"])
+            row["measured_largest"], row["measured_first_oom"] = sw if sw else (None, None)
+            out.append(row)
+    print("| run | verdict (expected) | params | grads | optimizer | largest micro-batch (measured: largest, first OOM) |")
+    print("|---|---|---|---|---|---|")
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:+.1f}%"
+
+    for r in out:
+        v = r["verdict"] + ("" if r["verdict"] == r["expected"] else f" (expected {r['expected']})")
+        fit = "-" if r["largest_micro_batch"] is None else str(r["largest_micro_batch"])
+        meas = "" if r["measured_largest"] is None else f" ({r['measured_largest']}, {r['measured_first_oom']})"
+        print(f"| {r['run']} | {v} | {pct(r['trace_parameters_error'])} | {pct(r['trace_gradients_error'])} | "
+              f"{pct(r['trace_optimizer_state_error'])} | {fit}{meas} |")
+    right = sum(r["verdict"] == r["expected"] for r in out)
+    print(f"\nverdicts right: {right} of {len(out)}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
