@@ -17,7 +17,9 @@ the best evidence, in order:
 ``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. A trace
 cut by an OOM lacks the rest of its step: the replay keeps free the persistent memory the job created
 after the first step's peak (optimizer state made lazily), or, when no step finished, an estimate of
-the optimizer state still to come (twice the parameters: Adam's two moments).
+the optimizer state still to come (twice the parameters: Adam's two moments). A trace that ends before
+any forward pass reached its backward is not replayed at all: the pass's peak is not in it (measured:
+replaying such a trace said 117 fits where 117 ran out of memory, ``docs/diagnose.md``).
 Also: what activation checkpointing could free at most (the activations at the peak), and what
 sharding the optimizer state over the data-parallel ranks would (ZeRO-1 / FSDP: (1 - 1/world) of it).
 """
@@ -134,6 +136,12 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
     return base, None
 
 
+def _pass_seen(a: DeviceAnalysis) -> bool:
+    """Before the OOM, did a forward pass run to its end (a backward began)? Otherwise the trace holds
+    only the beginning of a pass and its peak is unknown."""
+    return bool(np.any(a.phases.phase[: int(a.oom_events[-1]) + 1] == BACKWARD_PHASE))
+
+
 def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> bool:
     """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
     (the same OOM, or none)? Predictions are only as good as that."""
@@ -166,6 +174,10 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         return out
     if out.batch_scaled_bytes_at_peak == 0:
         out.notes.append("no tensor of the trace grows with the micro-batch (no forward or backward pass seen)")
+        return out
+    if a.oom_events.size and not _pass_seen(a):
+        out.notes.append("the trace ends inside its first forward pass: the rest of that pass is not in it, so what "
+                         "fits cannot be replayed from it; record a run that fits and diagnose it with --micro-batch")
         return out
     margin, note = _margin(a, room.bytes)
     out.margin_bytes = margin
