@@ -46,6 +46,7 @@ from ..frameworks import (
     normalize_path,
 )
 from ..trace.model import ALLOC, DeviceTrace, StackTable, Trace
+from .sites import per_table
 
 # role / phase codes
 SETUP_PHASE = 0
@@ -132,10 +133,8 @@ _ROLES: "weakref.WeakKeyDictionary[StackTable, RoleIndex]" = weakref.WeakKeyDict
 
 
 def role_index(trace: Trace) -> RoleIndex:
-    idx = _ROLES.get(trace.stacks)
-    if idx is None:
-        idx = _ROLES[trace.stacks] = RoleIndex(trace.stacks)
-    return idx
+    """The :class:`RoleIndex` of a trace's stack table (one per table, kept while the table lives)."""
+    return per_table(_ROLES, trace.stacks, RoleIndex)
 
 
 @dataclass

@@ -12,11 +12,14 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from ..trace.model import Frame, StackTable, Trace
 from .lifetimes import IN_TRACE, Lifetimes
+
+T = TypeVar("T")
 
 PRE_TRACE = -2
 """Site id of blocks allocated before the trace started, with no known stack."""
@@ -84,12 +87,17 @@ class SiteIndex:
 _INDEXES: "weakref.WeakKeyDictionary[StackTable, SiteIndex]" = weakref.WeakKeyDictionary()
 
 
+def per_table(cache: weakref.WeakKeyDictionary, stacks: StackTable, make: Callable[[StackTable], T]) -> T:
+    """``make(stacks)`` computed once per stack table and kept in ``cache`` while the table lives."""
+    got = cache.get(stacks)
+    if got is None:
+        got = cache[stacks] = make(stacks)
+    return got
+
+
 def site_index(trace: Trace) -> SiteIndex:
     """The :class:`SiteIndex` of a trace's stack table (one per table, kept while the table lives)."""
-    idx = _INDEXES.get(trace.stacks)
-    if idx is None:
-        idx = _INDEXES[trace.stacks] = SiteIndex(trace.stacks)
-    return idx
+    return per_table(_INDEXES, trace.stacks, SiteIndex)
 
 
 @dataclass

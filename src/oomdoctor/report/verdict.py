@@ -167,12 +167,8 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         summary = ("the live tensors ({allocated_bytes:bytes}) plus the failed request ({request_bytes:bytes}) need "
                    "{need_bytes:bytes}, {shortfall_bytes:bytes} more than the {room_bytes:bytes} the allocator could "
                    "use on this GPU: no allocator setting helps.")
-        if fits is not None and fits.largest_micro_batch is not None:
-            ev["largest_micro_batch"] = fits.largest_micro_batch
-            summary += " The largest micro-batch that fits: {largest_micro_batch}."
-        elif fits is not None and fits.batch_scale is not None:
-            ev["batch_scale"] = fits.batch_scale
-            summary += " What fits: {batch_scale}x the current micro-batch."
+        summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
+                                 " What fits: {batch_scale}x the current micro-batch.")
         return Verdict("capacity", summary, short, [rank], None, None, ev)
     if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b and an.pending_free_bytes >= MIN_DECISIVE_BYTES:
         return Verdict("deferred-free", "{pending_free_bytes:bytes} freed by Python were still held for other streams "
@@ -191,13 +187,22 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         ev["expandable_fits"] = fits.expandable_batch_scale >= 1.0
         summary += (" Simulated with expandable_segments:True, this trace runs through." if ev["expandable_fits"] else
                     " Simulated with expandable_segments:True, it still runs out of memory.")
+    summary += _fit_sentence(fits, ev, " With the recorded settings the largest micro-batch that fits is "
+                                       "{largest_micro_batch}.",
+                             " With the recorded settings {batch_scale}x the current micro-batch fits.")
+    return Verdict("fragmentation", summary, room_b - allocated, [rank], None, "fragmentation", ev)
+
+
+def _fit_sentence(fits: Fits | None, ev: dict[str, Any], whole: str, scale: str) -> str:
+    """``whole`` when the largest whole micro-batch is known, else ``scale`` when the scale is; the number
+    goes into ``ev``."""
     if fits is not None and fits.largest_micro_batch is not None:
         ev["largest_micro_batch"] = fits.largest_micro_batch
-        summary += " With the recorded settings the largest micro-batch that fits is {largest_micro_batch}."
-    elif fits is not None and fits.batch_scale is not None:
+        return whole
+    if fits is not None and fits.batch_scale is not None:
         ev["batch_scale"] = fits.batch_scale
-        summary += " With the recorded settings {batch_scale}x the current micro-batch fits."
-    return Verdict("fragmentation", summary, room_b - allocated, [rank], None, "fragmentation", ev)
+        return scale
+    return ""
 
 
 LOGITS_NAMES = ("cross_entropy", "log_softmax", "_convert_to_fp32", "convert_to_fp32", "ForCausalLMLoss",
