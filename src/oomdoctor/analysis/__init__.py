@@ -4,12 +4,12 @@
 fragmentation anatomy at the peak / OOM / end, computed on first use).
 """
 
+from .accounting import CATEGORIES, Accounting, Breakdown
 from .device import DeviceAnalysis, analyze
 from .fragmentation import Anatomy, PoolAnatomy, anatomy
-from .accounting import CATEGORIES, Accounting, Breakdown
 from .iterations import find_steps, step_growth
-from .phases import PHASE_NAMES, Phases, Steps
 from .lifetimes import Lifetimes, lifetimes
+from .phases import PHASE_NAMES, Phases, Steps
 from .sites import Site, group_sites, site_label, sites_at
 from .timeline import Timeline, timeline
 

@@ -165,7 +165,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases) -> Account
         # the trace ends inside a backward (an OOM): whether a block outlives it is unknown; the same
         # allocation in the previous backward says, else most of that stack's, else a temporary (a
         # gradient only where FSDP's post-backward made it)
-        run_no = np.cumsum(np.diff(np.concatenate(([0], (phase == BACKWARD_PHASE).astype(np.int8)))) == 1)
+        run_no = ph.run_number(BACKWARD_PHASE)
         group = np.where(b >= 0, run_no[np.clip(b, 0, n - 1)], -1)
         op = bw & persistent & (group == run_no[-1])
         reduce = _stacks_with(trace, lt.stack, ("post_backward", "_post_backward_hook", "foreach_reduce"))
@@ -175,7 +175,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases) -> Account
     # (gradients die at the next zero_grad)
     ws = np.flatnonzero(bw & outlives & np.isin(lt.requested, CUBLAS_WORKSPACE_BYTES))
     if ph.python_stacks and ws.size and n:
-        o_starts = np.cumsum(np.diff(np.concatenate(([0], (phase == OPTIMIZER_PHASE).astype(np.int8)))) == 1)
+        o_starts = ph.run_number(OPTIMIZER_PHASE)
         updates = np.where(d[ws] >= 0, o_starts[np.clip(d[ws], 0, n - 1)], o_starts[-1] + 2) - o_starts[b[ws]]
         empty = np.array([s < 0 or not trace.stacks.stacks[s] for s in lt.stack[ws].tolist()], dtype=bool)
         cat[ws[empty & (updates >= 2)]] = TEMPORARIES
@@ -195,8 +195,7 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, bp: 
         return
     starts = ph.pass_starts
     bpass = ph.pass_of(b)
-    nxt = np.where(bpass + 1 < starts.size, starts[np.minimum(bpass + 1, max(starts.size - 1, 0))] if starts.size else n,
-                   n)
+    nxt = np.append(starts, n)[np.clip(bpass + 1, 0, starts.size)]  # where the next pass begins (n: none)
     alive_next = (nxt < n) & (persistent | (d > nxt))
     freed_bw = ~persistent & (dp == BACKWARD_PHASE) & ~alive_next
     freed_here = ~persistent & ~freed_bw & ~alive_next

@@ -8,8 +8,8 @@ from functools import cached_property
 import numpy as np
 
 from ..trace.model import OOM, DeviceTrace, Trace
-from .fragmentation import Anatomy, anatomy
 from .accounting import Accounting, Breakdown, account, breakdown
+from .fragmentation import Anatomy, anatomy
 from .lifetimes import Lifetimes, lifetimes
 from .phases import Phases, Steps, find_phases
 from .sites import Site, sites_at

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.model import Trace
 from .accounting import CATEGORIES, Accounting
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import BACKWARD_PHASE, PHASE_NAMES, Phases
 from .sites import NO_STACK, PRE_TRACE, site_index, site_label
-from ..trace.model import Trace
 
 BACKWARD_LABEL = "<autograd backward: the engine's threads record no Python frames>"
 

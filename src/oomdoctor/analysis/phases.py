@@ -178,6 +178,16 @@ class Phases:
         """Index of the pass that event(s) ``k`` belong to (-1: before the first pass)."""
         return np.searchsorted(self.pass_starts, k, side="right") - 1
 
+    def run_starts(self, code: int) -> np.ndarray:
+        """Event indices where a run of phase ``code`` begins."""
+        m = (self.phase == code).astype(np.int8)
+        return np.flatnonzero(np.diff(np.concatenate(([0], m))) == 1)
+
+    def run_number(self, code: int) -> np.ndarray:
+        """Per event, how many runs of phase ``code`` have begun up to it (shape ``(num_events,)``)."""
+        m = (self.phase == code).astype(np.int8)
+        return np.cumsum(np.diff(np.concatenate(([0], m))) == 1)
+
     def step_of(self, k: int) -> int | None:
         if self.steps is None or k < 0:
             return None

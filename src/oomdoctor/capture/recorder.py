@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from .facts import FACT_STEPS, fact_record, optimizer_storages
 from .files import (
     CaptureError,
     atomic_write_bytes,
@@ -44,7 +45,6 @@ from .files import (
     sidecar_for,
     snapshot_name,
 )
-from .facts import FACT_STEPS, fact_record, optimizer_storages
 from .metadata import SIDECAR_FORMAT, env_subset, host_info, now_us, place_markers, rank_info, torch_info
 
 DEFAULT_MAX_ENTRIES = 100_000

@@ -11,6 +11,7 @@ from .. import __version__
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis, analyze
 from ..analysis.holders import holders_at
+from ..analysis.phases import OPTIMIZER_PHASE
 from ..analysis.rounding import allocation_size
 from ..detectors import materiality
 from ..detectors.common import frame_text, site_refs
@@ -50,9 +51,7 @@ def breakdowns(a: DeviceAnalysis) -> tuple[Breakdown | None, list[Breakdown]]:
     if a.oom_events.size:
         main = a.breakdown_at(int(a.oom_events[-1]), "oom")
         out.insert(0, main)
-    ph = a.phases.phase
-    o = (ph == 3).astype(np.int8)  # optimizer
-    for k in np.flatnonzero(np.diff(np.concatenate(([0], o))) == 1).tolist():
+    for k in a.phases.run_starts(OPTIMIZER_PHASE).tolist():
         out.append(a.breakdown_at(max(k - 1, 0), "optimizer_start"))
     return main, out
 

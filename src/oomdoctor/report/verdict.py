@@ -32,9 +32,9 @@ from typing import Any, Callable
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.rounding import round_size
-from ..trace.model import DEFAULT_POOL
 from ..detectors.finding import Finding, SiteRef
 from ..frameworks import detect_frameworks
+from ..trace.model import DEFAULT_POOL
 from ..units import MiB
 from .fits import Fits, Room
 
