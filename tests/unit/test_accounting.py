@@ -320,3 +320,21 @@ def test_one_step_is_said_to_be_one(tmp_path, steps):
     j, _ = job(steps=steps)
     a = analysed(tmp_path, j.b)
     assert a.phases.kind == ("one optimizer step" if steps == 1 else "2 optimizer steps")
+
+
+def test_sidecar_fields_of_the_wrong_shape_are_ignored_not_crashed_on(tmp_path):
+    """A hand-edited or truncated sidecar: the snapshot is still diagnosed, the bad fields named once."""
+    j, _ = job(steps=2)
+    j.b.oom(GiB, device_free=0)
+    meta = {"rank": 0, "memory_stats": [1], "world_size": "two", "gpu_total_memory_bytes": "big",
+            "device_free_bytes": 1.5, "tensors": [{"time_us": "x", "gradients": [[1e300, 2]]}, 5]}
+    a = analysed(tmp_path, j.b, meta)
+    assert "sidecar fields of the wrong shape were ignored: memory_stats, tensors, gpu_total_memory_bytes, " \
+           "device_free_bytes, world_size" in a.trace.warnings
+    report = build_report([a.trace])
+    assert report.verdict.kind in ("capacity", "fragmentation", "growth")
+    # well-shaped records with addresses outside any block are simply not matched
+    (tmp_path / "b").mkdir()
+    ok = {"rank": 0, "tensors": [{"time_us": j.b.events[5]["time_us"], "parameters": [[-5, 3], [2**64, 2]]}]}
+    a = analysed(tmp_path / "b", j.b, ok)
+    assert a.trace.warnings == [] and a.accounting.recorded_steps == 1

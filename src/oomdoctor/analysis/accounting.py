@@ -287,18 +287,13 @@ _FACT_CATEGORY = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_s
 def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, src: np.ndarray) -> int:
     """Recorded storages -> the rows that held them at the time they were noted. Returns how many
     records were applied."""
-    records = trace.meta.get("tensors")
-    if not isinstance(records, list) or not records or dt.num_events == 0:
+    records = trace.meta.get("tensors")  # shape checked at load (trace/load.py _drop_malformed)
+    if not records or dt.num_events == 0:
         return 0
     t = dt.events["time_us"]
     applied = 0
     for rec in records:
-        if not isinstance(rec, dict):
-            continue
-        try:
-            when = int(rec["time_us"])
-        except (KeyError, TypeError, ValueError, OverflowError):
-            continue
+        when = rec["time_us"]
         if when < t[0] or when > t[-1]:
             continue  # noted before the trace's first event (ring buffer) or after it: addresses may be reused
         k = int(np.searchsorted(t, when, side="right")) - 1
@@ -308,13 +303,8 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
         order = alive[np.argsort(lt.addr[alive], kind="stable")]
         lo, hi = lt.addr[order], lt.addr[order] + lt.size[order]
         for kind in ("gradients", "optimizer_state", "parameters"):  # later kinds win a shared block
-            items = rec.get(kind)
-            if not isinstance(items, list) or not items:
-                continue
-            try:
-                ptrs = np.array([int(p[0]) for p in items], dtype=np.int64)
-            except (TypeError, ValueError, IndexError, OverflowError):
-                continue
+            ptrs = np.array([p[0] for p in rec.get(kind, [])], dtype=object)
+            ptrs = ptrs[(ptrs >= 0) & (ptrs < 1 << 63)].astype(np.int64) if ptrs.size else np.zeros(0, np.int64)
             j = np.searchsorted(lo, ptrs, side="right") - 1
             ok = (j >= 0) & (ptrs < hi[np.maximum(j, 0)])
             hit = order[j[ok]]

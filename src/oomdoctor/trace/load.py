@@ -120,6 +120,7 @@ def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
     elif not isinstance(trace.meta["rank"], int):
         raise SnapshotError(where, f"'rank' must be an integer, got {trace.meta['rank']!r}")
     _check_step_markers(where, trace.meta)
+    _drop_malformed(trace)
     if not trace.has_history:
         trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
                               "only the final state is reported")
@@ -147,6 +148,41 @@ def _check_step_markers(path: str, meta: dict[str, Any]) -> None:
     if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("time_us"), int)
                                               for s in steps):
         raise SnapshotError(path, "'step_markers' must be a list of objects with an integer 'time_us'")
+
+
+_INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _storage_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(_is_int(x) for x in p) for p in v)
+
+
+def _drop_malformed(trace: Trace) -> None:
+    """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
+    itself is fine): ``memory_stats`` (an object of numbers), ``tensors`` (records of an integer
+    ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`) and the
+    integer fields of :data:`_INT_FIELDS`."""
+    meta = trace.meta
+    bad = []
+    stats = meta.get("memory_stats")
+    if stats is not None and not (isinstance(stats, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in stats.items())):
+        bad.append("memory_stats")
+    recs = meta.get("tensors")
+    if recs is not None and not (isinstance(recs, list) and all(
+            isinstance(r, dict) and _is_int(r.get("time_us"))
+            and all(_storage_list(r.get(k, [])) for k in ("parameters", "gradients", "optimizer_state"))
+            for r in recs)):
+        bad.append("tensors")
+    bad += [k for k in _INT_FIELDS if meta.get(k) is not None and not _is_int(meta[k])]
+    for k in bad:
+        del meta[k]
+    if bad:
+        trace.warnings.append(f"sidecar fields of the wrong shape were ignored: {', '.join(bad)}")
 
 
 @dataclass(frozen=True)
