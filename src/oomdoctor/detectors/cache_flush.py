@@ -29,7 +29,7 @@ import numpy as np
 
 from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, OPTIMIZER_PHASE
-from ..trace.model import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from ..trace.model import ALLOC, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from .common import rows_with, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
@@ -49,7 +49,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     # bursts: consecutive segment frees with no alloc in between
     allocs_before = np.cumsum(act == ALLOC)
     burst_id = np.concatenate(([0], np.cumsum(np.diff(allocs_before[frees]) > 0))) if frees.size else frees
-    keep = _training_bursts(a, frees, burst_id, allocs_before)
+    keep = _training_bursts(a, frees, burst_id)
     frees, burst_id = frees[keep], burst_id[keep]
     if frees.size == 0 and retries_stat == 0:
         return None
@@ -112,31 +112,25 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
                    per_rank_bytes={a.rank: at_stake})
 
 
-def _training_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray, allocs_before: np.ndarray) -> np.ndarray:
-    """Mask over ``frees``: bursts inside the training passes, and not the one an OOM made."""
-    keep = np.ones(frees.shape[0], dtype=bool)
+def _training_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray) -> np.ndarray:
+    """Mask over ``frees``: bursts inside the training passes, and not one whose next request is the
+    OOM it made or the recording of a CUDA graph (graph trees flush the cache first, once per graph)."""
     if frees.size == 0:
-        return keep
-    act = a.device.events["action"]
-    # the OOM's own flush: a burst followed by an oom entry before any allocation
-    for o in a.oom_events.tolist():
-        before = frees[frees < o]
-        if before.size and allocs_before[before[-1]] == allocs_before[o]:
-            keep &= burst_id != burst_id[frees < o][-1]
-    # CUDA graph trees flush the cache before recording a graph (once per graph, at warm-up)
-    nxt_alloc = np.searchsorted(np.flatnonzero(act == ALLOC), frees, side="right")
-    alloc_idx = np.flatnonzero(act == ALLOC)
+        return np.ones(0, dtype=bool)
+    act, stacks = a.device.events["action"], a.device.events["stack"]
+    allocs = np.flatnonzero(act == ALLOC)
+    requests = np.flatnonzero((act == ALLOC) | (act == OOM))
+    j = np.searchsorted(requests, frees, side="right")
+    has_next = j < requests.size
+    nxt = requests[np.minimum(j, requests.size - 1)] if requests.size else frees
     record = stacks_matching(a.trace, "cudagraph_trees.py", ("_record", "record_function"))
-    stacks = a.device.events["stack"]
-    for j, f in enumerate(frees.tolist()):
-        if nxt_alloc[j] < alloc_idx.size and rows_with(record, stacks[alloc_idx[nxt_alloc[j]]:alloc_idx[nxt_alloc[j]] + 1])[0]:
-            keep &= burst_id != burst_id[j]
+    flush_of = has_next & ((act[nxt] == OOM) | rows_with(record, stacks[nxt]))
+    keep = ~np.isin(burst_id, burst_id[flush_of])
     ph = a.phases
     if ph.pass_starts.size:
         first = int(ph.pass_starts[0])
-        allocs = np.flatnonzero(act == ALLOC)
-        last_model = allocs[np.isin(ph.phase[allocs], (FORWARD_PHASE, BACKWARD_PHASE, OPTIMIZER_PHASE, EVALUATION_PHASE))]
-        end = int(last_model[-1]) if last_model.size else a.num_events
+        model = allocs[np.isin(ph.phase[allocs], (FORWARD_PHASE, BACKWARD_PHASE, OPTIMIZER_PHASE, EVALUATION_PHASE))]
+        end = int(model[-1]) if model.size else a.num_events
         keep &= (frees > first) & (frees < end)
     return keep
 

@@ -14,7 +14,7 @@ from ..analysis.holders import holders_at
 from ..analysis.phases import OPTIMIZER_PHASE
 from ..analysis.rounding import allocation_size
 from ..detectors import materiality
-from ..detectors.common import frame_text, site_refs
+from ..detectors.common import site_refs
 from ..detectors.context import Context, applies, torch_version
 from ..detectors.finding import Finding
 from ..detectors.registry import run_all
@@ -57,22 +57,11 @@ def breakdowns(a: DeviceAnalysis) -> tuple[Breakdown | None, list[Breakdown]]:
 
 
 def holder_refs(a: DeviceAnalysis, k: int, limit: int = TOP_HOLDERS) -> list[HolderRef]:
-    """The largest holders after event ``k`` with their category, phase and stack."""
-    out = []
-    for h in holders_at(a.trace, a.lifetimes, a.accounting, a.phases, k, limit):
-        stack = [frame_text(a.trace, f) for f in a.trace.stacks.stacks[h.stack]] if h.stack >= 0 else []
-        ref = site_refs(a, [_AsSite(h)], 1)[0] if h.stack >= 0 else None
-        out.append(HolderRef(label=h.label, bytes=h.bytes, count=h.count, stack=stack,
-                             user_frame=ref.user_frame if ref else None, category=h.category, phase=h.phase))
-    return out
-
-
-class _AsSite:
-    """A holder seen as a :class:`~oomdoctor.analysis.sites.Site` (for :func:`site_refs`)."""
-
-    def __init__(self, h) -> None:
-        self.frame, self.bytes, self.count, self.stack, self.largest_block_bytes = (h.frame, h.bytes, h.count, h.stack,
-                                                                                   h.largest_block_bytes)
+    """The largest holders after event ``k`` with their category, phase and stack (a holder has a site's
+    fields, so :func:`site_refs` names its stack and user frame; the label is the holder's own)."""
+    hs = holders_at(a.trace, a.lifetimes, a.accounting, a.phases, k, limit)
+    return [HolderRef(label=h.label, bytes=h.bytes, count=h.count, stack=ref.stack, user_frame=ref.user_frame,
+                      category=h.category, phase=h.phase) for h, ref in zip(hs, site_refs(a, hs, len(hs)))]
 
 
 def summarize(a: DeviceAnalysis) -> RankSummary:

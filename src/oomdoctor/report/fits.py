@@ -67,15 +67,13 @@ def device_room(a: DeviceAnalysis) -> Room:
             reserved = int(a.timeline.reserved[k])
             return Room(reserved + free, "device", "the OOM: reserved bytes then plus the device's free bytes "
                                                    "(cudaMemGetInfo)")
-    free = meta.get("device_free_bytes")
-    stats = meta.get("memory_stats") or {}
-    reserved = stats.get("reserved_bytes.all.current") if isinstance(stats, dict) else None
+    free = meta.get("device_free_bytes")  # sidecar fields' shapes are checked at load
+    reserved = (meta.get("memory_stats") or {}).get("reserved_bytes.all.current")
     if isinstance(free, int) and isinstance(reserved, int):
         return Room(free + reserved, "device", "the sidecar: free device bytes at the dump plus reserved bytes then")
     total = meta.get("gpu_total_memory_bytes")
     if isinstance(total, int) and total > 0:
-        world = meta.get("world_size") or 1
-        outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if isinstance(world, int) and world > 1 else 0)
+        outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if (meta.get("world_size") or 1) > 1 else 0)
         return Room(total - outside, "estimated", "the GPU's total memory less the CUDA context"
                     + (" and NCCL's buffers" if outside > CUDA_CONTEXT_BYTES else "") + " (planner constants)")
     return Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")
@@ -159,16 +157,15 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     if a.num_events == 0:
         out.notes.append("no allocation history: nothing to replay")
         return out
-    pk = a.peak_allocated[1]
-    bd = a.breakdown_at(pk, "peak_allocated")
     lt, acc = a.lifetimes, a.accounting
-    alive = lt.allocated_mask(pk)
+    alive = lt.allocated_mask(a.peak_allocated[1])
     out.batch_scaled_bytes_at_peak = int(lt.size[alive & acc.batch_scaled].sum())
     out.checkpointing_frees_at_most_bytes = int(lt.size[alive & (acc.category == ACTIVATIONS)].sum())
     world = a.trace.meta.get("world_size")
-    if isinstance(world, int) and world > 1:
-        state = int(lt.size[lt.allocated_mask(a.num_events - 1) & (acc.category == OPTIMIZER_STATE)].sum())
-        out.sharding_optimizer_frees_bytes = int(max(state, bd.categories["optimizer_state"]) * (1 - 1 / world))
+    if world and world > 1:  # the optimizer state at the peak or, made later, at the end
+        state = acc.category == OPTIMIZER_STATE
+        most = max(int(lt.size[alive & state].sum()), int(lt.size[lt.allocated_mask(a.num_events - 1) & state].sum()))
+        out.sharding_optimizer_frees_bytes = int(most * (1 - 1 / world))
     if room.bytes is None:
         out.notes.append("the device's size is unknown (no OOM, no sidecar): what fits cannot be replayed")
         return out
