@@ -50,7 +50,6 @@ from .phases import (
     FORWARD_PHASE,
     OPTIMIZER_PHASE,
     OTHER_PHASE,
-    PHASE_NAMES,
     SETUP_PHASE,
     Phases,
     role_index,
@@ -330,7 +329,3 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
                     {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]})
     out.check()
     return out
-
-
-def phase_name(code: int) -> str:
-    return PHASE_NAMES[int(code)]

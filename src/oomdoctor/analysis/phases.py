@@ -147,7 +147,6 @@ class Steps:
     starts: np.ndarray
     source: str
     updates: int
-    anchor_stack: int = -1
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -166,7 +165,6 @@ class Phases:
     stacks_recorded: bool
     python_stacks: bool
     has_backward: bool
-    has_optimizer: bool
 
     def phase_name(self, k: int) -> str:
         """The phase after event ``k`` (``setup`` before the first event)."""
@@ -220,7 +218,6 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
         idx = np.searchsorted(allocs, np.arange(n), side="right") - 1
         phase = np.where(idx >= 0, smoothed[np.maximum(idx, 0)], SETUP_PHASE).astype(np.int8)
     has_b = bool(np.any(smoothed == BACKWARD_PHASE))
-    has_o = bool(np.any(smoothed == OPTIMIZER_PHASE))
     steps = _steps(trace, dt, allocs, smoothed)
     model_allocs = allocs[np.isin(smoothed, (FORWARD_PHASE, BACKWARD_PHASE, EVALUATION_PHASE))]
     if steps is not None and len(steps) > 1 and model_allocs.size and not np.any(model_allocs >= steps.starts[-1]):
@@ -238,7 +235,7 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
         kind = "forward only" if pass_starts.size <= 1 else f"{pass_starts.size} forward passes, no backward"
     else:
         kind = "setup only"
-    return Phases(phase, pass_starts, steps, kind, recorded, python, has_b, has_o)
+    return Phases(phase, pass_starts, steps, kind, recorded, python, has_b)
 
 
 def _trailing_evaluation(smoothed: np.ndarray, allocs: np.ndarray, pass_starts: np.ndarray) -> np.ndarray:
@@ -282,9 +279,9 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
     t = dt.events["time_us"]
     markers = trace.meta.get("step_markers")
     if markers and n:
-        try:
-            times = np.array(sorted(int(m["time_us"]) for m in markers), dtype=np.int64)
-        except (TypeError, ValueError, KeyError):
+        try:  # integers (checked at load), but maybe beyond int64
+            times = np.array(sorted(m["time_us"] for m in markers), dtype=np.int64)
+        except OverflowError:
             times = np.zeros(0, np.int64)
         if times.size:
             starts = np.unique(np.searchsorted(t, times, side="left"))
