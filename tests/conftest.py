@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 SHARED = Path(os.environ.get("OOMDOCTOR_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))

@@ -4,7 +4,9 @@ Public API::
 
     trace = oomdoctor.load("rank0.pickle")             # one snapshot -> Trace
     traces = oomdoctor.load_ranks(["snapshots/"])      # files/directories -> one Trace per rank
-    report = oomdoctor.diagnose(["snapshots/"])        # analyses + findings
+    result = oomdoctor.diagnose("snapshots/")          # verdict, breakdown, findings (renders in Jupyter)
+    result = oomdoctor.diff("before/", "after/")       # what a change did
+    result = oomdoctor.replay("rank0.pickle", configs=["expandable_segments:True"])  # allocator what-ifs
     with oomdoctor.record("memory/", steps="2:4") as rec:  # record this rank's CUDA memory
         ...; rec.step()
 """
@@ -13,20 +15,87 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os  # noqa: E402
+
 from .capture.recorder import DEFAULT_MAX_ENTRIES  # noqa: E402
 from .errors import OomdoctorError, SnapshotError, UnsafeSnapshotError  # noqa: E402
 from .trace import Trace, load, load_ranks  # noqa: E402
 
 
-def diagnose(paths, *, progress=None):
-    """Load ``paths`` (files or directories of per-rank snapshots) and return the :class:`~oomdoctor.report.Report`.
+def _paths(paths) -> list:
+    return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+
+
+def diagnose(paths, *, micro_batch=None, progress=None):
+    """Load ``paths`` (a file or directory of per-rank snapshots, or a list of them) and diagnose them.
+
+    Returns a :class:`~oomdoctor.notebook.Diagnosis`: ``.report`` (the
+    :class:`~oomdoctor.report.model.Report`, whose fields read through: ``.verdict``, ``.ranks``,
+    ``.findings``), ``str()`` the terminal text, ``.to_json()``, ``.to_html()``; Jupyter shows the HTML
+    report. ``micro_batch``: the recorded per-device micro-batch (samples), to say the largest that fits.
 
     Raises:
         SnapshotError: an input cannot be read as a snapshot (the message names the file).
     """
-    from .report import build_report
+    from .analysis.device import analyze
+    from .notebook import Diagnosis
+    from .report.build import report_of
+    from .report.visual import build_visual
 
-    return build_report(load_ranks(paths, progress=progress))
+    analyses = [analyze(t) for t in load_ranks(_paths(paths), progress=progress)]
+    return Diagnosis(report_of(analyses, micro_batch=micro_batch), build_visual(analyses))
+
+
+def diff(before, after):
+    """Compare two runs (each a file, a directory of per-rank snapshots, or a list): a
+    :class:`~oomdoctor.notebook.Comparison` (``.diff``; Jupyter shows the HTML comparison).
+
+    Raises:
+        SnapshotError: an input cannot be read as a snapshot.
+    """
+    from .analysis.device import analyze
+    from .notebook import Comparison
+    from .report.build import report_of
+    from .report.diff import diff_runs
+    from .report.visual import build_visual
+
+    b = [analyze(t) for t in load_ranks(_paths(before))]
+    a = [analyze(t) for t in load_ranks(_paths(after))]
+    return Comparison(diff_runs(b, a, report_of(b), report_of(a)), build_visual(b), build_visual(a))
+
+
+def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, workers=None):
+    """``oomdoctor simulate`` as a function (named ``replay``: ``oomdoctor.simulate`` is the package of
+    the allocator model). Replay one snapshot file through the allocator model under its recorded settings (checked
+    against the recording) and under ``configs`` (``PYTORCH_CUDA_ALLOC_CONF`` strings): a
+    :class:`~oomdoctor.notebook.Replay` (``.simulation``; Jupyter shows the table).
+
+    Args:
+        immediate_frees: also replay with deferred (``record_stream``) frees completed at once.
+        cap: the memory limit, bytes (int) or a size such as ``"38.67GiB"`` (default: from the snapshot).
+        search: also try a grid of settings and recommend one (``workers`` processes).
+
+    Raises:
+        SnapshotError: the file is not a snapshot; UsageError: it holds no allocation history, or ``cap``
+        is not a size; ConfigError: an invalid config string.
+    """
+    from .errors import UsageError
+    from .notebook import Replay
+    from .simulate.capacity import infer_capacity
+    from .simulate.replay import prepare
+    from .simulate.whatif import simulate as run
+    from .simulate.whatif import with_capacity
+    from .units import parse_bytes
+
+    trace = load(path)
+    if not trace.has_history:
+        raise UsageError(f"{trace.path}: the snapshot holds no allocation history, so there is nothing to replay")
+    prepared = prepare(trace)
+    capacity = infer_capacity(trace, prepared.device)
+    if cap is not None:
+        capacity = with_capacity(capacity, cap if isinstance(cap, int) else parse_bytes(str(cap)))
+    return Replay(run(trace, configs=list(configs), immediate_frees=immediate_frees, capacity=capacity, search=search,
+                      workers=workers, prepared=prepared))
 
 
 def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="python", free_stacks=False, on_oom=True,
@@ -67,5 +136,5 @@ def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="pyth
                     on_finish=hook)
 
 
-__all__ = ["OomdoctorError", "SnapshotError", "Trace", "UnsafeSnapshotError", "__version__", "diagnose", "load", "record",
-           "load_ranks"]
+__all__ = ["OomdoctorError", "SnapshotError", "Trace", "UnsafeSnapshotError", "__version__", "diagnose", "diff", "load",
+           "load_ranks", "record", "replay"]

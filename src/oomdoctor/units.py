@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+import re
+
+from .errors import UsageError
+
 KiB: int = 1 << 10
 MiB: int = 1 << 20
 GiB: int = 1 << 30
 
 #: Microseconds per second (trace timestamps ``time_us`` are microseconds since the Unix epoch).
 US_PER_S: int = 1_000_000
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"41519093862"``, ``"38.67GiB"``, ``"40 GB"`` -> bytes (binary units for ``KiB/MiB/GiB`` and
+    single letters, decimal for ``KB/MB/GB``).
+
+    Raises:
+        UsageError: anything else, or a size that is not positive.
+    """
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise UsageError(f"cannot read {text!r} as a size: give bytes or a number with B, KiB, MiB, GiB, GB ...")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise UsageError(f"a size must be positive, got {text!r}")
+    return int(value)

@@ -60,3 +60,30 @@ def test_large_report_size_and_load(browser, snapshots, tmp_path, artifacts):
     load = open_page(browser, out, artifacts / "report-large.png")
     _check(load, charts=1)
     assert "271,109 events" in out.read_text()
+
+
+def test_notebook_frame_draws_the_report(browser, snapshots, tmp_path, artifacts):
+    """What a notebook cell shows for ``oomdoctor.diagnose(path)``: the ``_repr_html_`` markup put in a
+    page as Jupyter puts it, loaded in Chromium: the report draws inside the frame, with no error and
+    no request."""
+    import oomdoctor
+
+    d = oomdoctor.diagnose(snapshots / "tp-allreduce" / "legacy-rank0.pickle")
+    cell = tmp_path / "cell.html"
+    cell.write_text(f"<!DOCTYPE html><html><body><div class='output'>{d._repr_html_()}</div></body></html>")
+    errors, requests = [], []
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url) if r.url.startswith(("http", "ws")) else None)
+    page.goto(cell.resolve().as_uri())
+    frame = page.frame_locator("iframe[title=oomdoctor]")
+    frame.locator("body").wait_for()
+    inner = next(f for f in page.frames if f is not page.main_frame)
+    inner.wait_for_function("window.oomdoctorReady !== undefined", timeout=30_000)
+    text = inner.inner_text("body")
+    assert "DEFERRED-FREE" in text.upper() and d.verdict.kind == "deferred-free"
+    drawn = inner.evaluate("() => document.querySelectorAll('canvas').length")
+    page.screenshot(path=str(artifacts / "notebook-cell.png"), full_page=False)
+    page.close()
+    assert drawn >= 2 and errors == [] and requests == []

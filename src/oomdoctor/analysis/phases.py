@@ -13,6 +13,9 @@ sidecar's step markers (``oomdoctor.record``'s global optimizer step hook), ``Op
 repeat inside a forward pass are never steps: a trace with no update is a forward pass (or a
 forward and backward pass) and is said to be so.
 
+Phases a framework callback marked (sidecar ``phase_markers``: evaluation, optimizer) override a
+stack that says only ``forward`` or nothing (:func:`_marked`).
+
 **Passes** are forward passes (one micro-batch each): a pass begins at the first forward or evaluation
 allocation after a backward or optimizer one, and inside a run of forward passes (an evaluation loop)
 where the run's first forward allocation, preceded by an allocation that is not forward code (the next
@@ -205,7 +208,7 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     recorded = (trace.meta.get("recording") or {}).get("stacks") != "none" and bool(
         np.any((raw != NO_FRAMES) & (raw != UNRECORDED)))
     python = recorded and bool(np.any(raw <= OTHER_PHASE))
-    roles = ri.roles_of(stack[allocs], python)
+    roles = _marked(ri.roles_of(stack[allocs], python), dt.events["time_us"][allocs], trace.meta.get("phase_markers"))
     # allocations of no known role continue the phase before them; before any, setup
     known = roles != OTHER_PHASE
     pos = np.where(known, np.arange(roles.size), -1)
@@ -236,6 +239,28 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     else:
         kind = "setup only"
     return Phases(phase, pass_starts, steps, kind, recorded, python, has_b)
+
+
+_MARKED = {"evaluation": EVALUATION_PHASE, "optimizer": OPTIMIZER_PHASE}
+
+
+def _marked(roles: np.ndarray, times_us: np.ndarray, marks: list[dict] | None) -> np.ndarray:
+    """Allocations made while a framework callback said the job evaluates or steps the optimizer
+    (sidecar ``phase_markers``: from each mark's ``time_us`` on, its ``phase``) take that phase when
+    their stack says only ``forward`` or nothing (an evaluation forward, an optimizer kernel's
+    workspace, any allocation when no stacks were recorded). Backward and setup stacks keep theirs."""
+    if not marks or roles.size == 0:
+        return roles
+    try:
+        ordered = sorted(((int(m["time_us"]), m["phase"]) for m in marks), key=lambda x: x[0])
+        t = np.array([x[0] for x in ordered], dtype=np.int64)
+    except (OverflowError, KeyError, TypeError):
+        return roles
+    code = np.array([_MARKED.get(p, -1) for _t, p in ordered], dtype=np.int8)
+    i = np.searchsorted(t, times_us, side="right") - 1
+    said = np.where(i >= 0, code[np.maximum(i, 0)], -1)
+    weak = (roles == FORWARD_PHASE) | (roles == OTHER_PHASE)
+    return np.where(weak & (said >= 0), said, roles).astype(np.int8)
 
 
 def _trailing_evaluation(smoothed: np.ndarray, allocs: np.ndarray, pass_starts: np.ndarray) -> np.ndarray:

@@ -15,11 +15,13 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
      "device_free_bytes": cudaMemGetInfo's free bytes at the dump,   # + reserved = the allocator's room
      "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state"}],  # .facts
      "step_markers": [{"step", "time_us", "event_index"}],  # start of each step
+     "phase_markers": [{"phase", "time_us", "event_index"}],  # from then on: train | optimizer | evaluation
+     "micro_batch": null | samples per device per forward pass (set by the framework callbacks),
      "oom": null | {"device", "alloc_bytes", "device_limit_bytes", "device_free_bytes"},
      "written_time_us"}
 
 ``trace.load`` merges these keys into ``Trace.meta``; the detectors read ``torch_version``,
-``step_markers``, ``memory_stats.num_alloc_retries`` and ``pp_rank``; the simulator reads
+``step_markers``, ``phase_markers`` (the phases analysis), ``memory_stats.num_alloc_retries`` and ``pp_rank``; the simulator reads
 ``memory_cap_bytes`` and ``gpu_total_memory_bytes``.
 """
 
@@ -32,6 +34,8 @@ from bisect import bisect_left
 from typing import Any, Mapping
 
 SIDECAR_FORMAT = "oomdoctor.sidecar/1"
+PHASES = ("train", "optimizer", "evaluation")
+"""What a framework callback can say the job runs (``phase_markers``; :mod:`oomdoctor.integrations`)."""
 ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
              "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS",
              "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",

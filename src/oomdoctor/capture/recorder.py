@@ -45,7 +45,16 @@ from .files import (
     sidecar_for,
     snapshot_name,
 )
-from .metadata import SIDECAR_FORMAT, env_subset, host_info, now_us, place_markers, rank_info, torch_info
+from .metadata import (
+    PHASES,
+    SIDECAR_FORMAT,
+    env_subset,
+    host_info,
+    now_us,
+    place_markers,
+    rank_info,
+    torch_info,
+)
 
 DEFAULT_MAX_ENTRIES = 100_000
 STACKS = ("python", "all", "none")
@@ -129,6 +138,9 @@ class Recorder:
             history is then kept from the start (bounded by ``max_entries``) so that an OOM before the
             window still has it; it is cleared when the window opens.
         on_finish: called after the last dump (see :data:`FinishHook`).
+        manual_steps: steps are marked only by :meth:`step` (the framework callbacks of
+            :mod:`oomdoctor.integrations` call it at each training step's end); optimizer steps are not
+            counted, but their parameters, gradients and state are still noted (:mod:`.facts`).
 
     An ``out_dir`` that cannot be created or written is not an error: a warning says so and nothing is
     recorded (a training job must not die for its memory recorder).
@@ -139,7 +151,7 @@ class Recorder:
 
     def __init__(self, out_dir: str, *, steps: Any = None, max_entries: int = DEFAULT_MAX_ENTRIES,
                  stacks: str = "python", free_stacks: bool = False, on_oom: bool = True,
-                 on_finish: FinishHook | None = None) -> None:
+                 on_finish: FinishHook | None = None, manual_steps: bool = False) -> None:
         if stacks not in STACKS:
             raise CaptureError(f"stacks {stacks!r}: expected one of {', '.join(STACKS)}")
         if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
@@ -159,6 +171,8 @@ class Recorder:
         self.on_finish = on_finish
         self.step_count = 0
         self.markers: list[dict[str, int]] = []
+        #: ``[{"phase": name, "time_us": t}]``: from ``t`` on, the job said it runs ``name`` (:meth:`mark_phase`)
+        self.phase_marks: list[dict[str, Any]] = []
         self.written: list[str] = []
         self.active = False          # recording has been started (CUDA present)
         self.recording = False       # history is being recorded now
@@ -171,11 +185,14 @@ class Recorder:
         self._lock = threading.RLock()
         self._hook_handle: Any = None
         self._first_optimizer: int | None = None
-        self._manual_steps = False
+        self._manual_steps = manual_steps
         #: storages of parameters, gradients and optimizer state at the first optimizer steps (``.facts``)
         self.tensor_facts: list[dict[str, Any]] = []
         self._facts_step: dict[str, Any] | None = None
         self._last_snapshot: tuple[dict, dict] | None = None  # kept for on_finish only
+        #: the per-device micro-batch (samples), when the caller knows it (a framework callback):
+        #: written to the sidecar so that the report says the largest micro-batch that fits
+        self.micro_batch: int | None = None
 
     def _failed(self, site: str, exc: BaseException, where: str = "") -> None:
         """Count a failure caught at ``site``; warn the first time that site fails (``where``: a path)."""
@@ -232,16 +249,34 @@ class Recorder:
 
     @_guarded("step()")
     def step(self) -> None:
-        """Mark the end of a training step. Calling it turns off counting by optimizer steps. Never raises."""
-        if not self._manual_steps:
-            self._manual_steps = True
-            self._remove_hook()
+        """Mark the end of a training step. Calling it turns off counting by optimizer steps (their
+        tensors are still noted). Never raises."""
+        self._manual_steps = True
         self._advance()
 
+    @_guarded("mark_phase()")
+    def mark_phase(self, phase: str) -> None:
+        """Say that from now on the job runs ``phase`` (one of :data:`.metadata.PHASES`: ``train``,
+        ``optimizer``, ``evaluation``); written to the sidecar's ``phase_markers``. Never raises."""
+        if phase not in PHASES:
+            raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
+        if self.active and not self.finished and (not self.phase_marks or self.phase_marks[-1]["phase"] != phase):
+            self.phase_marks.append({"phase": phase, "time_us": now_us()})
+
+    @_guarded("writing a snapshot")
+    def dump_now(self, name: str, kind: str = "final") -> str | None:
+        """Write the snapshot as it is now to ``out_dir/name`` (and its sidecar); return its path, or
+        None when nothing is recorded or the write failed (logged). Never raises."""
+        if not self.active or not self.recording or "/" in name or "\\" in name:
+            return None
+        snap, _meta = self._dump(name, kind)
+        return None if snap is None else self.written[-1]
+
     @_guarded("stopping the recording")
-    def stop(self) -> None:
-        """Dump what is not dumped yet (the whole run, or an unfinished window), stop recording,
-        detach the hooks and run ``on_finish``. Safe to call twice, and at interpreter exit; never raises."""
+    def stop(self, dump: bool = True) -> None:
+        """Dump what is not dumped yet (the whole run, or an unfinished window; not with
+        ``dump=False``), stop recording, detach the hooks and run ``on_finish``. Safe to call twice,
+        and at interpreter exit; never raises."""
         with self._lock:
             if self.finished or not self.active:
                 self.finished = True
@@ -252,7 +287,7 @@ class Recorder:
         snap = meta = None
         window_done = self.window is not None and self.step_count > self.window[1]
         skip_final = self.oom_dumped and self.steps_since_oom == 0
-        if not window_done and not skip_final and self.recording:
+        if dump and not window_done and not skip_final and self.recording:
             name = snapshot_name(self.rank) if self.window is None else snapshot_name(self.rank, step=self.step_count)
             snap, meta = self._dump(name, "final" if self.window is None else "window")
         self._disable()
@@ -276,8 +311,10 @@ class Recorder:
             self._first_optimizer = id(optimizer)
         first = id(optimizer) == self._first_optimizer
         self._note_tensors(optimizer, new_step=first)
-        if first:
+        if first and not self._manual_steps:
             self._advance()
+        elif self._manual_steps and len(self.tensor_facts) >= FACT_STEPS:
+            self._remove_hook()  # nothing left for it to do
 
     @_guarded("noting the optimizer's tensors")
     def _note_tensors(self, optimizer: Any, new_step: bool) -> None:
@@ -338,7 +375,7 @@ class Recorder:
         # Runs inside the allocator's failing malloc: never raise (it would propagate into the allocator)
         try:
             with self._lock:
-                if self.oom_dumped:
+                if self.oom_dumped or self.finished:  # observers cannot be detached: a stopped one is inert
                     return
                 self.oom_dumped = True
             oom = {"device": int(device), "alloc_bytes": int(alloc), "device_limit_bytes": int(device_limit),
@@ -383,7 +420,9 @@ class Recorder:
             if device < len(traces):
                 times = [int(e.get("time_us", 0)) for e in traces[device]]
         meta["step_markers"] = place_markers(self.markers, times)
+        meta["phase_markers"] = place_markers(self.phase_marks, times)
         meta["steps_completed"] = self.step_count
+        meta["micro_batch"] = self.micro_batch
         meta["oom"] = oom
         if oom is not None and meta.get("memory_cap_bytes") is None and oom["device_limit_bytes"] < meta[
                 "gpu_total_memory_bytes"]:

@@ -14,7 +14,7 @@ from ..render.html import render_html
 from ..render.text import render_text_plain
 from ..report.build import report_of
 from ..report.visual import build_visual
-from ..simulate.capacity import parse_bytes
+from ..units import parse_bytes
 from .inputs import analyze_inputs, write_output
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"

@@ -19,8 +19,9 @@ from .. import __version__
 from ..report.diff import Diff
 from ..report.model import Report
 from ..report.visual import RankView, Visual
+from ..simulate.whatif import Simulation
 from .format import format_bytes, format_signed_bytes, format_us
-from .json import diff_dict, report_dict
+from .json import diff_dict, report_dict, simulation_dict
 
 
 @lru_cache(maxsize=None)
@@ -83,3 +84,18 @@ def render_diff_html(diff: Diff, before: Visual, after: Visual) -> str:
     return _environment().get_template("diff.html.j2").render(
         title="oomdoctor diff", diff=diff, d=diff_dict(diff), before=before, after=after,
         data={"views": views}, points=before.timeline_points, version=__version__)
+
+
+def render_simulation_html(sim: Simulation) -> str:
+    """``oomdoctor simulate``'s result as one HTML page (the JSON contract's numbers in a table)."""
+    return _environment().get_template("simulation.html.j2").render(
+        title="oomdoctor simulate", sim=simulation_dict(sim), data={"views": {}}, version=__version__)
+
+
+def embed(page: str, height_px: int = 720) -> str:
+    """A page as an ``<iframe srcdoc>`` for a notebook cell: its styles, scripts and
+    Content-Security-Policy stay inside the frame (the page is attribute-escaped, never parsed here)."""
+    from html import escape
+
+    return (f'<iframe srcdoc="{escape(page, quote=True)}" style="width:100%;height:{int(height_px)}px;border:0" '
+            'title="oomdoctor"></iframe>')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 
 from rich import box
 from rich.console import Console, Group
@@ -375,3 +376,60 @@ def render_diff_text_plain(diff: Diff, width: int = 120) -> str:
     buf = io.StringIO()
     render_diff_text(diff, Console(file=buf, width=width, no_color=True, highlight=False))
     return buf.getvalue()
+
+
+def render_paragraph(report: Report, *, snapshot: str | None = None, width: int = 100,
+                     holders: int = 3) -> str:
+    """The diagnosis in one paragraph (what the framework callbacks print at the end of training or
+    after an out-of-memory error): the verdict, what holds the memory on the verdict's first rank
+    (its breakdown and ``holders`` largest holders), what fits, the actions in the framework's words,
+    and where the snapshot is. Plain text wrapped at ``width`` columns."""
+    v = report.verdict
+    if v is None or not report.ranks:
+        return f"oomdoctor: nothing to diagnose in {', '.join(report.inputs) or 'the recording'}"
+    by_rank = {r.rank: r for r in report.ranks}
+    r = by_rank.get(v.ranks[0] if v.ranks else -1, report.ranks[0])
+    many = len(v.ranks) > 1
+    lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {', '.join(map(str, v.ranks))}. "
+             f"{fill(v.summary, v.evidence)}"]
+    bd = r.breakdown
+    if bd is not None:
+        step = f"step {bd.step}, " if bd.step is not None else ""
+        parts = sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+        at = _AT_LABEL.get(bd.at, bd.at)
+        lines.append(f"{at[:1].upper()}{at[1:]} ({step}{bd.phase} phase) rank {r.rank} had "
+                     f"{format_bytes(bd.allocated_bytes)} allocated: "
+                     + ", ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) + ".")
+    if r.holders:
+        lines.append("Largest holders: " + "; ".join(
+            f"{format_bytes(h.bytes)} {_CATEGORY_LABEL[h.category]} ({h.phase}) at {h.label}"
+            for h in r.holders[:holders]) + ".")
+    f = r.fits
+    if f is not None and f.batch_scale is not None:
+        mb = f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""
+        exp = (f", {f.expandable_batch_scale}x with expandable_segments" if f.expandable_batch_scale is not None
+               else "")
+        lines.append(f"Fits on this GPU (replayed): {f.batch_scale}x the micro-batch{mb}{exp}.")
+    if v.actions:
+        lines.append("What to do: " + " ".join(f"({i}) {fill(a, v.evidence)}" for i, a in enumerate(v.actions, 1)))
+    if snapshot:
+        lines.append(f"Snapshot: {snapshot} (full report: oomdoctor diagnose {snapshot}).")
+    return "\n".join(textwrap.fill(x, width, subsequent_indent="  ", break_on_hyphens=False,
+                                   break_long_words=False) for x in lines)
+
+
+def render_peak_holders(report: Report, *, holders: int = 5) -> str:
+    """What the first rank of ``report`` held at its breakdown's event, as lines for a test failure
+    (the pytest plugin's ``limit_cuda_memory``): the categories, then the largest holders."""
+    if not report.ranks or report.ranks[0].breakdown is None:
+        return "no allocation history was recorded: holders unknown"
+    r = report.ranks[0]
+    bd = r.breakdown
+    parts = sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+    lines = [f"{_AT_LABEL.get(bd.at, bd.at)}: {format_bytes(bd.allocated_bytes)} allocated = "
+             + " + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts)]
+    if r.holders:
+        lines.append("largest holders:")
+        lines += [f"  {format_bytes(h.bytes):>10}  {h.count:>5} block(s)  {_CATEGORY_LABEL[h.category]}  {h.label}"
+                  for h in r.holders[:holders]]
+    return "\n".join(lines)

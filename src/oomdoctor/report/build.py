@@ -135,10 +135,17 @@ def _versions(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
                 fx.applies = applies(fx.versions, v)
 
 
+def _recorded_micro_batch(a: DeviceAnalysis) -> int | None:
+    """The sidecar's ``micro_batch`` (an integer, checked at load), when positive."""
+    mb = a.trace.meta.get("micro_batch")
+    return mb if isinstance(mb, int) and mb > 0 else None
+
+
 def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
               rule: materiality.Materiality = materiality.Materiality()) -> Report:
     """The report of analyses already made (one per rank). ``micro_batch``: the per-device micro-batch
-    of the recorded run, to say the largest that fits; ``rule``: the materiality rule."""
+    of the recorded run, to say the largest that fits (default: the sidecar's ``micro_batch``, which
+    the framework callbacks write); ``rule``: the materiality rule."""
     ctx = Context(analyses)
     findings = run_all(ctx)
     attach_predictions(findings, analyses)
@@ -156,17 +163,18 @@ def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
             r.holders = holder_refs(a, r.breakdown.event_index)
         room = device_room(a)
         done: list[Fits] = []
+        mb = micro_batch or _recorded_micro_batch(a)
 
-        def get_fits(a=a, room=room, done=done) -> Fits:
+        def get_fits(a=a, room=room, done=done, mb=mb) -> Fits:
             if not done:
-                done.append(fits(a, room, micro_batch))
+                done.append(fits(a, room, mb))
             return done[0]
 
         if r.breakdown is not None:
             r.verdict = rank_verdict(a, findings, room, r.breakdown, r.holders, get_fits)
         else:
             r.verdict = state_verdict(a, room)
-        if micro_batch and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):
+        if mb and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):
             get_fits()  # for growth the micro-batch is not the cause: nothing to size
         r.fits = done[0] if done else Fits(room.bytes, room.source)
         ranks.append(r)

@@ -21,18 +21,14 @@ Inference from a snapshot (:func:`infer_capacity`), first that applies:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..analysis.rounding import allocation_size
 from ..analysis.timeline import reserved_series
-from ..errors import UsageError
 from ..trace.model import OOM, DeviceTrace, Trace
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+from ..units import parse_bytes  # noqa: F401 - re-exported (the CLI reads sizes here)
 
 
 @dataclass(frozen=True)
@@ -43,19 +39,6 @@ class Capacity:
     limit_bytes: int | None
     kind: str
     source: str
-
-
-def parse_bytes(text: str) -> int:
-    """``"41519093862"``, ``"38.67GiB"``, ``"40 GB"`` -> bytes (binary units for ``KiB/MiB/GiB`` and
-    single letters, decimal for ``KB/MB/GB``). Raises :class:`UsageError` on anything else."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _UNITS:
-        raise UsageError(f"cannot read {text!r} as a size: give bytes or a number with B, KiB, MiB, GiB, GB ...")
-    value = float(m.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise UsageError(f"a size must be positive, got {text!r}")
-    return int(value)
 
 
 def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:

@@ -150,7 +150,7 @@ def _check_step_markers(path: str, meta: dict[str, Any]) -> None:
         raise SnapshotError(path, "'step_markers' must be a list of objects with an integer 'time_us'")
 
 
-_INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size")
+_INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size", "micro_batch")
 
 
 def _is_int(v: Any) -> bool:
@@ -164,8 +164,8 @@ def _storage_list(v: Any) -> bool:
 def _drop_malformed(trace: Trace) -> None:
     """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
     itself is fine): ``memory_stats`` (an object of numbers), ``tensors`` (records of an integer
-    ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`) and the
-    integer fields of :data:`_INT_FIELDS`."""
+    ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`),
+    ``phase_markers`` (objects of a string ``phase`` and an integer ``time_us``) and the integer fields of :data:`_INT_FIELDS`."""
     meta = trace.meta
     bad = []
     stats = meta.get("memory_stats")
@@ -178,6 +178,10 @@ def _drop_malformed(trace: Trace) -> None:
             and all(_storage_list(r.get(k, [])) for k in ("parameters", "gradients", "optimizer_state"))
             for r in recs)):
         bad.append("tensors")
+    marks = meta.get("phase_markers")
+    if marks is not None and not (isinstance(marks, list) and all(
+            isinstance(m, dict) and _is_int(m.get("time_us")) and isinstance(m.get("phase"), str) for m in marks)):
+        bad.append("phase_markers")
     bad += [k for k in _INT_FIELDS if meta.get(k) is not None and not _is_int(meta[k])]
     for k in bad:
         del meta[k]

@@ -1,0 +1,104 @@
+"""Results as Python and Jupyter show them: :func:`oomdoctor.diagnose`, :func:`oomdoctor.diff` and
+:func:`oomdoctor.replay` return these.
+
+Each wraps what the CLI renders (a :class:`~oomdoctor.report.model.Report` with its
+:class:`~oomdoctor.report.visual.Visual`, a :class:`~oomdoctor.report.diff.Diff`, a
+:class:`~oomdoctor.simulate.whatif.Simulation`), all computed when the object is made. In a notebook
+``_repr_html_`` shows the same page as ``oomdoctor report`` / ``diff --format html`` inside an
+``<iframe srcdoc>`` (its scripts and styles stay in the frame); ``str()`` is the terminal text; the
+wrapped object's fields read through (``diagnosis.verdict``, ``diagnosis.findings``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .render.html import embed, render_diff_html, render_html, render_simulation_html
+from .render.json import render_diff_json, render_json, render_simulation_json
+from .render.text import render_diff_text_plain, render_text_plain
+from .report.diff import Diff
+from .report.model import Report
+from .report.visual import Visual
+from .simulate.whatif import Simulation
+
+
+class _Result:
+    _wrapped: Any
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._wrapped, name)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class Diagnosis(_Result):
+    """A diagnosis: ``report`` (every number), ``visual`` (what the HTML page draws)."""
+
+    def __init__(self, report: Report, visual: Visual) -> None:
+        self.report, self.visual = report, visual
+        self._wrapped = report
+
+    def __str__(self) -> str:
+        return render_text_plain(self.report)
+
+    def to_html(self) -> str:
+        """The self-contained page of ``oomdoctor report``."""
+        return render_html(self.report, self.visual)
+
+    def to_json(self) -> str:
+        """``oomdoctor diagnose --format json``'s document."""
+        return render_json(self.report)
+
+    def _repr_html_(self) -> str:
+        return embed(self.to_html())
+
+
+class Comparison(_Result):
+    """A before/after comparison: ``diff`` and the two runs' ``before`` / ``after`` visuals."""
+
+    def __init__(self, diff: Diff, before: Visual, after: Visual) -> None:
+        self.diff, self.before, self.after = diff, before, after
+        self._wrapped = diff
+
+    def __str__(self) -> str:
+        return render_diff_text_plain(self.diff)
+
+    def to_html(self) -> str:
+        return render_diff_html(self.diff, self.before, self.after)
+
+    def to_json(self) -> str:
+        return render_diff_json(self.diff)
+
+    def _repr_html_(self) -> str:
+        return embed(self.to_html())
+
+
+class Replay(_Result):
+    """A replay through the allocator model and its what-ifs: ``simulation``."""
+
+    def __init__(self, simulation: Simulation) -> None:
+        self.simulation = simulation
+        self._wrapped = simulation
+
+    def __str__(self) -> str:
+        import io
+
+        from rich.console import Console
+
+        from .render.text import render_simulation_text
+
+        buf = io.StringIO()
+        render_simulation_text(self.simulation, Console(file=buf, width=120, force_terminal=False, color_system=None))
+        return buf.getvalue()
+
+    def to_html(self) -> str:
+        return render_simulation_html(self.simulation)
+
+    def to_json(self) -> str:
+        return render_simulation_json(self.simulation)
+
+    def _repr_html_(self) -> str:
+        return embed(self.to_html(), height_px=420)
