@@ -181,3 +181,16 @@ def test_malformed_phase_markers_are_dropped_with_a_warning(tmp_path, snapshots)
     trace = load(tmp_path / "rank0.pickle")
     assert "phase_markers" not in trace.meta
     assert any("phase_markers" in w for w in trace.warnings)
+
+
+def test_a_step_window_keeps_the_jobs_step_numbers(snapshots):
+    """A window ``10:12`` dumps a trace that begins at step 10: breakdowns say step 10, not 0."""
+    trace = load(snapshots / "fsdp2-gpt2" / "rank0.pickle")
+    dt = trace.primary
+    t = dt.events["time_us"]
+    mid = int(t[t.size // 2])
+    trace.meta["step_markers"] = [{"step": 9, "time_us": int(t[0]) - 20}, {"step": 10, "time_us": int(t[0]) - 10},
+                                  {"step": 11, "time_us": mid}]
+    ph = find_phases(trace, dt)
+    assert ph.steps.source == "markers" and ph.steps.first == 10
+    assert ph.step_of(0) == 10 and ph.step_of(t.size - 1) == 11

@@ -150,6 +150,9 @@ class Steps:
     starts: np.ndarray
     source: str
     updates: int
+    first: int = 0
+    """The number of the step ``starts[0]`` begins (the job's own count from 0, when step markers give
+    it: a step window's trace begins at step A, not 0)."""
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -192,7 +195,7 @@ class Phases:
     def step_of(self, k: int) -> int | None:
         if self.steps is None or k < 0:
             return None
-        return int(np.searchsorted(self.steps.starts, k, side="right") - 1) if len(self.steps) else None
+        return int(np.searchsorted(self.steps.starts, k, side="right") - 1) + self.steps.first if len(self.steps) else None
 
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
@@ -304,16 +307,20 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
     t = dt.events["time_us"]
     markers = trace.meta.get("step_markers")
     if markers and n:
+        ordered = sorted(markers, key=lambda m: m["time_us"])
         try:  # integers (checked at load), but maybe beyond int64
-            times = np.array(sorted(m["time_us"] for m in markers), dtype=np.int64)
+            times = np.array([m["time_us"] for m in ordered], dtype=np.int64)
         except OverflowError:
             times = np.zeros(0, np.int64)
         if times.size:
-            starts = np.unique(np.searchsorted(t, times, side="left"))
+            at = np.searchsorted(t, times, side="left")
+            starts = np.unique(at)
             starts = starts[starts < n]
             if starts.size:
                 ends_in_trace = int(np.count_nonzero((times > t[0]) & (times <= t[-1])))
-                return Steps(starts, "markers", ends_in_trace)
+                number = ordered[int(np.flatnonzero(at == starts[0])[-1])].get("step")
+                first = number if isinstance(number, int) and not isinstance(number, bool) and number >= 0 else 0
+                return Steps(starts, "markers", ends_in_trace, first)
     if dt.annotations and n:
         prof = sorted(a.time_us for a in dt.annotations if a.stage == "START" and _PROFILER_STEP.match(a.name))
         if len(prof) >= 2:
