@@ -211,3 +211,22 @@ def test_output_accumulation_names_the_framework_fix(corpus_dir):
     report, _ = diagnosed(corpus_dir, "lightning-ddp-gpt2-val-logits")
     (f,) = [f for f in report.findings if f.id == "output-accumulation"]
     assert "validation_step" in f.fixes[0].text and f.bytes > 100 * 2**30
+
+
+def test_a_fit_at_the_top_of_the_search_is_said_to_be_a_lower_bound(corpus_dir, tmp_path):
+    """Trainer DDP at micro-batch 88 on a device said to hold 4x the H200's memory: the search stops at
+    4x (``SEARCH_MAX``), so the report says "at least", and keeps the exact answer on the real device."""
+    from oomdoctor.render.text import render_paragraph
+    from oomdoctor.report.build import build_report
+    from oomdoctor.report.fits import SEARCH_MAX
+
+    real = diagnosed(corpus_dir, "trainer-ddp-gpt2-b88", micro_batch=88)[0].ranks[0].fits
+    assert real.batch_scale < SEARCH_MAX and not real.batch_scale_at_limit
+    trace = load_ranks([corpus_dir / "trainer-ddp-gpt2-b88"], skipped=[])[0]
+    trace.meta["gpu_total_memory_bytes"] *= 4
+    trace.meta["device_free_bytes"] = trace.meta["gpu_total_memory_bytes"]
+    report = build_report([trace], micro_batch=88)
+    f = report.ranks[0].fits
+    assert f.batch_scale == SEARCH_MAX and f.batch_scale_at_limit and f.largest_micro_batch == 352
+    assert "Fits on this GPU (replayed): at least 4.0x the micro-batch (micro-batch 352)" in \
+        render_paragraph(report).replace("\n  ", " ")

@@ -97,10 +97,11 @@ def _breakdown_text(r: RankSummary) -> Group:
         tail.append("  fits on this GPU (replayed): ", style="bold")
         bits = []
         if f.batch_scale is not None:
-            bits.append(f"{f.batch_scale}x the micro-batch with the recorded settings"
+            bits.append(f"{'at least ' if f.batch_scale_at_limit else ''}{f.batch_scale}x the micro-batch with the "
+                        "recorded settings"
                         + (f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""))
         if f.expandable_batch_scale is not None:
-            bits.append(f"{f.expandable_batch_scale}x with expandable_segments"
+            bits.append(f"{'at least ' if f.expandable_at_limit else ''}{f.expandable_batch_scale}x with expandable_segments"
                         + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None else ""))
         tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
                     f"{format_bytes(f.margin_bytes)} kept free")
@@ -407,9 +408,10 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     f = r.fits
     if f is not None and f.batch_scale is not None:
         mb = f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""
-        exp = (f", {f.expandable_batch_scale}x with expandable_segments" if f.expandable_batch_scale is not None
-               else "")
-        lines.append(f"Fits on this GPU (replayed): {f.batch_scale}x the micro-batch{mb}{exp}.")
+        exp = (f", {'at least ' if f.expandable_at_limit else ''}{f.expandable_batch_scale}x with expandable_segments"
+               if f.expandable_batch_scale is not None else "")
+        least = "at least " if f.batch_scale_at_limit else ""
+        lines.append(f"Fits on this GPU (replayed): {least}{f.batch_scale}x the micro-batch{mb}{exp}.")
     if v.actions:
         lines.append("What to do: " + " ".join(f"({i}) {fill(a, v.evidence)}" for i, a in enumerate(v.actions, 1)))
     if snapshot:

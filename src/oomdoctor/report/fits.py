@@ -79,6 +79,11 @@ def device_room(a: DeviceAnalysis) -> Room:
     return Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")
 
 
+SEARCH_MAX = 4.0
+"""The largest scale of the micro-batch the search replays: beyond 4x, the trace of one micro-batch says
+little about the next (a scaled replay keeps every other allocation as recorded)."""
+
+
 @dataclass
 class Fits:
     """What fits on this rank's device. Scales multiply the recorded micro-batch; None where the trace
@@ -97,6 +102,9 @@ class Fits:
     sharding_optimizer_frees_bytes: int = 0
     replays: int = 0
     notes: list[str] = field(default_factory=list)
+    #: the scale reached the top of the search (:data:`SEARCH_MAX`): at least that much fits
+    batch_scale_at_limit: bool = False
+    expandable_at_limit: bool = False
 
 
 def _scale_events(a: DeviceAnalysis) -> np.ndarray:
@@ -201,21 +209,23 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     guess = (est * 0.9, est * 1.05)
     try:
         if recorded:
-            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, guess=guess)
+            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, hi=SEARCH_MAX, guess=guess)
             out.replays += len(r.tried)
             if r.scale is None and not a.oom_events.size:
                 r.scale = 1.0  # the recorded micro-batch ran; the replay finds no room for more
             out.batch_scale = None if r.scale is None else round(r.scale, 3)
+            out.batch_scale_at_limit = r.scale is not None and r.scale >= SEARCH_MAX - 1e-9
             if micro_batch and r.scale is not None:
                 out.largest_micro_batch = int(round(r.scale * micro_batch))
         if expandable:
             config = replace(prepared.recorded_config, expandable_segments=True)
             e = largest_scale(prepared, events, cap, config=config, margin_bytes=margin, unit=unit, lo=lo,
-                              guess=(est * 0.95, est * 1.1))
+                              hi=SEARCH_MAX, guess=(est * 0.95, est * 1.1))
             out.replays += len(e.tried)
             if e.scale is None and not a.oom_events.size:
                 e.scale = 1.0
             out.expandable_batch_scale = None if e.scale is None else round(e.scale, 3)
+            out.expandable_at_limit = e.scale is not None and e.scale >= SEARCH_MAX - 1e-9
             if micro_batch and e.scale is not None:
                 out.expandable_largest_micro_batch = int(round(e.scale * micro_batch))
     except SimulationError as e:
