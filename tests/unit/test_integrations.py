@@ -21,6 +21,8 @@ from oomdoctor.integrations import MemorySession
 from oomdoctor.integrations.session import batch_size
 
 ROOT = Path(__file__).resolve().parents[2]
+# 4 steps, evaluation after steps 2 and 4: each step trains, steps the optimizer, trains (zero_grad)
+MARKS = ["train", "optimizer", "train", "optimizer", "train", "evaluation"] * 2 + ["train"]
 TINY = ["--layers", "2", "--width", "64", "--heads", "2", "--vocab", "128", "--seq", "32", "--steps", "4"]
 
 
@@ -44,9 +46,7 @@ def test_trainer_callback_marks_steps_phases_and_the_micro_batch(tmp_path):
     with_cb.train()
     rec = cb.session.recorder
     assert rec.step_count == 4
-    assert [m["phase"] for m in rec.phase_marks] == ["train", "optimizer", "train", "optimizer", "train", "evaluation",
-                                                      "train", "optimizer", "train", "optimizer", "train", "evaluation",
-                                                      "train"]
+    assert [m["phase"] for m in rec.phase_marks] == MARKS
     assert rec.micro_batch == 4
     assert cb.session.ended
     plain = job.build(a, [])
@@ -68,9 +68,7 @@ def test_lightning_callback_marks_steps_phases_and_the_micro_batch(tmp_path):
     trainer.fit(module, train, *val)
     rec = cb.session.recorder
     assert rec.step_count == 4
-    assert [m["phase"] for m in rec.phase_marks] == ["train", "optimizer", "train", "optimizer", "train", "evaluation",
-                                                      "train", "optimizer", "train", "optimizer", "train", "evaluation",
-                                                      "train"]
+    assert [m["phase"] for m in rec.phase_marks] == MARKS
     assert rec.micro_batch == 4
     assert cb.session.ended
 

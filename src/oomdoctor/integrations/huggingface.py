@@ -23,32 +23,14 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..capture.recorder import DEFAULT_MAX_ENTRIES
-from .session import MemorySession, guarded
+from .session import SessionCallback, guarded
 
 
-class TrainerMemoryCallback(TrainerCallback):
+class TrainerMemoryCallback(SessionCallback, TrainerCallback):
     """Records the Trainer's CUDA memory into ``out_dir`` and prints the diagnosis.
 
-    Args:
-        out_dir: output directory (see :class:`~.session.MemorySession`).
-        steps: ``None`` or a window ``"A:B"`` of training steps (optimizer updates, from 0).
-        max_entries, stacks, diagnose, summary_timeout_s: as :class:`~.session.MemorySession`.
-
-    Raises:
-        CaptureError: bad ``steps``, ``stacks`` or ``max_entries``.
+    Arguments and errors: :class:`~.session.SessionCallback`.
     """
-
-    def __init__(self, out_dir: str = "oomdoctor-memory", *, steps: Any = None,
-                 max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python", diagnose: bool = True,
-                 summary_timeout_s: float = 120.0) -> None:
-        self.session = MemorySession(out_dir, steps=steps, max_entries=max_entries, stacks=stacks,
-                                     diagnose=diagnose, summary_timeout_s=summary_timeout_s)
-
-    @property
-    def report(self) -> Any:
-        """The last diagnosis (:class:`~oomdoctor.report.model.Report`), or None."""
-        return self.session.report
 
     @guarded
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -174,6 +174,31 @@ def _dying_of_oom() -> bool:
     return exc is not None and (type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc))
 
 
+class SessionCallback:
+    """What the framework callbacks share: a :class:`MemorySession` made from their arguments, and
+    ``report``. Mixed in before the framework's callback class.
+
+    Args:
+        out_dir: output directory (see :class:`MemorySession`).
+        steps: ``None`` or a window ``"A:B"`` of training steps (optimizer updates, from 0).
+        max_entries, stacks, diagnose, summary_timeout_s: as :class:`MemorySession`.
+
+    Raises:
+        CaptureError: bad ``steps``, ``stacks`` or ``max_entries``.
+    """
+
+    def __init__(self, out_dir: str = "oomdoctor-memory", *, steps: Any = None,
+                 max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python", diagnose: bool = True,
+                 summary_timeout_s: float = 120.0) -> None:
+        self.session = MemorySession(out_dir, steps=steps, max_entries=max_entries, stacks=stacks,
+                                     diagnose=diagnose, summary_timeout_s=summary_timeout_s)
+
+    @property
+    def report(self) -> Any:
+        """The last diagnosis (:class:`~oomdoctor.report.model.Report`), or None."""
+        return self.session.report
+
+
 def batch_size(batch: Any) -> int | None:
     """Samples in a batch: the first dimension of its first tensor (a tensor, or one inside a
     mapping, list or tuple, as data loaders collate them); None when there is none."""
