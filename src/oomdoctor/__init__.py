@@ -79,23 +79,13 @@ def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, w
         SnapshotError: the file is not a snapshot; UsageError: it holds no allocation history, or ``cap``
         is not a size; ConfigError: an invalid config string.
     """
-    from .errors import UsageError
     from .notebook import Replay
-    from .simulate.capacity import infer_capacity
-    from .simulate.replay import prepare
-    from .simulate.whatif import simulate as run
-    from .simulate.whatif import with_capacity
+    from .simulate.whatif import simulate_recorded
     from .units import parse_bytes
 
-    trace = load(path)
-    if not trace.has_history:
-        raise UsageError(f"{trace.path}: the snapshot holds no allocation history, so there is nothing to replay")
-    prepared = prepare(trace)
-    capacity = infer_capacity(trace, prepared.device)
-    if cap is not None:
-        capacity = with_capacity(capacity, cap if isinstance(cap, int) else parse_bytes(str(cap)))
-    return Replay(run(trace, configs=list(configs), immediate_frees=immediate_frees, capacity=capacity, search=search,
-                      workers=workers, prepared=prepared))
+    cap_bytes = None if cap is None else cap if isinstance(cap, int) else parse_bytes(str(cap))
+    return Replay(simulate_recorded(load(path), configs=list(configs), immediate_frees=immediate_frees,
+                                    cap_bytes=cap_bytes, search=search, workers=workers))
 
 
 def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="python", free_stacks=False, on_oom=True,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 from .analysis.device import analyze
 from .capture.files import atomic_write_bytes
@@ -57,10 +57,10 @@ def merge_payloads(got: Gathered, world_size: int):
 
 
 def summarize_rank(recorder: Recorder, snapshot: dict, meta: dict[str, Any], *, timeout_s: float = 120.0,
-                   print_report: bool = True, render: Callable[[Report], str] = render_text_plain) -> Report | None:
+                   print_report: bool = True) -> Report | None:
     """:data:`~oomdoctor.capture.recorder.FinishHook` of ``record(summarize=True)``: rank 0 writes
-    ``summary.json`` and ``summary.txt`` and prints ``render(report)`` (``print_report``). Returns the
-    merged report on rank 0 (None elsewhere, or when rank 0 could not write the summary)."""
+    ``summary.json`` and ``summary.txt`` and prints the text (``print_report``). Returns the merged
+    report on rank 0 (None elsewhere, or when rank 0 could not write the summary)."""
     rank, world = recorder.rank, max(recorder.world_size, 1)
     path = recorder.written[-1] if recorder.written else os.path.join(recorder.out_dir, f"rank{rank}.pickle")
     payload = rank_payload(snapshot, meta, path)
@@ -78,7 +78,7 @@ def summarize_rank(recorder: Recorder, snapshot: dict, meta: dict[str, Any], *, 
         warn(f"could not write {out}: {e}")
         return None
     if print_report:
-        print(text if render is render_text_plain else render(report), flush=True)
+        print(text, flush=True)
     return report
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .render.html import embed, render_diff_html, render_html, render_simulation_html
 from .render.json import render_diff_json, render_json, render_simulation_json
-from .render.text import render_diff_text_plain, render_text_plain
+from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
 from .report.diff import Diff
 from .report.model import Report
 from .report.visual import Visual
@@ -84,15 +84,7 @@ class Replay(_Result):
         self._wrapped = simulation
 
     def __str__(self) -> str:
-        import io
-
-        from rich.console import Console
-
-        from .render.text import render_simulation_text
-
-        buf = io.StringIO()
-        render_simulation_text(self.simulation, Console(file=buf, width=120, force_terminal=False, color_system=None))
-        return buf.getvalue()
+        return render_simulation_text_plain(self.simulation)
 
     def to_html(self) -> str:
         return render_simulation_html(self.simulation)

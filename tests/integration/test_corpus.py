@@ -218,7 +218,7 @@ def test_a_fit_at_the_top_of_the_search_is_said_to_be_a_lower_bound(corpus_dir, 
     4x (``SEARCH_MAX``), so the report says "at least", and keeps the exact answer on the real device."""
     from oomdoctor.render.text import render_paragraph
     from oomdoctor.report.build import build_report
-    from oomdoctor.report.fits import SEARCH_MAX
+    from oomdoctor.simulate.scale import SEARCH_MAX
 
     real = diagnosed(corpus_dir, "trainer-ddp-gpt2-b88", micro_batch=88)[0].ranks[0].fits
     assert real.batch_scale < SEARCH_MAX and not real.batch_scale_at_limit

@@ -6,9 +6,8 @@ import click
 
 from ..errors import UsageError
 from ..render import render_simulation_json, render_simulation_text
-from ..simulate.capacity import infer_capacity, parse_bytes
-from ..simulate.replay import prepare
-from ..simulate.whatif import simulate, with_capacity
+from ..simulate.whatif import simulate_recorded
+from ..units import parse_bytes
 from .inputs import load_with_progress, write_output, write_rendered
 
 
@@ -34,18 +33,11 @@ def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap:
     traces = load_with_progress([snapshot])
     if len(traces) != 1:
         raise UsageError(f"{snapshot}: holds {len(traces)} snapshots; simulate takes one file")
-    trace = traces[0]
-    if not trace.has_history:
-        raise UsageError(f"{trace.path}: the snapshot holds no allocation history (recorded with "
-                         "enabled='state'), so there is nothing to replay")
-    prepared = prepare(trace)
-    capacity = infer_capacity(trace, prepared.device)
-    if cap is not None:
-        capacity = with_capacity(capacity, parse_bytes(cap), cap_kind)
-    elif cap_kind is not None:
+    if cap is None and cap_kind is not None:
         raise UsageError("--cap-kind needs --cap")
-    sim = simulate(trace, configs=list(configs), immediate_frees=immediate_frees, capacity=capacity,
-                   search=search, workers=jobs, prepared=prepared)
+    sim = simulate_recorded(traces[0], configs=list(configs), immediate_frees=immediate_frees,
+                            cap_bytes=None if cap is None else parse_bytes(cap), cap_kind=cap_kind, search=search,
+                            workers=jobs)
     if fmt == "json":
         write_output(output, render_simulation_json(sim))
     else:

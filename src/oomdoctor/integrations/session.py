@@ -130,11 +130,11 @@ class MemorySession:
         from ..jobsummary import summarize_rank
         from ..render.text import render_paragraph
 
-        render = functools.partial(render_paragraph, snapshot=recorder.out_dir)
-        report = summarize_rank(recorder, snapshot, meta, timeout_s=self.summary_timeout_s,
-                                print_report=self.diagnose, render=render)
+        report = summarize_rank(recorder, snapshot, meta, timeout_s=self.summary_timeout_s, print_report=False)
         if report is not None:
-            self.report, self.paragraph = report, render(report)
+            self.report, self.paragraph = report, render_paragraph(report, snapshot=recorder.out_dir)
+            if self.diagnose:
+                print(self.paragraph, flush=True)
 
     @guarded
     def tell_oom(self) -> None:

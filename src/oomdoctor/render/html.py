@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from functools import lru_cache
+from html import escape
 from importlib import resources
 from typing import Any
 
@@ -95,7 +96,5 @@ def render_simulation_html(sim: Simulation) -> str:
 def embed(page: str, height_px: int = 720) -> str:
     """A page as an ``<iframe srcdoc>`` for a notebook cell: its styles, scripts and
     Content-Security-Policy stay inside the frame (the page is attribute-escaped, never parsed here)."""
-    from html import escape
-
     return (f'<iframe srcdoc="{escape(page, quote=True)}" style="width:100%;height:{int(height_px)}px;border:0" '
             'title="oomdoctor"></iframe>')

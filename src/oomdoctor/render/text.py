@@ -38,6 +38,16 @@ _AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated me
              "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step"}
 
 
+def _by_size(bd) -> list[tuple[str, int]]:
+    """A breakdown's non-empty categories, largest first."""
+    return sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+
+
+def _scale(scale: float, at_limit: bool) -> str:
+    """``2.5x``, or ``at least 4.0x`` where the search stopped at its top."""
+    return f"{'at least ' if at_limit else ''}{scale}x"
+
+
 def _verdict_panel(report: Report) -> Panel | None:
     v = report.verdict
     if v is None:
@@ -75,7 +85,7 @@ def _breakdown_text(r: RankSummary) -> Group:
     where = _AT_LABEL.get(bd.at, bd.at)
     step = f"step {bd.step}, " if bd.step is not None else ""
     text.append(f"\n  {where} ({step}{bd.phase} phase): {format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
-    parts = sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+    parts = _by_size(bd)
     text.append(" + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) or "nothing")
     recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
     text.append("\n  (" + ("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
@@ -97,11 +107,10 @@ def _breakdown_text(r: RankSummary) -> Group:
         tail.append("  fits on this GPU (replayed): ", style="bold")
         bits = []
         if f.batch_scale is not None:
-            bits.append(f"{'at least ' if f.batch_scale_at_limit else ''}{f.batch_scale}x the micro-batch with the "
-                        "recorded settings"
+            bits.append(f"{_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch with the recorded settings"
                         + (f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""))
         if f.expandable_batch_scale is not None:
-            bits.append(f"{'at least ' if f.expandable_at_limit else ''}{f.expandable_batch_scale}x with expandable_segments"
+            bits.append(f"{_scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
                         + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None else ""))
         tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
                     f"{format_bytes(f.margin_bytes)} kept free")
@@ -316,6 +325,13 @@ def render_text_plain(report: Report, width: int = 120) -> str:
     return buf.getvalue()
 
 
+def render_simulation_text_plain(sim: Simulation, width: int = 120) -> str:
+    """The simulation's text as a string without colour."""
+    buf = io.StringIO()
+    render_simulation_text(sim, Console(file=buf, width=width, no_color=True, highlight=False))
+    return buf.getvalue()
+
+
 _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow", "unchanged": "dim"}
 
 
@@ -396,7 +412,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     bd = r.breakdown
     if bd is not None:
         step = f"step {bd.step}, " if bd.step is not None else ""
-        parts = sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+        parts = _by_size(bd)
         at = _AT_LABEL.get(bd.at, bd.at)
         lines.append(f"{at[:1].upper()}{at[1:]} ({step}{bd.phase} phase) rank {r.rank} had "
                      f"{format_bytes(bd.allocated_bytes)} allocated: "
@@ -408,10 +424,9 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     f = r.fits
     if f is not None and f.batch_scale is not None:
         mb = f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""
-        exp = (f", {'at least ' if f.expandable_at_limit else ''}{f.expandable_batch_scale}x with expandable_segments"
+        exp = (f", {_scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
                if f.expandable_batch_scale is not None else "")
-        least = "at least " if f.batch_scale_at_limit else ""
-        lines.append(f"Fits on this GPU (replayed): {least}{f.batch_scale}x the micro-batch{mb}{exp}.")
+        lines.append(f"Fits on this GPU (replayed): {_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch{mb}{exp}.")
     if v.actions:
         lines.append("What to do: " + " ".join(f"({i}) {fill(a, v.evidence)}" for i, a in enumerate(v.actions, 1)))
     if snapshot:
@@ -427,7 +442,7 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
         return "no allocation history was recorded: holders unknown"
     r = report.ranks[0]
     bd = r.breakdown
-    parts = sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+    parts = _by_size(bd)
     lines = [f"{_AT_LABEL.get(bd.at, bd.at)}: {format_bytes(bd.allocated_bytes)} allocated = "
              + " + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts)]
     if r.holders:

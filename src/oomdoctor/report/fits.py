@@ -36,7 +36,7 @@ from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE
 from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity
 from ..simulate.replay import SimulationError, prepare, replay
-from ..simulate.scale import largest_scale
+from ..simulate.scale import SEARCH_MAX, largest_scale
 from ..trace.model import DEFAULT_POOL, OOM
 
 FIT_MARGIN_FRACTION = 0.03
@@ -79,11 +79,6 @@ def device_room(a: DeviceAnalysis) -> Room:
     return Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")
 
 
-SEARCH_MAX = 4.0
-"""The largest scale of the micro-batch the search replays: beyond 4x, the trace of one micro-batch says
-little about the next (a scaled replay keeps every other allocation as recorded)."""
-
-
 @dataclass
 class Fits:
     """What fits on this rank's device. Scales multiply the recorded micro-batch; None where the trace
@@ -102,7 +97,7 @@ class Fits:
     sharding_optimizer_frees_bytes: int = 0
     replays: int = 0
     notes: list[str] = field(default_factory=list)
-    #: the scale reached the top of the search (:data:`SEARCH_MAX`): at least that much fits
+    #: the scale reached the top of the search (:data:`~oomdoctor.simulate.scale.SEARCH_MAX`): at least that much fits
     batch_scale_at_limit: bool = False
     expandable_at_limit: bool = False
 
@@ -209,7 +204,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     guess = (est * 0.9, est * 1.05)
     try:
         if recorded:
-            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, hi=SEARCH_MAX, guess=guess)
+            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, guess=guess)
             out.replays += len(r.tried)
             if r.scale is None and not a.oom_events.size:
                 r.scale = 1.0  # the recorded micro-batch ran; the replay finds no room for more
@@ -220,7 +215,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         if expandable:
             config = replace(prepared.recorded_config, expandable_segments=True)
             e = largest_scale(prepared, events, cap, config=config, margin_bytes=margin, unit=unit, lo=lo,
-                              hi=SEARCH_MAX, guess=(est * 0.95, est * 1.1))
+                              guess=(est * 0.95, est * 1.1))
             out.replays += len(e.tried)
             if e.scale is None and not a.oom_events.size:
                 e.scale = 1.0

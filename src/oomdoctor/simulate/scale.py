@@ -51,9 +51,14 @@ def fits_at(prepared: Prepared, scale_events: np.ndarray, s: float, capacity: Ca
     return replay(scaled(prepared, scale_events, s), config, capacity=cap, validate=False)
 
 
+SEARCH_MAX = 4.0
+"""The largest scale of the micro-batch :func:`largest_scale` replays by default: beyond 4x, the trace of one
+micro-batch says little about the next (a scaled replay keeps every other allocation as recorded)."""
+
+
 def largest_scale(prepared: Prepared, scale_events: np.ndarray, capacity: Capacity, *,
                   config: AllocatorConfig | None = None, margin_bytes: int = 0, lo: float = 0.05,
-                  hi: float = 4.0, tolerance: float = 0.01, unit: float | None = None,
+                  hi: float = SEARCH_MAX, tolerance: float = 0.01, unit: float | None = None,
                   guess: tuple[float, float] | None = None) -> ScaleResult:
     """The largest scale in ``[lo, hi]`` whose replay does not OOM (bisection to ``tolerance``).
 

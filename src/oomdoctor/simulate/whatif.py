@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from ..analysis.timeline import timeline
+from ..errors import UsageError
 from ..trace.model import Trace
 from .capacity import Capacity, infer_capacity
 from .config import AllocatorConfig, parse_config
@@ -227,6 +228,26 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
     return sim
 
 
+def simulate_recorded(trace: Trace, *, configs: list[str] | None = None, immediate_frees: bool = False,
+                      cap_bytes: int | None = None, cap_kind: str | None = None, search: bool = False,
+                      workers: int | None = None) -> Simulation:
+    """:func:`simulate` under the limit the trace shows (:func:`infer_capacity`), or ``cap_bytes``
+    (of ``cap_kind``, see :func:`with_capacity`): what ``oomdoctor simulate`` and ``oomdoctor.replay`` run.
+
+    Raises:
+        UsageError: the trace holds no allocation history; and :func:`simulate`'s errors.
+    """
+    if not trace.has_history:
+        raise UsageError(f"{trace.path}: the snapshot holds no allocation history (recorded with "
+                         "enabled='state'), so there is nothing to replay")
+    prepared = prepare(trace)
+    capacity = infer_capacity(trace, prepared.device)
+    if cap_bytes is not None:
+        capacity = with_capacity(capacity, cap_bytes, cap_kind)
+    return simulate(trace, configs=configs, immediate_frees=immediate_frees, capacity=capacity, search=search,
+                    workers=workers, prepared=prepared)
+
+
 def with_capacity(capacity: Capacity, limit: int, kind: str | None = None) -> Capacity:
     """``capacity`` with its limit replaced by a user-given one. The kind is ``kind`` when given, else
     the inferred one (a recorded fraction cap stays one), else ``device``."""
@@ -235,4 +256,4 @@ def with_capacity(capacity: Capacity, limit: int, kind: str | None = None) -> Ca
 
 
 __all__ = ["INCOMPATIBILITIES", "Recommendation", "Simulation", "WhatIf", "grid", "recommend", "run_many",
-           "simulate", "with_capacity"]
+           "simulate", "simulate_recorded", "with_capacity"]
