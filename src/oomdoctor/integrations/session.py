@@ -27,23 +27,19 @@ import functools
 import sys
 from typing import Any, Callable
 
-from ..capture.recorder import DEFAULT_MAX_ENTRIES, Recorder, warn
+from ..capture.recorder import DEFAULT_MAX_ENTRIES, Recorder
 
 
 def guarded(method: Callable) -> Callable:
-    """A callback method that never raises into the job: a failure is logged once per method."""
+    """A callback method that never raises into the job: a failure is counted by the session's
+    recorder and warned about once per method (:meth:`~oomdoctor.capture.recorder.Recorder._failed`)."""
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the job must never see the callback fail
-            session = getattr(self, "session", self)
-            seen = getattr(session, "_failed_sites", set())
-            if method.__name__ not in seen:
-                seen.add(method.__name__)
-                warn(f"{type(self).__name__}.{method.__name__} failed ({type(e).__name__}: {str(e)[:300]}); "
-                     "training goes on")
+            getattr(self, "session", self).recorder._failed(f"{type(self).__name__}.{method.__name__}", e)
             return None
 
     return run
@@ -78,7 +74,6 @@ class MemorySession:
         self.started = False
         self.ended = False
         self._oom_told = False
-        self._failed_sites: set[str] = set()
         self._arm()
 
     @guarded
