@@ -89,7 +89,7 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
     """The ``oomdoctor simulate --format json`` contract::
 
         {"recorded": {"config", "peak_reserved_bytes", "peak_allocated_bytes", "oom_event_index"},
-         "capacity": {"limit_bytes", "kind", "source"},
+         "capacity": {"limit_bytes", "kind", "source", "certainty", "lower_bytes", "upper_bytes"},
          "results": [{"config", "deferred_frees": "recorded"|"immediate", "peak_reserved_bytes",
                       "peak_allocated_bytes", "end_reserved_bytes",
                       "oom": null | {"event_index", "requested_bytes", "alloc_size_bytes"},
@@ -107,7 +107,8 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
             "end_reserved_bytes": r.end_reserved_bytes,
             "oom": None if r.oom is None else asdict(r.oom),
             "matches_recorded": r.matches_recorded,
-            "validation": None if r.validation is None else asdict(r.validation),
+            "validation": None if r.validation is None else {
+                **asdict(r.validation), "segment_events_compared": r.validation.segment_events_compared},
             "initial_state": r.initial_state, "events_replayed": r.events_replayed,
             "num_alloc_retries": r.num_alloc_retries, "segment_events": r.segment_events, "warnings": r.warnings,
         }

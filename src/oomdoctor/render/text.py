@@ -269,7 +269,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         cap = sim.capacity.source
     else:
         cap = (f"{format_bytes(sim.capacity.limit_bytes)} ({sim.capacity.limit_bytes} bytes, {sim.capacity.kind} "
-               f"limit); {sim.capacity.source}")
+               f"limit, {sim.capacity.certainty}); {sim.capacity.source}")
     console.print(Text(f"capacity: {cap}", style="dim"))
     caption = "reserved/allocated: peaks; frees: deferred frees as recorded or immediate"
     table = Table(box=box.SIMPLE_HEAD, caption=caption + ("; ★ recommended" if sim.recommendation else ""))
@@ -288,8 +288,9 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     if v is not None:
         style = "green" if v.exact else "bold red"
         console.print(Text(
-            f"self-replay: {v.segment_events_simulated} of {v.segment_events_recorded} segment events, "
-            f"{v.segment_events_differing} differing; reserved bytes differ after {v.reserved_events_differing} "
+            f"self-replay: {v.segment_events_differing} of {v.segment_events_compared} segment events differ "
+            f"({v.segment_events_recorded} recorded, {v.segment_events_simulated} simulated); reserved bytes differ "
+            f"after {v.reserved_events_differing} "
             f"events (largest difference {format_bytes(v.max_reserved_difference_bytes)}); "
             + (("recorded OOM " + ("reproduced" if v.oom_matches else "not reproduced"))
                if v.oom_event_index_recorded is not None else

@@ -21,7 +21,8 @@ two can be read side by side:
   checked with the segment size *before* the driver call, and it enables GC; ``device_limit`` is what
   ``cudaMalloc``/``cuMemCreate`` can get (total minus other users).
 
-Not modelled: CUDA-graph private pools and capture, IPC, ``cudaMallocAsync``, free-memory callbacks
+CUDA-graph private pools are not simulated: their segments enter as ``external`` reserved bytes,
+as recorded (:mod:`.pools`). Not modelled either: capture itself, IPC, ``cudaMallocAsync``, free-memory callbacks
 (``trigger_free_memory_callbacks`` is taken as ``false``, as upstream has no registered callback
 that frees device memory outside IPC).
 
@@ -176,6 +177,7 @@ class CachingAllocator:
         self.nsr = config.max_non_split_rounding
         self.gc_active = fraction_limit is not None and config.garbage_collection_threshold > 0
         self.reserved = 0
+        self.external_reserved = 0  # private pools' segments, replayed as recorded (see external())
         self.allocated = 0
         self.requested = 0
         self.active = 0
@@ -291,6 +293,14 @@ class CachingAllocator:
         b = Block(ptr, alloc_size, stream, pool)
         self._grow(SEGMENT_ALLOC, ptr, alloc_size)
         return b
+
+    def external(self, delta: int) -> None:
+        """Reserved bytes outside the modelled pools change by ``delta`` (a CUDA-graph private pool's
+        segment, replayed as recorded): they count against the cap and in ``reserved``."""
+        self.external_reserved += delta
+        self.reserved += delta
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
 
     def _grow(self, action: int, ptr: int, size: int) -> None:
         self.reserved += size
@@ -610,5 +620,6 @@ class CachingAllocator:
                         assert b.pool.by_key.get((b.size << KEY_SHIFT) | b.ptr) is b, b
                 b = b.next
         assert free == sum(len(pool.by_key) for pool in pools), "free list holds blocks outside any segment"
+        reserved += self.external_reserved
         assert (reserved, allocated, active) == (self.reserved, self.allocated, self.active), (
             (reserved, allocated, active), (self.reserved, self.allocated, self.active))

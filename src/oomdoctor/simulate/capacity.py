@@ -3,20 +3,33 @@
 Two kinds of limit exist in PyTorch (``shared/reference/caching_allocator_spec.md`` §6.2, §10.3):
 
 - ``fraction``: ``allowed_memory_maximum`` from ``torch.cuda.set_per_process_memory_fraction`` (or
-  ``per_process_memory_fraction`` in the config, 2.9+). ``alloc_block`` refuses, before any driver
-  call, a segment that would take reserved bytes above it, and it enables the garbage collector.
+  ``per_process_memory_fraction`` in the config, 2.9+): ``static_cast<size_t>(fraction * total)`` with
+  ``total`` from ``cudaMemGetInfo`` (``CUDACachingAllocator.cpp`` ``setMemoryFraction``; on the H100 and
+  H200 this equals ``total_memory`` of the device properties, measured in ``docs/simulate.md``).
+  ``alloc_block`` refuses, before any driver call, a segment that would take reserved bytes above it,
+  and it enables the garbage collector.
 - ``device``: what ``cudaMalloc``/``cuMemCreate`` can get: the GPU's memory minus the CUDA context,
   NCCL buffers and other processes.
 
-Inference from a snapshot (:func:`infer_capacity`), first that applies:
+Inference (:func:`infer_capacity`), the first rule that applies, each with its certainty:
 
-1. the sidecar's ``memory_cap_bytes`` (written by ``oomdoctor.record`` when a fraction is set);
-2. a recorded ``oom`` entry: its ``device_free`` (``cudaMemGetInfo`` at the failure) plus the reserved
-   bytes then is the device limit, when the device could not hold the segment; when it could, the
-   failure came from a fraction cap, which lies between the peak reserved before the OOM and the
-   reserved bytes at the OOM plus the segment size; the lower end is taken (a recommendation that
-   fits it fits the real cap);
-3. none: unlimited.
+1. ``exact``: the sidecar's ``memory_cap_bytes`` (``oomdoctor.record`` reads the fraction at the dump);
+2. ``exact``: the sidecar's ``memory_fraction`` (< 1) times its ``gpu_total_memory_bytes``;
+3. a recorded ``oom`` entry: its ``device_free`` (``cudaMemGetInfo`` at the failure) plus the reserved
+   bytes then is the device limit (``exact``) when the device could not hold the segment; when it
+   could, a fraction cap refused it, which lies between the peak reserved before the OOM and the
+   reserved bytes at the OOM plus the segment size (``bounded``; the lower end is taken: a
+   recommendation that fits it fits the real cap);
+4. ``bounded``: the allocator's fallbacks in the trace. ``malloc`` frees cached segments only after a
+   miss when ``alloc_block`` failed (``release_available_cached_blocks``, ``release_cached_blocks``)
+   or when garbage collection ran (reserved above ``threshold * cap``), so a run of ``segment_free``/
+   ``segment_unmap`` that ends in a new segment or an OOM, made by no ``empty_cache()`` frame, bounds
+   the cap from above: ``cap < reserved + segment size`` (or ``< reserved / threshold`` with a GC
+   threshold); every segment the run got bounds it from below (``cap >= peak reserved``). The lower
+   end is taken; :func:`..whatif.settle_gc_capacity` narrows it further by replay when a GC threshold
+   makes the exact value matter. A sidecar's ``memory_stats.num_alloc_retries`` > 0 (the last retry,
+   ``release_cached_blocks``) is quoted as corroboration;
+5. ``none``: unlimited.
 """
 
 from __future__ import annotations
@@ -25,32 +38,62 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.rounding import allocation_size
+from ..analysis.rounding import allocation_size, round_size
 from ..analysis.timeline import reserved_series
-from ..trace.model import OOM, DeviceTrace, Trace
+from ..trace.model import (
+    ALLOC,
+    FREE_COMPLETED,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceTrace,
+    Trace,
+)
 from ..units import parse_bytes  # noqa: F401 - re-exported (the CLI reads sizes here)
+from .config import config_from_settings
+
+EXACT, BOUNDED, GIVEN, NONE = "exact", "bounded", "given", "none"
+#: An upper bound this close to the GPU's memory is read as the device's own limit, not a fraction.
+DEVICE_LIMIT_SHARE = 0.95
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """A memory limit in bytes (None: unlimited), its ``kind`` (``fraction``, ``device`` or ``none``)
-    and a sentence saying where it came from."""
+    """A memory limit in bytes (None: unlimited), its ``kind`` (``fraction``, ``device`` or ``none``),
+    a sentence saying which evidence set it (``source``), and how sure it is: ``certainty`` is
+    ``exact``, ``bounded`` (the true cap lies in ``[lower_bytes, upper_bytes]``, either may be None),
+    ``given`` (``--cap``) or ``none``."""
 
     limit_bytes: int | None
     kind: str
     source: str
+    certainty: str = NONE
+    lower_bytes: int | None = None
+    upper_bytes: int | None = None
 
 
 def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
-    """The limit a replay of ``trace`` should use by default (see the module doc)."""
-    cap = trace.meta.get("memory_cap_bytes")
+    """The limit a replay of ``device`` (a device of ``trace``) should use by default (rules in the
+    module doc). Pure; O(events)."""
+    meta = trace.meta
+    cap = meta.get("memory_cap_bytes")
     if isinstance(cap, int) and cap > 0:
-        return Capacity(cap, "fraction", "the memory cap in the sidecar (memory_cap_bytes)")
+        return Capacity(cap, "fraction", "the memory cap in the sidecar (memory_cap_bytes)", EXACT, cap, cap)
+    frac, total = meta.get("memory_fraction"), meta.get("gpu_total_memory_bytes")
+    if isinstance(frac, (int, float)) and 0 < frac < 1 and isinstance(total, int) and total > 0:
+        cap = int(frac * total)  # static_cast<size_t>(fraction * device_total)
+        return Capacity(cap, "fraction", f"memory_fraction {frac:.6g} x gpu_total_memory_bytes {total} (sidecar)",
+                        EXACT, cap, cap)
     act = device.events["action"]
     ooms = np.flatnonzero(act == OOM)
-    if ooms.size == 0:
-        return Capacity(None, "none", "unlimited (no OOM recorded, no cap in the metadata)")
-    o = int(ooms[0])
+    if ooms.size:
+        return _from_oom(device, int(ooms[0]))
+    return _from_fallbacks(trace, device)
+
+
+def _from_oom(device: DeviceTrace, o: int) -> Capacity:
     reserved_start, reserved = reserved_series(device)
     at_oom = int(reserved[o])
     device_free = int(device.events["device_free"][o])
@@ -59,10 +102,118 @@ def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     request = int(device.events["size"][o])
     seg = allocation_size(request)
     if device_free < seg:
-        return Capacity(at_oom + device_free, "device",
-                        f"the OOM at event {o}: {device_free} bytes free on the device + {at_oom} reserved")
+        cap = at_oom + device_free
+        return Capacity(cap, "device", f"the OOM at event {o}: {device_free} bytes free on the device + {at_oom} "
+                        "reserved", EXACT, cap, cap)
     lower = int(max(reserved[:o].max() if o else reserved_start, reserved_start))
     upper = at_oom + seg - 1
     return Capacity(lower, "fraction",
                     f"the OOM at event {o} came from a memory-fraction cap (the device still had {device_free} "
-                    f"bytes free): the cap lies in [{lower}, {upper}] bytes; the lower end is used")
+                    f"bytes free): the cap lies in [{lower}, {upper}] bytes; the lower end is used", BOUNDED, lower,
+                    upper)
+
+
+def fallback_bounds(trace: Trace, device: DeviceTrace) -> tuple[int | None, int, int]:
+    """``(upper, lower, runs)`` read off the allocator's fallbacks (rule 4 of the module doc): the
+    least upper bound on the cap (None: no fallback recorded), the peak reserved (a lower bound) and
+    the number of fallback runs seen. Pure; O(events)."""
+    ev = device.events
+    act = ev["action"]
+    reserved_start, reserved = reserved_series(device)
+    lower = int(max(reserved_start, int(reserved.max()) if reserved.size else 0))
+    releases = np.flatnonzero((act == SEGMENT_FREE) | (act == SEGMENT_UNMAP))
+    if releases.size == 0:
+        return None, lower, 0
+    config = config_from_settings(trace.allocator_settings)
+    thr = config.garbage_collection_threshold
+    table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
+    empty_cache = {sid for sid, frames in enumerate(trace.stacks.stacks)
+                   if any(trace.stacks.frames[f][2] == "empty_cache" for f in frames)}
+    fallback = FallbackRule(trace, lower)
+    grouped = np.isin(act, (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, FREE_COMPLETED))
+    stack = ev["stack"]
+    n = act.shape[0]
+    upper: int | None = None
+    runs = 0
+    seen_end = -1
+    for k in releases.tolist():
+        if k <= seen_end:
+            continue
+        g0 = k
+        while g0 > 0 and grouped[g0 - 1]:
+            g0 -= 1
+        g1 = k
+        while g1 < n and grouped[g1]:
+            g1 += 1
+        seen_end = g1
+        if g1 >= n or act[g1] not in (ALLOC, OOM):
+            continue  # a user's empty_cache() (or the end of the trace)
+        run = act[g0:g1]
+        news_after = np.flatnonzero((run == SEGMENT_ALLOC) | (run == SEGMENT_MAP))
+        rel = np.flatnonzero((run == SEGMENT_FREE) | (run == SEGMENT_UNMAP))
+        if act[g1] == ALLOC and (news_after.size == 0 or news_after.max() < rel.min()):
+            continue  # released, then served from the cache: empty_cache() and a malloc
+        if any(int(s) in empty_cache for s in stack[g0:g1][rel].tolist()):
+            continue
+        size = int(ev["size"][g1])
+        rounded = size if act[g1] == OOM else int(round_size(np.array([size], dtype=np.int64), table)[0])
+        before = int(reserved[g0 - 1]) if g0 > 0 else reserved_start
+        if not fallback(before, allocation_size(rounded)):
+            continue  # a user's empty_cache() whose frames were not recorded
+        bound = before + allocation_size(rounded) - 1
+        if thr > 0:
+            bound = max(bound, int(before / thr))
+        upper = bound if upper is None else min(upper, bound)
+        runs += 1
+    return upper, lower, runs
+
+
+class FallbackRule:
+    """Whether cached segments freed right before a ``malloc`` can be that ``malloc``'s own fallback
+    (``rule(reserved_before, alloc_size)``, bytes) rather than a user's ``empty_cache()`` (PyTorch
+    2.11 records a freed segment with the stack of its allocation, not of the ``empty_cache`` call, so
+    frames rarely tell). A fallback needs ``alloc_block`` to have failed or GC to have run:
+
+    - the run reached ``peak_reserved`` bytes, so the cap is at least that: ``alloc_block`` can fail
+      only if ``reserved_before + alloc_size > peak_reserved``, GC can run only if
+      ``reserved_before > gc_threshold * peak_reserved``;
+    - a sidecar that says no fraction was set (``memory_fraction`` 1) leaves only the device's own
+      limit: frees far below the GPU's memory (under :data:`DEVICE_LIMIT_SHARE`) are no fallback,
+      and GC never runs;
+    - a sidecar whose ``memory_stats.num_alloc_retries`` is 0 rules out ``release_cached_blocks``, so
+      without ``max_split_size`` and GC nothing is a fallback.
+    """
+
+    def __init__(self, trace: Trace, peak_reserved: int) -> None:
+        config = config_from_settings(trace.allocator_settings)
+        meta = trace.meta
+        self.peak = peak_reserved
+        frac, total = meta.get("memory_fraction"), meta.get("gpu_total_memory_bytes")
+        no_fraction = isinstance(frac, (int, float)) and frac >= 1
+        self.gc = 0.0 if no_fraction else config.garbage_collection_threshold
+        self.device_floor = int(DEVICE_LIMIT_SHARE * total) if no_fraction and isinstance(total, int) else None
+        retries = (meta.get("memory_stats") or {}).get("num_alloc_retries")
+        self.never = retries == 0 and config.max_split_size is None and self.gc == 0
+
+    def __call__(self, reserved_before: int, alloc_size: int) -> bool:
+        if self.never:
+            return False
+        if self.device_floor is not None and reserved_before + alloc_size <= self.device_floor:
+            return False
+        return reserved_before + alloc_size > self.peak or (self.gc > 0 and reserved_before > self.gc * self.peak)
+
+
+def _from_fallbacks(trace: Trace, device: DeviceTrace) -> Capacity:
+    upper, lower, runs = fallback_bounds(trace, device)
+    retries = (trace.meta.get("memory_stats") or {}).get("num_alloc_retries")
+    if upper is None:
+        return Capacity(None, "none", "unlimited (no OOM and no allocator fallback recorded, no cap in the metadata)")
+    if upper < lower:
+        return Capacity(None, "none", f"unlimited: the {runs} allocator fallbacks in the trace do not agree on a "
+                        f"cap (upper bound {upper} below the peak reserved {lower})")
+    total = trace.meta.get("gpu_total_memory_bytes")
+    kind = "device" if isinstance(total, int) and upper >= DEVICE_LIMIT_SHARE * total else "fraction"
+    also = f"; the sidecar counts {retries} alloc retries" if isinstance(retries, int) and retries > 0 else ""
+    return Capacity(lower, kind, f"{runs} allocator fallbacks in the trace (cached segments freed before a new "
+                    f"segment): the cap lies in [{lower}, {upper}] bytes{also}; the lower end is used", BOUNDED, lower,
+                    upper)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..analysis.fragmentation import live_segments
 from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START, Lifetimes, lifetimes
-from ..analysis.rounding import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, round_size
+from ..analysis.rounding import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, allocation_size, round_size
 from ..analysis.timeline import reserved_series
 from ..errors import OomdoctorError
 from ..trace.model import (
@@ -51,14 +51,15 @@ from ..trace.model import (
     Trace,
 )
 from .allocator import AddressSpace, CachingAllocator
-from .capacity import Capacity
+from .capacity import Capacity, FallbackRule
 from .config import AllocatorConfig, config_from_settings
+from .pools import private_pools
 
 RECORDED = "recorded"
 IMMEDIATE = "immediate"
 
 # replay operations
-_MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE = range(6)
+_MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE, _EXTERNAL = range(7)
 _SEG = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 _RELEASE = (SEGMENT_FREE, SEGMENT_UNMAP)
 _NEW = (SEGMENT_ALLOC, SEGMENT_MAP)
@@ -99,6 +100,11 @@ class Validation:
     max_reserved_difference_bytes: int
     oom_event_index_recorded: int | None
     oom_matches: bool
+
+    @property
+    def segment_events_compared(self) -> int:
+        """Positions compared: the longer of the two sequences (``segment_events_differing`` <= this)."""
+        return max(self.segment_events_recorded, self.segment_events_simulated)
 
     @property
     def exact(self) -> bool:
@@ -152,6 +158,8 @@ class Prepared:
     max_address: int
     total_memory: int | None
     warnings: list[str]
+    external: list[tuple[int, int]] = field(default_factory=list)  # (event, +/- bytes): private-pool segments
+    external_start: int = 0  # bytes of private-pool segments alive at the trace's start
 
 
 def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | None = None) -> Prepared:
@@ -163,10 +171,16 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
     action = dt.events["action"]
     addr_np, size_np = dt.events["addr"], dt.events["size"]
     n = action.shape[0]
-    act = action.tolist()
-    addr = addr_np.tolist()
-    stream = dt.events["stream"].tolist()
-    stack = dt.events["stack"].tolist()
+    start_segs = live_segments(dt, -1)
+    pools = private_pools(trace, dt, start_segs)
+    private = pools.private if pools is not None else np.zeros(n, dtype=bool)
+    order = np.flatnonzero(~private)  # the default pools' events, which the model replays
+    act = action[order].tolist()
+    idx = order.tolist()
+    addr = addr_np[order].tolist()
+    stream = dt.events["stream"][order].tolist()
+    stack = dt.events["stack"][order].tolist()
+    m = len(idx)
 
     # immediate frees: free_completed right after its free_requested
     fr_next_fc = np.zeros(n, dtype=bool)
@@ -174,41 +188,68 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
         fr_next_fc[:-1] = (action[:-1] == FREE_REQUESTED) & (action[1:] == FREE_COMPLETED) & (addr_np[:-1] == addr_np[1:])
     fc_immediate = np.zeros(n, dtype=bool)
     fc_immediate[1:] = fr_next_fc[:-1]
-    grouped = np.isin(action, _SEG) | ((action == FREE_COMPLETED) & ~fc_immediate)
-    fr_deferred = (action == FREE_REQUESTED) & ~fr_next_fc
+    grouped = (np.isin(action, _SEG) | ((action == FREE_COMPLETED) & ~fc_immediate))[order]
+    fr_deferred = ((action == FREE_REQUESTED) & ~fr_next_fc)[order]
 
     empty_cache_stacks = {sid for sid, frames in enumerate(trace.stacks.stacks)
                           if any(trace.stacks.frames[f][2] == "empty_cache" for f in frames)}
     release_without_chain = recorded.max_split_size is None and recorded.garbage_collection_threshold == 0
+    reserved_start, reserved_all = reserved_series(dt)
+    peak_reserved = max(reserved_start, int(reserved_all.max()) if n else 0)
+    table = np.asarray(recorded.roundup_power2_divisions, dtype=np.int64)
+    fallback = FallbackRule(trace, peak_reserved)
 
+    def user_release(g0: int, g1: int) -> bool:
+        """The frees before the malloc at ``g1`` cannot be its fallback (:class:`.capacity.FallbackRule`)."""
+        sz = int(size_np[g1])
+        rounded = sz if action[g1] == OOM else int(round_size(np.array([sz], dtype=np.int64), table)[0])
+        before = int(reserved_all[g0 - 1]) if g0 > 0 else reserved_start
+        return not fallback(before, allocation_size(rounded))
+
+    external = [(j, int(size_np[j]) if action[j] in _NEW else -int(size_np[j]))
+                for j in np.flatnonzero(private & np.isin(action, _SEG)).tolist()]
+    ext_i = 0
     ops: list[tuple] = []
     marks: dict[int, tuple[int, int]] = {}
     warnings: list[str] = []
     grouped_l = grouped.tolist()
     fr_def_l = fr_deferred.tolist()
-    i = 0
-    while i < n:
-        a = act[i]
-        if grouped_l[i]:
-            g0 = i
-            while i < n and grouped_l[i]:
-                i += 1
-            g1 = i  # run is [g0, g1)
-            nxt = act[g1] if g1 < n else -1
-            run = range(g0, g1)
+
+    def flush(before: int) -> None:
+        """Private-pool segment entries before event ``before``, as recorded."""
+        nonlocal ext_i
+        while ext_i < len(external) and external[ext_i][0] < before:
+            ops.append((_EXTERNAL, external[ext_i][0], external[ext_i][1]))
+            ext_i += 1
+
+    q = 0
+    while q < m:
+        a = act[q]
+        if grouped_l[q]:
+            q0 = q
+            while q < m and grouped_l[q]:
+                q += 1
+            q1 = q  # run is positions [q0, q1)
+            nxt = act[q1] if q1 < m else -1
+            g0, g1 = idx[q0], (idx[q1] if q1 < m else n)
+            flush(g0)
+            run = range(q0, q1)
             releases = [k for k in run if act[k] in _RELEASE]
             news = [k for k in run if act[k] in _NEW]
             if nxt in (ALLOC, OOM):
-                cut = g0
+                cut = q0
                 if releases and not news and nxt == ALLOC:
                     cut = releases[-1] + 1  # empty_cache, then a malloc served from the cache
                 elif releases and stack[releases[0]] in empty_cache_stacks:
                     cut = max(k for k in releases if stack[k] in empty_cache_stacks) + 1
-                if cut > g0:
-                    marks[len(ops)] = (g0, cut)
+                elif releases and user_release(g0, g1):
+                    cut = releases[-1] + 1  # empty_cache without its frames, then a malloc
+                if cut > q0:
+                    marks[len(ops)] = (g0, idx[cut] if cut < m else n)
                     ops.append((_EMPTY_CACHE, g0))
-                fcs = [k for k in range(cut, g1) if act[k] == FREE_COMPLETED]
-                rel = [k for k in range(cut, g1) if act[k] in _RELEASE]
+                flush(g1)  # private-pool entries of the run, before this malloc (allocs precede it)
+                fcs = [k for k in range(cut, q1) if act[k] == FREE_COMPLETED]
+                rel = [k for k in range(cut, q1) if act[k] in _RELEASE]
                 if nxt == OOM or (rel and release_without_chain):
                     sync, pe = fcs, []
                 elif rel:
@@ -216,46 +257,62 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
                     sync = [k for k in fcs if k > rel[0]]
                 else:
                     pe, sync = fcs, []
-                marks[len(ops)] = (cut, g1)
-                ops.append((_OOM if nxt == OOM else _MALLOC, g1, stream[g1], addr[g1],
-                            [addr[k] for k in pe] or None, [addr[k] for k in sync] or None))
-                i = g1 + 1
+                marks[len(ops)] = (idx[cut] if cut < m else n, g1)
+                # releases read as this malloc's fallback: without a cap no fallback can happen, so a
+                # replay without one runs them as the empty_cache() they then were
+                ops.append((_OOM if nxt == OOM else _MALLOC, g1, stream[q1], addr[q1],
+                            [addr[k] for k in pe] or None, [addr[k] for k in sync] or None, bool(rel)))
+                q = q1 + 1
                 continue
             if releases:
                 marks[len(ops)] = (g0, g1)
                 ops.append((_EMPTY_CACHE, g0))
+            flush(g1)
             fcs = [addr[k] for k in run if act[k] == FREE_COMPLETED]
             if fcs:
                 ops.append((_DONE, g0, fcs))
             continue
+        j = idx[q]
+        flush(j)
         if a == ALLOC:
-            ops.append((_MALLOC, i, stream[i], addr[i], None, None))
+            ops.append((_MALLOC, j, stream[q], addr[q], None, None, False))
         elif a == OOM:
-            ops.append((_OOM, i, stream[i], addr[i], None, None))
+            ops.append((_OOM, j, stream[q], addr[q], None, None, False))
         elif a == FREE_REQUESTED:
-            ops.append((_FREE_DEFERRED if fr_def_l[i] else _FREE, i, addr[i]))
-        i += 1
+            ops.append((_FREE_DEFERRED if fr_def_l[q] else _FREE, j, addr[q]))
+        q += 1
+    flush(n)
 
     requests = np.where((action == ALLOC) | (action == OOM), size_np, 0)
-    seg_pos = np.flatnonzero(np.isin(action, _SEG))
+    seg_pos = np.flatnonzero(np.isin(action, _SEG) & ~private)
     rec_seg = list(zip(action[seg_pos].tolist(), addr_np[seg_pos].tolist(), size_np[seg_pos].tolist()))
     ooms = np.flatnonzero(action == OOM)
 
-    start_segs = live_segments(dt, -1)
+    private_start = pools.start_segments if pools is not None else set()
+    default_start = [s for s in start_segs if s.address not in private_start]
     start_blocks, unplaced = _start_blocks(lt, start_segs, recorded)
+    start_blocks = [b for b in start_blocks if not _inside(b[1], start_segs, private_start)]
     if unplaced:
         warnings.append(f"{unplaced} blocks alive at the trace's start lie in no segment of that time and were left "
                         "out of the replay's start state")
+    if pools is not None:
+        warnings.append(pools.warning())
     addresses = [s.address + s.total_size for s in dt.segments] + [s.address + s.size for s in start_segs]
     if seg_pos.size:
         addresses.append(int((addr_np[seg_pos] + size_np[seg_pos]).max()))
     total = trace.meta.get("gpu_total_memory_bytes")
     return Prepared(trace=trace, device=dt, lifetimes=lt, recorded_config=recorded, ops=ops, requests=requests, marks=marks,
-                    rec_seg_pos=seg_pos, rec_seg=rec_seg, start_blocks=start_blocks, start_segments=start_segs,
+                    rec_seg_pos=seg_pos, rec_seg=rec_seg, start_blocks=start_blocks, start_segments=default_start,
                     reserved_start=sum(s.size for s in start_segs),
                     recorded_oom=int(ooms[0]) if ooms.size else None,
                     max_address=max(addresses, default=0), total_memory=int(total) if isinstance(total, int) else None,
-                    warnings=warnings)
+                    warnings=warnings, external=external,
+                    external_start=sum(s.size for s in start_segs if s.address in private_start))
+
+
+def _inside(a: int, segs: list, chosen: set[int]) -> bool:
+    """Whether address ``a`` lies in one of the segments of ``segs`` whose address is in ``chosen``."""
+    return any(s.address <= a < s.address + s.size for s in segs if s.address in chosen)
 
 
 def _start_blocks(lt: Lifetimes, segs: list, config: AllocatorConfig) -> tuple[list[tuple], int]:
@@ -304,6 +361,26 @@ class _RecordedAddresses(AddressSpace):
         super().__init__(_fresh_base(prepared), va_bytes)
         self.recorded = [(a, s) for act, a, s in prepared.rec_seg if act == SEGMENT_ALLOC]
         self.n = 0
+        # Expandable reservations: find_expandable_block maps a new reservation from its base, and
+        # later maps fill holes or extend the mapped range upwards, so a segment_map beyond the mapped
+        # extent of every reservation below it starts a new one at its address.
+        extent = {s.address: s.address + s.size for s in prepared.start_segments if s.is_expandable}
+        self.bases: list[int] = []
+        for act, a, size in prepared.rec_seg:
+            if act != SEGMENT_MAP:
+                continue
+            owner = max((b for b, end in extent.items() if b <= a <= end), default=None)
+            if owner is None:
+                self.bases.append(a)
+                owner = a
+            extent[owner] = max(extent.get(owner, a), a + size)
+        self.rn = 0
+
+    def reservation(self, page: int, is_small: bool, stream: int) -> tuple[int, int]:
+        if self.rn < len(self.bases):
+            self.rn += 1
+            return self.bases[self.rn - 1], (self.va_bytes + page - 1) // page * page
+        return super().reservation(page, is_small, stream)
 
     def segment(self, size: int, stream: int) -> int:
         if self.n < len(self.recorded) and self.recorded[self.n][1] == size:
@@ -355,6 +432,7 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
     va = _va_bytes(prepared)
     addresses = _RecordedAddresses(prepared, va) if same_config else AddressSpace(_fresh_base(prepared), va)
     sim = CachingAllocator(config, fraction_limit=fraction_limit, device_limit=device_limit, addresses=addresses)
+    uncapped = fraction_limit is None and device_limit is None
     warnings: list[str] = []
     live: dict[int, object] = {}
     pend: dict[int, object] = {}
@@ -363,6 +441,7 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
     rounded = round_size(prepared.requests, table).tolist()
     requests = prepared.requests.tolist()
 
+    sim.external(prepared.external_start)
     initial = _install_start(prepared, sim, same_config, immediate, live, pend, rounded_table=table)
     if initial == "reallocated":
         sim.segment_events.clear()
@@ -382,6 +461,10 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
         kind = op[0]
         if kind == _MALLOC or kind == _OOM:
             j, st, a, pe, sync = op[1], op[2], op[3], op[4], op[5]
+            n0 = len(seg_events)
+            if op[6] and uncapped:
+                pend.clear()
+                sim.empty_cache()
             if pe is not None and not immediate:
                 for fa in pe:
                     b = pend.pop(fa, None)
@@ -390,7 +473,6 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
             syncing = None
             if sync is not None and not immediate:
                 syncing = [b for fa in sync if (b := pend.pop(fa, None)) is not None]
-            n0 = len(seg_events)
             size = rounded[j]
             b = malloc(size, requests[j] if kind == _MALLOC else size, st)
             if syncing:
@@ -429,6 +511,8 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
             sim.empty_cache()
             g = marks[pos]
             seg_marks.append((g[0], g[1] - 1, n0, len(seg_events)))
+        elif kind == _EXTERNAL:
+            sim.external(op[2])
         else:  # _DONE
             if not immediate:
                 for fa in op[2]:
@@ -569,6 +653,9 @@ def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_e
             p = slots[m] if m < len(slots) else end
             if p < n:
                 sim_delta[p] += sign[act] * s
+    for p, delta in prepared.external:  # private pools, replayed as recorded
+        if p < n:
+            sim_delta[p] += delta
     diff = reserved_series(prepared.device)[1][:n] - (sim_start + np.cumsum(sim_delta))
     nz = np.flatnonzero(diff)
     rec_oom = prepared.recorded_oom

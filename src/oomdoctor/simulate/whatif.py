@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from ..analysis.timeline import timeline
 from ..errors import UsageError
 from ..trace.model import Trace
-from .capacity import Capacity, infer_capacity
+from .capacity import BOUNDED, GIVEN, Capacity, infer_capacity
 from .config import AllocatorConfig, parse_config
 from .replay import IMMEDIATE, RECORDED, Prepared, ReplayResult, prepare, replay
 
@@ -243,16 +243,76 @@ def simulate_recorded(trace: Trace, *, configs: list[str] | None = None, immedia
     prepared = prepare(trace)
     capacity = infer_capacity(trace, prepared.device)
     if cap_bytes is not None:
-        capacity = with_capacity(capacity, cap_bytes, cap_kind)
+        capacity = with_capacity(capacity, cap_bytes, cap_kind, prepared.recorded_config)
+    else:
+        capacity = settle_capacity(prepared, capacity)
     return simulate(trace, configs=configs, immediate_frees=immediate_frees, capacity=capacity, search=search,
                     workers=workers, prepared=prepared)
 
 
-def with_capacity(capacity: Capacity, limit: int, kind: str | None = None) -> Capacity:
+def with_capacity(capacity: Capacity, limit: int, kind: str | None = None,
+                  recorded: AllocatorConfig | None = None) -> Capacity:
     """``capacity`` with its limit replaced by a user-given one. The kind is ``kind`` when given, else
-    the inferred one (a recorded fraction cap stays one), else ``device``."""
-    kind = kind or (capacity.kind if capacity.kind != "none" else "device")
-    return replace(capacity, limit_bytes=limit, kind=kind, source=f"given with --cap ({kind} limit)")
+    the inferred one (a recorded fraction cap stays one), else ``fraction`` when the ``recorded``
+    settings have a garbage-collection threshold (it acts only under a fraction cap, so the run had
+    one), else ``device``."""
+    if kind is None:
+        gc = recorded is not None and recorded.garbage_collection_threshold > 0
+        kind = capacity.kind if capacity.kind != "none" else ("fraction" if gc else "device")
+    return Capacity(limit, kind, f"given with --cap ({kind} limit)", GIVEN, limit, limit)
+
+
+#: How many caps in the inferred range :func:`settle_capacity` replays under a GC threshold.
+GC_CANDIDATES = 9
+#: Rounds of narrowing around the best cap (each replays up to GC_CANDIDATES caps).
+GC_ROUNDS = 3
+
+
+def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
+    """Check a cap read off the trace's fallbacks (:mod:`.capacity` rule 4: only bounded) by replay.
+
+    Frees before a new segment may also be a user's ``empty_cache()`` the trace cannot tell apart, and
+    under a garbage-collection threshold the exact value matters (GC runs above ``threshold * cap``).
+    So: replay the lower bound; unless that reproduces the recording, replay without a cap and, with a
+    GC threshold, :data:`GC_CANDIDATES` caps spread over the bounds, narrowing around the best
+    (:data:`GC_ROUNDS` rounds); keep the one whose self-replay matches best (fewest differing segment
+    events, then reserved bytes; ties to the lowest cap). Other capacities are returned unchanged."""
+    if capacity.certainty != BOUNDED or capacity.upper_bytes is None or capacity.lower_bytes is None or (
+            "fallbacks" not in capacity.source):
+        return capacity
+    scored: dict[int | None, tuple] = {}
+
+    def score(cap: int | None) -> tuple:
+        if cap not in scored:
+            c = replace(capacity, limit_bytes=cap) if cap is not None else Capacity(None, "none", "unlimited")
+            v = replay(prepared, capacity=c, validate=True).validation
+            scored[cap] = (v.segment_events_differing, v.reserved_events_differing, -1 if cap is None else cap, v)
+        return scored[cap]
+
+    best = score(capacity.lower_bytes)
+    if not best[3].exact:
+        best = min(best, score(None), key=lambda x: x[:3])
+        lo, hi = capacity.lower_bytes, capacity.upper_bytes
+        for _ in range(GC_ROUNDS if prepared.recorded_config.garbage_collection_threshold > 0 else 0):
+            if best[3].exact:
+                break
+            for k in range(GC_CANDIDATES):
+                best = min(best, score(lo + (hi - lo) * k // (GC_CANDIDATES - 1)), key=lambda x: x[:3])
+            if best[2] < 0:
+                break
+            tried = sorted(c for c in scored if c is not None)
+            i = tried.index(best[2])
+            lo, hi = tried[max(i - 1, 0)], tried[min(i + 1, len(tried) - 1)]
+    differing, _, cap, v = best
+    if cap < 0:
+        return Capacity(None, "none", f"unlimited: {capacity.source.split(':')[0]} read as a cap do not reproduce "
+                        "the recording, which replays without one (the frees were empty_cache() calls)", BOUNDED,
+                        capacity.lower_bytes, None)
+    if cap == capacity.lower_bytes and len(scored) == 1:
+        return capacity
+    verdict = "reproduces the recording" if v.exact else f"comes closest ({differing} segment events differ)"
+    return replace(capacity, limit_bytes=cap, source=capacity.source.replace(
+        "; the lower end is used", "") + f"; of {len(scored)} caps replayed, {cap} {verdict}")
 
 
 __all__ = ["INCOMPATIBILITIES", "Recommendation", "Simulation", "WhatIf", "grid", "recommend", "run_many",
