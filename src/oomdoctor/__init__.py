@@ -17,9 +17,20 @@ __version__ = "0.1.0"
 
 import os  # noqa: E402
 
-from .capture.recorder import DEFAULT_MAX_ENTRIES  # noqa: E402
 from .errors import OomdoctorError, SnapshotError, UnsafeSnapshotError  # noqa: E402
-from .trace import Trace, load, load_ranks  # noqa: E402
+
+# numpy and the loader are imported on first use (PEP 562), so that `import oomdoctor` and the CLI's
+# start-up stay light (`python -X importtime -m oomdoctor --help`).
+_LAZY = {"Trace": "trace", "load": "trace", "load_ranks": "trace"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'oomdoctor' has no attribute {name!r}")
 
 
 def _paths(paths) -> list:
@@ -41,6 +52,7 @@ def diagnose(paths, *, micro_batch=None, progress=None):
     from .notebook import Diagnosis
     from .report.build import report_of
     from .report.visual import build_visual
+    from .trace import load_ranks
 
     analyses = [analyze(t) for t in load_ranks(_paths(paths), progress=progress)]
     return Diagnosis(report_of(analyses, micro_batch=micro_batch), build_visual(analyses))
@@ -58,6 +70,7 @@ def diff(before, after):
     from .report.build import report_of
     from .report.diff import diff_runs
     from .report.visual import build_visual
+    from .trace import load_ranks
 
     b = [analyze(t) for t in load_ranks(_paths(before))]
     a = [analyze(t) for t in load_ranks(_paths(after))]
@@ -81,6 +94,7 @@ def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, w
     """
     from .notebook import Replay
     from .simulate.whatif import simulate_recorded
+    from .trace import load
     from .units import parse_bytes
 
     cap_bytes = None if cap is None else cap if isinstance(cap, int) else parse_bytes(str(cap))
@@ -88,7 +102,7 @@ def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, w
                                     cap_bytes=cap_bytes, search=search, workers=workers))
 
 
-def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="python", free_stacks=False, on_oom=True,
+def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stacks=False, on_oom=True,
            summarize=False, summary_timeout_s=120.0, print_summary=True):
     """A :class:`~oomdoctor.capture.recorder.Recorder` of this process's CUDA memory, used as a context
     manager (or ``.start()`` / ``.stop()``); ``rec.step()`` marks the end of a training step (until it is
@@ -100,7 +114,8 @@ def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="pyth
     pickles are the standard snapshot (they open in pytorch.org/memory_viz).
 
     Args:
-        max_entries: the allocator's history ring buffer (events).
+        max_entries: the allocator's history ring buffer (events; default
+            :data:`~oomdoctor.capture.recorder.DEFAULT_MAX_ENTRIES`).
         stacks: ``"python"`` (default, low overhead) or ``"all"`` (C++ frames too).
         free_stacks: also record a stack at every free (``context="all"``). Off by default: on torch 2.11
             it crashes non-reentrant activation checkpointing in backward (``docs/checkpoint_crash.md``).
@@ -114,7 +129,7 @@ def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="pyth
     Raises:
         CaptureError: bad arguments (``steps``, ``stacks``, ``max_entries``).
     """
-    from .capture.recorder import Recorder
+    from .capture.recorder import DEFAULT_MAX_ENTRIES, Recorder
 
     hook = None
     if summarize:
@@ -122,7 +137,8 @@ def record(out_dir, *, steps=None, max_entries=DEFAULT_MAX_ENTRIES, stacks="pyth
 
         from .jobsummary import summarize_rank
         hook = functools.partial(summarize_rank, timeout_s=summary_timeout_s, print_report=print_summary)
-    return Recorder(out_dir, steps=steps, max_entries=max_entries, stacks=stacks, free_stacks=free_stacks, on_oom=on_oom,
+    entries = DEFAULT_MAX_ENTRIES if max_entries is None else max_entries
+    return Recorder(out_dir, steps=steps, max_entries=entries, stacks=stacks, free_stacks=free_stacks, on_oom=on_oom,
                     on_finish=hook)
 
 

@@ -114,3 +114,29 @@ def test_cli_unwritable_output(tmp_path, capsys):
     assert main(["diagnose", "--demo", "-o", str(target)]) == 2
     err = capsys.readouterr().err
     assert "cannot write the report" in err and err.count("\n") == 1
+
+
+def test_cli_start_up_imports_no_command(tmp_path):
+    """`oomdoctor --help` loads no command module, numpy, rich or jinja2 (start-up time: benchmarks/
+    bench_startup.py); `import oomdoctor` loads no numpy either."""
+    import subprocess
+    import sys
+    code = ("import sys; from oomdoctor.cli.main import main; rc = main(['--help']); "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'rich', 'jinja2') "
+            "or m.startswith(('oomdoctor.cli.diagnose', 'oomdoctor.trace', 'oomdoctor.analysis'))); "
+            "print(rc, heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "0 []"
+    out = subprocess.run([sys.executable, "-c", "import sys, oomdoctor; print('numpy' in sys.modules)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_every_lazy_command_is_the_command_it_names():
+    import click
+
+    from oomdoctor.cli.main import COMMANDS, cli
+    ctx = click.Context(cli)
+    for name in COMMANDS:
+        assert cli.get_command(ctx, name).name == name
+    assert cli.get_command(ctx, "nope") is None

@@ -4,14 +4,41 @@
 fragmentation anatomy at the peak / OOM / end, computed on first use).
 """
 
-from .accounting import CATEGORIES, Accounting, Breakdown
-from .device import DeviceAnalysis, analyze
-from .fragmentation import Anatomy, PoolAnatomy, anatomy
-from .iterations import find_steps, step_growth
-from .lifetimes import Lifetimes, lifetimes
-from .phases import PHASE_NAMES, Phases, Steps
-from .sites import Site, group_sites, site_label, sites_at
-from .timeline import Timeline, timeline
+# ``lifetimes`` and ``timeline`` are both a submodule and a function: imported here, or the submodule,
+# once imported anywhere, would shadow the function.
+from .lifetimes import Lifetimes, lifetimes  # noqa: E402
+from .timeline import Timeline, timeline  # noqa: E402
+
+# Other names load their module on first use (PEP 562), so importing one submodule does not import them all.
+_LAZY = {
+    "CATEGORIES": "accounting",
+    "Accounting": "accounting",
+    "Breakdown": "accounting",
+    "DeviceAnalysis": "device",
+    "analyze": "device",
+    "Anatomy": "fragmentation",
+    "PoolAnatomy": "fragmentation",
+    "anatomy": "fragmentation",
+    "find_steps": "iterations",
+    "step_growth": "iterations",
+    "PHASE_NAMES": "phases",
+    "Phases": "phases",
+    "Steps": "phases",
+    "Site": "sites",
+    "group_sites": "sites",
+    "site_label": "sites",
+    "sites_at": "sites",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["CATEGORIES", "PHASE_NAMES", "Accounting", "Anatomy", "Breakdown", "DeviceAnalysis", "Phases", "Lifetimes", "PoolAnatomy", "Site", "Steps", "Timeline", "analyze",
            "anatomy", "find_steps", "group_sites", "lifetimes", "site_label", "sites_at", "step_growth",

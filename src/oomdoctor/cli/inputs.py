@@ -5,15 +5,17 @@ from __future__ import annotations
 import io
 import os
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
-from ..analysis.device import DeviceAnalysis, analyze
 from ..errors import UsageError
 from ..trace import Skipped, Trace, load_ranks
+
+if TYPE_CHECKING:
+    from ..analysis.device import DeviceAnalysis
 
 _PROGRESS_MIN_BYTES = 1 << 20
 
@@ -86,4 +88,6 @@ def write_rendered(output: str | None, draw: Callable[[Console], None], *, width
 
 def analyze_inputs(inputs: list[str]) -> list[DeviceAnalysis]:
     """Load snapshot files or directories (one file per rank) and analyse each rank's primary device."""
+    from ..analysis.device import analyze
+
     return [analyze(t) for t in load_with_progress(inputs)]

@@ -2,29 +2,54 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from ..errors import OomdoctorError
-from . import diagnose, diff, export, plan, report, run, simulate
-from . import slice as slice_cmd
+
+#: name -> (module, one-line help). The module is imported only when its command runs (or its own
+#: ``--help`` is asked for), so ``oomdoctor --help`` and every command import only what they use.
+COMMANDS = {
+    "diagnose": ("diagnose", "Diagnose snapshot files or directories (one file per rank) of a failing or bloated "
+                             "run."),
+    "simulate": ("simulate", "Replay SNAPSHOT under its recorded allocator settings (checked against the "
+                             "recording) and under the settings given."),
+    "run": ("run", "Run COMMAND with CUDA memory recording in every process that uses CUDA, then diagnose."),
+    "report": ("report", "Write one HTML page that opens offline: timelines, fragmentation, segment maps, sites, "
+                         "findings."),
+    "diff": ("diff", "Compare two runs (snapshot files, or directories with one file per rank)."),
+    "slice": ("slice", "Cut a window out of a snapshot: a valid smaller snapshot."),
+    "export": ("export", "Export per-rank counter tracks and instants for Perfetto."),
+    "plan": ("plan", "Predict per-rank peak memory of a training configuration, and search the parallel plans "
+                     "that fit."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose subcommands live in :data:`COMMANDS` and are imported on first use (the pattern of
+    click's documentation, "Lazily Loading Subcommands"); the group's help lists them from there."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")
+        return module.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_module, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="oomdoctor", prog_name="oomdoctor")
 def cli() -> None:
     """Find, explain and fix GPU memory problems from PyTorch CUDA memory snapshots."""
-
-
-cli.add_command(diagnose.command)
-cli.add_command(simulate.command)
-cli.add_command(run.command)
-cli.add_command(report.command)
-cli.add_command(diff.command)
-cli.add_command(slice_cmd.command)
-cli.add_command(export.command)
-cli.add_command(plan.command)
 
 
 def main(argv: list[str] | None = None) -> int:

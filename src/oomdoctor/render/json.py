@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..analysis.fragmentation import Anatomy
-from ..report.diff import Diff
-from ..report.model import Report
-from ..simulate.whatif import Simulation
 from .format import fill
+
+if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
+    from ..analysis.fragmentation import Anatomy
+    from ..report.diff import Diff
+    from ..report.model import Report
+    from ..simulate.whatif import Simulation
 
 
 def anatomy_dict(an: Anatomy | None) -> dict[str, Any] | None:

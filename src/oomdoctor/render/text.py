@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import textwrap
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group
@@ -11,10 +12,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..report.diff import Diff
-from ..report.model import RankSummary, Report
-from ..simulate.whatif import Simulation
 from .format import fill, format_bytes, format_signed_bytes, format_us
+
+if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
+    from ..report.diff import Diff
+    from ..report.model import RankSummary, Report
+    from ..simulate.whatif import Simulation
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",

@@ -8,10 +8,8 @@ OOM, ties going to the simpler change; it comes with what the setting is incompa
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from ..analysis.timeline import timeline
@@ -133,6 +131,9 @@ def run_many(prepared: Prepared, whatifs: list[WhatIf], capacity: Capacity, work
     """Replay every what-if, in worker processes (forked, sharing ``prepared``) when the work is large
     enough to pay for them; results in the order given."""
     global _WORKER_PREPARED
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     workers = workers if workers is not None else (os.cpu_count() or 1)
     work = prepared.device.num_events * len(whatifs)
     if workers <= 1 or len(whatifs) <= 1 or work < PARALLEL_MIN_WORK or "fork" not in multiprocessing.get_all_start_methods():
