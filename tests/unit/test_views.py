@@ -220,3 +220,11 @@ def test_vendored_chart_library_is_the_pinned_one():
         want = re.findall(r"`([0-9a-f]{64})`", row)[-1]
         assert hashlib.sha256(assets.joinpath(name).read_bytes()).hexdigest() == want
     assert assets.joinpath("uPlot.iife.min.js").read_text().startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32)")
+
+
+def test_sparkline_clamps_values_outside_its_scale():
+    """A scaled copy of the large trace (benchmarks/bench_cli.py --scale 4) drove allocated bytes below
+    zero, and the negative index fell off the character table (IndexError in diagnose)."""
+    from oomdoctor.render.text import sparkline
+    assert sparkline([-5, 0, 50, 100, 130], 100) == "▁▁▅██"
+    assert sparkline([], 10) == "" and sparkline([1], 0) == ""

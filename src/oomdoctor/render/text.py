@@ -26,9 +26,12 @@ _APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", 
 
 
 def sparkline(values: list[int], top: int) -> str:
+    """One character per value, scaled to ``top``; values outside ``[0, top]`` are clamped (a trace whose
+    start could not be rebuilt can undercount allocated bytes below zero)."""
     if not values or top <= 0:
         return ""
-    return "".join(_SPARK[min(len(_SPARK) - 1, int(v / top * (len(_SPARK) - 1) + 0.5))] for v in values)
+    last = len(_SPARK) - 1
+    return "".join(_SPARK[max(0, min(last, int(v / top * last + 0.5)))] for v in values)
 
 
 _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black on yellow",
