@@ -101,8 +101,70 @@ def main() -> None:
         print(f"| {w['recording']} | {w['what_if']} | {w['measured_in']} | {w['predicted_bytes']:,} "
               f"({w['predicted_bytes'] / GiB:.3f} GiB) | {w['measured_bytes']:,} ({w['measured_bytes'] / GiB:.3f} GiB) "
               f"| {err:+.2%} |")
+    own = own_recordings(whatif)
     if args.json:
-        Path(args.json).write_text(json.dumps({"self_replay": rows, "what_if": whatif}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"self_replay": rows, "what_if": whatif, "own_recordings": own},
+                                              indent=2) + "\n")
+
+
+def own_recordings(whatif: list) -> list:
+    """Self-replay of docs/corpus/allocator-traces (GC, max_split_size, caps, CUDA graphs; H100, 2.11) through
+    ``simulate_recorded`` (the CLI's path: capacity inferred, settled by replay), with the sidecar and from
+    the snapshot alone; and the expandable-segments what-if against the real expandable runs."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    from oomdoctor import load
+    from oomdoctor.simulate.whatif import simulate_recorded
+
+    archive = Path(__file__).resolve().parents[1] / "docs/corpus/allocator-traces.tar.xz"
+    tmp = Path(tempfile.mkdtemp())
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+    root = tmp / "allocator-traces"
+    rows = []
+    for run in sorted(p.name for p in root.iterdir()):
+        truth = json.loads((root / run / "truth.json").read_text())
+        bare = tmp / f"{run}-rank0.pickle"
+        shutil.copy(root / run / "rank0.pickle", bare)
+        for label, path in (("sidecar", root / run / "rank0.pickle"), ("snapshot alone", bare)):
+            sim = simulate_recorded(load(path))
+            v = sim.self_replay.validation
+            c = sim.capacity
+            rows.append({"run": run, "inputs": label, "alloc_conf": truth["alloc_conf"], "events": sim.num_events,
+                         "cap_bytes": truth["cap_bytes"], "capacity": c.limit_bytes, "certainty": c.certainty,
+                         "bounds": [c.lower_bytes, c.upper_bytes], "segment_events": v.segment_events_recorded,
+                         "simulated": v.segment_events_simulated, "differing": v.segment_events_differing,
+                         "reserved_events_differing": v.reserved_events_differing,
+                         "peak_reserved_bytes": sim.self_replay.peak_reserved_bytes,
+                         "measured_peak_reserved_bytes": truth["memory_stats"]["reserved_bytes.all.peak"],
+                         "private_pools": [n for n in sim.notes if "private pool" in n]})
+    for base, real in (("nocap-default", "nocap-expandable"), ("cap-default", "cap-expandable")):
+        sim = simulate_recorded(load(root / base / "rank0.pickle"), configs=["expandable_segments:True"])
+        measured = json.loads((root / real / "truth.json").read_text())["memory_stats"]["reserved_bytes.all.peak"]
+        whatif.append({"recording": f"allocator-traces/{base}", "what_if": "expandable_segments:True",
+                       "measured_in": f"allocator-traces/{real}, torch.cuda.memory_stats",
+                       "predicted_bytes": sim.results[1].peak_reserved_bytes, "measured_bytes": measured,
+                       "predicted_oom": sim.results[1].oom is not None, "measured_oom": False})
+        w = whatif[-1]
+        w["relative_error"] = round((w["predicted_bytes"] - measured) / measured, 5)
+    shutil.rmtree(tmp)
+    print()
+    print("| run | PYTORCH_CUDA_ALLOC_CONF | inputs | events | cap (certainty) | segment events (recorded / simulated "
+          "/ differing) | events with reserved differing | peak reserved (replayed = measured) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for x in rows:
+        cap = "none" if x["capacity"] is None else f"{x['capacity']:,} ({x['certainty']})"
+        same = "yes" if x["peak_reserved_bytes"] == x["measured_peak_reserved_bytes"] else "NO"
+        print(f"| {x['run']} | `{x['alloc_conf'] or '-'}` | {x['inputs']} | {x['events']:,} | {cap} | "
+              f"{x['segment_events']} / {x['simulated']} / {x['differing']} | {x['reserved_events_differing']} | "
+              f"{x['peak_reserved_bytes']:,} ({same}) |")
+    print()
+    for w in whatif[-2:]:
+        print(f"| {w['recording']} | {w['what_if']} | {w['measured_in']} | {w['predicted_bytes']:,} | "
+              f"{w['measured_bytes']:,} | {w['relative_error']:+.3%} |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity
 from ..simulate.replay import SimulationError, prepare, replay
 from ..simulate.scale import SEARCH_MAX, largest_scale
-from ..trace.model import DEFAULT_POOL, OOM
+from ..trace.model import OOM
 
 FIT_MARGIN_FRACTION = 0.03
 """Room kept free on top of the replay: run-to-run variation of what lives outside the allocator
@@ -188,13 +188,17 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     except SimulationError as e:
         out.notes.append(f"the trace cannot be replayed: {e}")
         return out
+    if prepared.external or prepared.external_start:
+        # simulate/pools.py: a private pool is replayed as recorded, so it would not grow with the batch
+        out.notes.append("CUDA graph private pools (e.g. torch.compile mode='reduce-overhead') hold part of this "
+                         "run's memory and are replayed as recorded, not scaled with the micro-batch: what fits is "
+                         "not replayed")
+        return out
     events = _scale_events(a)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
     if not _reproduced(a, prepared, cap):
-        private = any(s.pool_id != DEFAULT_POOL for s in a.device.segments)
-        out.notes.append("the allocator model does not reproduce this recording under the device's room"
-                         + (" (CUDA graph private pools, e.g. torch.compile mode='reduce-overhead', are not modelled)"
-                            if private else "") + ": what fits is not replayed")
+        out.notes.append("the allocator model does not reproduce this recording under the device's room: what fits "
+                         "is not replayed")
         return out
     unit = 1.0 / micro_batch if micro_batch else None
     # a run that finished at this micro-batch fits it: search above it
