@@ -72,7 +72,14 @@ def scaled(src: str, k: int, out: str) -> int:
     dev = max(range(len(snap["device_traces"])), key=lambda d: len(snap["device_traces"][d]))
     trace = snap["device_traces"][dev]
     span = trace[-1]["time_us"] - trace[0]["time_us"] + 1
-    copies = [dict(e, time_us=e["time_us"] + i * span) for i in range(k) for e in trace]
+    copies = []
+    for i in range(k):
+        lists: dict[int, list] = {}  # each copy has its own frames lists, shared where the original's are
+        for e in trace:
+            fl = e.get("frames")
+            if fl is not None:
+                fl = lists.setdefault(id(fl), list(fl))
+            copies.append(dict(e, time_us=e["time_us"] + i * span, frames=fl))
     snap["device_traces"][dev] = copies
     with open(out, "wb") as f:
         pickle.dump(snap, f, protocol=4)

@@ -122,3 +122,27 @@ def test_parse_bytes(text, value):
 def test_parse_bytes_rejects(text):
     with pytest.raises(UsageError):
         parse_bytes(text)
+
+
+def test_fallback_rule_tells_fallbacks_from_empty_cache():
+    """simulate/capacity.FallbackRule on the three kinds of evidence, bytes in GiB units."""
+    from types import SimpleNamespace
+
+    from oomdoctor.simulate.capacity import FallbackRule
+    G = 1 << 30
+
+    def rule(settings=None, **meta):
+        return FallbackRule(SimpleNamespace(allocator_settings=settings or {}, meta=meta), 10 * G)
+
+    plain = rule()
+    assert plain(9 * G, 2 * G)  # 9 + 2 > 10 (the peak): alloc_block may have failed
+    assert not plain(7 * G, 2 * G)  # room to the peak: an empty_cache()
+    gc = rule({"garbage_collection_threshold": 0.6})
+    assert gc(7 * G, 2 * G) and not gc(5 * G, 2 * G)  # GC runs above 0.6 x cap >= 0.6 x peak
+    no_fraction = rule({"garbage_collection_threshold": 0.6}, memory_fraction=1.0, gpu_total_memory_bytes=80 * G)
+    assert not no_fraction(9 * G, 2 * G)  # no fraction cap, 11 GiB far from an 80 GiB GPU
+    assert not no_fraction(70 * G, 2 * G)  # 72 GiB: under 95% of the GPU
+    assert no_fraction(75 * G, 2 * G)  # 77 GiB > 95% of 80: the device's own limit may have been hit
+    no_retries = rule(memory_stats={"num_alloc_retries": 0})
+    assert not no_retries(9 * G, 2 * G)  # release_cached_blocks never ran, nothing else frees
+    assert rule({"max_split_size": 256 << 20}, memory_stats={"num_alloc_retries": 0})(9 * G, 2 * G)

@@ -43,8 +43,10 @@ _STATES = {
 _NO_STRING = ("", "N/A", None)
 
 
-def build_trace(path: str, obj: Any) -> Trace:
-    """Build a :class:`Trace` from a decoded snapshot.
+def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
+    """Build a :class:`Trace` from a decoded snapshot. ``drained``: the columns of trace entries taken
+    out of ``obj``'s lists while it was streamed in (:mod:`.stream`); they come before what the lists
+    still hold.
 
     Raises:
         SnapshotError: ``obj`` is not a snapshot (wrong top-level type, missing ``segments``,
@@ -69,11 +71,9 @@ def build_trace(path: str, obj: Any) -> Trace:
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise SnapshotError(path, "'device_traces' must be a list of lists of trace entries")
 
-    stacks = StackTable()
-    strings: list[str] = []
-    pools: list[tuple[int, int]] = []
-    warnings: list[str] = []
-    tables = _Tables(stacks, strings, pools)
+    drained = drained or Drained(path)
+    tables, warnings = drained.tables, drained.warnings
+    stacks, strings, pools = tables.stacks, tables.strings, tables.pools
 
     segments_by_dev: dict[int, list[Segment]] = {}
     for i, s in enumerate(segs):
@@ -82,8 +82,11 @@ def build_trace(path: str, obj: Any) -> Trace:
 
     devices: dict[int, DeviceTrace] = {}
     for dev, entries in enumerate(traces):
-        if entries or dev in segments_by_dev:
-            events = _events(path, dev, entries, tables, warnings)
+        chunks = drained.chunks.get(id(entries), [])
+        if entries or chunks or dev in segments_by_dev:
+            offset = sum(len(c["action"]) for c in chunks)
+            last = _events(path, dev, entries, tables, warnings, offset=offset, refs=bool(drained.chunks))
+            events = last if not chunks else {k: np.concatenate([c[k] for c in chunks] + [last[k]]) for k in last}
             devices[dev] = DeviceTrace(dev, events, sorted(segments_by_dev.get(dev, []), key=lambda s: s.address))
     for dev, dsegs in segments_by_dev.items():
         if dev not in devices:
@@ -105,11 +108,66 @@ def build_trace(path: str, obj: Any) -> Trace:
     if settings.get("trace_alloc_overflowed"):
         warnings.append("the allocator reports that its trace ring buffer overflowed: the oldest events were dropped")
     meta: dict[str, Any] = {"format": "memory_snapshot_list" if legacy_list else "snapshot_dict"}
-    first = next((t[0] for t in traces if t and isinstance(t[0], dict)), None)
-    meta["trace_entry_keys"] = sorted(map(str, first)) if first else []
+    first = drained.first_keys or next((sorted(map(str, t[0])) for t in traces if t and isinstance(t[0], dict)), None)
+    meta["trace_entry_keys"] = first or []
     meta["snapshot_keys"] = sorted(map(str, raw))
     return Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
                  allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
+
+
+class _StackRef:
+    """What a drained entry's ``frames`` list is shrunk to: ``[_StackRef]`` holding one shared copy of
+    its frames. The list itself stays alive (the pickle memo holds it, and a later entry may point to
+    it: PyTorch shares one list between a ``free_requested`` and its ``free_completed``). Nothing
+    unpickled can be one (the unpickler builds no class)."""
+
+    __slots__ = ("frames",)
+
+    def __init__(self, frames: list) -> None:
+        self.frames = frames
+
+
+class Drained:
+    """Trace entries taken out of their lists while a large pickle streams in (:mod:`.stream`), as
+    event columns per list (``chunks``, keyed by the list's ``id``), with the interning tables and
+    warnings the rest of the build continues."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.tables = _Tables(StackTable(), [], [])
+        self.warnings: list[str] = []
+        self.chunks: dict[int, list[dict[str, np.ndarray]]] = {}
+        self.first_keys: list[str] | None = None
+        self._refs: dict[int, _StackRef] = {}
+
+    def drain(self, entries: list) -> int:
+        """Turn the entries now in ``entries`` (a device's trace list, still being filled) into columns,
+        empty the list, and shrink the entries the pickle memo keeps: each dict is cleared, each frames
+        list reduced to ``[_StackRef]``. Returns how many were taken.
+
+        Raises:
+            SnapshotError: as :func:`build_trace`.
+        """
+        taken = entries[:]
+        del entries[:]
+        if not taken:
+            return 0
+        if self.first_keys is None and isinstance(taken[0], dict):
+            self.first_keys = sorted(map(str, taken[0]))
+        chunks = self.chunks.setdefault(id(entries), [])
+        offset = sum(len(c["action"]) for c in chunks)
+        cols = _events(self.path, "?", taken, self.tables, self.warnings, offset=offset, refs=True)
+        chunks.append(cols)
+        refs = self._refs
+        for e, sid in zip(taken, cols["stack"].tolist()) if len(cols["action"]) == len(taken) else ():
+            fl = e.get("frames")
+            if fl.__class__ is list and fl and fl[0].__class__ is not _StackRef:
+                ref = refs.get(sid)
+                if ref is None:
+                    ref = refs[sid] = _StackRef(list(fl))
+                fl[:] = [ref]
+            e.clear()
+        return len(taken)
 
 
 class _Tables:
@@ -148,6 +206,8 @@ class _Tables:
     def stack(self, path: str, frames: Any) -> int:
         if not frames:
             return -1
+        if frames.__class__ is list and len(frames) == 1 and frames[0].__class__ is _StackRef:
+            frames = frames[0].frames  # shrunk by Drained.drain (a block's frames list is its entry's)
         if not isinstance(frames, list):
             raise SnapshotError(path, f"'frames' is a {type(frames).__name__}, expected a list of frame dicts")
         ids = []
@@ -226,17 +286,20 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
 _get_action = itemgetter("action")
 
 
-def _events(path: str, dev: int, entries: list, t: _Tables, warnings: list[str]) -> dict[str, np.ndarray]:
-    """Columns for one device's trace. Every pass over the entries runs in C (``map`` with
-    ``itemgetter``/``dict.get``), which keeps a 271k-event trace at a fraction of its unpickling time."""
+def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list[str], *, offset: int = 0,
+            refs: bool = False) -> dict[str, np.ndarray]:
+    """Columns for one device's trace (``entries``, which start at index ``offset`` of it). Every pass
+    over the entries runs in C (``map`` with ``itemgetter``/``dict.get``), which keeps a 271k-event trace
+    at a fraction of its unpickling time. ``refs``: frames lists may be ``[_StackRef]`` (streamed in)."""
     if set(map(type, entries)) - {dict}:
         bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
-        raise SnapshotError(path, f"device_traces[{dev}][{bad}] is a {type(entries[bad]).__name__}, expected a dict")
+        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
+                                  "expected a dict")
     try:
         names = list(map(_get_action, entries))
     except KeyError:
         bad = next(i for i, e in enumerate(entries) if "action" not in e)
-        raise SnapshotError(path, f"device_traces[{dev}][{bad}] has no 'action'") from None
+        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] has no 'action'") from None
     codes_map = ACTION_CODES
     try:
         distinct = set(names)
@@ -262,7 +325,7 @@ def _events(path: str, dev: int, entries: list, t: _Tables, warnings: list[str])
         except (TypeError, ValueError, OverflowError):
             bad = next(i for i, e in enumerate(entries) if not isinstance(e.get(key, default), int)
                        or not -(1 << 63) <= e.get(key, default) < (1 << 63))
-            raise SnapshotError(path, f"device_traces[{dev}][{bad}].{key} is {entries[bad].get(key)!r}, "
+            raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}].{key} is {entries[bad].get(key)!r}, "
                                       "expected an integer") from None
 
     cols["addr"] = int_col("addr", 0)
@@ -270,7 +333,7 @@ def _events(path: str, dev: int, entries: list, t: _Tables, warnings: list[str])
     cols["stream"] = int_col("stream", 0)
     cols["time_us"] = int_col("time_us", 0)
     cols["device_free"] = int_col("device_free", -1)
-    cols["stack"] = _stack_col(path, entries, t)
+    cols["stack"] = _stack_col(path, entries, t, refs)
     cols["pool"] = _table_col(entries, "pool_id", t.pool, lambda v: v is None)
     cols["user_metadata"] = _table_col(entries, "user_metadata", t.string, lambda v: v in _NO_STRING)
     cols["compile_context"] = _table_col(entries, "compile_context", t.string, lambda v: v in _NO_STRING)
@@ -294,12 +357,16 @@ def _table_col(entries: list, key: str, intern: Any, is_default: Any) -> np.ndar
     return np.fromiter(map(ids.__getitem__, vals), dtype=np.int32, count=n)
 
 
-def _stack_col(path: str, entries: list, t: _Tables) -> np.ndarray:
+def _stack_col(path: str, entries: list, t: _Tables, refs: bool = False) -> np.ndarray:
     """Intern each entry's frames. Pickled snapshots share frame dicts through the pickle memo, so a
     key made of the frame dicts' identities finds repeated stacks without hashing their text; each key
-    maps to the index of its first entry (``setdefault`` with a counter, all in C)."""
+    maps to the index of its first entry (``setdefault`` with a counter, all in C). ``refs``: a frames
+    list shrunk by :meth:`Drained.drain` stands for the frames its ``_StackRef`` holds."""
     n = len(entries)
     frame_lists = list(map(dict.get, entries, repeat("frames"), repeat(())))
+    if refs:
+        frame_lists = [f[0].frames if f.__class__ is list and len(f) == 1 and f[0].__class__ is _StackRef else f
+                       for f in frame_lists]
     try:
         keys: dict[tuple[int, ...], int] = {}
         first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),

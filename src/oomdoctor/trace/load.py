@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..errors import SnapshotError
-from .build import build_trace
+from .build import Drained, build_trace
 from .model import Trace
 from .reader import SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
+from .stream import load_streaming, should_stream
 
 _RANK_PATTERNS = (
     re.compile(r"rank[_-]?(\d+)", re.IGNORECASE),
@@ -93,15 +94,21 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
         UnsafeSnapshotError: the pickle asks for a global; nothing from it was executed.
     """
     p = os.fspath(path)
-    data = read_file(p, progress)
-    with _gc_paused():
-        obj = decode(p, data)
+    drained = None
+    if should_stream(p):  # a large framed pickle: its entries are turned into columns as they arrive
+        with _gc_paused():
+            obj, drained = load_streaming(p, progress)
+    else:
+        data = read_file(p, progress)
+        with _gc_paused():
+            obj = decode(p, data)
+        del data
     side = sidecar_path(p) if sidecar else None
-    return from_snapshot(obj, p, read_sidecar(side) if side else None, sidecar_file=side)
+    return from_snapshot(obj, p, read_sidecar(side) if side else None, sidecar_file=side, drained=drained)
 
 
 def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
-                  sidecar_file: str | None = None) -> Trace:
+                  sidecar_file: str | None = None, drained: Drained | None = None) -> Trace:
     """A :class:`Trace` from a snapshot already in memory (``torch.cuda.memory._snapshot()``'s dict,
     or a decoded file), with sidecar metadata ``meta`` merged in. ``path`` names it in messages.
 
@@ -109,7 +116,7 @@ def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
         SnapshotError: as :func:`load`.
     """
     with _gc_paused():
-        trace = build_trace(path, obj)
+        trace = build_trace(path, obj, drained)
     if meta:
         trace.meta.update(meta)
         if sidecar_file:
