@@ -17,20 +17,12 @@ __version__ = "0.1.0"
 
 import os  # noqa: E402
 
+from ._lazy import lazy_attributes  # noqa: E402
 from .errors import OomdoctorError, SnapshotError, UnsafeSnapshotError  # noqa: E402
 
 # numpy and the loader are imported on first use (PEP 562), so that `import oomdoctor` and the CLI's
 # start-up stay light (`python -X importtime -m oomdoctor --help`).
-_LAZY = {"Trace": "trace", "load": "trace", "load_ranks": "trace"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'oomdoctor' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {"Trace": "trace", "load": "trace", "load_ranks": "trace"})
 
 
 def _paths(paths) -> list:

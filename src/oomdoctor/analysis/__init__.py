@@ -4,13 +4,15 @@
 fragmentation anatomy at the peak / OOM / end, computed on first use).
 """
 
+from .._lazy import lazy_attributes
+
 # ``lifetimes`` and ``timeline`` are both a submodule and a function: imported here, or the submodule,
 # once imported anywhere, would shadow the function.
 from .lifetimes import Lifetimes, lifetimes  # noqa: E402
 from .timeline import Timeline, timeline  # noqa: E402
 
 # Other names load their module on first use (PEP 562), so importing one submodule does not import them all.
-_LAZY = {
+__getattr__ = lazy_attributes(__name__, {
     "CATEGORIES": "accounting",
     "Accounting": "accounting",
     "Breakdown": "accounting",
@@ -28,16 +30,7 @@ _LAZY = {
     "group_sites": "sites",
     "site_label": "sites",
     "sites_at": "sites",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+})
 
 
 __all__ = ["CATEGORIES", "PHASE_NAMES", "Accounting", "Anatomy", "Breakdown", "DeviceAnalysis", "Phases", "Lifetimes", "PoolAnatomy", "Site", "Steps", "Timeline", "analyze",

@@ -12,12 +12,14 @@ From Python::
     sim.self_replay.matches_recorded, [(str(r.config), r.peak_reserved_bytes, r.oom) for r in sim.results]
 """
 
+from .._lazy import lazy_attributes
+
 # ``replay`` is both a submodule and a function: imported here, or the submodule, once imported
 # anywhere, would shadow the function.
 from .replay import IMMEDIATE, RECORDED, ReplayResult, SimulationError, prepare, replay  # noqa: E402
 
 # Other names load their module on first use (PEP 562), so importing one submodule does not import them all.
-_LAZY = {
+__getattr__ = lazy_attributes(__name__, {
     "Capacity": "capacity",
     "infer_capacity": "capacity",
     "parse_bytes": "capacity",
@@ -27,16 +29,7 @@ _LAZY = {
     "parse_config": "config",
     "Simulation": "whatif",
     "simulate": "whatif",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+})
 
 
 __all__ = ["IMMEDIATE", "RECORDED", "AllocatorConfig", "Capacity", "ConfigError", "ReplayResult", "Simulation",
