@@ -267,6 +267,8 @@ def with_capacity(capacity: Capacity, limit: int, kind: str | None = None,
 GC_CANDIDATES = 9
 #: Rounds of narrowing around the best cap (each replays up to GC_CANDIDATES caps).
 GC_ROUNDS = 3
+#: The GC search stops once its replays have covered this many events in all (about 30 s).
+SETTLE_MAX_EVENTS = 20_000_000
 
 
 def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
@@ -276,8 +278,9 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
     under a garbage-collection threshold the exact value matters (GC runs above ``threshold * cap``).
     So: replay the lower bound; unless that reproduces the recording, replay without a cap and, with a
     GC threshold, :data:`GC_CANDIDATES` caps spread over the bounds, narrowing around the best
-    (:data:`GC_ROUNDS` rounds); keep the one whose self-replay matches best (fewest differing segment
-    events, then reserved bytes; ties to the lowest cap). Other capacities are returned unchanged."""
+    (:data:`GC_ROUNDS` rounds, while the replays stay under :data:`SETTLE_MAX_EVENTS` events in all); keep the
+    one whose self-replay matches best (fewest differing segment events, then reserved bytes; ties to the
+    lowest cap). Other capacities are returned unchanged."""
     if capacity.certainty != BOUNDED or capacity.upper_bytes is None or capacity.lower_bytes is None or (
             "fallbacks" not in capacity.source):
         return capacity
@@ -295,7 +298,7 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
         best = min(best, score(None), key=lambda x: x[:3])
         lo, hi = capacity.lower_bytes, capacity.upper_bytes
         for _ in range(GC_ROUNDS if prepared.recorded_config.garbage_collection_threshold > 0 else 0):
-            if best[3].exact:
+            if best[3].exact or len(scored) * prepared.device.num_events > SETTLE_MAX_EVENTS:
                 break
             for k in range(GC_CANDIDATES):
                 best = min(best, score(lo + (hi - lo) * k // (GC_CANDIDATES - 1)), key=lambda x: x[:3])
