@@ -46,6 +46,8 @@ def megatron() -> dict:
             "without_dracooci": {"rows": len(e), "median_abs_rel_error": round(statistics.median(e), 4),
                                  "p90_abs_rel_error": round(e[int(round(0.9 * (len(e) - 1)))], 4)},
             "not_covered": sorted({r.reason for r in v.gpt_rows if r.predicted_bytes is None}),
+            "refused_by_class": v.refused(),
+            "floor_median_abs_rel_error": round(v.floor_median, 4), "floor_p90_abs_rel_error": round(v.floor_p90, 4),
             "gpt3_7b_memory_tests": seven}
 
 

@@ -96,11 +96,42 @@ def test_megatron_7b_memory_tests_within_4_percent():
 def test_megatron_goldens_summary():
     v = validate_csv(GOLDEN)
     assert len(v.gpt_rows) == 260
-    assert v.coverage == pytest.approx(252 / 260)
+    assert v.coverage == pytest.approx(250 / 260)
     assert v.median_error < 0.10
     assert all(r.predicted_bytes is None for r in v.rows if "/gpt/" not in r.test_dir)
     # the p90 target (25%) is missed: recorded in docs/plan.md; this keeps the number honest
     assert 0.30 < v.p90_error < 0.45
+    # refused rows are counted by class and kept out of the statistics: the two GRPO throughput tests (an
+    # inference engine holds their memory) and 8 rows whose layers do not split evenly over the stages
+    assert v.refused() == {"uneven pipeline stages (num_layers not divisible by pp x vpp)": 8,
+                           "reinforcement learning (GRPO)": 2}
+    # rows identical in every configuration column measure up to ~26% apart: no estimator from these
+    # columns can get every row closer than that
+    assert v.floor_median < 0.02 and 0.2 < v.floor_p90 < 0.3
+
+
+def test_blank_and_nonsense_csv_fields_get_a_reason_per_row(tmp_path):
+    """A blank global-batch-size (Megatron's release tests) was a TypeError in plan/specs.py: it is
+    Megatron's default, micro-batch x data-parallel size; blank or non-numeric sizes refuse the row."""
+    import csv
+    with open(GOLDEN, newline="") as f:
+        rows = list(csv.DictReader(f))
+    base = next(r for r in rows if r["test_dir"].endswith("gpt3_7b_tp4_pp1_memory_speed"))
+    variants = [dict(base, **{"global-batch-size": ""}), dict(base, **{"seq-length": ""}),
+                dict(base, **{"micro-batch-size": "abc"}), dict(base, **{"hidden-size": "nan"}),
+                dict(base, test_dir=base["test_dir"].replace("gpt3_7b", "gpt_grpo_7b"))]
+    out = tmp_path / "rows.csv"
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(variants)
+    v = validate_csv(out)
+    derived = v.rows[0]
+    assert derived.predicted_bytes is not None and derived.reason == ""
+    assert [r.reason for r in v.rows[1:]] == [
+        "missing seq-length", "micro-batch-size is not a number: 'abc'",
+        "hidden-size is not a whole non-negative number: 'nan'",
+        "reinforcement learning (GRPO): the memory holds an inference engine, not covered"]
 
 
 def test_each_stage_adds_up_and_pipelining_outputs_grow_the_last_stage():
@@ -247,9 +278,10 @@ def test_cli_validate_json(capsys):
     assert main(["plan", "validate", str(GOLDEN), "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert len(d["rows"]) == 404
-    assert set(d["rows"][0]) == {"test_dir", "golden_file", "predicted_bytes", "measured_bytes"}
-    assert d["summary"]["gpt_rows"] == 260 and d["summary"]["covered"] == 252
-    assert sum(r["predicted_bytes"] is None for r in d["rows"]) == 404 - 252
+    assert set(d["rows"][0]) == {"test_dir", "golden_file", "predicted_bytes", "measured_bytes", "refused"}
+    assert d["summary"]["gpt_rows"] == 260 and d["summary"]["covered"] == 250
+    assert sum(r["predicted_bytes"] is None for r in d["rows"]) == 404 - 250
+    assert d["summary"]["refused"]["reinforcement learning (GRPO)"] == 2
 
 
 def test_cli_search_and_estimate(capsys):

@@ -28,6 +28,10 @@ REQUIRED_COLUMNS = ("test_dir", "golden_file", "max_allocated_peak_bytes", "num-
                     "tensor-model-parallel-size", "pipeline-model-parallel-size")
 
 
+#: Columns that are not configuration: the test's name and files, and what was measured.
+CONFIG_EXCLUDED = ("test_dir", "golden_file", "max_allocated_peak_bytes", "allocated_current_last_bytes")
+
+
 @dataclass
 class Row:
     test_dir: str
@@ -35,6 +39,7 @@ class Row:
     predicted_bytes: int | None
     measured_bytes: int
     reason: str = ""  # why not supported
+    config: tuple = ()  # the configuration columns' values, in file order
 
     @property
     def relative_error(self) -> float | None:
@@ -71,17 +76,70 @@ class Validation:
 
     @property
     def p90_error(self) -> float | None:
-        e = self.errors()
-        if not e:
-            return None
-        return e[min(len(e) - 1, int(round(0.9 * (len(e) - 1))))]
+        return _p90(self.errors())
+
+    def refused(self) -> dict[str, int]:
+        """GPT rows without a prediction, counted by reason (excluded from the error statistics)."""
+        out: dict[str, int] = {}
+        for r in self.gpt_rows:
+            if r.predicted_bytes is None:
+                key = _reason_class(r.reason)
+                out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def floor_errors(self) -> list[float]:
+        """The least error any estimator reading only the configuration columns can reach on each estimated
+        row: rows that share every configuration column (:data:`CONFIG_EXCLUDED` aside) but measure
+        differently can at best all be predicted by their group's median. Sorted."""
+        groups: dict[tuple, list[Row]] = {}
+        for r in self.gpt_rows:
+            if r.predicted_bytes is not None and r.measured_bytes > 0:
+                groups.setdefault(r.config, []).append(r)
+        out = []
+        for rows in groups.values():
+            mid = statistics.median(r.measured_bytes for r in rows)
+            out += [abs(mid - r.measured_bytes) / r.measured_bytes for r in rows]
+        return sorted(out)
+
+    @property
+    def floor_median(self) -> float | None:
+        f = self.floor_errors()
+        return statistics.median(f) if f else None
+
+    @property
+    def floor_p90(self) -> float | None:
+        return _p90(self.floor_errors())
+
+
+def _reason_class(reason: str) -> str:
+    """A refusal's class, without the row's own numbers."""
+    if "every model chunk needs the same number of layers" in reason:
+        return "uneven pipeline stages (num_layers not divisible by pp x vpp)"
+    return reason.split(":")[0] or "unknown"
+
+
+def _p90(e: list[float]) -> float | None:
+    return e[min(len(e) - 1, int(round(0.9 * (len(e) - 1))))] if e else None
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    """The column as an integer; ``default`` when blank. Raises :class:`PlanError` (naming the column)
+    for text that is not a whole number."""
     v = (row.get(key) or "").strip()
     if not v:
         return default
-    return int(float(v))
+    try:
+        x = float(v)
+    except ValueError:
+        raise PlanError(f"{key} is not a number: {v!r}") from None
+    if x != x or x in (float("inf"), float("-inf")) or x != int(x) or x < 0:
+        raise PlanError(f"{key} is not a whole non-negative number: {v!r}")
+    return int(x)
+
+
+#: Test names of reinforcement-learning (GRPO) jobs: their memory also holds an inference engine (generation
+#: with its own KV cache and weights), which the estimator does not model.
+_RL_MARKERS = ("grpo", "rlhf", "_rl_", "/rl/")
 
 
 def _flag(row: dict[str, str], key: str) -> bool:
@@ -94,6 +152,9 @@ def specs_of_row(row: dict[str, str]) -> tuple[ModelSpec, TrainingSpec, Parallel
     Raises:
         PlanError: a configuration the estimator does not cover, or an inconsistent one.
     """
+    name = row.get("test_dir", "").lower()
+    if any(m in name for m in _RL_MARKERS):
+        raise PlanError("reinforcement learning (GRPO): the memory holds an inference engine, not covered")
     if _int(row, "num-experts"):
         raise PlanError("MoE layers are not covered")
     if _flag(row, "optimizer-cpu-offload") or _flag(row, "cpu-offloading"):
@@ -120,8 +181,12 @@ def specs_of_row(row: dict[str, str]) -> tuple[ModelSpec, TrainingSpec, Parallel
                       vocab_size=_int(row, "vocab-size", GPT2_VOCAB),
                       tied_embeddings=not _flag(row, "untie-embeddings-and-output-weights"), gated_mlp=swiglu,
                       bias=True, norm="layernorm", learned_positions=0)
-    train = TrainingSpec(seq_len=_int(row, "seq-length"), global_batch=_int(row, "global-batch-size"),
-                         micro_batch=_int(row, "micro-batch-size"),
+    seq, mbs = _int(row, "seq-length"), _int(row, "micro-batch-size")
+    if not seq or not mbs:
+        raise PlanError("missing " + " and ".join(k for k, v in (("seq-length", seq), ("micro-batch-size", mbs)) if not v))
+    # a blank global batch is Megatron's default, micro-batch x data-parallel size (megatron/training/arguments.py)
+    gbs = _int(row, "global-batch-size") or mbs * dp
+    train = TrainingSpec(seq_len=seq, global_batch=gbs, micro_batch=mbs,
                          # fp16: fp16 grads plus fp32 main grads inside the optimizer (20 B / 4 + 16/d)
                          grad_bytes=2 if fp16 else 4, master_bytes=8 if fp16 else 4,
                          fp8=bool((row.get("fp8-format") or "").strip()), flash_attention=not local, dropout=True)
@@ -174,5 +239,6 @@ def validate_csv(path: str | Path) -> Validation:
             raise PlanError(f"{p}:{i}: max_allocated_peak_bytes is not a number: {r['max_allocated_peak_bytes']!r}") \
                 from None
         pred, reason = predict_row(r)
-        rows.append(Row(r["test_dir"], r["golden_file"], pred, measured, reason))
+        config = tuple((k, (v or "").strip()) for k, v in r.items() if k not in CONFIG_EXCLUDED)
+        rows.append(Row(r["test_dir"], r["golden_file"], pred, measured, reason, config))
     return Validation(rows)

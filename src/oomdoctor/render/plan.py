@@ -100,15 +100,21 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
 
 def validation_dict(v: Validation) -> dict[str, Any]:
     """``plan validate --format json``: ``{"rows": [{"test_dir", "golden_file", "predicted_bytes",
-    "measured_bytes"}], "summary": {"gpt_rows", "covered", "coverage", "median_abs_rel_error",
-    "p90_abs_rel_error"}}``."""
+    "measured_bytes", "refused"}], "summary": {"gpt_rows", "covered", "coverage", "median_abs_rel_error",
+    "p90_abs_rel_error", "floor_median_abs_rel_error", "floor_p90_abs_rel_error", "refused": {reason: rows}}}``.
+    The floor is the least error the configuration columns allow (:meth:`~..plan.validate.Validation.floor_errors`)."""
     g = v.gpt_rows
+
+    def r4(x: float | None) -> float | None:
+        return None if x is None else round(x, 4)
+
     return {"rows": [{"test_dir": r.test_dir, "golden_file": r.golden_file, "predicted_bytes": r.predicted_bytes,
-                      "measured_bytes": r.measured_bytes} for r in v.rows],
+                      "measured_bytes": r.measured_bytes, "refused": r.reason or None} for r in v.rows],
             "summary": {"gpt_rows": len(g), "covered": v.covered,
                         "coverage": round(v.coverage, 4),
-                        "median_abs_rel_error": None if v.median_error is None else round(v.median_error, 4),
-                        "p90_abs_rel_error": None if v.p90_error is None else round(v.p90_error, 4)}}
+                        "median_abs_rel_error": r4(v.median_error), "p90_abs_rel_error": r4(v.p90_error),
+                        "floor_median_abs_rel_error": r4(v.floor_median), "floor_p90_abs_rel_error": r4(v.floor_p90),
+                        "refused": v.refused()}}
 
 
 def render_plan_json(obj: dict[str, Any]) -> str:
@@ -123,4 +129,9 @@ def render_validation_text(v: Validation) -> str:
     if d["median_abs_rel_error"] is not None:
         c.print(f"absolute relative error of peak allocated on the last rank: median "
                 f"{100 * d['median_abs_rel_error']:.1f}%, p90 {100 * d['p90_abs_rel_error']:.1f}%")
+        c.print(f"floor the data allows (rows with the same configuration columns measure differently): median "
+                f"{100 * d['floor_median_abs_rel_error']:.1f}%, p90 {100 * d['floor_p90_abs_rel_error']:.1f}%")
+    if d["refused"]:
+        c.print(f"refused ({d['gpt_rows'] - d['covered']} GPT rows, not in the statistics): "
+                + "; ".join(f"{reason} ({n})" for reason, n in d["refused"].items()))
     return buf.getvalue()

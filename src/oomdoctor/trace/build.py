@@ -105,6 +105,9 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
     settings = raw.get("allocator_settings") if isinstance(raw.get("allocator_settings"), dict) else {}
     if legacy_list:
         warnings.append("older list-of-segments snapshot (torch.cuda.memory_snapshot()): final state only")
+    if tables.bad_frames:
+        warnings.append(f"{tables.bad_frames} malformed stack frames or stacks were shown as unknown ('??'); "
+                        "they hold no bytes")
     if settings.get("trace_alloc_overflowed"):
         warnings.append("the allocator reports that its trace ring buffer overflowed: the oldest events were dropped")
     meta: dict[str, Any] = {"format": "memory_snapshot_list" if legacy_list else "snapshot_dict"}
@@ -179,6 +182,7 @@ class _Tables:
         self.pools = pools
         self._string_ids: dict[str, int] = {}
         self._pool_ids: dict[tuple[int, int], int] = {}
+        self.bad_frames = 0  # malformed frames or stacks replaced by unknown ones (a warning)
 
     def string(self, s: Any) -> int:
         if s in _NO_STRING:
@@ -208,8 +212,9 @@ class _Tables:
             return -1
         if frames.__class__ is list and len(frames) == 1 and frames[0].__class__ is _StackRef:
             frames = frames[0].frames  # shrunk by Drained.drain (a block's frames list is its entry's)
-        if not isinstance(frames, list):
-            raise SnapshotError(path, f"'frames' is a {type(frames).__name__}, expected a list of frame dicts")
+        if not isinstance(frames, (list, tuple)):
+            self.bad_frames += 1  # a stack of the wrong type: no stack, counted in a warning
+            return -1
         ids = []
         for f in frames:
             if isinstance(f, dict):
@@ -217,15 +222,17 @@ class _Tables:
                                                      str(f.get("name", "??")))))
             elif isinstance(f, str):  # forward_frames style: preformatted text
                 ids.append(self.stacks.intern_frame((f, 0, "")))
-            else:
-                raise SnapshotError(path, f"a stack frame is a {type(f).__name__}, expected a dict")
+            else:  # a malformed frame holds no bytes: shown as unknown, counted in a warning
+                self.bad_frames += 1
+                ids.append(self.stacks.intern_frame(("??", 0, "??")))
         return self.stacks.intern_stack(tuple(ids))
 
 
 def _int(v: Any) -> int:
+    """A frame's line number: an integer, or 0 for anything else (None, text, NaN, infinity)."""
     try:
         return int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 
@@ -371,10 +378,12 @@ def _stack_col(path: str, entries: list, t: _Tables, refs: bool = False) -> np.n
         keys: dict[tuple[int, ...], int] = {}
         first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
                                dtype=np.int64, count=n)
-    except TypeError:
-        bad = next(i for i, f in enumerate(frame_lists) if not isinstance(f, (list, tuple)) and f is not None)
-        raise SnapshotError(path, f"trace entry {bad}: 'frames' is a {type(frame_lists[bad]).__name__}, "
-                                  "expected a list") from None
+    except TypeError:  # 'frames' of the wrong type on some entries: those get no stack, counted in a warning
+        t.bad_frames += sum(1 for f in frame_lists if f is not None and not isinstance(f, (list, tuple)))
+        frame_lists = [f if isinstance(f, (list, tuple)) else () for f in frame_lists]
+        keys = {}
+        first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
+                               dtype=np.int64, count=n)
     firsts = np.fromiter(keys.values(), dtype=np.int64, count=len(keys))
     sid_of_first = np.full(n, -1, dtype=np.int32)
     for i in firsts.tolist():
