@@ -130,7 +130,7 @@ def test_blank_and_nonsense_csv_fields_get_a_reason_per_row(tmp_path):
     assert derived.predicted_bytes is not None and derived.reason == ""
     assert [r.reason for r in v.rows[1:]] == [
         "missing seq-length", "micro-batch-size is not a number: 'abc'",
-        "hidden-size is not a whole non-negative number: 'nan'",
+        "hidden-size is not a whole number in [0, 2147483648]: 'nan'",
         "reinforcement learning (GRPO): the memory holds an inference engine, not covered"]
 
 

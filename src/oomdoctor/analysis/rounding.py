@@ -19,21 +19,25 @@ K_LARGE_BUFFER = 20 << 20  # kLargeBuffer
 K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 K_ROUND_LARGE = 2 << 20  # kRoundLarge
 N_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals
+MAX_DIVISIONS = 1 << 30  # larger division counts than this are ignored (a request has fewer 512-byte steps)
 
 
 def divisions_table(settings: Mapping[str, Any] | None) -> np.ndarray:
     """The 16-entry ``roundup_power2_divisions`` table from a snapshot's ``allocator_settings``
-    (keys ``'1'``, ``'2'``, ... ``'32768'``: interval starts in MiB). All zeros when absent."""
+    (keys ``'1'``, ``'2'``, ... ``'32768'``: interval starts in MiB). All zeros when absent; entries that are
+    not integers in [0, :data:`MAX_DIVISIONS`] are ignored."""
     table = np.zeros(N_INTERVALS, dtype=np.int64)
     raw = (settings or {}).get("roundup_power2_divisions")
     if isinstance(raw, Mapping):
         for key, value in raw.items():
             try:
                 idx = int(np.log2(int(key)))
-                table[min(max(idx, 0), N_INTERVALS - 1)] = int(value)
+                v = int(value)
             except (TypeError, ValueError, OverflowError):
                 continue
-    elif isinstance(raw, int) and raw > 0:
+            if 0 <= v <= MAX_DIVISIONS:
+                table[min(max(idx, 0), N_INTERVALS - 1)] = v
+    elif isinstance(raw, int) and 0 < raw <= MAX_DIVISIONS:
         table[:] = raw
     return table
 

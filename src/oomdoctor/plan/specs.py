@@ -214,6 +214,10 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
+#: The largest value a model size field (width, heads, layers, vocabulary, experts) may have: 2^31.
+MAX_SIZE_FIELD = 1 << 31
+
+
 def _get(cfg: dict[str, Any], path: str, *names: str, default: Any = None, required: bool = True) -> Any:
     for n in names:
         if n in cfg and cfg[n] is not None:
@@ -228,7 +232,7 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     GPT-NeoX field names).
 
     Raises:
-        PlanError: unreadable file, not JSON, or a missing size field (named).
+        PlanError: unreadable file, not JSON, or a missing or malformed size field (named).
     """
     p = Path(path)
     try:
@@ -240,18 +244,33 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise PlanError(f"{p}: a config.json must be a JSON object")
     src = str(p)
-    arch = " ".join(cfg.get("architectures") or []) + " " + str(cfg.get("model_type", ""))
+    archs = cfg.get("architectures")
+    arch = " ".join(map(str, archs if isinstance(archs, list) else [])) + " " + str(cfg.get("model_type", ""))
     gpt2 = "gpt2" in arch.lower() or "GPT2" in arch
     neox = "neox" in arch.lower()
-    hidden = int(_get(cfg, src, "hidden_size", "n_embd", "d_model"))
-    heads = int(_get(cfg, src, "num_attention_heads", "n_head"))
-    layers = int(_get(cfg, src, "num_hidden_layers", "n_layer"))
-    ffn = int(_get(cfg, src, "intermediate_size", "n_inner", default=4 * hidden, required=False) or 4 * hidden)
-    kv = int(_get(cfg, src, "num_key_value_heads", default=heads, required=False))
-    vocab = int(_get(cfg, src, "vocab_size"))
-    experts = int(_get(cfg, src, "num_local_experts", "num_experts", "n_routed_experts", default=0, required=False)
-                  or 0)
-    ffn_moe = int(cfg.get("moe_intermediate_size") or ffn)
+    def count(value: Any, field: str, least: int = 1) -> int:
+        """A size field as an integer in [``least``, :data:`MAX_SIZE_FIELD`]; anything else (text, a
+        fraction, NaN, a bool, 1e154) is named."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+                float("inf"), float("-inf")) or value != int(value) or not least <= value <= MAX_SIZE_FIELD:
+            raise PlanError(f"{src}: {field} must be a whole number in [{least}, {MAX_SIZE_FIELD}], got {value!r}")
+        return int(value)
+
+    def size(*names: str, default: Any = None, required: bool = True, least: int = 1) -> int:
+        return count(_get(cfg, src, *names, default=default, required=required), names[0], least)
+
+    hidden = size("hidden_size", "n_embd", "d_model")
+    heads = size("num_attention_heads", "n_head")
+    layers = size("num_hidden_layers", "n_layer")
+    ffn = size("intermediate_size", "n_inner", default=4 * hidden, required=False) if cfg.get(
+        "intermediate_size") or cfg.get("n_inner") else 4 * hidden
+    kv = size("num_key_value_heads", default=heads, required=False)
+    vocab = size("vocab_size")
+    experts = size("num_local_experts", "num_experts", "n_routed_experts", default=0, required=False, least=0)
+    ffn_moe = count(cfg["moe_intermediate_size"], "moe_intermediate_size") if cfg.get("moe_intermediate_size") \
+        else ffn
+    if heads % kv:
+        raise PlanError(f"{src}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
     gated = not (gpt2 or neox)
     return ModelSpec(
         name=str(cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name or "model"),
@@ -260,9 +279,10 @@ def from_hf_config(path: str | Path) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", gpt2)), gated_mlp=gated,
         bias=gpt2 or neox or bool(cfg.get("attention_bias", False)),
         norm="layernorm" if (gpt2 or neox) else "rmsnorm",
-        learned_positions=int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0) if gpt2 else 0,
-        num_experts=experts, experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
-        shared_experts=int(cfg.get("n_shared_experts") or 0))
+        learned_positions=count(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0, "n_positions", 0)
+        if gpt2 else 0,
+        num_experts=experts, experts_per_token=count(cfg.get("num_experts_per_tok") or 0, "num_experts_per_tok", 0),
+        shared_experts=count(cfg.get("n_shared_experts") or 0, "n_shared_experts", 0))
 
 
 def model_spec(name_or_path: str) -> ModelSpec:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .estimate import estimate
-from .specs import ModelSpec, ParallelPlan, PlanError, TrainingSpec
+from .specs import MAX_SIZE_FIELD, ModelSpec, ParallelPlan, PlanError, TrainingSpec
 
 WORLD_SIZE = 8
 GPT2_VOCAB = 50257
@@ -122,18 +122,21 @@ def _p90(e: list[float]) -> float | None:
     return e[min(len(e) - 1, int(round(0.9 * (len(e) - 1))))] if e else None
 
 
-def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+def _int(row: dict[str, str], key: str, default: int | None = None, least_one: bool = False) -> int | None:
     """The column as an integer; ``default`` when blank. Raises :class:`PlanError` (naming the column)
-    for text that is not a whole number."""
+    for text that is not a whole number in range (``least_one``: blank is an error too, and 0 is)."""
     v = (row.get(key) or "").strip()
     if not v:
+        if least_one:
+            raise PlanError(f"{key} is blank")
         return default
     try:
         x = float(v)
     except ValueError:
         raise PlanError(f"{key} is not a number: {v!r}") from None
-    if x != x or x in (float("inf"), float("-inf")) or x != int(x) or x < 0:
-        raise PlanError(f"{key} is not a whole non-negative number: {v!r}")
+    top = 1 << 62 if least_one else MAX_SIZE_FIELD  # bytes may be large; sizes may not
+    if x != x or x in (float("inf"), float("-inf")) or x != int(x) or not int(least_one) <= x <= top:
+        raise PlanError(f"{key} is not a whole number in [{int(least_one)}, {top}]: {v!r}")
     return int(x)
 
 
@@ -213,6 +216,9 @@ def predict_row(row: dict[str, str]) -> tuple[int | None, str]:
 def validate_csv(path: str | Path) -> Validation:
     """Predict every row of a golden CSV.
 
+    A row whose ``max_allocated_peak_bytes`` is blank or not a positive number is kept, refused with that
+    reason (``predicted_bytes`` None, out of the statistics).
+
     Raises:
         PlanError: the file cannot be read, is not UTF-8 text, or lacks a required column (named).
     """
@@ -232,13 +238,13 @@ def validate_csv(path: str | Path) -> Validation:
     except UnicodeDecodeError as e:
         raise PlanError(f"{p}: not a UTF-8 text CSV ({e.reason} at byte {e.start})") from None
     rows = []
-    for i, r in enumerate(raw, start=2):
-        try:
-            measured = int(float(r["max_allocated_peak_bytes"]))
-        except (TypeError, ValueError):
-            raise PlanError(f"{p}:{i}: max_allocated_peak_bytes is not a number: {r['max_allocated_peak_bytes']!r}") \
-                from None
-        pred, reason = predict_row(r)
+    for r in raw:
         config = tuple((k, (v or "").strip()) for k, v in r.items() if k not in CONFIG_EXCLUDED)
-        rows.append(Row(r["test_dir"], r["golden_file"], pred, measured, reason, config))
+        try:
+            measured = _int(r, "max_allocated_peak_bytes", least_one=True)
+        except PlanError as e:  # the row has nothing to check against: refused with its reason
+            rows.append(Row(r["test_dir"] or "", r["golden_file"] or "", None, 0, str(e), config))
+            continue
+        pred, reason = predict_row(r)
+        rows.append(Row(r["test_dir"] or "", r["golden_file"] or "", pred, measured, reason, config))
     return Validation(rows)

@@ -468,6 +468,8 @@ class CachingAllocator:
             return None
         while c.size < size:
             nxt = c.next
+            if nxt is None:  # the reservation ends first (ExpandableSegment's max_handles): no room
+                return None
             if not self.map_block(nxt, min(size - c.size, nxt.size)):
                 return None
             c = nxt

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..analysis.rounding import K_LARGE_BUFFER, N_INTERVALS
+from ..analysis.rounding import K_LARGE_BUFFER, MAX_DIVISIONS, N_INTERVALS
 from ..errors import OomdoctorError
 from ..units import MiB
 
@@ -283,7 +283,7 @@ def config_from_settings(settings: Mapping[str, Any] | None) -> AllocatorConfig:
     if isinstance(gc, (int, float)) and not isinstance(gc, bool) and 0.0 < gc < 1.0:
         values["garbage_collection_threshold"] = float(gc)
     nsr = settings.get("max_non_split_rounding_size")
-    if isinstance(nsr, int) and not isinstance(nsr, bool) and nsr > 0:
+    if isinstance(nsr, int) and not isinstance(nsr, bool) and 0 < nsr < (1 << 62):
         values["max_non_split_rounding"] = nsr
     raw = settings.get("roundup_power2_divisions")
     if isinstance(raw, Mapping):
@@ -291,9 +291,9 @@ def config_from_settings(settings: Mapping[str, Any] | None) -> AllocatorConfig:
         for key, value in raw.items():
             try:
                 k, v = int(key), int(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 continue
-            if k > 0 and v >= 0:
+            if k > 0 and 0 <= v <= MAX_DIVISIONS:
                 table[min(max(k.bit_length() - 1, 0), N_INTERVALS - 1)] = v
         values["roundup_power2_divisions"] = tuple(table)
     return AllocatorConfig(**values)

@@ -41,6 +41,7 @@ _STATES = {
     "inactive": BLOCK_INACTIVE,
 }
 _NO_STRING = ("", "N/A", None)
+_U64, _I63 = 1 << 64, 1 << 63
 
 
 def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
@@ -249,8 +250,11 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
         raw_blocks = s["blocks"]
     except KeyError as e:
         raise SnapshotError(path, f"{where} has no {e.args[0]!r}") from None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise SnapshotError(path, f"{where}: 'address'/'total_size' must be integers") from None
+    if not (0 <= address < _U64 and 0 <= total < _I63):
+        raise SnapshotError(path, f"{where}: address {address} / total_size {total} out of range (a segment's "
+                                  "size is a non-negative 63-bit integer, its address an unsigned 64-bit one)")
     if not isinstance(raw_blocks, list):
         raise SnapshotError(path, f"{where}.blocks is a {type(raw_blocks).__name__}, expected a list")
     blocks: list[Block] = []
@@ -263,8 +267,10 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
             state = _STATES[b["state"]]
         except KeyError as e:
             raise SnapshotError(path, f"{where}.blocks[{j}]: missing or unknown {e.args[0]!r}") from None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise SnapshotError(path, f"{where}.blocks[{j}].size must be an integer") from None
+        if not 0 <= size < _I63:
+            raise SnapshotError(path, f"{where}.blocks[{j}].size is {size}: sizes are non-negative 63-bit integers")
         frames = b.get("frames")
         requested = b.get("requested_size")
         history = b.get("history")
@@ -337,17 +343,24 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
 
     cols["addr"] = int_col("addr", 0)
     cols["size"] = int_col("size", 0)
+    negative = np.flatnonzero(cols["size"] < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise SnapshotError(path, f"device_traces[{dev}][{offset + i}].size is {int(cols['size'][i])}: "
+                                  "sizes are never negative")
     cols["stream"] = int_col("stream", 0)
     cols["time_us"] = int_col("time_us", 0)
     cols["device_free"] = int_col("device_free", -1)
     cols["stack"] = _stack_col(path, entries, t, refs)
-    cols["pool"] = _table_col(entries, "pool_id", t.pool, lambda v: v is None)
-    cols["user_metadata"] = _table_col(entries, "user_metadata", t.string, lambda v: v in _NO_STRING)
-    cols["compile_context"] = _table_col(entries, "compile_context", t.string, lambda v: v in _NO_STRING)
+    cols["pool"] = _table_col(path, entries, "pool_id", t.pool, lambda v: v is None)
+    cols["user_metadata"] = _table_col(path, entries, "user_metadata", t.string, lambda v: v in _NO_STRING)
+    cols["compile_context"] = _table_col(path, entries, "compile_context", t.string, lambda v: v in _NO_STRING)
     return cols
 
 
-def _table_col(entries: list, key: str, intern: Any, is_default: Any) -> np.ndarray:
+def _table_col(path: str, entries: list, key: str, intern: Any, is_default: Any) -> np.ndarray:
+    """Interned ids of an entry field that holds no bytes (pool id, metadata strings); -1 for none. A value
+    that cannot be a key (a dict, a nested list) counts as none: the field is labels, not memory."""
     n = len(entries)
     values = map(dict.get, entries, repeat(key))
     try:
@@ -360,8 +373,17 @@ def _table_col(entries: list, key: str, intern: Any, is_default: Any) -> np.ndar
     try:
         ids = {v: intern(v) for v in set(vals)}
     except TypeError:
-        raise SnapshotError("", f"trace entries have unhashable {key!r} values") from None
+        vals = [v if _hashable(v) else None for v in vals]
+        ids = {v: intern(v) for v in set(vals)}
     return np.fromiter(map(ids.__getitem__, vals), dtype=np.int32, count=n)
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _stack_col(path: str, entries: list, t: _Tables, refs: bool = False) -> np.ndarray:

@@ -121,13 +121,9 @@ def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
         trace.meta.update(meta)
         if sidecar_file:
             trace.meta["sidecar"] = sidecar_file
-    where = sidecar_file or path
+    _drop_malformed(trace)
     if trace.meta.get("rank") is None:
         trace.meta["rank"] = rank_from_name(path)
-    elif not isinstance(trace.meta["rank"], int):
-        raise SnapshotError(where, f"'rank' must be an integer, got {trace.meta['rank']!r}")
-    _check_step_markers(where, trace.meta)
-    _drop_malformed(trace)
     if not trace.has_history:
         trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
                               "only the final state is reported")
@@ -148,16 +144,10 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _check_step_markers(path: str, meta: dict[str, Any]) -> None:
-    steps = meta.get("step_markers")
-    if steps is None:
-        return
-    if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("time_us"), int)
-                                              for s in steps):
-        raise SnapshotError(path, "'step_markers' must be a list of objects with an integer 'time_us'")
-
-
-_INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size", "micro_batch")
+_INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size", "micro_batch",
+               "rank", "local_rank", "steps_completed")
+_DICT_FIELDS = ("recording", "env", "oom")
+_STR_FIELDS = ("torch_version", "cuda_version", "nccl_version", "gpu_name", "framework")
 
 
 def _is_int(v: Any) -> bool:
@@ -172,7 +162,10 @@ def _drop_malformed(trace: Trace) -> None:
     """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
     itself is fine): ``memory_stats`` (an object of numbers), ``tensors`` (records of an integer
     ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`),
-    ``phase_markers`` (objects of a string ``phase`` and an integer ``time_us``) and the integer fields of :data:`_INT_FIELDS`."""
+    ``phase_markers`` / ``step_markers`` (objects with an integer ``time_us``, phases a string ``phase``),
+    ``memory_fraction`` (a number in [0, 1]), and the fields of :data:`_INT_FIELDS` (non-negative
+    integers), :data:`_DICT_FIELDS` (objects) and :data:`_STR_FIELDS` (strings). A wrong ``rank`` falls back
+    to the one in the file name."""
     meta = trace.meta
     bad = []
     stats = meta.get("memory_stats")
@@ -189,7 +182,16 @@ def _drop_malformed(trace: Trace) -> None:
     if marks is not None and not (isinstance(marks, list) and all(
             isinstance(m, dict) and _is_int(m.get("time_us")) and isinstance(m.get("phase"), str) for m in marks)):
         bad.append("phase_markers")
-    bad += [k for k in _INT_FIELDS if meta.get(k) is not None and not _is_int(meta[k])]
+    steps = meta.get("step_markers")
+    if steps is not None and not (isinstance(steps, list) and all(
+            isinstance(m, dict) and _is_int(m.get("time_us")) for m in steps)):
+        bad.append("step_markers")
+    frac = meta.get("memory_fraction")
+    if frac is not None and not (isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 <= frac <= 1):
+        bad.append("memory_fraction")  # NaN fails the range test too
+    bad += [k for k in _INT_FIELDS if meta.get(k) is not None and not (_is_int(meta[k]) and meta[k] >= 0)]
+    bad += [k for k in _DICT_FIELDS if meta.get(k) is not None and not isinstance(meta[k], dict)]
+    bad += [k for k in _STR_FIELDS if meta.get(k) is not None and not isinstance(meta[k], str)]
     for k in bad:
         del meta[k]
     if bad:

@@ -8,7 +8,6 @@ builds natively (dict, list, tuple, str, bytes, int, float, bool, None, set) can
 from __future__ import annotations
 
 import bz2
-import gzip
 import io
 import json
 import lzma
@@ -68,27 +67,90 @@ def compression_of(data: bytes) -> str | None:
     return None
 
 
+#: Decompressed bytes per compressed byte above which a file is refused as a decompression bomb. Snapshots
+#: compress about 20-25x with xz (``shared/snapshots/large``: 28 MB in 1.2 MB); 256x leaves room for
+#: repetitive traces and stops a stream of zeros (about 1000x and more) before it fills the memory.
+MAX_COMPRESSION_RATIO = 256
+#: Below this many decompressed bytes the ratio is not checked (tiny files compress oddly).
+RATIO_FREE_BYTES = 64 << 20
+# first decompressed bytes of a pickle (protocol 2+, then 0/1) or of JSON
+_DATA_STARTS = (b"\x80", b"(", b"]", b"}", b"I", b"N", b"S", b"V", b"{", b"[", b" ", b"\n", b"\r", b"\t")
+
+
+def check_ratio(path: str, kind: str, produced: int, consumed: int) -> None:
+    """Refuse a decompression bomb: more than :data:`MAX_COMPRESSION_RATIO` bytes out per byte in, past
+    :data:`RATIO_FREE_BYTES`.
+
+    Raises:
+        SnapshotError: the ratio is exceeded (the message names the file and the ratio).
+    """
+    if produced > RATIO_FREE_BYTES and produced > MAX_COMPRESSION_RATIO * max(consumed, 1):
+        raise SnapshotError(path, f"{kind}-compressed data expands more than {MAX_COMPRESSION_RATIO}x "
+                                  f"({produced} bytes from {consumed}): refused as a decompression bomb")
+
+
+def _chunks(kind: str, data: bytes):
+    """Decompressed pieces of ``data`` (at most 4 MiB each) with the compressed bytes consumed so far.
+    Concatenated streams (multi-member gzip, xz, bzip2) are followed. Raises EOFError when the data ends
+    before an end-of-stream marker."""
+    step = 4 << 20
+    if kind == "zstd":
+        import zstandard
+
+        src = io.BytesIO(data)
+        reader = zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)
+        while piece := reader.read(step):
+            yield piece, src.tell()
+        return
+    new = {"gzip": lambda: zlib.decompressobj(wbits=31), "xz": lzma.LZMADecompressor, "bzip2": bz2.BZ2Decompressor}[kind]
+    d = new()
+    pending = data
+    while True:
+        if kind == "gzip":
+            piece = d.decompress(pending, step)
+            pending = d.unconsumed_tail
+        else:
+            piece = d.decompress(pending, max_length=step)
+            pending = b""
+        yield piece, len(data) - len(pending) - len(d.unused_data if d.eof else b"")
+        if d.eof:
+            rest = d.unused_data
+            if not rest:
+                return
+            d, pending = new(), rest  # the next stream of a concatenation
+        elif not piece and not pending and (kind == "gzip" or d.needs_input):
+            raise EOFError("compressed data ended before its end-of-stream marker")
+
+
 def decompress(path: str, data: bytes) -> bytes:
-    """Undo gzip/xz/zstd/bzip2 compression detected by magic bytes (never by file name)."""
+    """Undo gzip/xz/zstd/bzip2 compression detected by magic bytes (never by file name), a piece at a
+    time: data that does not start like a pickle or JSON is refused after its first piece, and a
+    decompression bomb once it passes :data:`MAX_COMPRESSION_RATIO` (:func:`check_ratio`).
+
+    Raises:
+        SnapshotError: truncated or corrupt data, no data, not a snapshot, or a bomb.
+    """
     kind = compression_of(data)
     if kind is None:
         return data
+    parts: list[bytes] = []
+    produced = 0
     try:
-        if kind == "gzip":
-            out = gzip.decompress(data)
-        elif kind == "xz":
-            out = lzma.decompress(data)
-        elif kind == "bzip2":
-            out = bz2.decompress(data)
-        else:
-            import zstandard
-
-            out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read()
-    except Exception as e:  # OSError, EOFError, LZMAError, zlib.error, zstandard.ZstdError, ...
+        for piece, consumed in _chunks(kind, data):
+            if not parts and piece and piece.lstrip()[:1] not in _DATA_STARTS and piece.lstrip():
+                raise SnapshotError(path, f"{kind}-compressed data is neither a pickle nor JSON (its first bytes: "
+                                          f"{piece[:8].hex(' ')})")
+            produced += len(piece)
+            check_ratio(path, kind, produced, consumed)
+            if piece:
+                parts.append(piece)
+    except SnapshotError:
+        raise
+    except Exception as e:  # OSError, EOFError, LZMAError, zlib.error, zstandard.ZstdError, MemoryError, ...
         raise SnapshotError(path, f"{kind}-compressed data is truncated or corrupt ({e})") from None
-    if not out:
+    if not produced:
         raise SnapshotError(path, f"{kind}-compressed file holds no data")
-    return out
+    return b"".join(parts)
 
 
 class _PlainDataUnpickler(pickle.Unpickler):

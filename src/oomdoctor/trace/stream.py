@@ -23,12 +23,13 @@ from typing import Any, BinaryIO
 
 from ..errors import SnapshotError, UnsafeSnapshotError
 from .build import Drained
-from .reader import ProgressFn, _PlainDataUnpickler, compression_of
+from .reader import ProgressFn, _PlainDataUnpickler, check_ratio, compression_of
 
 #: Files at least this large on disk (compressed: a quarter of it) are streamed.
 STREAM_MIN_BYTES = 256 << 20
 #: Drain the trace lists after every this many (decompressed) bytes.
 DRAIN_BYTES = 32 << 20
+_PIECE = 4 << 20  # large reads go through in pieces of this size
 
 
 def should_stream(path: str) -> bool:
@@ -47,10 +48,13 @@ def should_stream(path: str) -> bool:
 
 
 class _Counting:
-    """The file the unpickler reads: counts bytes, reports progress and drains every ``every`` bytes."""
+    """The file the unpickler reads: counts bytes, reports progress, drains every ``every`` bytes, and
+    refuses a decompression bomb (``reader.check_ratio``: ``raw`` is the compressed file under it)."""
 
-    def __init__(self, raw: BinaryIO, on_drain: Any, every: int, progress: ProgressFn | None, total: int) -> None:
-        self.raw, self.on_drain, self.every = raw, on_drain, every
+    def __init__(self, stream: BinaryIO, raw: BinaryIO, kind: str | None, path: str, on_drain: Any, every: int,
+                 progress: ProgressFn | None, total: int) -> None:
+        self.stream, self.raw, self.kind, self.path = stream, raw, kind, path
+        self.on_drain, self.every = on_drain, every
         self.progress, self.total = progress, total
         self.done = 0
         self.next = every
@@ -59,44 +63,63 @@ class _Counting:
         self.done += n
         if self.done >= self.next:
             self.next += self.every
+            if self.kind is not None:
+                check_ratio(self.path, self.kind, self.done, self.raw.tell())
             self.on_drain()
             if self.progress is not None:
-                self.progress(min(self.raw_position(), self.total), self.total)
-
-    def raw_position(self) -> int:
-        try:
-            return self.raw.fileobj.tell() if hasattr(self.raw, "fileobj") else self.raw.tell()
-        except (OSError, AttributeError, ValueError):
-            return self.total
+                self.progress(min(self.raw.tell(), self.total), self.total)
 
     def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self._count(len(data))
-        return data
+        if 0 <= n <= _PIECE:
+            data = self.stream.read(n)
+            self._count(len(data))
+            return data
+        # a large read (a declared 100 GB string): a piece at a time, so a bomb is refused on the way
+        parts: list[bytes] = []
+        got = 0
+        while n < 0 or got < n:
+            piece = self.stream.read(_PIECE if n < 0 else min(_PIECE, n - got))
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+            self._count(len(piece))
+            if self.kind is not None:
+                check_ratio(self.path, self.kind, self.done, self.raw.tell())
+        return b"".join(parts)
 
     def readinto(self, buf: Any) -> int:
-        k = self.raw.readinto(buf)
-        self._count(k or 0)
-        return k
+        view = memoryview(buf).cast("B")
+        got = 0
+        while got < len(view):
+            k = self.stream.readinto(view[got:got + _PIECE])
+            if not k:
+                break
+            got += k
+            self._count(k)
+            if self.kind is not None and len(view) > _PIECE:
+                check_ratio(self.path, self.kind, self.done, self.raw.tell())
+        return got
 
     def readline(self) -> bytes:
-        line = self.raw.readline()
+        line = self.stream.readline()
         self._count(len(line))
         return line
 
 
-def _open(path: str, kind: str | None) -> BinaryIO:
+def _open(raw: BinaryIO, kind: str | None) -> BinaryIO:
+    """The decompressed stream of ``raw`` (an open file)."""
     if kind is None:
-        return open(path, "rb")
+        return raw
     if kind == "gzip":
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "xz":
-        return lzma.open(path, "rb")
+        return lzma.LZMAFile(raw, "rb")
     if kind == "bzip2":
-        return bz2.open(path, "rb")
+        return bz2.BZ2File(raw, "rb")
     import zstandard
 
-    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
 
 
 def _is_trace_list(v: Any) -> bool:
@@ -131,8 +154,8 @@ def load_streaming(path: str, progress: ProgressFn | None = None, every: int = D
 
     total = os.path.getsize(path)
     try:
-        with _open(path, kind) as raw:
-            reader = _Counting(raw, drain, every, progress, total)
+        with open(path, "rb") as raw, _open(raw, kind) as stream:
+            reader = _Counting(stream, raw, kind, path, drain, every, progress, total)
             box.append(_PlainDataUnpickler(reader, path))  # type: ignore[arg-type]
             obj = box[0].load()
             box.clear()
