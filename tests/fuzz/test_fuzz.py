@@ -40,6 +40,9 @@ import cases  # noqa: E402
 
 from oomdoctor.cli.main import main  # noqa: E402
 
+# hypothesis warns that the failing example's repr (a mutated snapshot) is large: expected here
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+
 SCALE = int(os.environ.get("OOMDOCTOR_FUZZ_SCALE", "1"))
 CASE_SECONDS = 20.0
 BOMB_MEMORY_BYTES = 3 << 30
