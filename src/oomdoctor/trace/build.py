@@ -279,8 +279,9 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
             requested = requested if requested is not None else history[-1].get("real_size")
         if requested is None:
             requested = size if state != BLOCK_INACTIVE else 0
-        baddr = _int(b.get("address", addr))
-        blocks.append(Block(baddr, size, _int(requested), state, t.stack(path, frames)))
+        baddr = _in_range(path, f"{where}.blocks[{j}].address", _int(b.get("address", addr)), 0, _U64)
+        requested = _in_range(path, f"{where}.blocks[{j}].requested_size", _int(requested), 0, _I63)
+        blocks.append(Block(baddr, size, requested, state, t.stack(path, frames)))
         addr = baddr + size
     pool = s.get("segment_pool_id", DEFAULT_POOL)
     try:
@@ -290,10 +291,18 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
     seg_type = s.get("segment_type")
     if seg_type not in ("small", "large"):
         seg_type = "small" if total <= (2 << 20) else "large"
-    seg = Segment(address=address, total_size=total, stream=_int(s.get("stream", 0)), segment_type=seg_type,
+    stream = _in_range(path, f"{where}.stream", _int(s.get("stream", 0)), -_I63, _I63)
+    seg = Segment(address=address, total_size=total, stream=stream, segment_type=seg_type,
                   pool_id=pool_id, is_expandable=bool(s.get("is_expandable", False)), blocks=blocks,
                   stack=t.stack(path, s.get("frames")))
-    return seg, _int(s.get("device", 0))
+    return seg, _in_range(path, f"{where}.device", _int(s.get("device", 0)), 0, 1 << 16)
+
+
+def _in_range(path: str, field: str, v: int, lo: int, hi: int) -> int:
+    """``v`` if ``lo <= v < hi``. Raises :class:`SnapshotError` naming ``field`` otherwise."""
+    if not lo <= v < hi:
+        raise SnapshotError(path, f"{field} is {v}: out of range [{lo}, {hi})")
+    return v
 
 
 _get_action = itemgetter("action")
