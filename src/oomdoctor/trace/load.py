@@ -147,6 +147,8 @@ def _gc_paused() -> Iterator[None]:
 _INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size", "micro_batch",
                "rank", "local_rank", "steps_completed")
 _DICT_FIELDS = ("recording", "env", "oom")
+#: A sidecar's ``gpu_total_memory_bytes`` above this (4 TiB) is not a GPU's and is dropped.
+MAX_GPU_BYTES = 1 << 42
 _STR_FIELDS = ("torch_version", "cuda_version", "nccl_version", "gpu_name", "framework")
 
 
@@ -190,6 +192,9 @@ def _drop_malformed(trace: Trace) -> None:
     if frac is not None and not (isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 <= frac <= 1):
         bad.append("memory_fraction")  # NaN fails the range test too
     bad += [k for k in _INT_FIELDS if meta.get(k) is not None and not (_is_int(meta[k]) and meta[k] >= 0)]
+    total = meta.get("gpu_total_memory_bytes")
+    if "gpu_total_memory_bytes" not in bad and _is_int(total) and not 0 < total <= MAX_GPU_BYTES:
+        bad.append("gpu_total_memory_bytes")  # no GPU has 0 bytes or more than 4 TiB
     bad += [k for k in _DICT_FIELDS if meta.get(k) is not None and not isinstance(meta[k], dict)]
     bad += [k for k in _STR_FIELDS if meta.get(k) is not None and not isinstance(meta[k], str)]
     for k in bad:
