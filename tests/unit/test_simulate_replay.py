@@ -125,24 +125,44 @@ def test_parse_bytes_rejects(text):
 
 
 def test_fallback_rule_tells_fallbacks_from_empty_cache():
-    """simulate/capacity.FallbackRule on the three kinds of evidence, bytes in GiB units."""
+    """simulate/capacity.FallbackRule on the three kinds of evidence, on small traces built in code:
+    ``rule(g0, g1)``: can the frees in events [g0, g1) be the fallback of the malloc at event g1?"""
     from types import SimpleNamespace
 
+    import numpy as np
+
     from oomdoctor.simulate.capacity import FallbackRule
+    from oomdoctor.trace.model import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
     G = 1 << 30
 
-    def rule(settings=None, **meta):
-        return FallbackRule(SimpleNamespace(allocator_settings=settings or {}, meta=meta), 10 * G)
+    def device(levels, requests):
+        """Reserved bytes go through ``levels`` (GiB), then ``requests`` (GiB) are allocated."""
+        acts, sizes, cur = [], [], 0
+        for level in levels:
+            acts.append(SEGMENT_ALLOC if level > cur else SEGMENT_FREE)
+            sizes.append(abs(level - cur) * G)
+            cur = level
+        acts += [ALLOC] * len(requests)
+        sizes += [r * G for r in requests]
+        return SimpleNamespace(events={"action": np.array(acts, dtype=np.int8), "size": np.array(sizes, dtype=np.int64)},
+                               num_events=len(acts), final_reserved_bytes=cur * G)
 
-    plain = rule()
-    assert plain(9 * G, 2 * G)  # 9 + 2 > 10 (the peak): alloc_block may have failed
-    assert not plain(7 * G, 2 * G)  # room to the peak: an empty_cache()
-    gc = rule({"garbage_collection_threshold": 0.6})
-    assert gc(7 * G, 2 * G) and not gc(5 * G, 2 * G)  # GC runs above 0.6 x cap >= 0.6 x peak
-    no_fraction = rule({"garbage_collection_threshold": 0.6}, memory_fraction=1.0, gpu_total_memory_bytes=80 * G)
-    assert not no_fraction(9 * G, 2 * G)  # no fraction cap, 11 GiB far from an 80 GiB GPU
-    assert not no_fraction(70 * G, 2 * G)  # 72 GiB: under 95% of the GPU
-    assert no_fraction(75 * G, 2 * G)  # 77 GiB > 95% of 80: the device's own limit may have been hit
-    no_retries = rule(memory_stats={"num_alloc_retries": 0})
-    assert not no_retries(9 * G, 2 * G)  # release_cached_blocks never ran, nothing else frees
-    assert rule({"max_split_size": 256 << 20}, memory_stats={"num_alloc_retries": 0})(9 * G, 2 * G)
+    def rule(dev, settings=None, **meta):
+        trace = SimpleNamespace(allocator_settings=settings or {}, meta=meta,
+                                stacks=SimpleNamespace(stacks=[], frames=[]))
+        return FallbackRule(trace, dev)
+
+    peak10 = device([10, 9, 7, 5], [2])  # reserved 10, 9, 7, 5 GiB; a 2 GiB request at event 4
+    plain = rule(peak10)
+    assert plain.peak == 10 * G and plain.segment_size(4) == 2 * G
+    assert plain(2, 4)  # 9 + 2 > 10 (the peak): alloc_block may have failed
+    assert not plain(3, 4)  # 7 + 2: room to the peak: an empty_cache()
+    gc = rule(peak10, {"garbage_collection_threshold": 0.6})
+    assert gc(3, 4) and not gc(4, 4)  # GC runs above 0.6 x cap >= 0.6 x peak: 7 > 6, 5 is not
+    no_fraction = dict(memory_fraction=1.0, gpu_total_memory_bytes=80 * G)
+    assert not rule(peak10, {"garbage_collection_threshold": 0.6}, **no_fraction)(2, 4)  # 11 GiB, far from 80
+    high = device([75, 70], [2])  # reserved 75 then 70 GiB
+    assert not rule(high, **no_fraction)(2, 2)  # 72 GiB: under 95% of the GPU
+    assert rule(high, **no_fraction)(1, 2)  # 77 GiB > 95% of 80: the device's own limit may have been hit
+    assert not rule(peak10, memory_stats={"num_alloc_retries": 0})(2, 4)  # release_cached_blocks never ran
+    assert rule(peak10, {"max_split_size": 256 << 20}, memory_stats={"num_alloc_retries": 0})(2, 4)

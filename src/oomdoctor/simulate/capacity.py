@@ -117,21 +117,14 @@ def fallback_bounds(trace: Trace, device: DeviceTrace) -> tuple[int | None, int,
     """``(upper, lower, runs)`` read off the allocator's fallbacks (rule 4 of the module doc): the
     least upper bound on the cap (None: no fallback recorded), the peak reserved (a lower bound) and
     the number of fallback runs seen. Pure; O(events)."""
-    ev = device.events
-    act = ev["action"]
-    reserved_start, reserved = reserved_series(device)
-    lower = int(max(reserved_start, int(reserved.max()) if reserved.size else 0))
+    act = device.events["action"]
+    rule = FallbackRule(trace, device)
     releases = np.flatnonzero((act == SEGMENT_FREE) | (act == SEGMENT_UNMAP))
     if releases.size == 0:
-        return None, lower, 0
-    config = config_from_settings(trace.allocator_settings)
-    thr = config.garbage_collection_threshold
-    table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
-    empty_cache = {sid for sid, frames in enumerate(trace.stacks.stacks)
-                   if any(trace.stacks.frames[f][2] == "empty_cache" for f in frames)}
-    fallback = FallbackRule(trace, lower)
+        return None, rule.peak, 0
+    thr = config_from_settings(trace.allocator_settings).garbage_collection_threshold
     grouped = np.isin(act, (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, FREE_COMPLETED))
-    stack = ev["stack"]
+    stack = device.events["stack"]
     n = act.shape[0]
     upper: int | None = None
     runs = 0
@@ -153,30 +146,29 @@ def fallback_bounds(trace: Trace, device: DeviceTrace) -> tuple[int | None, int,
         rel = np.flatnonzero((run == SEGMENT_FREE) | (run == SEGMENT_UNMAP))
         if act[g1] == ALLOC and (news_after.size == 0 or news_after.max() < rel.min()):
             continue  # released, then served from the cache: empty_cache() and a malloc
-        if any(int(s) in empty_cache for s in stack[g0:g1][rel].tolist()):
+        if any(int(s) in rule.empty_cache_stacks for s in stack[g0:g1][rel].tolist()):
             continue
-        size = int(ev["size"][g1])
-        rounded = size if act[g1] == OOM else int(round_size(np.array([size], dtype=np.int64), table)[0])
-        before = int(reserved[g0 - 1]) if g0 > 0 else reserved_start
-        if not fallback(before, allocation_size(rounded)):
+        if not rule(g0, g1):
             continue  # a user's empty_cache() whose frames were not recorded
-        bound = before + allocation_size(rounded) - 1
+        before = rule.reserved_before(g0)
+        bound = before + rule.segment_size(g1) - 1
         if thr > 0:
             bound = max(bound, int(before / thr))
         upper = bound if upper is None else min(upper, bound)
         runs += 1
-    return upper, lower, runs
+    return upper, rule.peak, runs
 
 
 class FallbackRule:
-    """Whether cached segments freed right before a ``malloc`` can be that ``malloc``'s own fallback
-    (``rule(reserved_before, alloc_size)``, bytes) rather than a user's ``empty_cache()`` (PyTorch
-    2.11 records a freed segment with the stack of its allocation, not of the ``empty_cache`` call, so
-    frames rarely tell). A fallback needs ``alloc_block`` to have failed or GC to have run:
+    """Whether the cached segments freed in events ``[g0, g1)`` of ``device`` can be the fallback of the
+    ``malloc`` at event ``g1`` (``rule(g0, g1)``) rather than a user's ``empty_cache()``. PyTorch 2.11
+    records a freed segment with the stack of its allocation, not of the ``empty_cache`` call, so frames
+    (``empty_cache_stacks``: the stack ids holding an ``empty_cache`` frame) rarely tell. A fallback needs
+    ``alloc_block`` to have failed or GC to have run:
 
-    - the run reached ``peak_reserved`` bytes, so the cap is at least that: ``alloc_block`` can fail
-      only if ``reserved_before + alloc_size > peak_reserved``, GC can run only if
-      ``reserved_before > gc_threshold * peak_reserved``;
+    - the run reached its peak reserved bytes (``peak``), so the cap is at least that: ``alloc_block`` can
+      fail only if ``reserved before + segment size > peak``, GC can run only if
+      ``reserved before > gc_threshold * peak``;
     - a sidecar that says no fraction was set (``memory_fraction`` 1) leaves only the device's own
       limit: frees far below the GPU's memory (under :data:`DEVICE_LIMIT_SHARE`) are no fallback,
       and GC never runs;
@@ -184,10 +176,15 @@ class FallbackRule:
       without ``max_split_size`` and GC nothing is a fallback.
     """
 
-    def __init__(self, trace: Trace, peak_reserved: int) -> None:
+    def __init__(self, trace: Trace, device: DeviceTrace) -> None:
         config = config_from_settings(trace.allocator_settings)
         meta = trace.meta
-        self.peak = peak_reserved
+        self.device = device
+        self.reserved_start, self.reserved = reserved_series(device)
+        self.peak = int(max(self.reserved_start, int(self.reserved.max()) if self.reserved.size else 0))
+        self.table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
+        self.empty_cache_stacks = {sid for sid, frames in enumerate(trace.stacks.stacks)
+                                   if any(trace.stacks.frames[f][2] == "empty_cache" for f in frames)}
         frac, total = meta.get("memory_fraction"), meta.get("gpu_total_memory_bytes")
         no_fraction = isinstance(frac, (int, float)) and frac >= 1
         self.gc = 0.0 if no_fraction else config.garbage_collection_threshold
@@ -195,12 +192,25 @@ class FallbackRule:
         retries = (meta.get("memory_stats") or {}).get("num_alloc_retries")
         self.never = retries == 0 and config.max_split_size is None and self.gc == 0
 
-    def __call__(self, reserved_before: int, alloc_size: int) -> bool:
+    def reserved_before(self, g0: int) -> int:
+        """Reserved bytes just before event ``g0``."""
+        return int(self.reserved[g0 - 1]) if g0 > 0 else self.reserved_start
+
+    def segment_size(self, j: int) -> int:
+        """The segment the request at event ``j`` needs (``round_size``, then ``get_allocation_size``; an
+        ``oom`` entry's size is already rounded)."""
+        size = int(self.device.events["size"][j])
+        if self.device.events["action"][j] != OOM:
+            size = int(round_size(np.array([size], dtype=np.int64), self.table)[0])
+        return allocation_size(size)
+
+    def __call__(self, g0: int, g1: int) -> bool:
         if self.never:
             return False
-        if self.device_floor is not None and reserved_before + alloc_size <= self.device_floor:
+        before, need = self.reserved_before(g0), self.segment_size(g1)
+        if self.device_floor is not None and before + need <= self.device_floor:
             return False
-        return reserved_before + alloc_size > self.peak or (self.gc > 0 and reserved_before > self.gc * self.peak)
+        return before + need > self.peak or (self.gc > 0 and before > self.gc * self.peak)
 
 
 def _from_fallbacks(trace: Trace, device: DeviceTrace) -> Capacity:

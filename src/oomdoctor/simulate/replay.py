@@ -35,7 +35,7 @@ import numpy as np
 
 from ..analysis.fragmentation import live_segments
 from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START, Lifetimes, lifetimes
-from ..analysis.rounding import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, allocation_size, round_size
+from ..analysis.rounding import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, round_size
 from ..analysis.timeline import reserved_series
 from ..errors import OomdoctorError
 from ..trace.model import (
@@ -191,20 +191,9 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
     grouped = (np.isin(action, _SEG) | ((action == FREE_COMPLETED) & ~fc_immediate))[order]
     fr_deferred = ((action == FREE_REQUESTED) & ~fr_next_fc)[order]
 
-    empty_cache_stacks = {sid for sid, frames in enumerate(trace.stacks.stacks)
-                          if any(trace.stacks.frames[f][2] == "empty_cache" for f in frames)}
     release_without_chain = recorded.max_split_size is None and recorded.garbage_collection_threshold == 0
-    reserved_start, reserved_all = reserved_series(dt)
-    peak_reserved = max(reserved_start, int(reserved_all.max()) if n else 0)
-    table = np.asarray(recorded.roundup_power2_divisions, dtype=np.int64)
-    fallback = FallbackRule(trace, peak_reserved)
-
-    def user_release(g0: int, g1: int) -> bool:
-        """The frees before the malloc at ``g1`` cannot be its fallback (:class:`.capacity.FallbackRule`)."""
-        sz = int(size_np[g1])
-        rounded = sz if action[g1] == OOM else int(round_size(np.array([sz], dtype=np.int64), table)[0])
-        before = int(reserved_all[g0 - 1]) if g0 > 0 else reserved_start
-        return not fallback(before, allocation_size(rounded))
+    fallback = FallbackRule(trace, dt)  # could frees before a malloc be its fallback, or were they empty_cache()?
+    empty_cache_stacks = fallback.empty_cache_stacks
 
     external = [(j, int(size_np[j]) if action[j] in _NEW else -int(size_np[j]))
                 for j in np.flatnonzero(private & np.isin(action, _SEG)).tolist()]
@@ -242,7 +231,7 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
                     cut = releases[-1] + 1  # empty_cache, then a malloc served from the cache
                 elif releases and stack[releases[0]] in empty_cache_stacks:
                     cut = max(k for k in releases if stack[k] in empty_cache_stacks) + 1
-                elif releases and user_release(g0, g1):
+                elif releases and not fallback(g0, g1):
                     cut = releases[-1] + 1  # empty_cache without its frames, then a malloc
                 if cut > q0:
                     marks[len(ops)] = (g0, idx[cut] if cut < m else n)
