@@ -8,6 +8,7 @@ builds natively (dict, list, tuple, str, bytes, int, float, bool, None, set) can
 from __future__ import annotations
 
 import bz2
+import gzip
 import io
 import json
 import lzma
@@ -15,7 +16,7 @@ import os
 import pickle
 import pickletools
 import zlib
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 from ..errors import SnapshotError, UnsafeSnapshotError
 
@@ -89,37 +90,27 @@ def check_ratio(path: str, kind: str, produced: int, consumed: int) -> None:
                                   f"({produced} bytes from {consumed}): refused as a decompression bomb")
 
 
-def _chunks(kind: str, data: bytes):
-    """Decompressed pieces of ``data`` (at most 4 MiB each) with the compressed bytes consumed so far.
-    Concatenated streams (multi-member gzip, xz, bzip2) are followed. Raises EOFError when the data ends
-    before an end-of-stream marker."""
-    step = 4 << 20
-    if kind == "zstd":
-        import zstandard
+def open_decompressed(raw: BinaryIO, kind: str) -> BinaryIO:
+    """The decompressed stream of ``raw`` (a binary file object holding ``kind``-compressed data).
+    Concatenated streams (multi-member gzip, xz, bzip2, zstd frames) are followed; reading past a
+    truncated end raises EOFError."""
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if kind == "xz":
+        return lzma.LZMAFile(raw, "rb")
+    if kind == "bzip2":
+        return bz2.BZ2File(raw, "rb")
+    import zstandard
 
-        src = io.BytesIO(data)
-        reader = zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)
-        while piece := reader.read(step):
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+
+
+def _chunks(kind: str, data: bytes):
+    """Decompressed pieces of ``data`` (at most 4 MiB each) with the compressed bytes consumed so far."""
+    src = io.BytesIO(data)
+    with open_decompressed(src, kind) as stream:
+        while piece := stream.read(4 << 20):
             yield piece, src.tell()
-        return
-    new = {"gzip": lambda: zlib.decompressobj(wbits=31), "xz": lzma.LZMADecompressor, "bzip2": bz2.BZ2Decompressor}[kind]
-    d = new()
-    pending = data
-    while True:
-        if kind == "gzip":
-            piece = d.decompress(pending, step)
-            pending = d.unconsumed_tail
-        else:
-            piece = d.decompress(pending, max_length=step)
-            pending = b""
-        yield piece, len(data) - len(pending) - len(d.unused_data if d.eof else b"")
-        if d.eof:
-            rest = d.unused_data
-            if not rest:
-                return
-            d, pending = new(), rest  # the next stream of a concatenation
-        elif not piece and not pending and (kind == "gzip" or d.needs_input):
-            raise EOFError("compressed data ended before its end-of-stream marker")
 
 
 def decompress(path: str, data: bytes) -> bytes:

@@ -14,16 +14,13 @@ Compressed files stream through their decompressor.
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import lzma
 import os
 import pickle
 from typing import Any, BinaryIO
 
 from ..errors import SnapshotError, UnsafeSnapshotError
 from .build import Drained
-from .reader import ProgressFn, _PlainDataUnpickler, check_ratio, compression_of
+from .reader import ProgressFn, _PlainDataUnpickler, check_ratio, compression_of, open_decompressed
 
 #: Files at least this large on disk (compressed: a quarter of it) are streamed.
 STREAM_MIN_BYTES = 256 << 20
@@ -107,21 +104,6 @@ class _Counting:
         return line
 
 
-def _open(raw: BinaryIO, kind: str | None) -> BinaryIO:
-    """The decompressed stream of ``raw`` (an open file)."""
-    if kind is None:
-        return raw
-    if kind == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if kind == "xz":
-        return lzma.LZMAFile(raw, "rb")
-    if kind == "bzip2":
-        return bz2.BZ2File(raw, "rb")
-    import zstandard
-
-    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-
-
 def _is_trace_list(v: Any) -> bool:
     return v.__class__ is list and bool(v) and v[0].__class__ is dict and "action" in v[0]
 
@@ -154,7 +136,7 @@ def load_streaming(path: str, progress: ProgressFn | None = None, every: int = D
 
     total = os.path.getsize(path)
     try:
-        with open(path, "rb") as raw, _open(raw, kind) as stream:
+        with open(path, "rb") as raw, (open_decompressed(raw, kind) if kind else raw) as stream:
             reader = _Counting(stream, raw, kind, path, drain, every, progress, total)
             box.append(_PlainDataUnpickler(reader, path))  # type: ignore[arg-type]
             obj = box[0].load()
