@@ -34,7 +34,7 @@ from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE
 from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
-from ..simulate.capacity import Capacity
+from ..simulate.capacity import Capacity, sidecar_cap
 from ..simulate.replay import SimulationError, prepare, replay
 from ..simulate.scale import SEARCH_MAX, largest_scale
 from ..trace.model import OOM
@@ -57,9 +57,9 @@ class Room:
 def device_room(a: DeviceAnalysis) -> Room:
     """See the module doc. Pure."""
     meta = a.trace.meta
-    cap = meta.get("memory_cap_bytes")
-    if isinstance(cap, int) and cap > 0:
-        return Room(cap, "fraction", "the memory cap set with set_per_process_memory_fraction (sidecar)")
+    cap, source = sidecar_cap(meta)
+    if cap is not None:
+        return Room(cap, "fraction", f"set_per_process_memory_fraction: {source}")
     if a.oom_events.size:
         k = int(a.oom_events[-1])
         free = int(a.device.events["device_free"][k])

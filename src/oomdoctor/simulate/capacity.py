@@ -77,20 +77,27 @@ class Capacity:
 def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     """The limit a replay of ``device`` (a device of ``trace``) should use by default (rules in the
     module doc). Pure; O(events)."""
-    meta = trace.meta
-    cap = meta.get("memory_cap_bytes")
-    if isinstance(cap, int) and cap > 0:
-        return Capacity(cap, "fraction", "the memory cap in the sidecar (memory_cap_bytes)", EXACT, cap, cap)
-    frac, total = meta.get("memory_fraction"), meta.get("gpu_total_memory_bytes")
-    if isinstance(frac, (int, float)) and 0 < frac < 1 and isinstance(total, int) and total > 0:
-        cap = int(frac * total)  # static_cast<size_t>(fraction * device_total)
-        return Capacity(cap, "fraction", f"memory_fraction {frac:.6g} x gpu_total_memory_bytes {total} (sidecar)",
-                        EXACT, cap, cap)
+    cap, source = sidecar_cap(trace.meta)
+    if cap is not None:
+        return Capacity(cap, "fraction", source, EXACT, cap, cap)
     act = device.events["action"]
     ooms = np.flatnonzero(act == OOM)
     if ooms.size:
         return _from_oom(device, int(ooms[0]))
     return _from_fallbacks(trace, device)
+
+
+def sidecar_cap(meta: dict) -> tuple[int | None, str]:
+    """The memory-fraction cap a sidecar states (rules 1 and 2 of the module doc), bytes, and where it came
+    from; ``(None, "")`` when it states none."""
+    cap = meta.get("memory_cap_bytes")
+    if isinstance(cap, int) and cap > 0:
+        return cap, "the memory cap in the sidecar (memory_cap_bytes)"
+    frac, total = meta.get("memory_fraction"), meta.get("gpu_total_memory_bytes")
+    if isinstance(frac, (int, float)) and 0 < frac < 1 and isinstance(total, int) and total > 0:
+        # static_cast<size_t>(fraction * device_total)
+        return int(frac * total), f"memory_fraction {frac:.6g} x gpu_total_memory_bytes {total} (sidecar)"
+    return None, ""
 
 
 def _from_oom(device: DeviceTrace, o: int) -> Capacity:

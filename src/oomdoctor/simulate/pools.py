@@ -26,6 +26,7 @@ import numpy as np
 
 from ..trace.model import (
     ALLOC,
+    DEFAULT_POOL,
     FREE_COMPLETED,
     FREE_REQUESTED,
     SEGMENT_ALLOC,
@@ -34,8 +35,6 @@ from ..trace.model import (
     DeviceTrace,
     Trace,
 )
-
-DEFAULT_POOL = (0, 0)
 
 
 @dataclass

@@ -147,9 +147,9 @@ def _gc_paused() -> Iterator[None]:
 _INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size", "micro_batch",
                "rank", "local_rank", "steps_completed")
 _DICT_FIELDS = ("recording", "env", "oom")
+_STR_FIELDS = ("torch_version", "cuda_version", "nccl_version", "gpu_name", "framework")
 #: A sidecar's ``gpu_total_memory_bytes`` above this (4 TiB) is not a GPU's and is dropped.
 MAX_GPU_BYTES = 1 << 42
-_STR_FIELDS = ("torch_version", "cuda_version", "nccl_version", "gpu_name", "framework")
 
 
 def _is_int(v: Any) -> bool:
