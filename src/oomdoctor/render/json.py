@@ -91,7 +91,7 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
     """The ``oomdoctor simulate --format json`` contract::
 
         {"recorded": {"config", "peak_reserved_bytes", "peak_allocated_bytes", "oom_event_index"},
-         "capacity": {"limit_bytes", "kind", "source", "certainty", "lower_bytes", "upper_bytes"},
+         "capacity": {"limit_bytes", "kind", "source", "certainty", "lower_bytes", "upper_bytes", "evidence"},
          "results": [{"config", "deferred_frees": "recorded"|"immediate", "peak_reserved_bytes",
                       "peak_allocated_bytes", "end_reserved_bytes",
                       "oom": null | {"event_index", "requested_bytes", "alloc_size_bytes"},

@@ -64,7 +64,7 @@ class Capacity:
     """A memory limit in bytes (None: unlimited), its ``kind`` (``fraction``, ``device`` or ``none``),
     a sentence saying which evidence set it (``source``), and how sure it is: ``certainty`` is
     ``exact``, ``bounded`` (the true cap lies in ``[lower_bytes, upper_bytes]``, either may be None),
-    ``given`` (``--cap``) or ``none``."""
+    ``given`` (``--cap``) or ``none``; ``evidence`` names the rule of the module doc that set it."""
 
     limit_bytes: int | None
     kind: str
@@ -72,6 +72,7 @@ class Capacity:
     certainty: str = NONE
     lower_bytes: int | None = None
     upper_bytes: int | None = None
+    evidence: str = ""  # the rule that set it: "sidecar", "oom", "fallbacks", "given" or ""
 
 
 def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
@@ -79,7 +80,7 @@ def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     module doc). Pure; O(events)."""
     cap, source = sidecar_cap(trace.meta)
     if cap is not None:
-        return Capacity(cap, "fraction", source, EXACT, cap, cap)
+        return Capacity(cap, "fraction", source, EXACT, cap, cap, "sidecar")
     act = device.events["action"]
     ooms = np.flatnonzero(act == OOM)
     if ooms.size:
@@ -111,13 +112,13 @@ def _from_oom(device: DeviceTrace, o: int) -> Capacity:
     if device_free < seg:
         cap = at_oom + device_free
         return Capacity(cap, "device", f"the OOM at event {o}: {device_free} bytes free on the device + {at_oom} "
-                        "reserved", EXACT, cap, cap)
+                        "reserved", EXACT, cap, cap, "oom")
     lower = int(max(reserved[:o].max() if o else reserved_start, reserved_start))
     upper = at_oom + seg - 1
     return Capacity(lower, "fraction",
                     f"the OOM at event {o} came from a memory-fraction cap (the device still had {device_free} "
                     f"bytes free): the cap lies in [{lower}, {upper}] bytes; the lower end is used", BOUNDED, lower,
-                    upper)
+                    upper, "oom")
 
 
 def fallback_bounds(trace: Trace, device: DeviceTrace) -> tuple[int | None, int, int]:
@@ -233,4 +234,4 @@ def _from_fallbacks(trace: Trace, device: DeviceTrace) -> Capacity:
     also = f"; the sidecar counts {retries} alloc retries" if isinstance(retries, int) and retries > 0 else ""
     return Capacity(lower, kind, f"{runs} allocator fallbacks in the trace (cached segments freed before a new "
                     f"segment): the cap lies in [{lower}, {upper}] bytes{also}; the lower end is used", BOUNDED, lower,
-                    upper)
+                    upper, "fallbacks")

@@ -260,7 +260,7 @@ def with_capacity(capacity: Capacity, limit: int, kind: str | None = None,
     if kind is None:
         gc = recorded is not None and recorded.garbage_collection_threshold > 0
         kind = capacity.kind if capacity.kind != "none" else ("fraction" if gc else "device")
-    return Capacity(limit, kind, f"given with --cap ({kind} limit)", GIVEN, limit, limit)
+    return Capacity(limit, kind, f"given with --cap ({kind} limit)", GIVEN, limit, limit, "given")
 
 
 #: How many caps in the inferred range :func:`settle_capacity` replays under a GC threshold.
@@ -281,8 +281,7 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
     (:data:`GC_ROUNDS` rounds, while the replays stay under :data:`SETTLE_MAX_EVENTS` events in all); keep the
     one whose self-replay matches best (fewest differing segment events, then reserved bytes; ties to the
     lowest cap). Other capacities are returned unchanged."""
-    if capacity.certainty != BOUNDED or capacity.upper_bytes is None or capacity.lower_bytes is None or (
-            "fallbacks" not in capacity.source):
+    if capacity.evidence != "fallbacks":
         return capacity
     scored: dict[int | None, tuple] = {}
 
@@ -311,7 +310,7 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
     if cap < 0:
         return Capacity(None, "none", f"unlimited: {capacity.source.split(':')[0]} read as a cap do not reproduce "
                         "the recording, which replays without one (the frees were empty_cache() calls)", BOUNDED,
-                        capacity.lower_bytes, None)
+                        capacity.lower_bytes, None, "fallbacks")
     if cap == capacity.lower_bytes and len(scored) == 1:
         return capacity
     verdict = "reproduces the recording" if v.exact else f"comes closest ({differing} segment events differ)"
