@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,10 @@ from ..errors import OomdoctorError
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zero-bubble", "zbv")
 RECOMPUTE = ("none", "selective", "full")
 DP_SHARDING = ("none", "zero1", "zero2", "zero3", "fsdp")
-FRAMEWORKS = ("megatron", "torch")
+FRAMEWORKS = ("megatron", "torch", "hf")
+LOOPS = ("trainer", "accelerate", "lightning", "plain")
+"""The training loops ``framework="hf"`` knows (:mod:`.hf`): Hugging Face Trainer, an accelerate loop,
+PyTorch Lightning, a plain PyTorch loop."""
 
 
 class PlanError(OomdoctorError):
@@ -33,7 +37,11 @@ class ModelSpec:
     """A decoder-only transformer. ``ffn_hidden_size`` is the MLP width (per expert for MoE);
     ``num_kv_heads`` < ``num_heads`` is GQA; ``gated_mlp`` is SwiGLU (three matrices);
     ``learned_positions`` adds a ``max_positions × hidden`` table (GPT-2); ``bias`` adds linear biases;
-    ``norm`` is ``layernorm`` (weight and bias) or ``rmsnorm`` (weight only)."""
+    ``norm`` is ``layernorm`` (weight and bias) or ``rmsnorm`` (weight only). ``family`` is the Hugging
+    Face ``model_type`` (``gpt2``, ``llama``, ...) and ``activation`` its ``activation_function`` /
+    ``hidden_act``: they pick the module code ``framework="hf"`` counts (:mod:`.hf`); ``use_cache`` is
+    the config's default (a transformers model builds its KV cache in a training forward when it is on);
+    ``dropout`` is whether the config's residual/embedding dropout is above 0 (GPT-2's ``resid_pdrop``)."""
 
     name: str
     num_layers: int
@@ -50,6 +58,10 @@ class ModelSpec:
     num_experts: int = 0
     experts_per_token: int = 0
     shared_experts: int = 0
+    family: str = ""
+    activation: str = ""
+    use_cache: bool = True
+    dropout: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -97,7 +109,9 @@ class ParallelPlan:
     """How the model is spread. ``recompute_layers`` is the number of layers per stage that are fully
     recomputed (Megatron ``--recompute-method block --recompute-num-layers``); None means all of them
     when ``recompute == "full"``. ``return_outputs`` is ``torch.distributed.pipelining``'s
-    ``step(return_outputs=True)``, which caches every micro-batch's output on the last stage."""
+    ``step(return_outputs=True)``, which caches every micro-batch's output on the last stage.
+    ``loop`` (one of :data:`LOOPS`) and ``use_cache`` (None: what the loop leaves it at) describe a
+    ``framework="hf"`` job (:func:`.hf.loop_settings`)."""
 
     tp: int = 1
     pp: int = 1
@@ -114,6 +128,8 @@ class ParallelPlan:
     return_outputs: bool = False
     framework: str = "megatron"
     expandable_segments: bool = False
+    loop: str = "plain"
+    use_cache: bool | None = None
 
     @property
     def world_size(self) -> int:
@@ -200,17 +216,19 @@ def validate(model: ModelSpec, train: TrainingSpec, plan: ParallelPlan, gpus: in
 
 PRESETS: dict[str, ModelSpec] = {
     # Llama 3 / 3.1 (Meta, arXiv:2407.21783 Table 3; HF config.json of meta-llama/Meta-Llama-3*)
-    "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 14336, 32, 8, 128256),
-    "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 28672, 64, 8, 128256),
-    "llama3-405b": ModelSpec("llama3-405b", 126, 16384, 53248, 128, 8, 128256),
-    "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 11008, 32, 32, 32000),
-    "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 14336, 32, 8, 32000),
-    "qwen2.5-7b": ModelSpec("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152064, bias=True),
-    "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, num_experts=8, experts_per_token=2),
+    "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 14336, 32, 8, 128256, family="llama"),
+    "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 28672, 64, 8, 128256, family="llama"),
+    "llama3-405b": ModelSpec("llama3-405b", 126, 16384, 53248, 128, 8, 128256, family="llama"),
+    "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 11008, 32, 32, 32000, family="llama"),
+    "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 14336, 32, 8, 32000, family="mistral"),
+    "qwen2.5-7b": ModelSpec("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152064, bias=True, family="qwen2"),
+    "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, num_experts=8, experts_per_token=2,
+                                  family="mixtral"),
     "gpt2": ModelSpec("gpt2", 12, 768, 3072, 12, 12, 50257, tied_embeddings=True, gated_mlp=False, bias=True,
-                      norm="layernorm", learned_positions=1024),
+                      norm="layernorm", learned_positions=1024, family="gpt2", activation="gelu_new", dropout=True),
     "gpt2-medium": ModelSpec("gpt2-medium", 24, 1024, 4096, 16, 16, 50257, tied_embeddings=True, gated_mlp=False,
-                             bias=True, norm="layernorm", learned_positions=1024),
+                             bias=True, norm="layernorm", learned_positions=1024, family="gpt2",
+                             activation="gelu_new", dropout=True),
 }
 
 
@@ -282,7 +300,33 @@ def from_hf_config(path: str | Path) -> ModelSpec:
         learned_positions=count(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0, "n_positions", 0)
         if gpt2 else 0,
         num_experts=experts, experts_per_token=count(cfg.get("num_experts_per_tok") or 0, "num_experts_per_tok", 0),
-        shared_experts=count(cfg.get("n_shared_experts") or 0, "n_shared_experts", 0))
+        shared_experts=count(cfg.get("n_shared_experts") or 0, "n_shared_experts", 0),
+        family="gpt2" if gpt2 else _family(cfg),
+        activation=str(cfg.get("activation_function") or cfg.get("hidden_act") or ("gelu_new" if gpt2 else "")),
+        use_cache=cfg.get("use_cache") is not False,
+        dropout=_dropout(cfg, gpt2))
+
+
+_DROPOUT_FIELDS = ("resid_pdrop", "embd_pdrop", "hidden_dropout", "hidden_dropout_prob")
+
+
+def _dropout(cfg: dict[str, Any], gpt2: bool) -> bool:
+    """Whether the residual / embedding dropout is on: a field above 0, or, with none given, the config
+    class's default (``GPT2Config``: 0.1; Llama-family configs have no such dropout)."""
+    given = [cfg[k] for k in _DROPOUT_FIELDS if k in cfg]
+    if not given:
+        return gpt2
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in given)
+
+
+def _family(cfg: dict[str, Any]) -> str:
+    """The ``model_type``, else the first architecture without its head (``LlamaForCausalLM`` -> llama)."""
+    if isinstance(cfg.get("model_type"), str) and cfg["model_type"]:
+        return cfg["model_type"].lower()
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return re.sub(r"(ForCausalLM|LMHeadModel|Model)$", "", archs[0]).lower()
+    return ""
 
 
 def model_spec(name_or_path: str) -> ModelSpec:
