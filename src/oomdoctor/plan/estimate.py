@@ -5,7 +5,7 @@
     allocated(stage) = weights + master weights + optimizer state                  (terms.model_state_bytes)
                      + DDP buckets + cuBLAS workspaces
                      + gradients, when they persist (terms.gradients_persist)
-                     + max( activation phase: FSDP gather buffers
+                     + max( activation phase: FSDP gather buffers + autocast weight copies (framework hf)
                                 + activations of the micro-batches in flight under the schedule
                                 + embedding inputs (first stage)
                                 + cached outputs (last stage, pipelining return_outputs=True)
@@ -18,7 +18,16 @@
 The recompute working set and the loss never coexist: a rank computes one op at a time, and the loss's
 tensors are freed by the end of its backward, before any layer's backward recomputes.
 
-Structure from ``shared/reference/memory_estimation.md`` §5; each term's source is in :mod:`.terms`.
+Structure from ``shared/reference/memory_estimation.md`` §5; each term's source is in :mod:`.terms`, and
+for Hugging Face models in eager PyTorch (``framework="hf"``) in :mod:`.hf`, where ``logits and loss`` is
+the largest moment of the loss region, forward-only tensors (KV cache, last hidden state, the loop's
+copies of the logits) included.
+
+Each stage also gives its peak in ``oomdoctor diagnose``'s accounting categories
+(:data:`oomdoctor.analysis.accounting.CATEGORIES`), so that a prediction and a recorded run compare
+category by category: parameters (weights, master weights), gradients, optimizer state, communication (DDP
+buckets), outputs (pipelining's cached outputs), temporaries (workspaces, the optimizer step's
+temporaries, the loss region's copies and gradients) and activations (the rest: what backward reads).
 Ranks of the same stage are symmetric (tensor, data and context parallel shards are equal), so one
 estimate per stage stands for all its ranks.
 """
@@ -27,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import terms
+from . import hf, terms
 from .schedule import in_flight_chunks
 from .specs import Hardware, ModelSpec, ParallelPlan, TrainingSpec, padded_vocab, validate
 
@@ -48,6 +57,8 @@ class StageEstimate:
     device_bytes: int
     peak_phase: str  # "activations" or "optimizer step"
     breakdown: dict[str, int]  # model_states, activations, logits_and_loss, other: what allocated holds at its peak
+    categories: dict[str, int] = field(default_factory=dict)  # diagnose's accounting categories at the peak
+    loss_moment: str = ""  # framework hf: which moment of the loss region is the peak
 
     def check(self) -> None:
         """Assert that the terms add up to the three totals, and the breakdown to allocated."""
@@ -56,12 +67,14 @@ class StageEstimate:
         assert self.allocated_bytes == static + max(act, step)
         assert self.peak_phase == ("activations" if act >= step else "optimizer step")
         assert sum(self.breakdown.values()) == self.allocated_bytes
+        assert sum(self.categories.values()) == self.allocated_bytes, (self.categories, self.allocated_bytes)
         assert self.reserved_bytes == self.allocated_bytes + t["fragmentation"]
         assert self.device_bytes == self.reserved_bytes + t["cuda_context"] + t["nccl"]
 
 
 STATIC_TERMS = ("weights", "master_weights", "optimizer_state", "ddp_buckets", "workspace")
-ACTIVATION_TERMS = ("fsdp_gather_buffers", "activations", "embedding_inputs", "cached_outputs", "held_losses")
+ACTIVATION_TERMS = ("fsdp_gather_buffers", "autocast_weight_copies", "activations", "embedding_inputs",
+                    "cached_outputs", "held_losses")
 
 
 def phase_totals(t: dict[str, int], gradients_persist: bool) -> tuple[int, int, int]:
@@ -84,12 +97,34 @@ def breakdown(t: dict[str, int], gradients_persist: bool) -> dict[str, int]:
         loss_wins = t["logits_and_loss"] > t["recompute_working_set"]
         acts = t["activations"] + t["embedding_inputs"] + (0 if loss_wins else t["recompute_working_set"])
         logits = t["cached_outputs"] + t["held_losses"] + (t["logits_and_loss"] if loss_wins else 0)
+        acts += t["autocast_weight_copies"]
         other += t["fsdp_gather_buffers"]
     else:
         states += t["gradients"]
         acts = logits = 0
         other += t["optimizer_step_temporaries"]
     return {"model_states": states, "activations": acts, "logits_and_loss": logits, "other": other}
+
+
+def categories(t: dict[str, int], gradients_persist: bool, loss_temporaries: int) -> dict[str, int]:
+    """The peak in diagnose's accounting categories; they add up to allocated (asserted by
+    :meth:`StageEstimate.check`). ``loss_temporaries`` is the part of ``logits_and_loss`` that is not
+    saved for backward (framework hf: the loop's copies, the loss gradients, forward-only tensors)."""
+    _, act, step = phase_totals(t, gradients_persist)
+    out = {"parameters": t["weights"] + t["master_weights"], "gradients": 0,
+           "optimizer_state": t["optimizer_state"], "activations": 0, "temporaries": t["workspace"],
+           "communication": t["ddp_buckets"], "outputs": 0}
+    if act >= step:
+        out["gradients"] = t["gradients"] if gradients_persist else 0
+        loss_wins = t["logits_and_loss"] > t["recompute_working_set"]
+        tmp = loss_temporaries if loss_wins else 0
+        out["outputs"] = t["cached_outputs"]
+        out["temporaries"] += tmp
+        out["activations"] = act - t["cached_outputs"] - tmp
+    else:
+        out["gradients"] = t["gradients"]
+        out["temporaries"] += t["optimizer_step_temporaries"]
+    return out
 
 
 @dataclass
@@ -125,12 +160,16 @@ def estimate_stage(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, stage:
                    vocab: int) -> StageEstimate:
     """The :class:`StageEstimate` of pipeline stage ``stage`` (0-based)."""
     params = terms.stage_params(m, plan, stage, vocab)
+    chunks = in_flight_chunks(plan.schedule, plan.pp, stage, microbatches, plan.vpp)
+    if plan.framework == "hf":
+        t, split, persist, moment = hf.stage_terms(m, train, plan, microbatches, vocab)
+        return _finish(stage, params, chunks, t, persist, plan, split["temporaries"], moment)
     t: dict[str, int] = dict(terms.model_state_bytes(params, train, plan))
     t["fsdp_gather_buffers"] = terms.fsdp_unsharded_bytes(m, plan, train, params)
     t["ddp_buckets"] = terms.ddp_bucket_bytes(params, train, plan)
     t["workspace"] = terms.workspace_bytes(plan)
+    t["autocast_weight_copies"] = 0
 
-    chunks = in_flight_chunks(plan.schedule, plan.pp, stage, microbatches, plan.vpp)
     layers_stage = m.num_layers // plan.pp
     layers_chunk = layers_stage // plan.vpp
     full = plan.recompute == "full"
@@ -148,8 +187,12 @@ def estimate_stage(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, stage:
     t["cached_outputs"] = terms.cached_outputs_bytes(train, plan, vocab, microbatches) if last else 0
     t["held_losses"] = terms.held_losses_bytes(train, plan, vocab, microbatches) if last else 0
     t["optimizer_step_temporaries"] = terms.optimizer_step_temporaries(params, train, plan)
+    return _finish(stage, params, chunks, t, terms.gradients_persist(plan, microbatches), plan, 0, "")
 
-    persist = terms.gradients_persist(plan, microbatches)
+
+def _finish(stage: int, params: int, chunks: int, t: dict[str, int], persist: bool, plan: ParallelPlan,
+            loss_temporaries: int, moment: str) -> StageEstimate:
+    """Totals, fragmentation, fixed costs and the checked :class:`StageEstimate` of a stage's terms."""
     static, act, step = phase_totals(t, persist)
     phase = "activations" if act >= step else "optimizer step"
     allocated = static + max(act, step)
@@ -158,7 +201,8 @@ def estimate_stage(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, stage:
     t["cuda_context"] = terms.CUDA_CONTEXT_BYTES
     t["nccl"] = terms.nccl_bytes(plan)
     est = StageEstimate(stage, params, chunks, t, persist, allocated, reserved,
-                        reserved + t["cuda_context"] + t["nccl"], phase, breakdown(t, persist))
+                        reserved + t["cuda_context"] + t["nccl"], phase, breakdown(t, persist),
+                        categories(t, persist, loss_temporaries), moment)
     est.check()
     return est
 
@@ -171,7 +215,7 @@ def estimate(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, hardware: Ha
         PlanError: the combination is invalid (see :func:`.specs.validate`).
     """
     mbs = validate(m, train, plan, hardware.num_gpus if hardware is not None else None)
-    pad = pad_vocab and plan.framework == "megatron"  # PyTorch models keep the tokenizer's vocabulary
+    pad = pad_vocab and plan.framework == "megatron"  # PyTorch and transformers models keep the tokenizer's
     vocab = padded_vocab(m.vocab_size, plan.tp) if pad else m.vocab_size
     est = Estimate(m, train, plan, hardware, mbs, vocab)
     est.stages = [estimate_stage(m, train, plan, s, mbs, vocab) for s in range(plan.pp)]
