@@ -15,6 +15,7 @@ from ..plan.search import search
 from ..plan.specs import (
     DP_SHARDING,
     FRAMEWORKS,
+    LOOPS,
     RECOMPUTE,
     SCHEDULES,
     Hardware,
@@ -80,7 +81,15 @@ def _common(f):
                      help="Network bandwidth per GPU, GB/s."),
         click.option("--sharding", type=click.Choice(DP_SHARDING), default="zero1", show_default=True,
                      help="Data-parallel sharding (zero1 = Megatron's distributed optimizer)."),
-        click.option("--framework", type=click.Choice(FRAMEWORKS), default="megatron", show_default=True),
+        click.option("--framework", type=click.Choice(FRAMEWORKS), default="megatron", show_default=True,
+                     help="megatron: Megatron-LM; torch: torchtitan-style PyTorch; hf: a transformers model in eager "
+                     "PyTorch (GPT-2 / Llama family, DDP or FSDP; --recompute full = gradient_checkpointing)."),
+        click.option("--loop", type=click.Choice(LOOPS), default="plain", show_default=True,
+                     help="With --framework hf: the training loop (Trainer, accelerate, Lightning, plain PyTorch), "
+                     "which decides autocast, bf16 weights, the copies of the logits and the KV cache."),
+        click.option("--use-cache/--no-use-cache", "use_cache", default=None,
+                     help="With --framework hf: whether the model builds its KV cache in training [default: off "
+                     "under Trainer, else the config's use_cache]."),
         click.option("--return-outputs", is_flag=True, help="torch.distributed.pipelining step(return_outputs=True)."),
         click.option("--expandable-segments", is_flag=True, help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."),
         click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True),
@@ -101,7 +110,7 @@ def _specs(kw: dict) -> tuple:
         mem = parse_memory(kw["gpu_memory"])
     hw = Hardware(kw["gpu"], mem, kw["gpus"], kw["gpus_per_node"], nvlink, kw["inter_node_gbps"] * 1e9, flops)
     base = ParallelPlan(dp_sharding=kw["sharding"], framework=kw["framework"], return_outputs=kw["return_outputs"],
-                        expandable_segments=kw["expandable_segments"])
+                        expandable_segments=kw["expandable_segments"], loop=kw["loop"], use_cache=kw["use_cache"])
     return model, train, hw, base
 
 

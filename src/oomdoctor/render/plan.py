@@ -53,6 +53,10 @@ def render_estimate_text(e: Estimate, console: Console) -> None:
         verdict = ("fits" if e.fits else "does NOT fit")
         console.print(Text(f"worst stage {p.stage}: {_gb(p.device_bytes)} GB of {_gb(e.hardware.gpu_memory_bytes)} GB "
                            f"-> {verdict}", style="green" if e.fits else "bold red"))
+    for s in e.stages:
+        cats = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k, v in s.categories.items() if v)
+        at = f" ({s.loss_moment})" if s.loss_moment else ""
+        console.print(Text(f"stage {s.stage} at its peak{at}, in diagnose's categories (GB): {cats}"))
     console.print(Text("at each stage's peak; other = FSDP buffers + DDP buckets + workspaces (+ optimizer-step "
                        "temporaries when the step is the peak); device = reserved + CUDA context + NCCL",
                        style="dim"))
