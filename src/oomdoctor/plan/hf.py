@@ -226,6 +226,10 @@ class LossMoment:
     def total(self) -> int:
         return self.activations + self.temporaries
 
+    @property
+    def forward(self) -> bool:
+        return self.name.startswith("forward")
+
 
 def loss_moments(m: ModelSpec, st: LoopSettings, vocab: int, layer_fwd: int, head_fwd: int) -> list[LossMoment]:
     """The three candidate peaks of the loss region, per token (``layer_fwd`` is all layers'
@@ -263,7 +267,9 @@ def stage_terms(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, microbatc
     (8 B, ÷ d), DDP's flat bucket copy of the gradients (``gradient_as_bucket_view=False``, the default in
     all three loops), two cuBLAS workspaces (the forward's thread and the autograd engine's, 32 MiB each on
     Hopper), and gradients when a later micro-batch's forward runs after a backward (gradient
-    accumulation). Activation phase: the bf16 copies of every matmul weight autocast made (over fp32
+    accumulation). DDP without ``find_unused_parameters`` (accelerate, Lightning, a plain loop, Trainer under
+    gradient checkpointing) rebuilds its buckets in the second iteration's forward while the first set is
+    still held: the forward moments also count a second bucket set. Activation phase: the bf16 copies of every matmul weight autocast made (over fp32
     weights: 2 B per weight and bias of the layers and the LM head; under gradient checkpointing only the
     LM head's survive the autocast region), FSDP's unsharded root (embeddings, LM head, final norm: FSDP1
     and FSDP2 do not reshard the root between forward and backward), the layers' and head's saved
@@ -303,15 +309,21 @@ def stage_terms(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, microbatc
     t["autocast_weight_copies"] = casts - layer_casts if full else casts
     moments = loss_moments(m, st, vocab, 0 if full else m.num_layers * layer_fwd, head_fwd)
 
+    # DDP without find_unused_parameters rebuilds its buckets in the second iteration's _pre_forward
+    # (reducer._rebuild_buckets, torch/nn/parallel/distributed.py); the buckets built at construction were still
+    # held through that forward in our recordings (docs/plan.md), and sometimes later: an upper bound
+    old_buckets = t["ddp_buckets"] if t["ddp_buckets"] and not st.ddp_output_clone else 0
+
     def moment_bytes(mo: LossMoment) -> int:
-        return mo.total * n + (layer_casts if full and mo.inside_autocast else 0)
+        return mo.total * n + (layer_casts if full and mo.inside_autocast else 0) + (old_buckets if mo.forward else 0)
 
     peak = max(moments, key=moment_bytes)
     t["logits_and_loss"] = moment_bytes(peak)
     t["recompute_working_set"] = (layer_saved + layer_fwd) * n if full else 0
     t["optimizer_step_temporaries"] = optimizer_step_temporaries(params, train, plan)
-    loss_split = {"activations": peak.activations * n,
-                  "temporaries": t["logits_and_loss"] - peak.activations * n}
+    rebuilt = old_buckets if peak.forward else 0
+    loss_split = {"activations": peak.activations * n, "communication": rebuilt,
+                  "temporaries": t["logits_and_loss"] - peak.activations * n - rebuilt}
     return t, loss_split, microbatches > 1, peak.name
 
 
