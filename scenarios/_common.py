@@ -55,3 +55,14 @@ class LM(nn.Module):
 
 def lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+
+
+def lm_train_step(model: nn.Module, opt: torch.optim.Optimizer, vocab: int, batch: int, seq: int,
+                  device: torch.device) -> None:
+    """One step on random tokens: bf16 autocast forward, fp32 loss, backward, ``step``, ``zero_grad``."""
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(ids)
+    lm_loss(logits, ids).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)

@@ -47,14 +47,8 @@ VOCAB, D, LAYERS, BATCH, MAX_SEQ, STEPS = 32000, 1024, 6, 8, 2048, 24
 
 
 def lm_step(model, opt, seq, dev):
-    import torch
-    from _common import lm_loss
-    ids = torch.randint(0, VOCAB, (BATCH, seq), device=dev)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(ids)
-    lm_loss(logits, ids).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    from _common import lm_train_step
+    lm_train_step(model, opt, VOCAB, BATCH, seq, dev)
 
 
 def child(name: str, out: str, cap_bytes: int | None) -> None:

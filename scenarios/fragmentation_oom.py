@@ -16,18 +16,13 @@ if "--variant=expandable" in sys.argv or sys.argv[-2:] == ["--variant", "expanda
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 
 import torch  # noqa: E402
-from _common import LM, lm_loss, parser, setup  # noqa: E402
+from _common import LM, lm_train_step, parser, setup  # noqa: E402
 
 VOCAB, D, LAYERS, BATCH, MAX_SEQ = 32000, 2048, 6, 8, 4096
 
 
 def step(model, opt, seq, dev):
-    ids = torch.randint(0, VOCAB, (BATCH, seq), device=dev)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(ids)
-    lm_loss(logits, ids).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    lm_train_step(model, opt, VOCAB, BATCH, seq, dev)
 
 
 def main() -> None:
