@@ -15,6 +15,7 @@ Prints markdown tables (docs/plan.md quotes them).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -31,7 +32,9 @@ H200 = 150_109_880_320  # torch.cuda total_memory of the corpus GPUs (ground_tru
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs")
 
 
+@functools.cache
 def jobs() -> dict[str, dict[str, Any]]:
+    """``plan_jobs.json``, read once."""
     return {k: v for k, v in json.loads((CORPUS / "plan_jobs.json").read_text()).items() if not k.startswith("_")}
 
 

@@ -106,11 +106,12 @@ def breakdown(t: dict[str, int], gradients_persist: bool) -> dict[str, int]:
     return {"model_states": states, "activations": acts, "logits_and_loss": logits, "other": other}
 
 
-def categories(t: dict[str, int], gradients_persist: bool, loss_split: dict[str, int] | None = None) -> dict[str, int]:
+def categories(t: dict[str, int], gradients_persist: bool, loss_not_saved: dict[str, int] | None = None
+               ) -> dict[str, int]:
     """The peak in diagnose's accounting categories; they add up to allocated (asserted by
-    :meth:`StageEstimate.check`). ``loss_split`` divides ``logits_and_loss`` among categories (framework hf:
-    the loop's copies, the loss gradients and forward-only tensors are temporaries, DDP's rebuilt buckets
-    communication); None: all of it is activations."""
+    :meth:`StageEstimate.check`). ``loss_not_saved`` is the part of ``logits_and_loss`` that backward does not
+    read, by category (framework hf: the loop's copies, the loss gradients and forward-only tensors are
+    temporaries, DDP's rebuilt buckets communication); the rest of the activation phase is activations."""
     _, act, step = phase_totals(t, gradients_persist)
     out = {"parameters": t["weights"] + t["master_weights"], "gradients": 0,
            "optimizer_state": t["optimizer_state"], "activations": 0, "temporaries": t["workspace"],
@@ -118,12 +119,11 @@ def categories(t: dict[str, int], gradients_persist: bool, loss_split: dict[str,
     if act >= step:
         out["gradients"] = t["gradients"] if gradients_persist else 0
         loss_wins = t["logits_and_loss"] > t["recompute_working_set"]
-        split = (loss_split or {}) if loss_wins else {}
+        moved = (loss_not_saved or {}) if loss_wins else {}
+        for c, b in moved.items():
+            out[c] += b
         out["outputs"] = t["cached_outputs"]
-        for c, b in split.items():
-            if c != "activations":
-                out[c] += b
-        out["activations"] = act - t["cached_outputs"] - sum(b for c, b in split.items() if c != "activations")
+        out["activations"] = act - t["cached_outputs"] - sum(moved.values())
     else:
         out["gradients"] = t["gradients"]
         out["temporaries"] += t["optimizer_step_temporaries"]
@@ -165,8 +165,8 @@ def estimate_stage(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, stage:
     params = terms.stage_params(m, plan, stage, vocab)
     chunks = in_flight_chunks(plan.schedule, plan.pp, stage, microbatches, plan.vpp)
     if plan.framework == "hf":
-        t, split, persist, moment = hf.stage_terms(m, train, plan, microbatches, vocab)
-        return _finish(stage, params, chunks, t, persist, plan, split, moment)
+        t, not_saved, persist, moment = hf.stage_terms(m, train, plan, microbatches, vocab, params)
+        return _finish(stage, params, chunks, t, persist, plan, not_saved, moment)
     t: dict[str, int] = dict(terms.model_state_bytes(params, train, plan))
     t["fsdp_gather_buffers"] = terms.fsdp_unsharded_bytes(m, plan, train, params)
     t["ddp_buckets"] = terms.ddp_bucket_bytes(params, train, plan)
@@ -194,7 +194,7 @@ def estimate_stage(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, stage:
 
 
 def _finish(stage: int, params: int, chunks: int, t: dict[str, int], persist: bool, plan: ParallelPlan,
-            loss_split: dict[str, int] | None, moment: str) -> StageEstimate:
+            loss_not_saved: dict[str, int] | None, moment: str) -> StageEstimate:
     """Totals, fragmentation, fixed costs and the checked :class:`StageEstimate` of a stage's terms."""
     static, act, step = phase_totals(t, persist)
     phase = "activations" if act >= step else "optimizer step"
@@ -205,7 +205,7 @@ def _finish(stage: int, params: int, chunks: int, t: dict[str, int], persist: bo
     t["nccl"] = terms.nccl_bytes(plan)
     est = StageEstimate(stage, params, chunks, t, persist, allocated, reserved,
                         reserved + t["cuda_context"] + t["nccl"], phase, breakdown(t, persist),
-                        categories(t, persist, loss_split), moment)
+                        categories(t, persist, loss_not_saved), moment)
     est.check()
     return est
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .specs import LOOPS, ModelSpec, ParallelPlan, PlanError, TrainingSpec
-from .terms import CUBLAS_WORKSPACE_BYTES, layer_params, optimizer_step_temporaries, stage_params
+from .terms import CUBLAS_WORKSPACE_BYTES, layer_params, optimizer_step_temporaries
 
 GPT2_FAMILIES = ("gpt2",)
 LLAMA_FAMILIES = ("llama", "mistral", "qwen2")
@@ -257,11 +257,11 @@ def loss_moments(m: ModelSpec, st: LoopSettings, vocab: int, layer_fwd: int, hea
     return [inside, after, backward]
 
 
-def stage_terms(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, microbatches: int,
-                vocab: int) -> tuple[dict[str, int], dict[str, int], bool, str]:
-    """The terms of :mod:`.estimate`'s formula for one rank of an ``hf`` job, its diagnose-category
-    split of the loss region, whether gradients are held at the activation peak, and which loss moment
-    is the peak.
+def stage_terms(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, microbatches: int, vocab: int,
+                params: int) -> tuple[dict[str, int], dict[str, int], bool, str]:
+    """The terms of :mod:`.estimate`'s formula for one rank of an ``hf`` job with ``params`` parameters, the
+    bytes of the loss region that are not activations (by diagnose category: ``temporaries``,
+    ``communication``), whether gradients are held at the activation peak, and which loss moment is the peak.
 
     Static: parameters as the optimizer holds them (fp32: P·4, ÷ d under FSDP), AdamW's two moments
     (8 B, ÷ d), DDP's flat bucket copy of the gradients (``gradient_as_bucket_view=False``, the default in
@@ -269,9 +269,9 @@ def stage_terms(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, microbatc
     Hopper), and gradients when a later micro-batch's forward runs after a backward (gradient
     accumulation). DDP without ``find_unused_parameters`` (accelerate, Lightning, a plain loop, Trainer under
     gradient checkpointing) rebuilds its buckets in the second iteration's forward while the first set is
-    still held: the forward moments also count a second bucket set. Activation phase: the bf16 copies of every matmul weight autocast made (over fp32
-    weights: 2 B per weight and bias of the layers and the LM head; under gradient checkpointing only the
-    LM head's survive the autocast region), FSDP's unsharded root (embeddings, LM head, final norm: FSDP1
+    still held: the forward moments also count a second bucket set. Activation phase: the bf16 copies of
+    every matmul weight autocast made (over fp32 weights: 2 B per weight and bias of the layers and the LM
+    head; under gradient checkpointing only the LM head's survive the autocast region), FSDP's unsharded root (embeddings, LM head, final norm: FSDP1
     and FSDP2 do not reshard the root between forward and backward), the layers' and head's saved
     tensors, and the largest :func:`loss_moments`.
 
@@ -282,7 +282,6 @@ def stage_terms(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, microbatc
     st = loop_settings(m, plan)
     n = train.micro_batch * train.seq_len
     d = plan.dp if plan.dp_sharding == "fsdp" else 1
-    params = stage_params(m, plan, 0, vocab)
     shard, _ = layer_params(m, 1)
     matmul_params = m.num_layers * shard + vocab * m.hidden_size
     dropout = train.dropout or m.dropout
@@ -322,9 +321,8 @@ def stage_terms(m: ModelSpec, train: TrainingSpec, plan: ParallelPlan, microbatc
     t["recompute_working_set"] = (layer_saved + layer_fwd) * n if full else 0
     t["optimizer_step_temporaries"] = optimizer_step_temporaries(params, train, plan)
     rebuilt = old_buckets if peak.forward else 0
-    loss_split = {"activations": peak.activations * n, "communication": rebuilt,
-                  "temporaries": t["logits_and_loss"] - peak.activations * n - rebuilt}
-    return t, loss_split, microbatches > 1, peak.name
+    not_saved = {"communication": rebuilt, "temporaries": t["logits_and_loss"] - peak.activations * n - rebuilt}
+    return t, not_saved, microbatches > 1, peak.name
 
 
 __all__ = ["FAMILIES", "LoopSettings", "LossMoment", "check", "gpt2_layer", "head_bytes", "layer_bytes",
