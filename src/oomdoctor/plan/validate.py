@@ -71,8 +71,7 @@ class Validation:
 
     @property
     def median_error(self) -> float | None:
-        e = self.errors()
-        return statistics.median(e) if e else None
+        return _median(self.errors())
 
     @property
     def p90_error(self) -> float | None:
@@ -103,8 +102,7 @@ class Validation:
 
     @property
     def floor_median(self) -> float | None:
-        f = self.floor_errors()
-        return statistics.median(f) if f else None
+        return _median(self.floor_errors())
 
     @property
     def floor_p90(self) -> float | None:
@@ -116,6 +114,10 @@ def _reason_class(reason: str) -> str:
     if "every model chunk needs the same number of layers" in reason:
         return "uneven pipeline stages (num_layers not divisible by pp x vpp)"
     return reason.split(":")[0] or "unknown"
+
+
+def _median(e: list[float]) -> float | None:
+    return statistics.median(e) if e else None
 
 
 def _p90(e: list[float]) -> float | None:
