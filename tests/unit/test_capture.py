@@ -304,3 +304,52 @@ def test_discover_ignores_store_and_temporary_files(tmp_path):
     (tmp_path / "summary.json").write_text("{}")
     assert [Path(p).name for p in discover([tmp_path])] == ["rank0.pickle"]
     assert [t.rank for t in load_ranks([tmp_path])] == [0]
+
+
+class _Tensor:
+    """What the recorder reads of a ``torch.Tensor``: where its storage is and how big."""
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.is_cuda, self.device, self.grad = True, SimpleNamespace(index=0), None
+        self._st = SimpleNamespace(data_ptr=lambda: ptr, nbytes=lambda: n)
+
+    def untyped_storage(self):
+        return self._st
+
+
+class _Optimizer:  # a plain object: the recorder must hold it weakly
+    def __init__(self, param_groups, state) -> None:
+        self.param_groups, self.state = param_groups, state
+
+
+def test_every_dump_notes_the_optimizers_storages_for_the_final_state(tmp_path):
+    """A long job's ring buffer drops the first steps, where the step records were noted: the dump's own
+    record says what the blocks of the final state hold, and the accounting takes it."""
+    from oomdoctor.analysis import analyze
+    from oomdoctor.analysis.accounting import CATEGORIES, RECORDED
+
+    snap = small_snapshot(tmp_path)
+    base = snap["segments"][0]["address"]
+    rec, _ = fake_recorder(tmp_path, snap)
+    rec._enable(clear=False)
+    p = _Tensor(base, 4 * MiB)
+    p.grad = _Tensor(base + 4 * MiB, 4 * MiB)
+    opt = _Optimizer([{"params": [p]}], {p: {"exp_avg": _Tensor(base + 8 * MiB + 512, 1024), "step": 3}})
+    rec._optimizer_hook(opt, (), {})  # step 1 ends: noted at the real clock, after the test trace's times
+    rec.stop()
+    t = load(tmp_path / "out" / "rank0.pickle")
+    step, dump = t.meta["tensors"]
+    assert "at" not in step and dump["at"] == "dump" and dump["step"] == 1
+    assert dump["parameters"] == [[base, 4 * MiB]] and dump["gradients"] == [[base + 4 * MiB, 4 * MiB]]
+    assert dump["optimizer_state"] == [[base + 8 * MiB + 512, 1024]]
+    a = analyze(t)
+    acc, lt = a.accounting, a.lifetimes
+    got = {int(lt.addr[r]) - base: (CATEGORIES[acc.category[r]], int(acc.source[r])) for r in range(len(lt))}
+    assert got[0] == ("parameters", RECORDED) and got[4 * MiB] == ("gradients", RECORDED)
+    assert got[8 * MiB] == ("optimizer_state", RECORDED)  # the block that contains the storage
+    assert all(src != RECORDED for off, (_c, src) in got.items() if off >= 12 * MiB)
+    del opt, p
+    import gc
+
+    gc.collect()
+    assert len(rec._optimizers) == 0  # held weakly: the recorder keeps no optimizer alive

@@ -293,9 +293,12 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
     applied = 0
     for rec in records:
         when = rec["time_us"]
-        if when < t[0] or when > t[-1]:
+        if rec.get("at") == "dump" and when >= t[-1]:
+            k = dt.num_events - 1  # noted right after the snapshot was taken: its final state
+        elif when < t[0] or when > t[-1]:
             continue  # noted before the trace's first event (ring buffer) or after it: addresses may be reused
-        k = int(np.searchsorted(t, when, side="right")) - 1
+        else:
+            k = int(np.searchsorted(t, when, side="right")) - 1
         alive = np.flatnonzero(lt.allocated_mask(k))
         if alive.size == 0:
             continue

@@ -1,10 +1,14 @@
 """Facts about the training state that ``oomdoctor run`` records with no code change.
 
 At the end of the first :data:`FACT_STEPS` optimizer steps (a global hook,
-``torch.optim.optimizer.register_optimizer_step_post_hook``, PyTorch >= 2.0), the recorder notes the
-storages that hold the optimizer's parameters, their gradients and the optimizer's state on this
-rank's GPU. The accounting (:mod:`oomdoctor.analysis.accounting`) maps each storage to the block that
-contains it at that moment, so those blocks are attributed from what the job held, not from frames.
+``torch.optim.optimizer.register_optimizer_step_post_hook``, PyTorch >= 2.0), and again at every dump
+(the end of a step window, the OOM, the exit), the recorder notes the storages that hold the
+optimizer's parameters, their gradients and the optimizer's state on this rank's GPU, for every
+optimizer the hook has seen. The accounting (:mod:`oomdoctor.analysis.accounting`) maps each storage to
+the block that contains it at that moment, so those blocks are attributed from what the job held, not
+from frames. The record of a dump (``"at": "dump"``) is noted right after ``_snapshot()`` returns and
+describes the snapshot's final state: it holds whatever the ``max_entries`` ring buffer dropped, where
+the step records of a long job lie before the trace's first event and cannot be placed.
 
 Storages, not tensors: a parameter that is a view (FSDP1 ``use_orig_params``, DDP
 ``gradient_as_bucket_view``) is counted once, as the flat buffer it lives in. DTensors (FSDP2, TP) are
@@ -13,7 +17,8 @@ read through their local shard. Sidecar form (bytes, µs since the Unix epoch)::
     "tensors": [{"step": 1, "time_us": t,
                  "parameters": [[data_ptr, nbytes], ...],
                  "gradients": [[data_ptr, nbytes], ...],
-                 "optimizer_state": [[data_ptr, nbytes], ...]}, ...]
+                 "optimizer_state": [[data_ptr, nbytes], ...]}, ...,
+                {"step": n, "time_us": t_dump, "at": "dump", ...}]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
      "recording": {"max_entries", "stacks", "context", "steps"},
      "memory_stats": torch.cuda.memory_stats() at the dump,
      "device_free_bytes": cudaMemGetInfo's free bytes at the dump,   # + reserved = the allocator's room
-     "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state"}],  # .facts
+     "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state", "at"?}],  # .facts
      "step_markers": [{"step", "time_us", "event_index"}],  # start of each step
      "phase_markers": [{"phase", "time_us", "event_index"}],  # from then on: train | optimizer | evaluation
      "micro_batch": null | samples per device per forward pass (set by the framework callbacks),

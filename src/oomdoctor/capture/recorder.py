@@ -34,6 +34,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from .facts import FACT_STEPS, fact_record, optimizer_storages
@@ -189,6 +190,9 @@ class Recorder:
         #: storages of parameters, gradients and optimizer state at the first optimizer steps (``.facts``)
         self.tensor_facts: list[dict[str, Any]] = []
         self._facts_step: dict[str, Any] | None = None
+        #: every optimizer the step hook has seen (weakly: the recorder keeps none alive), whose storages
+        #: are noted again at each dump, so that a dump says what the job holds whatever the ring buffer kept
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()
         self._last_snapshot: tuple[dict, dict] | None = None  # kept for on_finish only
         #: the per-device micro-batch (samples), when the caller knows it (a framework callback):
         #: written to the sidecar so that the report says the largest micro-batch that fits
@@ -310,6 +314,10 @@ class Recorder:
         if self._first_optimizer is None:
             self._first_optimizer = id(optimizer)
         first = id(optimizer) == self._first_optimizer
+        try:
+            self._optimizers.add(optimizer)
+        except TypeError:  # an optimizer object that takes no weak reference: noted at its steps only
+            pass
         self._note_tensors(optimizer, new_step=first)
         if first and not self._manual_steps:
             self._advance()
@@ -394,8 +402,27 @@ class Recorder:
         except Exception:  # noqa: BLE001
             pass
 
-    def metadata(self, snap: dict | None, kind: str, oom: dict | None = None) -> dict[str, Any]:
-        """The sidecar of a dump (see :mod:`.metadata`)."""
+    def _dump_facts(self) -> dict[str, Any] | None:
+        """The storages of every optimizer seen so far, noted now (right after ``_snapshot()``, before
+        anything else runs on this thread): a record with ``"at": "dump"`` that the accounting maps onto the
+        snapshot's final state (:mod:`.facts`). None when no optimizer was seen or noting failed."""
+        optimizers = list(self._optimizers)
+        if not optimizers:
+            return None
+        try:
+            device = self._torch.cuda.current_device()
+            merged: dict[str, set[tuple[int, int]]] = {}
+            for opt in optimizers:
+                for kind, items in optimizer_storages(opt, device).items():
+                    merged.setdefault(kind, set()).update(items)
+            return {**fact_record(self.step_count, now_us(), merged), "at": "dump"}
+        except Exception as e:  # noqa: BLE001 - an optimizer mid-update: the dump goes on without facts
+            self._failed("noting the optimizer's tensors at a dump", e)
+            return None
+
+    def metadata(self, snap: dict | None, kind: str, oom: dict | None = None,
+                 dump_facts: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The sidecar of a dump (see :mod:`.metadata`); ``dump_facts``: :meth:`_dump_facts` of this dump."""
         torch = self._torch
         device = torch.cuda.current_device()
         meta: dict[str, Any] = {"format": SIDECAR_FORMAT, "kind": kind, "rank": self.rank,
@@ -414,6 +441,8 @@ class Recorder:
         except Exception:  # noqa: BLE001
             meta["device_free_bytes"] = None
         meta["tensors"] = [fact_record(f["step"], f["time_us"], f["storages"]) for f in self.tensor_facts]
+        if dump_facts is not None:
+            meta["tensors"].append(dump_facts)
         times: list[int] = []
         if snap is not None:
             traces = snap.get("device_traces") or []
@@ -438,10 +467,11 @@ class Recorder:
         try:
             t0 = time.perf_counter()
             snap = self._torch.cuda.memory._snapshot()
+            facts = self._dump_facts()
             t1 = time.perf_counter()
             atomic_write_bytes(path, pickle.dumps(snap))
             t2 = time.perf_counter()
-            meta = self.metadata(snap, kind, oom)
+            meta = self.metadata(snap, kind, oom, facts)
             meta["dump"] = {"snapshot_s": round(t1 - t0, 4), "pickle_and_write_s": round(t2 - t1, 4)}
             atomic_write_json(sidecar_for(path), meta)
         except Exception as e:  # noqa: BLE001 - disk full, permissions: training goes on
