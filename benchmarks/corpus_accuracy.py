@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tarfile
 import tempfile
 import time
@@ -31,6 +32,9 @@ def sweep(job: str) -> tuple[int, int] | None:
         p = CORPUS / name
         if p.exists():
             rows += [json.loads(ln) for ln in p.read_text().splitlines()]
+    for r in rows:  # a run whose rank 0 was stopped before writing its truth: the batch is in the run's name
+        if "batch" not in r:
+            r["batch"] = int(re.search(r"-b(\d+)$", r["run"]).group(1))
     bad = [r["batch"] for r in rows if r["exit_code"] != 0]
     if not rows or not bad:
         return None
@@ -41,16 +45,24 @@ def sweep(job: str) -> tuple[int, int] | None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json")
+    p.add_argument("--half", action="append", choices=("in-sample", "tuning", "held-out"),
+                   help="only the runs of this half (docs/corpus/README.md; repeatable; default: all)")
     a = p.parse_args()
     runs = json.loads((CORPUS / "runs.json").read_text())
+    if a.half:
+        runs = {k: v for k, v in runs.items() if v.get("half", "in-sample") in a.half}
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in runs.items():
             with tarfile.open(CORPUS / f"{name}.tar.xz") as tar:
                 tar.extractall(tmp, filter="data")
             run = Path(tmp) / name
-            truth = json.loads((run / "ground_truth.json").read_text())
-            row = {"run": name, "expected": spec["verdict"], "batch": truth["batch"]}
+            # rank 0's own counts; a pipeline run whose rank 0 was stopped by its launcher has only rank 1's
+            rank, tpath = next((r, run / f) for r, f in ((0, "ground_truth.json"), (1, "ground_truth.rank1.json"))
+                               if (run / f).exists())
+            truth = json.loads(tpath.read_text())
+            row = {"run": name, "half": spec.get("half", "in-sample"), "expected": spec["verdict"],
+                   "batch": truth["batch"], "rank": rank}
             for mode in ("trace", "recorded"):
                 traces = load_ranks([run], skipped=[])
                 if mode == "trace":
@@ -61,15 +73,17 @@ def main() -> None:
                 t0 = time.perf_counter()
                 rep = build_report(traces, micro_batch=truth["batch"])
                 row[f"{mode}_s"] = round(time.perf_counter() - t0, 3)
-                r0 = rep.ranks[0]
+                r0 = next((r for r in rep.ranks if r.rank == rank), rep.ranks[0])
                 bds = r0.breakdowns
                 got = {"parameters": max([b.categories["parameters"] for b in bds] or [0]),
-                       "gradients": max([b.categories["gradients"] for b in bds if b.at == "optimizer_start"] or [0]),
+                       "gradients": max([b.categories["gradients"] for b in bds
+                                         if b.at in ("optimizer_start", "backward_end")] or [0]),
                        "optimizer_state": max([b.categories["optimizer_state"] for b in bds] or [0])}
                 for c, key in (("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"),
                                ("optimizer_state", "optimizer_state_bytes")):
                     row[f"{mode}_{c}_error"] = (round((got[c] - truth[key]) / truth[key], 4)
                                                 if truth.get(key) and name != "lightning-ddp-gpt2-val-logits" else None)
+                    row[f"{mode}_{c}_bytes"] = got[c]
                 if mode == "trace":
                     row["verdict"] = rep.verdict.kind
                     row["largest_micro_batch"] = r0.fits.largest_micro_batch if r0.fits else None
@@ -77,8 +91,9 @@ def main() -> None:
             sw = sweep(spec["job"])
             row["measured_largest"], row["measured_first_oom"] = sw if sw else (None, None)
             out.append(row)
-    print("| run | verdict (expected) | params | grads | optimizer | largest micro-batch (measured: largest, first OOM) |")
-    print("|---|---|---|---|---|---|")
+    print("| run | half | verdict (expected) | params | grads | optimizer | largest micro-batch (measured: largest, "
+          "first OOM) |")
+    print("|---|---|---|---|---|---|---|")
 
     def pct(x):
         return "-" if x is None else f"{100 * x:+.1f}%"
@@ -87,7 +102,7 @@ def main() -> None:
         v = r["verdict"] + ("" if r["verdict"] == r["expected"] else f" (expected {r['expected']})")
         fit = "-" if r["largest_micro_batch"] is None else str(r["largest_micro_batch"])
         meas = "" if r["measured_largest"] is None else f" ({r['measured_largest']}, {r['measured_first_oom']})"
-        print(f"| {r['run']} | {v} | {pct(r['trace_parameters_error'])} | {pct(r['trace_gradients_error'])} | "
+        print(f"| {r['run']} | {r['half']} | {v} | {pct(r['trace_parameters_error'])} | {pct(r['trace_gradients_error'])} | "
               f"{pct(r['trace_optimizer_state_error'])} | {fit}{meas} |")
     right = sum(r["verdict"] == r["expected"] for r in out)
     print(f"\nverdicts right: {right} of {len(out)}")

@@ -5,9 +5,16 @@ Framework-agnostic: global optimizer hooks (``torch.optim.optimizer.register_opt
 accelerate, a plain loop). Bytes are counted per distinct storage on this rank's GPU, so views (FSDP1
 ``use_orig_params``, DDP bucket views) count once and DTensors (FSDP2) count their local shard:
 
-- ``parameters_bytes``: the optimizer's parameters, at the first pre-step hook;
+- ``parameters_bytes``: the optimizer's parameters, at the first pre-step hook, with the module's own
+  parameters when the job names its model (``GroundTruth.model``): a wrapper such as DeepSpeed steps a
+  torch optimizer over fp32 master copies (the planner's ``master_weights``, counted as parameters
+  there too) while the model computes with bf16 ones (ZeRO-3: their partitions, ``ds_tensor``);
+  ``model_parameters_bytes`` and ``master_parameters_bytes`` give the two apart;
 - ``gradients_bytes``: their ``.grad`` just before each ``step()`` (the largest seen);
 - ``optimizer_state_bytes``: the optimizer's state tensors just after each ``step()`` (the largest);
+- ``allocated_at_first_step_start_bytes``: ``torch.cuda.memory_allocated()`` at the first pre-step hook;
+- an optimizer that is no ``torch.optim.Optimizer`` (a job's own class) is measured the same way
+  when the job calls :meth:`GroundTruth.before_step` / :meth:`GroundTruth.after_step` around it;
 - ``max_memory_allocated`` / ``max_memory_reserved``: ``torch.cuda`` peaks at the end (or at the OOM);
 - ``oom``: the first line of the out-of-memory error that ended the job, if any;
 - ``gpu_total_memory_bytes``, ``device_free_at_end_bytes`` (``cudaMemGetInfo``), versions.
@@ -43,6 +50,7 @@ class GroundTruth:
         self.truth: dict[str, Any] = {**config, "parameters_bytes": 0, "gradients_bytes": 0,
                                       "optimizer_state_bytes": 0, "optimizer_steps": 0, "oom": None}
         self.handles: list[Any] = []
+        self.model: Any = None  # the module whose own parameters count too (a wrapper's bf16 copies)
 
     def install(self) -> GroundTruth:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -56,27 +64,57 @@ class GroundTruth:
     def _pre(self, opt, args, kwargs) -> None:
         params = [p for g in opt.param_groups for p in g["params"]]
         dev = self._device()
-        self.truth["parameters_bytes"] = max(self.truth["parameters_bytes"], sum(_storages(params, dev).values()))
+        master = _storages(params, dev)
+        own: dict[int, int] = {}
+        if self.model is not None:
+            mp = list(self.model.parameters())
+            own = _storages([getattr(p, "ds_tensor", p) for p in mp], dev)
+            params += [p for p in mp if p.grad is not None]
+        both = {**own, **master}
+        if sum(both.values()) >= self.truth["parameters_bytes"]:
+            self.truth["parameters_bytes"] = sum(both.values())
+            self.truth["model_parameters_bytes"] = sum(own.values()) if self.model is not None else None
+            self.truth["master_parameters_bytes"] = sum(v for k, v in master.items() if k not in own)
         grads = [p.grad for p in params if p.grad is not None]
         self.truth["gradients_bytes"] = max(self.truth["gradients_bytes"], sum(_storages(grads, dev).values()))
+        self.truth.setdefault("allocated_at_first_step_start_bytes", torch.cuda.memory_allocated(dev))
+
+    def before_step(self, opt) -> None:
+        """For an optimizer the global hooks do not see: call just before its ``step()``."""
+        self._pre(opt, (), {})
+
+    def after_step(self, opt) -> None:
+        """For an optimizer the global hooks do not see: call just after its ``step()``."""
+        self._post(opt, (), {})
 
     def _post(self, opt, args, kwargs) -> None:
         state = [v for st in opt.state.values() if isinstance(st, dict) for v in st.values()]
+        state = [v for v in state if isinstance(v, torch.Tensor)]
         self.truth["optimizer_state_bytes"] = max(self.truth["optimizer_state_bytes"],
                                                   sum(_storages(state, self._device()).values()))
         self.truth["optimizer_steps"] += 1
 
+    def note(self, **values: Any) -> None:
+        """Other facts the job measures about itself (a KV cache's bytes, a schedule), kept as given."""
+        self.truth.update(values)
+
     def oom(self, e: BaseException) -> None:
         self.truth["oom"] = str(e).splitlines()[0][:400]
 
+    def count_model(self, model) -> None:
+        """A job without an optimizer (inference): its parameters are the module's."""
+        self.truth["parameters_bytes"] = sum(_storages(model.parameters(), self._device()).values())
+
     def write(self, **extra: Any) -> None:
-        """Rank 0 writes the JSON (with ``extra`` merged in)."""
-        if not self.path or self.rank != 0 or not torch.cuda.is_available():
+        """Rank 0 writes the JSON (with ``extra`` merged in); every rank does when the path holds
+        ``{rank}`` (a pipeline's stages differ)."""
+        every = self.path is not None and "{rank}" in self.path
+        if not self.path or (self.rank != 0 and not every) or not torch.cuda.is_available():
             return
         dev = self._device()
         free, total = torch.cuda.mem_get_info(dev)
         versions = {"torch": torch.__version__}
-        for name in ("transformers", "accelerate", "lightning"):
+        for name in ("transformers", "accelerate", "lightning", "deepspeed"):
             try:
                 versions[name] = __import__(name).__version__
             except Exception:  # noqa: BLE001 - not installed
@@ -87,5 +125,5 @@ class GroundTruth:
                           gpu_total_memory_bytes=int(total), device_free_at_end_bytes=int(free),
                           alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"),
                           **versions)
-        with open(self.path, "w") as f:
+        with open(self.path.replace("{rank}", str(self.rank)), "w") as f:
             json.dump(self.truth, f, indent=1)

@@ -24,6 +24,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
+TORCHRUN1 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+PY = [sys.executable]
+
 # name -> (command before the batch option, sweep step, first two batches)
 JOBS: dict[str, tuple[list[str], int, tuple[int, int]]] = {
     "trainer-fsdp2-gpt2": (TORCHRUN + ["scenarios/trainer_gpt2.py", "--fsdp", "--steps", "3",
@@ -35,6 +38,14 @@ JOBS: dict[str, tuple[list[str], int, tuple[int, int]]] = {
     "accelerate-ddp-llama": (TORCHRUN + ["scenarios/accelerate_llama.py", "--steps", "2", "--grad-accum", "2"],
                              4, (8, 16)),
     "compiled-lm": ([sys.executable, "scenarios/compiled_loop.py", "--steps", "5"], 32, (64, 128)),
+    # the kinds added for issues 25/26 (docs/corpus/README.md says which half each run is in)
+    "deepspeed-z1-gpt2": (TORCHRUN1 + ["scenarios/deepspeed_gpt2.py", "--stage", "1", "--steps", "3"], 8, (72, 88)),
+    "deepspeed-z2-gpt2": (TORCHRUN1 + ["scenarios/deepspeed_gpt2.py", "--stage", "2", "--steps", "3"], 8, (72, 88)),
+    "pipeline-gpipe": (PY + ["scenarios/pipeline_single.py", "--schedule", "gpipe", "--micro-batches", "8"], 4,
+                       (16, 24)),
+    "generate-mha": (PY + ["scenarios/generate_kv.py", "--model", "mha"], 256, (2048, 3072)),
+    "generate-gqa": (PY + ["scenarios/generate_kv.py", "--model", "gqa"], 512, (4096, 6144)),
+    "pipelining-1f1b": (TORCHRUN + ["scenarios/pipelining_1f1b.py", "--micro-batches", "8"], 4, (24, 40)),
 }
 
 # name -> command of a single recorded run (no sweep)
@@ -56,17 +67,47 @@ EXTRA.update({
     "accelerate-ddp-llama-b76-expandable": JOBS["accelerate-ddp-llama"][0] + ["--batch", "76"],
     "lightning-fsdp-gpt2-b104-expandable": JOBS["lightning-fsdp-gpt2"][0] + ["--batch", "104"],
 })
+EXTRA.update({
+    "deepspeed-z3-gpt2-b16": TORCHRUN1 + ["scenarios/deepspeed_gpt2.py", "--stage", "3", "--steps", "3", "--batch", "16"],
+    "own-optimizer-adam": PY + ["scenarios/own_optimizer.py", "--optimizer", "adam", "--batch", "8", "--steps", "4"],
+    "own-optimizer-lion": PY + ["scenarios/own_optimizer.py", "--optimizer", "lion", "--batch", "8", "--steps", "4"],
+    "eval-no-grad-decoder": PY + ["scenarios/eval_no_grad.py", "--model", "decoder"],
+    "eval-no-grad-gpt2": PY + ["scenarios/eval_no_grad.py", "--model", "gpt2"],
+    "empty-cache-loop": PY + ["scenarios/empty_cache_loop.py", "--batch", "16", "--steps", "12"],
+    "trainer-gpt2-eval-accumulation-steps": PY + ["scenarios/trainer_gpt2.py", "--steps", "4", "--batch", "16",
+                                                  "--eval-samples", "64", "--eval-batch", "16",
+                                                  "--eval-accumulation-steps", "2", "--output-dir", "/tmp/hf-eval"],
+    # recorded as users record: oomdoctor run's defaults over 50+ steps (the ring buffer wraps), and plain
+    # _record_memory_history(max_entries=100000) + _dump_snapshot() with no sidecar (PLAIN below)
+    "wrapped-trainer-ddp-gpt2-b32": TORCHRUN + ["scenarios/trainer_gpt2.py", "--steps", "60", "--batch", "32",
+                                                "--output-dir", "/tmp/hf-wrap"],
+    "wrapped-accelerate-ddp-llama-b16": TORCHRUN + ["scenarios/accelerate_llama.py", "--steps", "50", "--batch", "16",
+                                                    "--grad-accum", "2"],
+    "plain-record-gpt2": PY + ["scenarios/plain_record.py", "--model", "gpt2", "--batch", "16", "--steps", "40",
+                               "--snapshot", "{dir}/snapshot.pickle"],
+    "plain-record-resnet50": PY + ["scenarios/plain_record.py", "--model", "resnet50", "--batch", "64", "--steps", "80",
+                                   "--snapshot", "{dir}/snapshot.pickle"],
+    # out of memory inside the first forward pass: a batch set far too high (the sweeps above give the truth)
+    "first-forward-trainer-ddp-gpt2-b160": TORCHRUN + ["scenarios/trainer_gpt2.py", "--steps", "2", "--batch", "160",
+                                                       "--output-dir", "/tmp/hf-ff"],
+    "first-forward-accelerate-ddp-llama-b128": TORCHRUN + ["scenarios/accelerate_llama.py", "--steps", "2",
+                                                           "--batch", "128", "--grad-accum", "2"],
+})
+PLAIN = {"plain-record-gpt2", "plain-record-resnet50"}
+"""Runs that record themselves (no ``oomdoctor run``)."""
 EXTRA_ENV = {name: EXPANDABLE for name in EXTRA if name.endswith("-expandable")}
 
 
-def run(work: str, name: str, cmd: list[str], env_extra: dict | None = None, timeout_s: int = 300) -> dict:
-    """One run under ``oomdoctor run`` into ``work/name``; returns its ground truth plus exit code and time."""
+def run(work: str, name: str, cmd: list[str], env_extra: dict | None = None, timeout_s: int = 240) -> dict:
+    """One run under ``oomdoctor run`` into ``work/name`` (names in :data:`PLAIN` record themselves);
+    returns its ground truth plus exit code and time. ``{dir}`` in ``cmd`` is the run's directory."""
     d = os.path.join(work, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     env = dict(os.environ, **(env_extra or {}))
-    full = [sys.executable, "-m", "oomdoctor", "run", "--out", d, "--no-diagnose", "--"] + cmd + [
-        "--ground-truth", os.path.join(d, "ground_truth.json")]
+    cmd = [c.replace("{dir}", d) for c in cmd]
+    wrap = [] if name in PLAIN else [sys.executable, "-m", "oomdoctor", "run", "--out", d, "--no-diagnose", "--"]
+    full = wrap + cmd + ["--ground-truth", os.path.join(d, "ground_truth.json")]
     t0 = time.time()
     with open(os.path.join(d, "job.log"), "w") as log:
         try:
@@ -87,13 +128,14 @@ def fits(t: dict) -> bool:
     return t.get("exit_code") == 0
 
 
-def sweep(work: str, out: str, job: str, deadline: float) -> None:
+def sweep(work: str, out: str, job: str, deadline: float, max_runs: int = 99) -> None:
     cmd, step, (b0, b1) = JOBS[job]
     rows: dict[int, dict] = {}
 
     def at(b: int) -> dict:
         if b not in rows:
-            rows[b] = run(work, f"{job}-b{b}", cmd + ["--batch", str(b)])
+            rows[b] = run(work, f"{job}-b{b}", cmd + ["--batch", str(b)],
+                          timeout_s=int(max(30, min(240, deadline + 30 - time.time()))))
             with open(os.path.join(out, f"{job}-sweep.jsonl"), "a") as f:
                 f.write(json.dumps(rows[b]) + "\n")
         return rows[b]
@@ -108,14 +150,15 @@ def sweep(work: str, out: str, job: str, deadline: float) -> None:
     at(b0)
     if fits(rows[b0]):
         t1 = at(b1)
-        if fits(t1):
+        if fits(t1) and all(k in t for t in (rows[b0], t1) for k in ("max_memory_reserved", "gpu_total_memory_bytes",
+                                                                        "device_free_at_end_bytes")):
             r0, r1 = rows[b0]["max_memory_reserved"], t1["max_memory_reserved"]
             usable = t1["gpu_total_memory_bytes"] - max(0, t1["gpu_total_memory_bytes"] - t1["device_free_at_end_bytes"]
                                                          - r1)
             per = max((r1 - r0) / (b1 - b0), 1)
             guess = b1 + int((0.96 * usable - r1) / per) // step * step
             at(max(guess, b1 + step))
-    while time.time() < deadline:
+    while time.time() < deadline - 20 and len(rows) < max_runs:
         hi_ok, lo_bad = boundary()
         if hi_ok is not None and lo_bad is not None and lo_bad - hi_ok <= step:
             break
@@ -152,25 +195,31 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--jobs", default="", help="comma-separated sweep jobs")
     p.add_argument("--extra", default="", help="comma-separated single runs")
+    p.add_argument("--plan", default="", help="comma-separated sweep jobs and single runs, in the order given "
+                                              "(after --extra and --jobs)")
+    p.add_argument("--max-sweep-runs", type=int, default=99)
     p.add_argument("--budget-s", type=float, default=540)
     a = p.parse_args()
     deadline = time.time() + a.budget_s
     os.chdir(os.path.dirname(HERE))
     work = "/tmp/corpus-work"
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
-    for name in filter(None, a.extra.split(",")):
-        if time.time() > deadline - 60:
+    names = [n for n in (a.extra + "," + a.jobs + "," + a.plan).split(",") if n]
+    for name in names:
+        if time.time() > deadline - (90 if name in JOBS else 40):
             print(f"{name}: skipped (time)", flush=True)
             continue
-        t = run(work, name, EXTRA[name], EXTRA_ENV.get(name))
+        if name in JOBS:
+            try:
+                sweep(work, a.out, name, deadline, a.max_sweep_runs)
+            except Exception as e:  # noqa: BLE001 - one job's failure must not stop the queue
+                print(f"{name}: sweep failed: {type(e).__name__}: {e}", flush=True)
+            continue
+        t = run(work, name, EXTRA[name], EXTRA_ENV.get(name),
+                timeout_s=int(max(30, min(240, deadline + 30 - time.time()))))
         with open(os.path.join(a.out, "extra.jsonl"), "a") as f:
             f.write(json.dumps(t) + "\n")
         archive(work, a.out, name)
-    for job in filter(None, a.jobs.split(",")):
-        if time.time() > deadline - 90:
-            print(f"{job}: skipped (time)", flush=True)
-            continue
-        sweep(work, a.out, job, deadline)
 
 
 if __name__ == "__main__":

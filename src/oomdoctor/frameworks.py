@@ -64,6 +64,12 @@ ENGINE_CPP: tuple[str, ...] = ("torch::autograd::Engine::", "torch::autograd::Ac
                                "Backward0::apply", "Backward1::apply", "torch::autograd::Node::operator()")
 """C++ frames (``stacks="all"``) of the autograd engine's threads."""
 
+WORKSPACE_CPP: tuple[str, ...] = ("at::cuda::setWorkspaceForHandle", "at::cuda::getCUDABlasLtWorkspace",
+                                  "getNewWorkspace", "Workspace::Workspace")
+"""C++ frames (``stacks="all"``) that allocate a library's workspace through the caching allocator:
+cuBLAS's per handle and stream and cuBLASLt's (``aten/src/ATen/cuda/CublasHandlePool.cpp``), cuDNN's
+per convolution (``aten/src/ATen/native/cudnn/Conv_v7.cpp`` ``Workspace``)."""
+
 OPTIMIZER: tuple[Pattern, ...] = (
     ("torch/optim/", None),
     ("torch/distributed/optim/", None),
@@ -149,11 +155,33 @@ EVALUATION: tuple[Pattern, ...] = (
     ("transformers/trainer_pt_utils.py", ("nested_concat", "torch_pad_and_concatenate", "nested_numpify")),
     ("lightning/pytorch/loops/evaluation_loop.py", None),
     ("lightning/pytorch/loops/prediction_loop.py", None),
-    ("transformers/generation/", None),
 )
 EVALUATION_NAMES: tuple[str, ...] = ("evaluate", "evaluation", "validate", "validation", "validation_step",
                                      "test_step", "predict_step", "eval_step", "evaluation_step", "run_eval",
                                      "eval_loop", "evaluate_model", "inference", "generate")
+
+GENERATION: tuple[Pattern, ...] = (
+    ("transformers/generation/", None),
+)
+"""Autoregressive generation (``generate()``): inference, or an RL rollout inside training."""
+
+KV_CACHE: tuple[Pattern, ...] = (
+    ("transformers/cache_utils.py", None),
+)
+"""Code that fills a KV cache: transformers' ``Cache`` classes (``DynamicLayer.update`` concatenates each
+step's keys and values, ``StaticCache`` allocates them once). A name rule, said as such where it decides;
+a cache written by hand is found by its lifetime instead (``analysis/accounting.py``)."""
+
+COMPILED: tuple[Pattern, ...] = (
+    ("torchinductor_", None),
+    ("torch/_inductor/", None),
+    ("torch/_functorch/_aot_autograd/", None),
+    ("torch/_dynamo/convert_frame.py", None),
+)
+"""Code that only runs when ``torch.compile`` compiled something: Inductor's generated modules (under its
+cache directory ``torchinductor_<user>``), Inductor and AOT autograd's runtime, Dynamo's frame conversion.
+``torch/_dynamo/eval_frame.py`` alone is not: ``Optimizer.zero_grad`` runs through its
+``_disable_dynamo`` wrapper in every eager job."""
 
 COMMUNICATION: tuple[Pattern, ...] = (
     ("torch/distributed/distributed_c10d.py", None),
@@ -224,7 +252,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
     Framework("ddp", "DistributedDataParallel", ("torch/nn/parallel/distributed.py",), {
         "buckets": "DDP(gradient_as_bucket_view=True) makes gradients views of the buckets (one copy instead of two)",
     }),
-    Framework("compile", "torch.compile", ("torch/_dynamo/", "torch/_inductor/"), {}),
+    Framework("compile", "torch.compile", tuple(frag for frag, _n in COMPILED), {}),
     Framework("deepspeed", "DeepSpeed", ("deepspeed/",), {}),
 )
 

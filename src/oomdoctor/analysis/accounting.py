@@ -1,38 +1,55 @@
-"""Memory accounting: every allocated byte in one category.
+"""Memory accounting: every allocated byte on one line.
 
 Categories (:data:`CATEGORIES`), after the profiler's memory categories
 (``torch/profiler/_memory_profiler.py`` ``Category``) and ``torch.distributed._tools.mem_tracker``'s
-``_MemRefType``, with communication and kept outputs named because they decide distributed jobs:
-``parameters``, ``gradients``, ``optimizer_state``, ``activations`` (saved for backward),
-``temporaries`` (workspaces, short-lived tensors, one-off caches), ``communication`` (collective
-buffers), ``outputs`` (tensors of one micro-batch kept while later ones run: logits or predictions
-gathered across batches) and ``unknown``.
+``_MemRefType``, with communication, kept outputs, KV caches and workspaces named because they decide
+jobs: ``parameters`` (with the fp32 master copies a mixed-precision optimizer steps, as the planner
+counts them), ``gradients``, ``optimizer_state``, ``activations`` (saved for a backward, including those
+of micro-batches in flight), ``temporaries`` (short-lived tensors, one-off caches), ``communication``
+(collective buffers), ``outputs`` (tensors of one micro-batch kept while later ones run, which no
+backward frees: logits or predictions gathered across batches), ``kv_cache`` (keys and values kept for
+generation), ``workspaces`` (the per-process buffers cuBLAS, cuBLASLt and cuDNN allocate through the
+caching allocator) and ``unknown``. A breakdown counts each block's requested bytes (the tensor's) in its
+category and the allocator's rounding of them apart, on the line ``rounding``: allocated = requested +
+rounding.
 
 Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two sources:
 
 1. ``recorded``: the sidecar's storages of parameters, gradients and optimizer state, noted by
-   ``oomdoctor run`` at the end of the first optimizer steps (:mod:`oomdoctor.capture.facts`); the block
-   that contained a storage then is that category.
-2. ``trace``: the block's lifetime against the phases of :mod:`.phases` (born and freed where), and
-   what its stack is (collective buffers, optimizer code):
+   ``oomdoctor run`` at the end of the first optimizer steps and at every dump
+   (:mod:`oomdoctor.capture.facts`); the block that contained a storage then is that category.
+2. ``trace``: the block's lifetime against the phases of :mod:`.phases` (born and freed where), and its
+   allocation stack. A block born before the trace (a wrapped ring buffer) is placed by its allocation
+   stack (the final segments keep it; a free event carries it under ``context="alloc"``) and by its
+   lifetime across the steps the trace shows; what neither places is ``unknown``, never a guess.
 
-   - born at setup (or before recording) and never freed: parameters (optimizer state if optimizer
-     code made it, communication if a collective's: DDP's buckets); freed later: temporaries;
-   - born in the optimizer step: optimizer state if it outlives that step's optimizer run (Adam's
-     ``exp_avg``/``exp_avg_sq`` created lazily at the first step), else temporaries;
-   - born in backward: gradients if it outlives the backward run (``AccumulateGrad``, FSDP's
-     reduce-scatter output), else temporaries or communication; the cuBLAS workspace of the engine
-     thread (one block of the workspace size, no frames, never freed) is a temporary
-     (``aten/src/ATen/cuda/CublasHandlePool.cpp``: one workspace per handle and stream, 32 MiB by
-     default on Hopper, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``);
-   - born in a forward (or evaluation) pass: activations if freed in a backward before the next pass
-     begins, outputs if still allocated after the next pass began (and either freed later, or one of
-     several such blocks of the same site: accumulation), communication if a collective's buffer,
-     else temporaries (a block kept forever that its site never repeats is a one-off cache);
-   - still allocated when the trace ends inside its own pass (an OOM): what the completed blocks of
-     the same stack became, else activations.
+   - born at setup and alive through the training passes: parameters when module construction, loading
+     or moving made it (the ``setup`` frames, a constructor ``__init__``), optimizer state when optimizer
+     code did, communication when a collective's (DDP's buckets); any other such block is unknown (a
+     batch preloaded on the GPU is not a parameter); freed at setup: temporaries;
+   - born in the optimizer's work (an ``Optimizer.step#`` window, optimizer frames, or the main thread
+     between a backward and the next pass when an update shows there): gradients when alive at a torch
+     optimizer's ``step`` and freed after it, before the next pass (DeepSpeed's fp32 gradient partition,
+     the optimizer's input); optimizer state when it outlives a later pass (Adam's moments made lazily at
+     the first step, a hand-written optimizer's state); else temporaries;
+   - born in backward (the autograd engine's threads): gradients when it outlives the backward run
+     (``AccumulateGrad``, FSDP's reduce-scatter output), else temporaries or communication;
+   - born in a forward, evaluation or generation pass: activations when a backward frees it (a pipeline's
+     micro-batches in flight too); a KV cache when transformers' ``Cache`` code made it (a name rule), or
+     when model code replaces it pass after pass by a larger one (a cache concatenated by hand); outputs
+     when still allocated after the next pass began and no backward frees it (freed later, or one of
+     several such blocks of the same site: accumulation); communication for a collective's buffer; else
+     temporaries;
+   - still allocated when the trace ends inside its own pass (an OOM): what the same allocation became
+     in the last finished pass; in a first pass with none before it, an activation when its site recurs
+     in the pass with every block still allocated (one per layer: saved for backward), else what most of
+     its site's blocks became;
+   - workspaces: a C++ stack naming a library's workspace getter (``stacks="all"``); with Python stacks, a
+     block never freed that an op made on its first call beside its output (the first block of its stack,
+     of a size none of that stack's freed blocks has), or one the engine thread kept whose size is no
+     parameter's (a gradient has its parameter's shape).
 
-The byte identity: the categories at an event sum to the allocated bytes then (asserted by
+The byte identity: the lines at an event sum to the allocated bytes then (asserted by
 :meth:`Breakdown.check` and in :func:`breakdown`).
 """
 
@@ -42,37 +59,42 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..frameworks import WORKSPACE_CPP
 from ..trace.model import DeviceTrace, Trace
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import (
     BACKWARD_PHASE,
+    INFERRED,
     EVALUATION_PHASE,
     FORWARD_PHASE,
+    GENERATION_PHASE,
     OPTIMIZER_PHASE,
     OTHER_PHASE,
+    PASS_PHASES,
     SETUP_PHASE,
     Phases,
     role_index,
 )
 
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-                               "communication", "outputs", "unknown")
-PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, COMMUNICATION, OUTPUTS, UNKNOWN = range(8)
+                               "communication", "outputs", "kv_cache", "workspaces", "unknown")
+(PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, COMMUNICATION, OUTPUTS, KV_CACHE, WORKSPACES,
+ UNKNOWN) = range(10)
+ROUNDING = "rounding"
+LINES: tuple[str, ...] = CATEGORIES + (ROUNDING,)
+"""The lines of a breakdown: the categories' requested bytes, then the allocator's rounding of them."""
 RECORDED, TRACE = 1, 0
 
 #: Categories whose bytes grow with the micro-batch (used by what fits): tensors of the batch's passes.
-BATCH_SCALED = (ACTIVATIONS, TEMPORARIES, OUTPUTS)
-
-CUBLAS_WORKSPACE_BYTES: tuple[int, ...] = (32 * 1024 * 1024, 4096 * 1024 * 2 + 16 * 1024 * 8)
-"""cuBLAS workspace sizes PyTorch allocates by default: ``:4096:8`` (Hopper and newer) and
-``:4096:2:16:8`` (``CublasHandlePool.cpp`` ``getChosenWorkspaceSize``)."""
+BATCH_SCALED = (ACTIVATIONS, TEMPORARIES, OUTPUTS, KV_CACHE)
 
 
 @dataclass
 class Accounting:
     """Per lifetime row (arrays of length ``len(lifetimes)``): ``category`` (index into
     :data:`CATEGORIES`), ``source`` (:data:`RECORDED` or :data:`TRACE`), ``born_phase`` (index into
-    :data:`~.phases.PHASE_NAMES`), and ``batch_scaled``: whether its size grows with the micro-batch."""
+    :data:`~.phases.PHASE_NAMES`; the phase its stack says for a block born before the trace), and
+    ``batch_scaled``: whether its size grows with the micro-batch."""
 
     category: np.ndarray
     source: np.ndarray
@@ -83,9 +105,11 @@ class Accounting:
 
 @dataclass
 class Breakdown:
-    """Allocated bytes after event ``event_index`` by category. ``at`` names the point (``oom``,
-    ``peak_allocated``, ``peak_reserved``, ``optimizer_start``, ``step_end``); ``sources`` says per
-    category with bytes whether most of them came from recorded facts or from the trace."""
+    """Allocated bytes after event ``event_index`` by line (:data:`LINES`: each category's requested bytes,
+    then ``rounding``). ``at`` names the point (``oom``, ``peak_allocated``, ``peak_reserved``,
+    ``optimizer_start``, ``backward_end``); ``sources`` says per category with bytes whether most of them
+    came from recorded facts or from the trace; ``phase_source`` says what set the phase
+    (:data:`~.phases.SOURCE_NAMES`)."""
 
     at: str
     event_index: int
@@ -95,9 +119,10 @@ class Breakdown:
     sources: dict[str, str]
     allocated_bytes: int
     counts: dict[str, int] = field(default_factory=dict)
+    phase_source: str = "inferred"
 
     def check(self) -> None:
-        """Assert the identity: the categories add up to the allocated bytes."""
+        """Assert the identity: the lines add up to the allocated bytes."""
         assert sum(self.categories.values()) == self.allocated_bytes, (self.categories, self.allocated_bytes)
 
 
@@ -111,140 +136,287 @@ def _runs(phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts[rid], ends[rid]
 
 
-def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases) -> Accounting:
-    """Categorise every row of ``lt`` (see the module doc). Pure; O(rows log rows)."""
+def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], exact: bool = True) -> np.ndarray:
+    """Per row: does its stack have a frame whose function is one of ``names`` (``exact``) or contains one?"""
+    frames = trace.stacks.frames
+
+    def hit(fids) -> bool:
+        return any((frames[f][2] in names) if exact else any(x in frames[f][2] for x in names) for f in fids)
+
+    ids = {s for s, fids in enumerate(trace.stacks.stacks) if hit(fids)}
+    return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
+
+
+def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stacks: bool = False) -> Accounting:
+    """Categorise every row of ``lt`` (see the module doc). ``free_stacks``: frees were recorded with
+    stacks of their own (``context="all"``), so a dropped allocation's free event says where it was freed,
+    not where it was made. Pure; O(rows log rows)."""
     n = dt.num_events
     rows = len(lt)
     ri = role_index(trace)
     b = lt.alloc
     d = np.where(lt.free_requested >= 0, lt.free_requested, lt.free_completed)
     pre = (b < 0) | (lt.start_state != IN_TRACE)
-    phase = ph.phase
-    if n:
-        bp = np.where(pre, SETUP_PHASE, phase[np.clip(b, 0, n - 1)])
-        dp = np.where(d >= 0, phase[np.clip(d, 0, n - 1)], -1)
-        b_end = np.where(b >= 0, _runs(phase)[1][np.clip(b, 0, n - 1)], -1)
-    else:
-        bp = np.full(rows, SETUP_PHASE)
-        dp = b_end = np.full(rows, -1)
+    persistent = d < 0
     comm = ri.lookup(ri.communication, lt.stack)
     optim = ri.lookup(ri.optimizer, lt.stack)
+    model = ri.lookup(ri.model, lt.stack)
+    engine = ri.engine(lt.stack, ph.python_stacks)
     own = ri.roles_of(lt.stack, ph.python_stacks)  # the block's own stack, before smoothing
-    persistent = d < 0
+    said = (lt.stack >= 0) & (own != OTHER_PHASE)
+    bp = np.where(pre & said, own, -1).astype(np.int64)  # born before the trace: what its stack says, if anything
+    dp = np.full(rows, -1, dtype=np.int64)
+    b_end = np.full(rows, -1, dtype=np.int64)
+    gap = np.zeros(rows, dtype=bool)
+    if n:
+        at = np.clip(b, 0, n - 1)
+        bp = np.where(pre, bp, ph.phase[at])
+        dp = np.where(d >= 0, ph.phase[np.clip(d, 0, n - 1)], -1)
+        if free_stacks and lt.free_stack is not None:  # where a dropped allocation was freed, from its own stack
+            fs = ri.roles_of(lt.free_stack, ph.python_stacks)
+            dp = np.where(pre & (lt.free_stack >= 0) & (fs != OTHER_PHASE), fs, dp)
+        b_end = np.where(b >= 0, _runs(ph.phase)[1][at], -1)
+        if ph.after_backward is not None:
+            gap = ~pre & ph.after_backward[at]
+    starts = ph.pass_starts
+    first_pass = int(starts[0]) if starts.size else n
+    last_pass = int(starts[-1]) if starts.size else n
+    bounds = np.append(starts, [n, n])
+    # the first pass beginning after each block was born, and the one after that
+    nxt = np.where(pre, first_pass, bounds[np.searchsorted(starts, np.maximum(b, 0), side="right")])
+    nxt2 = bounds[np.searchsorted(starts, nxt, side="right")]
     cat = np.full(rows, UNKNOWN, dtype=np.int8)
+    todo = np.ones(rows, dtype=bool)
 
-    # setup and pre-trace: what lives through the training passes (until the last one began, or to the
-    # end: teardown frees the rest) is the model's state
-    setup = pre | (bp == SETUP_PHASE)
-    last_pass = int(ph.pass_starts[-1]) if ph.pass_starts.size else n
+    def put(mask: np.ndarray, category: int) -> None:
+        nonlocal todo
+        mask = mask & todo
+        cat[mask] = category
+        todo &= ~mask
+
+    # the libraries' workspaces, where C++ frames name them
+    if ph.stacks_recorded:
+        put(_stacks_with(trace, lt.stack, WORKSPACE_CPP, exact=False), WORKSPACES)
+    # KV caches by name (transformers' Cache classes), in inference; in training a backward frees them
+    cache = ri.lookup(ri.cache, lt.stack) & (dp != BACKWARD_PHASE)
+    put(cache & (np.isin(bp, (GENERATION_PHASE, EVALUATION_PHASE)) | (not ph.has_backward)), KV_CACHE)
+
+    # setup: what lives through the training passes (until the last one began, or to the end: teardown
+    # frees the rest) is the model's state when module code made it
+    setup = bp == SETUP_PHASE
     lives = persistent | (d >= last_pass)
-    cat[setup & lives] = PARAMETERS
-    cat[setup & lives & comm] = COMMUNICATION
-    cat[setup & lives & optim] = OPTIMIZER_STATE
-    cat[setup & ~lives & ~pre] = TEMPORARIES
-    cat[setup & ~lives & pre & (dp == BACKWARD_PHASE)] = ACTIVATIONS
-    cat[setup & ~lives & pre & (dp != BACKWARD_PHASE)] = TEMPORARIES
-    # allocated before recording by model code (its stack is in the final segments): a trace that starts
-    # in the middle of training or evaluation (the ring buffer dropped the oldest events)
-    pre_model = pre & ((own == FORWARD_PHASE) | (own == EVALUATION_PHASE)) & ph.python_stacks
-    first_pass = int(ph.pass_starts[0]) if ph.pass_starts.size else n
-    cat[pre_model] = np.where(dp[pre_model] == BACKWARD_PHASE, ACTIVATIONS,
-                              np.where(persistent[pre_model] | (d[pre_model] > first_pass), OUTPUTS, TEMPORARIES))
+    construct = (own == SETUP_PHASE) | _stacks_with(trace, lt.stack, ("__init__",))
+    put(setup & lives & comm, COMMUNICATION)
+    put(setup & lives & optim, OPTIMIZER_STATE)
+    put(setup & lives & construct, PARAMETERS)
+    put(setup & lives, UNKNOWN)
+    put(setup, TEMPORARIES)
 
-    # optimizer (its own code: data transfers or logging right after it are not optimizer state)
-    o = ~setup & (bp == OPTIMIZER_PHASE) & (own == OPTIMIZER_PHASE)
-    cat[o] = np.where(persistent[o] | (d[o] > b_end[o]), OPTIMIZER_STATE, TEMPORARIES)
+    # the first torch optimizer step beginning after each block was born (n: none in the trace)
+    s_opt = ph.optimizer_starts if ph.optimizer_starts is not None else np.zeros(0, np.int64)
+    s_opt = s_opt[s_opt >= 0]  # steps that began before the trace's first event say nothing of its blocks
+    i = np.searchsorted(s_opt, b, side="left")
+    s = np.where(i < s_opt.size, s_opt[np.minimum(i, max(s_opt.size - 1, 0))], n) if s_opt.size else np.full(rows, n)
+    alive_at_step = (s < n) & (persistent | (d > s))
 
-    # backward
-    bw = ~setup & (bp == BACKWARD_PHASE) & (own == BACKWARD_PHASE)
-    outlives = persistent | (d > b_end)
-    cat[bw & outlives] = GRADIENTS
-    cat[bw & ~outlives] = np.where(comm[bw & ~outlives], COMMUNICATION, TEMPORARIES)
-    if n and phase[-1] == BACKWARD_PHASE:
+    # the optimizer's work: its input, its state, its temporaries
+    opt = bp == OPTIMIZER_PHASE
+    fed = alive_at_step & ~persistent & (s < nxt) & (d < bounds[np.searchsorted(starts, s, side="right")])
+    put(opt & fed, GRADIENTS)
+    outlives_pass = persistent | (d >= nxt2)
+    model_code = np.isin(own, PASS_PHASES) | model
+    # state needs the optimizer's own evidence: its frames or annotation window, or the update's place (the
+    # main thread between a backward and the next pass), not a phase merely continued (the next batch's
+    # transfer after the step)
+    evidence = (own == OPTIMIZER_PHASE) | optim
+    if n and ph.source is not None:
+        evidence |= ~pre & (ph.source[np.clip(b, 0, n - 1)] != INFERRED)
+    put(((opt & evidence) | (gap & ~model_code)) & outlives_pass & ~comm, OPTIMIZER_STATE)
+    put(opt & comm, COMMUNICATION)
+    put(opt, TEMPORARIES)
+
+    # backward: gradients outlive the backward run; a block the engine's thread keeps for good that no
+    # parameter's shape matches is a workspace (cuBLAS's for that thread's handle)
+    bw = bp == BACKWARD_PHASE
+    # alive when the next torch optimizer step begins, where the trace shows one; else past its backward run
+    outlives = np.where(s < n, alive_at_step, persistent | (d > b_end)) | (pre & (dp != BACKWARD_PHASE))
+    gradient_shaped = np.isin(lt.requested, np.unique(lt.requested[cat == PARAMETERS]))
+    kept_for_good = (persistent & (b_end < n - 1)) | ((b < last_pass) & (d >= last_pass))  # to the end, or teardown
+    put(bw & engine & ~gradient_shaped & kept_for_good, WORKSPACES)
+    if n and ph.phase[-1] == BACKWARD_PHASE:
         # the trace ends inside a backward (an OOM): whether a block outlives it is unknown; the same
         # allocation in the previous backward says, else most of that stack's, else a temporary (a
         # gradient only where FSDP's post-backward made it)
         run_no = ph.run_number(BACKWARD_PHASE)
         group = np.where(b >= 0, run_no[np.clip(b, 0, n - 1)], -1)
-        op = bw & persistent & (group == run_no[-1])
+        op = bw & persistent & (group == run_no[-1]) & todo
         reduce = _stacks_with(trace, lt.stack, ("post_backward", "_post_backward_hook", "foreach_reduce"))
-        cat[op] = _fate_of_open(cat, bw & ~op, op, b, group, lt.stack, TEMPORARIES)[0]
-        cat[op & reduce & (cat == TEMPORARIES)] = GRADIENTS
-    # the engine thread's cuBLAS workspace: no frames, the workspace size, kept across optimizer steps
-    # (gradients die at the next zero_grad)
-    ws = np.flatnonzero(bw & outlives & np.isin(lt.requested, CUBLAS_WORKSPACE_BYTES))
-    if ph.python_stacks and ws.size and n:
-        o_starts = ph.run_number(OPTIMIZER_PHASE)
-        updates = np.where(d[ws] >= 0, o_starts[np.clip(d[ws], 0, n - 1)], o_starts[-1] + 2) - o_starts[b[ws]]
-        empty = np.array([s < 0 or not trace.stacks.stacks[s] for s in lt.stack[ws].tolist()], dtype=bool)
-        cat[ws[empty & (updates >= 2)]] = TEMPORARIES
+        finished = np.where(outlives & ~comm, GRADIENTS, np.where(comm, COMMUNICATION, TEMPORARIES)).astype(np.int8)
+        fate = _fate_of_open(np.where(todo, finished, cat), bw & ~op & todo, op, b, group, lt.stack, TEMPORARIES)[0]
+        fate = np.where(reduce[op] & (fate == TEMPORARIES), GRADIENTS, fate)
+        cat[op] = fate
+        todo &= ~op
+    put(bw & outlives, GRADIENTS)  # FSDP's reduce-scatter output, a collective's, is the sharded gradient
+    put(bw & comm, COMMUNICATION)
+    put(bw, TEMPORARIES)
 
-    # forward, evaluation and other code run by a pass
-    fw = ~setup & ~o & ~bw
-    _forward(cat, fw, b, d, bp, dp, own, persistent, comm, lt, ph, n)
+    # forward, evaluation, generation and other code run by a pass
+    fw = np.isin(bp, PASS_PHASES + (OTHER_PHASE,)) & todo
+    _forward(cat, fw, b, d, dp, nxt, model, model_code, persistent, comm, lt, ph, n, pre, first_pass)
+    todo &= ~fw
+
+    # born before the trace where no stack says how: only the lifetime speaks; what lives through a whole
+    # step stays unknown (parameters or optimizer state? the trace cannot say)
+    loose = todo & pre
+    put(loose & (dp == BACKWARD_PHASE), ACTIVATIONS)
+    put(loose & ~persistent & (dp == OPTIMIZER_PHASE) & gradient_shaped, GRADIENTS)
+    put(loose & ~persistent & (d < first_pass), TEMPORARIES)
     src = np.full(rows, TRACE, dtype=np.int8)
     recorded = _apply_facts(trace, dt, lt, cat, src)
-    scaled = np.isin(cat, BATCH_SCALED) & (np.isin(bp, (FORWARD_PHASE, BACKWARD_PHASE, EVALUATION_PHASE, OTHER_PHASE)))
-    return Accounting(cat, src, bp.astype(np.int8), scaled, recorded)
+    scaled = np.isin(cat, BATCH_SCALED) & (np.isin(bp, PASS_PHASES + (BACKWARD_PHASE, OTHER_PHASE)))
+    return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled, recorded)
 
 
-def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, bp: np.ndarray, dp: np.ndarray,
-             own: np.ndarray, persistent: np.ndarray, comm: np.ndarray, lt: Lifetimes, ph: Phases, n: int) -> None:
+def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: np.ndarray, nxt: np.ndarray,
+             model: np.ndarray, model_code: np.ndarray, persistent: np.ndarray, comm: np.ndarray, lt: Lifetimes,
+             ph: Phases, n: int, pre: np.ndarray, first_pass: int) -> None:
+    """Categories of the rows ``fw`` (born in a pass, or before the trace by pass code; ``nxt``: the first
+    pass beginning after each row was born). Mutates ``cat``."""
     if not fw.any():
         return
-    starts = ph.pass_starts
-    bpass = ph.pass_of(b)
-    nxt = np.append(starts, n)[np.clip(bpass + 1, 0, starts.size)]  # where the next pass begins (n: none)
+    stack = lt.stack
+    bpass = np.where(pre, -1, ph.pass_of(np.maximum(b, 0)))
     alive_next = (nxt < n) & (persistent | (d > nxt))
-    freed_bw = ~persistent & (dp == BACKWARD_PHASE) & ~alive_next
-    freed_here = ~persistent & ~freed_bw & ~alive_next
-    open_ = persistent & (nxt >= n)
+    freed_bw = ~persistent & (dp == BACKWARD_PHASE)
+    # a backward frees it: saved for that backward (in flight while later micro-batches ran forward)
+    cat[fw & freed_bw] = ACTIVATIONS
+    rest = fw & ~freed_bw
+    # never freed, in a pass the trace saw end (a later pass began, or it went on into a backward or the
+    # optimizer): maybe a workspace an op made on its first call
+    closed = (nxt < n) | (n > 0 and int(ph.phase[-1]) not in PASS_PHASES + (OTHER_PHASE,))
+    ws = _lazy_workspaces(rest & persistent & closed, stack, persistent, lt.requested, bpass)
+    cat[ws] = WORKSPACES
+    rest &= ~ws
+    # born before the trace by pass code: its lifetime says what it was
+    pr = rest & pre
+    cat[pr & persistent] = np.where(model_code[pr & persistent], OUTPUTS, UNKNOWN)
+    early = pr & ~persistent & (d < first_pass)
+    cat[early] = TEMPORARIES
+    late = pr & ~persistent & ~early
+    cat[late] = np.where(model_code[late], OUTPUTS, TEMPORARIES)
+    rest &= ~pre
+    # a cache written by hand: model code whose block of each pass is replaced by a larger one in the next
+    grown = _grown(rest & model & alive_next & ~persistent, stack, bpass, lt.requested)
+    cat[grown] = KV_CACHE
+    rest &= ~grown
     # kept past the next pass: accumulation (blocks of one site from several passes) or a one-off cache;
-    # only forward or evaluation code makes outputs (the next batch's inputs, prefetched, do not)
-    model_code = (own == FORWARD_PHASE) | (own == EVALUATION_PHASE)
-    kept = fw & alive_next
+    # only model code makes outputs (the next batch's inputs, prefetched, do not)
+    kept = rest & alive_next
     cat[kept & ~model_code] = TEMPORARIES
     kept &= model_code
-    stack = lt.stack
     out = kept & ~persistent  # freed in a later pass: kept across batches
     pk = kept & persistent
     if pk.any():
         idx = np.flatnonzero(pk)
-        passes_of_site: dict[int, set[int]] = {}
-        kept_idx = np.flatnonzero(kept)
-        for s, p in zip(stack[kept_idx].tolist(), bpass[kept_idx].tolist()):
-            passes_of_site.setdefault(s, set()).add(p)
-        repeated = np.array([len(passes_of_site[s]) >= 2 for s in stack[idx].tolist()], dtype=bool)
+        k_idx = np.flatnonzero(kept)
+        pairs = np.unique(np.stack([stack[k_idx], bpass[k_idx]]), axis=1)
+        site, count = np.unique(pairs[0], return_counts=True)
+        repeated = np.isin(stack[idx], site[count >= 2])
         out[idx[repeated]] = True
-        cat[idx[~repeated]] = np.where(comm[idx[~repeated]], COMMUNICATION, TEMPORARIES)
+        one = idx[~repeated]
+        cat[one] = np.where(comm[one], COMMUNICATION, TEMPORARIES)
     cat[out] = OUTPUTS
     # a collective's buffer kept across passes in training is communication (DDP rebuilding its buckets
-    # in _pre_forward); in evaluation, gathered predictions are outputs
-    cat[out & comm & (bp != EVALUATION_PHASE)] = COMMUNICATION
-    cat[fw & freed_bw] = ACTIVATIONS
-    sel = fw & freed_here
-    cat[sel] = np.where(comm[sel], COMMUNICATION, TEMPORARIES)
+    # in _pre_forward); in evaluation or generation, gathered predictions are outputs
+    inference = np.zeros(fw.shape, bool)
+    if n:
+        inference = np.isin(ph.phase[np.clip(b, 0, n - 1)], (EVALUATION_PHASE, GENERATION_PHASE))
+    cat[out & comm & ~inference] = COMMUNICATION
+    open_ = rest & persistent & ~alive_next
+    here = rest & ~alive_next & ~open_
+    cat[here] = np.where(comm[here], COMMUNICATION, TEMPORARIES)
     # open at the end of the trace, inside their own pass (an OOM, or a dump mid-step): what the same
     # allocation (same stack, same rank among that stack's allocations in the pass) became in the last
-    # finished pass, else what most of that stack's finished blocks became, else activations
-    op = fw & open_
-    if op.any():
-        fate, matched = _fate_of_open(cat, fw & ~open_, op, b, bpass, stack, ACTIVATIONS)
-        cat[op] = fate
+    # finished pass, else (a first pass) an activation where its site recurs with every block alive,
+    # else what most of that stack's finished blocks became, else activations
+    if open_.any():
+        fate, matched = _fate_of_open(cat, fw & ~open_ & ~pre, open_, b, bpass, stack, ACTIVATIONS)
+        ops = np.flatnonzero(open_)
+        cat[open_] = fate
+        cat[ops[~matched & _recurs_after(open_, fw & ~pre, b, bpass, stack)[ops]]] = ACTIVATIONS
         # no earlier pass to learn from, but the trace went on into this pass's backward and the block
         # was still there: saved for it
         bpos = np.flatnonzero(ph.phase == BACKWARD_PHASE)
         if bpos.size:
-            nb = np.searchsorted(bpos, b[op], side="right")
-            entered = (nb < bpos.size) & (bpos[np.minimum(nb, bpos.size - 1)] < nxt[op]) & ~matched
-            cat[np.flatnonzero(op)[entered]] = ACTIVATIONS
-        cat[op & comm] = COMMUNICATION
+            nb = np.searchsorted(bpos, b[open_], side="right")
+            entered = (nb < bpos.size) & (bpos[np.minimum(nb, bpos.size - 1)] < nxt[open_]) & ~matched
+            cat[ops[entered]] = ACTIVATIONS
+        cat[open_ & comm] = COMMUNICATION
 
 
-def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
-    """Per row: does its stack have a frame whose function is one of ``names``?"""
-    hit = {s for s, fids in enumerate(trace.stacks.stacks) if any(trace.stacks.frames[f][2] in names for f in fids)}
-    return np.array([s in hit for s in stacks.tolist()], dtype=bool) if hit else np.zeros(stacks.shape, bool)
+def _grown(rows: np.ndarray, stack: np.ndarray, bpass: np.ndarray, requested: np.ndarray) -> np.ndarray:
+    """Rows of a stack whose blocks (``rows``: kept into the next pass, then freed) come from at least three
+    passes with sizes that never shrink and do grow: each pass's keys and values ``torch.cat``-ed onto the
+    last, a KV cache."""
+    out = np.zeros(rows.shape, bool)
+    idx = np.flatnonzero(rows)
+    if idx.size < 3:
+        return out
+    idx = idx[np.lexsort((bpass[idx], stack[idx]))]
+    s = stack[idx]
+    bounds = np.flatnonzero(np.diff(s)) + 1
+    for grp in np.split(idx, bounds):
+        if grp.size < 3 or np.unique(bpass[grp]).size < 3:
+            continue
+        sizes = requested[grp]
+        if np.all(np.diff(sizes) >= 0) and sizes[-1] > sizes[0]:
+            out[grp] = True
+    return out
+
+
+def _lazy_workspaces(cand: np.ndarray, stack: np.ndarray, persistent: np.ndarray, requested: np.ndarray,
+                     bpass: np.ndarray) -> np.ndarray:
+    """Of the rows ``cand`` (never freed): those made in the first pass their stack ran in (or before the
+    trace) by a stack that made freed blocks in a later pass too, of a size no other block of that stack
+    has: a buffer an op made once, on its first call, beside the outputs it makes every call (cuBLAS's
+    workspace for a handle, cuBLASLt's); not a kept output (its size repeats) nor a buffer re-allocated
+    larger (its live instance is the latest)."""
+    out = np.zeros(cand.shape, bool)
+    idx = np.flatnonzero(cand & (stack >= 0))
+    if idx.size == 0:
+        return out
+    size = int(stack.max()) + 1
+    known = stack >= 0
+    first = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, stack[known], bpass[known])
+    later_freed = np.zeros(size, bool)
+    fr = ~persistent & known
+    later_freed[stack[fr & (bpass > first[np.maximum(stack, 0)])]] = True
+    idx = idx[later_freed[stack[idx]] & (bpass[idx] <= first[stack[idx]])]
+    if idx.size == 0:
+        return out
+    mine = np.isin(stack, np.unique(stack[idx]))
+    uniq, count = np.unique(np.stack([stack[mine], requested[mine]]), axis=1, return_counts=True)
+    single = {(int(x), int(y)) for (x, y), c in zip(uniq.T, count) if c == 1}
+    ok = np.array([(s, q) in single for s, q in zip(stack[idx].tolist(), requested[idx].tolist())], dtype=bool)
+    out[idx[ok]] = True
+    return out
+
+
+def _recurs_after(op: np.ndarray, fw: np.ndarray, b: np.ndarray, bpass: np.ndarray, stack: np.ndarray) -> np.ndarray:
+    """Per row of ``op`` (open at the trace's end): its stack allocated again later in the same pass while it
+    stayed allocated: the code ran on past it (the next layer) and kept it, as autograd keeps what a
+    backward needs."""
+    out = np.zeros(op.shape, bool)
+    idx = np.flatnonzero(fw | op)
+    if idx.size == 0:
+        return out
+    keys = bpass[idx].astype(np.int64) * (int(stack.max()) + 2) + stack[idx] + 1
+    uniq, inv = np.unique(keys, return_inverse=True)
+    last = np.full(uniq.size, -1, dtype=np.int64)
+    np.maximum.at(last, inv, b[idx])
+    out[idx] = op[idx] & (b[idx] < last[inv])
+    return out
 
 
 def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarray, bpass: np.ndarray,
@@ -262,7 +434,7 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
         key = (int(bpass[r]), int(stack[r]))
         rank[r] = seen.get(key, 0)
         seen[key] = rank[r] + 1
-    useful = done & np.isin(cat, (ACTIVATIONS, TEMPORARIES, OUTPUTS, COMMUNICATION))
+    useful = done & np.isin(cat, (ACTIVATIONS, TEMPORARIES, OUTPUTS, COMMUNICATION, GRADIENTS, KV_CACHE))
     finished = {(int(bpass[r]), int(stack[r]), rank[r]): r for r in np.flatnonzero(useful).tolist()}
     passes_done = sorted({p for p, _s, _i in finished})
     majority: dict[int, int] = {}
@@ -317,18 +489,21 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
 
 
 def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, allocated_bytes: int) -> Breakdown:
-    """The categories of the blocks allocated after event ``k``; asserts they sum to
-    ``allocated_bytes`` (the timeline's allocated bytes then)."""
+    """The lines of the blocks allocated after event ``k``: each category's requested bytes, and the
+    rounding of them; asserts they sum to ``allocated_bytes`` (the timeline's allocated bytes then)."""
     rows = np.flatnonzero(lt.allocated_mask(k))
     cats = acc.category[rows]
     sizes = lt.size[rows]
-    total = np.bincount(cats, weights=sizes, minlength=len(CATEGORIES)).astype(np.int64)
+    req = np.minimum(lt.requested[rows], sizes)
+    total = np.bincount(cats, weights=req, minlength=len(CATEGORIES)).astype(np.int64)
     count = np.bincount(cats, minlength=len(CATEGORIES))
     rec = np.bincount(cats[acc.source[rows] == RECORDED], weights=sizes[acc.source[rows] == RECORDED],
                       minlength=len(CATEGORIES))
+    whole = np.bincount(cats, weights=sizes, minlength=len(CATEGORIES))
     categories = {c: int(total[i]) for i, c in enumerate(CATEGORIES)}
-    sources = {c: ("recorded" if rec[i] * 2 > total[i] else "trace") for i, c in enumerate(CATEGORIES) if total[i]}
+    categories[ROUNDING] = int(sizes.sum() - req.sum())
+    sources = {c: ("recorded" if rec[i] * 2 > whole[i] else "trace") for i, c in enumerate(CATEGORIES) if total[i]}
     out = Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes),
-                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]})
+                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k))
     out.check()
     return out

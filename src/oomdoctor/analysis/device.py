@@ -10,7 +10,7 @@ import numpy as np
 from ..trace.model import OOM, DeviceTrace, Trace
 from .accounting import Accounting, Breakdown, account, breakdown
 from .fragmentation import Anatomy, anatomy
-from .lifetimes import Lifetimes, lifetimes
+from .lifetimes import Lifetimes, adopt_free_stacks, lifetimes
 from .phases import Phases, Steps, find_phases
 from .sites import Site, sites_at
 from .timeline import Timeline, timeline
@@ -49,7 +49,7 @@ class DeviceAnalysis:
     @cached_property
     def accounting(self) -> Accounting:
         """The category of every block (:mod:`.accounting`)."""
-        return account(self.trace, self.device, self.lifetimes, self.phases)
+        return account(self.trace, self.device, self.lifetimes, self.phases, self.free_stacks)
 
     def allocated_at(self, k: int) -> int:
         """Allocated bytes after event ``k`` (-1: at the start)."""
@@ -134,7 +134,12 @@ class DeviceAnalysis:
 
 
 def analyze(trace: Trace, device: DeviceTrace | None = None) -> DeviceAnalysis:
-    """Analyse one device of ``trace`` (its primary device by default)."""
+    """Analyse one device of ``trace`` (its primary device by default). Blocks whose allocation the
+    trace lost (a wrapped ring buffer) take their free event's stack when frees carry their
+    allocation's (:attr:`DeviceAnalysis.free_stacks` false)."""
     dt = device if device is not None else trace.primary
     lt = lifetimes(trace, dt)
-    return DeviceAnalysis(trace, dt, lt, timeline(dt, lt))
+    a = DeviceAnalysis(trace, dt, lt, timeline(dt, lt))
+    if lt.unmatched_frees and not a.free_stacks:
+        adopt_free_stacks(lt)
+    return a

@@ -9,7 +9,11 @@ allocator waited on CUDA events (``CUDACachingAllocator.cpp`` ``free``/``insert_
 A trace may start after blocks were allocated (recording began late, or the ``max_entries`` ring
 buffer dropped the oldest events). Those blocks are reconstructed from the evidence the trace and the
 final segments give: a free with no alloc before it means the block existed at the start; an active
-block of the final segments whose address never appears in the trace existed all along ("ghost").
+block of the final segments whose address never appears in the trace existed all along ("ghost"). A
+ghost carries its allocation stack (the final segments keep it); a block whose alloc was dropped keeps
+the stack of its free event in ``free_stack``, which is the allocation's stack when frees were recorded
+without stacks of their own (``context="alloc"``: ``CUDACachingAllocator.cpp`` ``free`` records
+``block->context_when_allocated``), and :func:`adopt_free_stacks` makes it the row's stack then.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ class Lifetimes:
     ``alloc``/``free_requested``/``free_completed`` are event indices, -1 when the event is not in
     the trace (before its start, or not yet happened at its end). ``size`` is the block size in bytes
     (exact where the block is in the final segments, else the allocator's rounding of ``requested``);
-    ``start_state`` is :data:`IN_TRACE`, :data:`ALLOCATED_AT_START` or :data:`PENDING_AT_START`.
+    ``start_state`` is :data:`IN_TRACE`, :data:`ALLOCATED_AT_START` or :data:`PENDING_AT_START`;
+    ``free_stack`` is the stack of the free event of a block allocated before the trace (-1 elsewhere).
     """
 
     addr: np.ndarray
@@ -48,6 +53,7 @@ class Lifetimes:
     size_exact: np.ndarray
     unmatched_frees: int
     ghost_blocks: int
+    free_stack: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.addr.shape[0])
@@ -143,13 +149,13 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
 
     ai = order[a_pos]  # rows 1
     groups.append((addr[ai], ev_size[ai], ev_stream[ai], ev_stack[ai], ai, idx(a_fr), idx(a_fc),
-                   np.full(ai.size, IN_TRACE)))
+                   np.full(ai.size, IN_TRACE), np.full(ai.size, -1)))
     ui = order[u_fr]  # rows 2
     groups.append((addr[ui], ev_size[ui], ev_stream[ui], np.full(ui.size, -1), np.full(ui.size, -1), ui, idx(u_fr_fc),
-                   np.full(ui.size, ALLOCATED_AT_START)))
+                   np.full(ui.size, ALLOCATED_AT_START), ev_stack[ui]))
     ci = order[u_fc]  # rows 3
     groups.append((addr[ci], ev_size[ci], ev_stream[ci], np.full(ci.size, -1), np.full(ci.size, -1), np.full(ci.size, -1),
-                   ci, np.full(ci.size, PENDING_AT_START)))
+                   ci, np.full(ci.size, PENDING_AT_START), ev_stack[ci]))
 
     # rows 4: ghosts: active final blocks whose address never appears in the trace
     seen = set(np.unique(sa).tolist())
@@ -160,7 +166,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
             final_active[blk.address] = blk
             if blk.address not in seen:
                 ghosts.append((blk.address, blk.requested_size, seg.stream, blk.stack, -1, -1, -1,
-                               ALLOCATED_AT_START if blk.is_allocated else PENDING_AT_START))
+                               ALLOCATED_AT_START if blk.is_allocated else PENDING_AT_START, -1))
     if ghosts:
         groups.append(tuple(np.array(col, dtype=np.int64) for col in zip(*ghosts)))
 
@@ -184,4 +190,16 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
                 stack[r] = blk.stack
     return Lifetimes(addr=row_addr, requested=req, size=size, stream=column(2, np.int64), stack=stack,
                      alloc=alloc, free_requested=fr, free_completed=fc, start_state=state, size_exact=exact,
-                     unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(ghosts))
+                     unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(ghosts),
+                     free_stack=column(8, np.int32))
+
+
+def adopt_free_stacks(lt: Lifetimes) -> int:
+    """Give the blocks allocated before the trace, whose alloc was dropped, the stack of their free event
+    (mutates ``lt``; call it only when frees carry the stack of their allocation, ``context="alloc"``).
+    Returns how many rows got one."""
+    if lt.free_stack is None:
+        return 0
+    take = (lt.stack < 0) & (lt.free_stack >= 0) & (lt.alloc < 0)
+    lt.stack[take] = lt.free_stack[take]
+    return int(take.sum())

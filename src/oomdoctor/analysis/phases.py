@@ -1,25 +1,39 @@
 """Phases, steps and passes of a trace: which part of training every event belongs to.
 
-Each allocation's stack says what ran it (:mod:`oomdoctor.frameworks`): a ``backward`` frame anywhere
-(or no Python frame at all: the autograd engine's device threads), else the innermost frame that is
-``setup``, ``optimizer`` or ``forward`` code; ``forward`` becomes ``evaluation`` under an evaluation loop.
-Allocations of no known role take the phase of the allocation before them; frees and segment events
-belong to the phase of the allocation before them.
+Every allocation gets a phase from the strongest evidence there is, and keeps the source that set it
+(:data:`SOURCE_NAMES`), strongest first:
+
+1. ``markers``: phases a framework callback marked in the sidecar (``phase_markers``: evaluation,
+   optimizer) override an allocation that no stronger evidence places (a forward stack, or none).
+2. ``annotations``: what PyTorch itself records around an allocation (``_record_memory_history`` keeps
+   ``record_function`` scopes as ``external_annotations`` since PyTorch 2.5, ``memory_snapshot.cpp``
+   ``_initRecordAnnotations``). ``Optimizer.step#<Class>.step`` wraps the ``step`` of every
+   ``torch.optim.Optimizer`` subclass, whoever wrote it (``torch/optim/optimizer.py``
+   ``profile_hook_step``): what it allocates is the optimizer's.
+3. ``autograd engine thread``: CUDA backward ops run on the engine's device threads
+   (``torch/csrc/autograd/engine.cpp`` ``Engine::thread_init``). With Python stacks their allocations
+   carry no Python frame, or only the frames of a Python hook the engine called (FSDP's and DeepSpeed's
+   gradient hooks): the outermost frame of a stack on the main thread is the entry module's
+   ``<module>`` (or ``runpy``), of a Python thread ``threading.py``'s bootstrap; anything else was called
+   from C++ (when the trace has main-thread stacks at all: stacks cut short say nothing of threads). With
+   C++ stacks the engine's frames say so.
+4. ``frames``: the innermost frame that is ``setup``, ``optimizer``, ``forward`` (``evaluation`` under an
+   evaluation loop, ``generation`` under ``generate()``) code, by the path table of
+   :mod:`oomdoctor.frameworks` (a name rule, the last resort).
+5. ``inferred``: an allocation none of these places continues the phase before it, except after a
+   backward: the main thread cannot be inside one, so there it is ``optimizer`` work when an update is
+   seen before the next forward pass (an optimizer annotation, step marker or frame), else ``other``.
 
 **Steps** are optimizer updates, found only from evidence that means one, in order of trust: the
-sidecar's step markers (``oomdoctor.record``'s global optimizer step hook), ``Optimizer.step#...``
-``record_function`` annotations (recorded by ``_record_memory_history`` since PyTorch 2.5,
-``memory_snapshot.cpp`` ``_initRecordAnnotations``), or runs of optimizer allocations. Layers that
-repeat inside a forward pass are never steps: a trace with no update is a forward pass (or a
-forward and backward pass) and is said to be so.
+sidecar's step markers (``oomdoctor.record``'s global optimizer step hook), ``ProfilerStep#`` or
+``Optimizer.step#...`` annotations, or runs of optimizer allocations. Layers that repeat inside a forward
+pass are never steps: a trace with no update is a forward pass (or a forward and backward pass) and is
+said to be so.
 
-Phases a framework callback marked (sidecar ``phase_markers``: evaluation, optimizer) override a
-stack that says only ``forward`` or nothing (:func:`_marked`).
-
-**Passes** are forward passes (one micro-batch each): a pass begins at the first forward or evaluation
-allocation after a backward or optimizer one, and inside a run of forward passes (an evaluation loop)
-where the run's first forward allocation, preceded by an allocation that is not forward code (the next
-batch's transfer), repeats.
+**Passes** are forward passes (one micro-batch each): a pass begins at the first forward, evaluation or
+generation allocation after a backward or optimizer one, and inside a run of forward passes (an
+evaluation loop, a pipeline schedule's warm-up) where the run's first forward allocation, preceded by an
+allocation that is not forward code (the next batch's transfer), repeats.
 """
 
 from __future__ import annotations
@@ -34,11 +48,14 @@ from ..frameworks import (
     BACKWARD,
     BACKWARD_NAME_PATHS,
     COMMUNICATION,
+    COMPILED,
     ENGINE_CPP,
     EVALUATION,
     EVALUATION_NAMES,
     FORWARD,
     FORWARD_NAMES,
+    GENERATION,
+    KV_CACHE,
     MODULE_CALL_NAMES,
     MODULE_FILE,
     OPTIMIZER,
@@ -58,21 +75,51 @@ BACKWARD_PHASE = 2
 OPTIMIZER_PHASE = 3
 EVALUATION_PHASE = 4
 OTHER_PHASE = 5
-PHASE_NAMES: tuple[str, ...] = ("setup", "forward", "backward", "optimizer", "evaluation", "other")
-NO_FRAMES = 6  # a stack without any frame (role decided per trace)
-UNRECORDED = 7  # stack id -1
+GENERATION_PHASE = 6
+PHASE_NAMES: tuple[str, ...] = ("setup", "forward", "backward", "optimizer", "evaluation", "other", "generation")
+PASS_PHASES = (FORWARD_PHASE, EVALUATION_PHASE, GENERATION_PHASE)
+"""Phases whose allocations belong to a forward pass (training, evaluation or generation)."""
+NO_FRAMES = 7  # a stack without any frame (role decided per trace)
+UNRECORDED = 8  # stack id -1
+
+# threads a stack was recorded on
+MAIN_THREAD, ENGINE_THREAD, PYTHON_THREAD, NO_PYTHON = range(4)
+
+# sources of a phase, strongest first (per event: ``Phases.source``)
+MARKERS, ANNOTATIONS, THREAD, FRAMES, INFERRED = range(5)
+SOURCE_NAMES: tuple[str, ...] = ("markers", "annotations", "autograd engine thread", "frames", "inferred")
 
 
 @dataclass(frozen=True)
 class StackRole:
     """What one stack says: its ``role`` (a phase code, :data:`NO_FRAMES` or :data:`UNRECORDED`), whether
-    it allocates a collective's buffer (``communication``), whether it is optimizer code, and whether
-    model code made the allocation (``model``: the innermost known frame is forward code)."""
+    it allocates a collective's buffer (``communication``), whether it is optimizer code, whether model
+    code made the allocation (``model``: the innermost known frame is forward code), the ``thread`` it was
+    recorded on (:data:`MAIN_THREAD`, :data:`ENGINE_THREAD`, :data:`PYTHON_THREAD`, :data:`NO_PYTHON`),
+    whether a KV cache's code made it (``cache``) and whether compiled code ran (``compiled``)."""
 
     role: int
     communication: bool
     optimizer: bool
     model: bool = False
+    thread: int = NO_PYTHON
+    cache: bool = False
+    compiled: bool = False
+
+
+def stack_thread(py: list[tuple[str, str]]) -> int:
+    """The thread a stack's Python frames (``(file, function)``, innermost first) ran on, from its
+    outermost frame: the main thread's is the entry module's ``<module>`` (``runpy`` under ``python -m``),
+    a Python thread's ``threading.py``'s bootstrap; a stack rooted anywhere else is a Python function
+    called from C++: a hook the autograd engine's threads ran."""
+    if not py:
+        return NO_PYTHON
+    f, n = py[-1]
+    if n == "<module>" or f.endswith("/runpy.py"):
+        return MAIN_THREAD
+    if f.endswith("/threading.py"):
+        return PYTHON_THREAD
+    return ENGINE_THREAD
 
 
 def classify_frames(frames: list[tuple[str, int, str]]) -> StackRole:
@@ -83,12 +130,15 @@ def classify_frames(frames: list[tuple[str, int, str]]) -> StackRole:
     py = [(f, n) for f, n in norm if f.endswith(".py")]
     comm = any(matches(f, n, COMMUNICATION) for f, n in py)
     optim = any(matches(f, n, OPTIMIZER) and not any(x in f for x in OPTIMIZER_EXCLUDED) for f, n in py)
+    cache = any(matches(f, n, KV_CACHE) for f, n in py)
+    compiled = any(matches(f, n, COMPILED) for f, n in norm)
+    thread = stack_thread(py)
     if not py:  # C++ frames only (stacks="all"): the engine thread, or native code
         engine = any(any(e in n for e in ENGINE_CPP) for _f, n in norm)
-        return StackRole(BACKWARD_PHASE if engine else NO_FRAMES, comm, False)
+        return StackRole(BACKWARD_PHASE if engine else NO_FRAMES, comm, False, thread=NO_PYTHON, compiled=compiled)
     for f, n in py:
         if matches(f, n, BACKWARD) or n == "backward" or ("backward" in n and any(p in f for p in BACKWARD_NAME_PATHS)):
-            return StackRole(BACKWARD_PHASE, comm, optim)
+            return StackRole(BACKWARD_PHASE, comm, optim, thread=thread, cache=cache, compiled=compiled)
     role = OTHER_PHASE
     for f, n in py:
         if any(x in f for x in OPTIMIZER_EXCLUDED) or (f.endswith(MODULE_FILE) and n not in MODULE_CALL_NAMES
@@ -104,10 +154,12 @@ def classify_frames(frames: list[tuple[str, int, str]]) -> StackRole:
             role = SETUP_PHASE if n == "__init__" else FORWARD_PHASE
             break
     model = role == FORWARD_PHASE
-    if role in (FORWARD_PHASE, OTHER_PHASE) and any(matches(f, n, EVALUATION) or n in EVALUATION_NAMES
-                                                     for f, n in py):
-        role = EVALUATION_PHASE
-    return StackRole(role, comm, optim, model)
+    if role in (FORWARD_PHASE, OTHER_PHASE):
+        if any(matches(f, n, GENERATION) for f, n in py):
+            role = GENERATION_PHASE
+        elif any(matches(f, n, EVALUATION) or n in EVALUATION_NAMES for f, n in py):
+            role = EVALUATION_PHASE
+    return StackRole(role, comm, optim, model, thread, cache, compiled)
 
 
 class RoleIndex:
@@ -117,19 +169,31 @@ class RoleIndex:
         roles = [classify_frames(stacks.stack_frames(s)) for s in range(len(stacks))]
         # last slot: stack id -1
         self.role = np.array([r.role for r in roles] + [UNRECORDED], dtype=np.int8)
+        thread = np.array([r.thread for r in roles] + [NO_PYTHON], dtype=np.int8)
+        if not np.any(thread == MAIN_THREAD):  # no stack reaches a main module: roots say nothing of threads
+            thread[thread == ENGINE_THREAD] = MAIN_THREAD
+        self.thread = thread
         self.communication = np.array([r.communication for r in roles] + [False], dtype=bool)
         self.optimizer = np.array([r.optimizer for r in roles] + [False], dtype=bool)
         self.model = np.array([r.model for r in roles] + [False], dtype=bool)
+        self.cache = np.array([r.cache for r in roles] + [False], dtype=bool)
+        self.compiled = np.array([r.compiled for r in roles] + [False], dtype=bool)
 
     def lookup(self, arr: np.ndarray, stack_ids: np.ndarray) -> np.ndarray:
         return arr[np.where(stack_ids >= 0, stack_ids, arr.shape[0] - 1)]
 
+    def engine(self, stack_ids: np.ndarray, python_stacks: bool) -> np.ndarray:
+        """Per stack: recorded on the autograd engine's threads (a hook called from C++, or no Python frame
+        at all while Python stacks were recorded: the snapshot gives such an event an empty stack, id -1)."""
+        t = self.lookup(self.thread, stack_ids)
+        return (t == ENGINE_THREAD) | ((t == NO_PYTHON) & python_stacks)
+
     def roles_of(self, stack_ids: np.ndarray, python_stacks: bool) -> np.ndarray:
-        """Each stack's role as a phase code: no frames (or no stack) is backward when Python stacks
-        were recorded (the autograd engine's threads), else ``other``."""
+        """Each stack's own role as a phase code: the engine's threads are backward, no stack at all is
+        ``other``."""
         r = self.lookup(self.role, stack_ids)
-        return np.where((r == NO_FRAMES) | (r == UNRECORDED), BACKWARD_PHASE if python_stacks else OTHER_PHASE,
-                        r).astype(np.int8)
+        r = np.where(self.engine(stack_ids, python_stacks) & (r != OPTIMIZER_PHASE), BACKWARD_PHASE, r)
+        return np.where((r == NO_FRAMES) | (r == UNRECORDED), OTHER_PHASE, r).astype(np.int8)
 
 
 _ROLES: "weakref.WeakKeyDictionary[StackTable, RoleIndex]" = weakref.WeakKeyDictionary()
@@ -160,9 +224,12 @@ class Steps:
 
 @dataclass
 class Phases:
-    """The phase of every event (``phase``: codes of :data:`PHASE_NAMES`, shape ``(num_events,)``), the
-    forward passes (``pass_starts``: event indices, increasing) and the steps (None without any
-    optimizer update or marker). ``kind`` says what the trace holds, in words."""
+    """The phase of every event (``phase``: codes of :data:`PHASE_NAMES`, shape ``(num_events,)``) and the
+    source that set it (``source``: codes of :data:`SOURCE_NAMES`), the forward passes (``pass_starts``:
+    event indices, increasing), the steps (None without any optimizer update or marker) and the events
+    where a torch optimizer's ``step`` began (``optimizer_starts``: the event before each
+    ``Optimizer.step#`` START annotation, -1 for one before the trace's first event). ``kind`` says what
+    the trace holds, in words."""
 
     phase: np.ndarray
     pass_starts: np.ndarray
@@ -171,12 +238,24 @@ class Phases:
     stacks_recorded: bool
     python_stacks: bool
     has_backward: bool
+    source: np.ndarray | None = None
+    optimizer_starts: np.ndarray | None = None
+    compiled: bool = False
+    after_backward: np.ndarray | None = None
+    """Per event: a main-thread allocation between a backward and the next forward pass whose phase no
+    stack or annotation set (the update of an optimizer that is no torch optimizer, a batch's transfer)."""
 
     def phase_name(self, k: int) -> str:
         """The phase after event ``k`` (``setup`` before the first event)."""
         if k < 0 or self.phase.size == 0:
             return PHASE_NAMES[SETUP_PHASE]
         return PHASE_NAMES[int(self.phase[min(k, self.phase.size - 1)])]
+
+    def source_name(self, k: int) -> str:
+        """What set the phase after event ``k`` (:data:`SOURCE_NAMES`; ``inferred`` before the first event)."""
+        if k < 0 or self.source is None or self.source.size == 0:
+            return SOURCE_NAMES[INFERRED]
+        return SOURCE_NAMES[int(self.source[min(k, self.source.size - 1)])]
 
     def pass_of(self, k: np.ndarray | int) -> np.ndarray:
         """Index of the pass that event(s) ``k`` belong to (-1: before the first pass)."""
@@ -199,71 +278,174 @@ class Phases:
 
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+OPTIMIZER_STEP = "Optimizer.step#"
+"""Prefix of the ``record_function`` scope every ``torch.optim.Optimizer.step`` runs in."""
+OPTIMIZER_ZERO_GRAD = "Optimizer.zero_grad#"
+"""Prefix of the scope of every ``torch.optim.Optimizer.zero_grad`` (``_zero_grad_profile_name``)."""
+
+
+def annotation_windows(dt: DeviceTrace, prefix: str | tuple[str, ...]) -> np.ndarray:
+    """``(start_us, end_us)`` rows of the annotated scopes whose name starts with ``prefix``, START and END
+    paired in order per name (a scope still open at the end closes at the last event). Shape ``(n, 2)``."""
+    opened: dict[str, list[int]] = {}
+    out: list[tuple[int, int]] = []
+    for a in sorted(dt.annotations, key=lambda x: x.time_us):
+        if not a.name.startswith(prefix):
+            continue
+        if a.stage == "START":
+            opened.setdefault(a.name, []).append(a.time_us)
+        elif a.stage == "END" and opened.get(a.name):
+            out.append((opened[a.name].pop(), a.time_us))
+    last = int(dt.events["time_us"][-1]) if dt.num_events else 0
+    out += [(t, max(t, last)) for ts in opened.values() for t in ts]
+    return np.array(sorted(out), dtype=np.int64).reshape(-1, 2)
 
 
 def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
-    """Label every event of ``dt`` with its phase, and find passes and steps. Pure; O(events)."""
+    """Label every event of ``dt`` with its phase and the source of it, and find passes and steps.
+    Pure; O(events)."""
     n = dt.num_events
-    action, stack = dt.events["action"], dt.events["stack"]
+    action, stack, times = dt.events["action"], dt.events["stack"], dt.events["time_us"]
     ri = role_index(trace)
     allocs = np.flatnonzero(action == ALLOC)
     raw = ri.lookup(ri.role, stack[allocs])
     recorded = (trace.meta.get("recording") or {}).get("stacks") != "none" and bool(
         np.any((raw != NO_FRAMES) & (raw != UNRECORDED)))
-    python = recorded and bool(np.any(raw <= OTHER_PHASE))
-    roles = _marked(ri.roles_of(stack[allocs], python), dt.events["time_us"][allocs], trace.meta.get("phase_markers"))
-    # allocations of no known role continue the phase before them; before any, setup
-    known = roles != OTHER_PHASE
-    pos = np.where(known, np.arange(roles.size), -1)
-    last = np.maximum.accumulate(pos) if roles.size else pos
-    smoothed = np.where(last >= 0, roles[np.maximum(last, 0)], SETUP_PHASE).astype(np.int8)
+    python = recorded and bool(np.any(ri.lookup(ri.thread, stack[allocs]) != NO_PYTHON))
+    at = times[allocs]
+    roles = ri.roles_of(stack[allocs], python)
+    src = np.where(ri.engine(stack[allocs], python) & (roles == BACKWARD_PHASE), THREAD, FRAMES).astype(np.int8)
+    src[roles == OTHER_PHASE] = INFERRED
+    # annotations: what a torch optimizer's step allocates is the optimizer's, except the forward and
+    # backward of a closure it runs (Lightning's automatic optimization: optimizer.step(closure))
+    windows = annotation_windows(dt, OPTIMIZER_STEP) if n else np.zeros((0, 2), np.int64)
+    if windows.shape[0]:
+        w = np.searchsorted(windows[:, 0], at, side="right") - 1
+        inside = (w >= 0) & (at <= windows[np.maximum(w, 0), 1])
+        inside &= ~np.isin(roles, PASS_PHASES + (BACKWARD_PHASE,))
+        roles[inside] = OPTIMIZER_PHASE
+        src[inside] = ANNOTATIONS
+    roles, marked = _marked(roles, at, trace.meta.get("phase_markers"))
+    src[marked] = MARKERS
+    smoothed, gap = _smooth(roles, ri.lookup(ri.thread, stack[allocs]), at, windows, trace.meta.get("step_markers"))
     pass_starts = _passes(allocs, ri.lookup(ri.model, stack[allocs]), smoothed, stack)
     smoothed = _trailing_evaluation(smoothed, allocs, pass_starts)
     phase = np.full(n, SETUP_PHASE, dtype=np.int8)
+    source = np.full(n, INFERRED, dtype=np.int8)
     if allocs.size:
         idx = np.searchsorted(allocs, np.arange(n), side="right") - 1
         phase = np.where(idx >= 0, smoothed[np.maximum(idx, 0)], SETUP_PHASE).astype(np.int8)
+        source = np.where(idx >= 0, src[np.maximum(idx, 0)], INFERRED).astype(np.int8)
+    # every event inside a torch optimizer's step or zero_grad is the optimizer's, frees too (a fused
+    # optimizer allocates nothing, and zero_grad(set_to_none=True) only frees the gradients)
+    both = annotation_windows(dt, (OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD)) if n else np.zeros((0, 2), np.int64)
+    if both.shape[0]:
+        w = np.searchsorted(both[:, 0], times, side="right") - 1
+        inside = (w >= 0) & (times <= both[np.maximum(w, 0), 1])
+        inside &= ~np.isin(phase, PASS_PHASES + (BACKWARD_PHASE,))  # a closure's forward and backward
+        phase[inside] = OPTIMIZER_PHASE
+        source[inside] = ANNOTATIONS
     has_b = bool(np.any(smoothed == BACKWARD_PHASE))
     steps = _steps(trace, dt, allocs, smoothed)
-    model_allocs = allocs[np.isin(smoothed, (FORWARD_PHASE, BACKWARD_PHASE, EVALUATION_PHASE))]
+    model_allocs = allocs[np.isin(smoothed, (FORWARD_PHASE, BACKWARD_PHASE, EVALUATION_PHASE, GENERATION_PHASE))]
     if steps is not None and len(steps) > 1 and model_allocs.size and not np.any(model_allocs >= steps.starts[-1]):
         # after the last update only teardown ran: not a step
         steps = Steps(steps.starts[:-1], steps.source, steps.updates)
+    opt_starts = _optimizer_starts(times, phase, windows)
+    after_backward = np.zeros(n, dtype=bool)
+    after_backward[allocs[gap]] = True
+    compiled = bool(np.any(ri.lookup(ri.compiled, stack[allocs]))) or bool(np.any(dt.events["compile_context"] >= 0))
     if not recorded:
         kind = "no stacks recorded: phases unknown"
     elif steps is not None and steps.updates:
         kind = "one optimizer step" if steps.updates == 1 else f"{steps.updates} optimizer steps"
     elif has_b:
         kind = "forward and backward, no optimizer step"
+    elif np.any(smoothed == GENERATION_PHASE):
+        kind = "generation (inference)"
     elif np.any(smoothed == EVALUATION_PHASE):
         kind = "evaluation only"
     elif np.any(smoothed == FORWARD_PHASE):
         kind = "forward only" if pass_starts.size <= 1 else f"{pass_starts.size} forward passes, no backward"
     else:
         kind = "setup only"
-    return Phases(phase, pass_starts, steps, kind, recorded, python, has_b)
+    return Phases(phase, pass_starts, steps, kind, recorded, python, has_b, source, opt_starts.astype(np.int64),
+                  compiled, after_backward)
+
+
+def _optimizer_starts(times: np.ndarray, phase: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    """Per ``Optimizer.step#`` window, the event after which the update begins: the last event before the
+    window, or, when the step runs a closure (its forward and backward inside the window), the closure's
+    last event. -1 for a window that began before the trace's first event."""
+    if times.size == 0 or windows.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    lo = np.searchsorted(times, windows[:, 0], side="left")
+    hi = np.searchsorted(times, windows[:, 1], side="right")
+    work = np.isin(phase, PASS_PHASES + (BACKWARD_PHASE,))
+    out = lo - 1
+    for j in range(windows.shape[0]):
+        inner = np.flatnonzero(work[lo[j]:hi[j]])
+        if inner.size:
+            out[j] = lo[j] + int(inner[-1])
+    return out.astype(np.int64)
 
 
 _MARKED = {"evaluation": EVALUATION_PHASE, "optimizer": OPTIMIZER_PHASE}
 
 
-def _marked(roles: np.ndarray, times_us: np.ndarray, marks: list[dict] | None) -> np.ndarray:
+def _marked(roles: np.ndarray, times_us: np.ndarray, marks: list[dict] | None) -> tuple[np.ndarray, np.ndarray]:
     """Allocations made while a framework callback said the job evaluates or steps the optimizer
     (sidecar ``phase_markers``: from each mark's ``time_us`` on, its ``phase``) take that phase when
     their stack says only ``forward`` or nothing (an evaluation forward, an optimizer kernel's
-    workspace, any allocation when no stacks were recorded). Backward and setup stacks keep theirs."""
+    workspace, any allocation when no stacks were recorded). Backward and setup stacks keep theirs.
+    Also returns which allocations the markers placed."""
+    none = np.zeros(roles.shape, dtype=bool)
     if not marks or roles.size == 0:
-        return roles
+        return roles, none
     try:
         ordered = sorted(((int(m["time_us"]), m["phase"]) for m in marks), key=lambda x: x[0])
         t = np.array([x[0] for x in ordered], dtype=np.int64)
     except (OverflowError, KeyError, TypeError):
-        return roles
+        return roles, none
     code = np.array([_MARKED.get(p, -1) for _t, p in ordered], dtype=np.int8)
     i = np.searchsorted(t, times_us, side="right") - 1
     said = np.where(i >= 0, code[np.maximum(i, 0)], -1)
     weak = (roles == FORWARD_PHASE) | (roles == OTHER_PHASE)
-    return np.where(weak & (said >= 0), said, roles).astype(np.int8)
+    placed = weak & (said >= 0)
+    return np.where(placed, said, roles).astype(np.int8), placed
+
+
+def _smooth(roles: np.ndarray, thread: np.ndarray, times_us: np.ndarray, windows: np.ndarray,
+            step_markers: list[dict] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Allocations of no known role (``other``) continue the phase before them (``setup`` before any); a
+    main-thread one after a backward cannot be part of it: it is ``optimizer`` work when an update shows
+    before the next forward pass (an optimizer role, an ``Optimizer.step#`` window, a step marker), else
+    ``other``. Also returns which allocations that gap rule placed."""
+    if roles.size == 0:
+        return roles, np.zeros(0, dtype=bool)
+    known = roles != OTHER_PHASE
+    pos = np.where(known, np.arange(roles.size), -1)
+    last = np.maximum.accumulate(pos)
+    out = np.where(last >= 0, roles[np.maximum(last, 0)], SETUP_PHASE).astype(np.int8)
+    after_bw = ~known & (out == BACKWARD_PHASE) & (thread != ENGINE_THREAD) & (thread != NO_PYTHON)
+    if after_bw.any():
+        # the next allocation with a known role, and whether an update shows between here and there
+        nxt_pos = np.where(known, np.arange(roles.size), roles.size)
+        nxt = np.minimum.accumulate(nxt_pos[::-1])[::-1]
+        nxt_role = np.where(nxt < roles.size, roles[np.minimum(nxt, roles.size - 1)], OTHER_PHASE)
+        end_t = np.where(nxt < roles.size, times_us[np.minimum(nxt, roles.size - 1)], np.iinfo(np.int64).max)
+        marks = np.array(sorted(int(m["time_us"]) for m in step_markers or [] if isinstance(m.get("time_us"), int)),
+                         dtype=np.int64)
+        starts = windows[:, 0] if windows.shape[0] else np.zeros(0, np.int64)
+
+        def seen(ts: np.ndarray) -> np.ndarray:
+            if ts.size == 0:
+                return np.zeros(roles.shape, dtype=bool)
+            return np.searchsorted(ts, end_t, side="right") > np.searchsorted(ts, times_us, side="left")
+
+        update = (nxt_role == OPTIMIZER_PHASE) | seen(starts) | seen(marks)
+        out[after_bw] = np.where(update[after_bw], OPTIMIZER_PHASE, OTHER_PHASE)
+    return out, after_bw
 
 
 def _trailing_evaluation(smoothed: np.ndarray, allocs: np.ndarray, pass_starts: np.ndarray) -> np.ndarray:
@@ -280,12 +462,12 @@ def _trailing_evaluation(smoothed: np.ndarray, allocs: np.ndarray, pass_starts: 
 
 
 def _passes(allocs: np.ndarray, model: np.ndarray, smoothed: np.ndarray, stack: np.ndarray) -> np.ndarray:
-    """Pass starts (event indices): each run of forward/evaluation phase begins one; inside a run, the
-    run's first *entry* (model code allocating right after code that is not: the batch's transfer)
-    repeating with the same stack begins the next one."""
+    """Pass starts (event indices): each run of forward/evaluation/generation phase begins one; inside a
+    run, the run's first *entry* (model code allocating right after code that is not: the batch's
+    transfer) repeating with the same stack begins the next one."""
     if allocs.size == 0:
         return np.zeros(0, np.int64)
-    fwd = (smoothed == FORWARD_PHASE) | (smoothed == EVALUATION_PHASE)
+    fwd = np.isin(smoothed, PASS_PHASES)
     prev_fwd = np.concatenate(([False], fwd[:-1]))
     run_start = np.flatnonzero(fwd & ~prev_fwd)  # positions in allocs
     entry = model & np.concatenate(([False], ~model[:-1]))
@@ -326,7 +508,7 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
         if len(prof) >= 2:
             s = np.unique(np.searchsorted(t, np.array(prof), side="left"))
             return Steps(s[s < n], "annotations", len(s) - 1)
-        opt_end = sorted(a.time_us for a in dt.annotations if a.stage == "END" and a.name.startswith("Optimizer.step#"))
+        opt_end = sorted(a.time_us for a in dt.annotations if a.stage == "END" and a.name.startswith(OPTIMIZER_STEP))
         if opt_end:
             ends = np.searchsorted(t, np.array(opt_end), side="right")
             s = np.unique(np.concatenate(([0], ends)))

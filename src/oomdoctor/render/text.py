@@ -39,9 +39,11 @@ _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black 
                   "healthy": "bold black on green"}
 _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
                    "activations": "activations", "temporaries": "temporaries", "communication": "communication",
-                   "outputs": "outputs kept", "unknown": "unknown"}
+                   "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
+                   "unknown": "unknown", "rounding": "allocator rounding"}
 _AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated memory",
-             "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step"}
+             "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step",
+             "backward_end": "at the end of a backward"}
 
 
 def _by_size(bd) -> list[tuple[str, int]]:
@@ -90,7 +92,8 @@ def _breakdown_text(r: RankSummary) -> Group:
         return Group(text)
     where = _AT_LABEL.get(bd.at, bd.at)
     step = f"step {bd.step}, " if bd.step is not None else ""
-    text.append(f"\n  {where} ({step}{bd.phase} phase): {format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
+    text.append(f"\n  {where} ({step}{bd.phase} phase, from {bd.phase_source}): {format_bytes(bd.allocated_bytes)} "
+                "allocated = ", style="bold")
     parts = _by_size(bd)
     text.append(" + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) or "nothing")
     recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")

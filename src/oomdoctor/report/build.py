@@ -11,7 +11,7 @@ from .. import __version__
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis, analyze
 from ..analysis.holders import holders_at
-from ..analysis.phases import OPTIMIZER_PHASE
+from ..analysis.phases import BACKWARD_PHASE, OPTIMIZER_PHASE, Phases
 from ..analysis.rounding import allocation_size
 from ..detectors import materiality
 from ..detectors.common import site_refs
@@ -40,10 +40,23 @@ def downsample_max(values: np.ndarray, points: int = SERIES_POINTS) -> list[int]
     return [int(v) for v in np.maximum.reduceat(values, edges[:-1])]
 
 
+def step_points(ph: Phases) -> list[tuple[int, str]]:
+    """Where the gradients are all there: the event before each torch optimizer's ``step`` began
+    (``Optimizer.step#`` annotations), else before each run of optimizer work, else (an optimizer the
+    trace cannot see) the end of each backward: ``(event, "optimizer_start" | "backward_end")``."""
+    if ph.optimizer_starts is not None and ph.optimizer_starts.size:
+        return [(max(int(k), 0), "optimizer_start") for k in ph.optimizer_starts.tolist()]
+    runs = ph.run_starts(OPTIMIZER_PHASE)
+    if runs.size:
+        return [(max(int(k) - 1, 0), "optimizer_start") for k in runs.tolist()]
+    bw = ph.phase == BACKWARD_PHASE
+    ends = np.flatnonzero(bw & ~np.append(bw[1:], False))
+    return [(int(k), "backward_end") for k in ends.tolist()]
+
+
 def breakdowns(a: DeviceAnalysis) -> tuple[Breakdown | None, list[Breakdown]]:
     """The breakdown the verdict reads (at the OOM, else at the peak of allocated memory) and the
-    others that matter: peak allocated, peak reserved, and the start of every optimizer step (where the
-    gradients are all there)."""
+    others that matter: peak allocated, peak reserved, and every step's :func:`step_points`."""
     if a.num_events == 0:
         return None, []
     out = [a.breakdown_at(a.peak_allocated[1], "peak_allocated"), a.breakdown_at(a.peak_reserved[1], "peak_reserved")]
@@ -51,8 +64,7 @@ def breakdowns(a: DeviceAnalysis) -> tuple[Breakdown | None, list[Breakdown]]:
     if a.oom_events.size:
         main = a.breakdown_at(int(a.oom_events[-1]), "oom")
         out.insert(0, main)
-    for k in a.phases.run_starts(OPTIMIZER_PHASE).tolist():
-        out.append(a.breakdown_at(max(k - 1, 0), "optimizer_start"))
+    out += [a.breakdown_at(k, at) for k, at in step_points(a.phases)]
     return main, out
 
 
