@@ -201,6 +201,14 @@ COMMUNICATION: tuple[Pattern, ...] = (
 )
 """Buffers of collectives (all-gather, reduce-scatter, all-reduce buckets)."""
 
+COMMUNICATION_SITE: tuple[Pattern, ...] = (
+    ("deepspeed/runtime/zero/stage3.py", ("_setup_for_real_optimizer",)),
+)
+"""Collective buffers known by the innermost frame of their framework's file alone (a name rule): ZeRO-3
+allocates its reduce buckets (``reduce_bucket_size`` elements) and the flat buffer its reduce-scatter
+writes gradient partitions into for good in ``_setup_for_real_optimizer``, which also calls what makes
+the fp32 master partitions (those are parameters)."""
+
 
 @dataclass(frozen=True)
 class Framework:

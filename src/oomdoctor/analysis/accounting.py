@@ -223,7 +223,9 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     opt = bp == OPTIMIZER_PHASE
     fed = alive_at_step & ~persistent & (s < nxt) & (d < bounds[np.searchsorted(starts, s, side="right")])
     put(opt & fed, GRADIENTS)
-    outlives_pass = persistent | (d >= nxt2)
+    # state is still there when the next torch optimizer step begins (where the trace shows one), else it
+    # outlives the next whole pass
+    outlives_pass = np.where(s < n, alive_at_step, persistent | (d >= nxt2))
     model_code = np.isin(own, PASS_PHASES) | model
     # state needs the optimizer's own evidence: its frames or annotation window, or the update's place (the
     # main thread between a backward and the next pass), not a phase merely continued (the next batch's

@@ -48,6 +48,7 @@ from ..frameworks import (
     BACKWARD,
     BACKWARD_NAME_PATHS,
     COMMUNICATION,
+    COMMUNICATION_SITE,
     COMPILED,
     ENGINE_CPP,
     EVALUATION,
@@ -128,7 +129,7 @@ def classify_frames(frames: list[tuple[str, int, str]]) -> StackRole:
         return StackRole(NO_FRAMES, False, False)
     norm = [(normalize_path(f), n) for f, _line, n in frames]
     py = [(f, n) for f, n in norm if f.endswith(".py")]
-    comm = any(matches(f, n, COMMUNICATION) for f, n in py)
+    comm = any(matches(f, n, COMMUNICATION) for f, n in py) or matches(*py[0], COMMUNICATION_SITE) if py else False
     optim = any(matches(f, n, OPTIMIZER) and not any(x in f for x in OPTIMIZER_EXCLUDED) for f, n in py)
     cache = any(matches(f, n, KV_CACHE) for f, n in py)
     compiled = any(matches(f, n, COMPILED) for f, n in norm)
