@@ -22,6 +22,7 @@ from ..analysis.fragmentation import request_pool
 from ..analysis.rounding import allocation_size, round_size
 from ..units import GiB, MiB
 from .context import Context
+from ..simulate.capacity import infer_capacity, sidecar_cap
 from .finding import Finding, Fix
 
 ID = "fragmentation"
@@ -70,7 +71,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
                    "still hold live blocks, so the allocator could not cudaMalloc a new segment under the cap "
                    "and freeing its cache did not help.")
         return Finding(ID, "critical", "Out of memory with enough free memory, in pieces too small",
-                       [a.rank], unallocated, summary, evidence, [], _fixes(v, expandable_on, request),
+                       [a.rank], unallocated, summary, evidence, [], _fixes(v, expandable_on, request, _capped(a)),
                        per_rank_bytes={a.rank: unallocated})
     if a.num_events == 0 or expandable_on:
         return None
@@ -91,14 +92,25 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
                "were free but stranded inside segments that still hold live blocks (largest free block "
                "{largest_free_block_bytes:bytes}); only {allocated_at_peak_bytes:bytes} were allocated.")
     return Finding(ID, "high", "Reserved memory far above allocated: free space stranded in segments",
-                   [a.rank], stranded, summary, evidence, [], _fixes(v, False, 0), per_rank_bytes={a.rank: stranded})
+                   [a.rank], stranded, summary, evidence, [], _fixes(v, False, 0, _capped(a)), per_rank_bytes={a.rank: stranded})
 
 
-def _fixes(v, expandable_on: bool, request: int) -> list[Fix]:
+def _capped(a: DeviceAnalysis) -> bool:
+    """Whether the process ran under a memory fraction (the sidecar's cap, or an OOM below the device)."""
+    return sidecar_cap(a.trace.meta)[0] is not None or infer_capacity(a.trace, a.device).kind == "fraction"
+
+
+def split_mb(request: int) -> int:
+    """The ``max_split_size_mb`` proposed for a failed request of ``request`` bytes: half of it, within
+    [20, 1024] MiB (blocks that large are then never split, so the request finds a whole one); 512 without one."""
+    return max(20, min(1024, (request // MiB) // 2)) if request else 512
+
+
+def _fixes(v, expandable_on: bool, request: int, capped: bool) -> list[Fix]:
     env = "PYTORCH_ALLOC_CONF" if v.at_least((2, 9)) else "PYTORCH_CUDA_ALLOC_CONF"
     env_note = ("PYTORCH_ALLOC_CONF (PyTorch >= 2.9; PYTORCH_CUDA_ALLOC_CONF is still read as an alias there "
                 "and is the name before 2.9)")
-    split_mb = max(20, min(1024, (request // MiB) // 2)) if request else 512
+    split = split_mb(request)
     fixes = []
     if not expandable_on:
         fixes.append(Fix(
@@ -110,16 +122,17 @@ def _fixes(v, expandable_on: bool, request: int) -> list[Fix]:
             kind="env", setting=f"{env}=expandable_segments:True", applies=v.at_least((2, 1)),
             what_if={"config": "expandable_segments:True"}))
     fixes.append(Fix(
-        f"Or set {env}=max_split_size_mb:{split_mb}: blocks at least that large are never split, so large "
+        f"Or set {env}=max_split_size_mb:{split}: blocks at least that large are never split, so large "
         "requests find whole blocks (ignored when expandable segments are on, issue #119452).",
         versions=">=1.10", source="docs notes/cuda.md; CUDACachingAllocator.cpp get_free_block/should_split",
-        kind="env", setting=f"{env}=max_split_size_mb:{split_mb}",
-        what_if={"config": f"max_split_size_mb:{split_mb}"}))
-    fixes.append(Fix(
-        f"With a memory fraction set (torch.cuda.set_per_process_memory_fraction), add "
-        f"garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap.",
-        versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
-        setting=f"{env}=garbage_collection_threshold:0.8", what_if={"config": "garbage_collection_threshold:0.8"}))
+        kind="env", setting=f"{env}=max_split_size_mb:{split}",
+        what_if={"config": f"max_split_size_mb:{split}"}))
+    if capped:  # the collector only runs under a memory fraction (CUDACachingAllocator.cpp malloc)
+        fixes.append(Fix(
+            f"Under the memory fraction (torch.cuda.set_per_process_memory_fraction), add "
+            f"garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap.",
+            versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
+            setting=f"{env}=garbage_collection_threshold:0.8", what_if={"config": "garbage_collection_threshold:0.8"}))
     fixes.append(Fix(
         "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
         versions="all", source="shared/reference/antipatterns.md AP-06", kind="code"))

@@ -65,6 +65,9 @@ def report_dict(report: Report) -> dict[str, Any]:
         d["summary"] = fill(f.summary, f.evidence)
         d["title"] = fill(f.title, f.evidence)
         d["per_rank_bytes"] = {str(k): v for k, v in f.per_rank_bytes.items()}
+        for fx, pred in [(x, x.get("prediction")) for x in d["fixes"]] + [(d, d.get("prediction"))]:
+            if pred and "outcome" in pred:
+                fx["prediction"] = {**pred, "outcome": fill(pred["outcome"], pred)}
         findings.append(d)
     out = {"oomdoctor_version": report.oomdoctor_version, "verdict": verdict_dict(report.verdict),
            "inputs": report.inputs, "ranks": ranks, "findings": findings, "notes": report.notes,

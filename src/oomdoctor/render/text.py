@@ -166,12 +166,11 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    oom = "no OOM" if p["oom"] is None else f"OOM at event {p['oom']['event_index']}"
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {oom}, peak reserved "
-            f"{format_bytes(p['peak_reserved_bytes'])} (recorded {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {fill(p['outcome'], p)} "
+            f"(recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"
-    text += ")"
+    text += f"; reach: {p['reach']})"
     if not p["self_replay_exact"]:
         text += " [the replay of the recorded run was not exact: approximate]"
     return text

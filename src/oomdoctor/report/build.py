@@ -15,6 +15,7 @@ from ..analysis.phases import BACKWARD_PHASE, OPTIMIZER_PHASE, Phases
 from ..analysis.rounding import allocation_size
 from ..detectors import materiality
 from ..detectors.common import site_refs
+from ..detectors.fragmentation import split_mb
 from ..detectors.context import Context, applies, torch_version
 from ..detectors.finding import Finding
 from ..detectors.registry import run_all
@@ -22,7 +23,7 @@ from ..frameworks import detect_frameworks
 from ..trace.model import Trace
 from .fits import Fits, device_room, fits
 from .model import HolderRef, OomInfo, RankSummary, Report
-from .predict import attach_predictions
+from .predict import Predictor, attach_predictions, predictor
 from .verdict import job_verdict, rank_verdict, state_verdict
 
 SERIES_POINTS = 48
@@ -134,6 +135,16 @@ def build_report(traces: list[Trace], *, micro_batch: int | None = None,
     return report_of([analyze(t) for t in traces], micro_batch=micro_batch, rule=rule)
 
 
+def defragmenting_setting(a: DeviceAnalysis) -> str:
+    """The allocator setting that undoes fragmentation at ``a``'s OOM: ``expandable_segments:True``, or, where
+    segments are expandable already, ``max_split_size_mb`` at half the failed request (as the fragmentation
+    detector proposes it)."""
+    if a.trace.allocator_settings.get("expandable_segments") or any(s.is_expandable for s in a.device.segments):
+        request = int(a.device.events["size"][int(a.oom_events[-1])]) if a.oom_events.size else 0
+        return f"max_split_size_mb:{split_mb(request)}"
+    return "expandable_segments:True"
+
+
 def _versions(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
     """Fill ``Fix.applies`` where the detector left it open, from the version of the finding's ranks."""
     by_rank = {a.rank: a for a in analyses}
@@ -160,7 +171,8 @@ def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
     the framework callbacks write); ``rule``: the materiality rule."""
     ctx = Context(analyses)
     findings = run_all(ctx)
-    attach_predictions(findings, analyses)
+    predictors: dict[int, Predictor | None] = {}
+    attach_predictions(findings, analyses, predictors)
     _versions(findings, analyses)
     findings = materiality.apply(findings, {a.rank: a.peak_reserved[0] for a in analyses}, rule)
     notes = []
@@ -182,8 +194,14 @@ def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
                 done.append(fits(a, room, mb))
             return done[0]
 
+        def defragmented(a=a) -> dict | None:
+            if a.rank not in predictors:
+                predictors[a.rank] = predictor(a)
+            p = predictors[a.rank]
+            return None if p is None or not p.reproduces else p.run({"config": defragmenting_setting(a)})
+
         if r.breakdown is not None:
-            r.verdict = rank_verdict(a, findings, room, r.breakdown, r.holders, get_fits)
+            r.verdict = rank_verdict(a, findings, room, r.breakdown, r.holders, get_fits, defragmented)
         else:
             r.verdict = state_verdict(a, room)
         if mb and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):

@@ -1,9 +1,19 @@
-"""Predictions for fixes: replay the trace with the fix applied (:mod:`..simulate`).
+"""Predictions for fixes: replay the trace with the fix applied (:mod:`..simulate`), and say how far the
+replay reaches.
 
 Only fixes whose detector says how to replay them (``Fix.what_if``) are simulated, on the rank with the
 most bytes at stake, once per distinct experiment, so ``diagnose`` pays for a few replays of the
 findings' own traces and nothing else. Each prediction is only as trustworthy as the self-replay of
-the recorded settings, so that result travels with it (``self_replay_exact``).
+the recorded settings, so that result travels with it (``self_replay_exact``), and as far as the events
+replayed, which it says (``reach``, :data:`REACHES`):
+
+- ``complete``: the recording has no OOM and was replayed to its end;
+- ``recorded``: the recording ends at an OOM; only the recorded events were replayed (what comes after
+  the OOM was never recorded, so "no OOM" then means only "gets past the recorded OOM");
+- ``step-completed`` / ``step-ran-out``: the trace cut by its OOM was extended by the rest of its step
+  as the previous step ran it (:mod:`..simulate.extend`), and that step completes, or runs out later.
+
+``outcome`` is the sentence a renderer shows, a template over the prediction's own fields.
 """
 
 from __future__ import annotations
@@ -15,7 +25,10 @@ from ..analysis.device import DeviceAnalysis
 from ..detectors.finding import Finding
 from ..simulate.capacity import infer_capacity
 from ..simulate.config import DEFAULT, AllocatorConfig, parse_config
+from ..simulate.extend import Extension, extend_by_previous_step
 from ..simulate.replay import RECORDED, Prepared, ReplayResult, SimulationError, prepare, replay
+
+REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
 
 
 def _on_top(base: AllocatorConfig, text: str) -> AllocatorConfig:
@@ -26,25 +39,55 @@ def _on_top(base: AllocatorConfig, text: str) -> AllocatorConfig:
     return replace(base, **changes)
 
 
-class _Predictor:
+class Predictor:
+    """Replays of one rank's trace under other settings, with the reach of each (see the module doc).
+    Raises :class:`SimulationError` when the trace cannot be replayed."""
+
     def __init__(self, analysis: DeviceAnalysis) -> None:
         self.analysis = analysis
         self.prepared: Prepared = prepare(analysis.trace, analysis.device, analysis.lifetimes)
+        if self.prepared.external or self.prepared.external_start:
+            # simulate/pools.py: private pools are replayed as recorded; how they would grow or shrink under
+            # other settings is not modelled, so no setting's effect is claimed
+            raise SimulationError("CUDA graph private pools hold part of this run's memory; they are replayed as "
+                                  "recorded, so the effect of other settings is not predicted")
         self.capacity = infer_capacity(analysis.trace, analysis.device)
         self.self_replay = replay(self.prepared, capacity=self.capacity)
-        self.cache: dict[tuple, ReplayResult] = {}
+        self.extension: Extension | None = None
+        self.extended: Prepared | None = None
+        steps = analysis.steps
+        if self.prepared.recorded_oom is not None and steps is not None:
+            self.extension = extend_by_previous_step(analysis.device, steps.starts)
+            if self.extension is not None:
+                self.extended = prepare(analysis.trace, self.extension.device)
+        self.cache: dict[tuple, dict[str, Any]] = {}
+
+    @property
+    def reproduces(self) -> bool:
+        """Does the replay of the recorded settings do what the recording did (the same OOM, or none, and
+        the same segments when there is none)? A prediction is only as good as that."""
+        v = self.self_replay.validation
+        return v is not None and v.oom_matches and (v.segment_events_differing == 0
+                                                     or self.prepared.recorded_oom is not None)
+
+    def _config(self, what_if: dict[str, str]) -> AllocatorConfig:
+        config = self.prepared.recorded_config
+        return _on_top(config, what_if["config"]) if what_if.get("config") else config
 
     def run(self, what_if: dict[str, str]) -> dict[str, Any]:
-        config = self.prepared.recorded_config
-        if what_if.get("config"):
-            config = _on_top(config, what_if["config"])
+        """The prediction of ``what_if`` (``{"config": PYTORCH_ALLOC_CONF text, "deferred_frees": mode}``)."""
+        config = self._config(what_if)
         mode = what_if.get("deferred_frees", RECORDED)
         key = (config, mode)
         if key not in self.cache:
-            self.cache[key] = replay(self.prepared, config, deferred_frees=mode, capacity=self.capacity)
-        r = self.cache[key]
+            self.cache[key] = self._predict(config, mode)
+        return self.cache[key]
+
+    def _predict(self, config: AllocatorConfig, mode: str) -> dict[str, Any]:
+        r: ReplayResult = replay(self.prepared, config, deferred_frees=mode, capacity=self.capacity)
         peak, _ = self.analysis.peak_reserved
-        return {
+        recorded_oom = self.prepared.recorded_oom
+        out: dict[str, Any] = {
             "rank": self.analysis.rank,
             "config": config.to_string(),
             "deferred_frees": mode,
@@ -52,31 +95,71 @@ class _Predictor:
             "recorded_peak_reserved_bytes": int(peak),
             "oom": None if r.oom is None else {"event_index": r.oom.event_index,
                                                  "requested_bytes": r.oom.requested_bytes},
-            "recorded_oom_event_index": self.prepared.recorded_oom,
+            "recorded_oom_event_index": recorded_oom,
             "capacity_bytes": self.capacity.limit_bytes,
             "capacity_kind": self.capacity.kind,
             "self_replay_exact": self.self_replay.matches_recorded,
         }
+        if recorded_oom is None:
+            out["reach"] = "complete"
+            out["outcome"] = ("no OOM, peak reserved {peak_reserved_bytes:bytes}" if r.oom is None else
+                              "out of memory at event {oom[event_index]}")
+            return out
+        if r.oom is not None:
+            out["reach"] = "recorded"
+            out["outcome"] = "still out of memory, at event {oom[event_index]} of the recording"
+            return out
+        if self.capacity.limit_bytes is not None:
+            out["spare_bytes"] = max(self.capacity.limit_bytes - r.peak_reserved_bytes, 0)
+        if self.extended is None:
+            out["reach"] = "recorded"
+            out["outcome"] = ("gets past the recorded OOM" + (" with {spare_bytes:bytes} to spare" if "spare_bytes" in out
+                                                              else "") +
+                              "; the rest of the step was not recorded (no complete step before it to replay)")
+            return out
+        e = replay(self.extended, config, deferred_frees=mode, capacity=self.capacity)
+        ext = self.extension
+        out["extended_peak_reserved_bytes"] = e.peak_reserved_bytes
+        out["extension"] = {"previous_step_events": list(ext.previous_step), "appended_events": ext.appended}
+        if e.oom is None:
+            out["reach"] = "step-completed"
+            out["outcome"] = ("gets past the recorded OOM, and the rest of the step, replayed as the previous step ran "
+                              "it, completes (peak reserved {extended_peak_reserved_bytes:bytes})")
+        else:
+            out["reach"] = "step-ran-out"
+            out["extended_oom_requested_bytes"] = e.oom.requested_bytes
+            out["outcome"] = ("gets past the recorded OOM, but the rest of the step, replayed as the previous step ran "
+                              "it, runs out of memory asking for {extended_oom_requested_bytes:bytes}")
+        return out
 
 
-def attach_predictions(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
+def predictor(analysis: DeviceAnalysis) -> Predictor | None:
+    """A :class:`Predictor` for ``analysis``, or None when its trace has no history or cannot be replayed."""
+    if not analysis.trace.has_history or analysis.num_events == 0:
+        return None
+    try:
+        return Predictor(analysis)
+    except SimulationError:
+        return None
+
+
+def attach_predictions(findings: list[Finding], analyses: list[DeviceAnalysis],
+                       predictors: dict[int, Predictor | None] | None = None) -> None:
     """Fill ``Fix.prediction`` for every fix with a ``what_if`` and ``Finding.prediction`` with the first
-    one. Mutates ``findings``. A trace the simulator cannot replay leaves its predictions empty."""
+    one. Mutates ``findings``. A trace the simulator cannot replay leaves its predictions empty.
+    ``predictors``: rank -> :class:`Predictor`, made on demand and kept (the verdict asks them too)."""
     by_rank = {a.rank: a for a in analyses}
-    predictors: dict[int, _Predictor | None] = {}
+    predictors = predictors if predictors is not None else {}
     for f in findings:
         wanted = [fx for fx in f.fixes if fx.what_if]
         if not wanted:
             continue
         rank = max(f.ranks, key=lambda r: f.per_rank_bytes.get(r, 0)) if f.ranks else None
         a = by_rank.get(rank)
-        if a is None or not a.trace.has_history:
+        if a is None:
             continue
         if rank not in predictors:
-            try:
-                predictors[rank] = _Predictor(a)
-            except SimulationError:
-                predictors[rank] = None
+            predictors[rank] = predictor(a)
         p = predictors[rank]
         if p is None:
             continue

@@ -26,6 +26,7 @@ The job's verdict is its worst rank's: ranks that ran out of memory first, then 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -71,9 +72,13 @@ def _rank_bytes(f: Finding, rank: int) -> int:
 
 
 def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Breakdown, holders: list[SiteRef],
-                 fits: Callable[[], Fits | None]) -> Verdict:
+                 fits: Callable[[], Fits | None],
+                 defragmented: Callable[[], dict[str, Any] | None] = lambda: None) -> Verdict:
     """The verdict of one rank (see the module doc). ``bd``: the breakdown at the OOM or the peak;
-    ``fits``: computes what fits when a verdict needs it (capacity, fragmentation): replays cost time."""
+    ``fits``: computes what fits when a verdict needs it (capacity, fragmentation): replays cost time;
+    ``defragmented``: the prediction (:mod:`.predict`) of the trace replayed with the fragmentation fix
+    (``expandable_segments:True``, or ``max_split_size_mb`` where segments are expandable already), or
+    None when it cannot be replayed."""
     rank = a.rank
     peak_reserved = a.peak_reserved[0]
     headroom = room.bytes - peak_reserved if room.bytes is not None else None
@@ -83,7 +88,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     mine = _material(findings, rank)
     _logits(holders, bd, ev)
     if a.oom_events.size:
-        v = _oom_verdict(a, mine, room, bd, fits, ev)
+        v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
         v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
     if headroom is not None:
@@ -128,7 +133,8 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
 
 
 def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdown,
-                 get_fits: Callable[[], Fits | None], ev: dict[str, Any]) -> Verdict:
+                 get_fits: Callable[[], Fits | None], defragmented: Callable[[], dict[str, Any] | None],
+                 ev: dict[str, Any]) -> Verdict:
     rank = a.rank
     k = int(a.oom_events[-1])
     request = int(round_size(a.device.events["size"][k:k + 1])[0])
@@ -182,11 +188,24 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         summary += (" {graph_pool_bytes:bytes} were reserved by CUDA graph private pools (torch.compile "
                     "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot "
                     "release cached segments while a graph is being captured.")
+    fixed = defragmented()
+    if fixed is not None:
+        ev["defragmented_config"] = fixed["config"]
+        ev["defragmented_reach"] = fixed["reach"]
+        ev.update({f"fix_{k}": val for k, val in fixed.items()})
+        outcome = re.sub(r"\{(\w)", r"{fix_\1", fixed["outcome"])
+        if fixed["reach"] == "step-ran-out":
+            # fragmentation hit first, but without it the step still does not fit: capacity
+            ev["extended_request_bytes"] = fixed["extended_oom_requested_bytes"]
+            summary += (" Simulated with {defragmented_config}, it " + outcome + ": fragmentation hit first, but "
+                        "the step does not fit even without it.")
+            fits = get_fits()
+            summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
+                                     " What fits: {batch_scale}x the current micro-batch.")
+            return Verdict("capacity", summary, fixed["extended_oom_requested_bytes"], [rank], None, None, ev)
+        summary += " Simulated with {defragmented_config}, it " + outcome + "."
+        ev["defragmented_outcome_template"] = outcome
     fits = get_fits()
-    if fits is not None and fits.expandable_batch_scale is not None:
-        ev["expandable_fits"] = fits.expandable_batch_scale >= 1.0
-        summary += (" Simulated with expandable_segments:True, this trace runs through." if ev["expandable_fits"] else
-                    " Simulated with expandable_segments:True, it still runs out of memory.")
     summary += _fit_sentence(fits, ev, " With the recorded settings the largest micro-batch that fits is "
                                        "{largest_micro_batch}.",
                              " With the recorded settings {batch_scale}x the current micro-batch fits.")
@@ -249,15 +268,16 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
                 out.append(f"{fw.name}: {fw.knobs['activations']}.")
                 break
     elif v.kind == "fragmentation":
-        if "expandable_fits" not in ev:
-            out.append("Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) so "
-                       "that free memory is not stranded between segments (not simulated: the allocator model does not "
-                       "reproduce this recording).")
-        elif ev["expandable_fits"]:
-            out.append("Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): "
-                       "simulated, this trace then runs through.")
+        setting = ev.get("defragmented_config") or "expandable_segments:True"
+        if "defragmented_reach" not in ev:
+            out.append(f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) so "
+                       "that free memory is not stranded between segments (not simulated: the allocator model cannot "
+                       "replay this recording).")
+        elif ev["defragmented_reach"] in ("step-completed", "complete") or ev.get("fix_oom", True) is None:
+            out.append(f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): simulated, "
+                       "it " + ev["defragmented_outcome_template"] + ".")
         else:
-            out.append("Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) to "
+            out.append(f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) to "
                        "stop stranding free memory; simulated, it is not enough here: lower the micro-batch too.")
         if "largest_micro_batch" in ev:
             out.append("Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}.")

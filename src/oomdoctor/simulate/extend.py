@@ -1,0 +1,153 @@
+"""A trace cut by its OOM, extended by the rest of its step as the previous step ran it.
+
+A replay of a trace that ends at an OOM proves only that the recorded events fit: the step the OOM cut
+short would have gone on (the rest of the forward, the backward, the update). When the trace holds a
+complete earlier step, the next step repeats the previous one, plus the state the previous one created
+and kept (an optimizer's lazily made state exists now): so the rest of the cut step is the previous
+step's events after the allocation that matches the failed one. Allocations are matched within a step by
+(stack, rank among that stack's allocations in the step), as the accounting matches an open pass.
+
+The extension (:func:`extend_by_previous_step`) is a new :class:`~oomdoctor.trace.model.DeviceTrace`:
+the recorded events up to the OOM, without the ``oom`` entry, then the previous step's ``alloc``,
+``free_requested`` and ``free_completed`` events after the matched allocation, with
+
+- the blocks those allocate at fresh addresses (the recorded ones may be live now);
+- frees of blocks the previous step made before the matched point sent to the current step's matching
+  block (dropped when that one is gone already);
+- frees of blocks made before the previous step kept as recorded when that block is still alive;
+- allocations of blocks the previous step kept past its end (state created once) left out;
+- no ``segment_*`` entries: they are the allocator's answers, which a replay computes.
+
+Its final segments are the recording's, so the state at the trace's start is rebuilt as before. What it
+claims reaches as far as that assumption: the step completes if the next step repeats the previous one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace
+
+FRESH = 1 << 52
+"""Offset that gives the extension's own blocks addresses no recorded block has (PyTorch's are below 2**48)."""
+
+
+@dataclass
+class Extension:
+    """An extended trace (``device``), the index of its first appended event (``first_appended``), how many
+    events were appended, the step it borrowed (``previous_step``: ``(start, end)`` event indices) and the
+    recorded OOM event it replaces."""
+
+    device: DeviceTrace
+    first_appended: int
+    appended: int
+    previous_step: tuple[int, int]
+    oom_event: int
+
+
+def _keys(action: np.ndarray, stack: np.ndarray, lo: int, hi: int) -> dict[int, tuple[int, int]]:
+    """Event index -> (stack, rank among that stack's allocations in [lo, hi)) for the allocations there."""
+    seen: dict[int, int] = {}
+    out = {}
+    for j in np.flatnonzero(action[lo:hi] == ALLOC).tolist():
+        s = int(stack[lo + j])
+        out[lo + j] = (s, seen.get(s, 0))
+        seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_oom: dict[int, bool] | None = None
+                            ) -> Extension | None:
+    """The trace of ``dt`` (ending at an ``oom`` entry) extended by the rest of its step (see the module doc).
+    ``step_starts``: event indices where steps begin. None when there is no OOM, no complete step before the
+    OOM's, or no allocation of the previous step matches the failed one."""
+    ev = dt.events
+    action, addr, stack = ev["action"], ev["addr"], ev["stack"]
+    ooms = np.flatnonzero(action == OOM)
+    if ooms.size == 0:
+        return None
+    k = int(ooms[-1])
+    starts = np.asarray(step_starts, dtype=np.int64)
+    cur = int(np.searchsorted(starts, k, side="right")) - 1
+    if cur < 1:
+        return None
+    p0, s0 = int(starts[cur - 1]), int(starts[cur])
+    if s0 <= p0:
+        return None
+    # the failed request's key in its step
+    now = _keys(action, stack, s0, k)
+    failed = int(stack[k])
+    rank = sum(1 for key in now.values() if key[0] == failed)
+    before = _keys(action, stack, p0, s0)
+    by_key = {v: j for j, v in before.items()}
+    p = by_key.get((failed, rank))
+    if p is None:
+        return None
+    # current step's blocks by key -> their address, while alive at the OOM
+    live: dict[int, int] = {}  # address -> alloc event, blocks allocated and not freed before the OOM
+    for j in range(k):
+        a = int(action[j])
+        if a == ALLOC:
+            live[int(addr[j])] = j
+        elif a == FREE_REQUESTED:
+            live.pop(int(addr[j]), None)
+    cur_addr = {key: int(addr[j]) for j, key in now.items() if live.get(int(addr[j])) == j}
+    # the previous step's blocks: which alloc each address belongs to, and which outlive that step
+    holder: dict[int, int] = {}  # address -> the alloc event holding it now
+    freed_at: dict[int, int] = {}
+    made = []
+    for j in range(p0, len(action)):
+        a = int(action[j])
+        if a == ALLOC:
+            holder[int(addr[j])] = j
+            if j < s0:
+                made.append(j)
+        elif a == FREE_REQUESTED:
+            i = holder.pop(int(addr[j]), None)
+            if i is not None and i < s0:
+                freed_at[i] = j
+    kept_past = {i for i in made if freed_at.get(i, len(action)) >= s0}
+    rows: list[int] = []
+    new_addr: list[int] = []
+    owner: dict[int, int] = {}  # recorded address -> alloc event in the previous step (after p0)
+    for j in range(p0, s0):
+        a = int(action[j])
+        ad = int(addr[j])
+        if a == ALLOC:
+            owner[ad] = j
+            if j >= p and j not in kept_past:
+                rows.append(j)
+                new_addr.append(ad + FRESH)
+            continue
+        if a not in (FREE_REQUESTED, FREE_COMPLETED) or j <= p:
+            continue
+        i = owner.get(ad)
+        if i is None:  # made before the previous step: the same block now, if still alive
+            if ad in live:
+                rows.append(j)
+                new_addr.append(ad)
+        elif i >= p:
+            if i not in kept_past:
+                rows.append(j)
+                new_addr.append(ad + FRESH)
+        else:
+            target = cur_addr.get(before[i])
+            if target is not None:
+                rows.append(j)
+                new_addr.append(target)
+    if not rows:
+        return None
+    idx = np.array(rows, dtype=np.int64)
+    t_shift = int(ev["time_us"][k]) - int(ev["time_us"][p])
+    events = {}
+    for name, col in ev.items():
+        tail = col[idx].copy()
+        if name == "addr":
+            tail = np.array(new_addr, dtype=col.dtype)
+        elif name == "time_us":
+            tail = tail + t_shift
+        events[name] = np.concatenate([col[:k], tail])
+    out = DeviceTrace(dt.device, events, dt.segments, list(dt.annotations))
+    return Extension(out, k, int(idx.size), (p0, s0), k)
