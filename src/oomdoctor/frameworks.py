@@ -254,15 +254,60 @@ FRAMEWORKS: tuple[Framework, ...] = (
         "activations": "--activation_checkpoint.mode selective|full, a smaller --training.local_batch_size",
         "sharding": "--parallelism.data_parallel_shard_degree",
     }),
-    Framework("fsdp2", "FSDP2 (fully_shard)", ("torch/distributed/fsdp/_fully_shard/",), {}),
+    Framework("fsdp2", "FSDP2 (fully_shard)", ("torch/distributed/fsdp/_fully_shard/",), {
+        "activations": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper around each "
+                        "block before fully_shard, or torch.utils.checkpoint in its forward"),
+        "sharding": ("fully_shard(block, reshard_after_forward=True) frees each block's unsharded parameters after its "
+                     "forward; MixedPrecisionPolicy(param_dtype=torch.bfloat16) halves the all-gathered copies"),
+        "optimizer": "CPUOffloadPolicy() moves sharded parameters, gradients and optimizer state to the host",
+    }),
     Framework("fsdp1", "FSDP1 (FullyShardedDataParallel)", ("torch/distributed/fsdp/fully_sharded_data_parallel.py",
-                                                             "torch/distributed/fsdp/_runtime_utils.py"), {}),
+                                                             "torch/distributed/fsdp/_runtime_utils.py"), {
+        "activations": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper.apply_activation_checkpointing("
+                        "model, check_fn=lambda m: isinstance(m, Block))"),
+        "sharding": ("FullyShardedDataParallel(limit_all_gathers=True) bounds the all-gathers in flight; "
+                     "sharding_strategy=ShardingStrategy.FULL_SHARD reshards after forward"),
+        "optimizer": "CPUOffload(offload_params=True) moves parameters, gradients and optimizer state to the host",
+    }),
     Framework("ddp", "DistributedDataParallel", ("torch/nn/parallel/distributed.py",), {
         "buckets": "DDP(gradient_as_bucket_view=True) makes gradients views of the buckets (one copy instead of two)",
     }),
-    Framework("compile", "torch.compile", tuple(frag for frag, _n in COMPILED), {}),
-    Framework("deepspeed", "DeepSpeed", ("deepspeed/",), {}),
+    Framework("compile", "torch.compile", tuple(frag for frag, _n in COMPILED), {
+        "graphs": ("mode='reduce-overhead' keeps CUDA graph private pools for every input shape; mode='default' or "
+                   "'max-autotune-no-cudagraphs' runs without them, and torch._inductor.config.triton.cudagraph_trees "
+                   "can be turned off"),
+        "activations": "torch._functorch.config.activation_memory_budget=0.5 lets the partitioner recompute activations",
+    }),
+    Framework("deepspeed", "DeepSpeed", ("deepspeed/",), {
+        "activations": ("\"activation_checkpointing\": {\"partition_activations\": true} with "
+                        "deepspeed.checkpointing.checkpoint in the model, or a smaller train_micro_batch_size_per_gpu "
+                        "with gradient_accumulation_steps"),
+        "sharding": ("\"zero_optimization\": {\"stage\": 3} partitions parameters too; \"offload_optimizer\": "
+                     "{\"device\": \"cpu\"} and \"offload_param\" move them to the host"),
+        "buckets": ("\"zero_optimization\": {\"reduce_bucket_size\": ..., \"allgather_bucket_size\": ...} bound the "
+                    "communication buffers (ZeRO-3 allocates its reduce bucket for good)"),
+    }),
+    Framework("generate", "transformers generate()", ("transformers/generation/",), {
+        "kv-cache": ("a smaller batch or max_new_tokens; cache_implementation='static' allocates the KV cache once "
+                     "instead of concatenating it one token larger every step; cache_implementation='quantized' or "
+                     "'offloaded' keeps it in int4/int2 or on the host"),
+    }),
+    Framework("pipelining", "torch.distributed.pipelining", ("torch/distributed/pipelining/",), {
+        "in-flight": ("fewer micro-batches in flight: Schedule1F1B instead of ScheduleGPipe, an interleaved schedule "
+                      "(ScheduleInterleaved1F1B) with more stages per rank, or activation checkpointing in the stage "
+                      "modules"),
+    }),
 )
+
+PIPELINE_KNOB = ("hold fewer micro-batches in flight: a 1F1B schedule holds at most one per later stage, GPipe all of "
+                 "them; or an interleaved schedule, more pipeline stages, or activation checkpointing inside the stages")
+"""What to change when a pipeline schedule's micro-batches in flight do not fit (Narayanan et al. 2021,
+arXiv:2006.09503 §2; torch.distributed.pipelining's schedules)."""
+
+GRAPH_KEPT_FIX = ("evaluate under torch.no_grad() or torch.inference_mode(), and sum losses as numbers "
+                  "(val_loss += loss.item()) or detached tensors (loss.detach())")
+"""The fix for a loop that keeps every batch's autograd graph through a Python sum (PyTorch FAQ, 'Don't
+accumulate history across your training loop')."""
 
 
 def framework(fid: str) -> Framework:

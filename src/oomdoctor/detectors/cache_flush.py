@@ -64,10 +64,14 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         later = slice(int(frees.min()) + 1, None)
         grow = (act[later] == SEGMENT_ALLOC) | (act[later] == SEGMENT_MAP)
         realloc = int(ev["size"][later][grow].sum())
-    retries = max(retries_stat, retry_bursts)
+    # the allocator's own count is the truth when the sidecar has it: under a memory fraction or
+    # max_split_size_mb the allocator also releases cached blocks without retrying (garbage collection,
+    # release_available_cached_blocks), and those bursts are no retries
+    retries = retries_stat if "num_alloc_retries" in stats else retry_bursts
     churn = empty_bursts >= 2 and realloc >= 0.5 * freed
     if not churn and retries == 0:
         return None
+    flush_us, mallocs = _flush_cost(a, frees, burst_id)
     evidence = {
         "segment_free_bursts": n_bursts,
         "empty_cache_bursts": empty_bursts,
@@ -77,39 +81,67 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "reallocated_after_bytes": realloc,
         "last_flush_event": int(frees.max()) if frees.size else -1,
         "bursts_classified_by": classified_by,
+        "flush_time_us": flush_us,
+        "cuda_malloc_calls_after": mallocs,
     }
-    at_stake = max(realloc, freed)
+    at_stake = 0  # the cost of flushing is time, not memory: no bytes are at stake
     if churn and classified_by == "unknown":
         summary = ("Cached segments were released {segment_free_bursts} times during training ({freed_bytes:bytes} in "
                    "all) and the trace allocated {reallocated_after_bytes:bytes} again afterwards: either "
-                   "torch.cuda.empty_cache() calls or allocator retries. This trace has no free stacks (recorded with "
+                   "torch.cuda.empty_cache() calls or allocator retries, about {flush_time_us:us} of flushing and "
+                   "{cuda_malloc_calls_after} cudaMalloc calls. This trace has no free stacks (recorded with "
                    "context='alloc') and no memory_stats to tell them apart; record with oomdoctor (its sidecar has "
                    "num_alloc_retries).")
-        title, sev = "Cached memory released and allocated again (empty_cache() or allocator retries)", "low"
+        title = ("Cached memory released and allocated again {segment_free_bursts} times (empty_cache() or allocator "
+                 "retries), about {flush_time_us:us}")
     elif churn:
         summary = ("empty_cache() released segments {empty_cache_bursts} times during training ({freed_bytes:bytes} "
                    "in all) and the trace allocated {reallocated_after_bytes:bytes} again afterwards: each call "
-                   "synchronises the device and the next steps pay for fresh cudaMalloc calls.")
-        title, sev = "torch.cuda.empty_cache() churn: memory released and allocated again", "medium"
+                   "synchronises the device and the next steps pay for fresh cudaMalloc calls ({cuda_malloc_calls_after} "
+                   "in all). The trace shows about {flush_time_us:us} spent flushing and allocating again. It costs "
+                   "time, not memory: empty_cache() never gives PyTorch more room.")
+        title = ("torch.cuda.empty_cache() churn: about {flush_time_us:us} of flushing and allocating again over "
+                 "{empty_cache_bursts} flushes (a speed cost)")
     else:
         summary = ("The allocator ran out of room {num_alloc_retries} time(s) without failing: it freed its cache "
                    "({freed_bytes:bytes}) and retried cudaMalloc, synchronising every stream each time. The job runs "
                    "at the edge of the device's memory; the cost is time, not memory.")
-        title, sev = "Allocator retries: the job runs at the edge of its memory", "low"
-        at_stake = 0
-    fixes = [
-        Fix("Call torch.cuda.empty_cache() only at phase changes (after initialisation, after evaluation), not "
+        title = "Allocator retries: the job runs at the edge of its memory"
+    sev = "low"
+    fixes = []
+    if churn:
+        fixes.append(Fix(
+            "Call torch.cuda.empty_cache() only at phase changes (after initialisation, after evaluation), not "
             "every step; it never gives PyTorch more memory.", versions="all",
-            source="discuss.pytorch.org/t/34232 (albanD); notes/cuda.md memory management", kind="code"),
-        Fix("Lower the peak (activation checkpointing, a smaller micro-batch) or fix fragmentation so the "
+            source="discuss.pytorch.org/t/34232 (albanD); notes/cuda.md memory management", kind="code"))
+    if retries:
+        fixes.append(Fix(
+            "Lower the peak (activation checkpointing, a smaller micro-batch) or fix fragmentation so the "
             "allocator never has to flush and retry; watch num_alloc_retries in torch.cuda.memory_stats().",
             versions="all", source="zdevito 'A guide to PyTorch's CUDA Caching Allocator'; torchtitan metrics.py",
-            kind="code"),
-    ]
-    if not churn:
-        fixes = fixes[1:]
+            kind="code"))
     return Finding(ID, sev, title, [a.rank], at_stake, summary, evidence, [], fixes,
                    per_rank_bytes={a.rank: at_stake})
+
+
+def _flush_cost(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray) -> tuple[int, int]:
+    """Time (µs) the trace shows for the flushes: from the event before each burst to its last segment free
+    (synchronising the device and the ``cudaFree`` calls), plus, for every segment the allocator made
+    after the first flush, the time since the event before it (its ``cudaMalloc``); and how many such
+    segments there were. An estimate read off the event clock, which also counts host work in between."""
+    if frees.size == 0:
+        return 0, 0
+    ev = a.device.events
+    t, act = ev["time_us"], ev["action"]
+    n = t.shape[0]
+    total = 0
+    for b in np.unique(burst_id).tolist():
+        members = frees[burst_id == b]
+        total += int(t[int(members.max())] - t[max(int(members.min()) - 1, 0)])
+    later = np.flatnonzero(((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP)) & (np.arange(n) > int(frees.min())))
+    later = later[later > 0]
+    total += int((t[later] - t[later - 1]).sum())
+    return max(total, 0), int(later.size)
 
 
 def _training_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray) -> np.ndarray:

@@ -1,6 +1,9 @@
 """Materiality: one rule deciding which findings deserve the user's attention.
 
-A finding whose bytes at stake are under ``max(fraction x peak reserved, min_bytes)`` (the peak of the
+Bytes at stake mean one thing in every finding: the memory its fix gives back at the moment that matters
+(the peak, or the OOM), never more than the peak reserved of the ranks it concerns (capped here, the claim
+kept in ``evidence.claimed_bytes``); a cost in time (cache flushes) is no bytes at stake. A finding whose
+bytes at stake are under ``max(fraction x peak reserved, min_bytes)`` (the peak of the
 ranks it concerns; defaults :data:`DEFAULT_FRACTION` = 1% and :data:`DEFAULT_MIN_BYTES` = 64 MiB,
 ``oomdoctor diagnose --material-fraction/--material-bytes``) is kept but shown as LOW. A finding whose
 own simulation (``Finding.prediction``, the allocator model replaying its fix, :mod:`oomdoctor.report.predict`)
@@ -49,6 +52,12 @@ def apply(findings: list[Finding], peak_reserved: dict[int, int], rule: Material
 
     ``peak_reserved``: rank -> peak reserved bytes of that rank."""
     for f in findings:
+        # bytes at stake are what the fix gives back at the peak or the OOM: never more than the rank had
+        peaks = {r: peak_reserved[r] for r in f.ranks if r in peak_reserved}
+        if peaks and f.bytes > max(peaks.values()):
+            f.evidence["claimed_bytes"] = f.bytes
+            f.bytes = max(peaks.values())
+        f.per_rank_bytes = {r: min(b, peaks.get(r, b)) for r, b in f.per_rank_bytes.items()}
         saved = simulated_saving(f)
         if saved is not None and saved < f.bytes:
             f.evidence["claimed_bytes"] = f.bytes
@@ -61,4 +70,9 @@ def apply(findings: list[Finding], peak_reserved: dict[int, int], rule: Material
             f.evidence["materiality_threshold_bytes"] = limit
             f.evidence["severity_before_materiality"] = f.severity
             f.severity = "low"
-    return sorted(findings, key=lambda f: (_RANK.get(f.severity, 4), -f.bytes))
+    return sorted(findings, key=rank_key)
+
+
+def rank_key(f: Finding) -> tuple[int, int]:
+    """The order findings are shown in: severity, then bytes at stake, largest first."""
+    return _RANK.get(f.severity, 4), -f.bytes

@@ -17,6 +17,7 @@ from . import (
 )
 from .context import Context
 from .finding import Finding
+from .materiality import rank_key
 
 DETECTORS: tuple[ModuleType, ...] = (
     deferred_free,
@@ -38,7 +39,8 @@ def run_all(ctx: Context) -> list[Finding]:
 
 def merge_findings(findings: list[Finding]) -> list[Finding]:
     """One finding per id (per rank for ``rank-imbalance``): the one with the most bytes at stake is
-    kept, with the ranks and per-rank bytes of all; sorted by bytes, largest first."""
+    kept, with the ranks and per-rank bytes of all; ranked as the materiality rule ranks them (severity,
+    then bytes, largest first)."""
     merged: dict[str, Finding] = {}
     for f in findings:
         key = f.id if f.id != "rank-imbalance" else f"{f.id}:{f.ranks[0]}"
@@ -51,4 +53,4 @@ def merge_findings(findings: list[Finding]) -> list[Finding]:
         keep.ranks = sorted(set(cur.ranks) | set(f.ranks))
         keep.per_rank_bytes = per_rank
         merged[key] = keep
-    return sorted(merged.values(), key=lambda f: -f.bytes)
+    return sorted(merged.values(), key=rank_key)

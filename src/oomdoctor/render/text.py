@@ -212,7 +212,9 @@ def render_text(report: Report, console: Console) -> None:
     v = report.verdict
     head = Text(f"oomdoctor {report.oomdoctor_version}: ", style="bold")
     if v is not None:
-        head.append(f"{v.kind} on rank{'s' if len(v.ranks) > 1 else ''} {', '.join(map(str, v.ranks))}",
+        edge = (f", at the edge ({v.evidence['headroom_percent']}% headroom)" if "headroom_percent" in v.evidence
+                else "")
+        head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {', '.join(map(str, v.ranks))}",
                     style="bold")
         head.append(f" ({len(report.ranks)} rank(s) read)")
     else:

@@ -34,12 +34,17 @@ from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.rounding import round_size
 from ..detectors.finding import Finding, SiteRef
-from ..frameworks import detect_frameworks
+from ..analysis.schedule import in_flight
+from ..frameworks import PIPELINE_KNOB, detect_frameworks, framework
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
 from .fits import Fits, Room
 
 KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy")
+EDGE_FRACTION = 0.10
+"""A healthy rank with less headroom than this fraction of its room is said to be at the edge."""
+KV_CACHE_FRACTION = 0.2
+"""A KV cache holding at least this fraction of the allocated bytes is named in the verdict."""
 GROWTH_FINDINGS = ("output-accumulation", "memory-growth", "pipeline-output-cache")
 FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
                 **{f: "growth" for f in GROWTH_FINDINGS}}
@@ -87,7 +92,10 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
                           "step": bd.step if bd.step is not None else "-", "outputs_bytes": bd.categories["outputs"]}
     mine = _material(findings, rank)
     _logits(holders, bd, ev)
+    if bd.categories.get("kv_cache", 0) >= KV_CACHE_FRACTION * max(bd.allocated_bytes, 1):
+        ev["kv_cache_bytes"] = bd.categories["kv_cache"]
     if a.oom_events.size:
+        ev["in_flight"] = in_flight(a.trace.stacks, a.lifetimes, a.accounting, a.phases, int(a.oom_events[-1]))
         v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
         v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
@@ -96,6 +104,12 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes} of the {room_bytes:bytes} "
                    "the allocator could use on this GPU ({headroom_bytes:bytes} headroom), peak allocated "
                    "{peak_allocated_bytes:bytes} in the {phase} phase.")
+        if headroom < EDGE_FRACTION * room.bytes:
+            ev["headroom_percent"] = round(100 * max(headroom, 0) / room.bytes, 1)
+            summary = "at the edge: " + summary
+            if "kv_cache_bytes" in ev:
+                summary += (" The KV cache holds {kv_cache_bytes:bytes}: it grows with the batch and with every "
+                            "generated token.")
     else:
         summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}, peak allocated "
                    "{peak_allocated_bytes:bytes} in the {phase} phase (the GPU's size is not recorded).")
@@ -173,6 +187,11 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         summary = ("the live tensors ({allocated_bytes:bytes}) plus the failed request ({request_bytes:bytes}) need "
                    "{need_bytes:bytes}, {shortfall_bytes:bytes} more than the {room_bytes:bytes} the allocator could "
                    "use on this GPU: no allocator setting helps.")
+        if ev.get("in_flight", 0) >= 2:
+            summary += (" {in_flight} micro-batches were in flight, their activations awaiting their backward: the "
+                        "pipeline schedule holds them at once.")
+        if "kv_cache_bytes" in ev:
+            summary += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
         summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
                                  " What fits: {batch_scale}x the current micro-batch.")
         return Verdict("capacity", summary, short, [rank], None, None, ev)
@@ -248,6 +267,11 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
     """What to do, in order, as templates over ``v.evidence`` (filled by the renderers)."""
     ev, out = v.evidence, []
     fws = _frameworks(a)
+    if v.kind == "capacity" and ev.get("in_flight", 0) >= 2:
+        out.append(PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + ".")
+    if v.kind in ("capacity", "fragmentation") and "kv_cache_bytes" in ev:
+        knob = framework("generate").knobs["kv-cache"]
+        out.append("Make the KV cache smaller or steadier: " + knob.replace("{", "{{").replace("}", "}}") + ".")
     if v.kind == "capacity":
         if fits is not None and fits.largest_micro_batch is not None:
             out.append("Use a per-device micro-batch of at most {largest_micro_batch} and more gradient accumulation "
