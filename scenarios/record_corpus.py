@@ -98,15 +98,18 @@ PLAIN = {"plain-record-gpt2", "plain-record-resnet50"}
 EXTRA_ENV = {name: EXPANDABLE for name in EXTRA if name.endswith("-expandable")}
 
 
-def run(work: str, name: str, cmd: list[str], env_extra: dict | None = None, timeout_s: int = 240) -> dict:
-    """One run under ``oomdoctor run`` into ``work/name`` (names in :data:`PLAIN` record themselves);
-    returns its ground truth plus exit code and time. ``{dir}`` in ``cmd`` is the run's directory."""
+def run(work: str, name: str, cmd: list[str], env_extra: dict | None = None, timeout_s: int = 240,
+        record: bool = True) -> dict:
+    """One run under ``oomdoctor run`` into ``work/name`` (names in :data:`PLAIN` record themselves, and
+    ``record=False`` runs the job bare); returns its ground truth plus exit code and time. ``{dir}`` in
+    ``cmd`` is the run's directory."""
     d = os.path.join(work, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     env = dict(os.environ, **(env_extra or {}))
     cmd = [c.replace("{dir}", d) for c in cmd]
-    wrap = [] if name in PLAIN else [sys.executable, "-m", "oomdoctor", "run", "--out", d, "--no-diagnose", "--"]
+    bare = name in PLAIN or not record
+    wrap = [] if bare else [sys.executable, "-m", "oomdoctor", "run", "--out", d, "--no-diagnose", "--"]
     full = wrap + cmd + ["--ground-truth", os.path.join(d, "ground_truth.json")]
     t0 = time.time()
     with open(os.path.join(d, "job.log"), "w") as log:
@@ -124,13 +127,43 @@ def run(work: str, name: str, cmd: list[str], env_extra: dict | None = None, tim
     return truth
 
 
+def command_of(name: str) -> list[str]:
+    """The command of a corpus run by its name: a single run of :data:`EXTRA`, or a sweep job's run
+    ``<job>-b<batch>``."""
+    if name in EXTRA:
+        return EXTRA[name]
+    job, _, batch = name.rpartition("-b")
+    return JOBS[job][0] + ["--batch", batch]
+
+
+def rerun(work: str, out: str, item: str, deadline: float) -> None:
+    """``<run>@<PYTORCH_ALLOC_CONF value>``: the run again under that allocator setting, unrecorded (only
+    whether it completes, and its peaks, count), one JSON line in ``reruns.jsonl``."""
+    name, _, conf = item.partition("@")
+    slug = conf.replace(":", "-").replace(",", "_")
+    t = run(work, f"{name}@{slug}", command_of(name), {"PYTORCH_ALLOC_CONF": conf},
+            timeout_s=int(max(30, min(240, deadline + 30 - time.time()))), record=False)
+    t.update(rerun_of=name, alloc_conf=conf)
+    with open(os.path.join(out, "reruns.jsonl"), "a") as f:
+        f.write(json.dumps(t) + "\n")
+
+
 def fits(t: dict) -> bool:
     return t.get("exit_code") == 0
 
 
-def sweep(work: str, out: str, job: str, deadline: float, max_runs: int = 99) -> None:
+def sweep(work: str, out: str, job: str, deadline: float, max_runs: int = 99, resume: bool = False) -> None:
     cmd, step, (b0, b1) = JOBS[job]
     rows: dict[int, dict] = {}
+    resumed = False
+    if resume:  # go on from the runs docs/corpus already holds for this job
+        prior = os.path.join(os.path.dirname(HERE), "docs", "corpus", f"{job}-sweep.jsonl")
+        if os.path.exists(prior):
+            for ln in open(prior).read().splitlines():
+                r = json.loads(ln)
+                rows[int(r.get("batch") or r["run"].rsplit("-b", 1)[1])] = r
+        max_runs += len(rows)
+    resumed = bool(rows)
 
     def at(b: int) -> dict:
         if b not in rows:
@@ -148,7 +181,7 @@ def sweep(work: str, out: str, job: str, deadline: float, max_runs: int = 99) ->
         return hi_ok, lo_bad
 
     at(b0)
-    if fits(rows[b0]):
+    if fits(rows[b0]) and not resumed:
         t1 = at(b1)
         if fits(t1) and all(k in t for t in (rows[b0], t1) for k in ("max_memory_reserved", "gpu_total_memory_bytes",
                                                                         "device_free_at_end_bytes")):
@@ -174,6 +207,8 @@ def sweep(work: str, out: str, job: str, deadline: float, max_runs: int = 99) ->
     hi_ok, lo_bad = boundary()
     for b in list(rows):
         d = os.path.join(work, f"{job}-b{b}")
+        if not os.path.isdir(d):
+            continue  # recorded in an earlier session
         if b in (hi_ok, lo_bad):
             archive(work, out, f"{job}-b{b}")
         else:
@@ -198,6 +233,7 @@ def main() -> None:
     p.add_argument("--plan", default="", help="comma-separated sweep jobs and single runs, in the order given "
                                               "(after --extra and --jobs)")
     p.add_argument("--max-sweep-runs", type=int, default=99)
+    p.add_argument("--resume", action="store_true", help="sweeps go on from docs/corpus/<job>-sweep.jsonl")
     p.add_argument("--budget-s", type=float, default=540)
     a = p.parse_args()
     deadline = time.time() + a.budget_s
@@ -209,11 +245,25 @@ def main() -> None:
         if time.time() > deadline - (90 if name in JOBS else 40):
             print(f"{name}: skipped (time)", flush=True)
             continue
+        if "@" in name:
+            try:
+                rerun(work, a.out, name, deadline)
+            except Exception as e:  # noqa: BLE001 - one job's failure must not stop the queue
+                print(f"{name}: rerun failed: {type(e).__name__}: {e}", flush=True)
+            continue
         if name in JOBS:
             try:
-                sweep(work, a.out, name, deadline, a.max_sweep_runs)
+                sweep(work, a.out, name, deadline, a.max_sweep_runs, a.resume)
             except Exception as e:  # noqa: BLE001 - one job's failure must not stop the queue
                 print(f"{name}: sweep failed: {type(e).__name__}: {e}", flush=True)
+            continue
+        if name not in EXTRA:  # one more point of a sweep, between the ones it has: <job>-b<batch>
+            job = name.rpartition("-b")[0]
+            t = run(work, name, command_of(name), timeout_s=int(max(30, min(240, deadline + 30 - time.time()))),
+                    record=False)
+            t.setdefault("batch", int(name.rpartition("-b")[2]))
+            with open(os.path.join(a.out, f"{job}-sweep-extra.jsonl"), "a") as f:
+                f.write(json.dumps(t) + "\n")
             continue
         t = run(work, name, EXTRA[name], EXTRA_ENV.get(name),
                 timeout_s=int(max(30, min(240, deadline + 30 - time.time()))))

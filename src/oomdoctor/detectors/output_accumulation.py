@@ -22,12 +22,17 @@ import numpy as np
 from ..analysis.accounting import OUTPUTS
 from ..analysis.device import DeviceAnalysis
 from ..analysis.sites import group_sites
-from ..frameworks import detect_frameworks
+from ..frameworks import GRAPH_KEPT_FIX, detect_frameworks
 from .common import rows_with, site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
 
 ID = "output-accumulation"
+GRAPH_SITES = 4
+"""Kept blocks from this many different sites per batch are a whole graph (saved tensors of every layer),
+not a batch's outputs (logits and labels come from one or two sites)."""
+MIN_REGROWN = 3
+"""Passes in a row whose kept buffer grew: one growing buffer is accumulation."""
 HIGH_FRACTION = 0.25
 MIN_KEPT_BYTES = 1 << 20
 """Below this, what is kept is a loss or a metric scalar per step, not outputs."""
@@ -45,7 +50,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     if rows.size == 0:
         return None
     passes = np.unique(ph.pass_of(lt.alloc[rows]))
-    if passes.size < 2:
+    regrown = _regrown(a, rows)
+    if passes.size < 2 and not regrown:
         return None
     kept = int(lt.size[rows].sum())
     if kept < MIN_KEPT_BYTES:
@@ -53,6 +59,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     allocated = a.allocated_at(k)
     biggest = int(lt.alloc[rows][np.argmax(lt.size[rows])])
     phase = ph.phase_name(biggest) if biggest >= 0 else "evaluation"
+    sites = np.unique(np.stack([ph.pass_of(lt.alloc[rows]), lt.stack[rows]]), axis=1)
+    per_pass = int(np.median(np.unique(sites[0], return_counts=True)[1]))
     evidence = {
         "kept_bytes": kept,
         "blocks": int(rows.size),
@@ -61,21 +69,67 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "kept_fraction": round(kept / max(allocated, 1), 3),
         "at": "the OOM" if at_oom else "the peak",
         "phase": phase,
+        "sites_per_pass": per_pass,
     }
-    summary = ("At {at}, {kept_bytes:bytes} in {blocks} blocks are outputs of {passes} micro-batches kept on the GPU "
-               "while later ones ran ({phase} phase): {kept_fraction:.0%} of the {allocated_bytes:bytes} allocated. "
-               "They grow by one batch per step until the device is full.")
     frameworks = detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
-    fixes = [Fix(f"{fw.name}: {fw.knobs['eval-outputs']}.", versions="all",
-                 source="oomdoctor frameworks table; docs/corpus/README.md (trainer-ddp-gpt2-eval-*)", kind="config")
-             for fw in frameworks if "eval-outputs" in fw.knobs]
-    fixes.append(Fix("Keep only what the metric needs per batch (e.g. logits.argmax(-1)), or move kept tensors to the "
-                     "CPU with t.detach().cpu(); accumulate metric state instead of outputs (torchmetrics).",
-                     versions="all", source="shared/reference/antipatterns.md; PyTorch FAQ (accumulating history)",
-                     kind="code"))
+    graph = per_pass >= GRAPH_SITES and passes.size >= 2
+    if graph:
+        # every layer's saved tensors of every batch: what a Python sum of losses keeps alive through
+        # their grad_fn chain when the loop runs without no_grad()
+        summary = ("At {at}, {kept_bytes:bytes} in {blocks} blocks of {passes} batches are kept ({phase} phase): "
+                   "{sites_per_pass} different sites of each batch, the tensors autograd saves for a backward, so each "
+                   "batch's whole graph stays alive: {kept_fraction:.0%} of the {allocated_bytes:bytes} allocated. "
+                   "A loop that sums losses as tensors without torch.no_grad() does this.")
+        title = "Every batch's autograd graph is kept alive (a loss summed without no_grad)"
+        fixes = [Fix(GRAPH_KEPT_FIX[:1].upper() + GRAPH_KEPT_FIX[1:] + ".", versions="all",
+                     source="PyTorch FAQ 'Don't accumulate history across your training loop'; torch.no_grad docs",
+                     kind="code")]
+    elif regrown and passes.size < 2:
+        evidence["regrown_passes"] = regrown
+        summary = ("At {at}, {kept_bytes:bytes} are held by a buffer re-allocated larger for each of {regrown_passes} "
+                   "batches ({phase} phase): every batch's outputs are concatenated onto the previous ones "
+                   "({kept_fraction:.0%} of the {allocated_bytes:bytes} allocated). It grows until the device is full.")
+        title = "Outputs of every batch gathered into one growing buffer"
+        fixes = []
+    else:
+        summary = ("At {at}, {kept_bytes:bytes} in {blocks} blocks are outputs of {passes} micro-batches kept on the "
+                   "GPU while later ones ran ({phase} phase): {kept_fraction:.0%} of the {allocated_bytes:bytes} "
+                   "allocated. They grow by one batch per step until the device is full.")
+        title = "Outputs of many micro-batches are kept on the GPU"
+        fixes = []
+    if not graph:
+        fixes = [Fix(f"{fw.name}: {fw.knobs['eval-outputs']}.", versions="all",
+                     source="transformers Trainer docs (preprocess_logits_for_metrics); a measured Trainer evaluation "
+                            "whose eval_accumulation_steps moved 79 GB of logits per rank to host RAM", kind="config")
+                 for fw in frameworks if "eval-outputs" in fw.knobs]
+        fixes.append(Fix("Keep only what the metric needs per batch (e.g. logits.argmax(-1)), or move kept tensors to "
+                         "the CPU with t.detach().cpu(); accumulate metric state instead of outputs (torchmetrics).",
+                         versions="all", source="PyTorch FAQ (accumulating history); torchmetrics docs", kind="code"))
     sev = "high" if kept >= HIGH_FRACTION * allocated else "medium"
-    return Finding(ID, sev, "Outputs of many micro-batches are kept on the GPU", [a.rank], kept, summary, evidence,
+    return Finding(ID, sev, title, [a.rank], kept, summary, evidence,
                    site_refs(a, group_sites(a.trace, lt, rows)), fixes, per_rank_bytes={a.rank: kept})
+
+
+def _regrown(a: DeviceAnalysis, rows: np.ndarray) -> int:
+    """How many passes in a row a site among ``rows`` (kept outputs) held more bytes at each pass's start than
+    at the one before: one buffer re-allocated larger batch after batch (transformers' ``nested_concat``),
+    which at any moment is one block. 0 when none did for :data:`MIN_REGROWN` passes."""
+    lt, ph = a.lifetimes, a.phases
+    starts = ph.pass_starts
+    if starts.size < MIN_REGROWN + 1:
+        return 0
+    best = 0
+    for s in np.unique(lt.stack[rows]).tolist():
+        mine = np.flatnonzero((lt.stack == s) & (a.accounting.category == OUTPUTS) & (lt.alloc >= 0))
+        d = np.where(lt.free_requested[mine] >= 0, lt.free_requested[mine], a.num_events)
+        live = np.array([int(lt.size[mine][(lt.alloc[mine] <= p) & (d > p)].sum()) for p in starts.tolist()])
+        rises = np.diff(live) > 0
+        run = longest = 0
+        for r in rises.tolist():
+            run = run + 1 if r else 0
+            longest = max(longest, run)
+        best = max(best, longest)
+    return best + 1 if best >= MIN_REGROWN else 0
 
 
 def detect(ctx: Context) -> list[Finding]:

@@ -32,10 +32,11 @@ import numpy as np
 
 from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
-from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE
+from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
 from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity, sidecar_cap
 from ..simulate.replay import SimulationError, prepare, replay
+from ..simulate.extend import mirror_backward
 from ..simulate.scale import SEARCH_MAX, largest_scale
 from ..trace.model import OOM
 
@@ -100,6 +101,11 @@ class Fits:
     #: the scale reached the top of the search (:data:`~oomdoctor.simulate.scale.SEARCH_MAX`): at least that much fits
     batch_scale_at_limit: bool = False
     expandable_at_limit: bool = False
+    #: a trace cut in its first forward pass: what fits estimated from the recorded part completed by the
+    #: ``assumptions`` (never a replay of the whole step, so never in ``largest_micro_batch``)
+    estimated_batch_scale: float | None = None
+    estimated_largest_micro_batch: int | None = None
+    assumptions: list[str] = field(default_factory=list)
 
 
 def _scale_events(a: DeviceAnalysis) -> np.ndarray:
@@ -115,9 +121,31 @@ def _scale_events(a: DeviceAnalysis) -> np.ndarray:
     return mask
 
 
+def job_margin(a: DeviceAnalysis) -> tuple[int, str]:
+    """What the job itself says the replay should keep free (bytes), and how it was read: how much the peak of
+    allocated memory moved from step to step over the steps that completed (the run-to-run wobble of the
+    same work: allocation order, caches made lazily), plus the allocator's rounding of every block that
+    grows with the batch (up to 512 bytes each, ``round_size``). With fewer than two complete steps there is
+    no spread to read, and only the rounding is kept."""
+    lt, acc = a.lifetimes, a.accounting
+    alive = lt.allocated_mask(a.peak_allocated[1]) & acc.batch_scaled
+    rounding = 512 * int(np.count_nonzero(alive))
+    steps = a.steps
+    if steps is None or len(steps) < 3:  # the first step creates state; at least two more are needed
+        return rounding, "rounding of the blocks that grow with the batch (fewer than two complete steps to compare)"
+    bounds = steps.starts.tolist() + [a.num_events]
+    complete = range(1, len(bounds) - (2 if a.oom_events.size else 1))
+    peaks = [int(a.timeline.allocated[bounds[i]:bounds[i + 1]].max()) for i in complete
+             if bounds[i + 1] > bounds[i]]
+    if len(peaks) < 2:
+        return rounding, "rounding of the blocks that grow with the batch (fewer than two complete steps to compare)"
+    return max(peaks) - min(peaks) + rounding, (f"spread of the peak allocated over {len(peaks)} complete steps, plus "
+                                                "the rounding of the blocks that grow with the batch")
+
+
 def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
     """Bytes the replay keeps free (see the module doc) and a note when it is an estimate."""
-    base = int(FIT_MARGIN_FRACTION * room)
+    base, _how = job_margin(a)
     if not a.oom_events.size:
         return base, None
     lt, acc, ph = a.lifetimes, a.accounting, a.phases
@@ -141,6 +169,62 @@ def _pass_seen(a: DeviceAnalysis) -> bool:
     """Before the OOM, did a forward pass run to its end (a backward began)? Otherwise the trace holds
     only the beginning of a pass and its peak is unknown."""
     return bool(np.any(a.phases.phase[: int(a.oom_events[-1]) + 1] == BACKWARD_PHASE))
+
+
+LOSS_COPIES = 5
+"""Blocks of the pass's output's size the loss still makes at its peak, after the output itself: the hf
+planner's loss region at its peak, 12 bytes per bf16 logit (``plan/hf.py``: fp32 log-probabilities and their
+gradient beside the logits), is six times the output; an assumption for any other model, said as such."""
+
+
+def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits) -> bool:
+    """At an OOM inside the first forward pass: what fits, estimated by replaying the recorded part plus the
+    rest of the step by assumption (:func:`~oomdoctor.simulate.extend.mirror_backward`): the failed request
+    is the pass's output and the loss keeps :data:`LOSS_COPIES` more of it; every parameter is trained (its
+    gradient has its size); the optimizer state still to come is the one seen, else Adam's two moments per
+    parameter; the backward mirrors the forward. Fills ``out`` (reach ``estimate``); False when it cannot."""
+    lt, acc = a.lifetimes, a.accounting
+    k = int(a.oom_events[-1])
+    alive = lt.allocated_mask(k - 1)
+    saved = np.flatnonzero(alive & (acc.category == ACTIVATIONS) & (lt.alloc >= 0))
+    if saved.size == 0:
+        return False
+    saved = saved[np.argsort(lt.alloc[saved], kind="stable")]
+    params = lt.requested[alive & (acc.category == PARAMETERS)].tolist()
+    has_state = bool(np.any(alive & (acc.category == OPTIMIZER_STATE)))
+    first = a.phases.pass_starts[a.phases.pass_starts <= k]
+    est = mirror_backward(a.device, list(zip(lt.addr[saved].tolist(), lt.size[saved].tolist())), _scale_events(a),
+                          LOSS_COPIES, params, [] if has_state else params + params,
+                          int(first[-1]) if first.size else None)
+    if est is None:
+        return False
+    try:
+        prepared = prepare(a.trace, est.device)
+    except SimulationError as e:
+        out.notes.append(f"the trace cannot be replayed: {e}")
+        return False
+    margin, _how = job_margin(a)
+    out.margin_bytes = margin
+    cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
+    unit = 1.0 / micro_batch if micro_batch else None
+    r = largest_scale(prepared, est.scaled, cap, margin_bytes=margin, unit=unit, lo=0.02, hi=1.0)
+    out.replays += len(r.tried)
+    out.assumptions = [
+        "the failed request is the pass's output, and the loss keeps "
+        f"{LOSS_COPIES} more blocks of its size at its peak (the planner's loss region of a language model)",
+        "every parameter is trained: its gradient has its size",
+        "the optimizer state seen" if has_state else "the optimizer state to come is Adam's: two moments per parameter",
+        "the backward mirrors the forward: it frees what the forward saved, last first, making a gradient of the "
+        "same size for each; then the next step's forward runs as recorded, into the cache that backward left",
+    ]
+    out.notes.append("the trace ends inside its first forward pass: what fits is an estimate from the recorded part "
+                     "and the assumptions listed, not a replay of the whole step")
+    if r.scale is None:
+        return True
+    out.estimated_batch_scale = round(r.scale, 3)
+    if micro_batch:
+        out.estimated_largest_micro_batch = int(round(r.scale * micro_batch))
+    return True
 
 
 def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> bool:
@@ -175,9 +259,16 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     if out.batch_scaled_bytes_at_peak == 0:
         out.notes.append("no tensor of the trace grows with the micro-batch (no forward or backward pass seen)")
         return out
+    if a.oom_events.size and a.phases.phase[int(a.oom_events[-1])] in (GENERATION_PHASE, EVALUATION_PHASE):
+        out.notes.append("the trace ends inside an inference loop (generate() or evaluation): what it would still have "
+                         "made (the cache grows with every token to come) is not recorded, so what fits is not "
+                         "replayed; diagnose a run that finished, with --micro-batch")
+        return out
     if a.oom_events.size and not _pass_seen(a):
-        out.notes.append("the trace ends inside its first forward pass: the rest of that pass is not in it, so what "
-                         "fits cannot be replayed from it; record a run that fits and diagnose it with --micro-batch")
+        if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out):
+            out.notes.append("the trace ends inside its first forward pass: the rest of that pass is not in it, so what "
+                             "fits cannot be replayed from it; record a run that fits and diagnose it with "
+                             "--micro-batch")
         return out
     margin, note = _margin(a, room.bytes)
     out.margin_bytes = margin

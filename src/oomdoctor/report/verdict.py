@@ -233,13 +233,24 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
 
 def _fit_sentence(fits: Fits | None, ev: dict[str, Any], whole: str, scale: str) -> str:
     """``whole`` when the largest whole micro-batch is known, else ``scale`` when the scale is; the number
-    goes into ``ev``."""
+    goes into ``ev``. A trace cut in its first forward pass has only an estimate, said as one; with no
+    answer at all, the reason."""
     if fits is not None and fits.largest_micro_batch is not None:
         ev["largest_micro_batch"] = fits.largest_micro_batch
         return whole
     if fits is not None and fits.batch_scale is not None:
         ev["batch_scale"] = fits.batch_scale
         return scale
+    if fits is not None and (fits.estimated_largest_micro_batch or fits.estimated_batch_scale):
+        ev["estimated_fit"] = (fits.estimated_largest_micro_batch if fits.estimated_largest_micro_batch is not None
+                               else f"{fits.estimated_batch_scale}x the current micro-batch")
+        ev["estimate_assumptions"] = "; ".join(fits.assumptions)
+        return (" An estimate, not a replay (the trace ends inside its first forward pass): about {estimated_fit} "
+                "would fit if {estimate_assumptions}; the fragmentation of the steps that were not recorded is not "
+                "in it, so take less.")
+    if fits is not None and fits.notes:
+        ev["no_fit_reason"] = fits.notes[-1]
+        return " What fits is not said: {no_fit_reason}."
     return ""
 
 
