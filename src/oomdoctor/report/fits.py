@@ -14,12 +14,16 @@ the best evidence, in order:
 **Fits** (:func:`fits`): the largest scale of the micro-batch's tensors (the accounting's
 ``batch_scaled`` blocks) whose replay through the allocator model stays within the room
 (:func:`oomdoctor.simulate.scale.largest_scale`), under the recorded settings and with
-``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. A trace
-cut by an OOM lacks the rest of its step: the replay keeps free the persistent memory the job created
-after the first step's peak (optimizer state made lazily), or, when no step finished, an estimate of
-the optimizer state still to come (twice the parameters: Adam's two moments). A trace that ends before
-any forward pass reached its backward is not replayed at all: the pass's peak is not in it (measured:
-replaying such a trace said 117 fits where 117 ran out of memory, ``docs/diagnose.md``).
+``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. The
+replay keeps free what the job itself says varies (:func:`job_margin`: the spread of its complete steps'
+peaks, plus the rounding of the blocks that grow). A trace cut by an OOM lacks the rest of its step: the
+replay also keeps free the persistent memory the job created after the first step's peak (optimizer
+state made lazily), or, when no step finished, an estimate of the optimizer state still to come (twice
+the parameters: Adam's two moments, said as such). A trace that ends inside its first forward pass is not
+replayed as it is (the pass's peak is not in it: replaying such a trace once said 117 fits where 117 ran
+out of memory); it gets an estimate, said as one, with its assumptions (:func:`_first_forward_estimate`).
+An OOM inside ``generate()`` or evaluation is not sized (what the loop would still have made is not in
+the trace).
 Also: what activation checkpointing could free at most (the activations at the peak), and what
 sharding the optimizer state over the data-parallel ranks would (ZeRO-1 / FSDP: (1 - 1/world) of it).
 """
@@ -35,15 +39,10 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
 from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity, sidecar_cap
-from ..simulate.replay import SimulationError, prepare, replay
 from ..simulate.extend import mirror_backward
+from ..simulate.replay import SimulationError, prepare, replay
 from ..simulate.scale import SEARCH_MAX, largest_scale
 from ..trace.model import OOM
-
-FIT_MARGIN_FRACTION = 0.03
-"""Room kept free on top of the replay: run-to-run variation of what lives outside the allocator
-(NCCL's channels, cuDNN/cuBLAS workspaces made on demand) and of allocation order."""
-
 
 @dataclass
 class Room:
