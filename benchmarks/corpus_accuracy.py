@@ -86,7 +86,10 @@ def main() -> None:
                     row[f"{mode}_{c}_bytes"] = got[c]
                 if mode == "trace":
                     row["verdict"] = rep.verdict.kind
-                    row["largest_micro_batch"] = r0.fits.largest_micro_batch if r0.fits else None
+                    # the job's answer: its tightest rank's (a pipeline's stages differ)
+                    fits = [r.fits.largest_micro_batch for r in rep.ranks if r.fits and r.fits.largest_micro_batch]
+                    row["largest_micro_batch"] = min(fits) if fits else None
+                    row["estimated_largest_micro_batch"] = getattr(r0.fits, "estimated_largest_micro_batch", None)
                     row["expandable_largest_micro_batch"] = r0.fits.expandable_largest_micro_batch if r0.fits else None
             sw = sweep(spec["job"])
             row["measured_largest"], row["measured_first_oom"] = sw if sw else (None, None)

@@ -5,7 +5,8 @@ Trainer with ``compute_metrics`` and no ``preprocess_logits_for_metrics``; a Lig
 ``outputs`` in ``validation_step``; a plain loop keeping ``logits`` in a list) grows by one batch of
 outputs per step until the GPU is full. Signature, from the accounting (:mod:`oomdoctor.analysis.accounting`):
 blocks in the ``outputs`` category (model code's tensors still allocated after later micro-batches ran),
-born in at least two different passes, at the OOM or the peak. Outputs cached by a pipeline schedule are
+born in at least :data:`MIN_PASSES` different passes, at the OOM or the peak; or one buffer re-allocated
+larger pass after pass (:func:`_regrown`). Outputs cached by a pipeline schedule are
 left to ``pipeline-output-cache``.
 
 Fixes in the framework's own words (:mod:`oomdoctor.frameworks`): Trainer's
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..analysis.accounting import OUTPUTS
 from ..analysis.device import DeviceAnalysis
+from ..analysis.phases import GENERATION_PHASE, role_index
 from ..analysis.sites import group_sites
 from ..frameworks import GRAPH_KEPT_FIX, detect_frameworks
 from .common import rows_with, site_refs, stacks_matching
@@ -31,6 +33,9 @@ ID = "output-accumulation"
 GRAPH_SITES = 4
 """Kept blocks from this many different sites per batch are a whole graph (saved tensors of every layer),
 not a batch's outputs (logits and labels come from one or two sites)."""
+MIN_PASSES = 3
+"""Outputs of at least this many batches alive at once accumulate; two are the last batch's, still referenced
+while the next one runs."""
 MIN_REGROWN = 3
 """Passes in a row whose kept buffer grew: one growing buffer is accumulation."""
 HIGH_FRACTION = 0.25
@@ -49,18 +54,21 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     rows = rows[~rows_with(pp, lt.stack[rows])]
     if rows.size == 0:
         return None
-    passes = np.unique(ph.pass_of(lt.alloc[rows]))
+    passes = np.unique(ph.pass_of(lt.alloc[rows][lt.alloc[rows] >= 0]))  # the passes the trace shows
     regrown = _regrown(a, rows)
-    if passes.size < 2 and not regrown:
-        return None
+    if passes.size < MIN_PASSES and not regrown:
+        return None  # one batch's outputs held while the next runs (a variable reassigned late) do not grow
     kept = int(lt.size[rows].sum())
     if kept < MIN_KEPT_BYTES:
         return None
     allocated = a.allocated_at(k)
     biggest = int(lt.alloc[rows][np.argmax(lt.size[rows])])
-    phase = ph.phase_name(biggest) if biggest >= 0 else "evaluation"
-    sites = np.unique(np.stack([ph.pass_of(lt.alloc[rows]), lt.stack[rows]]), axis=1)
-    per_pass = int(np.median(np.unique(sites[0], return_counts=True)[1]))
+    phase = ph.phase_name(biggest) if biggest >= 0 else "before the trace"
+    # model code's sites kept per batch: a graph keeps the saved tensors of every layer, outputs one or two
+    ri = role_index(a.trace)
+    in_model = rows[(lt.alloc[rows] >= 0) & ri.lookup(ri.model, lt.stack[rows])]
+    sites = np.unique(np.stack([ph.pass_of(lt.alloc[in_model]), lt.stack[in_model]]), axis=1)
+    per_pass = int(np.median(np.unique(sites[0], return_counts=True)[1])) if in_model.size else 0
     evidence = {
         "kept_bytes": kept,
         "blocks": int(rows.size),
@@ -72,7 +80,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "sites_per_pass": per_pass,
     }
     frameworks = detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
-    graph = per_pass >= GRAPH_SITES and passes.size >= 2
+    graph = per_pass >= GRAPH_SITES and passes.size >= MIN_PASSES
     if graph:
         # every layer's saved tensors of every batch: what a Python sum of losses keeps alive through
         # their grad_fn chain when the loop runs without no_grad()
@@ -84,7 +92,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         fixes = [Fix(GRAPH_KEPT_FIX[:1].upper() + GRAPH_KEPT_FIX[1:] + ".", versions="all",
                      source="PyTorch FAQ 'Don't accumulate history across your training loop'; torch.no_grad docs",
                      kind="code")]
-    elif regrown and passes.size < 2:
+    elif regrown and passes.size < MIN_PASSES:
         evidence["regrown_passes"] = regrown
         summary = ("At {at}, {kept_bytes:bytes} are held by a buffer re-allocated larger for each of {regrown_passes} "
                    "batches ({phase} phase): every batch's outputs are concatenated onto the previous ones "
@@ -119,8 +127,11 @@ def _regrown(a: DeviceAnalysis, rows: np.ndarray) -> int:
     if starts.size < MIN_REGROWN + 1:
         return 0
     best = 0
+    born = np.where(lt.alloc >= 0, ph.phase[np.clip(lt.alloc, 0, max(a.num_events - 1, 0))], -1)
     for s in np.unique(lt.stack[rows]).tolist():
-        mine = np.flatnonzero((lt.stack == s) & (a.accounting.category == OUTPUTS) & (lt.alloc >= 0))
+        # inside generate() the token ids, mask and cache grow with every token by design
+        mine = np.flatnonzero((lt.stack == s) & (a.accounting.category == OUTPUTS) & (lt.alloc >= 0)
+                              & (born != GENERATION_PHASE))
         d = np.where(lt.free_requested[mine] >= 0, lt.free_requested[mine], a.num_events)
         live = np.array([int(lt.size[mine][(lt.alloc[mine] <= p) & (d > p)].sum()) for p in starts.tolist()])
         rises = np.diff(live) > 0

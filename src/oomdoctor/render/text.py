@@ -125,6 +125,14 @@ def _breakdown_text(r: RankSummary) -> Group:
                     f"{format_bytes(f.margin_bytes)} kept free")
         for n in f.notes:
             tail.append(f"\n  note: {n}", style="dim")
+    elif f is not None and (f.estimated_batch_scale is not None or f.notes):
+        tail.append("  what fits: ", style="bold")
+        if f.estimated_batch_scale is not None:
+            n = f.estimated_largest_micro_batch
+            tail.append(f"an estimate, not a replay: about {f'micro-batch {n}' if n else f'{f.estimated_batch_scale}x'}"
+                        " if " + "; ".join(f.assumptions))
+        else:
+            tail.append("not said: " + f.notes[-1])
     return Group(*(x for x in (text, holders, tail) if x is not None and (not isinstance(x, Text) or x.plain)))
 
 

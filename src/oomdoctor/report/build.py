@@ -106,7 +106,7 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
         truncated=lt.truncated, unmatched_frees=lt.unmatched_frees, ghost_blocks=lt.ghost_blocks,
         torch_version=torch_version(a).text,
         allocator_conf=str(a.trace.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or ""),
-        warnings=list(a.trace.warnings) + _stack_notes(a),
+        warnings=list(a.trace.warnings) + _stack_notes(a) + _device_notes(a),
         trace_kind=(a.phases.kind + (", then the OOM" if a.oom_events.size else "")) if a.num_events
         else "final state only (no history)",
         frameworks=[fw.name for fw in detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)],
@@ -118,6 +118,18 @@ NO_FREE_STACKS = ("frees carry the stack of their allocation (recorded without f
 
 
 NO_STACKS = "recorded without stacks (--stacks none): allocation sites cannot be named"
+
+
+def _device_notes(a: DeviceAnalysis) -> list[str]:
+    """The devices of the file that were not analysed, named (a process that touched several GPUs records
+    each; the rank's own is the one with the most events)."""
+    others = [d for d in a.trace.devices.values() if d.device != a.device.device and (d.num_events or d.segments)]
+    if not others:
+        return []
+    listed = ", ".join(f"cuda:{d.device} ({d.num_events:,} events, {sum(s.total_size for s in d.segments):,} bytes "
+                       "reserved at the end)" for d in sorted(others, key=lambda d: d.device))
+    return [f"this snapshot also recorded {listed}; only cuda:{a.device.device}, the device with the most events, is "
+            "analysed (oomdoctor.analysis.analyze(trace, trace.devices[i]) analyses another)"]
 
 
 def _stack_notes(a: DeviceAnalysis) -> list[str]:

@@ -17,9 +17,11 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
   one piece (PyTorch's "reserved but unallocated"); the simulator says whether
   ``expandable_segments`` lets the recorded trace through (``fits.expandable_batch_scale >= 1``).
 
-Without an OOM: the kind of the material finding (MEDIUM or HIGH after the materiality rule) with the
-most bytes at stake (``deferred-free``, ``fragmentation``, ``growth`` for ``memory-growth`` /
-``output-accumulation`` / ``pipeline-output-cache``, ``imbalance``), else ``healthy``.
+Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` /
+``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
+a finding holds at least :data:`VERDICT_FRACTION` of the rank's peak reserved; else ``healthy``, said to be at
+the edge with under :data:`EDGE_FRACTION` of the room left. Fragmentation without an OOM is a finding, not the
+verdict: the job ran.
 
 The job's verdict is its worst rank's: ranks that ran out of memory first, then by bytes.
 """
@@ -43,6 +45,10 @@ from .fits import Fits, Room
 KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy")
 EDGE_FRACTION = 0.10
 """A healthy rank with less headroom than this fraction of its room is said to be at the edge."""
+VERDICT_FRACTION = 0.10
+"""Without an OOM, memory held by deferred frees or one rank's excess decides the verdict when it is at least this
+fraction of the rank's peak reserved (below it, the finding is listed and the rank is healthy); growth decides at
+any material size (it grows); fragmentation never does (the job ran: its cache was reusable enough)."""
 KV_CACHE_FRACTION = 0.2
 """A KV cache holding at least this fraction of the allocated bytes is named in the verdict."""
 GROWTH_FINDINGS = ("output-accumulation", "memory-growth", "pipeline-output-cache")
@@ -132,7 +138,9 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     stake on the rank decides it (see the module doc); else ``v`` unchanged (healthy). Also used when
     the in-job summary adds the cross-rank findings (``report/merge.py``)."""
     rank = v.ranks[0]
-    mine = [f for f in _material(findings, rank) if f.id in FINDING_KIND]
+    peak = v.evidence.get("peak_reserved_bytes") or 0
+    mine = [f for f in _material(findings, rank) if f.id in FINDING_KIND and FINDING_KIND[f.id] != "fragmentation"
+            and (FINDING_KIND[f.id] == "growth" or _rank_bytes(f, rank) >= VERDICT_FRACTION * peak)]
     if not mine:
         return v
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
