@@ -29,7 +29,8 @@ from oomdoctor.plan.specs import Hardware, ParallelPlan, TrainingSpec, model_spe
 
 CORPUS = Path(__file__).resolve().parents[1] / "docs" / "corpus"
 H200 = 150_109_880_320  # torch.cuda total_memory of the corpus GPUs (ground_truth.json gpu_total_memory_bytes)
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs")
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
+              "kv_cache", "workspaces", "unknown")
 
 
 @functools.cache
@@ -39,13 +40,28 @@ def jobs() -> dict[str, dict[str, Any]]:
 
 
 def job_of(name: str, runs: dict[str, Any]) -> str:
-    """A run's job: runs.json's, else the name without its batch suffix."""
+    """A run's job: runs.json's (a rerun ``NAME@SETTING`` is NAME's job), else the name without its batch
+    suffix."""
+    name = name.split("@")[0] if name.split("@")[0] in runs else name
     if name in runs:
         return runs[name]["job"] if name not in jobs() else name
     return re.sub(r"-b\d+.*$", "", name)
 
 
 def rows() -> list[dict[str, Any]]:
+    """Every run of a job ``plan_jobs.json`` describes, with what it measured: the sweeps and reruns, then
+    the archives not already in a sweep. The corpus's other jobs are in :func:`not_planned`."""
+    return [r for r in all_rows() if r["job"] in jobs()]
+
+
+def not_planned() -> list[str]:
+    """The corpus's jobs ``plan_jobs.json`` does not describe (DeepSpeed, ``generate()``, pipeline schedules,
+    optimizers outside torch.optim, plain recordings, evaluation loops): they are in the corpus for
+    ``diagnose``, and the planner's ``--framework hf`` terms are not checked on them."""
+    return sorted({r["job"] for r in all_rows()} - set(jobs()))
+
+
+def all_rows() -> list[dict[str, Any]]:
     """Every run with what it measured: the sweeps, then the archives not already in a sweep."""
     runs = json.loads((CORPUS / "runs.json").read_text())
     out: list[dict[str, Any]] = []
@@ -144,6 +160,7 @@ def main() -> None:
     refused = [r["run"] for r in out if "refused" in r]
     print(f"\n{n_ok} finished runs: median |error| {statistics.median(errors):.2%}, largest {max(errors):.2%}; "
           f"{n_oom} OOM runs, predicted to fit: {len(unsafe)} {unsafe}; refused: {len(refused)} {refused}")
+    print(f"corpus jobs plan_jobs.json does not describe (not checked): {', '.join(not_planned())}")
     cats = [r for r in out if "diagnose_categories" in r]
     if cats:
         print("\n| run | category | diagnose (GB) | predicted (GB) | difference (GB) |")
