@@ -361,7 +361,7 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     elif steps is not None and steps.updates:
         kind = "one optimizer step" if steps.updates == 1 else f"{steps.updates} optimizer steps"
     elif has_b:
-        kind = "forward and backward, no optimizer step"
+        kind = "forward and backward, no torch.optim step"
     elif np.any(smoothed == GENERATION_PHASE):
         kind = "generation (inference)"
     elif np.any(smoothed == EVALUATION_PHASE):
