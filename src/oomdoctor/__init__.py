@@ -61,12 +61,13 @@ def diff(before, after):
     from .notebook import Comparison
     from .report.build import report_of
     from .report.diff import diff_runs
-    from .report.visual import build_visual
+    from .report.overlay import build_diff_visual
     from .trace import load_ranks
 
     b = [analyze(t) for t in load_ranks(_paths(before))]
     a = [analyze(t) for t in load_ranks(_paths(after))]
-    return Comparison(diff_runs(b, a, report_of(b), report_of(a)), build_visual(b), build_visual(a))
+    d = diff_runs(b, a, report_of(b), report_of(a))
+    return Comparison(d, build_diff_visual(d, b, a))
 
 
 def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, workers=None):

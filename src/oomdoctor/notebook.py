@@ -18,6 +18,7 @@ from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
 from .report.diff import Diff
 from .report.model import Report
+from .report.overlay import DiffVisual
 from .report.visual import Visual
 from .simulate.whatif import Simulation
 
@@ -57,17 +58,18 @@ class Diagnosis(_Result):
 
 
 class Comparison(_Result):
-    """A before/after comparison: ``diff`` and the two runs' ``before`` / ``after`` visuals."""
+    """A before/after comparison: ``diff`` and what its page draws, ``visual`` (both runs on one axis, the bytes
+    moved by call stack)."""
 
-    def __init__(self, diff: Diff, before: Visual, after: Visual) -> None:
-        self.diff, self.before, self.after = diff, before, after
+    def __init__(self, diff: Diff, visual: DiffVisual) -> None:
+        self.diff, self.visual = diff, visual
         self._wrapped = diff
 
     def __str__(self) -> str:
         return render_diff_text_plain(self.diff)
 
     def to_html(self) -> str:
-        return render_diff_html(self.diff, self.before, self.after)
+        return render_diff_html(self.diff, self.visual)
 
     def to_json(self) -> str:
         return render_diff_json(self.diff)

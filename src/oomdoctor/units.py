@@ -13,6 +13,9 @@ GiB: int = 1 << 30
 #: Microseconds per second (trace timestamps ``time_us`` are microseconds since the Unix epoch).
 US_PER_S: int = 1_000_000
 
+_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*")
+_DURATION_SCALE = {None: 1, "us": 1, "µs": 1, "ms": 1_000, "s": US_PER_S}
+
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
 
@@ -32,3 +35,12 @@ def parse_bytes(text: str) -> int:
     if value <= 0:
         raise UsageError(f"a size must be positive, got {text!r}")
     return int(value)
+
+
+def parse_duration_us(text: str, *, unit_required: bool = False) -> float | None:
+    """``"350us"``, ``"20ms"``, ``"1.5s"`` -> microseconds; a bare number is µs unless ``unit_required``.
+    None when ``text`` is none of these."""
+    m = _DURATION.fullmatch(text)
+    if not m or (unit_required and m.group(2) is None):
+        return None
+    return float(m.group(1)) * _DURATION_SCALE[m.group(2)]

@@ -16,6 +16,7 @@ from oomdoctor.render.html import render_diff_html, render_html
 from oomdoctor.render.perfetto import PID_BASE, trace_events
 from oomdoctor.report.build import report_of
 from oomdoctor.report.diff import diff_runs
+from oomdoctor.report.overlay import build_diff_visual
 from oomdoctor.report.tracks import rank_tracks
 from oomdoctor.report.visual import build_visual, segment_map, timeline_view
 from oomdoctor.trace.load import from_snapshot
@@ -162,7 +163,7 @@ def test_diff_resolves_the_deferred_free_and_counts_the_saving():
     same = diff_runs(before, before, rb, rb)
     assert all(f.status == "unchanged" for f in same.findings)
     assert all(not r.sites for r in same.ranks)
-    page = render_diff_html(d, build_visual(before), build_visual(after))
+    page = render_diff_html(d, build_diff_visual(d, before, after))
     assert "model.py:5 in forward" in page and "-16.00 MiB" in page
 
 

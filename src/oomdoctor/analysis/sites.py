@@ -136,6 +136,11 @@ def group_sites(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> list[Site]:
     return sorted(out, key=lambda s: -s.bytes)
 
 
+def short_path(filename: str) -> str:
+    """A frame's file as the report shows it: the part after ``site-packages/`` (or ``dist-packages/``)."""
+    return filename.split("-packages/", 1)[1] if "-packages/" in filename else filename
+
+
 def site_label(trace: Trace, frame: int) -> str:
     """``file.py:line in name`` with the path shortened after ``site-packages/``; special ids named."""
     if frame == PRE_TRACE:
@@ -143,6 +148,4 @@ def site_label(trace: Trace, frame: int) -> str:
     if frame == NO_STACK:
         return "<no stack recorded>"
     filename, line, name = trace.stacks.frames[frame]
-    if "-packages/" in filename:
-        filename = filename.split("-packages/", 1)[1]
-    return f"{filename}:{line} in {name}"
+    return f"{short_path(filename)}:{line} in {name}"

@@ -10,7 +10,7 @@ from ..render.json import render_diff_json
 from ..render.text import render_diff_text, render_diff_text_plain
 from ..report.build import report_of
 from ..report.diff import diff_runs
-from ..report.visual import build_visual
+from ..report.overlay import build_diff_visual
 from .inputs import analyze_inputs, write_output
 
 
@@ -28,7 +28,7 @@ def command(before: str, after: str, fmt: str, output: str | None) -> None:
     if fmt == "json":
         text = render_diff_json(diff)
     elif fmt == "html":
-        text = render_diff_html(diff, build_visual(b), build_visual(a))
+        text = render_diff_html(diff, build_diff_visual(diff, b, a))
     elif output:
         text = render_diff_text_plain(diff)
     else:

@@ -1,22 +1,45 @@
-"""``oomdoctor export PATH... --format perfetto -o trace.json``: memory tracks for trace viewers."""
+"""``oomdoctor export PATH... --format perfetto|folded -o FILE``: memory for trace viewers and flame graph tools."""
 
 from __future__ import annotations
 
 import click
 
+from ..errors import UsageError
+from ..render.folded import render_folded
 from ..render.perfetto import render_perfetto
+from ..report.flame import folded_at
+from ..report.moments import moment_at
 from ..report.tracks import rank_tracks
 from .inputs import analyze_inputs, write_output
 
 
 @click.command("export")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--format", "fmt", type=click.Choice(["perfetto"]), default="perfetto", show_default=True,
-              help="perfetto: Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing).")
+@click.option("--format", "fmt", type=click.Choice(["perfetto", "folded"]), default="perfetto", show_default=True,
+              help="perfetto: Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing). folded: the bytes "
+                   "allocated at one moment by call stack, 'frame;frame;frame BYTES' root first (flamegraph.pl, "
+                   "inferno, speedscope).")
+@click.option("--at", "at", metavar="peak|oom|EVENT|TIME",
+              help="folded: the moment: peak (of allocated bytes, the default), oom (the last OOM), an event index, "
+                   "or a time since the first event (350us, 20ms, 1.5s).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
               help="Write to this file instead of standard output.")
-def command(paths: tuple[str, ...], fmt: str, output: str | None) -> None:
+def command(paths: tuple[str, ...], fmt: str, at: str | None, output: str | None) -> None:
     """Export per-rank counter tracks (allocated, active, reserved bytes) and instants (OOMs, step starts,
-    peaks), timed on the host clock like a PyTorch profiler trace."""
+    peaks), timed on the host clock like a PyTorch profiler trace; or one rank's live memory at a moment as
+    folded stacks, whose bytes add up to the allocated bytes then."""
+    if fmt == "perfetto" and at is not None:
+        raise UsageError("--at applies to --format folded only")
     analyses = analyze_inputs(list(paths))
-    write_output(output, render_perfetto([rank_tracks(a) for a in analyses]))
+    if fmt == "perfetto":
+        write_output(output, render_perfetto([rank_tracks(a) for a in analyses]))
+        return
+    if len(analyses) != 1:
+        raise UsageError(f"--format folded writes one rank's stacks, and {', '.join(paths)} hold {len(analyses)} "
+                         "ranks: give one snapshot file")
+    a = analyses[0]
+    folded = folded_at(a, moment_at(a, at or "peak"))
+    write_output(output, render_folded(folded))
+    m = folded.moment
+    click.echo(f"{a.trace.path}: {len(folded.stacks)} stacks, {folded.allocated_bytes:,} bytes allocated after event "
+               f"{m.event} ({m.name})", err=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 
 import click
 
@@ -13,9 +12,7 @@ from ..analysis.slicing import WINDOW_UNITS, event_window, slice_metadata, slice
 from ..capture.files import atomic_write_bytes, atomic_write_json, sidecar_for
 from ..errors import UsageError
 from ..trace import load
-
-_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*$")
-_SCALE = {None: 1, "us": 1, "µs": 1, "ms": 1_000, "s": 1_000_000}
+from ..units import parse_duration_us
 
 
 def parse_bound(text: str | None, unit: str) -> float | None:
@@ -24,10 +21,10 @@ def parse_bound(text: str | None, unit: str) -> float | None:
     if text is None:
         return None
     if unit == "time":
-        m = _TIME.match(text)
-        if not m:
+        us = parse_duration_us(text)
+        if us is None:
             raise UsageError(f"bad time {text!r}: a number of µs, or with a unit: 350us, 20ms, 1.5s")
-        return float(m.group(1)) * _SCALE[m.group(2)]
+        return us
     try:
         return int(text)
     except ValueError:

@@ -18,7 +18,9 @@ import jinja2
 
 from .. import __version__
 from ..report.diff import Diff
+from ..report.flame import DIFF_COLORS, CATEGORY_COLORS, OTHER_COLOR, FlameView, category_colors
 from ..report.model import Report
+from ..report.overlay import DiffVisual, PairView
 from ..report.visual import RankView, Visual
 from ..simulate.whatif import Simulation
 from .format import format_bytes, format_signed_bytes, format_us
@@ -56,12 +58,43 @@ def _evidence_value(key: str, value: Any) -> str:
     return str(value)
 
 
+ANATOMY_FIELDS = ("requested_bytes", "rounding_waste_bytes", "pending_free_bytes", "free_in_used_segments_bytes",
+                  "free_segments_bytes", "reserved_bytes", "largest_free_block_bytes", "segments")
+"""The anatomy's numbers the page's panel shows (``macros.html.j2`` ``anatomy_bar``)."""
+
+
+def _flame_data(f: FlameView | None) -> dict[str, Any] | None:
+    """A rank's flame graphs as the script draws them: per moment its tree's preorder arrays (``d`` depth, ``f``
+    frame, ``v`` bytes, ``c`` category, ``mix`` the split of mixed nodes) and its anatomy."""
+    if f is None:
+        return None
+    moments = []
+    for m in f.moments:
+        t = m.tree
+        moments.append({"name": m.moment.name, "kind": m.moment.kind, "event": m.moment.event,
+                        "time_us": m.moment.time_us, "bytes": m.allocated_bytes,
+                        "anatomy": {k: getattr(m.anatomy, k) for k in ANATOMY_FIELDS},
+                        "d": t.depth, "f": t.frame, "v": t.bytes, "c": t.category, "mix": t.mixed,
+                        "left_out": t.left_out})
+    return {"frames": f.frames, "shown": f.shown, "moments": moments}
+
+
 def _view_data(v: RankView) -> dict[str, Any]:
-    """The part of a rank's view the page's script draws (timeline, markers, segment maps)."""
+    """The part of a rank's view the page's script draws (timeline, markers, segment maps, flame graphs)."""
     return {"rank": v.rank, "timeline": None if v.timeline is None else asdict(v.timeline),
             "markers": [asdict(m) for m in v.markers],
             "moments": [{"name": m.name, "event": m.event, "segments": [asdict(s) for s in m.segments]}
-                        for m in v.moments]}
+                        for m in v.moments],
+            "flame": _flame_data(v.flame)}
+
+
+def _pair_data(p: PairView) -> dict[str, Any]:
+    """A pair of ranks of the diff: its two x axes and its difference tree (``b``/``a`` bytes before/after, ``w``
+    bytes moved, the width, ``g`` the colour grade)."""
+    t = p.flame
+    return {"event": None if p.event is None else asdict(p.event), "time": None if p.time is None else asdict(p.time),
+            "flame": {"frames": p.frames, "d": t.depth, "f": t.frame, "b": t.before, "a": t.after, "w": t.moved,
+                      "g": t.grade, "left_out": t.left_out}}
 
 
 def render_html(report: Report, visual: Visual) -> str:
@@ -70,21 +103,17 @@ def render_html(report: Report, visual: Visual) -> str:
     plain = report_dict(report)
     return _environment().get_template("report.html.j2").render(
         title="oomdoctor report", report=report, findings=plain["findings"], verdict=plain["verdict"],
-        ranks=list(zip(report.ranks, visual.ranks)), data={"views": views},
-        points=visual.timeline_points, version=__version__)
+        ranks=list(zip(report.ranks, visual.ranks)), data={"views": views, "categories": category_colors()},
+        colors=CATEGORY_COLORS, other_color=OTHER_COLOR, points=visual.timeline_points, version=__version__)
 
 
-def render_diff_html(diff: Diff, before: Visual, after: Visual) -> str:
-    """A before/after comparison as one HTML page: per rank pair, the two timelines on one y-scale."""
-    b_by = {v.path: v for v in before.ranks}
-    a_by = {v.path: v for v in after.ranks}
-    views: dict[str, Any] = {}
-    for i, r in enumerate(diff.ranks):
-        views[f"b{i}"] = _view_data(b_by[r.before_path])
-        views[f"a{i}"] = _view_data(a_by[r.after_path])
+def render_diff_html(diff: Diff, visual: DiffVisual) -> str:
+    """A before/after comparison as one HTML page: per rank pair, both timelines on one axis aligned at step
+    starts, and the bytes moved by call stack. ``visual`` must come from the same analyses as ``diff``."""
+    pairs = {f"p{i}": _pair_data(p) for i, p in enumerate(visual.pairs)}
     return _environment().get_template("diff.html.j2").render(
-        title="oomdoctor diff", diff=diff, d=diff_dict(diff), before=before, after=after,
-        data={"views": views}, points=before.timeline_points, version=__version__)
+        title="oomdoctor diff", diff=diff, d=diff_dict(diff), pairs=visual.pairs,
+        data={"pairs": pairs, "diff_colors": list(DIFF_COLORS)}, diff_colors=DIFF_COLORS, version=__version__)
 
 
 def render_simulation_html(sim: Simulation) -> str:

@@ -2,7 +2,8 @@
 
 Per rank: the memory timeline downsampled for drawing (each bucket keeps its maximum, so every peak is
 exact), the peak / OOM / step markers, the fragmentation anatomy and the segment map at the peak and at
-the OOM, and the top allocation sites at the peak with their stacks and lifetimes. Bytes are ints,
+the OOM, the top allocation sites at the peak with their stacks and lifetimes, and the flame graphs of live
+memory at a bounded set of moments (:mod:`oomdoctor.report.flame`). Bytes are ints,
 times are µs. Definitions of the counters: :mod:`oomdoctor.analysis.timeline`; of the anatomy:
 :mod:`oomdoctor.analysis.fragmentation`.
 """
@@ -18,6 +19,8 @@ from ..analysis.fragmentation import Anatomy, segment_states
 from ..analysis.lifetimes import IN_TRACE
 from ..analysis.sites import site_index, site_label
 from ..detectors.common import frame_text
+from .flame import FlameView, flame_view
+from .moments import RANK_MOMENTS, moments_per_rank, page_moments
 
 TIMELINE_POINTS = 2000
 """Buckets per drawn series. More than a screen is wide; the page draws in well under a second."""
@@ -106,6 +109,7 @@ class RankView:
     markers: list[Marker]
     moments: list[MomentView]
     sites: list[SiteView]
+    flame: FlameView | None = None
 
 
 @dataclass
@@ -205,8 +209,9 @@ def site_views(a: DeviceAnalysis, k: int, limit: int = TOP_SITES) -> list[SiteVi
     return out
 
 
-def rank_view(a: DeviceAnalysis) -> RankView:
-    """The :class:`RankView` of one analysed rank: moments at the peak reserved and at the last OOM."""
+def rank_view(a: DeviceAnalysis, flame_moments: int = RANK_MOMENTS[1]) -> RankView:
+    """The :class:`RankView` of one analysed rank: moments at the peak reserved and at the last OOM, and the
+    flame graphs of live memory at up to ``flame_moments`` moments (:func:`~oomdoctor.report.flame.flame_view`)."""
     moments = []
     pr_k = a.peak_reserved[1]
     wanted = [("peak reserved", pr_k)]
@@ -216,9 +221,11 @@ def rank_view(a: DeviceAnalysis) -> RankView:
         segs, left = segment_map(a, k)
         moments.append(MomentView(name, k, a.anatomy_at(k), segs, left))
     return RankView(rank=a.rank, path=a.trace.path, device=a.device.device, timeline=timeline_view(a),
-                    markers=markers(a), moments=moments, sites=site_views(a, a.peak_allocated[1]))
+                    markers=markers(a), moments=moments, sites=site_views(a, a.peak_allocated[1]),
+                    flame=flame_view(a, page_moments(a, flame_moments)))
 
 
 def build_visual(analyses: list[DeviceAnalysis]) -> Visual:
     """The visual part of the report for analyses already made (one per rank)."""
-    return Visual(ranks=[rank_view(a) for a in analyses])
+    per_rank = moments_per_rank(len(analyses))
+    return Visual(ranks=[rank_view(a, per_rank) for a in analyses])
