@@ -6,12 +6,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Pixels drawn on every chart and segment-map canvas (non-transparent), read from the canvases.
+# Pixels drawn on every chart, segment-map and flame-graph canvas (non-transparent), read from the canvases.
 _DRAWN = """() => Array.from(document.querySelectorAll('canvas')).map(c => {
   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
   let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
-  return {kind: c.closest('.uplot') ? 'chart' : 'segmap', drawn: n, total: c.width * c.height};
+  const kind = c.closest('.uplot') ? 'chart' : c.closest('.flame') ? 'flame' : 'segmap';
+  return {kind: kind, drawn: n, total: c.width * c.height};
 })"""
+# What each flame graph of a report shows: the moment, the event after which it is taken, its root's bytes.
+FLAMES = """() => Array.from(document.querySelectorAll('canvas[data-flame]')).map(c => ({
+  key: c.dataset.flame, moment: c.dataset.moment, event: +c.dataset.event, root: +c.dataset.rootBytes,
+  zoom: +c.dataset.zoom}))"""
 
 
 @dataclass
@@ -21,11 +26,13 @@ class PageLoad:
     ready_ms: float = 0.0
     wall_s: float = 0.0
     canvases: list[dict] = field(default_factory=list)
+    flames: list[dict] = field(default_factory=list)
 
 
 def open_page(browser, path: Path, screenshot: Path | None = None) -> PageLoad:
     """Load ``path`` (file://), wait until the page's script says it has drawn, and collect console
-    errors, every request other than the page itself, the time to interactive and the canvases."""
+    errors, every request other than the page itself, the time to interactive, the canvases and what the
+    flame graphs show."""
     out = PageLoad()
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     url = path.resolve().as_uri()
@@ -38,6 +45,7 @@ def open_page(browser, path: Path, screenshot: Path | None = None) -> PageLoad:
     out.wall_s = time.perf_counter() - t0
     out.ready_ms = page.evaluate("window.oomdoctorReady")
     out.canvases = page.evaluate(_DRAWN)
+    out.flames = page.evaluate(FLAMES)
     if screenshot is not None:
         page.screenshot(path=str(screenshot), full_page=True)
     page.close()

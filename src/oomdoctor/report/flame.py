@@ -174,32 +174,32 @@ def _trie(paths: dict[tuple[str, ...], np.ndarray], width: int) -> _Node:
 
 
 def _preorder(root: _Node, size, budget: int) -> tuple[list[tuple[int, str | None, _Node]], int]:
-    """``(depth, label, node)`` in preorder, children largest first by ``size(node)``, keeping the ``budget``
-    largest nodes (a node is never larger than its parent, so what is kept is a tree); also how many were left
-    out."""
+    """``(depth, label, node)`` in preorder, children largest first by ``size(node)``: the root and, of the nodes
+    with a positive size, the ``budget - 1`` largest (a node is never larger than its parent, so what is kept is
+    a tree); also how many of those with a positive size were left out."""
     sizes: list[int] = []
-    stack = [root]
+    stack = list(root.children.values())
     while stack:
         node = stack.pop()
-        sizes.append(size(node))
+        if size(node) > 0:
+            sizes.append(size(node))
         stack.extend(node.children.values())
-    cut = sorted(sizes, reverse=True)[budget - 1] if len(sizes) > budget else 0
-    ties = budget - sum(1 for s in sizes if s > cut)
+    room = budget - 1
+    cut = sorted(sizes, reverse=True)[room - 1] if len(sizes) > room else 0
+    ties = room - sum(1 for s in sizes if s > cut)
     out: list[tuple[int, str | None, _Node]] = []
     todo: list[tuple[int, str | None, _Node]] = [(0, None, root)]
     while todo:
         depth, label, node = todo.pop()
         s = size(node)
-        if s <= 0 and depth:
+        if depth and (s <= 0 or s < cut or (s == cut and ties <= 0)):
             continue
-        if s == cut and depth:
-            if ties <= 0:
-                continue
+        if depth and s == cut:
             ties -= 1
         out.append((depth, label, node))
         kids = sorted(node.children.items(), key=lambda kv: (-size(kv[1]), kv[0]))
         todo.extend((depth + 1, lab, child) for lab, child in reversed(kids))
-    return out, len(sizes) - len(out)
+    return out, len(sizes) - (len(out) - 1)
 
 
 class FrameTable:

@@ -32,7 +32,7 @@
       hooks: {
         draw: [function (u) {
           var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, right = left + u.bbox.width;
-          var px1 = devicePixelRatio, rowEnd = [];
+          var px1 = devicePixelRatio, rows = [];
           ctx.save();
           marks.forEach(function (m) {
             var px = u.valToPos(m.x, "x", true);
@@ -41,13 +41,14 @@
             ctx.lineWidth = m.kind === "step" ? 1 : 2 * px1;
             ctx.setLineDash(m.kind === "step" ? [4, 4] : m.run === "before" ? [6 * px1, 3 * px1] : []);
             ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + h); ctx.stroke();
-            if (m.kind !== "step") {  // labels go to the first row where they overlap no other
+            if (m.kind !== "step") {  // right of the line (left of it at the right edge), in the first free row
               ctx.fillStyle = ctx.strokeStyle;
               ctx.font = (11 * px1) + "px sans-serif";
-              var w = ctx.measureText(m.label).width, row = 0;
-              while (row < 3 && rowEnd[row] !== undefined && rowEnd[row] > px) row++;
-              rowEnd[row] = px + 4 + w + 6 * px1;
-              ctx.fillText(m.label, px + 4, top + (12 + 13 * row) * px1);
+              var w = ctx.measureText(m.label).width, lx = px + 4 * px1 + w > right ? px - 4 * px1 - w : px + 4 * px1;
+              var row = 0;
+              while (row < 3 && (rows[row] || []).some(function (r) { return lx < r[1] && lx + w > r[0]; })) row++;
+              (rows[row] = rows[row] || []).push([lx - 3 * px1, lx + w + 3 * px1]);
+              ctx.fillText(m.label, lx, top + (12 + 13 * row) * px1);
             }
           });
           if (ticks) {
@@ -91,16 +92,18 @@
                    fill: n === "reserved" ? "rgba(142,36,170,0.06)" : undefined,
                    value: function (u, v) { return fmtBytes(v); }});
     });
+    var marks = view.markers.map(function (m) { return {x: xOf(m, mode), kind: m.kind, label: m.label}; });
+    // the x axis reaches the last marker (an OOM after the last bucket's first event), also when zoomed out
+    var xlast = xs[xs.length - 1], xmax = Math.max.apply(null, [xlast].concat(marks.map(function (m) { return m.x; })));
     var opts = {
       width: Math.max(el.clientWidth, 320), height: 260,
-      scales: {x: {time: false}, y: {range: [0, ymax * 1.08]}},
+      scales: {x: {time: false, range: function (u, lo, hi) { return [lo, hi >= xlast ? Math.max(hi, xmax) : hi]; }},
+               y: {range: [0, ymax * 1.08]}},
       series: series,
       axes: [{values: function (u, vals) { return vals.map(function (v) { return fmtX(mode, v); }); }},
              {size: 92, values: function (u, vals) { return vals.map(fmtBytes); }}],
       cursor: {drag: {x: true, y: false}, sync: {key: "oomdoctor-" + mode}},
-      plugins: [markerPlugin(view.markers.map(function (m) {
-        return {x: xOf(m, mode), kind: m.kind, label: m.label};
-      }), flames[key] ? function () { return flames[key].ticks(mode); } : null)]
+      plugins: [markerPlugin(marks, flames[key] ? function () { return flames[key].ticks(mode); } : null)]
     };
     var data = [xs].concat(names.map(function (n) { return tl[n]; }));
     var u = new uPlot(opts, data, el);
@@ -215,6 +218,7 @@
     });
     ctx.globalAlpha = 1;
     this.rects = shown;
+    c.setAttribute("data-zoom", z);
   };
 
   function pct(part, whole) { return whole ? (100 * part / whole).toFixed(1) + "%" : "-"; }
