@@ -7,7 +7,9 @@ flag is seen, which adds the browser's round trips. Usage::
 
     python benchmarks/bench_html_report.py [SNAPSHOT] [--repeat N] [--json OUT]
 
-Targets (issue 5): page < 10 MB, interactive < 2 s for the 271,109-event ``large`` snapshot.
+Targets: page <= 5 MB (issue 29, with the flame graphs; issue 5 asked < 10 MB), interactive < 2 s for the
+271,109-event ``large`` snapshot. ``flame_json_bytes`` is the part of the page's data that the flame graphs take
+(their moments' trees and anatomies, and the frame labels).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", "import sys; from oomdoctor.cli.main import main; sys.exit(main())", "report", args.snapshot, "-o", str(out)], check=True)
         build_s = time.perf_counter() - t0
         size = out.stat().st_size
+        page = out.read_text()
+        data = json.loads(page.split('<script id="oomdoctor-data" type="application/json">', 1)[1].split("</script>", 1)[0])
+        flames = [v["flame"] for v in data["views"].values() if v["flame"]]
+        flame_bytes = sum(len(json.dumps(f, separators=(",", ":"))) for f in flames)
         loads = []
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -54,12 +60,14 @@ def main() -> None:
             browser.close()
     result = {
         "snapshot": args.snapshot, "page_bytes": size, "page_mib": round(size / 2**20, 3),
+        "flame_json_bytes": flame_bytes, "flame_moments": sum(len(f["moments"]) for f in flames),
+        "flame_nodes": sum(len(m["d"]) for f in flames for m in f["moments"]),
         "build_s_incl_startup": round(build_s, 2), "chromium": version, "loads": loads,
         "ready_ms_median": statistics.median(x["ready_ms"] for x in loads),
         "ready_ms_max": max(x["ready_ms"] for x in loads),
         "wall_s_median": statistics.median(x["wall_s"] for x in loads),
         "machine": f"{platform.machine()}, {platform.python_version()}",
-        "targets": {"page_bytes_lt": 10_000_000, "interactive_ms_lt": 2000},
+        "targets": {"page_bytes_le": 5_000_000, "interactive_ms_lt": 2000},
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -50,3 +50,14 @@ def open_page(browser, path: Path, screenshot: Path | None = None) -> PageLoad:
         page.screenshot(path=str(screenshot), full_page=True)
     page.close()
     return out
+
+
+def screenshot_between(page, first: str, last: str, path: Path) -> None:
+    """A full-width screenshot of the page from the top of the element ``first`` to the bottom of ``last``
+    (CSS selectors; their first match)."""
+    box = page.evaluate("""([a, b]) => {
+      const top = document.querySelector(a).getBoundingClientRect().top + window.scrollY;
+      const bottom = document.querySelector(b).getBoundingClientRect().bottom + window.scrollY;
+      return {x: 0, y: Math.max(top - 8, 0), width: document.documentElement.clientWidth, height: bottom - top + 16};
+    }""", [first, last])
+    page.screenshot(path=str(path), full_page=True, clip=box)

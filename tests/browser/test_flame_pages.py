@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from folded import parse_folded
-from pages import FLAMES
+from pages import FLAMES, screenshot_between
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
@@ -50,7 +50,8 @@ def test_a_click_on_the_timeline_redraws_the_flame_graph_and_the_anatomy(browser
     assert card.locator("td[data-an=free_in_used_segments_bytes]").inner_text() == \
         format_bytes(an.free_in_used_segments_bytes)
     assert card.locator("[data-flame-event]").inner_text() == f"{now['event']:,}"
-    page.screenshot(path=str(artifacts / "report-flame-after-click.png"), full_page=False)
+    screenshot_between(page, ".card:has([data-timeline])", "[data-flame-card]",
+                       artifacts / "report-flame-fragmentation-oom.png")
     card.locator("button", has_text="peak reserved").click()
     peak = page.evaluate(FLAMES)[0]
     assert peak["event"] == a.peak_reserved[1] and peak["root"] == int(a.timeline.allocated[a.peak_reserved[1]])
@@ -77,7 +78,8 @@ def test_diff_page_draws_both_runs_on_one_axis_and_the_bytes_moved(browser, snap
     page.locator("input[value=time]").check()
     assert page.locator(".uplot").count() == 1
     page.locator("input[value=event]").check()
-    page.screenshot(path=str(artifacts / "diff-ddp-imbalance-vs-clean.png"), full_page=True)
+    screenshot_between(page, ".card:has([data-overlay])", ".card:has(canvas[data-diff-flame])",
+                       artifacts / "diff-flame-ddp-imbalance-vs-clean.png")
     page.close()
     assert errors == [] and requests == []
 

@@ -206,6 +206,8 @@ def test_html_escapes_snapshot_text_and_inlines_everything():
     data = page.split('<script id="oomdoctor-data" type="application/json">', 1)[1].split("</script>", 1)[0]
     views = json.loads(data)["views"]
     assert views["r0"]["timeline"]["allocated"][-1] == 2 * MiB
+    # the flame graph's frame labels travel as data (drawn with fillText / textContent), never as markup
+    assert "/work/<script>alert(1)</script>.py:1 </script><img src=x onerror=alert(2)>" in views["r0"]["flame"]["frames"]
     assert np.all(np.diff(views["r0"]["timeline"]["event"]) > 0)
 
 

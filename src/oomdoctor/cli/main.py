@@ -21,7 +21,8 @@ COMMANDS = {
                          "findings."),
     "diff": ("diff", "Compare two runs (snapshot files, or directories with one file per rank)."),
     "slice": ("slice", "Cut a window out of a snapshot: a valid smaller snapshot."),
-    "export": ("export", "Export per-rank counter tracks and instants for Perfetto."),
+    "export": ("export", "Export per-rank counter tracks for Perfetto, or one rank's live memory at a moment as "
+                         "folded stacks."),
     "plan": ("plan", "Predict per-rank peak memory of a training configuration, and search the parallel plans "
                      "that fit."),
 }

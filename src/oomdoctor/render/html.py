@@ -42,6 +42,7 @@ def _environment() -> jinja2.Environment:
     env.filters["signed_bytes"] = format_signed_bytes
     env.filters["evidence"] = _evidence_value
     env.globals["asset"] = _asset
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "separators": (",", ":")}  # the page's data, compact
     return env
 
 
