@@ -350,7 +350,7 @@
   }
 
   function timelineGroups() {
-    // One y-scale for every chart of a group, so that ranks (or before/after) compare at a glance.
+    // One y-scale for every chart of a group, so that ranks compare at a glance.
     var groups = {};
     document.querySelectorAll("[data-timeline]").forEach(function (el) {
       var g = el.getAttribute("data-group") || "all";
