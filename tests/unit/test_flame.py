@@ -234,3 +234,13 @@ def test_export_folded_cli(tmp_path, capsys):
     (tmp_path / "m.folded").unlink()
     assert main(["export", str(tmp_path), "--format", "folded"]) == 2
     assert "hold 2 ranks" in capsys.readouterr().err
+
+
+def test_every_category_has_its_colour_and_a_new_one_the_neutral_one(monkeypatch):
+    import oomdoctor.report.flame as fl
+
+    assert set(CATEGORIES) <= set(fl.CATEGORY_COLORS)
+    assert len(set(fl.CATEGORY_COLORS.values()) | {fl.OTHER_COLOR}) == len(fl.CATEGORY_COLORS) + 1  # all distinct
+    monkeypatch.setattr(fl, "CATEGORIES", CATEGORIES + ("prefetch_buffers",))  # a line the accounting may gain
+    colors = {c["name"]: c["color"] for c in fl.category_colors()}
+    assert colors["prefetch_buffers"] == fl.OTHER_COLOR and colors["activations"] == fl.CATEGORY_COLORS["activations"]

@@ -18,7 +18,7 @@ import jinja2
 
 from .. import __version__
 from ..report.diff import Diff
-from ..report.flame import DIFF_COLORS, CATEGORY_COLORS, OTHER_COLOR, FlameView, category_colors
+from ..report.flame import DIFF_COLORS, FlameView, category_colors
 from ..report.model import Report
 from ..report.overlay import DiffVisual, PairView
 from ..report.visual import RankView, Visual
@@ -102,10 +102,12 @@ def render_html(report: Report, visual: Visual) -> str:
     """The report as one HTML page (str). ``visual`` must come from the same analyses as ``report``."""
     views = {f"r{i}": _view_data(v) for i, v in enumerate(visual.ranks)}
     plain = report_dict(report)
+    categories = category_colors()
     return _environment().get_template("report.html.j2").render(
         title="oomdoctor report", report=report, findings=plain["findings"], verdict=plain["verdict"],
-        ranks=list(zip(report.ranks, visual.ranks)), data={"views": views, "categories": category_colors()},
-        colors=CATEGORY_COLORS, other_color=OTHER_COLOR, points=visual.timeline_points, version=__version__)
+        ranks=list(zip(report.ranks, visual.ranks)), data={"views": views, "categories": categories},
+        category_color={c["name"]: c["color"] for c in categories}, points=visual.timeline_points,
+        version=__version__)
 
 
 def render_diff_html(diff: Diff, visual: DiffVisual) -> str:

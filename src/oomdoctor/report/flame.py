@@ -266,8 +266,8 @@ class FlameMoment:
 @dataclass
 class FlameView:
     """A rank's flame graphs at :func:`~oomdoctor.report.moments.page_moments`: ``frames`` is the label table
-    of all its trees; ``shown`` are the indices of the moments offered as buttons (peaks and OOM), the first one
-    drawn when the page opens (the OOM where there is one, else the peak of allocated bytes); ``categories``
+    of all its trees; ``shown`` are the indices of the moments offered as buttons (OOMs and peaks), the first one
+    drawn when the page opens (the last OOM where there is one, else the peak of allocated bytes); ``categories``
     the categories any tree holds, in :data:`CATEGORIES` order, for the legend."""
 
     frames: list[str]
@@ -295,8 +295,10 @@ def flame_view(a: DeviceAnalysis, moments: list[Moment] | None = None, budget: i
         seen[a.accounting.category[rows]] = True
         out.append(FlameMoment(m, allocated, a.anatomy_at(m.event), tree))
     kinds = [m.kind for m in moments]
-    first = kinds.index("oom") if "oom" in kinds else kinds.index("peak_allocated") if "peak_allocated" in kinds else 0
-    shown = [first] + [i for i, k in enumerate(kinds) if k in ("peak_allocated", "peak_reserved", "oom") and i != first]
+    named = [i for i, k in enumerate(kinds) if k in ("oom", "peak_allocated", "peak_reserved")]
+    ooms = [i for i in named if kinds[i] == "oom"]
+    first = ooms[-1] if ooms else kinds.index("peak_allocated") if "peak_allocated" in kinds else 0
+    shown = [first] + [i for i in named if i != first]
     return FlameView(frames.labels, out, shown, [c for i, c in enumerate(CATEGORIES) if seen[i]])
 
 

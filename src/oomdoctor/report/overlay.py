@@ -41,8 +41,10 @@ class AxisTable:
 
 @dataclass
 class PairView:
-    """One pair of ranks: ``event`` and ``time`` are the two x axes; ``aligned_steps`` how many step starts
-    were aligned (0: the runs start together); ``flame`` the difference tree and its frame labels."""
+    """One pair of ranks: ``event`` and ``time`` are the two x axes (None when a run has no history);
+    ``aligned_steps`` how many step starts were aligned (0: the runs start together); ``flame`` the difference
+    tree, ``frames`` its frame labels, taken after event ``before_event`` / ``after_event`` (each run's peak of
+    reserved bytes)."""
 
     rank: int
     before_path: str

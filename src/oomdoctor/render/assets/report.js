@@ -223,7 +223,7 @@
 
   function pct(part, whole) { return whole ? (100 * part / whole).toFixed(1) + "%" : "-"; }
 
-  function categoryName(i) { return DATA.categories[i] ? DATA.categories[i].label : "category " + i; }
+  function categoryName(i) { return DATA.categories[i].label; }
 
   // A rank's flame graph at its precomputed moments, with the anatomy panel of its card.
   function FlameSection(key, card, flame) {
