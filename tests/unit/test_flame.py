@@ -234,6 +234,12 @@ def test_export_folded_cli(tmp_path, capsys):
     (tmp_path / "m.folded").unlink()
     assert main(["export", str(tmp_path), "--format", "folded"]) == 2
     assert "hold 2 ranks" in capsys.readouterr().err
+    cut = tmp_path / "cut" / "rank0.pickle"
+    cut.parent.mkdir()
+    cut.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    assert main(["export", str(cut), "--format", "folded", "--at", "oom"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"oomdoctor: error: {cut}:"), err
 
 
 def test_every_category_has_its_colour_and_a_new_one_the_neutral_one(monkeypatch):
