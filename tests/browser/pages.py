@@ -29,10 +29,9 @@ class PageLoad:
     flames: list[dict] = field(default_factory=list)
 
 
-def open_page(browser, path: Path, screenshot: Path | None = None) -> PageLoad:
-    """Load ``path`` (file://), wait until the page's script says it has drawn, and collect console
-    errors, every request other than the page itself, the time to interactive, the canvases and what the
-    flame graphs show."""
+def live_page(browser, path: Path):
+    """Load ``path`` (file://) and wait until the page's script says it has drawn; returns the open page and
+    the :class:`PageLoad` its console errors and requests (other than the page itself) keep arriving in."""
     out = PageLoad()
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     url = path.resolve().as_uri()
@@ -43,6 +42,13 @@ def open_page(browser, path: Path, screenshot: Path | None = None) -> PageLoad:
     page.goto(url)
     page.wait_for_function("window.oomdoctorReady !== undefined", timeout=30_000)
     out.wall_s = time.perf_counter() - t0
+    return page, out
+
+
+def open_page(browser, path: Path, screenshot: Path | None = None) -> PageLoad:
+    """Load ``path`` (:func:`live_page`) and collect console errors, every request other than the page
+    itself, the time to interactive, the canvases and what the flame graphs show."""
+    page, out = live_page(browser, path)
     out.ready_ms = page.evaluate("window.oomdoctorReady")
     out.canvases = page.evaluate(_DRAWN)
     out.flames = page.evaluate(FLAMES)

@@ -7,25 +7,12 @@ import json
 from pathlib import Path
 
 from folded import parse_folded
-from pages import FLAMES, screenshot_between
+from pages import FLAMES, live_page, screenshot_between
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
 from oomdoctor.cli.main import main
 from oomdoctor.render.format import format_bytes
-
-
-def _page(browser, path: Path):
-    """An open page of ``path`` and the lists its console errors and requests (other than itself) go to."""
-    errors, requests = [], []
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    url = path.resolve().as_uri()
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: requests.append(r.url) if r.url != url else None)
-    page.goto(url)
-    page.wait_for_function("window.oomdoctorReady !== undefined", timeout=30_000)
-    return page, errors, requests
 
 
 def test_a_click_on_the_timeline_redraws_the_flame_graph_and_the_anatomy(browser, snapshots, tmp_path, artifacts):
@@ -34,7 +21,7 @@ def test_a_click_on_the_timeline_redraws_the_flame_graph_and_the_anatomy(browser
     assert main(["report", str(src), "-o", str(out)]) == 0
     a = analyze(load(src))
     n = a.num_events
-    page, errors, requests = _page(browser, out)
+    page, seen = live_page(browser, out)
     card = page.locator("[data-flame-card]").first
     first = page.evaluate(FLAMES)[0]
     assert (first["moment"], first["event"]) == ("OOM", n - 1) and first["root"] == int(a.timeline.allocated[-1])
@@ -61,14 +48,14 @@ def test_a_click_on_the_timeline_redraws_the_flame_graph_and_the_anatomy(browser
     canvas.click(position={"x": 40, "y": 8})        # the root: zoom out
     assert page.evaluate(FLAMES)[0]["zoom"] == 0
     page.close()
-    assert errors == [] and requests == []
+    assert seen.console_errors == [] and seen.requests == []
 
 
 def test_diff_page_draws_both_runs_on_one_axis_and_the_bytes_moved(browser, snapshots, tmp_path, artifacts):
     before, after = snapshots / "ddp-imbalance" / "rank0.pickle", snapshots / "ddp-clean" / "rank0.pickle"
     out = tmp_path / "diff.html"
     assert main(["diff", str(before), str(after), "--format", "html", "-o", str(out)]) == 0
-    page, errors, requests = _page(browser, out)
+    page, seen = live_page(browser, out)
     b, a = analyze(load(before)), analyze(load(after))
     flame = page.locator("canvas[data-diff-flame]")
     assert int(flame.get_attribute("data-before-bytes")) == int(b.timeline.active[b.peak_reserved[1]])
@@ -81,7 +68,7 @@ def test_diff_page_draws_both_runs_on_one_axis_and_the_bytes_moved(browser, snap
     screenshot_between(page, ".card:has([data-overlay])", ".card:has(canvas[data-diff-flame])",
                        artifacts / "diff-flame-ddp-imbalance-vs-clean.png")
     page.close()
-    assert errors == [] and requests == []
+    assert seen.console_errors == [] and seen.requests == []
 
 
 def _speedscope_stacks(doc: dict) -> dict[tuple[str, ...], int]:
