@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib import resources
 
 import click
-from rich.console import Console
 
 from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
@@ -13,8 +12,10 @@ from ..render import render_json, render_text
 from ..render.html import render_html
 from ..render.text import render_text_plain
 from ..report.build import report_of
+from ..report.gate import LEVELS, gate
 from ..report.visual import build_visual
 from ..units import parse_bytes
+from .console import terminal
 from .inputs import analyze_inputs, write_output
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
@@ -48,8 +49,11 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
               help="Findings under this fraction of peak reserved (and under --material-bytes) are shown as LOW.")
 @click.option("--material-bytes", default="64MiB", show_default=True,
               help="Floor of the materiality threshold (bytes, or with a unit: 64MiB, 1GiB).")
+@click.option("--fail-on", type=click.Choice(LEVELS), default=None,
+              help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
+                   "is anything but healthy: a CI gate. The report is written first.")
 def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, micro_batch: int | None,
-            material_fraction: float, material_bytes: str) -> None:
+            material_fraction: float, material_bytes: str, fail_on: str | None) -> int:
     """Diagnose snapshot files or directories (one file per rank) of a failing or bloated run."""
     rule = Materiality(material_fraction, parse_bytes(material_bytes))
     analyses = analyze_inputs(inputs_or_demo(paths, demo, "diagnose"))
@@ -61,6 +65,16 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
     elif output:
         text = render_text_plain(report)
     else:
-        render_text(report, Console(highlight=False))
-        return
+        render_text(report, terminal())
+        return fail_on_exit(report, fail_on)
     write_output(output, text)
+    return fail_on_exit(report, fail_on)
+
+
+def fail_on_exit(report, level: str | None) -> int:
+    """0, or 1 with one line on standard error when ``report`` fails the ``--fail-on`` gate."""
+    why = gate(report, level) if level else None
+    if why is None:
+        return 0
+    click.echo(f"oomdoctor: --fail-on {level}: {why}", err=True)
+    return 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
 from ..render.html import render_diff_html
 from ..render.json import render_diff_json
@@ -11,6 +10,7 @@ from ..render.text import render_diff_text, render_diff_text_plain
 from ..report.build import report_of
 from ..report.diff import diff_runs
 from ..report.overlay import build_diff_visual
+from .console import terminal
 from .inputs import analyze_inputs, write_output
 
 
@@ -32,6 +32,6 @@ def command(before: str, after: str, fmt: str, output: str | None) -> None:
     elif output:
         text = render_diff_text_plain(diff)
     else:
-        render_diff_text(diff, Console(highlight=False))
+        render_diff_text(diff, terminal())
         return
     write_output(output, text)

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 
 from ..errors import UsageError
 from ..trace import Skipped, Trace, load_ranks
+from .console import terminal as stdout_console
 
 if TYPE_CHECKING:
     from ..analysis.device import DeviceAnalysis
@@ -79,7 +80,7 @@ def write_rendered(output: str | None, draw: Callable[[Console], None], *, width
     """Draw a rich rendering on the terminal (``terminal``, or a plain one), or into ``output`` at
     ``width`` columns without colour."""
     if not output:
-        draw(terminal or Console(highlight=False))
+        draw(terminal or stdout_console())
         return
     buf = io.StringIO()
     draw(Console(file=buf, width=width, no_color=True, highlight=False))

@@ -8,6 +8,7 @@ import sys
 import click
 
 from ..errors import OomdoctorError
+from .console import WatchedStdout, silence_stdout
 
 #: name -> (module, one-line help). The module is imported only when its command runs (or its own
 #: ``--help`` is asked for), so ``oomdoctor --help`` and every command import only what they use.
@@ -55,6 +56,8 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 ok, 1 internal/usage problems, 2 bad input)."""
+    watched = WatchedStdout(sys.stdout)
+    sys.stdout = watched
     try:
         rv = cli.main(args=argv, prog_name="oomdoctor", standalone_mode=False)
     except OomdoctorError as e:
@@ -68,8 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("oomdoctor: aborted", err=True)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader of the pipe went away (| head): done, as a Unix filter is
+        silence_stdout()
         return 0
+    except SystemExit as e:  # click ends with exit code 1 on EPIPE (while printing help, say)
+        if watched.broken:
+            silence_stdout()
+            return 0
+        raise
+    finally:
+        sys.stdout = watched._stream
     return rv if isinstance(rv, int) else 0
 
 

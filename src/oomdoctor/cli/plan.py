@@ -33,6 +33,7 @@ from ..render.plan import (
     search_dict,
     validation_dict,
 )
+from .console import terminal
 from .inputs import write_output, write_rendered
 
 # name: (memory bytes as CUDA reports the device's total, bf16 dense FLOP/s, NVLink bytes/s per GPU one way)
@@ -56,8 +57,8 @@ def parse_memory(text: str) -> int:
 
 
 def _console() -> Console:
-    """The terminal, or 130 columns when the output is piped (the tables need the width)."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 130)
+    """The terminal (80 columns when piped, or ``COLUMNS``)."""
+    return terminal()
 
 
 def _common(f):
