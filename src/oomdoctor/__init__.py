@@ -13,7 +13,7 @@ Public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402,F401
 
 import os  # noqa: E402
 

@@ -25,12 +25,13 @@ import importlib.abc
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from .recorder import DEFAULT_MAX_ENTRIES, Recorder, warn
 
 CONFIG_ENV = "OOMDOCTOR_RUN_CONFIG"
 _recorder: Recorder | None = None
+_make_recorder: Callable[..., Recorder] | None = None
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
@@ -54,7 +55,13 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install_import_hook() -> None:
+def install_import_hook(make_recorder: Callable[..., Recorder] | None = None) -> None:
+    """Start recording when the program imports torch (now, if it has). ``make_recorder``: what builds the
+    recorder from ``record()``'s arguments (the injected ``sitecustomize`` passes :func:`oomdoctor.record`,
+    which wires the in-job summary); without it, a plain :class:`Recorder` with no summary."""
+    global _make_recorder
+    if make_recorder is not None:
+        _make_recorder = make_recorder
     if "torch" in sys.modules:
         on_torch_imported(sys.modules["torch"])
     elif not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
@@ -108,14 +115,20 @@ def start() -> Recorder | None:
     if _recorder is not None:
         return _recorder
     cfg = config()
-    from .. import record  # the public API wires the in-job summary
-
-    rec = record(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries", DEFAULT_MAX_ENTRIES)),
-                 stacks=cfg.get("stacks", "python"), free_stacks=bool(cfg.get("free_stacks")),
-                 summarize=bool(cfg.get("summarize")),
-                 summary_timeout_s=float(cfg.get("summary_timeout_s", 120.0)),
-                 print_summary=bool(cfg.get("print_summary", False)))
+    make = _make_recorder or _plain_recorder
+    rec = make(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries", DEFAULT_MAX_ENTRIES)),
+               stacks=cfg.get("stacks", "python"), free_stacks=bool(cfg.get("free_stacks")),
+               summarize=bool(cfg.get("summarize")), summary_timeout_s=float(cfg.get("summary_timeout_s", 120.0)),
+               print_summary=bool(cfg.get("print_summary", False)))
     rec.start()
     _recorder = rec
     atexit.register(rec.stop)
     return rec
+
+
+def _plain_recorder(out: str, *, summarize: bool = False, summary_timeout_s: float = 120.0,
+                    print_summary: bool = False, **kw: Any) -> Recorder:
+    """A :class:`Recorder` without the in-job summary (which needs the analyses, above this package)."""
+    if summarize:
+        warn("the in-job summary needs oomdoctor.record (install_import_hook(make_recorder=...)): not written")
+    return Recorder(out, **kw)

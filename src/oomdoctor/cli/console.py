@@ -1,18 +1,12 @@
-"""The terminal every subcommand draws on, and what happens when the reader of a pipe goes away.
-
-``oomdoctor diagnose FILE | head -1``: ``head`` exits after one line and the next write fails with EPIPE.
-rich's :meth:`rich.console.Console.on_broken_pipe` then exits with code 1, and click's ``main`` turns an EPIPE
-into exit code 1 too. Here the console raises :class:`BrokenPipeError`, and :class:`WatchedStdout` notes any
-EPIPE on standard output, so :func:`oomdoctor.cli.main.main` exits 0 as a Unix filter does (Python's note on
-SIGPIPE: https://docs.python.org/3/library/signal.html#note-on-sigpipe).
-"""
+"""The terminal every subcommand draws on: rich's console, except that a closed pipe raises
+:class:`BrokenPipeError` (rich's :meth:`rich.console.Console.on_broken_pipe` exits with code 1) for
+:func:`oomdoctor.cli.main.main` to end with exit code 0 (:mod:`.pipes`)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 from rich.console import Console
+
+from .pipes import silence_stdout
 
 
 class Terminal(Console):
@@ -24,42 +18,7 @@ class Terminal(Console):
         raise BrokenPipeError
 
 
-def silence_stdout() -> None:
-    """Point standard output at ``/dev/null``, so that the interpreter's last flush does not fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-
-
 def terminal(width: int | None = None) -> Console:
     """The console for standard output: colour and the terminal's width on a terminal; plain text at
     ``width`` (default: the ``COLUMNS`` variable, else 80) when piped."""
     return Terminal(highlight=False, width=width)
-
-
-class WatchedStdout:
-    """Standard output that remembers a broken pipe (``broken``) and raises it on (every attribute but
-    ``write`` and ``flush`` is the wrapped stream's)."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-        self.broken = False
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            self.broken = True
-            raise
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self.broken = True
-            raise
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..errors import OomdoctorError
-from .console import WatchedStdout, silence_stdout
+from .pipes import WatchedStdout, silence_stdout
 
 #: name -> (module, one-line help). The module is imported only when its command runs (or its own
 #: ``--help`` is asked for), so ``oomdoctor --help`` and every command import only what they use.

@@ -16,7 +16,7 @@ from typing import Any
 
 import jinja2
 
-from .. import __version__
+from .._version import __version__
 from ..report.diff import Diff
 from ..report.flame import DIFF_COLORS, FlameView, category_colors
 from ..report.model import Report

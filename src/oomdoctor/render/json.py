@@ -24,7 +24,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from .._version import __version__
 from .format import fill
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code

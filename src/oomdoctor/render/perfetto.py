@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..report.tracks import COUNTERS, RankTracks
 
 PID_BASE = 1_000_000

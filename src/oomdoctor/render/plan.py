@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .. import __version__
+from .._version import __version__
 from ..plan.estimate import Estimate
 from ..plan.search import SearchResult
 from ..plan.validate import Validation

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis, analyze
 from ..analysis.holders import holders_at

@@ -26,14 +26,17 @@ def _chain_original() -> None:
 
 def _install() -> None:
     try:
-        import oomdoctor.capture.autorecord as autorecord
+        import oomdoctor
     except ImportError:
         root = os.environ.get("OOMDOCTOR_PACKAGE_ROOT")
         if not root:
             raise
         sys.path.append(root)  # after the program's own paths: its packages keep precedence
-        import oomdoctor.capture.autorecord as autorecord
-    autorecord.install_import_hook()
+        import oomdoctor
+    import oomdoctor.capture.autorecord as autorecord
+
+    # oomdoctor.record builds the recorder: it wires the in-job summary (above the capture package)
+    autorecord.install_import_hook(make_recorder=oomdoctor.record)
 
 
 try:
