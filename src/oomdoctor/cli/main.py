@@ -26,6 +26,7 @@ COMMANDS = {
                          "folded stacks."),
     "plan": ("plan", "Predict per-rank peak memory of a training configuration, and search the parallel plans "
                      "that fit."),
+    "schema": ("schema", "Print the JSON Schema of a command's --format json output."),
 }
 
 

@@ -1,22 +1,6 @@
-"""The JSON contract other tools and our checks rely on (``docs/json.md``)::
-
-    {"verdict": {"kind", "summary", "bytes", "ranks", "actions", "headroom_bytes"},     # the job's
-     "ranks": [{"rank", "path", "peak_allocated_bytes", "peak_reserved_bytes",
-                "oom": null | {"requested_bytes", ...},
-                "verdict":   {"kind": "capacity"|"fragmentation"|"deferred-free"|"growth"|"imbalance"|"healthy",
-                              "summary": str, "bytes": int, ...},
-                "breakdown": {"at": "oom"|"peak_allocated", "event_index", "step", "phase",
-                              "categories": {"parameters", "gradients", "optimizer_state", "activations",
-                                             "temporaries", "communication", "outputs", "unknown"},
-                              "sources": {category: "recorded"|"trace"}, "allocated_bytes"},
-                "breakdowns": [... the same at peak_allocated, peak_reserved, optimizer_start ...],
-                "holders": [{"label", "category", "phase", "bytes", "count", "stack", "user_frame"}],
-                "fits": {"batch_scale": float|null, "largest_micro_batch": int|null, ...},
-                ...}],
-     "findings": [{"id", "severity", "title", "ranks", "bytes", "evidence",
-                   "fixes": [{"text", ...}], ...}],
-     "materiality": {"fraction", "min_bytes"}}
-"""
+"""The JSON outputs of ``diagnose``, ``simulate`` and ``diff``. Their shapes, every field with its unit, are
+the schemas of :mod:`.schema` (``oomdoctor schema COMMAND``, ``docs/json.md``), which the tests validate real
+outputs against; every output carries ``schema_version``."""
 
 from __future__ import annotations
 
@@ -24,7 +8,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from .._version import __version__
+from .._version import SCHEMA_VERSION, __version__
 from .format import fill
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
@@ -69,7 +53,8 @@ def report_dict(report: Report) -> dict[str, Any]:
             if pred and "outcome" in pred:
                 fx["prediction"] = {**pred, "outcome": fill(pred["outcome"], pred)}
         findings.append(d)
-    out = {"oomdoctor_version": report.oomdoctor_version, "verdict": verdict_dict(report.verdict),
+    out = {"schema_version": SCHEMA_VERSION, "oomdoctor_version": report.oomdoctor_version,
+           "verdict": verdict_dict(report.verdict),
            "inputs": report.inputs, "ranks": ranks, "findings": findings, "notes": report.notes,
            "materiality": report.materiality}
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}
@@ -120,7 +105,8 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
 
     rec = sim.recommendation
     return {
-        "oomdoctor_version": __version__, "path": sim.path, "rank": sim.rank, "num_events": sim.num_events,
+        "schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "path": sim.path, "rank": sim.rank,
+        "num_events": sim.num_events,
         "recorded": {"config": sim.recorded_config.to_string(), "peak_reserved_bytes": sim.recorded_peak_reserved_bytes,
                      "peak_allocated_bytes": sim.recorded_peak_allocated_bytes,
                      "oom_event_index": sim.recorded_oom_event},
@@ -165,7 +151,8 @@ def diff_dict(diff: Diff) -> dict[str, Any]:
         for s, sd in zip(r.sites, d["sites"]):
             sd["delta_bytes"] = s.delta_bytes
         ranks.append(d)
-    return {"oomdoctor_version": __version__, "before": diff.before_inputs, "after": diff.after_inputs,
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "before": diff.before_inputs,
+            "after": diff.after_inputs,
             "peak_reserved_saved_bytes": diff.peak_reserved_saved_bytes, "ranks": ranks,
             "findings": [asdict(f) for f in diff.findings], "notes": diff.notes}
 

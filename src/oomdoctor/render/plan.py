@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .._version import __version__
+from .._version import SCHEMA_VERSION, __version__
 from ..plan.estimate import Estimate
 from ..plan.search import SearchResult
 from ..plan.validate import Validation
@@ -28,7 +28,8 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
     """``plan estimate --format json``: ``{"plan", "microbatches", "vocab", "fits", "peak_stage",
     "stages": [{"stage", "parameters", "in_flight_chunks", "terms": {name: bytes}, "allocated_bytes",
     "reserved_bytes", "device_bytes", "peak_phase", "gradients_persist", "breakdown"}]}``."""
-    return {"oomdoctor_version": __version__, "model": asdict(e.model), "train": asdict(e.train),
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "model": asdict(e.model),
+            "train": asdict(e.train),
             "plan": asdict(e.plan), "label": e.plan.label(), "microbatches": e.microbatches, "vocab": e.vocab,
             "gpu_memory_bytes": e.hardware.gpu_memory_bytes if e.hardware else None, "fits": e.fits,
             "peak_stage": e.peak.stage, "stages": [asdict(s) for s in e.stages]}
@@ -67,7 +68,8 @@ def search_dict(r: SearchResult, limit: int | None = None) -> dict[str, Any]:
     "step_time_s", "peak_stage", "peak_device_bytes", "peak_allocated_bytes", "last_stage_allocated_bytes",
     "why"}], "rules", "rejected"}``."""
     cands = r.candidates if limit is None else r.candidates[:limit]
-    return {"oomdoctor_version": __version__, "model": r.model.name, "gpus": r.hardware.num_gpus,
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "model": r.model.name,
+            "gpus": r.hardware.num_gpus,
             "gpu_memory_bytes": r.hardware.gpu_memory_bytes, "rules": r.rules, "rejected": r.rejected,
             "candidates": [{"label": c.plan.label(), "plan": asdict(c.plan), "fits": c.fits,
                             "relative_throughput": round(c.relative_throughput, 4),
@@ -112,7 +114,8 @@ def validation_dict(v: Validation) -> dict[str, Any]:
     def r4(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
 
-    return {"rows": [{"test_dir": r.test_dir, "golden_file": r.golden_file, "predicted_bytes": r.predicted_bytes,
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__,
+            "rows": [{"test_dir": r.test_dir, "golden_file": r.golden_file, "predicted_bytes": r.predicted_bytes,
                       "measured_bytes": r.measured_bytes, "refused": r.reason or None} for r in v.rows],
             "summary": {"gpt_rows": len(g), "covered": v.covered,
                         "coverage": round(v.coverage, 4),

@@ -1,0 +1,24 @@
+"""``oomdoctor schema COMMAND``: the JSON Schema of a command's ``--format json`` output."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..render.schema import COMMANDS, schema
+from .inputs import write_output
+
+
+@click.command("schema")
+@click.argument("command", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
+              help="Write to this file instead of standard output.")
+def command(command: tuple[str, ...], output: str | None) -> None:
+    """Print the JSON Schema (draft 2020-12) of COMMAND's --format json output: diagnose (also run and the
+    in-job summary.json), diff, simulate, plan estimate, plan search, plan validate."""
+    name = " ".join(command)
+    if name not in COMMANDS:
+        raise click.BadParameter(f"{name!r} has no JSON output; one of: {', '.join(COMMANDS)}",
+                                 param_hint="COMMAND")
+    write_output(output, json.dumps(schema(name), indent=2) + "\n")
