@@ -16,6 +16,7 @@ import numpy as np
 from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import Anatomy
 from ..analysis.sites import group_sites, site_label
+from ..detectors.finding import Finding
 from .model import Report
 
 CHANGED_FRACTION = 0.10
@@ -66,8 +67,10 @@ class RankDiff:
 
 @dataclass
 class FindingChange:
-    """A finding id across the two runs. ``peak_reserved_saved_bytes`` is, for a resolved or changed
-    finding, the drop of peak reserved summed over the ranks it concerned before (negative: grew)."""
+    """A finding id across the two runs. ``peak_reserved_saved_bytes`` is, for a resolved or changed finding,
+    the part of its ranks' drop of peak reserved that its own bytes account for (:func:`_shares`: each rank's
+    drop is shared among the findings that changed there in proportion to their own drop of bytes at stake,
+    never more than that own drop; negative: grew). The shares of one rank add up to at most its drop."""
 
     id: str
     status: str  # resolved | new | changed | unchanged
@@ -128,24 +131,54 @@ def _pair(before: list[DeviceAnalysis], after: list[DeviceAnalysis]) -> tuple[li
     return pairs, notes
 
 
+def _own_change(fb: Finding | None, fa: Finding | None) -> dict[int, int]:
+    """Per rank: the finding's bytes at stake before minus after (a resolved finding's after is 0)."""
+    def per_rank(f: Finding | None) -> dict[int, int]:
+        if f is None:
+            return {}
+        return {r: int(f.per_rank_bytes.get(r, f.bytes)) for r in f.ranks}
+
+    b, a = per_rank(fb), per_rank(fa)
+    return {r: b.get(r, 0) - a.get(r, 0) for r in b.keys() | a.keys()}
+
+
+def _shares(changes: dict[str, dict[int, int]], saved_by_rank: dict[int, int]) -> dict[str, int]:
+    """Each finding's share of the peak reserved saved: on every rank, the drop (or the growth) of peak reserved
+    goes to the findings whose own bytes dropped (grew) there, in proportion to that own change, and none gets
+    more than its own change. ``changes``: finding id -> rank -> own change (bytes)."""
+    out = {fid: 0 for fid in changes}
+    for r, saved in saved_by_rank.items():
+        movers = {fid: c[r] for fid, c in changes.items() if c.get(r, 0) != 0 and (c[r] > 0) == (saved > 0)}
+        total = sum(movers.values())
+        if not movers or saved == 0:
+            continue
+        scale = min(1.0, saved / total)
+        for fid, own in movers.items():
+            out[fid] += int(own * scale)
+    return out
+
+
 def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int]) -> list[FindingChange]:
     b = {f.id: f for f in before.findings}
     a = {f.id: f for f in after.findings}
-    out = []
+    statuses: dict[str, str] = {}
     for fid in list(b) + [x for x in a if x not in b]:
         fb, fa = b.get(fid), a.get(fid)
         if fb is not None and fa is None:
-            status = "resolved"
+            statuses[fid] = "resolved"
         elif fb is None:
-            status = "new"
+            statuses[fid] = "new"
         elif (abs(fa.bytes - fb.bytes) > CHANGED_FRACTION * max(fb.bytes, 1)) or sorted(fa.ranks) != sorted(fb.ranks):
-            status = "changed"
+            statuses[fid] = "changed"
         else:
-            status = "unchanged"
-        ranks = fb.ranks if fb is not None else fa.ranks
-        saved = sum(saved_by_rank.get(r, 0) for r in ranks) if status in ("resolved", "changed") else 0
+            statuses[fid] = "unchanged"
+    moved = {fid: _own_change(b.get(fid), a.get(fid)) for fid, st in statuses.items() if st in ("resolved", "changed")}
+    shares = _shares(moved, saved_by_rank)
+    out = []
+    for fid, status in statuses.items():
+        fb, fa = b.get(fid), a.get(fid)
         out.append(FindingChange(fid, status, (fb or fa).title, fb.bytes if fb else 0, fa.bytes if fa else 0,
-                                 list(fb.ranks) if fb else [], list(fa.ranks) if fa else [], saved))
+                                 list(fb.ranks) if fb else [], list(fa.ranks) if fa else [], shares.get(fid, 0)))
     order = {"resolved": 0, "new": 1, "changed": 2, "unchanged": 3}
     return sorted(out, key=lambda f: (order[f.status], -max(f.before_bytes, f.after_bytes)))
 
