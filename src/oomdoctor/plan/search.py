@@ -52,7 +52,9 @@ class StepTime:
 @dataclass
 class Candidate:
     """A plan with its estimate, whether it fits, and its modelled step time. ``fits`` is ``"yes"``,
-    ``"with expandable_segments"`` (fits only once the fragmentation margin shrinks) or ``"no"``."""
+    ``"with expandable_segments"`` (fits only once the fragmentation margin shrinks) or ``"no"``;
+    ``setting`` is the allocator setting it fits with (``""``: none needed, or it does not fit) and
+    ``fit_estimate`` the estimate under that setting (the plan's peak as it would run)."""
 
     plan: ParallelPlan
     estimate: Estimate
@@ -60,6 +62,12 @@ class Candidate:
     step: StepTime
     relative_throughput: float = 0.0
     why: list[str] = field(default_factory=list)
+    setting: str = ""
+    fit_estimate: Estimate | None = None
+
+    def __post_init__(self) -> None:
+        if self.fit_estimate is None:
+            self.fit_estimate = self.estimate
 
 
 @dataclass
@@ -112,13 +120,19 @@ def step_time(e: Estimate, hw: Hardware) -> StepTime:
     return StepTime(compute, tp_comm, bubble, dp_comm)
 
 
-def _fits(e: Estimate, hw: Hardware) -> str:
+EXPANDABLE = "expandable_segments:True"
+
+
+def _fits(e: Estimate, hw: Hardware) -> tuple[str, str, Estimate]:
+    """Whether ``e`` fits ``hw``: ``(fits, setting, estimate under that setting)``."""
     if e.peak.device_bytes <= hw.gpu_memory_bytes:
-        return "yes"
+        return "yes", "", e
     if e.plan.expandable_segments:
-        return "no"
+        return "no", "", e
     relaxed = estimate(e.model, e.train, replace(e.plan, expandable_segments=True), hw)
-    return "with expandable_segments" if relaxed.peak.device_bytes <= hw.gpu_memory_bytes else "no"
+    if relaxed.peak.device_bytes <= hw.gpu_memory_bytes:
+        return "with expandable_segments", EXPANDABLE, relaxed
+    return "no", "", e
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -157,7 +171,8 @@ def evaluate(m: ModelSpec, train: TrainingSpec, hw: Hardware, plans: list[Parall
             e = estimate(m, train, p, hw)
         except PlanError:
             continue
-        cands.append(Candidate(p, e, _fits(e, hw), step_time(e, hw)))
+        fits, setting, as_run = _fits(e, hw)
+        cands.append(Candidate(p, e, fits, step_time(e, hw), setting=setting, fit_estimate=as_run))
     fitting = [c for c in cands if c.fits != "no"]
     best = min((c.step.total_s for c in fitting), default=min((c.step.total_s for c in cands), default=1.0))
     for c in cands:
@@ -184,7 +199,9 @@ def _why(c: Candidate, hw: Hardware) -> list[str]:
         out.append(f"exposed DP communication {100 * s.dp_comm_s / total:.0f}%")
     peak = c.estimate.peak
     if c.fits == "with expandable_segments":
-        out.append(f"over only by the fragmentation margin ({peak.terms['fragmentation'] / 1e9:.1f} GB)")
+        out.append(f"fits with {EXPANDABLE}: {c.fit_estimate.peak.device_bytes / 1e9:.1f} GB; the default "
+                   f"allocator's fragmentation margin ({peak.terms['fragmentation'] / 1e9:.1f} GB) would take it to "
+                   f"{peak.device_bytes / 1e9:.1f} GB")
     elif c.fits == "no":
         out.append(f"stage {peak.stage} needs {(peak.device_bytes - hw.gpu_memory_bytes) / 1e9:.1f} GB more")
     return out
@@ -192,7 +209,7 @@ def _why(c: Candidate, hw: Hardware) -> list[str]:
 
 RULES = [
     "A plan over capacity only by its fragmentation margin fits with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: "
-    "set that before changing the parallelism (it costs no throughput; seed 002's OOM was fragmentation).",
+    "set that before changing the parallelism (it costs no throughput); such a plan's peak is given with it.",
     "Tensor parallelism is kept inside one node (NVLink); its all-reduces are on the critical path, so a larger TP "
     "costs throughput in proportion to the all-reduce volume.",
     "More pipeline stages cut memory per rank but lower DP and add bubble ((p-1)/(v*M)); interleaving (VPP) shrinks "

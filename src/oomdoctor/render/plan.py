@@ -38,11 +38,14 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
 def render_estimate_text(e: Estimate, console: Console) -> None:
     console.print(Text(f"{e.model.name}: {e.plan.label()}, {e.plan.schedule}, {e.microbatches} micro-batches of "
                        f"{e.train.micro_batch} x {e.train.seq_len} tokens; GB = 1e9 bytes", style="bold"))
-    t = Table(box=box.SIMPLE_HEAD)
-    cols = ("stage", "params", "in flight", "weights+grads+opt", "activations", "logits+loss", "other",
-            "allocated", "reserved", "device")
+    console.print(Text("per stage, GB at its peak (params: parameters on the stage; in flight: micro-batches "
+                       "whose activations are held at once)", style="dim"))
+    # no box: its column separators would take the columns past 80; the header row is bold instead
+    t = Table(box=None, show_edge=False, pad_edge=False, header_style="bold underline")
+    cols = ("stage", "params", "in\nflight", "weights\n+grads\n+opt", "activ-\nations", "logits\n+loss", "other",
+            "allo-\ncated", "re-\nserved", "device")
     for c in cols:
-        t.add_column(c, justify="right")
+        t.add_column(c, justify="right", no_wrap=True)
     for s in e.stages:
         b = s.breakdown
         t.add_row(str(s.stage), f"{s.parameters / 1e9:.2f}B", str(s.in_flight_chunks), _gb(b["model_states"]),
@@ -74,31 +77,37 @@ def search_dict(r: SearchResult, limit: int | None = None) -> dict[str, Any]:
             "candidates": [{"label": c.plan.label(), "plan": asdict(c.plan), "fits": c.fits,
                             "relative_throughput": round(c.relative_throughput, 4),
                             "step_time_s": asdict(c.step) | {"total_s": c.step.total_s},
-                            "microbatches": c.estimate.microbatches, "peak_stage": c.estimate.peak.stage,
-                            "peak_device_bytes": c.estimate.peak.device_bytes,
-                            "peak_allocated_bytes": max(s.allocated_bytes for s in c.estimate.stages),
-                            "last_stage_allocated_bytes": c.estimate.last.allocated_bytes,
+                            "microbatches": c.estimate.microbatches, "setting": c.setting,
+                            "peak_stage": c.fit_estimate.peak.stage,
+                            "peak_device_bytes": c.fit_estimate.peak.device_bytes,
+                            "peak_allocated_bytes": max(s.allocated_bytes for s in c.fit_estimate.stages),
+                            "last_stage_allocated_bytes": c.fit_estimate.last.allocated_bytes,
                             "why": c.why} for c in cands]}
+
+
+_FITS_SHORT = {"with expandable_segments": "expandable"}
 
 
 def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> None:
     console.print(Text(f"{r.model.name} on {r.hardware.num_gpus} x {_gb(r.hardware.gpu_memory_bytes)} GB "
                        f"({r.hardware.name}): {len(r.candidates)} valid plans, best first", style="bold"))
-    t = Table(box=box.SIMPLE_HEAD)
-    for c in ("#", "plan", "peak (stage)", "last stage alloc", "fits", "rel. throughput"):
-        t.add_column(c, justify="left" if c in ("plan", "fits") else "right", no_wrap=True)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for c in ("#", "plan", "peak GB\n(stage)", "last stage\nalloc. GB", "fits", "rel.\nthroughput"):
+        t.add_column(c, justify="left" if c in ("plan", "fits") else "right", no_wrap=c != "plan")
     shown = r.candidates[:limit]
     for i, c in enumerate(shown, 1):
         style = {"yes": "green", "no": "red"}.get(c.fits, "yellow")
-        t.add_row(str(i), c.plan.label(), f"{_gb(c.estimate.peak.device_bytes)} GB ({c.estimate.peak.stage})",
-                  f"{_gb(c.estimate.last.allocated_bytes)} GB", Text(c.fits, style=style),
+        peak = c.fit_estimate.peak
+        t.add_row(str(i), c.plan.label(), f"{_gb(peak.device_bytes)} ({peak.stage})",
+                  _gb(c.fit_estimate.last.allocated_bytes), Text(_FITS_SHORT.get(c.fits, c.fits), style=style),
                   f"{c.relative_throughput:.3f}")
     console.print(t)
     for i, c in enumerate(shown, 1):
         if c.why:
             console.print(f"  {i}. {'; '.join(c.why)}")
-    console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL); GB = 1e9 bytes",
-                       style="dim"))
+    console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL), under the setting "
+                       "that makes the plan fit; expandable: fits with PYTORCH_ALLOC_CONF=expandable_segments:True "
+                       "(its peak is shown with it); GB = 1e9 bytes", style="dim"))
     console.print(Text("Decision rules:", style="bold"))
     for i, rule in enumerate(r.rules, 1):
         console.print(f"  {i}. {rule}")
@@ -131,7 +140,7 @@ def render_plan_json(obj: dict[str, Any]) -> str:
 def render_validation_text(v: Validation) -> str:
     d = validation_dict(v)["summary"]
     buf = io.StringIO()
-    c = Console(file=buf, width=120, no_color=True, highlight=False)
+    c = Console(file=buf, width=80, no_color=True, highlight=False)
     c.print(f"GPT rows: {d['gpt_rows']}, estimated: {d['covered']} ({100 * d['coverage']:.1f}%)")
     if d["median_abs_rel_error"] is not None:
         c.print(f"absolute relative error of peak allocated on the last rank: median "

@@ -495,10 +495,12 @@ def plan_search_schema() -> Schema:
         "relative_throughput": f("against the best plan (1.0)"),
         "step_time_s": obj({"compute_s": f("seconds"), "tp_comm_s": f("seconds"), "bubble_s": f("seconds"),
                             "dp_comm_s": f("seconds"), "total_s": f("seconds")}, "the modelled step time"),
-        "microbatches": i("micro-batches per step"), "peak_stage": i("the stage with the most device bytes"),
-        "peak_device_bytes": b("the worst stage's device bytes"),
-        "peak_allocated_bytes": b("the largest stage's allocated"),
-        "last_stage_allocated_bytes": b("the last stage's allocated"),
+        "microbatches": i("micro-batches per step"),
+        "setting": s("the allocator setting the plan fits with ('' when none is needed or it does not fit)"),
+        "peak_stage": i("the stage with the most device bytes, under that setting"),
+        "peak_device_bytes": b("the worst stage's device bytes, under that setting"),
+        "peak_allocated_bytes": b("the largest stage's allocated, under that setting"),
+        "last_stage_allocated_bytes": b("the last stage's allocated, under that setting"),
         "why": arr(s(""), "what decides its rank or its fit"),
     }, "one plan")
     return document("plan search", obj({
