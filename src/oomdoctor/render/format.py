@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import string
+import textwrap
 from typing import Any, Mapping
 
 from ..units import GiB, KiB, MiB
@@ -52,3 +54,26 @@ def fill(template: str, evidence: Mapping[str, Any]) -> str:
         return _FORMATTER.vformat(template, (), evidence)
     except (KeyError, IndexError, ValueError):
         return template
+
+
+_SITE = re.compile(r"^(?P<path>[^\s]*?):(?P<line>\d+)(?P<rest>\s.*)?$")
+
+
+def fit_site(label: str, width: int) -> str:
+    """An allocation site (``path/file.py:LINE in function``) in lines of at most ``width`` columns, never
+    breaking ``file.py:LINE``: the path first loses leading directories (``.../``), then `` in function`` goes
+    to a second line. A label of another shape (``<autograd backward: ...>``) is wrapped at its spaces."""
+    if len(label) <= width:
+        return label
+    m = _SITE.match(label)
+    if m is None:
+        return textwrap.fill(label, width, break_long_words=False, break_on_hyphens=False)
+    parts, line = m.group("path").split("/"), m.group("line")
+    where = f"{m.group('path')}:{line}"
+    while len(where) > width and len(parts) > 1:
+        parts = parts[1:]
+        where = ".../" + "/".join(parts) + f":{line}"
+    rest = (m.group("rest") or "").strip()
+    if not rest:
+        return where
+    return f"{where} {rest}" if len(where) + 1 + len(rest) <= width else f"{where}\n{rest}"

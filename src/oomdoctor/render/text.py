@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .format import fill, format_bytes, format_signed_bytes, format_us
+from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..report.diff import Diff
@@ -71,6 +71,24 @@ def _verdict_panel(report: Report) -> Panel | None:
     return Panel(body, title=title, title_align="left", box=box.HEAVY)
 
 
+def _fitted_table(rows: list[tuple[str, ...]], width: int, *, justify: tuple[str, ...],
+                  headers: tuple[str, ...] | None = None) -> Table:
+    """A borderless table whose last column is an allocation site, fitted (:func:`fit_site`) into what the
+    other columns leave of ``width``, so that no cell is cut and no file:line is broken."""
+    t = Table(box=None if headers is None else box.SIMPLE_HEAD, show_header=headers is not None, show_edge=False,
+              pad_edge=False,
+              padding=(0, 1))
+    n = len(justify)
+    for j, just in enumerate(justify):
+        t.add_column(headers[j] if headers else "", justify=just, no_wrap=True)
+    cells = [max([len(r[j]) for r in rows] + [len(headers[j]) if headers else 0]) for j in range(n - 1)]
+    gap = 2 if headers is None else 3  # the padding on both sides, and a box's column separator
+    room = max(width - sum(cells) - gap * (n - 1), 24)
+    for r in rows:
+        t.add_row(*r[:-1], fit_site(r[-1], room))
+    return t
+
+
 def _rank_table(report: Report) -> Table:
     """One row per rank; short cells so that 80 columns hold it (details follow per rank)."""
     t = Table(title="Ranks", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, padding=(0, 1))
@@ -85,7 +103,7 @@ def _rank_table(report: Report) -> Table:
     return t
 
 
-def _breakdown_text(r: RankSummary) -> Group:
+def _breakdown_text(r: RankSummary, width: int) -> Group:
     bd = r.breakdown
     text = Text()
     if bd is None:
@@ -102,14 +120,9 @@ def _breakdown_text(r: RankSummary) -> Group:
     holders = None
     if r.holders:
         text.append("\n  largest holders:", style="bold")
-        holders = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
-        holders.add_column(justify="right", no_wrap=True)
-        holders.add_column(justify="right", no_wrap=True)
-        holders.add_column(no_wrap=True)
-        holders.add_column(overflow="fold")
-        for h in r.holders[:6]:
-            holders.add_row(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}",
-                            h.label)
+        rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}", h.label)
+                for h in r.holders[:6]]
+        holders = _fitted_table(rows, width, justify=("right", "right", "left", "left"))
     tail = Text()
     f = r.fits
     if f is not None and (f.batch_scale is not None or f.expandable_batch_scale is not None):
@@ -234,7 +247,7 @@ def render_text(report: Report, console: Console) -> None:
     console.print(_rank_table(report))
     for r in report.ranks:
         console.print(_timeline(r))
-        console.print(_breakdown_text(r))
+        console.print(_breakdown_text(r, console.width))
         for w in r.warnings:
             console.print(Text(f"  note: {w}", style="yellow"))
         if r.truncated and r.has_history:
@@ -289,19 +302,25 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         cap = (f"{format_bytes(sim.capacity.limit_bytes)} ({sim.capacity.limit_bytes} bytes, {sim.capacity.kind} "
                f"limit, {sim.capacity.certainty}); {sim.capacity.source}")
     console.print(Text(f"capacity: {cap}", style="dim"))
-    caption = "reserved/allocated: peaks; frees: deferred frees as recorded or immediate"
-    table = Table(box=box.SIMPLE_HEAD, caption=caption + ("; ★ recommended" if sim.recommendation else ""))
-    table.add_column("", no_wrap=True)
-    table.add_column("PYTORCH_CUDA_ALLOC_CONF", overflow="fold", min_width=26)
-    for col in ("frees", "reserved", "allocated", "OOM", "check"):
-        table.add_column(col, justify="right" if col in ("reserved", "allocated") else "left",
-                         no_wrap=col not in ("OOM", "check"), overflow="fold")
     rec_id = id(sim.recommendation.result) if sim.recommendation else None
-    for r in sim.results:
-        star = Text("★", style="bold green") if id(r) == rec_id else ""
-        table.add_row(star, str(r.config), r.deferred_frees, format_bytes(r.peak_reserved_bytes),
-                      format_bytes(r.peak_allocated_bytes), _oom_text(r.oom), _matches_text(r.matches_recorded))
-    console.print(table)
+    for mode, title in (("recorded", "frees as recorded (held for other streams where the job record_stream-ed)"),
+                        ("immediate", "frees made immediate (no record_stream)")):
+        rows = [r for r in sim.results if r.deferred_frees == mode]
+        if not rows:
+            continue
+        checked = any(r.matches_recorded is not None for r in rows)
+        console.print(Text(title + ":", style="italic"))
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        table.add_column("PYTORCH_CUDA_ALLOC_CONF", no_wrap=True)
+        for col in ("peak reserved", "peak allocated", "OOM") + (("check",) if checked else ()):
+            table.add_column(col, justify="right" if col.startswith("peak") else "left", no_wrap=True)
+        for r in rows:
+            cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", str(r.config)),
+                     format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes), _oom_text(r.oom)]
+            table.add_row(*cells, *((_matches_text(r.matches_recorded),) if checked else ()))
+        console.print(table)
+    if sim.recommendation:
+        console.print(Text("★ recommended", style="dim"))
     v = sim.self_replay.validation
     if v is not None:
         style = "green" if v.exact else "bold red"
@@ -358,14 +377,15 @@ def render_diff_text(diff: Diff, console: Console) -> None:
     """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
     console.print(Text(f"oomdoctor diff: {len(diff.ranks)} rank pair(s); peaks in bytes, saved = before - after",
                        style="bold"))
-    t = Table(box=box.SIMPLE_HEAD)
-    for col in ("rank", "reserved before", "after", "saved", "allocated before", "after", "saved", "OOM"):
-        t.add_column(col, justify="left" if col == "OOM" else "right", no_wrap=True)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("rank", "peak", "before", "after", "saved", "OOM"):
+        t.add_column(col, justify="left" if col in ("peak", "OOM") else "right", no_wrap=True)
     for r in diff.ranks:
         oom = f"{'yes' if r.before_oom else 'no'} → {'yes' if r.after_oom else 'no'}"
-        t.add_row(str(r.rank), format_bytes(r.before_peak_reserved_bytes), format_bytes(r.after_peak_reserved_bytes),
-                  format_signed_bytes(r.peak_reserved_saved_bytes), format_bytes(r.before_peak_allocated_bytes),
-                  format_bytes(r.after_peak_allocated_bytes), format_signed_bytes(r.peak_allocated_saved_bytes), oom)
+        t.add_row(str(r.rank), "reserved", format_bytes(r.before_peak_reserved_bytes),
+                  format_bytes(r.after_peak_reserved_bytes), format_signed_bytes(r.peak_reserved_saved_bytes), oom)
+        t.add_row("", "allocated", format_bytes(r.before_peak_allocated_bytes), format_bytes(r.after_peak_allocated_bytes),
+                  format_signed_bytes(r.peak_allocated_saved_bytes), "")
     console.print(t)
     for r in diff.ranks:
         for side, an in (("before", r.before_anatomy), ("after", r.after_anatomy)):
@@ -386,25 +406,23 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         line.append(f"{f.status:>9} ", style=_STATUS_STYLE[f.status])
         line.append(f"[{f.id}] ")
         if f.status == "resolved":
-            line.append(f"{format_bytes(f.before_bytes)} at stake before; peak reserved saved on rank(s) "
-                        f"{','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+            line.append(f"{format_bytes(f.before_bytes)} at stake before; its share of the peak reserved saved on "
+                        f"rank(s) {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         elif f.status == "new":
             line.append(f"{format_bytes(f.after_bytes)} at stake on rank(s) {','.join(map(str, f.after_ranks))}")
         else:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
-                line.append(f"; peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+                line.append(f"; its share of the peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         console.print(line)
     for r in diff.ranks:
         if not r.sites:
             continue
-        st = Table(title=f"rank {r.rank}: sites whose bytes at peak reserved moved", box=box.SIMPLE_HEAD,
-                   title_justify="left")
-        for col in ("before", "after", "change", "site"):
-            st.add_column(col, justify="left" if col == "site" else "right", overflow="fold")
-        for s in r.sites:
-            st.add_row(format_bytes(s.before_bytes), format_bytes(s.after_bytes),
-                       Text(format_signed_bytes(s.delta_bytes), style="red" if s.delta_bytes > 0 else "green"), s.label)
+        console.print(Text(f"rank {r.rank}: sites whose bytes at peak reserved moved", style="italic"))
+        rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.delta_bytes), x.label)
+                for x in r.sites]
+        st = _fitted_table(rows, console.width, justify=("right", "right", "right", "left"),
+                           headers=("before", "after", "change", "site"))
         console.print(st)
 
 
