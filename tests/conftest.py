@@ -6,6 +6,9 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+# every template a test renders must find its fields (render/format.py fill); users get what can be filled
+os.environ.setdefault("OOMDOCTOR_STRICT_TEMPLATES", "1")
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 SHARED = Path(os.environ.get("OOMDOCTOR_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
@@ -31,3 +34,12 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def demo_trace():
+    """The real snapshot shipped in the package (``diagnose --demo``), loaded."""
+    import oomdoctor
+    from oomdoctor.cli.diagnose import demo_path
+
+    return oomdoctor.load(demo_path())

@@ -111,7 +111,8 @@ def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stack
             :data:`~oomdoctor.capture.recorder.DEFAULT_MAX_ENTRIES`).
         stacks: ``"python"`` (default, low overhead) or ``"all"`` (C++ frames too).
         free_stacks: also record a stack at every free (``context="all"``). Off by default: on torch 2.11
-            it crashes non-reentrant activation checkpointing in backward (``docs/checkpoint_crash.md``).
+            it crashes non-reentrant activation checkpointing in backward (``SystemError: ... returned NULL
+            without setting an exception``).
         summarize: at the end, every rank analyses its own snapshot and rank 0 writes
             ``summary.json`` (``diagnose --format json``'s schema) and ``summary.txt``, and prints the
             report (``print_summary``); ranks silent after ``summary_timeout_s`` seconds are named.

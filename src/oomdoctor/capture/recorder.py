@@ -63,7 +63,7 @@ FREE_STACKS_WARNING = (
     "recording a stack at every free (context='all'): on torch 2.11 this makes non-reentrant activation "
     "checkpointing (torch.utils.checkpoint use_reentrant=False: Hugging Face gradient_checkpointing, "
     "Lightning and torchtitan AC) crash in backward with 'SystemError: ... returned NULL without setting an "
-    "exception'. Turn free stacks off unless you need them (oomdoctor docs/checkpoint_crash.md)")
+    "exception' (measured on H100 and H200). Turn free stacks off unless you need them.")
 
 #: ``on_finish(recorder, snapshot_dict, meta)``: called once on every rank after the last dump
 #: (the in-job summary plugs in here).

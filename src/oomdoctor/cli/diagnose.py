@@ -22,8 +22,8 @@ DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 
 
 def demo_path() -> str:
-    """The real snapshot shipped in the package: seed 000's tensor-parallel all-reduce toy with
-    PyTorch's pre-2.8 record_stream behaviour, rank 0 (``shared/snapshots/tp-allreduce/legacy-rank0``)."""
+    """The real snapshot shipped in the package: rank 0 of a two-rank tensor-parallel job on H200 GPUs whose
+    all-reduce inputs were ``record_stream``-ed, as PyTorch did before 2.8 (frees deferred)."""
     return str(resources.files("oomdoctor").joinpath("data", DEMO_SNAPSHOT))
 
 

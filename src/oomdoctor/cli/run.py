@@ -68,7 +68,7 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
               help="Stack frames to record at each allocation: Python only, with C++ frames (slower), or none "
               "(every event, no stacks: the lowest overhead, but allocation sites cannot be named).")
 @click.option("--free-stacks", is_flag=True, help="Also record a stack at every free (context='all'). Off by "
-              "default: on torch 2.11 it crashes non-reentrant activation checkpointing (docs/checkpoint_crash.md).")
+              "default: on torch 2.11 it crashes non-reentrant activation checkpointing in backward (SystemError: ... returned NULL without setting an exception).")
 @click.option("--summarize", is_flag=True, help="Analyse in the job: each rank its own snapshot, rank 0 writes "
               "summary.json; the report printed is that summary.")
 @click.option("--summary-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,

@@ -43,7 +43,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     fixes = [
         Fix("Preallocate the output once and call dist.all_gather_into_tensor(out, inp) (all_gather_single in "
             "recent releases); view it as chunks instead of concatenating a list.", versions=">=1.13",
-            source="pytorch/pytorch PR #85686; DeepSpeed PR #4705; seed 001", kind="code",
+            source="pytorch/pytorch PR #85686; DeepSpeed PR #4705", kind="code",
             setting="all_gather_into_tensor"),
         Fix("For reduce-scatter likewise use reduce_scatter_tensor instead of a list input.", versions=">=1.13",
             source="pytorch/pytorch PR #85686", kind="code"),

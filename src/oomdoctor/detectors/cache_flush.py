@@ -113,7 +113,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         fixes.append(Fix(
             "Call torch.cuda.empty_cache() only at phase changes (after initialisation, after evaluation), not "
             "every step; it never gives PyTorch more memory.", versions="all",
-            source="discuss.pytorch.org/t/34232 (albanD); notes/cuda.md memory management", kind="code"))
+            source="discuss.pytorch.org/t/34232 (albanD); pytorch.org/docs/stable/notes/cuda.html#memory-management",
+            kind="code"))
     if retries:
         fixes.append(Fix(
             "Lower the peak (activation checkpointing, a smaller micro-batch) or fix fragmentation so the "

@@ -118,13 +118,14 @@ def _fixes(v, expandable_on: bool, request: int, capped: bool) -> list[Fix]:
             "is not stranded between fixed-size segments. Not compatible with CUDA IPC of those tensors "
             "(issue #130330), NCCL user-buffer registration (--use-nccl-ub, NVIDIA/nccl#1584); with CUDA "
             "graphs and NCCL set NCCL_GRAPH_REGISTER=0 (issue #158029).",
-            versions=">=2.1", source="pytorch/pytorch PR #96995; docs notes/cuda.md 'Optimizing memory usage'",
+            versions=">=2.1", source="pytorch/pytorch PR #96995; pytorch.org/docs/stable/notes/cuda.html"
+                   "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf",
             kind="env", setting=f"{env}=expandable_segments:True", applies=v.at_least((2, 1)),
             what_if={"config": "expandable_segments:True"}))
     fixes.append(Fix(
         f"Or set {env}=max_split_size_mb:{split}: blocks at least that large are never split, so large "
         "requests find whole blocks (ignored when expandable segments are on, issue #119452).",
-        versions=">=1.10", source="docs notes/cuda.md; CUDACachingAllocator.cpp get_free_block/should_split",
+        versions=">=1.10", source="pytorch.org/docs/stable/notes/cuda.html; CUDACachingAllocator.cpp get_free_block/should_split",
         kind="env", setting=f"{env}=max_split_size_mb:{split}",
         what_if={"config": f"max_split_size_mb:{split}"}))
     if capped:  # the collector only runs under a memory fraction (CUDACachingAllocator.cpp malloc)
@@ -135,7 +136,8 @@ def _fixes(v, expandable_on: bool, request: int, capped: bool) -> list[Fix]:
             setting=f"{env}=garbage_collection_threshold:0.8", what_if={"config": "garbage_collection_threshold:0.8"}))
     fixes.append(Fix(
         "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
-        versions="all", source="shared/reference/antipatterns.md AP-06", kind="code"))
+        versions="all", source="PyTorch CUDA semantics notes, 'Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF' "
+                               "(pytorch.org/docs/stable/notes/cuda.html)", kind="code"))
     return fixes
 
 

@@ -104,13 +104,14 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
             "is still computed by the schedule's loss_fn).", versions=">=2.10",
             source="pytorch/pytorch PR #165822; torchtitan PR #1922", kind="code",
             setting="return_outputs=False", applies=v.at_least((2, 10))),
-        Fix("Before 2.10: do not append outputs to stage.output_chunks on the last stage (seed 003's "
-            "requires_merge_outputs patch of _PipelineStageBase.forward_one_chunk / PipelineScheduleSingle.step).",
+        Fix("Before 2.10: do not append outputs to stage.output_chunks on the last stage (patch "
+            "_PipelineStageBase.forward_one_chunk / PipelineScheduleSingle.step to skip the append when the merged "
+            "outputs are not used).",
             versions="2.4-2.9", source="pytorch/pytorch issue #159251; discuss.pytorch.org/t/221886", kind="code",
             applies=None if v.at_least((2, 10)) is None else not v.at_least((2, 10))),
         Fix("Shrink what is kept: compute the loss inside the schedule and chunk or fuse the LM head and "
             "cross-entropy so no full [tokens, vocab] logits tensor is materialised.",
-            versions="all", source="torchtitan docs/chunked_loss.md", kind="code"),
+            versions="all", source="github.com/pytorch/torchtitan/blob/main/docs/chunked_loss.md", kind="code"),
     ]
     return Finding(ID, "high", "Last pipeline stage keeps every micro-batch's output until step() ends",
                    [a.rank], total, summary, evidence, site_refs(a, group_sites(a.trace, lt, g)), fixes,

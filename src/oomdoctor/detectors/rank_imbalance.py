@@ -102,7 +102,7 @@ def _detect_group(pk: list[RankProfile]) -> list[Finding]:
         fixes = [
             Fix("Keep per-rank extras off the GPU: move logged or debug tensors to the CPU (t.detach().cpu()) or "
                 "keep scalars with .item(); run metrics and evaluation on every rank or under inference_mode.",
-                versions="all", source="shared/reference/antipatterns.md AP-11", kind="code"),
+                versions="all", source="PyTorch FAQ 'Don't accumulate history across your training loop' (pytorch.org/docs/stable/notes/faq.html)", kind="code"),
             Fix("Checkpoint with torch.distributed.checkpoint (sharded) or full state dicts offloaded to the CPU "
                 "(StateDictOptions(full_state_dict=True, cpu_offload=True)) instead of gathering on rank 0.",
                 versions=">=2.2", source="torch/distributed/checkpoint/state_dict.py StateDictOptions", kind="code"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import string
 import textwrap
@@ -37,7 +38,24 @@ def format_us(us: int | float) -> str:
 
 
 class _EvidenceFormatter(string.Formatter):
+    """``{key:bytes}`` and ``{key:us}`` formats; a key the evidence lacks is kept visible as ``{key}`` (or raises
+    :class:`KeyError` when ``strict``)."""
+
+    def __init__(self, strict: bool) -> None:
+        super().__init__()
+        self.strict = strict
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        try:
+            return super().get_field(field_name, args, kwargs)
+        except (KeyError, IndexError, AttributeError, TypeError):
+            if self.strict:
+                raise KeyError(f"template field {{{field_name}}} is not in the evidence") from None
+            return _Missing(field_name), field_name
+
     def format_field(self, value: Any, format_spec: str) -> str:
+        if isinstance(value, _Missing):
+            return "{" + value.name + "}"
         if format_spec == "bytes":
             return format_bytes(value)
         if format_spec == "us":
@@ -45,14 +63,29 @@ class _EvidenceFormatter(string.Formatter):
         return super().format_field(value, format_spec)
 
 
-_FORMATTER = _EvidenceFormatter()
+class _Missing:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+STRICT_ENV = "OOMDOCTOR_STRICT_TEMPLATES"
+"""Set to 1 (the test suite does) and :func:`fill` raises on a template field the evidence lacks."""
 
 
 def fill(template: str, evidence: Mapping[str, Any]) -> str:
-    """Fill ``{key}``, ``{key:bytes}``, ``{key:us}`` from ``evidence``; a missing key stays visible."""
+    """Fill ``{key}``, ``{key:bytes}``, ``{key:us}``, ``{key[sub]}`` from ``evidence``. A key the evidence lacks
+    stays visible as ``{key}`` and the rest is filled; with ``OOMDOCTOR_STRICT_TEMPLATES=1`` it raises.
+
+    Raises:
+        KeyError: a field is missing and :data:`STRICT_ENV` is set.
+        ValueError: the template is malformed and :data:`STRICT_ENV` is set (else it is returned as it is).
+    """
+    strict = os.environ.get(STRICT_ENV) == "1"
     try:
-        return _FORMATTER.vformat(template, (), evidence)
-    except (KeyError, IndexError, ValueError):
+        return _EvidenceFormatter(strict).vformat(template, (), evidence)
+    except ValueError:
+        if strict:
+            raise
         return template
 
 

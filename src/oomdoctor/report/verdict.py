@@ -150,7 +150,7 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
                   f.id, ev)
     fx = next((x for x in f.fixes if x.applies is not False), None)
     if fx is not None:
-        out.actions = [fx.text.replace("{", "{{").replace("}", "}}")]
+        out.actions = [_literal(fx.text)]
     return out
 
 
@@ -278,6 +278,12 @@ def _logits(holders: list[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> None:
         ev["logits_sites"] = ", ".join(h.label for h in hit[:3])
 
 
+def _literal(text: str) -> str:
+    """``text`` as a template that renders as itself (an action is a template over the evidence; a fix's or a
+    framework's text may hold braces: ``auto_wrap_policy={Block}``)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def _frameworks(a: DeviceAnalysis):
     return detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
 
@@ -290,7 +296,7 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
         out.append(PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + ".")
     if v.kind in ("capacity", "fragmentation") and "kv_cache_bytes" in ev:
         knob = framework("generate").knobs["kv-cache"]
-        out.append("Make the KV cache smaller or steadier: " + knob.replace("{", "{{").replace("}", "}}") + ".")
+        out.append("Make the KV cache smaller or steadier: " + _literal(knob) + ".")
     if v.kind == "capacity":
         if fits is not None and fits.largest_micro_batch is not None:
             out.append("Use a per-device micro-batch of at most {largest_micro_batch} and more gradient accumulation "
@@ -308,7 +314,7 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
                        "{sharding_frees_bytes:bytes}.")
         for fw in fws:
             if "activations" in fw.knobs:
-                out.append(f"{fw.name}: {fw.knobs['activations']}.")
+                out.append(_literal(f"{fw.name}: {fw.knobs['activations']}."))
                 break
     elif v.kind == "fragmentation":
         setting = ev.get("defragmented_config") or "expandable_segments:True"
@@ -328,11 +334,11 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
         f = next((x for x in mine if x.id == v.finding), None)
         fx = next((x for x in f.fixes if x.applies is not False), None) if f is not None else None
         if fx is not None:
-            out.append(fx.text.replace("{", "{{").replace("}", "}}"))
+            out.append(_literal(fx.text))
     if "logits_bytes" in ev and v.kind in ("capacity", "fragmentation"):
         knob = next((fw.knobs["logits"] for fw in fws if "logits" in fw.knobs), None)
         out.append("The loss's logits hold {logits_bytes:bytes} ({logits_sites}): "
-                   + (knob.replace("{", "{{").replace("}", "}}") if knob else
+                   + (_literal(knob) if knob else
                       "compute the loss in chunks or fuse the LM head with the cross-entropy") + ".")
     return out
 

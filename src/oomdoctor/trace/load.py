@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import re
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..errors import SnapshotError
 from .build import Drained, build_trace
 from .model import Trace
 from .reader import SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
+from .store import load_trace
 from .stream import load_streaming, should_stream
 
 _RANK_PATTERNS = (
@@ -77,10 +79,21 @@ def read_sidecar(path: str) -> dict[str, Any]:
     return meta
 
 
+def is_saved_trace(path: str) -> bool:
+    """Is ``path`` a trace written by :meth:`Trace.save` (a zip holding its ``doc`` column)? Never raises."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as z:
+            return "doc.npy" in z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar: bool = True) -> Trace:
     """Read one snapshot file into a :class:`Trace`.
 
-    Accepts ``torch.cuda.memory._dump_snapshot()`` pickles, the same compressed with gzip, xz, zstd
+    Accepts ``torch.cuda.memory._dump_snapshot()`` pickles, traces written by :meth:`Trace.save`, the same compressed with gzip, xz, zstd
     or bzip2 (detected by magic bytes), the JSON form pytorch.org/memory_viz accepts, and the older
     list-of-segments pickles of ``torch.cuda.memory_snapshot()``.
 
@@ -94,6 +107,8 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
         UnsafeSnapshotError: the pickle asks for a global; nothing from it was executed.
     """
     p = os.fspath(path)
+    if is_saved_trace(p):  # Trace.save's .npz
+        return load_trace(p)
     drained = None
     if should_stream(p):  # a large framed pickle: its entries are turned into columns as they arrive
         with _gc_paused():

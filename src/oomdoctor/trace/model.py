@@ -11,6 +11,8 @@ Field meanings follow PyTorch's ``torch/csrc/cuda/memory_snapshot.cpp`` / ``Modu
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -226,6 +228,17 @@ class Trace:
     def rank(self) -> int | None:
         r = self.meta.get("rank")
         return int(r) if r is not None else None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write this trace to ``path`` losslessly (``.npz``: numpy columns and one JSON document, no pickled
+        objects), for a report rebuilt later; :func:`oomdoctor.load` reads it back.
+
+        Raises:
+            OSError: ``path`` cannot be written.
+        """
+        from .store import save_trace
+
+        save_trace(self, path)
 
     @property
     def primary(self) -> DeviceTrace:
