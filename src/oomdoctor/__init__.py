@@ -33,12 +33,14 @@ def diagnose(paths, *, micro_batch=None, progress=None):
     """Load ``paths`` (a file or directory of per-rank snapshots, or a list of them) and diagnose them.
 
     Returns a :class:`~oomdoctor.notebook.Diagnosis`: ``.report`` (the
-    :class:`~oomdoctor.report.model.Report`, whose fields read through: ``.verdict``, ``.ranks``,
-    ``.findings``), ``str()`` the terminal text, ``.to_json()``, ``.to_html()``; Jupyter shows the HTML
-    report. ``micro_batch``: the recorded per-device micro-batch (samples), to say the largest that fits.
+    :class:`~oomdoctor.report.model.Report`), ``.verdict``, ``.findings`` and ``.ranks`` with their texts
+    rendered, ``.skipped`` (files of a directory that are not snapshots, skipped and named as the CLI does),
+    ``str()`` the terminal text, ``.to_json()``, ``.to_html()``; Jupyter shows the HTML report.
+    ``micro_batch``: the recorded per-device micro-batch (samples), to say the largest that fits.
 
     Raises:
-        SnapshotError: an input cannot be read as a snapshot (the message names the file).
+        SnapshotError: a file named in ``paths`` cannot be read as a snapshot, or a directory holds none that
+            loads (the message names the file).
     """
     from .analysis.device import analyze
     from .notebook import Diagnosis
@@ -46,8 +48,9 @@ def diagnose(paths, *, micro_batch=None, progress=None):
     from .report.visual import build_visual
     from .trace import load_ranks
 
-    analyses = [analyze(t) for t in load_ranks(_paths(paths), progress=progress)]
-    return Diagnosis(report_of(analyses, micro_batch=micro_batch), build_visual(analyses))
+    skipped: list = []
+    analyses = [analyze(t) for t in load_ranks(_paths(paths), progress=progress, skipped=skipped)]
+    return Diagnosis(report_of(analyses, micro_batch=micro_batch), build_visual(analyses), skipped)
 
 
 def diff(before, after):
@@ -64,10 +67,11 @@ def diff(before, after):
     from .report.overlay import build_diff_visual
     from .trace import load_ranks
 
-    b = [analyze(t) for t in load_ranks(_paths(before))]
-    a = [analyze(t) for t in load_ranks(_paths(after))]
+    skipped: list = []
+    b = [analyze(t) for t in load_ranks(_paths(before), skipped=skipped)]
+    a = [analyze(t) for t in load_ranks(_paths(after), skipped=skipped)]
     d = diff_runs(b, a, report_of(b), report_of(a))
-    return Comparison(d, build_diff_visual(d, b, a))
+    return Comparison(d, build_diff_visual(d, b, a), skipped)
 
 
 def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, workers=None):

@@ -6,13 +6,16 @@ Each wraps what the CLI renders (a :class:`~oomdoctor.report.model.Report` with 
 :class:`~oomdoctor.simulate.whatif.Simulation`), all computed when the object is made. In a notebook
 ``_repr_html_`` shows the same page as ``oomdoctor report`` / ``diff --format html`` inside an
 ``<iframe srcdoc>`` (its scripts and styles stay in the frame); ``str()`` is the terminal text; the
-wrapped object's fields read through (``diagnosis.verdict``, ``diagnosis.findings``).
+wrapped object's fields read through (``diagnosis.ranks``), and the texts a user reads come back rendered
+(``diagnosis.verdict.summary``, ``diagnosis.findings[0].title``), as the CLI prints them.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from .render.format import fill
 from .render.html import embed, render_diff_html, render_html, render_simulation_html
 from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
@@ -35,12 +38,40 @@ class _Result:
         return str(self)
 
 
-class Diagnosis(_Result):
-    """A diagnosis: ``report`` (every number), ``visual`` (what the HTML page draws)."""
+def _filled_verdict(v):
+    if v is None:
+        return None
+    return replace(v, summary=fill(v.summary, v.evidence), actions=[fill(x, v.evidence) for x in v.actions])
 
-    def __init__(self, report: Report, visual: Visual) -> None:
+
+def _filled_finding(f):
+    return replace(f, title=fill(f.title, f.evidence), summary=fill(f.summary, f.evidence))
+
+
+class Diagnosis(_Result):
+    """A diagnosis: ``report`` (every number, texts as templates over their evidence), ``visual`` (what the
+    HTML page draws), ``skipped`` (files of a directory that are not snapshots, with the reason, as the CLI
+    names them); ``verdict``, ``findings`` and ``ranks`` (each rank's verdict) with their texts rendered."""
+
+    def __init__(self, report: Report, visual: Visual, skipped: list | None = None) -> None:
         self.report, self.visual = report, visual
+        self.skipped = list(skipped or [])
         self._wrapped = report
+
+    @property
+    def verdict(self):
+        """The job's verdict, its ``summary`` and ``actions`` rendered (a copy; ``report.verdict`` is the template)."""
+        return _filled_verdict(self.report.verdict)
+
+    @property
+    def findings(self) -> list:
+        """The findings, most severe first, their ``title`` and ``summary`` rendered (copies)."""
+        return [_filled_finding(f) for f in self.report.findings]
+
+    @property
+    def ranks(self) -> list:
+        """Each rank's summary with its verdict rendered (copies)."""
+        return [replace(r, verdict=_filled_verdict(r.verdict)) for r in self.report.ranks]
 
     def __str__(self) -> str:
         return render_text_plain(self.report)
@@ -59,10 +90,11 @@ class Diagnosis(_Result):
 
 class Comparison(_Result):
     """A before/after comparison: ``diff`` and what its page draws, ``visual`` (both runs on one axis, the bytes
-    moved by call stack)."""
+    moved by call stack); ``skipped``: files of the runs' directories that are not snapshots."""
 
-    def __init__(self, diff: Diff, visual: DiffVisual) -> None:
+    def __init__(self, diff: Diff, visual: DiffVisual, skipped: list | None = None) -> None:
         self.diff, self.visual = diff, visual
+        self.skipped = list(skipped or [])
         self._wrapped = diff
 
     def __str__(self) -> str:

@@ -49,8 +49,17 @@ class Timeline:
 
     @property
     def peak_reserved(self) -> tuple[int, int]:
-        """``(bytes, event index)``; index -1 when the peak is at the trace's start."""
-        return self._peak(self.reserved, self.reserved_start)
+        """``(bytes, event index)``; index -1 when the peak is at the trace's start.
+
+        Reserved memory peaks at a ``segment_alloc`` (or ``segment_map``), which the allocator records
+        just before the allocation it made the segment for (``CUDACachingAllocator.cpp`` ``malloc``:
+        ``alloc_block`` then the block's ``alloc`` trace entry). The peak's event is that allocation when
+        it follows at the same reserved level, so that the state after it shows the new segment in use,
+        not as a free segment."""
+        b, i = self._peak(self.reserved, self.reserved_start)
+        if 0 <= i < self.num_events - 1 and self.reserved[i + 1] == b and self.allocated[i + 1] > self.allocated[i]:
+            i += 1
+        return b, i
 
     @property
     def peak_allocated(self) -> tuple[int, int]:

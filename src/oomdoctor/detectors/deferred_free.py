@@ -10,13 +10,13 @@ Evidence: bytes between ``free_requested`` and a later ``free_completed`` at the
 memory, weighed against the peak (the few small point-to-point sends of a pipeline are not a finding);
 whose stream: an FSDP stream (frames in ``torch/distributed/fsdp``), point-to-point (pipelining or
 ``isend``/``irecv`` frames), a collective (an ``nccl:*`` annotation starts while the block is live),
-or user code.
+or user code. A snapshot without history: the blocks its final state shows pending free.
 
 Fixes: ``TORCH_NCCL_AVOID_RECORD_STREAMS=1`` on PyTorch 2.1-2.7 (PR #89880/#97053); the default
 since 2.8 (PR #148590/#150398: collectives run on the current stream and stash tensors instead);
 ``async_op=True`` + ``wait()`` before reuse; FSDP1 ``limit_all_gathers=True`` (PRs #83666/#83917) or
 FSDP2. ``expandable_segments`` does not help: the memory is held, not fragmented (measured in
-``shared/snapshots/tp-allreduce``: legacy 2.84 GiB, legacy + expandable 2.23 GiB, modern 1.22 GiB).
+a two-rank tensor-parallel job on H200: legacy 2.84 GiB, legacy + expandable 2.23 GiB, modern 1.22 GiB).
 """
 
 from __future__ import annotations
@@ -68,9 +68,37 @@ def _collective_names(a: DeviceAnalysis) -> list[str]:
     return names
 
 
+def _detect_final_state(a: DeviceAnalysis, ctx: Context) -> Finding | None:
+    """A snapshot without history: the blocks the final state shows pending free (``active_pending_free``:
+    freed by Python, awaiting work on another stream) against the reserved bytes. Whose stream is told
+    from the blocks' stacks (FSDP, point-to-point) or is ``unknown``: without history there is no
+    ``nccl:*`` annotation to time them against."""
+    pending = [b for _s, b in a.device.blocks() if b.is_pending_free]
+    held = sum(b.size for b in pending)
+    reserved, allocated = a.peak_reserved[0], a.peak_allocated[0]
+    if held < max(MIN_HELD_BYTES, MIN_HELD_FRACTION * reserved):
+        return None
+    stacks = np.array([b.stack for b in pending], dtype=np.int64)
+    fsdp = stacks_matching(a.trace, "torch/distributed/fsdp/")[stacks]
+    p2p = (stacks_matching(a.trace, "torch/distributed/pipelining/")
+           | stacks_matching(a.trace, "distributed_c10d.py", _P2P_NAMES))[stacks]
+    owner = "fsdp" if fsdp.all() else "point-to-point" if p2p.all() else "unknown"
+    v = ctx.version(a)
+    evidence = {"held_at_end_bytes": held, "blocks_pending_at_end": len(pending), "reserved_bytes": reserved,
+                "allocated_bytes": allocated, "owner": owner, "torch_version": v.text}
+    summary = ("{blocks_pending_at_end} blocks freed by Python but kept by the allocator until work on another "
+               "stream ({owner}) finished hold {held_at_end_bytes:bytes} in the final state ({reserved_bytes:bytes} "
+               "reserved for {allocated_bytes:bytes} allocated). Recorded without history: how long each free "
+               "waited, and which collective held it, are not known.")
+    sev = "high" if held >= 0.25 * reserved else "medium"
+    return Finding(id=ID, severity=sev, title="Frees deferred by record_stream hold memory across layers and steps",
+                   ranks=[a.rank], bytes=held, summary=summary, evidence=evidence, sites=[],
+                   fixes=_fixes(owner, v), per_rank_bytes={a.rank: held})
+
+
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     if a.num_events == 0:
-        return None
+        return _detect_final_state(a, ctx)
     lt = a.lifetimes
     held = a.deferred_held()
     peak_reserved, k = a.peak_reserved
@@ -145,7 +173,7 @@ def _fixes(owner: str, v) -> list[Fix]:
     legacy = v.in_range((2, 1), (2, 8))
     modern = v.at_least((2, 8))
     fixes: list[Fix] = []
-    if owner in ("collective", "fsdp"):
+    if owner in ("collective", "fsdp", "unknown"):
         fixes.append(Fix(
             "Set TORCH_NCCL_AVOID_RECORD_STREAMS=1 before the process group is created: ProcessGroupNCCL then "
             "keeps a reference to the collective's tensors until wait() instead of calling record_stream.",
@@ -163,7 +191,7 @@ def _fixes(owner: str, v) -> list[Fix]:
             "unsharded parameters; better, migrate to FSDP2 (fully_shard), which avoids record_stream.",
             versions=">=2.1 (FSDP2 >= 2.4)", source="pytorch/pytorch PRs #83666, #83917; github.com/pytorch/torchtitan/blob/main/docs/fsdp.md",
             kind="config", setting="limit_all_gathers=True"))
-    if owner in ("collective", "user code") or modern:
+    if owner in ("collective", "user code", "unknown") or modern:
         fixes.append(Fix(
             "If your code runs the collective on its own stream and calls tensor.record_stream(stream), drop "
             "record_stream: issue it with async_op=True and call work.wait() (or "

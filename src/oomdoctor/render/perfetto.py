@@ -4,7 +4,8 @@ and chrome://tracing open.
 
 One process per rank (``pid`` = :data:`PID_BASE` + rank, named ``oomdoctor rank R (cuda:D)`` by a
 ``process_name`` metadata event), one counter track per name (``ph: "C"``, ``args: {"bytes": n}``), and
-process-scoped instants (``ph: "i"``, ``s: "p"``) for OOMs, step starts and peaks. ``ts`` is in µs.
+process-scoped instants (``ph: "i"``, ``s: "p"``) for OOMs, step starts and peaks. ``ts`` is in µs, fractional
+where one µs holds several samples (its maximum, minimum and last value: :mod:`oomdoctor.report.tracks`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ def trace_events(tracks: list[RankTracks]) -> dict[str, Any]:
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"name": f"oomdoctor rank {r.rank} (cuda:{r.device})"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": r.rank}})
-        times = r.time_us.tolist()
         for c in COUNTERS:
-            vals = r.counters[c].tolist()
             name = f"CUDA {c} bytes"
-            events.extend({"name": name, "ph": "C", "ts": ts, "pid": pid, "tid": 0, "args": {"bytes": v}}
-                          for ts, v in zip(times, vals))
+            k = r.counters[c]
+            events.extend({"name": name, "ph": "C", "ts": int(ts) if ts.is_integer() else ts, "pid": pid, "tid": 0,
+                           "args": {"bytes": v}} for ts, v in zip(k.time_us.tolist(), k.bytes.tolist()))
         for i in r.instants:
             events.append({"name": i.name, "cat": "oomdoctor", "ph": "i", "s": "p", "ts": i.time_us, "pid": pid,
                            "tid": 0, "args": dict(i.args)})

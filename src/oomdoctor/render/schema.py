@@ -18,6 +18,7 @@ import typing
 from typing import Any
 
 from .._version import SCHEMA_VERSION
+from ..report.verdict import KINDS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 Schema = dict[str, Any]
@@ -132,7 +133,7 @@ def document(command: str, body: Schema, optional: tuple[str, ...] = ()) -> Sche
 
 # ------------------------------------------------------------------------------------------ diagnose
 
-VERDICT_KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy")
+VERDICT_KINDS = KINDS
 SEVERITIES = ("critical", "high", "medium", "low", "info")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
               "kv_cache", "workspaces", "unknown", "rounding")

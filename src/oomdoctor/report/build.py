@@ -24,7 +24,7 @@ from ..trace.model import Trace
 from .fits import Fits, device_room, fits
 from .model import HolderRef, OomInfo, RankSummary, Report
 from .predict import Predictor, attach_predictions, predictor
-from .verdict import job_verdict, rank_verdict, state_verdict
+from .verdict import job_verdict, rank_verdict, state_verdict, with_findings
 
 SERIES_POINTS = 48
 TOP_SITES = 5
@@ -215,7 +215,7 @@ def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
         if r.breakdown is not None:
             r.verdict = rank_verdict(a, findings, room, r.breakdown, r.holders, get_fits, defragmented)
         else:
-            r.verdict = state_verdict(a, room)
+            r.verdict = with_findings(state_verdict(a, room), findings)
         if mb and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):
             get_fits()  # for growth the micro-batch is not the cause: nothing to size
         r.fits = done[0] if done else Fits(room.bytes, room.source)

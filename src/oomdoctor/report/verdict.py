@@ -21,7 +21,8 @@ Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumula
 ``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
 a finding holds at least :data:`VERDICT_FRACTION` of the rank's peak reserved; else ``healthy``, said to be at
 the edge with under :data:`EDGE_FRACTION` of the room left. Fragmentation without an OOM is a finding, not the
-verdict: the job ran.
+verdict: the job ran. A snapshot without history is judged the same way on its final state; ``empty`` when it
+holds nothing at all.
 
 The job's verdict is its worst rank's: ranks that ran out of memory first, then by bytes.
 """
@@ -42,7 +43,7 @@ from ..trace.model import DEFAULT_POOL
 from ..units import MiB
 from .fits import Fits, Room
 
-KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy")
+KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy", "empty")
 EDGE_FRACTION = 0.10
 """A healthy rank with less headroom than this fraction of its room is said to be at the edge."""
 VERDICT_FRACTION = 0.10
@@ -123,9 +124,15 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
 
 
 def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
-    """A snapshot without history (``enabled="state"``): no OOM to judge, only the final state."""
+    """A snapshot without history (``enabled="state"``): no OOM to judge, only the final state; ``empty``
+    when it holds no segment either (recorded before any CUDA allocation, or with recording off). The
+    caller re-reads it against the findings (:func:`with_findings`)."""
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
-          "room_bytes": room.bytes}
+          "peak_reserved_bytes": a.peak_reserved[0], "room_bytes": room.bytes}
+    if not a.device.segments:
+        return Verdict("empty", "nothing recorded: the snapshot holds no segment and no event (taken before any "
+                                "CUDA allocation, or on a device the job did not use).", 0, [a.rank], room.bytes,
+                       None, ev)
     return Verdict("healthy", "final state only, without allocation history: {allocated_bytes:bytes} allocated, "
                               "{reserved_bytes:bytes} reserved, no OOM recorded; record with "
                               "torch.cuda.memory._record_memory_history(max_entries=100000) to see what happened.",
@@ -154,6 +161,27 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     return out
 
 
+def _imbalance(mine: list[Finding], rank: int, short: int | None, ev: dict[str, Any]) -> Verdict | None:
+    """``imbalance`` when a ``rank-imbalance`` finding on this rank alone holds at least the shortfall."""
+    imb = [f for f in mine if f.id == "rank-imbalance" and f.ranks == [rank]]
+    if not imb or short is None or short <= 0 or _rank_bytes(imb[0], rank) < short:
+        return None
+    ev = {**ev, "excess_bytes": _rank_bytes(imb[0], rank)}
+    return Verdict("imbalance", "out of memory on this rank, which holds {excess_bytes:bytes} more than the "
+                                "others: without the excess it would fit.", ev["excess_bytes"], [rank], None,
+                   "rank-imbalance", ev)
+
+
+def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
+    """An OOM rank's ``capacity`` verdict re-read against cross-rank findings (``rank-imbalance``, which a rank
+    judged alone cannot see): ``imbalance`` when its excess covers the shortfall, as :func:`rank_verdict` decides
+    with all ranks at hand; else ``v`` unchanged."""
+    if v.kind != "capacity":
+        return v
+    rank = v.ranks[0]
+    return _imbalance(_material(findings, rank), rank, v.evidence.get("shortfall_bytes"), v.evidence) or v
+
+
 def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdown,
                  get_fits: Callable[[], Fits | None], defragmented: Callable[[], dict[str, Any] | None],
                  ev: dict[str, Any]) -> Verdict:
@@ -180,12 +208,9 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         return Verdict("growth", "out of memory after {kept_bytes:bytes} were kept across micro-batches (outputs "
                                  "gathered or cached, {phase} phase): the job accumulates; a larger GPU only delays it.",
                        kept, [rank], None, f.id if f else None, ev)
-    imb = [f for f in mine if f.id == "rank-imbalance" and f.ranks == [rank]]
-    if imb and short is not None and short > 0 and _rank_bytes(imb[0], rank) >= short:
-        ev["excess_bytes"] = _rank_bytes(imb[0], rank)
-        return Verdict("imbalance", "out of memory on this rank, which holds {excess_bytes:bytes} more than the "
-                                    "others: without the excess it would fit.", ev["excess_bytes"], [rank], None,
-                       "rank-imbalance", ev)
+    got = _imbalance(mine, rank, short, ev)
+    if got is not None:
+        return got
     if short is None:
         return Verdict("capacity", "out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} "
                                    "allocated; the GPU's room is unknown, so capacity cannot be told from "
@@ -346,7 +371,8 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
 # on equal bytes, the more specific kind: one rank's excess over the others says where the growth is
 _PREFER = ("fragmentation", "deferred-free", "growth", "imbalance")
 
-_ORDER = {"growth": 0, "imbalance": 1, "capacity": 2, "deferred-free": 3, "fragmentation": 4, "healthy": 9}
+_ORDER = {"growth": 0, "imbalance": 1, "capacity": 2, "deferred-free": 3, "fragmentation": 4, "healthy": 9,
+          "empty": 10}
 
 
 def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:

@@ -1,0 +1,83 @@
+"""README.md's examples are real output, regenerated here so they cannot go stale.
+
+Each example sits between ``<!-- example:NAME -->`` and ``<!-- /example -->`` in README.md. The test renders it
+afresh and compares; ``OOMDOCTOR_UPDATE_README=1 python -m pytest tests/unit/test_readme.py`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.cli.main import main
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+UPDATE = os.environ.get("OOMDOCTOR_UPDATE_README") == "1"
+_BLOCK = re.compile(r"(<!-- example:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /example -->)", re.S)
+
+
+def _run(capsys, monkeypatch, argv: list[str]) -> str:
+    monkeypatch.setenv("COLUMNS", "80")
+    capsys.readouterr()
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+def _check(name: str, lang: str, text: str) -> None:
+    body = f"```{lang}\n{text.rstrip()}\n```\n"
+    readme = README.read_text(encoding="utf-8")
+    m = {b.group("name"): b for b in _BLOCK.finditer(readme)}.get(name)
+    assert m is not None, f"README.md has no <!-- example:{name} --> block"
+    if UPDATE:
+        README.write_text(readme[:m.start("body")] + body + readme[m.end("body"):], encoding="utf-8")
+        return
+    assert m.group("body") == body, f"README.md's {name} example is stale: OOMDOCTOR_UPDATE_README=1 rewrites it"
+
+
+def _head(text: str, until: str) -> str:
+    """The lines of ``text`` before the first that starts with ``until``, then an ellipsis line."""
+    lines = [x.rstrip() for x in text.splitlines()]
+    cut = next(i for i, x in enumerate(lines) if x.startswith(until))
+    return "\n".join(lines[:cut] + ["…"])
+
+
+def test_the_demo_example_is_the_demo_output(capsys, monkeypatch):
+    out = _run(capsys, monkeypatch, ["diagnose", "--demo"])
+    assert out.startswith("oomdoctor ") and "deferred-free" in out.splitlines()[0]
+    _check("diagnose-demo", "text", _head(out, "│ Fix:"))
+
+
+def test_the_json_example_is_the_demo_output_with_its_verdict(capsys, monkeypatch):
+    d = json.loads(_run(capsys, monkeypatch, ["diagnose", "--demo", "--format", "json"]))
+    v, r, f = d["verdict"], d["ranks"][0], d["findings"][0]
+    keep = {
+        "schema_version": d["schema_version"],
+        "verdict": {k: v[k] for k in ("kind", "summary", "bytes", "ranks", "finding")} | {"actions": v["actions"][:1]},
+        "ranks": [{k: r[k] for k in ("rank", "peak_allocated_bytes", "peak_reserved_bytes", "oom")}],
+        "findings": [{k: f[k] for k in ("id", "severity", "title", "ranks", "bytes")}
+                     | {"fixes": [{k: f["fixes"][0][k] for k in ("versions", "setting", "applies")}]}],
+    }
+    assert keep["verdict"]["kind"] == "deferred-free"
+    _check("diagnose-json", "json", json.dumps(keep, indent=1, ensure_ascii=False))
+
+
+def test_the_simulate_example_is_real_output(capsys, monkeypatch, snapshots):
+    path = snapshots / "fragmentation-oom" / "default-oom.pickle"
+    out = _run(capsys, monkeypatch, ["simulate", str(path), "--config", "expandable_segments:True",
+                                     "--config", "max_split_size_mb:512"])
+    assert "34.78 GiB" in out
+    _check("simulate", "text", out.replace(str(snapshots) + os.sep, ""))
+
+
+def test_every_example_block_is_checked():
+    names = {m.group("name") for m in _BLOCK.finditer(README.read_text(encoding="utf-8"))}
+    assert names == {"diagnose-demo", "diagnose-json", "simulate"}
+
+
+@pytest.mark.parametrize("stale", ["seed 0", "../shared", "segsum", "savable", "shared/snapshots"])
+def test_the_readme_holds_no_internal_reference(stale):
+    assert stale not in README.read_text(encoding="utf-8")
