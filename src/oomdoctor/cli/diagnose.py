@@ -11,12 +11,12 @@ from ..errors import UsageError
 from ..render import render_json, render_text
 from ..render.html import render_html
 from ..render.text import render_text_plain
-from ..report.build import report_of
 from ..report.gate import LEVELS, gate
-from ..report.visual import build_visual
+from ..report.job import Want, job_report
 from ..units import parse_bytes
 from .console import terminal
-from .inputs import analyze_inputs, write_output
+from .inputs import parallel_options, read_job, write_output
+from .page import job_page
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 
@@ -52,21 +52,31 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
 @click.option("--fail-on", type=click.Choice(LEVELS), default=None,
               help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
                    "is anything but healthy: a CI gate. The report is written first.")
+@click.option("--all-ranks", is_flag=True,
+              help="Text: every rank's section and every finding in full, however many ranks (above 8 ranks, "
+                   "alike ranks are grouped by default).")
+@parallel_options
 def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, micro_batch: int | None,
-            material_fraction: float, material_bytes: str, fail_on: str | None) -> int:
+            material_fraction: float, material_bytes: str, fail_on: str | None, all_ranks: bool, jobs: int | None,
+            executor: str, scheduler: str | None) -> int:
     """Diagnose snapshot files or directories (one file per rank) of a failing or bloated run."""
     rule = Materiality(material_fraction, parse_bytes(material_bytes))
-    analyses = analyze_inputs(inputs_or_demo(paths, demo, "diagnose"))
-    report = report_of(analyses, micro_batch=micro_batch, rule=rule)
-    if fmt == "json":
-        text = render_json(report)
-    elif fmt == "html":
-        text = render_html(report, build_visual(analyses))
-    elif output:
-        text = render_text_plain(report)
+    inputs = inputs_or_demo(paths, demo, "diagnose")
+    if fmt == "html":
+        report, visual = job_page(inputs, micro_batch=micro_batch, rule=rule, jobs=jobs, executor=executor,
+                                  scheduler=scheduler)
+        text = render_html(report, visual)
     else:
-        render_text(report, terminal())
-        return fail_on_exit(report, fail_on)
+        results = read_job(inputs, lambda n: Want(micro_batch, rule), jobs=jobs, executor=executor,
+                           scheduler=scheduler)
+        report = job_report(results)
+        if fmt == "json":
+            text = render_json(report)
+        elif output:
+            text = render_text_plain(report, all_ranks=all_ranks)
+        else:
+            render_text(report, terminal(), all_ranks=all_ranks)
+            return fail_on_exit(report, fail_on)
     write_output(output, text)
     return fail_on_exit(report, fail_on)
 

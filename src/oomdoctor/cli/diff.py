@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import click
 
+import os
+
+from ..errors import SnapshotError
 from ..render.html import render_diff_html
 from ..render.json import render_diff_json
 from ..render.text import render_diff_text, render_diff_text_plain
-from ..report.build import report_of
-from ..report.diff import diff_runs
-from ..report.overlay import build_diff_visual
+from ..report.diff import diff_of
+from ..report.job import Want, gather, job_report, map_pairs, pair_tasks, plan_tasks
+from ..report.overlay import DiffVisual
+from ..trace import Skipped
 from .console import terminal
-from .inputs import analyze_inputs, write_output
+from .inputs import parallel_options, skipped_line, write_output
 
 
 @click.command("diff")
@@ -20,18 +24,47 @@ from .inputs import analyze_inputs, write_output
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
               help="Write to this file instead of standard output.")
-def command(before: str, after: str, fmt: str, output: str | None) -> None:
+@parallel_options
+def command(before: str, after: str, fmt: str, output: str | None, jobs: int | None, executor: str,
+            scheduler: str | None) -> None:
     """Compare two runs (snapshot files, or directories with one file per rank): peaks, fragmentation,
     findings resolved / new / changed, and the allocation sites that grew or shrank."""
-    b, a = analyze_inputs([before]), analyze_inputs([after])
-    diff = diff_runs(b, a, report_of(b), report_of(a))
+    diff, views = read_diff(before, after, html=fmt == "html", jobs=jobs, executor=executor, scheduler=scheduler)
     if fmt == "json":
         text = render_diff_json(diff)
     elif fmt == "html":
-        text = render_diff_html(diff, build_diff_visual(diff, b, a))
+        text = render_diff_html(diff, DiffVisual(views))
     elif output:
         text = render_diff_text_plain(diff)
     else:
         render_diff_text(diff, terminal())
         return
     write_output(output, text)
+
+
+def read_diff(before: str, after: str, *, html: bool, jobs: int | None, executor: str, scheduler: str | None):
+    """The comparison of two runs read rank pair by rank pair in parallel, and the pairs' views (``html``)."""
+    skipped: list = []
+    b_tasks, a_tasks = plan_tasks([before], skipped), plan_tasks([after], skipped)
+    pairs, notes = pair_tasks(b_tasks, a_tasks)
+    got = map_pairs(pairs, Want(view_moments=1 if html else 0), jobs=jobs, executor=executor, scheduler=scheduler)
+    bad = [p for p in got if p.diff is None]
+    for p in bad:
+        for side, r, other in (("after", p.before, p.after), ("before", p.after, p.before)):
+            if r.error is None:
+                continue
+            if r.task.named:
+                raise SnapshotError(r.task.path, r.error)
+            skipped.append(Skipped(r.task.path, r.error))
+            if other.error is None:  # as a rank found in one run only
+                notes.append(f"{os.path.basename(other.task.path)} is only in the {side} run "
+                             f"({other.task.path}): its pair {os.path.basename(r.task.path)} does not load")
+    got = sorted((p for p in got if p.diff is not None), key=lambda p: p.before.rank)
+    if not got:
+        raise SnapshotError(before, f"no rank of it could be paired with a rank of {after} that loads")
+    if skipped:
+        click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+    b_res, a_res = gather([p.before for p in got], []), gather([p.after for p in got], [])
+    diff = diff_of([p.diff for p in got], notes, [p.before.task.path for p in got], [p.after.task.path for p in got],
+                   job_report(b_res), job_report(a_res))
+    return diff, [p.view for p in got if p.view is not None]

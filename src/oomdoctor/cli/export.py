@@ -9,8 +9,8 @@ from ..render.folded import render_folded
 from ..render.perfetto import render_perfetto
 from ..report.flame import folded_at
 from ..report.moments import moment_at
-from ..report.tracks import rank_tracks
-from .inputs import analyze_inputs, write_output
+from ..report.job import Want
+from .inputs import analyze_inputs, parallel_options, read_job, write_output
 
 
 @click.command("export")
@@ -24,16 +24,20 @@ from .inputs import analyze_inputs, write_output
                    "or a time since the first event (350us, 20ms, 1.5s).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
               help="Write to this file instead of standard output.")
-def command(paths: tuple[str, ...], fmt: str, at: str | None, output: str | None) -> None:
+@parallel_options
+def command(paths: tuple[str, ...], fmt: str, at: str | None, output: str | None, jobs: int | None, executor: str,
+            scheduler: str | None) -> None:
     """Export per-rank counter tracks (allocated, active, reserved bytes) and instants (OOMs, step starts,
     peaks), timed on the host clock like a PyTorch profiler trace; or one rank's live memory at a moment as
     folded stacks, whose bytes add up to the allocated bytes then."""
     if fmt == "perfetto" and at is not None:
         raise UsageError("--at applies to --format folded only")
-    analyses = analyze_inputs(list(paths))
     if fmt == "perfetto":
-        write_output(output, render_perfetto([rank_tracks(a) for a in analyses]))
+        results = read_job(list(paths), lambda n: Want(tracks=True), jobs=jobs, executor=executor,
+                           scheduler=scheduler)
+        write_output(output, render_perfetto([r.tracks for r in results]))
         return
+    analyses = analyze_inputs(list(paths))
     if len(analyses) != 1:
         raise UsageError(f"--format folded writes one rank's stacks, and {', '.join(paths)} hold {len(analyses)} "
                          "ranks: give one snapshot file")

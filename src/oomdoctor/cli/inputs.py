@@ -87,6 +87,36 @@ def write_rendered(output: str | None, draw: Callable[[Console], None], *, width
     write_text(output, buf.getvalue())
 
 
+def parallel_options(f):
+    """``--jobs/-j``, ``--executor``, ``--scheduler``: how the ranks are read (:mod:`oomdoctor.report.job`)."""
+    f = click.option("--scheduler", metavar="ADDRESS", default=None,
+                     help="--executor dask: the address of a running Dask scheduler (tcp://host:8786), for example "
+                          "one that dask-jobqueue started under Slurm; without it, a LocalCluster of this "
+                          "machine's cores.")(f)
+    f = click.option("--executor", type=click.Choice(["process", "dask"]), default="process", show_default=True,
+                     help="Where the per-rank work runs: processes of this machine, or Dask distributed "
+                          "(pip install 'oomdoctor[dask]').")(f)
+    f = click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+                     help="Ranks read in parallel (default: all cores; 1: one after another). Each process "
+                          "loads one rank, analyses it and keeps only its summary.")(f)
+    return f
+
+
+def read_job(inputs: list[str], want_for, *, jobs: int | None, executor: str, scheduler: str | None):
+    """The ranks of ``inputs`` read in parallel, each reduced to its summary (:func:`~oomdoctor.report.job.
+    read_ranks`); ``want_for(n)`` says what each summary holds for a job of ``n`` files. Files of a directory
+    that are not snapshots are skipped and named on one line of standard error."""
+    from ..report.job import gather, map_ranks, plan_tasks
+
+    skipped: list[Skipped] = []
+    tasks = plan_tasks(inputs, skipped)
+    results = gather(map_ranks(tasks, want_for(len(tasks)), jobs=jobs, executor=executor, scheduler=scheduler),
+                     skipped)
+    if skipped:
+        click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+    return results
+
+
 def analyze_inputs(inputs: list[str]) -> list[DeviceAnalysis]:
     """Load snapshot files or directories (one file per rank) and analyse each rank's primary device."""
     from ..analysis.device import analyze

@@ -7,11 +7,10 @@ import os
 import click
 
 from ..render.html import render_html
-from ..report.build import report_of
-from ..report.visual import build_visual
 from ..report.gate import LEVELS
 from .diagnose import DEMO_SNAPSHOT, fail_on_exit, inputs_or_demo
-from .inputs import analyze_inputs, write_text
+from .inputs import parallel_options, write_text
+from .page import job_page
 
 DEFAULT_OUTPUT = "oomdoctor-report.html"
 
@@ -24,12 +23,15 @@ DEFAULT_OUTPUT = "oomdoctor-report.html"
 @click.option("--fail-on", type=click.Choice(LEVELS), default=None,
               help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
                    "is anything but healthy: a CI gate. The report is written first.")
-def command(paths: tuple[str, ...], output: str, demo: bool, fail_on: str | None) -> int:
+@parallel_options
+def command(paths: tuple[str, ...], output: str, demo: bool, fail_on: str | None, jobs: int | None, executor: str,
+            scheduler: str | None) -> int:
     """Write one HTML page that opens offline: timelines, fragmentation, segment maps, sites, findings,
-    and the ranks side by side."""
-    analyses = analyze_inputs(inputs_or_demo(paths, demo, "report"))
-    report = report_of(analyses)
-    page = render_html(report, build_visual(analyses))
+    and the ranks side by side (above 8 ranks: the odd ranks and one of each group, and a ranks x time heatmap
+    of allocated memory)."""
+    report, visual = job_page(inputs_or_demo(paths, demo, "report"), jobs=jobs, executor=executor,
+                              scheduler=scheduler)
+    page = render_html(report, visual)
     write_text(output, page)
     click.echo(f"wrote {output} ({os.path.getsize(output) / 2**20:.1f} MiB)", err=True)
     return fail_on_exit(report, fail_on)

@@ -80,6 +80,16 @@ def applies(versions: str, v: TorchVersion) -> bool | None:
     return None
 
 
+def version_from_text(text: str) -> TorchVersion:
+    """The :class:`TorchVersion` whose ``text`` this is (a report's ``torch_version``, read back):
+    ``"2.11.0+cu130"`` exact, ``">= 2.10 (snapshot has '...')"`` a lower bound, anything else unknown."""
+    m = re.match(r"^>=\s*(\d+)\.(\d+)", text)
+    if m:
+        return TorchVersion(None, (int(m.group(1)), int(m.group(2))), text)
+    v = parse_version(text)
+    return TorchVersion(v, None, text) if v is not None else TorchVersion(None, None, text)
+
+
 def torch_version(a: DeviceAnalysis) -> TorchVersion:
     meta = a.trace.meta
     raw = meta.get("torch_version") or (meta.get("versions") or {}).get("torch")

@@ -23,7 +23,7 @@ from ..report.model import Report
 from ..report.overlay import DiffVisual, PairView
 from ..report.visual import RankView, Visual
 from ..simulate.whatif import Simulation
-from .format import format_bytes, format_signed_bytes, format_us
+from .format import format_bytes, format_signed_bytes, format_us, span
 from .json import diff_dict, report_dict, simulation_dict
 
 
@@ -39,6 +39,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["bytes"] = format_bytes
     env.filters["us"] = format_us
+    env.filters["span"] = span
     env.filters["signed_bytes"] = format_signed_bytes
     env.filters["evidence"] = _evidence_value
     env.globals["asset"] = _asset
@@ -100,12 +101,16 @@ def _pair_data(p: PairView) -> dict[str, Any]:
 
 def render_html(report: Report, visual: Visual) -> str:
     """The report as one HTML page (str). ``visual`` must come from the same analyses as ``report``."""
-    views = {f"r{i}": _view_data(v) for i, v in enumerate(visual.ranks)}
+    by_rank = {v.rank: v for v in visual.ranks}
+    ranks = [(r, by_rank[r.rank]) for r in report.ranks if r.rank in by_rank]
+    views = {f"r{i}": _view_data(v) for i, (_r, v) in enumerate(ranks)}
     plain = report_dict(report)
     categories = category_colors()
+    heat = asdict(visual.heatmap) if visual.heatmap is not None else None
     return _environment().get_template("report.html.j2").render(
         title="oomdoctor report", report=report, findings=plain["findings"], verdict=plain["verdict"],
-        ranks=list(zip(report.ranks, visual.ranks)), data={"views": views, "categories": categories},
+        ranks=ranks, groups=plain.get("groups") if heat else None, heat=heat,
+        data={"views": views, "categories": categories, "heat": heat},
         category_color={c["name"]: c["color"] for c in categories}, points=visual.timeline_points,
         version=__version__)
 

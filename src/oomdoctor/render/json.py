@@ -57,6 +57,8 @@ def report_dict(report: Report) -> dict[str, Any]:
            "verdict": verdict_dict(report.verdict),
            "inputs": report.inputs, "ranks": ranks, "findings": findings, "notes": report.notes,
            "materiality": report.materiality}
+    if report.groups is not None:
+        out["groups"] = asdict(report.groups)
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}
         out["extra"] = report.extra
     return out

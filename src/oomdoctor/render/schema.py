@@ -343,10 +343,24 @@ def diagnose_schema() -> Schema:
         "notes": arr(s(""), "about the whole job"),
         "materiality": obj({"fraction": f("of peak reserved"), "min_bytes": b("floor")},
                            "the rule: findings under max(fraction x peak reserved, min_bytes) are LOW"),
+        "groups": obj({
+            "groups": arr(obj({
+                "ranks": arr(i("a rank"), "the ranks of the group, sorted"),
+                "verdict": s("their verdict's kind"),
+                "holders": arr(s("a holder's label"), "the labels of their largest holders, largest first"),
+                "min_peak_reserved_bytes": b("the lowest peak reserved in the group"),
+                "max_peak_reserved_bytes": b("the highest"),
+                "odd": yes("not the job's typical (largest) group"),
+                "why": arr(s("one difference"), "how it differs from the typical group"),
+            }, "alike ranks: same verdict, same top holders, peaks within 1%"), "the odd groups first"),
+            "min": obj({"rank": i("the rank"), "bytes": b("its peak reserved")}, "the lowest peak reserved and its rank"),
+            "median": obj({"rank": i("the rank"), "bytes": b("its peak reserved")}, "the median peak reserved (lower middle) and its rank"),
+            "max": obj({"rank": i("the rank"), "bytes": b("its peak reserved")}, "the highest peak reserved and its rank"),
+        }, "the ranks grouped like a job"),
         "extra": obj({"in_job_summary": yes("written by the job's ranks (oomdoctor run --summarize)"),
                       "world_size": null(i("the job's ranks")),
                       "missing_ranks": arr(i(""), "ranks that sent nothing")}, "the in-job summary's"),
-    }, "the diagnosis of a job's snapshots"), optional=("extra",))
+    }, "the diagnosis of a job's snapshots"), optional=("extra", "groups"))
 
 
 # ---------------------------------------------------------------------------------------------- diff

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us
+from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..report.diff import Diff
@@ -65,7 +65,7 @@ def _verdict_panel(report: Report) -> Panel | None:
         body.append("\nWhat to do:\n", style="bold")
         for i, act in enumerate(v.actions, 1):
             body.append(f"  {i}. {fill(act, v.evidence)}\n")
-    ranks = ", ".join(str(r) for r in v.ranks)
+    ranks = span(v.ranks)
     title = Text.assemble(Text(f" {v.kind.upper()} ", style=_VERDICT_STYLE.get(v.kind, "bold")),
                           f" rank{'s' if len(v.ranks) > 1 else ''} {ranks} ")
     return Panel(body, title=title, title_align="left", box=box.HEAVY)
@@ -227,33 +227,102 @@ def _finding_panel(i: int, f) -> Panel:
     return Panel(body, title=title, title_align="left", box=box.ROUNDED)
 
 
-def render_text(report: Report, console: Console) -> None:
+GROUPED_RANKS = 4
+"""Above this many ranks the text groups alike ranks (a job of 8 ranks reads in under 80 lines) (``--all-ranks`` prints every rank's section)."""
+MAX_GROUP_LINES = 8
+MAX_FINDING_LINES = 8
+
+
+def _group_lines(report: Report, width: int) -> list[Text]:
+    """The ranks grouped like a job: the odd groups first (with what makes them odd), then the typical one, and
+    the distribution of the peaks."""
+    g = report.groups
+    out = []
+    odd = [x for x in g.groups if x.odd]
+    for x in odd[:MAX_GROUP_LINES]:
+        peak = format_bytes(x.max_peak_reserved_bytes)
+        out.append(Text(f"  odd: rank{'s' if len(x.ranks) > 1 else ''} {span(x.ranks)}: {x.verdict}, peak {peak}; "
+                        + "; ".join(x.why), style="bold yellow"))
+    if len(odd) > MAX_GROUP_LINES:
+        out.append(Text(f"  and {len(odd) - MAX_GROUP_LINES} more odd groups (--all-ranks, or --format json)"))
+    for x in g.groups:
+        if not x.odd:
+            lo, hi = format_bytes(x.min_peak_reserved_bytes), format_bytes(x.max_peak_reserved_bytes)
+            out.append(Text(f"  ranks {span(x.ranks)} alike: {x.verdict}, peak reserved {lo}"
+                            + (f" to {hi}" if hi != lo else "") + "; top holders "
+                            + (", ".join(fit_site(h, max(width - 40, 20)) for h in x.holders) or "none")))
+    out.append(Text(f"  peak reserved: min {format_bytes(g.min.bytes)} (rank {g.min.rank}), median "
+                    f"{format_bytes(g.median.bytes)} (rank {g.median.rank}), max {format_bytes(g.max.bytes)} "
+                    f"(rank {g.max.rank})"))
+    return out
+
+
+def _rank_section(r: RankSummary, console: Console) -> None:
+    console.print(_timeline(r))
+    console.print(_breakdown_text(r, console.width))
+    for w in r.warnings:
+        console.print(Text(f"  note: {w}", style="yellow"))
+    if r.truncated and r.has_history:
+        console.print(Text(f"  note: the trace starts after some blocks were allocated ({r.unmatched_frees} "
+                           f"frees without their alloc, {r.ghost_blocks} blocks never seen): their state at "
+                           "the start was reconstructed from the final segments", style="dim"))
+
+
+def _render_grouped(report: Report, console: Console) -> None:
+    """A job of many ranks in under 80 lines at 80 columns: the groups, one section (the first odd rank's, else
+    the first rank's), the findings one line each."""
+    console.print(Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, peaks within "
+                       "1%):", style="bold"))
+    for line in _group_lines(report, console.width):
+        console.print(line)
+    odd = next((x for x in report.groups.groups if x.odd), None)
+    first = odd.ranks[0] if odd else report.ranks[0].rank
+    _rank_section(next(x for x in report.ranks if x.rank == first), console)
+    for n in report.notes[:3]:
+        console.print(Text(f"note: {n}", style="yellow"))
+    shown = report.findings[:MAX_FINDING_LINES]
+    console.print(Text(f"{len(report.findings)} finding(s), most severe first:" if shown else "No finding.",
+                       style="bold"))
+    for f in shown:
+        console.print(Text(f"  {f.severity.upper()} [{f.id}] rank{'s' if len(f.ranks) > 1 else ''} "
+                           f"{span(sorted(f.ranks))} · {format_bytes(f.bytes)} · {fill(f.title, f.evidence)}"))
+    if len(report.findings) > MAX_FINDING_LINES:
+        console.print(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
+    console.print(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
+                       style="dim"))
+
+
+def render_text(report: Report, console: Console, *, all_ranks: bool = False) -> None:
     """Print ``report`` on ``console``: the verdict first, then the ranks with what holds their memory,
-    then the findings (those under the materiality threshold on one line each)."""
+    then the findings (those under the materiality threshold on one line each). Above :data:`GROUPED_RANKS`
+    ranks, unless ``all_ranks``, alike ranks are grouped (:mod:`oomdoctor.report.groups`) and the odd ones named
+    on the second line."""
+    grouped = len(report.ranks) > GROUPED_RANKS and not all_ranks and report.groups is not None
     v = report.verdict
     head = Text(f"oomdoctor {report.oomdoctor_version}: ", style="bold")
     if v is not None:
         edge = (f", at the edge ({v.evidence['headroom_percent']}% headroom)" if "headroom_percent" in v.evidence
                 else "")
-        head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {', '.join(map(str, v.ranks))}",
+        head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {span(v.ranks)}",
                     style="bold")
         head.append(f" ({len(report.ranks)} rank(s) read)")
     else:
         head.append(f"{len(report.ranks)} rank(s)")
     console.print(head)
+    if grouped:
+        odd = [x for x in report.groups.groups if x.odd]
+        console.print(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
+                                            + (f"; and {len(odd) - 3} more groups" if len(odd) > 3 else "")
+                                            if odd else "none, all ranks alike"), style="bold yellow"))
     panel = _verdict_panel(report)
     if panel is not None:
         console.print(panel)
+    if grouped:
+        _render_grouped(report, console)
+        return
     console.print(_rank_table(report))
     for r in report.ranks:
-        console.print(_timeline(r))
-        console.print(_breakdown_text(r, console.width))
-        for w in r.warnings:
-            console.print(Text(f"  note: {w}", style="yellow"))
-        if r.truncated and r.has_history:
-            console.print(Text(f"  note: the trace starts after some blocks were allocated ({r.unmatched_frees} "
-                               f"frees without their alloc, {r.ghost_blocks} blocks never seen): their state at "
-                               "the start was reconstructed from the final segments", style="dim"))
+        _rank_section(r, console)
     for n in report.notes:
         console.print(Text(f"note: {n}", style="yellow"))
     console.print()
@@ -356,10 +425,10 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         console.print(Text("No setting tried avoids the OOM under this capacity.", style="bold red"))
 
 
-def render_text_plain(report: Report, width: int = 120) -> str:
+def render_text_plain(report: Report, width: int = 120, *, all_ranks: bool = False) -> str:
     """The text report as a string without colour (for files and logs)."""
     buf = io.StringIO()
-    render_text(report, Console(file=buf, width=width, no_color=True, highlight=False))
+    render_text(report, Console(file=buf, width=width, no_color=True, highlight=False), all_ranks=all_ranks)
     return buf.getvalue()
 
 
@@ -444,7 +513,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     by_rank = {r.rank: r for r in report.ranks}
     r = by_rank.get(v.ranks[0] if v.ranks else -1, report.ranks[0])
     many = len(v.ranks) > 1
-    lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {', '.join(map(str, v.ranks))}. "
+    lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {span(v.ranks)}. "
              f"{fill(v.summary, v.evidence)}"]
     bd = r.breakdown
     if bd is not None:

@@ -22,6 +22,7 @@ from ..detectors.registry import run_all
 from ..frameworks import detect_frameworks
 from ..trace.model import Trace
 from .fits import Fits, device_room, fits
+from .groups import with_groups
 from .model import HolderRef, OomInfo, RankSummary, Report
 from .predict import Predictor, attach_predictions, predictor
 from .verdict import job_verdict, rank_verdict, state_verdict, with_findings
@@ -221,7 +222,7 @@ def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
         r.fits = done[0] if done else Fits(room.bytes, room.source)
         ranks.append(r)
     oom_ranks = {a.rank for a in analyses if a.oom_events.size}
-    return Report(ranks=ranks, findings=findings, inputs=[a.trace.path for a in analyses],
-                  oomdoctor_version=__version__, notes=notes,
-                  verdict=job_verdict([r.verdict for r in ranks if r.verdict is not None], oom_ranks),
-                  materiality={"fraction": rule.fraction, "min_bytes": rule.min_bytes})
+    return with_groups(Report(ranks=ranks, findings=findings, inputs=[a.trace.path for a in analyses],
+                              oomdoctor_version=__version__, notes=notes,
+                              verdict=job_verdict([r.verdict for r in ranks if r.verdict is not None], oom_ranks),
+                              materiality={"fraction": rule.fraction, "min_bytes": rule.min_bytes}))

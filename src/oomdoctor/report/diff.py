@@ -183,20 +183,28 @@ def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int
     return sorted(out, key=lambda f: (order[f.status], -max(f.before_bytes, f.after_bytes)))
 
 
+def rank_diff(b: DeviceAnalysis, a: DeviceAnalysis) -> RankDiff:
+    """One rank in both runs (keyed by the before run's rank)."""
+    return RankDiff(
+        rank=b.rank, before_path=b.trace.path, after_path=a.trace.path,
+        before_peak_reserved_bytes=b.peak_reserved[0], after_peak_reserved_bytes=a.peak_reserved[0],
+        before_peak_allocated_bytes=b.peak_allocated[0], after_peak_allocated_bytes=a.peak_allocated[0],
+        before_oom=bool(b.oom_events.size), after_oom=bool(a.oom_events.size),
+        before_anatomy=b.anatomy_at(b.peak_reserved[1]), after_anatomy=a.anatomy_at(a.peak_reserved[1]),
+        sites=site_deltas(b, a) if b.num_events and a.num_events else [])
+
+
+def diff_of(ranks: list[RankDiff], notes: list[str], before_paths: list[str], after_paths: list[str],
+            before_report: Report, after_report: Report) -> Diff:
+    """The comparison from its rank pairs and the two runs' reports (``notes``: ranks in one run only)."""
+    # findings name the ranks of the before run; with one file a side the pair is keyed by the before rank
+    saved = {r.rank: r.peak_reserved_saved_bytes for r in ranks}
+    return Diff(before_paths, after_paths, ranks, _finding_changes(before_report, after_report, saved), notes)
+
+
 def diff_runs(before: list[DeviceAnalysis], after: list[DeviceAnalysis], before_report: Report,
               after_report: Report) -> Diff:
     """Compare two runs, each given as its analyses (one per rank) and the report built from them."""
     pairs, notes = _pair(before, after)
-    ranks = []
-    for b, a in pairs:
-        ranks.append(RankDiff(
-            rank=b.rank, before_path=b.trace.path, after_path=a.trace.path,
-            before_peak_reserved_bytes=b.peak_reserved[0], after_peak_reserved_bytes=a.peak_reserved[0],
-            before_peak_allocated_bytes=b.peak_allocated[0], after_peak_allocated_bytes=a.peak_allocated[0],
-            before_oom=bool(b.oom_events.size), after_oom=bool(a.oom_events.size),
-            before_anatomy=b.anatomy_at(b.peak_reserved[1]), after_anatomy=a.anatomy_at(a.peak_reserved[1]),
-            sites=site_deltas(b, a) if b.num_events and a.num_events else []))
-    # findings name the ranks of the before run; with one file a side the pair is keyed by the before rank
-    saved = {r.rank: r.peak_reserved_saved_bytes for r in ranks}
-    return Diff([x.trace.path for x in before], [x.trace.path for x in after], ranks,
-                _finding_changes(before_report, after_report, saved), notes)
+    return diff_of([rank_diff(b, a) for b, a in pairs], notes, [x.trace.path for x in before],
+                   [x.trace.path for x in after], before_report, after_report)

@@ -85,3 +85,5 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)
     verdict: Verdict | None = None
     materiality: dict[str, Any] = field(default_factory=dict)
+    groups: Any = None
+    """:class:`~oomdoctor.report.groups.RankGroups`: alike ranks collapsed, the odd ones first."""

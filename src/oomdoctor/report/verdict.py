@@ -172,14 +172,27 @@ def _imbalance(mine: list[Finding], rank: int, short: int | None, ev: dict[str, 
                    "rank-imbalance", ev)
 
 
+_CAPACITY_EVIDENCE = ("largest_micro_batch", "batch_scale", "estimated_fit", "estimate_assumptions", "no_fit_reason",
+                      "checkpointing_frees_bytes", "sharding_frees_bytes")
+"""Evidence the capacity verdict adds after the imbalance check (what fits, and its actions')."""
+
+
 def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     """An OOM rank's ``capacity`` verdict re-read against cross-rank findings (``rank-imbalance``, which a rank
-    judged alone cannot see): ``imbalance`` when its excess covers the shortfall, as :func:`rank_verdict` decides
-    with all ranks at hand; else ``v`` unchanged."""
+    judged alone cannot see): ``imbalance`` when its excess covers the shortfall, with the evidence and action
+    :func:`rank_verdict` gives it when all ranks are at hand; else ``v`` unchanged."""
     if v.kind != "capacity":
         return v
     rank = v.ranks[0]
-    return _imbalance(_material(findings, rank), rank, v.evidence.get("shortfall_bytes"), v.evidence) or v
+    mine = _material(findings, rank)
+    ev = {k: x for k, x in v.evidence.items() if k not in _CAPACITY_EVIDENCE}
+    out = _imbalance(mine, rank, v.evidence.get("shortfall_bytes"), ev)
+    if out is None:
+        return v
+    f = next(x for x in mine if x.id == "rank-imbalance")
+    fx = next((x for x in f.fixes if x.applies is not False), None)
+    out.actions = [_literal(fx.text)] if fx is not None else []
+    return out
 
 
 def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdown,

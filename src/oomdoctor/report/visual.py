@@ -113,11 +113,53 @@ class RankView:
 
 
 @dataclass
+class Heatmap:
+    """Allocated memory of many ranks over time: ``values[i][j]`` is rank ``ranks[i]``'s maximum allocated bytes in
+    the ``j``-th of ``columns`` equal spans of ``duration_us`` (µs since each rank's first event), as a fraction of
+    ``max_bytes`` in 0..255."""
+
+    ranks: list[int]
+    columns: int
+    duration_us: int
+    max_bytes: int
+    values: list[list[int]]
+
+
+HEAT_COLUMNS = 160
+"""Columns of the heatmap (a rank's own time is read in :data:`HEAT_READ` buckets, then put on the common axis)."""
+HEAT_READ = 640
+
+
+def heatmap(rows: list[tuple[int, list[int], int]], columns: int = HEAT_COLUMNS) -> Heatmap:
+    """The heatmap of ``rows`` ``(rank, allocated bytes in equal spans of its own duration, duration µs)``, put on
+    one time axis: the longest duration."""
+    dur = max((d for _r, _v, d in rows), default=0)
+    top = max((max(v) for _r, v, _d in rows if v), default=0)
+    values = []
+    for _rank, v, d in rows:
+        out = np.zeros(columns, dtype=np.int64)
+        if v:
+            src = np.asarray(v, dtype=np.int64)
+            # span k of the rank covers [k, k+1) * d / len(v) µs; on the common axis its column is that time
+            col = np.minimum((np.arange(src.size) * max(d, 1) * columns) // (src.size * max(dur, 1)), columns - 1) \
+                if dur else np.zeros(src.size, dtype=np.int64)
+            np.maximum.at(out, col, src)
+            last = np.maximum.accumulate(np.where(out > 0, np.arange(columns), 0))
+            end = int(col.max())
+            out[: end + 1] = out[last[: end + 1]]  # columns between two spans keep the value before them
+        values.append([int(x) for x in (out * 255 // max(top, 1))])
+    return Heatmap([r for r, _v, _d in rows], columns, dur, top, values)
+
+
+@dataclass
 class Visual:
-    """Everything the HTML report draws beyond the :class:`~oomdoctor.report.model.Report`."""
+    """Everything the HTML report draws beyond the :class:`~oomdoctor.report.model.Report`: ``ranks`` the views
+    of the ranks the page shows (every rank up to 8; above, the odd ranks and one of each group), ``heatmap``
+    every rank's allocated memory over time (above 8 ranks)."""
 
     ranks: list[RankView]
     timeline_points: int = TIMELINE_POINTS
+    heatmap: Heatmap | None = None
 
 
 def _bucket_max(values: np.ndarray, edges: np.ndarray) -> list[int]:

@@ -3,6 +3,21 @@
 (function () {
   "use strict";
   var DATA = JSON.parse(document.getElementById("oomdoctor-data").textContent);
+
+  function drawHeatmap(cv, heat) {
+    var rows = heat.ranks.length, cols = heat.columns, ctx = cv.getContext("2d");
+    var cw = cv.width / cols, rh = cv.height / rows;
+    for (var i = 0; i < rows; i++) {
+      for (var j = 0; j < cols; j++) {
+        var v = heat.values[i][j];
+        ctx.fillStyle = "rgb(" + (255 - v) + "," + (255 - Math.round(v * 0.6)) + ",255)";
+        ctx.fillRect(j * cw, i * rh, Math.ceil(cw), Math.ceil(rh));
+      }
+    }
+  }
+  if (DATA.heat) {
+    document.querySelectorAll("canvas[data-heatmap]").forEach(function (cv) { drawHeatmap(cv, DATA.heat); });
+  }
   var COLORS = {requested: "#80868b", allocated: "#1e8e3e", active: "#f29900", reserved: "#8e24aa"};
   var BLOCK_COLORS = {allocated: "#34a853", pending_free: "#d93025", free: "#e8eaed"};
   var MARK_COLORS = {peak_reserved: "#8e24aa", peak_allocated: "#1e8e3e", oom: "#d93025", step: "#bdc1c6"};

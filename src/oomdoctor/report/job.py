@@ -1,0 +1,356 @@
+"""A job's ranks, analysed independently and merged: one pure function per rank, run by an executor.
+
+``diagnose``, ``report``, ``diff`` and ``export`` read a job rank by rank: :func:`rank_result` loads one snapshot
+file, analyses it, reduces it to its summary (the report of that rank alone, its
+:class:`~oomdoctor.analysis.ranks.RankProfile` for the cross-rank comparison, and what the command draws) and drops
+the trace. Only these summaries cross process boundaries; :func:`job_report` merges them as the in-job summary does
+(:func:`~oomdoctor.report.merge.merge_reports`), so the parent never holds a trace and ``--jobs 1`` runs the very same
+functions one after another.
+
+Executors (:func:`map_ranks`): ``process`` (a pool of ``jobs`` processes on this machine, the default) and ``dask``
+(Dask distributed: a running scheduler, for example one dask-jobqueue started under Slurm, or a ``LocalCluster``).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from ..analysis.ranks import RankProfile
+from ..detectors.materiality import Materiality
+from ..errors import SnapshotError, UsageError
+from ..trace.load import Skipped, discover, load, rank_from_name, read_sidecar, sidecar_path
+from .merge import merge_reports
+from .model import Report
+
+EXECUTORS = ("process", "dask")
+DASK_MISSING = "--executor dask needs Dask distributed: pip install 'oomdoctor[dask]'"
+
+
+@dataclass(frozen=True)
+class RankTask:
+    """One rank to read: its file, the rank to give it when the file does not say (``None``: the file must say, or
+    it is rank 0 of a one-file job), and whether the file was named by the user (then it must load; a file found
+    in a directory that does not load is skipped and named)."""
+
+    path: str
+    fallback_rank: int | None
+    named: bool
+
+
+@dataclass(frozen=True)
+class Want:
+    """What each rank's summary holds besides its report and profile.
+
+    Attributes:
+        micro_batch: the recorded per-device micro-batch (samples), to say the largest that fits.
+        rule: the materiality rule.
+        view_moments: the moments of the HTML flame graph per rank (0: no view).
+        tracks: Perfetto counter tracks.
+        heat_buckets: allocated bytes over the rank's own time in this many buckets, each its maximum (0: none).
+    """
+
+    micro_batch: int | None = None
+    rule: Materiality = field(default_factory=Materiality)
+    view_moments: int = 0
+    tracks: bool = False
+    heat_buckets: int = 0
+
+
+@dataclass
+class RankResult:
+    """One rank's summary, or the problem that kept its file from loading (``error``)."""
+
+    task: RankTask
+    rank: int | None = None
+    report: Report | None = None
+    profile: RankProfile | None = None
+    view: Any = None
+    tracks: Any = None
+    heat: list[int] | None = None
+    duration_us: int = 0
+    error: str | None = None
+
+
+def plan_tasks(paths: Iterable[str | os.PathLike], skipped: list[Skipped]) -> list[RankTask]:
+    """The files of ``paths`` (directories expanded as :func:`~oomdoctor.trace.load.discover` does, skipping
+    what is not a snapshot into ``skipped``) with the rank each gets when its file does not say: after the
+    highest rank the sidecars and file names give, in path order (as :func:`~oomdoctor.trace.load.load_ranks`).
+
+    Raises:
+        SnapshotError: a path does not exist, or a directory holds no snapshot file.
+    """
+    paths = [os.fspath(p) for p in paths]
+    files = discover(paths, skipped)
+    named = {p for p in paths if not os.path.isdir(p)}
+    hints = [_rank_hint(f) for f in files]
+    nxt = max((h for h in hints if h is not None), default=-1) + 1
+    tasks = []
+    for f, h in zip(files, hints):
+        fallback = None
+        if h is None and len(files) > 1:
+            fallback, nxt = nxt, nxt + 1
+        tasks.append(RankTask(f, fallback, f in named))
+    return tasks
+
+
+def _rank_hint(path: str) -> int | None:
+    """The rank a sidecar or the file name gives, without reading the snapshot (None when neither does)."""
+    side = sidecar_path(path)
+    if side is not None:
+        try:
+            r = read_sidecar(side).get("rank")
+        except SnapshotError:
+            r = None
+        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+            return r
+    return rank_from_name(path)
+
+
+def rank_result(task: RankTask, want: Want) -> RankResult:
+    """Load, analyse and summarise one rank; the trace is dropped on return. Never raises for a file that does
+    not load: the result carries the problem (``error``), and the caller decides (:func:`gather`)."""
+    from ..analysis.device import analyze
+    from ..detectors import rank_imbalance
+    from .build import report_of
+
+    try:
+        trace = load(task.path)
+    except SnapshotError as e:
+        return RankResult(task, error=e.problem)
+    if trace.rank is None:
+        if task.fallback_rank is None:
+            trace.meta["rank"], trace.meta["rank_assumed"] = 0, True
+        else:
+            trace.meta["rank"] = task.fallback_rank
+            trace.warnings.append(f"rank not found in the file name or a sidecar: numbered {task.fallback_rank} "
+                                  "by path order")
+    a = analyze(trace)
+    out = RankResult(task, rank=a.rank, report=report_of([a], micro_batch=want.micro_batch, rule=want.rule),
+                     profile=rank_imbalance.profile(a))
+    if want.view_moments:
+        from .visual import rank_view
+
+        out.view = rank_view(a, want.view_moments)
+    if want.tracks:
+        from .tracks import rank_tracks
+
+        out.tracks = rank_tracks(a)
+    if want.heat_buckets:
+        out.heat, out.duration_us = heat_row(a, want.heat_buckets)
+    return out
+
+
+def heat_row(a, buckets: int) -> tuple[list[int], int]:
+    """Allocated bytes over the rank's time since its first event in ``buckets`` equal spans, each the maximum
+    after any event in it (a span without event repeats the value before it); and the duration (µs)."""
+    import numpy as np
+
+    if a.num_events == 0:
+        return [a.peak_allocated[0]] * buckets, 0
+    t = a.timeline.time_us.astype(np.int64)
+    t = t - t[0]
+    dur = int(t[-1])
+    col = np.minimum((t * buckets) // max(dur, 1), buckets - 1) if dur else np.zeros(t.size, np.int64)
+    out = np.full(buckets, -1, dtype=np.int64)
+    np.maximum.at(out, col, a.timeline.allocated.astype(np.int64))
+    last = int(a.timeline.allocated_start)
+    for i in range(buckets):
+        if out[i] < 0:
+            out[i] = last
+        else:
+            last = int(a.timeline.allocated[np.flatnonzero(col == i)[-1]])
+    return [int(v) for v in out], dur
+
+
+@dataclass
+class PairResult:
+    """One rank of a comparison: both runs' summaries, the rank's :class:`~oomdoctor.report.diff.RankDiff`, and
+    what the HTML comparison draws of it (``view``)."""
+
+    before: RankResult
+    after: RankResult
+    diff: Any = None
+    view: Any = None
+
+
+def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
+    """Load, analyse and compare one rank of two runs; the traces are dropped on return."""
+    from ..analysis.device import analyze
+    from ..detectors import rank_imbalance
+    from .build import report_of
+    from .diff import rank_diff
+
+    out, errors = [], []
+    for task in tasks:
+        try:
+            out.append(load(task.path))
+            errors.append(None)
+        except SnapshotError as e:
+            out.append(None)
+            errors.append(e.problem)
+    if any(errors):
+        return PairResult(RankResult(tasks[0], error=errors[0]), RankResult(tasks[1], error=errors[1]))
+    analyses = []
+    for task, trace in zip(tasks, out):
+        if trace.rank is None:
+            trace.meta["rank"] = task.fallback_rank if task.fallback_rank is not None else 0
+        analyses.append(analyze(trace))
+    b, a = analyses
+    res = [RankResult(t, rank=x.rank, report=report_of([x], rule=want.rule), profile=rank_imbalance.profile(x))
+           for t, x in zip(tasks, analyses)]
+    got = PairResult(res[0], res[1], diff=rank_diff(b, a))
+    if want.view_moments:
+        from .overlay import pair_view
+
+        got.view = pair_view(b.rank, b, a)
+    return got
+
+
+def pair_tasks(before: list[RankTask], after: list[RankTask]) -> tuple[list[tuple[RankTask, RankTask]], list[str]]:
+    """Pair the two runs' files by rank (as the sidecars and file names give it); with one file a side, those two.
+    Also the notes on ranks found in one run only."""
+    if len(before) == 1 and len(after) == 1:
+        return [(before[0], after[0])], []
+    def rank(t: RankTask) -> int:
+        h = _rank_hint(t.path)
+        return h if h is not None else (t.fallback_rank or 0)
+
+    a_by = {rank(t): t for t in after}
+    pairs, notes = [], []
+    for t in before:
+        if rank(t) in a_by:
+            pairs.append((t, a_by.pop(rank(t))))
+        else:
+            notes.append(f"rank {rank(t)} is only in the before run ({t.path})")
+    notes += [f"rank {r} is only in the after run ({t.path})" for r, t in sorted(a_by.items())]
+    return pairs, notes
+
+
+def map_pairs(pairs: Sequence[tuple[RankTask, RankTask]], want: Want, *, jobs: int | None = None,
+              executor: str = "process", scheduler: str | None = None) -> list[PairResult]:
+    """:func:`pair_result` of every pair, as :func:`map_ranks` runs ranks."""
+    return _map(pair_result, pairs, want, jobs=jobs, executor=executor, scheduler=scheduler)
+
+
+def default_jobs() -> int:
+    """All the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def map_ranks(tasks: Sequence[RankTask], want: Want, *, jobs: int | None = None, executor: str = "process",
+              scheduler: str | None = None) -> list[RankResult]:
+    """:func:`rank_result` of every task, in task order.
+
+    ``process``: with one task or ``jobs`` 1, in this process; else a pool of ``min(jobs, tasks)`` processes
+    (``jobs`` default: :func:`default_jobs`). ``dask``: on the Dask distributed cluster at ``scheduler``, or a
+    ``LocalCluster`` of this machine's cores when None.
+
+    Raises:
+        UsageError: an unknown executor, or ``dask`` without Dask distributed installed (:data:`DASK_MISSING`).
+    """
+    return _map(rank_result, tasks, want, jobs=jobs, executor=executor, scheduler=scheduler)
+
+
+def _map(fn, items: Sequence, want: Want, *, jobs: int | None, executor: str, scheduler: str | None) -> list:
+    if executor == "dask":
+        return _map_dask(fn, items, want, scheduler)
+    if executor != "process":
+        raise UsageError(f"unknown executor {executor!r}: one of {', '.join(EXECUTORS)}")
+    if scheduler is not None:
+        raise UsageError("--scheduler applies to --executor dask only")
+    n = min(jobs or default_jobs(), len(items))
+    if n <= 1:
+        return [fn(t, want) for t in items]
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        return list(pool.map(fn, items, [want] * len(items), chunksize=1))
+
+
+def _map_dask(fn, items: Sequence, want: Want, scheduler: str | None) -> list:
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise UsageError(DASK_MISSING) from None
+    if scheduler is None:
+        with LocalCluster(n_workers=default_jobs(), threads_per_worker=1, processes=True,
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            return client.gather(client.map(fn, list(items), want=want, pure=False))
+    try:
+        client = Client(scheduler, timeout="30s")
+    except (OSError, TimeoutError) as e:
+        raise UsageError(f"--scheduler {scheduler}: cannot reach the Dask scheduler ({e})") from None
+    with client:
+        return client.gather(client.map(fn, list(items), want=want, pure=False))
+
+
+def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult]:
+    """The results that loaded, by rank. A file the user named that does not load is an error; one found in a
+    directory goes to ``skipped`` with its problem, unless no file of that directory loads.
+
+    Raises:
+        SnapshotError: as above, or two files claim the same rank.
+    """
+    ok, bad = [], []
+    for r in results:
+        if r.error is None:
+            ok.append(r)
+        elif r.task.named:
+            raise SnapshotError(r.task.path, r.error)
+        else:
+            bad.append(r)
+    if bad:
+        skipped.extend(sorted((Skipped(r.task.path, r.error or "") for r in bad), key=lambda s: s.path))
+        dirs = {os.path.dirname(r.task.path) for r in bad}
+        for d in sorted(dirs):
+            if not any(os.path.dirname(r.task.path) == d for r in ok):
+                first = next(r for r in bad if os.path.dirname(r.task.path) == d)
+                n = sum(os.path.dirname(s.path) == d for s in skipped)  # what discover skipped, and these
+                raise SnapshotError(d, f"none of the {n} files in this directory is a snapshot that loads: "
+                                       f"{os.path.basename(first.task.path)}: {first.error}")
+    seen: dict[int, str] = {}
+    for r in ok:
+        if r.rank in seen:
+            raise SnapshotError(r.task.path, f"claims rank {r.rank}, like {seen[r.rank]}: pass the files of one run "
+                                             "at a time (a directory may hold several runs)")
+        seen[r.rank] = r.task.path
+    return sorted(ok, key=lambda r: r.rank)
+
+
+def read_ranks(paths: Iterable[str | os.PathLike], want: Want, *, jobs: int | None = None,
+               executor: str = "process", scheduler: str | None = None,
+               skipped: list[Skipped] | None = None) -> list[RankResult]:
+    """:func:`plan_tasks`, :func:`map_ranks`, :func:`gather`: every rank's summary, by rank.
+
+    Raises:
+        SnapshotError: see :func:`plan_tasks` and :func:`gather`.
+        UsageError: see :func:`map_ranks`.
+    """
+    skipped = skipped if skipped is not None else []
+    tasks = plan_tasks(paths, skipped)
+    return gather(map_ranks(tasks, want, jobs=jobs, executor=executor, scheduler=scheduler), skipped)
+
+
+PAGE_RANKS = 8
+"""The most ranks whose sections an HTML page shows; above, the odd ranks and one rank of each group."""
+
+
+def page_ranks(report: Report, limit: int = PAGE_RANKS) -> list[int]:
+    """The ranks a page shows in full: all of them up to ``limit``; else the first rank of each group, the odd
+    groups first (:mod:`oomdoctor.report.groups`), at most ``limit``."""
+    if len(report.ranks) <= limit or report.groups is None:
+        return [r.rank for r in report.ranks]
+    return sorted(g.ranks[0] for g in report.groups.groups[:limit])
+
+
+def job_report(results: list[RankResult]) -> Report:
+    """The job's report from its ranks' summaries: the same shape as one built from all the traces at once."""
+    return merge_reports([r.report for r in results], [r.profile for r in results], in_job=False)
+
