@@ -53,11 +53,18 @@ def test_anatomy_identity_at_every_event(tmp_path, k):
     b.free(a, deferred=True)
     b.alloc(s2, 0, 2 * MiB)
     t, dt = build(tmp_path, b)
-    assert dt.num_events == 8 or k < 8
-    an = anatomy(dt, lifetimes(t, dt), min(k, dt.num_events - 1))
+    # segment, segment, alloc a, alloc c, free_requested a (deferred), alloc: six events
+    assert dt.num_events == 6
+    at = min(k, dt.num_events - 1)
+    an = anatomy(dt, lifetimes(t, dt), at)
     an.check()
     assert an.unattributed_bytes == 0
-    assert c
+    allocated = {-1: 0, 0: 0, 1: 0, 2: 8, 3: 16, 4: 8, 5: 10}[at] * MiB
+    assert an.allocated_bytes == allocated
+    assert an.pending_free_bytes == (8 * MiB if at >= 4 else 0)
+    assert an.reserved_bytes == {-1: 0, 0: 64 * MiB}.get(at, 84 * MiB)
+    assert an.rounding_waste_bytes == (512 if at in (2, 3) else 0)  # a's tail while it is allocated
+    assert c == b.segments[s1].blocks[c].addr
 
 
 def test_anatomy_numbers(tmp_path):
@@ -107,7 +114,9 @@ def test_truncated_trace_reconstructs_the_start(tmp_path):
     assert tl.allocated_start == 24 * MiB and tl.active_start == 28 * MiB
     assert tl.at(dt.num_events - 1)["allocated"] == 12 * MiB
     anatomy(dt, lt, -1).check()
-    assert late
+    rows = np.flatnonzero(lt.addr == late)  # early's address, reused
+    assert len(rows) == 2 and sorted(lt.alloc[rows].tolist()) == [-1, dt.num_events - 1]
+    assert lt.size[rows[lt.alloc[rows] >= 0][0]] == 4 * MiB  # the last event made it
 
 
 def test_expandable_segments_map_and_unmap(tmp_path):
@@ -191,7 +200,8 @@ def test_site_is_the_first_frame_outside_torch_and_the_stdlib(tmp_path):
     got = {site_label(t, x.frame): (x.bytes, x.count) for x in sites_at(t, lifetimes(t, dt), dt.num_events - 1)}
     assert got == {"/w/model.py:12 in forward": (4 * MiB, 1), "<allocated before recording started>": (8 * MiB, 1),
                    "<no stack recorded>": (2 * MiB, 1)}
-    assert PRE_TRACE != NO_STACK
+    assert {site_label(t, PRE_TRACE), site_label(t, NO_STACK)} == {"<allocated before recording started>",
+                                                                  "<no stack recorded>"}
 
 
 def test_private_pools_are_their_own_group(tmp_path):

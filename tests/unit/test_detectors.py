@@ -147,7 +147,7 @@ def test_allgather_list(tmp_path):
     assert allgather_list.detect(ctx_of(tmp_path, b2)) == []
 
 
-def training(leak_every: int | None, steps: int = 9, rank_extra: bool = False) -> SnapBuilder:
+def training(leak_every: int | None, steps: int = 9) -> SnapBuilder:
     b = SnapBuilder()
     s = b.segment(4 * GiB)
     kept = 0
@@ -157,7 +157,7 @@ def training(leak_every: int | None, steps: int = 9, rank_extra: bool = False) -
         logits = b.alloc(s, 256 * MiB + kept * 128 * MiB, 128 * MiB, fr=frames(("/w/model.py", 90, "forward")))
         for a in acts:
             b.free(a)
-        if leak_every and step % leak_every == 0 and (rank_extra or not rank_extra):
+        if leak_every and step % leak_every == 0:
             kept += 1
         else:
             b.free(logits)
