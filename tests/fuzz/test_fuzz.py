@@ -44,6 +44,9 @@ from oomdoctor.cli.main import main  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 
 SCALE = int(os.environ.get("OOMDOCTOR_FUZZ_SCALE", "1"))
+# OOMDOCTOR_FUZZ_SEED=N draws other cases: hypothesis runs seeded with N instead of derandomized, and the
+# truncation points come from N. Unset, every run draws the same cases.
+SEED = os.environ.get("OOMDOCTOR_FUZZ_SEED")
 CASE_SECONDS = 20.0
 BOMB_MEMORY_BYTES = 3 << 30
 REGRESSIONS = Path(__file__).parent / "regressions"
@@ -70,6 +73,11 @@ def save_regression(name: str, data: bytes, suffix: str) -> Path:
     path = REGRESSIONS / f"{hashlib.sha1(data).hexdigest()[:12]}{suffix}"
     path.write_bytes(data)
     return path
+
+
+def seeded(test):
+    """``hypothesis.seed(OOMDOCTOR_FUZZ_SEED)`` when that is set (see :data:`SEED`)."""
+    return hypothesis.seed(int(SEED))(test) if SEED else test
 
 
 LAST: dict[str, tuple] = {}  # the latest failing case of a hypothesis test: hypothesis replays the minimal one last
@@ -155,7 +163,7 @@ def test_malicious_pickles_execute_nothing_under_every_command(canary, tmp_path)
 @pytest.mark.parametrize("base", BASES)
 def test_truncated_and_compressed_snapshots(snapshots, canary, tmp_path, base):
     data = (snapshots / base).read_bytes()
-    rng = random.Random(17)
+    rng = random.Random(int(SEED) if SEED else 17)
     variants = cases.truncations("cut", data, rng, 60 * SCALE)
     for name, comp in cases.compress_all("whole", data):
         variants.append((name, comp))
@@ -184,19 +192,28 @@ def test_bombs_are_refused_in_bounded_memory(tmp_path):
 
 # -- structure-aware mutants of real snapshots --------------------------------------------------------------
 
+# sizes, addresses and times at the edges the reader checks: 2**48 (the largest size), 2**63 (signed 64-bit)
+EDGE = st.sampled_from([0, 1, -1, 512, 2**20, 2**48 - 1, 2**48, 2**62, 2**63 - 1, 2**63, 2**64 - 2**21, 2**64,
+                        -(2**63), -(2**63) - 1])
 ODD = st.one_of(st.none(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
                 st.text(max_size=4), st.binary(max_size=4), st.just([]), st.just({}), st.just([None]),
-                st.lists(st.integers(-3, 3), max_size=3), st.just(-1), st.just(2**64), st.just(float("nan")))
+                st.lists(st.integers(-3, 3), max_size=3), st.just(-1), st.just(2**64), st.just(float("nan")),
+                EDGE, st.booleans(), st.sampled_from(["START", "END", "alloc", "oom", "nccl:all_reduce",
+                                                      "Optimizer.step#AdamW.step", "ProfilerStep#3"]))
 ENTRY_KEYS = ["action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata",
               "device_free", "pool_id"]
 SEGMENT_KEYS = ["address", "total_size", "stream", "segment_type", "segment_pool_id", "is_expandable", "blocks",
                 "allocated_size", "requested_size", "device"]
 BLOCK_KEYS = ["address", "size", "requested_size", "state", "frames"]
 FRAME_KEYS = ["filename", "line", "name"]
+ANNOTATION_KEYS = ["device", "stage", "name", "time_us"]
 MUTATION = st.tuples(st.sampled_from(["entry", "segment", "block", "frame", "settings", "top", "shuffle", "drop",
-                                      "duplicate"]),
-                     st.integers(0, 10**6), st.sampled_from(ENTRY_KEYS + SEGMENT_KEYS + BLOCK_KEYS + FRAME_KEYS),
+                                      "duplicate", "annotation", "annotations", "new_entry", "device_traces"]),
+                     st.integers(0, 10**6),
+                     st.sampled_from(ENTRY_KEYS + SEGMENT_KEYS + BLOCK_KEYS + FRAME_KEYS + ANNOTATION_KEYS),
                      st.booleans(), ODD)
+ACTIONS = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom", "annotate", "unknown_action"]
 
 
 def _trace_of(s: dict) -> list:
@@ -240,6 +257,16 @@ def mutate(snap: dict, muts: list) -> dict:
         elif kind == "duplicate" and trace:
             trace.insert(n % len(trace), copy.deepcopy(trace[n % len(trace)]))
             continue
+        elif kind in ("annotation", "annotations"):
+            target, key = _annotation_target(s, kind, n, key, value)
+            if target is None:
+                continue
+        elif kind == "new_entry" and trace:
+            _new_entry(trace, n, key, value)
+            continue
+        elif kind == "device_traces" and isinstance(s.get("device_traces"), list):
+            _reshape_device_traces(s["device_traces"], n, value)
+            continue
         else:
             continue
         if not isinstance(target, dict):
@@ -251,13 +278,66 @@ def mutate(snap: dict, muts: list) -> dict:
     return s
 
 
+def _annotation_target(s: dict, kind: str, n: int, key: str, value) -> tuple[dict | None, str]:
+    """An ``external_annotations`` record to mutate (``annotation``: one field of one record), or, for
+    ``annotations``, the list itself reshaped: a record added at a recorded time, the list replaced by an odd
+    value, or a record replaced by one."""
+    anns = s.get("external_annotations")
+    if kind == "annotations":
+        trace = _trace_of(s)
+        t = trace[n % len(trace)].get("time_us", 0) if trace and isinstance(trace[n % len(trace)], dict) else 0
+        record = {"device": n % 3, "stage": ["START", "END"][n % 2],
+                  "name": ["nccl:all_reduce", "Optimizer.step#AdamW.step", "ProfilerStep#1", "## forward ##"][n % 4],
+                  "time_us": t}
+        if n % 5 == 0:
+            s["external_annotations"] = value
+        elif isinstance(anns, list) and anns and n % 5 == 1:
+            anns[n % len(anns)] = value
+        elif isinstance(anns, list):
+            anns.insert(n % (len(anns) + 1), record)
+        else:
+            s["external_annotations"] = [record]
+        return None, key
+    if not isinstance(anns, list) or not anns:
+        return None, key
+    return anns[n % len(anns)], ANNOTATION_KEYS[n % len(ANNOTATION_KEYS)] if key not in ANNOTATION_KEYS else key
+
+
+def _new_entry(trace: list, n: int, key: str, value) -> None:
+    """A trace entry of any action (one this version does not know among them), made from a recorded one
+    so its other fields are plausible, with one field (``key`` when it is an entry field) set to ``value``."""
+    near = trace[n % len(trace)]
+    e = dict(near) if isinstance(near, dict) else {}
+    e["action"] = ACTIONS[n % len(ACTIONS)]
+    if key in ENTRY_KEYS:
+        e[key] = value
+    trace.insert((n // 7) % (len(trace) + 1), e)
+
+
+def _reshape_device_traces(traces: list, n: int, value) -> None:
+    """The list of per-device traces reshaped: a device added (empty, a copy of another, or an odd value),
+    one dropped, or one replaced by an odd value."""
+    choice = n % 5
+    if choice == 0:
+        traces.append([])
+    elif choice == 1 and traces:
+        traces.append(copy.deepcopy(traces[n % len(traces)]))
+    elif choice == 2:
+        traces.append(value)
+    elif choice == 3 and traces:
+        del traces[n % len(traces)]
+    elif traces:
+        traces[n % len(traces)] = [value] if not isinstance(value, list) else value
+
+
 @pytest.fixture(scope="module")
 def base_snapshots(snapshots) -> list[dict]:
     return [pickle.loads((snapshots / b).read_bytes()) for b in BASES]
 
 
 @saving_minimal
-@settings(max_examples=500 * SCALE, derandomize=True, deadline=None, database=None,
+@seeded
+@settings(max_examples=500 * SCALE, derandomize=SEED is None, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_mutated_snapshots_hold_the_contract(base_snapshots, canary, tmp_path_factory, data):
@@ -281,7 +361,8 @@ JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**66),
 
 
 @saving_minimal
-@settings(max_examples=150 * SCALE, derandomize=True, deadline=None, database=None,
+@seeded
+@settings(max_examples=150 * SCALE, derandomize=SEED is None, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(meta=st.dictionaries(st.sampled_from(SIDECAR_KEYS), JSONISH, max_size=6), raw=st.booleans())
 def test_mutated_sidecars_hold_the_contract(snapshots, canary, tmp_path_factory, meta, raw):
@@ -299,7 +380,8 @@ CONFIG_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_k
 
 
 @saving_minimal
-@settings(max_examples=100 * SCALE, derandomize=True, deadline=None, database=None,
+@seeded
+@settings(max_examples=100 * SCALE, derandomize=SEED is None, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(cfg=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSONISH, max_size=8))
 def test_mutated_model_configs_hold_the_contract(canary, tmp_path_factory, cfg):
@@ -323,7 +405,8 @@ def golden_rows() -> tuple[list[str], list[dict]]:
 
 
 @saving_minimal
-@settings(max_examples=150 * SCALE, derandomize=True, deadline=None, database=None,
+@seeded
+@settings(max_examples=150 * SCALE, derandomize=SEED is None, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(cells=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 40),
                                 st.one_of(st.just(""), st.text(max_size=5), st.integers(-5, 10**6).map(str),

@@ -140,3 +140,69 @@ def test_malformed_frames_are_shown_as_unknown_and_counted(tmp_path):
     assert int(dt.stack[3]) == -1
     assert any("2 malformed stack frames or stacks" in w for w in t.warnings)
     assert int(dt.size[1:5].sum()) == 4 * MiB  # the bytes are the recorded ones
+
+
+def test_malformed_annotations_are_skipped_and_counted(tmp_path):
+    """Each field of an ``external_annotations`` record is checked: a device that is a dict (a TypeError
+    traceback in trace/build.py) or a bool, a time past a C long (an OverflowError in
+    detectors/deferred_free.py), a stage or name of the wrong type. They are skipped and counted; the good
+    ones are kept in order."""
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    b.annotate("nccl:all_reduce", "START")
+    x = b.alloc(s, 0, MiB)
+    b.annotate("nccl:all_reduce", "END")
+    b.free(x)
+    snap = b.snapshot()
+    good = list(snap["external_annotations"])
+    snap["external_annotations"] += [
+        {"device": {}, "stage": "START", "name": "nccl:x", "time_us": 1},
+        {"device": True, "stage": "START", "name": "nccl:x", "time_us": 1},
+        {"device": 0, "stage": "START", "name": "nccl:x", "time_us": 2**70},
+        {"device": 0, "stage": "START", "name": "nccl:x", "time_us": 1.5},
+        {"device": 0, "stage": b"START", "name": "nccl:x", "time_us": 1},
+        {"device": 0, "stage": "END", "name": 5, "time_us": 1},
+        {"device": 3, "stage": "END", "name": "nccl:x", "time_us": 1},  # no such device
+        7,
+    ]
+    t = load(write(tmp_path, snap))
+    assert [(a.name, a.stage, a.time_us) for a in t.primary.annotations] == [
+        (g["name"], g["stage"], g["time_us"]) for g in good]
+    assert any(w.startswith("8 malformed external annotations were skipped") for w in t.warnings), t.warnings
+    snap["external_annotations"] = {"device": 0}
+    t = load(write(tmp_path, snap))
+    assert t.primary.annotations == [] and any("'external_annotations' is a dict" in w for w in t.warnings)
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda s: s["device_traces"][0][1].update(size=2**48), r"device_traces\[0\]\[1\].size is 281474976710656"),
+    (lambda s: s["device_traces"][0][0].update(size=2**62), r"device_traces\[0\]\[0\].size is 4611686018427387904"),
+    (lambda s: s["segments"][0].update(total_size=2**48), "total_size 281474976710656 out of range"),
+    (lambda s: s["segments"][0]["blocks"][0].update(size=2**48), r"blocks\[0\].size is 281474976710656"),
+    (lambda s: s["segments"][0]["blocks"][0].update(requested_size=2**48), r"requested_size is 281474976710656"),
+    (lambda s: s["segments"][0].update(address=2**63), "address 9223372036854775808"),
+])
+def test_sizes_past_the_address_space_are_refused_before_the_replay(tmp_path, mutate, problem):
+    """A block, segment or allocation of 2**48 bytes or more (a block size past the address space was a
+    KeyError in the allocator model's get_free_block), or an address past 63 bits, is refused naming it."""
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    b.alloc(s, 0, MiB)
+    snap = b.snapshot()
+    mutate(snap)
+    with pytest.raises(SnapshotError, match=problem):
+        load(write(tmp_path, snap))
+
+
+def test_an_oom_request_of_any_size_is_read_and_replayed_as_an_oom(tmp_path):
+    """An ``oom`` entry records a request that failed; it may be far larger than any GPU (a wrong shape),
+    so its size is not capped, and the replay ends in the same OOM instead of running out of addresses."""
+    from oomdoctor.simulate.whatif import simulate
+    b = SnapBuilder()
+    s = b.segment(20 * MiB)
+    b.alloc(s, 0, MiB)
+    b.oom(2**62, device_free=MiB)
+    t = load(b.write(tmp_path / "x.pickle"))
+    assert int(t.primary.size[-1]) == 2**62
+    r = simulate(t).self_replay
+    assert r.oom is not None and r.oom.requested_bytes == 2**62 and r.oom.event_index == 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from oomdoctor.analysis.rounding import round_size
-from oomdoctor.simulate.allocator import CachingAllocator
+from oomdoctor.simulate.allocator import KEY_SHIFT, CachingAllocator
 from oomdoctor.simulate.config import AllocatorConfig, parse_config
 from oomdoctor.trace.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 
@@ -188,7 +188,7 @@ def test_no_search_after_release_cached_blocks():
     a2.free(y2, deferred=True)             # 20 MiB pending inside the first segment
     assert malloc(a2, 20 * MiB) is None    # 90 + 20 > 100; the sync frees y2 but nothing is whole-free
     assert a2.num_alloc_retries == 1 and a2.reserved == 90 * MiB
-    assert a2.large.by_key[(20 * MiB << 48) | y2_ptr].size == 20 * MiB  # the fitting block is in the pool
+    assert a2.large.by_key[(20 * MiB << KEY_SHIFT) | y2_ptr].size == 20 * MiB  # the fitting block is in the pool
     assert x2.allocated and z2.allocated and y.allocated
 
 
@@ -276,3 +276,45 @@ def test_deferred_free_holds_the_block_until_process_events():
     assert a.active == 24 * MiB        # returned only at the next malloc's process_events
     z = malloc(a, 12 * MiB)
     assert z.ptr == x.ptr and len(a.segment_events) == 2
+
+
+def test_no_room_left_in_the_address_space_is_a_failed_cudamalloc():
+    """A segment past the end of the 64-bit address space is a cudaMalloc that fails (an OOM), not an
+    exception: a fuzzed size past the address space was an OverflowError, then a KeyError in get_free_block."""
+    from oomdoctor.simulate.allocator import ADDRESS_END, AddressSpace
+    a = CachingAllocator(parse_config(""), addresses=AddressSpace(ADDRESS_END - 2 * MiB, 1 << 40))
+    assert malloc(a, 512) is not None               # a 2 MiB small segment: the last 2 MiB of addresses
+    assert malloc(a, 3 * MiB) is None               # a 20 MiB segment: no addresses left
+    assert a.oom_request == (3 * MiB, 20 * MiB) and a.reserved == 2 * MiB
+
+
+def test_a_recorded_address_held_by_a_live_segment_is_not_handed_out_again(tmp_path):
+    """A recording whose segments overlap (two segment_alloc at one address, no free between) would put two
+    free blocks under one free-list key (a KeyError in get_free_block); the replay stops following the
+    recorded addresses there and takes fresh ones."""
+    import pickle
+
+    from builder import SnapBuilder
+
+    from oomdoctor import load
+    from oomdoctor.simulate.whatif import simulate
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    x = b.alloc(s1, 0, 20 * MiB)
+    s2 = b.segment(20 * MiB)
+    y = b.alloc(s2, 0, 20 * MiB)
+    b.free(x)
+    b.free(y)
+    b.alloc(s1, 0, 20 * MiB)
+    b.alloc(s2, 0, 20 * MiB)
+    snap = b.snapshot()
+    for e in snap["device_traces"][0]:
+        if e["addr"] == s2:
+            e["addr"] = s1
+    snap["segments"] = [g for g in snap["segments"] if g["address"] != s2]
+    p = tmp_path / "overlap.pickle"
+    p.write_bytes(pickle.dumps(snap))
+    r = simulate(load(p)).self_replay
+    # the second alloc at s1 hides the first (its free frees the second, the next free is skipped): 60 MiB
+    assert r.oom is None and r.peak_allocated_bytes == 60 * MiB
+    assert any("1 frees of blocks the replay does not hold" in w for w in r.warnings)

@@ -46,7 +46,8 @@ from ..trace.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMA
 from .config import AllocatorConfig
 
 # kSmallBuffer (2 MiB) and kLargeBuffer (20 MiB) are also the small and large expandable page sizes.
-KEY_SHIFT = 48  # free-list key: size << 48 | address; device addresses are below 2**48
+KEY_SHIFT = 64  # free-list key: size << 64 | address; addresses are unsigned 64-bit (trace/build.py refuses others)
+ADDRESS_END = 1 << 64  # the end of the address space the model hands segments out of
 
 
 class Block:
@@ -139,17 +140,22 @@ class AddressSpace:
         self.next = base
         self.va_bytes = va_bytes
 
-    def _take(self, size: int) -> int:
-        ptr = self.next
-        self.next += (size + K_SMALL_BUFFER - 1) // K_SMALL_BUFFER * K_SMALL_BUFFER
-        if self.next >= 1 << KEY_SHIFT:
-            raise OverflowError("simulated address space exhausted")
+    def _take(self, size: int) -> int | None:
+        """The next free address for ``size`` bytes, or None when the 64-bit address space has no room
+        left: ``cudaMalloc`` then fails, as it does for a request larger than the device."""
+        end = self.next + (size + K_SMALL_BUFFER - 1) // K_SMALL_BUFFER * K_SMALL_BUFFER
+        if end > ADDRESS_END:
+            return None
+        ptr, self.next = self.next, end
         return ptr
 
-    def segment(self, size: int, stream: int) -> int:
+    def segment(self, size: int, stream: int) -> int | None:
         return self._take(size)
 
-    def reservation(self, page: int, is_small: bool, stream: int) -> tuple[int, int]:
+    def release(self, ptr: int) -> None:
+        """The segment at ``ptr`` was freed (``cudaFree``); fresh addresses are never reused, so nothing to do."""
+
+    def reservation(self, page: int, is_small: bool, stream: int) -> tuple[int | None, int]:
         size = (self.va_bytes + page - 1) // page * page
         return self._take(size), size
 
@@ -290,6 +296,8 @@ class CachingAllocator:
         if self.device_limit is not None and self.reserved + alloc_size > self.device_limit:
             return None
         ptr = self.addresses.segment(alloc_size, stream)
+        if ptr is None:  # no address space left for it: cudaMalloc fails
+            return None
         b = Block(ptr, alloc_size, stream, pool)
         self._grow(SEGMENT_ALLOC, ptr, alloc_size)
         return b
@@ -382,6 +390,7 @@ class CachingAllocator:
     def release_block(self, b: Block) -> None:
         """``release_block``: ``cudaFree`` of a whole free segment."""
         b.pool.remove(b)
+        self.addresses.release(b.ptr)
         self._shrink(SEGMENT_FREE, b.ptr, b.size)
 
     def release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
@@ -464,6 +473,8 @@ class CachingAllocator:
     def try_allocate_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         """``try_allocate_expandable_block``: map pages at the lowest address with room for ``size``."""
         c = self.find_expandable_block(pool, size, stream)
+        if c is None:  # no address space left for a new reservation
+            return None
         if not c.mapped and not self.map_block(c, min(c.size, size)):
             return None
         while c.size < size:
@@ -476,9 +487,10 @@ class CachingAllocator:
         pool.remove(c)
         return c
 
-    def find_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block:
+    def find_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         """``find_expandable_block``: the first unmapped range (with the free block before it) that,
-        with the free blocks after it, holds ``size``; else a new reservation."""
+        with the free blocks after it, holds ``size``; else a new reservation (None when the address
+        space has no room for one)."""
         for _, c in list(pool.unmapped.get(stream, ())):
             p = c.prev
             if p is not None and not p.allocated and not p.event_count:
@@ -491,6 +503,8 @@ class CachingAllocator:
                 return c
         page = K_SMALL_BUFFER if pool.is_small else K_LARGE_BUFFER
         base, va = self.addresses.reservation(page, pool.is_small, stream)
+        if base is None:
+            return None
         seg = ExpandableSegment(base, va, page, stream)
         c = Block(base, va, stream, pool, seg, mapped=False)
         pool.insert_unmapped(c)

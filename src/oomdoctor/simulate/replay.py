@@ -28,7 +28,7 @@ allocated afresh, in address order, so the what-if layout is that config's own.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -350,6 +350,13 @@ class _RecordedAddresses(AddressSpace):
         super().__init__(_fresh_base(prepared), va_bytes)
         self.recorded = [(a, s) for act, a, s in prepared.rec_seg if act == SEGMENT_ALLOC]
         self.n = 0
+        # the live segments (start -> size) of the replay's recorded or fresh addresses, the start segments
+        # among them: a recorded address is handed out only where none of them is
+        self.live: dict[int, int] = {}
+        self.live_starts: list[int] = []
+        for seg in sorted(prepared.start_segments, key=lambda x: x.address):
+            if not self._overlaps(seg.address, seg.size):  # an expandable one's mapped range stays held
+                self._hold(seg.address, seg.size)
         # Expandable reservations: find_expandable_block maps a new reservation from its base, and
         # later maps fill holes or extend the mapped range upwards, so a segment_map beyond the mapped
         # extent of every reservation below it starts a new one at its address.
@@ -371,12 +378,34 @@ class _RecordedAddresses(AddressSpace):
             return self.bases[self.rn - 1], (self.va_bytes + page - 1) // page * page
         return super().reservation(page, is_small, stream)
 
-    def segment(self, size: int, stream: int) -> int:
+    def segment(self, size: int, stream: int) -> int | None:
         if self.n < len(self.recorded) and self.recorded[self.n][1] == size:
-            self.n += 1
-            return self.recorded[self.n - 1][0]
+            a = self.recorded[self.n][0]
+            if not self._overlaps(a, size):
+                self.n += 1
+                self._hold(a, size)
+                return a
+            # a live segment of the replay is there (a recording whose segments overlap, or a replay that
+            # kept a segment the job freed): the replay no longer agrees with the recording
         self.n = len(self.recorded)
-        return self._take(size)
+        ptr = self._take(size)
+        if ptr is not None:
+            self._hold(ptr, size)
+        return ptr
+
+    def _overlaps(self, a: int, size: int) -> bool:
+        """Whether ``[a, a + size)`` meets a live segment; live segments are disjoint, so only the last one
+        starting below ``a + size`` can."""
+        i = bisect_left(self.live_starts, a + size) - 1
+        return i >= 0 and self.live_starts[i] + self.live[self.live_starts[i]] > a
+
+    def _hold(self, a: int, size: int) -> None:
+        insort(self.live_starts, a)
+        self.live[a] = size
+
+    def release(self, ptr: int) -> None:
+        if self.live.pop(ptr, None) is not None:
+            del self.live_starts[bisect_left(self.live_starts, ptr)]
 
 
 def _fresh_base(prepared: Prepared) -> int:

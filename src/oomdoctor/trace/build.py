@@ -26,6 +26,7 @@ from .model import (
     BLOCK_PENDING_FREE,
     DEFAULT_POOL,
     EVENT_COLUMNS,
+    OOM,
     Annotation,
     Block,
     DeviceTrace,
@@ -41,7 +42,12 @@ _STATES = {
     "inactive": BLOCK_INACTIVE,
 }
 _NO_STRING = ("", "N/A", None)
-_U64, _I63 = 1 << 64, 1 << 63
+_I63 = 1 << 63  # addresses and times are signed 64-bit integers, as the event columns that hold them
+#: The largest size a block, segment or allocation can have: 2**48 bytes (256 TiB). CUDA's unified virtual
+#: address space is 48 bits on x86-64 and a GPU holds under 1 TiB, so a larger size is no allocation; it is
+#: refused, naming the field, before it reaches the replay. An ``oom`` entry's size is a request that failed
+#: and may be anything up to 2**63.
+MAX_SIZE_BYTES = 1 << 48
 
 
 def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
@@ -95,12 +101,7 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
     if not devices:
         devices[0] = DeviceTrace(0, _empty_events(), [])
 
-    annotations = raw.get("external_annotations") or []
-    if isinstance(annotations, list):
-        for a in annotations:
-            if isinstance(a, dict) and a.get("device") in devices and isinstance(a.get("time_us"), int):
-                devices[a["device"]].annotations.append(
-                    Annotation(str(a.get("name", "")), str(a.get("stage", "")), int(a["time_us"])))
+    _annotations(raw.get("external_annotations"), devices, warnings)
 
     has_history = any(d.num_events > 0 for d in devices.values())
     settings = raw.get("allocator_settings") if isinstance(raw.get("allocator_settings"), dict) else {}
@@ -117,6 +118,34 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
     meta["snapshot_keys"] = sorted(map(str, raw))
     return Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
                  allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
+
+
+def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str]) -> None:
+    """Append ``external_annotations`` (``record_function`` scopes: ``{"device", "stage", "name",
+    "time_us"}``, ``torch/csrc/cuda/memory_snapshot.cpp``) to their devices. Annotations hold no bytes: one
+    whose ``device`` is not an integer naming a device of the snapshot, whose ``stage`` is not ``START`` or
+    ``END``, whose ``name`` is not text, or whose ``time_us`` is not a signed 64-bit integer is skipped and
+    counted in a warning, as malformed frames are."""
+    if raw is None:
+        return
+    if not isinstance(raw, list):
+        warnings.append(f"'external_annotations' is a {type(raw).__name__}, not a list: skipped "
+                        "(annotations hold no bytes)")
+        return
+    bad = 0
+    for a in raw:
+        if not isinstance(a, dict):
+            bad += 1
+            continue
+        dev, stage, name, t = a.get("device"), a.get("stage"), a.get("name", ""), a.get("time_us")
+        if (type(dev) is not int or dev not in devices or stage not in ("START", "END") or not isinstance(name, str)
+                or type(t) is not int or not -_I63 <= t < _I63):
+            bad += 1
+            continue
+        devices[dev].annotations.append(Annotation(name, stage, t))
+    if bad:
+        warnings.append(f"{bad} malformed external annotations were skipped (a device, stage, name or time_us "
+                        "of the wrong type or out of range); they hold no bytes")
 
 
 class _StackRef:
@@ -252,9 +281,9 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
         raise SnapshotError(path, f"{where} has no {e.args[0]!r}") from None
     except (TypeError, ValueError, OverflowError):
         raise SnapshotError(path, f"{where}: 'address'/'total_size' must be integers") from None
-    if not (0 <= address < _U64 and 0 <= total < _I63):
+    if not (0 <= address < _I63 and 0 <= total < MAX_SIZE_BYTES):
         raise SnapshotError(path, f"{where}: address {address} / total_size {total} out of range (a segment's "
-                                  "size is a non-negative 63-bit integer, its address an unsigned 64-bit one)")
+                                  "size is below 2**48 bytes, its address a non-negative 63-bit integer)")
     if not isinstance(raw_blocks, list):
         raise SnapshotError(path, f"{where}.blocks is a {type(raw_blocks).__name__}, expected a list")
     blocks: list[Block] = []
@@ -269,8 +298,8 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
             raise SnapshotError(path, f"{where}.blocks[{j}]: missing or unknown {e.args[0]!r}") from None
         except (TypeError, ValueError, OverflowError):
             raise SnapshotError(path, f"{where}.blocks[{j}].size must be an integer") from None
-        if not 0 <= size < _I63:
-            raise SnapshotError(path, f"{where}.blocks[{j}].size is {size}: sizes are non-negative 63-bit integers")
+        if not 0 <= size < MAX_SIZE_BYTES:
+            raise SnapshotError(path, f"{where}.blocks[{j}].size is {size}: a block's size is in [0, 2**48)")
         frames = b.get("frames")
         requested = b.get("requested_size")
         history = b.get("history")
@@ -279,8 +308,8 @@ def _segment(path: str, i: int, s: Any, t: _Tables) -> tuple[Segment, int]:
             requested = requested if requested is not None else history[-1].get("real_size")
         if requested is None:
             requested = size if state != BLOCK_INACTIVE else 0
-        baddr = _in_range(path, f"{where}.blocks[{j}].address", _int(b.get("address", addr)), 0, _U64)
-        requested = _in_range(path, f"{where}.blocks[{j}].requested_size", _int(requested), 0, _I63)
+        baddr = _in_range(path, f"{where}.blocks[{j}].address", _int(b.get("address", addr)), 0, _I63)
+        requested = _in_range(path, f"{where}.blocks[{j}].requested_size", _int(requested), 0, MAX_SIZE_BYTES)
         blocks.append(Block(baddr, size, requested, state, t.stack(path, frames)))
         addr = baddr + size
     pool = s.get("segment_pool_id", DEFAULT_POOL)
@@ -357,6 +386,11 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
         i = int(negative[0])
         raise SnapshotError(path, f"device_traces[{dev}][{offset + i}].size is {int(cols['size'][i])}: "
                                   "sizes are never negative")
+    huge = np.flatnonzero((cols["size"] >= MAX_SIZE_BYTES) & (cols["action"] != OOM))
+    if huge.size:
+        i = int(huge[0])
+        raise SnapshotError(path, f"device_traces[{dev}][{offset + i}].size is {int(cols['size'][i])}: "
+                                  "no allocation or segment reaches 2**48 bytes (256 TiB)")
     cols["stream"] = int_col("stream", 0)
     cols["time_us"] = int_col("time_us", 0)
     cols["device_free"] = int_col("device_free", -1)
