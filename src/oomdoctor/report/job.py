@@ -265,13 +265,56 @@ def _map(fn, items: Sequence, want: Want, *, jobs: int | None, executor: str, sc
     if scheduler is not None:
         raise UsageError("--scheduler applies to --executor dask only")
     n = min(jobs or default_jobs(), len(items))
+    memo: dict = {}
     if n <= 1:
-        return [fn(t, want) for t in items]
+        return [share(fn(t, want), memo) for t in items]
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        return list(pool.map(fn, items, [want] * len(items), chunksize=1))
+        return [share(r, memo) for r in pool.map(fn, items, [want] * len(items), chunksize=1)]
+
+
+def _gather_shared(futures: list) -> list:
+    """The futures' results in order, each :func:`share`-d as it arrives (not all held unshared at once)."""
+    memo: dict = {}
+    out = []
+    for f in futures:
+        out.append(share(f.result(), memo))
+        f.release()
+    return out
+
+
+def share(obj: Any, memo: dict, seen: set[int] | None = None) -> Any:
+    """``obj`` with every string and tuple equal to one already in ``memo`` replaced by that one, in place
+    (lists, dicts and dataclass fields are updated, so identities hold). Each rank's summary arrives with its
+    own copies of the job's file names, frames and labels; shared, 512 ranks hold one copy of each instead of
+    512 (the parent's memory grows with the ranks' differences, not their count). Returns ``obj``, or its
+    shared equal for a string or tuple."""
+    seen = set() if seen is None else seen
+    t = type(obj)
+    if t is str or t is tuple:
+        if t is tuple:
+            obj = tuple(share(v, memo, seen) for v in obj)
+        try:
+            return memo.setdefault(obj, obj)
+        except TypeError:  # a tuple holding a list
+            return obj
+    if t is list or t is dict or hasattr(obj, "__dataclass_fields__"):
+        if id(obj) in seen:
+            return obj
+        seen.add(id(obj))
+    if t is list:
+        obj[:] = [share(v, memo, seen) for v in obj]
+    elif t is dict:
+        items = [(share(k, memo, seen), share(v, memo, seen)) for k, v in obj.items()]
+        obj.clear()
+        obj.update(items)
+    elif hasattr(obj, "__dataclass_fields__") and not isinstance(obj, type):
+        for name in obj.__dataclass_fields__:
+            if hasattr(obj, name):
+                object.__setattr__(obj, name, share(getattr(obj, name), memo, seen))
+    return obj
 
 
 def _map_dask(fn, items: Sequence, want: Want, scheduler: str | None) -> list:
@@ -282,13 +325,13 @@ def _map_dask(fn, items: Sequence, want: Want, scheduler: str | None) -> list:
     if scheduler is None:
         with LocalCluster(n_workers=default_jobs(), threads_per_worker=1, processes=True,
                           dashboard_address=None) as cluster, Client(cluster) as client:
-            return client.gather(client.map(fn, list(items), want=want, pure=False))
+            return _gather_shared(client.map(fn, list(items), want=want, pure=False))
     try:
         client = Client(scheduler, timeout="30s")
     except (OSError, TimeoutError) as e:
         raise UsageError(f"--scheduler {scheduler}: cannot reach the Dask scheduler ({e})") from None
     with client:
-        return client.gather(client.map(fn, list(items), want=want, pure=False))
+        return _gather_shared(client.map(fn, list(items), want=want, pure=False))
 
 
 def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult]:
