@@ -13,7 +13,9 @@ issue's "best of"), with the median beside it, and the peak RSS of every run's p
 - ``oomdoctor simulate FILE`` (one config, the self-replay), and ``--search`` with the default workers
   and with ``-j 1``: events/s per configuration, load included (events x replays / wall seconds);
 - ``--scale K``: also a snapshot of K copies of the trace (distinct entries, times shifted; what the
-  analyses conclude about it does not matter here), for how peak RSS / file size grows with the file.
+  analyses conclude about it does not matter here), for how peak RSS / file size grows with the file;
+  ``--scale-to BYTES`` picks K for a file of at least that size: ``--scale-to 2e9`` is the 2 GB case (about
+  21 million events, generated in the temporary directory and removed after, never committed).
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def main() -> None:
     ap.add_argument("snapshot", nargs="?", default=str(DEFAULT))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--scale", type=int, default=0, help="also measure a snapshot of K copies of the trace")
+    ap.add_argument("--scale-to", type=float, default=0, help="also measure a snapshot of at least this many bytes")
     ap.add_argument("--json")
     ap.add_argument("--make-scaled", nargs=3, metavar=("SRC", "K", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -143,6 +146,8 @@ def main() -> None:
         "diagnose_rss_over_file": round(max(r for _, r in runs["diagnose"]) / os.path.getsize(plain), 2),
         "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
     }
+    if a.scale_to:
+        a.scale = max(a.scale, -(-int(a.scale_to) // os.path.getsize(plain)))
     if a.scale > 1:
         big = os.path.join(tmp, "scaled-rank0.pickle")
         n = int(subprocess.run([sys.executable, __file__, "--make-scaled", plain, str(a.scale), big],

@@ -94,7 +94,7 @@ def corpus_dir(tmp_path_factory):
 
 def diagnosed(corpus_dir: Path, name: str, micro_batch: int | None = None, facts: bool = True):
     """(report, ground truth) of a corpus run, cached per test session."""
-    key = (name, micro_batch, facts)
+    key = (corpus_dir, name, micro_batch, facts)  # per directory: a cached report says nothing of what is unpacked
     if key not in _cache:
         run = corpus_dir / name
         if not run.exists():

@@ -57,7 +57,7 @@ def run_of(where: Path, name: str) -> tuple[Path, dict]:
 
 def analysis_of(where: Path, name: str, facts: bool = False):
     """The analysis of the run's snapshot whose rank measured the ground truth, without the recorded facts."""
-    key = (name, facts)
+    key = (where, name, facts)  # per session directory: a forked test process must not reuse a parent's result
     if key not in _cache:
         d, truth = run_of(where, name)
         traces = load_ranks([d], skipped=[])

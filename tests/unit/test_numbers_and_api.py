@@ -99,6 +99,30 @@ def test_a_state_only_snapshot_gets_a_verdict_from_its_findings(tmp_path):
     assert oomdoctor.diagnose(str(_write(tmp_path, snap, "rank1.pickle"))).verdict.kind == "healthy"
 
 
+def test_a_healthy_state_only_verdict_says_its_numbers(tmp_path):
+    """The final state's numbers, each in its place (report/verdict.py state_verdict): allocated and reserved
+    at the end, the bytes and the headroom against the device's room."""
+    b = SnapBuilder()
+    s = b.segment(1024 * MiB)
+    b.alloc(s, 0, 256 * MiB)
+    snap = b.snapshot()
+    snap["device_traces"] = [[]]
+    run = tmp_path / "run"
+    run.mkdir()
+    p = _write(run, snap, "rank3.pickle")
+    (run / "rank3.meta.json").write_text(json.dumps({"rank": 3, "device_free_bytes": 3072 * MiB,
+                                                     "memory_stats": {"reserved_bytes.all.current": 1024 * MiB}}))
+    d = oomdoctor.diagnose(str(p))
+    v = d.report.verdict
+    assert v.kind == "healthy" and v.ranks == [3] and v.bytes == 1024 * MiB
+    assert v.evidence["rank"] == 3
+    assert v.evidence["allocated_bytes"] == 256 * MiB
+    assert v.evidence["reserved_bytes"] == v.evidence["peak_reserved_bytes"] == 1024 * MiB
+    assert v.evidence["room_bytes"] == 4096 * MiB and v.headroom_bytes == 3072 * MiB
+    assert d.verdict.summary.startswith("final state only, without allocation history: 256.00 MiB allocated, "
+                                        "1.00 GiB reserved, no OOM recorded")
+
+
 def test_an_empty_snapshot_says_nothing_recorded(tmp_path, capsys):
     p = _write(tmp_path, {"segments": [], "device_traces": [[]]})
     d = oomdoctor.diagnose(str(p))

@@ -1,0 +1,146 @@
+"""Mutation testing of the rule modules: reruns ``mutmut`` and checks that the tests kill at least 80%.
+
+The modules and the tests are configured in ``pyproject.toml`` (``[tool.mutmut]``): ``analysis/accounting.py``,
+``analysis/phases.py``, ``report/verdict.py``, ``report/fits.py`` and ``detectors/``, against ``tests/unit`` and
+``tests/integration`` (mutmut runs, for each mutant, only the tests that reached the mutated function, and stops at
+the first failure). The real snapshots come from ``OOMDOCTOR_SHARED`` (default: ``../shared``); without them the
+tests that need them skip and fewer mutants are killed.
+
+Usage::
+
+    pip install mutmut==3.8.1
+    python benchmarks/mutation.py                # run, then write docs/mutation.json; exit 1 below 80% killed
+    python benchmarks/mutation.py --report-only  # summarise the last run (mutants/ is kept, never committed)
+    python benchmarks/mutation.py --sample 600   # a random sample, the same number from each module where
+                                                 # it has that many (hours -> minutes); the score is then an
+                                                 # estimate, reported with its 95% interval
+
+A mutant counts as killed when a test failed or timed out under it; ``survived`` and ``no tests`` count against
+the score. The surviving mutants judged equivalent (no test could tell them apart) are listed, with the reason,
+in ``docs/testing.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = 0.80
+SAMPLE = ROOT / "mutants" / "sample.json"  # the names of the last sampled run
+KILLED = {"killed", "timeout"}
+NOT_RUN = {"skipped", "not checked"}
+_LINE = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$")
+
+
+def module_of(mutant: str) -> str:
+    """``oomdoctor.detectors.cache_flush.x_detect__mutmut_3`` -> ``oomdoctor.detectors.cache_flush``."""
+    parts = mutant.split(".")
+    return ".".join(p for p in parts[:-1])
+
+
+def results() -> list[tuple[str, str]]:
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    rows = [(m.group("name"), m.group("status").strip()) for line in out.splitlines() if (m := _LINE.match(line))]
+    if not rows:
+        raise SystemExit("no mutmut results: run without --report-only first")
+    return rows
+
+
+def all_mutants() -> list[str]:
+    """Every mutant mutmut generated (``mutants/**/*.meta``), in a stable order."""
+    names = []
+    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
+        names += sorted(json.loads(meta.read_text()).get("exit_code_by_key", {}))
+    return names
+
+
+def sample(names: list[str], n: int, seed: int) -> list[str]:
+    """``n`` mutants drawn at random, spread over the modules in proportion to their mutants (at least 5 from
+    each module that has them)."""
+    rng = random.Random(seed)
+    by: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        by[module_of(name)].append(name)
+    out = []
+    for _m, ms in sorted(by.items()):
+        k = min(len(ms), max(5, round(n * len(ms) / len(names))))
+        out += rng.sample(ms, k)
+    return sorted(out)
+
+
+def summary(rows: list[tuple[str, str]]) -> dict:
+    per: dict[str, Counter] = defaultdict(Counter)
+    for name, status in rows:
+        per[module_of(name)][status] += 1
+    total: Counter = sum(per.values(), Counter())
+
+    def score(c: Counter) -> float:
+        tested = sum(v for k, v in c.items() if k not in NOT_RUN)
+        return sum(c[k] for k in KILLED) / tested if tested else 0.0
+
+    tested = sum(v for k, v in total.items() if k not in NOT_RUN)
+    p = score(total)
+    half = 1.96 * math.sqrt(p * (1 - p) / tested) if tested else 0.0  # normal approximation, for a sample
+    return {
+        "target": TARGET,
+        "tested": tested,
+        "score": round(p, 4),
+        "score_95_interval": [round(max(0.0, p - half), 4), round(min(1.0, p + half), 4)],
+        "counts": dict(total),
+        "modules": {m: {"score": round(score(c), 4), **dict(c)} for m, c in sorted(per.items())},
+        "survivors": sorted(n for n, s in rows if s not in KILLED | NOT_RUN),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report-only", action="store_true", help="summarise the last run without running mutmut")
+    ap.add_argument("--max-children", type=int, default=None, help="mutmut's parallel workers (default: CPUs)")
+    ap.add_argument("--sample", type=int, default=0, help="run about this many mutants, drawn at random")
+    ap.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "mutation.json")
+    args = ap.parse_args()
+    if not args.report_only:
+        env = dict(os.environ)
+        env.setdefault("OOMDOCTOR_SHARED", str(ROOT.parent / "shared"))
+        cmd = [sys.executable, "-m", "mutmut", "run"]
+        if args.max_children:
+            cmd += ["--max-children", str(args.max_children)]
+        if args.sample:
+            if not all_mutants():  # generate them (and the test statistics) first: nothing is tested yet
+                subprocess.run(cmd + ["no-such-mutant"], cwd=ROOT, env=env, check=False)
+            chosen = sample(all_mutants(), args.sample, args.seed)
+            SAMPLE.write_text(json.dumps(chosen))
+            cmd += chosen
+        else:
+            SAMPLE.unlink(missing_ok=True)
+        subprocess.run(cmd, cwd=ROOT, env=env, check=False)
+    rows = results()
+    if SAMPLE.exists():  # the score of the sample alone, whatever else an earlier run tested
+        chosen_set = set(json.loads(SAMPLE.read_text()))
+        rows = [(n, st) for n, st in rows if n in chosen_set]
+    s = summary(rows)
+    s["sampled_of"] = len(all_mutants()) if SAMPLE.exists() else None
+    args.out.write_text(json.dumps(s, indent=1) + "\n")
+    print(f"{'module':<52} {'killed':>7} {'survived':>9} {'score':>7}")
+    for m, c in s["modules"].items():
+        print(f"{m:<52} {c.get('killed', 0) + c.get('timeout', 0):>7} "
+              f"{c.get('survived', 0) + c.get('no tests', 0):>9} {c['score']:>7.1%}")
+    lo, hi = s["score_95_interval"]
+    print(f"total: {s['counts']}; killed {s['score']:.1%} of {s['tested']} tested (95% interval {lo:.1%}-{hi:.1%}; "
+          f"target {TARGET:.0%}); written to {args.out}")
+    return 0 if s["score"] >= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
