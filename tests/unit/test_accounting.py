@@ -338,3 +338,80 @@ def test_sidecar_fields_of_the_wrong_shape_are_ignored_not_crashed_on(tmp_path):
     ok = {"rank": 0, "tensors": [{"time_us": j.b.events[5]["time_us"], "parameters": [[-5, 3], [2**64, 2]]}]}
     a = analysed(tmp_path / "b", j.b, ok)
     assert a.trace.warnings == [] and a.accounting.recorded_steps == 1
+
+
+def _fate_of_open_by_rows(cat, done, op, b, bpass, stack, default):
+    """The rule of ``accounting._fate_of_open`` written row by row (its first, loop form): an open row takes
+    the category of the finished row of the same stack and the same rank among that stack's allocations in
+    its group, in the last finished group before its own; else the category most of that stack's finished
+    rows got (the smallest on a tie); else ``default``."""
+    import numpy as np
+
+    from oomdoctor.analysis.accounting import ACTIVATIONS, COMMUNICATION, GRADIENTS, KV_CACHE, OUTPUTS, TEMPORARIES
+    order = sorted((int(b[r]), r) for r in range(len(cat)) if done[r] or op[r])
+    seen, rank = {}, {}
+    for _b, r in order:
+        key = (int(bpass[r]), int(stack[r]))
+        rank[r] = seen.get(key, 0)
+        seen[key] = rank[r] + 1
+    useful = [r for r in range(len(cat)) if done[r] and int(cat[r]) in
+              (ACTIVATIONS, TEMPORARIES, OUTPUTS, COMMUNICATION, GRADIENTS, KV_CACHE)]
+    finished = {(int(bpass[r]), int(stack[r]), rank[r]): r for r in useful}
+    passes = sorted({int(bpass[r]) for r in useful})
+    counts = {}
+    for r in useful:
+        counts.setdefault(int(stack[r]), {}).setdefault(int(cat[r]), 0)
+        counts[int(stack[r])][int(cat[r])] += 1
+    majority = {s: min(c, key=lambda k: (-c[k], k)) for s, c in counts.items()}
+    fate, matched = [], []
+    for r in range(len(cat)):
+        if not op[r]:
+            continue
+        prev = [q for q in passes if q < int(bpass[r])]
+        m = finished.get((prev[-1], int(stack[r]), rank[r])) if prev else None
+        fate.append(int(cat[m]) if m is not None else majority.get(int(stack[r]), default))
+        matched.append(m is not None)
+    return np.array(fate, dtype=np.int8), np.array(matched, dtype=bool)
+
+
+def test_open_rows_take_the_fate_of_their_match_in_the_last_finished_group():
+    """The vectorised matching of still-open allocations gives what the row-by-row rule gives, on random
+    groups, stacks, categories and allocation orders (ties in allocation order, stacks of -1, no finished
+    group, nothing open)."""
+    import numpy as np
+
+    from oomdoctor.analysis.accounting import _fate_of_open
+    rng = np.random.default_rng(7)
+    matched_some = defaulted_some = 0
+    for _ in range(2000):
+        n = int(rng.integers(0, 40))
+        cat = rng.integers(0, 10, n).astype(np.int8)
+        done = rng.random(n) < 0.5
+        op = ~done & (rng.random(n) < 0.6)
+        b = rng.integers(0, 30, n)
+        bpass = rng.integers(-1, 4, n)
+        stack = rng.integers(-1, 5, n).astype(np.int32)
+        default = int(rng.integers(0, 10))
+        want = _fate_of_open_by_rows(cat, done, op, b, bpass, stack, default)
+        got = _fate_of_open(cat, done, op, b, bpass, stack, default)
+        assert got[0].dtype == np.int8 and got[1].dtype == bool
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+        matched_some += bool(want[1].any())
+        defaulted_some += int((want[0] == default).sum() > (~want[1]).sum() - 1 and (~want[1]).any())
+    assert matched_some > 500 and defaulted_some > 100  # both branches are exercised
+
+
+def test_row_ids_number_equal_rows_alike_in_lexicographic_order():
+    """``_row_ids`` numbers rows of integer columns densely, equal rows alike, in lexicographic order; with
+    ranges too wide for one 64-bit key (2**40 x 2**40) it falls back to ``np.unique(axis=1)`` with the same
+    ids."""
+    import numpy as np
+
+    from oomdoctor.analysis.accounting import _row_ids
+    a = np.array([3, -1, 3, 0, -1, 3])
+    b = np.array([7, 2, 7, 9, 1, 5])
+    want = [sorted(set(zip(a.tolist(), b.tolist()))).index(r) for r in zip(a.tolist(), b.tolist())]
+    assert _row_ids(a, b).tolist() == want == [4, 1, 4, 2, 0, 3]
+    wide = np.array([0, 1 << 40, 0, -(1 << 40)])
+    assert _row_ids(wide, wide, np.array([1, 0, 1, 2])).tolist() == [1, 2, 1, 0]
+    assert _row_ids(np.zeros(0, dtype=np.int64)).tolist() == []

@@ -55,6 +55,8 @@ The byte identity: the lines at an event sum to the allocated bytes then (assert
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -421,6 +423,22 @@ def _recurs_after(op: np.ndarray, fw: np.ndarray, b: np.ndarray, bpass: np.ndarr
     return out
 
 
+def _row_ids(*cols: np.ndarray) -> np.ndarray:
+    """Dense ids of the rows of equal-length integer columns: equal rows get equal ids, in lexicographic
+    order of the rows. One integer key per row (mixed radix) where the columns' ranges allow it, else
+    ``np.unique(axis=1)`` (several times slower)."""
+    if not cols[0].size:
+        return np.zeros(0, dtype=np.int64)
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows)]
+    if math.prod(spans) >= 1 << 62:
+        return np.unique(np.stack(cols), axis=1, return_inverse=True)[1].reshape(-1)
+    key = np.zeros(cols[0].size, dtype=np.int64)
+    for c, lo, span in zip(cols, lows, spans):
+        key = key * span + (c.astype(np.int64) - lo)
+    return np.unique(key, return_inverse=True)[1].reshape(-1)
+
+
 def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarray, bpass: np.ndarray,
                   stack: np.ndarray, default: int) -> tuple[np.ndarray, np.ndarray]:
     """Categories for the rows of ``op``, still allocated when the trace ends inside their own group
@@ -428,30 +446,39 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     allocations in the group), counted over every row of the group, to the last finished group; else
     the category most of that stack's finished rows got; else ``default``. Also returns which rows were
     matched to an allocation of an earlier group."""
+    n = cat.size
+    # rank of each row among the rows of its (group, stack), in allocation order
     rows = np.flatnonzero(done | op)
     rows = rows[np.argsort(b[rows], kind="stable")]
-    seen: dict[tuple[int, int], int] = {}
-    rank = {}
-    for r in rows.tolist():
-        key = (int(bpass[r]), int(stack[r]))
-        rank[r] = seen.get(key, 0)
-        seen[key] = rank[r] + 1
+    pair = _row_ids(bpass[rows], stack[rows])
+    by_pair = np.argsort(pair, kind="stable")
+    starts = np.flatnonzero(np.r_[True, pair[by_pair][1:] != pair[by_pair][:-1]])
+    sizes = np.diff(np.r_[starts, rows.size])
+    rank = np.full(n, -1, dtype=np.int64)
+    rank[rows[by_pair]] = np.arange(rows.size) - np.repeat(starts, sizes)
     useful = done & np.isin(cat, (ACTIVATIONS, TEMPORARIES, OUTPUTS, COMMUNICATION, GRADIENTS, KV_CACHE))
-    finished = {(int(bpass[r]), int(stack[r]), rank[r]): r for r in np.flatnonzero(useful).tolist()}
-    passes_done = sorted({p for p, _s, _i in finished})
-    majority: dict[int, int] = {}
-    ks, cs = stack[useful], cat[useful]
-    for s in np.unique(ks).tolist():
-        vals, cnt = np.unique(cs[ks == s], return_counts=True)
-        majority[s] = int(vals[np.argmax(cnt)])
-    fate, matched = [], []
-    for r in np.flatnonzero(op).tolist():
-        p, s = int(bpass[r]), int(stack[r])
-        prev = [q for q in passes_done if q < p]
-        m = finished.get((prev[-1], s, rank[r])) if prev else None
-        fate.append(int(cat[m]) if m is not None else majority.get(s, default))
-        matched.append(m is not None)
-    return np.array(fate, dtype=np.int8), np.array(matched, dtype=bool)
+    fin = np.flatnonzero(useful)
+    passes_done = np.unique(bpass[fin])
+    # the category most of each stack's finished rows got (the smallest category on a tie)
+    majority = np.full(n and int(stack.max(initial=0)) + 2, default, dtype=np.int64)  # indexed by stack + 1
+    if fin.size:
+        sc, counts = np.unique(np.stack([stack[fin], cat[fin].astype(np.int64)]), axis=1, return_counts=True)
+        best = np.lexsort((sc[1], -counts, sc[0]))  # per stack: most rows first, then the smallest category
+        first = best[np.r_[True, sc[0][best][1:] != sc[0][best][:-1]]]
+        majority[sc[0][first] + 1] = sc[1][first]
+    # an open row takes the category of the row of the same (stack, rank) in the last finished group before its own
+    ops = np.flatnonzero(op)
+    prev_at = np.searchsorted(passes_done, bpass[ops], side="left") - 1
+    has_prev = prev_at >= 0
+    want = np.stack([passes_done[np.maximum(prev_at, 0)] if passes_done.size else bpass[ops], stack[ops], rank[ops]])
+    have = np.stack([bpass[fin], stack[fin], rank[fin]])
+    ids = _row_ids(*np.concatenate([have, want], axis=1))
+    row_of = np.full(fin.size + ops.size, -1, dtype=np.int64)
+    row_of[ids[:fin.size]] = fin
+    m = np.where(has_prev, row_of[ids[fin.size:]], -1)
+    matched = m >= 0
+    fate = np.where(matched, cat[np.maximum(m, 0)], majority[stack[ops] + 1] if ops.size else default)
+    return fate.astype(np.int8), matched
 
 
 _FACT_CATEGORY = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_state": OPTIMIZER_STATE}

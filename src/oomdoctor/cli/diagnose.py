@@ -9,7 +9,6 @@ import click
 from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
 from ..render import render_json, render_text
-from ..render.html import render_html
 from ..render.text import render_text_plain
 from ..report.gate import LEVELS, gate
 from ..report.job import Want, job_report
@@ -63,6 +62,8 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
     rule = Materiality(material_fraction, parse_bytes(material_bytes))
     inputs = inputs_or_demo(paths, demo, "diagnose")
     if fmt == "html":
+        from ..render.html import render_html  # jinja2 and the page's views: only for --format html
+
         report, visual = job_page(inputs, micro_batch=micro_batch, rule=rule, jobs=jobs, executor=executor,
                                   scheduler=scheduler)
         text = render_html(report, visual)

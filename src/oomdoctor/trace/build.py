@@ -12,7 +12,7 @@ Unknown keys are ignored; unknown trace actions are skipped with a warning.
 from __future__ import annotations
 
 from collections import Counter
-from itertools import count, repeat
+from itertools import chain, count, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -335,6 +335,7 @@ def _in_range(path: str, field: str, v: int, lo: int, hi: int) -> int:
 
 
 _get_action = itemgetter("action")
+_get_four = itemgetter("addr", "size", "stream", "time_us")
 
 
 def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list[str], *, offset: int = 0,
@@ -379,8 +380,13 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
             raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}].{key} is {entries[bad].get(key)!r}, "
                                       "expected an integer") from None
 
-    cols["addr"] = int_col("addr", 0)
-    cols["size"] = int_col("size", 0)
+    four = None
+    try:  # the usual case, every entry with all four: one pass over the entries (half the time of four)
+        four = np.fromiter(chain.from_iterable(map(_get_four, entries)), dtype=np.int64, count=4 * n).reshape(n, 4)
+    except (KeyError, TypeError, ValueError, OverflowError):  # one missing or not an int: column by column
+        pass
+    cols["addr"] = np.ascontiguousarray(four[:, 0]) if four is not None else int_col("addr", 0)
+    cols["size"] = np.ascontiguousarray(four[:, 1]) if four is not None else int_col("size", 0)
     negative = np.flatnonzero(cols["size"] < 0)
     if negative.size:
         i = int(negative[0])
@@ -391,8 +397,8 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
         i = int(huge[0])
         raise SnapshotError(path, f"device_traces[{dev}][{offset + i}].size is {int(cols['size'][i])}: "
                                   "no allocation or segment reaches 2**48 bytes (256 TiB)")
-    cols["stream"] = int_col("stream", 0)
-    cols["time_us"] = int_col("time_us", 0)
+    cols["stream"] = np.ascontiguousarray(four[:, 2]) if four is not None else int_col("stream", 0)
+    cols["time_us"] = np.ascontiguousarray(four[:, 3]) if four is not None else int_col("time_us", 0)
     cols["device_free"] = int_col("device_free", -1)
     cols["stack"] = _stack_col(path, entries, t, refs)
     cols["pool"] = _table_col(path, entries, "pool_id", t.pool, lambda v: v is None)
