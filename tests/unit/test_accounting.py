@@ -415,3 +415,7 @@ def test_row_ids_number_equal_rows_alike_in_lexicographic_order():
     wide = np.array([0, 1 << 40, 0, -(1 << 40)])
     assert _row_ids(wide, wide, np.array([1, 0, 1, 2])).tolist() == [1, 2, 1, 0]
     assert _row_ids(np.zeros(0, dtype=np.int64)).tolist() == []
+    assert _row_ids(np.array([5, -2, 5])).tolist() == [1, 0, 1]  # one column
+    # keys past 2**53 but under 2**62: exact in 64-bit integers, not in floating point
+    big = np.array([1 << 55, 1 << 55, 0])
+    assert _row_ids(big, np.array([0, 1, 0])).tolist() == [1, 2, 0]

@@ -432,11 +432,11 @@ def _row_ids(*cols: np.ndarray) -> np.ndarray:
     lows = [int(c.min()) for c in cols]
     spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows)]
     if math.prod(spans) >= 1 << 62:
-        return np.unique(np.stack(cols), axis=1, return_inverse=True)[1].reshape(-1)
+        return np.unique(np.stack(cols), axis=1, return_inverse=True)[1].reshape(-1)  # 2-D on NumPy 2.0.0
     key = np.zeros(cols[0].size, dtype=np.int64)
     for c, lo, span in zip(cols, lows, spans):
         key = key * span + (c.astype(np.int64) - lo)
-    return np.unique(key, return_inverse=True)[1].reshape(-1)
+    return np.unique(key, return_inverse=True)[1]
 
 
 def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarray, bpass: np.ndarray,

@@ -29,7 +29,9 @@ MIN_STEPS = 2
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     steps = a.steps
-    if steps is None or len(steps) < WARMUP_STEPS + 3:
+    # the steps counted are WARMUP_STEPS .. len(steps) - 3 (the last two are still running at the end): at
+    # least MIN_STEPS of them must leave memory behind
+    if steps is None or len(steps) < WARMUP_STEPS + MIN_STEPS + 2:
         return None
     g = step_growth(a.lifetimes, a.timeline.allocated, steps)
     pp = stacks_matching(a.trace, "torch/distributed/pipelining/")
@@ -53,7 +55,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "leaking_steps": ", ".join(str(i) for i in growing),
         "retained_bytes": total,
         "retained_bytes_per_step": per_step,
-        "allocated_at_first_step_bytes": int(start_alloc[min(WARMUP_STEPS, len(start_alloc) - 1)]),
+        "allocated_at_first_step_bytes": int(start_alloc[WARMUP_STEPS]),
         "allocated_at_last_step_bytes": int(start_alloc[-1]),
         "peak_allocated_bytes": int(a.peak_allocated[0]),
     }
