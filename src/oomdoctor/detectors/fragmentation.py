@@ -100,10 +100,16 @@ def _capped(a: DeviceAnalysis) -> bool:
     return sidecar_cap(a.trace.meta)[0] is not None or infer_capacity(a.trace, a.device).kind == "fraction"
 
 
+#: The smallest ``max_split_size_mb`` every PyTorch version accepts (> 20 up to 2.8, >= 20 from 2.9).
+MIN_SPLIT_MB = 21
+
+
 def split_mb(request: int) -> int:
     """The ``max_split_size_mb`` proposed for a failed request of ``request`` bytes: half of it, within
-    [20, 1024] MiB (blocks that large are then never split, so the request finds a whole one); 512 without one."""
-    return max(20, min(1024, (request // MiB) // 2)) if request else 512
+    [21, 1024] MiB (blocks that large are then never split, so the request finds a whole one); 512 without one.
+    The floor is 21 because PyTorch up to 2.8 refuses 20 at start-up ("max_split_size_mb too small, must be > 20",
+    ``CUDAAllocatorConfig::parseMaxSplitSize``); 2.9 accepts ``>= 20``, so 21 holds for every version."""
+    return max(MIN_SPLIT_MB, min(1024, (request // MiB) // 2)) if request else 512
 
 
 def _fixes(v, expandable_on: bool, request: int, capped: bool) -> list[Fix]:
