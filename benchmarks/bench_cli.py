@@ -122,8 +122,9 @@ def main() -> None:
         "simulate_search": cli + ["simulate", plain, "--search"],
         "simulate_search_j1": cli + ["simulate", plain, "--search", "-j", "1"],
     }
-    replays = len(re.findall(r"^\s+\S.*(recorded|immediate)\s", subprocess.run(
-        commands["simulate_search"] + ["-o", "/dev/stdout"], capture_output=True, text=True, check=True).stdout, re.M))
+    search_out = subprocess.run(commands["simulate_search"] + ["-o", "/dev/stdout"], capture_output=True, text=True,
+                                check=True).stdout
+    replays = int(re.search(r"(\d+) replays in", search_out).group(1))  # the recommendation's "N replays in S s"
     runs: dict[str, list[tuple[float, int]]] = {k: [] for k in commands}
     for _ in range(a.repeat):
         for name, argv in commands.items():
