@@ -1,4 +1,4 @@
-"""What fits when the trace ends inside its first forward pass (``report/fits.py``, ``_first_forward_estimate``).
+"""What fits when a trace ends inside its first forward pass (``report/fits.py``: the estimate, its room).
 
 The trace is completed by the estimate's stated assumptions (``simulate/extend.py`` ``mirror_backward``): the
 failed request is the pass's output and the loss keeps ``LOSS_COPIES`` (5) more blocks of its size; every
@@ -85,8 +85,10 @@ def assert_said_as_an_estimate(f: Fits, *, state_seen: bool) -> None:
     if state_seen:
         assert opt.startswith("the optimizer state seen") and opt.endswith("seen") and "Adam" not in opt
     else:
-        assert opt.startswith("the optimizer state to come is Adam's") and opt.endswith("two moments per parameter")
-    assert backward.startswith("the backward mirrors the forward: it frees what the forward saved, last first")
+        assert opt.startswith("the optimizer state to come is Adam's")
+        assert opt.endswith("two moments per parameter")
+    assert backward.startswith("the backward mirrors the forward: it frees what the forward saved, "
+                               "last first")
     assert "making a gradient of the same size for each" in backward
     assert backward.endswith("the next step's forward runs as recorded, into the cache that backward left")
     estimate = [n for n in f.notes if n.startswith(ESTIMATE_NOTE_START)]
@@ -104,9 +106,9 @@ def assert_micro_batches(f: Fits, m: int) -> None:
 def test_without_optimizer_state_adams_two_moments_are_made_and_the_next_forward_decides(tmp_path):
     """Parameter 100 MiB; one activation of 32 MiB and a request of 32 MiB: at m/16 both are 2m MiB.
     The estimated step: P 100, A 2m, loss 6 x 2m, gradient 100, A's gradient 2m (first peak 200 + 16m), the
-    8 blocks of 2m freed, Adam's state 2 x 100 (the cached segments freed to make room: 400 reserved), then the
-    gradient freed and the next forward's A' and 6 requests: the first five of them split the freed 100 MiB
-    gradient block while they fit in it, the rest get segments of their own.
+    8 blocks of 2m freed, Adam's state 2 x 100 (the cached segments freed to make room: 400 reserved), then
+    the gradient freed and the next forward's A' and 6 requests: the first five of them split the freed
+    100 MiB gradient block while they fit in it, the rest get segments of their own.
     m = 9 (18 MiB): 5 in the 100 MiB block, 2 more segments: 436 MiB <= 440 MiB less 512 bytes: fits.
     m = 10 (20 MiB): 5 fill the block, 2 more: 440 MiB, not under 440 MiB less the 512-byte margin: OOM.
     So 9 of 16. Tried: 1, 16 (the bounds), then 8, 12, 10, 9: six replays."""
@@ -144,9 +146,9 @@ def test_two_saved_activations_are_both_freed_by_the_backward(tmp_path):
 
 
 def test_blocks_made_after_the_oom_are_not_the_failed_passs(tmp_path):
-    """The loop caught the OOM and went on (a retry's forward made one more 320 MiB block): what the failed pass
-    saved is what was alive at its failure, so the estimate is the first test's: 9 of 16. The new block is
-    alive at the peak of allocated bytes, so the margin is two blocks' rounding (1 KiB), which leaves m = 9
+    """The loop caught the OOM and went on (a retry's forward made one more 320 MiB block): what the failed
+    pass saved is what was alive at its failure, so the estimate is the first test's: 9 of 16. The new block
+    is alive at the peak of allocated bytes, so the margin is two blocks' rounding (1 KiB), which leaves m = 9
     (436 MiB) and m = 10 (440 MiB) on the same sides of 440 MiB."""
     b = SnapBuilder()
     seg = b.segment(16 * GiB)
@@ -192,10 +194,10 @@ def test_nothing_fits_when_the_recorded_part_alone_exceeds_the_room(tmp_path):
 
 
 def test_without_a_micro_batch_the_scale_is_searched_down_to_two_percent(tmp_path):
-    """No parameters; activation and request of 3200 MiB each: at scale s the step's eight blocks (A, the request
-    and 5 loss copies, A's gradient) are 3200 s MiB each, rounded up to 2 MiB. Under 1000 MiB: s = 0.038
-    (122 MiB blocks: 976) fits, s = 0.039 (126 MiB: 1008) does not. Bisection from 0.02 to 1 to within 0.01
-    ends below that edge, within 0.01 of it: between 0.028 and 0.039. No micro-batch, so no count."""
+    """No parameters; activation and request of 3200 MiB each: at scale s the step's eight blocks (A, the
+    request and 5 loss copies, A's gradient) are 3200 s MiB each, rounded up to 2 MiB. Under 1000 MiB:
+    s = 0.038 (122 MiB blocks: 976) fits, s = 0.039 (126 MiB: 1008) does not. Bisection from 0.02 to 1 to
+    within 0.01 ends below that edge, within 0.01 of it: between 0.028 and 0.039. No micro-batch, no count."""
     a = first_forward(tmp_path, params=(), acts=(3200,), request=3200)
     f = fits(a, device(1000), None)
     assert f.estimated_batch_scale is not None and 0.028 <= f.estimated_batch_scale < 0.039
@@ -205,8 +207,8 @@ def test_without_a_micro_batch_the_scale_is_searched_down_to_two_percent(tmp_pat
 
 @pytest.mark.parametrize("room, m", [(fraction(95), 6), (device(95), 5)])
 def test_a_fraction_cap_is_checked_with_the_request_a_device_with_its_pages(tmp_path, room, m):
-    """Expandable segments (recorded), no parameters: the eight blocks of a step are 2m MiB each, laid end to end
-    in one reservation mapped in 20 MiB pages; the next forward reuses the freed range. A device limit
+    """Expandable segments (recorded), no parameters: the eight blocks of a step are 2m MiB each, laid end to
+    end in one reservation mapped in 20 MiB pages; the next forward reuses the freed range. A device limit
     counts the pages mapped: 16m MiB rounded up to 20 must stay under 95 MiB: m = 5 (80), not 6 (100).
     A fraction cap checks the reserved bytes plus the request itself before mapping (PyTorch's
     ``alloc_block``), so the last page may go past it: at m = 6 (12 MiB blocks ending at 12, 24, ..., 96) the
@@ -241,11 +243,12 @@ def test_no_saved_activation_means_no_estimate(tmp_path):
     assert out.replays == 0 and not out.assumptions and out.estimated_batch_scale is None
     f = fits(a, device(440), MB)
     assert f.batch_scaled_bytes_at_peak == 32 * MiB  # the temporary grows with the batch: the rule applies
-    assert any(n.startswith("the trace ends inside its first forward pass") and NOT_REPLAYED in n for n in f.notes)
+    assert any(n.startswith("the trace ends inside its first forward pass") and NOT_REPLAYED in n
+               for n in f.notes)
     assert not f.assumptions and f.estimated_batch_scale is None
 
 
-# -- the room (device_room): the best evidence first, as the module doc orders it --------------------------------
+# -- the room (device_room): the best evidence first, as the module doc orders it ---------------------------
 
 def room_of(tmp_path, meta: dict | None, *, oom_free: int | None = 3 * GiB) -> Room:
     """A 16 GiB segment (reserved) holding one 1 GiB parameter, then an OOM whose ``device_free`` is
@@ -263,7 +266,8 @@ def room_of(tmp_path, meta: dict | None, *, oom_free: int | None = 3 * GiB) -> R
 
 def test_a_memory_cap_in_the_sidecar_is_the_room_before_anything_else(tmp_path):
     r = room_of(tmp_path, {"memory_cap_bytes": 20 * GiB, "device_free_bytes": GiB,
-                           "memory_stats": {"reserved_bytes.all.current": 16 * GiB}, "gpu_total_memory_bytes": 80 * GiB})
+                           "gpu_total_memory_bytes": 80 * GiB,
+                           "memory_stats": {"reserved_bytes.all.current": 16 * GiB}})
     assert (r.bytes, r.kind) == (20 * GiB, "fraction") and "memory_cap_bytes" in r.source
 
 
@@ -283,8 +287,8 @@ def test_without_a_cap_the_oom_says_what_was_there_to_take(tmp_path, free_gib):
 
 def test_an_oom_without_its_free_bytes_gives_way_to_the_sidecar(tmp_path):
     """``device_free`` < 0 (not recorded): the sidecar's free bytes at the dump plus its reserved bytes."""
-    r = room_of(tmp_path, {"device_free_bytes": 2 * GiB, "memory_stats": {"reserved_bytes.all.current": 16 * GiB},
-                           "gpu_total_memory_bytes": 80 * GiB}, oom_free=-1)
+    r = room_of(tmp_path, {"device_free_bytes": 2 * GiB, "gpu_total_memory_bytes": 80 * GiB,
+                           "memory_stats": {"reserved_bytes.all.current": 16 * GiB}}, oom_free=-1)
     assert (r.bytes, r.kind) == (18 * GiB, "device") and "sidecar" in r.source
 
 
