@@ -14,7 +14,7 @@ issue's "best of"), with the median beside it, and the peak RSS of every run's p
   and with ``-j 1``: events/s per configuration, load included (events x replays / wall seconds);
 - ``--scale K``: also a snapshot of K copies of the trace (distinct entries, times shifted; what the
   analyses conclude about it does not matter here), for how peak RSS / file size grows with the file;
-  ``--scale-to BYTES`` picks K for a file of at least that size: ``--scale-to 2e9`` is the 2 GB case (about
+  ``--scale-to BYTES`` picks K for a file of at least that size (from the sizes of 1 and 2 copies): ``--scale-to 2e9`` is the 2 GB case (about
   21 million events, generated in the temporary directory and removed after, never committed).
 """
 
@@ -147,8 +147,15 @@ def main() -> None:
         "diagnose_rss_over_file": round(max(r for _, r in runs["diagnose"]) / os.path.getsize(plain), 2),
         "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
     }
-    if a.scale_to:
-        a.scale = max(a.scale, -(-int(a.scale_to) // os.path.getsize(plain)))
+    if a.scale_to:  # a copy adds less than the file's size (frames are pickled once): measure what 1 and 2 copies take
+        sizes = []
+        for k in (1, 2):
+            probe = os.path.join(tmp, f"probe{k}.pickle")
+            subprocess.run([sys.executable, __file__, "--make-scaled", plain, str(k), probe], check=True,
+                           capture_output=True)
+            sizes.append(os.path.getsize(probe))
+            os.remove(probe)
+        a.scale = max(a.scale, 1 + -(-(int(a.scale_to) - sizes[0]) // (sizes[1] - sizes[0])))
     if a.scale > 1:
         big = os.path.join(tmp, "scaled-rank0.pickle")
         n = int(subprocess.run([sys.executable, __file__, "--make-scaled", plain, str(a.scale), big],

@@ -41,7 +41,10 @@ _P2P_NAMES = ("isend", "irecv", "send", "recv", "batch_isend_irecv", "_batch_p2p
 
 
 def _owners(a: DeviceAnalysis, rows: np.ndarray) -> np.ndarray:
-    """Per deferred row: 'fsdp', 'point-to-point', 'collective' or 'user code'."""
+    """Per deferred row (``rows``: row indices of ``a.lifetimes``, shape (k,)): 'fsdp' or 'point-to-point' where
+    the block's alloc or free stack says so; else 'collective' where an ``nccl:*`` scope started between its
+    alloc and its free request; else 'user code' (its own ``record_stream``); 'unknown' for a block whose free
+    was requested before the trace began (what held it then is not recorded)."""
     t = a.trace
     lt = a.lifetimes
     fr_stack = np.where(lt.free_requested[rows] >= 0, a.device.events["stack"][np.maximum(lt.free_requested[rows], 0)], -1)
@@ -49,14 +52,17 @@ def _owners(a: DeviceAnalysis, rows: np.ndarray) -> np.ndarray:
     fsdp = stacks_matching(t, "torch/distributed/fsdp/")
     p2p = stacks_matching(t, "torch/distributed/pipelining/") | stacks_matching(t, "distributed_c10d.py", _P2P_NAMES)
     owner = np.full(rows.shape[0], "user code", dtype=object)
+    # a block freed before the trace began (pending at its start): what held it ran before the trace, unrecorded
+    before = lt.free_requested[rows] < 0
+    owner[before] = "unknown"
     # collectives: an nccl:* scope starts while the block is allocated
     starts = np.array(sorted(x.time_us for x in a.device.annotations
                              if x.stage == "START" and x.name.startswith("nccl:")), dtype=np.int64)
     if starts.size:
         tu = a.device.events["time_us"]
         t0 = np.where(lt.alloc[rows] >= 0, tu[np.maximum(lt.alloc[rows], 0)], tu[0])
-        t1 = np.where(lt.free_requested[rows] >= 0, tu[np.maximum(lt.free_requested[rows], 0)], tu[-1])
-        coll = np.searchsorted(starts, t1, side="right") > np.searchsorted(starts, t0, side="left")
+        t1 = tu[np.maximum(lt.free_requested[rows], 0)]
+        coll = ~before & (np.searchsorted(starts, t1, side="right") > np.searchsorted(starts, t0, side="left"))
         owner[coll] = "collective"
     owner[rows_with(p2p, alloc_stack) | rows_with(p2p, fr_stack)] = "point-to-point"
     owner[rows_with(fsdp, alloc_stack) | rows_with(fsdp, fr_stack)] = "fsdp"
@@ -153,6 +159,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "fsdp": "FSDP's unshard / reduce-scatter streams",
         "point-to-point": "point-to-point send/recv streams",
         "user code": "a side stream your code calls record_stream() for",
+        "unknown": "another stream (which one is not recorded: the frees were requested before the trace began)",
     }[main_owner]
     summary = (f"{{blocks_held_at_peak}} blocks freed by Python but kept by the allocator until work on "
                f"{owner_text} finished hold {{held_at_peak_bytes:bytes}} at the peak of reserved memory "
