@@ -197,16 +197,16 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
                           int(first[-1]) if first.size else None)
     if est is None:
         return False
-    try:
-        prepared = prepare(a.trace, est.device)
-    except SimulationError as e:
-        out.notes.append(f"the trace cannot be replayed: {e}")
-        return False
     margin, _how = job_margin(a)
     out.margin_bytes = margin
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
     unit = 1.0 / micro_batch if micro_batch else None
-    r = largest_scale(prepared, est.scaled, cap, margin_bytes=margin, unit=unit, lo=0.02, hi=1.0)
+    try:  # the replay refuses what it does not model (as in fits(): cudaMallocAsync, a fraction without the GPU size)
+        prepared = prepare(a.trace, est.device)
+        r = largest_scale(prepared, est.scaled, cap, margin_bytes=margin, unit=unit, lo=0.02, hi=1.0)
+    except SimulationError as e:
+        out.notes.append(f"the trace cannot be replayed: {e}")
+        return False
     out.replays += len(r.tried)
     out.assumptions = [
         "the failed request is the pass's output, and the loss keeps "
