@@ -11,6 +11,11 @@ Usage::
     pip install mutmut==3.8.1
     python benchmarks/mutation.py                # run, then write docs/mutation.json; exit 1 below 80% killed
     python benchmarks/mutation.py --report-only  # summarise the last run (mutants/ is kept, never committed)
+    python benchmarks/mutation.py --results A.txt.xz B.txt.xz --retested 'PATTERN'
+                                                 # summarise saved `mutmut results --all true` outputs (from
+                                                 # another machine: docs/mutation_runs/), later files over
+                                                 # earlier ones; --retested: functions changed and re-tested
+                                                 # whole in a later file (their earlier numbering is stale)
     python benchmarks/mutation.py --sample 600   # a random sample, the same number from each module where
                                                  # it has that many (hours -> minutes); the score is then an
                                                  # estimate, reported with its 95% interval
@@ -23,7 +28,9 @@ in ``docs/testing.md``.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
+import lzma
 import math
 import os
 import random
@@ -45,6 +52,22 @@ def module_of(mutant: str) -> str:
     """``oomdoctor.detectors.cache_flush.x_detect__mutmut_3`` -> ``oomdoctor.detectors.cache_flush``."""
     parts = mutant.split(".")
     return ".".join(p for p in parts[:-1])
+
+
+def saved_results(paths: list[Path], retested: list[str]) -> list[tuple[str, str]]:
+    """The tested mutants of saved ``mutmut results --all true`` outputs (plain or .xz), later files over
+    earlier ones; the mutants of an earlier file matching a ``retested`` pattern (``fnmatch``) are dropped once
+    a later file tested any mutant matching it."""
+    merged: dict[str, str] = {}
+    for path in paths:
+        text = (lzma.open(path, "rt") if path.suffix == ".xz" else open(path)).read()
+        rows = [(m.group("name"), m.group("status").strip()) for line in text.splitlines() if (m := _LINE.match(line))]
+        tested = [(n, st) for n, st in rows if st not in NOT_RUN]
+        for pat in retested:
+            if any(fnmatch.fnmatch(n, pat) for n, _st in tested):
+                merged = {n: st for n, st in merged.items() if not fnmatch.fnmatch(n, pat)}
+        merged.update(tested)
+    return sorted(merged.items())
 
 
 def results() -> list[tuple[str, str]]:
@@ -108,8 +131,18 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=None, help="mutmut's parallel workers (default: CPUs)")
     ap.add_argument("--sample", type=int, default=0, help="run about this many mutants, drawn at random")
     ap.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    ap.add_argument("--results", type=Path, nargs="+", help="summarise these saved results instead of running")
+    ap.add_argument("--retested", action="append", default=[], help="with --results: see saved_results")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "mutation.json")
     args = ap.parse_args()
+    if args.results:
+        s = summary(saved_results(args.results, args.retested))
+        s["sources"] = [str(p.relative_to(ROOT)) if p.is_absolute() and ROOT in p.parents else str(p)
+                        for p in args.results]
+        args.out.write_text(json.dumps(s, indent=1) + "\n")
+        lo, hi = s["score_95_interval"]
+        print(f"total: {s['counts']}; killed {s['score']:.1%} of {s['tested']} tested; written to {args.out}")
+        return 0 if s["score"] >= TARGET else 1
     if not args.report_only:
         env = dict(os.environ)
         env.setdefault("OOMDOCTOR_SHARED", str(ROOT.parent / "shared"))

@@ -217,6 +217,17 @@ def test_the_expandable_fix_says_which_name_each_version_reads():
                             r"alias there and is the name before 2\.9\)", note.group(1)), note.group(1)
 
 
+def test_fragmentation_fixes_cite_their_public_sources_and_say_what_to_replay():
+    """Every fix cites public material as it is written there (pull requests and issues by number, the CUDA
+    semantics notes, the allocator's source file), and each setting carries the config the replay tries."""
+    exp, split, gc, _code = fragmentation._fixes(_v((2, 9)), False, 200 * MiB, True)
+    assert "pytorch/pytorch PR #96995" in exp.source and "pytorch.org/docs/stable/notes/cuda.html" in exp.source
+    assert "issue #130330" in exp.text and "NCCL_GRAPH_REGISTER=0 (issue #158029)" in exp.text
+    assert "CUDACachingAllocator.cpp" in split.source and "pytorch.org/docs/stable/notes/cuda.html" in split.source
+    assert split.text.endswith("(ignored when expandable segments are on, issue #119452).")
+    assert gc.what_if == {"config": "garbage_collection_threshold:0.8"}
+
+
 @pytest.mark.parametrize("expandable_on, request_bytes, capped, settings", [
     (False, 200 * MiB, False, ["expandable_segments:True", "max_split_size_mb:100", None]),
     (True, 200 * MiB, False, ["max_split_size_mb:100", None]),  # already on: not proposed again
