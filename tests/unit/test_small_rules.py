@@ -406,6 +406,15 @@ def test_oom_with_findings_takes_its_action_from_the_first_fix_that_may_apply(fi
     assert out.kind == "imbalance" and out.actions == actions
 
 
+def test_oom_with_findings_takes_its_action_from_the_finding_it_rests_on():
+    """The bytes come from the rank-imbalance finding on this rank alone; so does the action, even when a finding
+    on several ranks comes first in the list."""
+    shared = _finding(ranks=(1, 2), per_rank={2: 150 * MiB}, fixes=[Fix("rebalance 1 and 2", "all", "s")])
+    own = _finding(per_rank={2: 150 * MiB}, fixes=[Fix("move the extra embedding off rank 2", "all", "s")])
+    out = oom_with_findings(_capacity(), [shared, own])
+    assert out.kind == "imbalance" and out.actions == ["move the extra embedding off rank 2"]
+
+
 def _state(b: SnapBuilder | None, room_bytes: int | None, name="rank5.pickle"):
     if b is None:
         a = analyze(from_snapshot({"segments": [], "device_traces": [[]]}, name))

@@ -161,12 +161,18 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     return out
 
 
+def _own_imbalance(mine: list[Finding], rank: int) -> Finding | None:
+    """The first ``rank-imbalance`` finding on ``rank`` alone: the one an ``imbalance`` verdict rests on, for its
+    bytes and for its action alike."""
+    return next((f for f in mine if f.id == "rank-imbalance" and f.ranks == [rank]), None)
+
+
 def _imbalance(mine: list[Finding], rank: int, short: int | None, ev: dict[str, Any]) -> Verdict | None:
     """``imbalance`` when a ``rank-imbalance`` finding on this rank alone holds at least the shortfall."""
-    imb = [f for f in mine if f.id == "rank-imbalance" and f.ranks == [rank]]
-    if not imb or short is None or short <= 0 or _rank_bytes(imb[0], rank) < short:
+    f = _own_imbalance(mine, rank)
+    if f is None or short is None or short <= 0 or _rank_bytes(f, rank) < short:
         return None
-    ev = {**ev, "excess_bytes": _rank_bytes(imb[0], rank)}
+    ev = {**ev, "excess_bytes": _rank_bytes(f, rank)}
     return Verdict("imbalance", "out of memory on this rank, which holds {excess_bytes:bytes} more than the "
                                 "others: without the excess it would fit.", ev["excess_bytes"], [rank], None,
                    "rank-imbalance", ev)
@@ -189,7 +195,7 @@ def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     out = _imbalance(mine, rank, v.evidence.get("shortfall_bytes"), ev)
     if out is None:
         return v
-    f = next(x for x in mine if x.id == "rank-imbalance")
+    f = _own_imbalance(mine, rank)
     fx = next((x for x in f.fixes if x.applies is not False), None)
     out.actions = [_literal(fx.text)] if fx is not None else []
     return out
@@ -369,7 +375,8 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
         if "largest_micro_batch" in ev:
             out.append("Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}.")
     elif v.finding is not None:
-        f = next((x for x in mine if x.id == v.finding), None)
+        f = (_own_imbalance(mine, v.ranks[0]) if v.kind == "imbalance"
+             else next((x for x in mine if x.id == v.finding), None))
         fx = next((x for x in f.fixes if x.applies is not False), None) if f is not None else None
         if fx is not None:
             out.append(_literal(fx.text))
