@@ -13,11 +13,10 @@ Public API::
 
 from __future__ import annotations
 
-from ._version import __version__  # noqa: E402,F401
-
 import os  # noqa: E402
 
 from ._lazy import lazy_attributes  # noqa: E402
+from ._version import __version__  # noqa: E402,F401
 from .errors import OomdoctorError, SnapshotError, UnsafeSnapshotError  # noqa: E402
 
 # numpy and the loader are imported on first use (PEP 562), so that `import oomdoctor` and the CLI's

@@ -19,10 +19,7 @@ from test_corpus import CORPUS, unpack
 from oomdoctor import load
 from oomdoctor.analysis import analyze
 from oomdoctor.analysis.accounting import (
-    ACTIVATIONS,
     CATEGORIES,
-    GRADIENTS,
-    KV_CACHE,
     OPTIMIZER_STATE,
     PARAMETERS,
     UNKNOWN,

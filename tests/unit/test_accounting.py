@@ -347,7 +347,14 @@ def _fate_of_open_by_rows(cat, done, op, b, bpass, stack, default):
     rows got (the smallest on a tie); else ``default``."""
     import numpy as np
 
-    from oomdoctor.analysis.accounting import ACTIVATIONS, COMMUNICATION, GRADIENTS, KV_CACHE, OUTPUTS, TEMPORARIES
+    from oomdoctor.analysis.accounting import (
+        ACTIVATIONS,
+        COMMUNICATION,
+        GRADIENTS,
+        KV_CACHE,
+        OUTPUTS,
+        TEMPORARIES,
+    )
     order = sorted((int(b[r]), r) for r in range(len(cat)) if done[r] or op[r])
     seen, rank = {}, {}
     for _b, r in order:

@@ -6,8 +6,8 @@ import json
 import pickle
 
 import pytest
-
 from builder import MiB, SnapBuilder
+
 from oomdoctor.analysis.device import analyze
 from oomdoctor.cli.main import main
 from oomdoctor.render.json import render_json

@@ -7,9 +7,9 @@ import json
 import pickle
 
 import numpy as np
+from builder import MiB, SnapBuilder
 
 import oomdoctor
-from builder import MiB, SnapBuilder
 from oomdoctor.analysis.device import analyze
 from oomdoctor.cli.main import main
 from oomdoctor.render.perfetto import trace_events
@@ -61,7 +61,7 @@ def test_perfetto_keeps_the_minimum_and_the_maximum_of_each_microsecond():
 def test_a_peak_allocated_and_freed_within_one_microsecond_survives_the_export(tmp_path):
     b = SnapBuilder()
     s = b.segment(64 * MiB)
-    x = b.alloc(s, 0, 2 * MiB)
+    b.alloc(s, 0, 2 * MiB)  # stays allocated
     y = b.alloc(s, 2 * MiB, 48 * MiB)
     b.free(y)
     b.alloc(s, 2 * MiB, 4 * MiB)

@@ -23,7 +23,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from builder import MiB, SnapBuilder
 
 from oomdoctor.analysis import analyze

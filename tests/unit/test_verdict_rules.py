@@ -23,7 +23,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from builder import USER, MiB, SnapBuilder, frames
 
 from oomdoctor import load

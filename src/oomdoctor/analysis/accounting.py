@@ -56,7 +56,6 @@ The byte identity: the lines at an event sum to the allocated bytes then (assert
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,10 +65,9 @@ from ..trace.model import DeviceTrace, Trace
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import (
     BACKWARD_PHASE,
-    INFERRED,
     EVALUATION_PHASE,
-    FORWARD_PHASE,
     GENERATION_PHASE,
+    INFERRED,
     OPTIMIZER_PHASE,
     OTHER_PHASE,
     PASS_PHASES,

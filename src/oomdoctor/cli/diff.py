@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import click
-
 import os
+
+import click
 
 from ..errors import SnapshotError
 from ..render.html import render_diff_html

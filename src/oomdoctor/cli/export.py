@@ -8,8 +8,8 @@ from ..errors import UsageError
 from ..render.folded import render_folded
 from ..render.perfetto import render_perfetto
 from ..report.flame import folded_at
-from ..report.moments import moment_at
 from ..report.job import Want
+from ..report.moments import moment_at
 from .inputs import analyze_inputs, parallel_options, read_job, write_output
 
 

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of the pipe went away (| head): done, as a Unix filter is
         silence_stdout()
         return 0
-    except SystemExit as e:  # click ends with exit code 1 on EPIPE (while printing help, say)
+    except SystemExit:  # click ends with exit code 1 on EPIPE (while printing help, say)
         if watched.broken:
             silence_stdout()
             return 0

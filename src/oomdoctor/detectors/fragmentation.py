@@ -20,9 +20,9 @@ from __future__ import annotations
 from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import request_pool
 from ..analysis.rounding import allocation_size, round_size
+from ..simulate.capacity import infer_capacity, sidecar_cap
 from ..units import GiB, MiB
 from .context import Context
-from ..simulate.capacity import infer_capacity, sidecar_cap
 from .finding import Finding, Fix
 
 ID = "fragmentation"

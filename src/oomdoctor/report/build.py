@@ -15,9 +15,9 @@ from ..analysis.phases import BACKWARD_PHASE, OPTIMIZER_PHASE, Phases
 from ..analysis.rounding import allocation_size
 from ..detectors import materiality
 from ..detectors.common import site_refs
-from ..detectors.fragmentation import split_mb
 from ..detectors.context import Context, applies, torch_version
 from ..detectors.finding import Finding
+from ..detectors.fragmentation import split_mb
 from ..detectors.registry import run_all
 from ..frameworks import detect_frameworks
 from ..trace.model import Trace

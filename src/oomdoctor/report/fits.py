@@ -44,6 +44,7 @@ from ..simulate.replay import SimulationError, prepare, replay
 from ..simulate.scale import SEARCH_MAX, largest_scale
 from ..trace.model import OOM
 
+
 @dataclass
 class Room:
     """The most the allocator could hold (bytes; None when nothing says), its ``source`` in words and

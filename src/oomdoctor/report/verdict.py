@@ -36,8 +36,8 @@ from typing import Any, Callable
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.rounding import round_size
-from ..detectors.finding import Finding, SiteRef
 from ..analysis.schedule import in_flight
+from ..detectors.finding import Finding, SiteRef
 from ..frameworks import PIPELINE_KNOB, detect_frameworks, framework
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB

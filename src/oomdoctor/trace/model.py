@@ -12,7 +12,6 @@ Field meanings follow PyTorch's ``torch/csrc/cuda/memory_snapshot.cpp`` / ``Modu
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
