@@ -60,7 +60,8 @@ def saved_results(paths: list[Path], retested: list[str]) -> list[tuple[str, str
     a later file tested any mutant matching it."""
     merged: dict[str, str] = {}
     for path in paths:
-        text = (lzma.open(path, "rt") if path.suffix == ".xz" else open(path)).read()
+        with (lzma.open(path, "rt") if path.suffix == ".xz" else open(path)) as f:
+            text = f.read()
         rows = [(m.group("name"), m.group("status").strip()) for line in text.splitlines() if (m := _LINE.match(line))]
         tested = [(n, st) for n, st in rows if st not in NOT_RUN]
         for pat in retested:

@@ -444,7 +444,6 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     allocations in the group), counted over every row of the group, to the last finished group; else
     the category most of that stack's finished rows got; else ``default``. Also returns which rows were
     matched to an allocation of an earlier group."""
-    n = cat.size
     # rank of each row among the rows of its (group, stack), in allocation order
     rows = np.flatnonzero(done | op)
     rows = rows[np.argsort(b[rows], kind="stable")]
@@ -452,18 +451,19 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     by_pair = np.argsort(pair, kind="stable")
     starts = np.flatnonzero(np.r_[True, pair[by_pair][1:] != pair[by_pair][:-1]])
     sizes = np.diff(np.r_[starts, rows.size])
-    rank = np.full(n, -1, dtype=np.int64)
+    rank = np.full(cat.size, -1, dtype=np.int64)
     rank[rows[by_pair]] = np.arange(rows.size) - np.repeat(starts, sizes)
     useful = done & np.isin(cat, (ACTIVATIONS, TEMPORARIES, OUTPUTS, COMMUNICATION, GRADIENTS, KV_CACHE))
     fin = np.flatnonzero(useful)
     passes_done = np.unique(bpass[fin])
     # the category most of each stack's finished rows got (the smallest category on a tie)
-    majority = np.full(n and int(stack.max(initial=0)) + 2, default, dtype=np.int64)  # indexed by stack + 1
+    majority = np.full(int(stack.max(initial=-1)) + 2, default, dtype=np.int64)  # indexed by stack + 1
     if fin.size:
-        sc, counts = np.unique(np.stack([stack[fin], cat[fin].astype(np.int64)]), axis=1, return_counts=True)
-        best = np.lexsort((sc[1], -counts, sc[0]))  # per stack: most rows first, then the smallest category
-        first = best[np.r_[True, sc[0][best][1:] != sc[0][best][:-1]]]
-        majority[sc[0][first] + 1] = sc[1][first]
+        _, at, counts = np.unique(_row_ids(stack[fin], cat[fin]), return_index=True, return_counts=True)
+        s_of, c_of = stack[fin][at], cat[fin][at]  # each distinct (stack, category), with its row count
+        best = np.lexsort((c_of, -counts, s_of))  # per stack: most rows first, then the smallest category
+        first = best[np.r_[True, s_of[best][1:] != s_of[best][:-1]]]
+        majority[s_of[first] + 1] = c_of[first]
     # an open row takes the category of the row of the same (stack, rank) in the last finished group before its own
     ops = np.flatnonzero(op)
     prev_at = np.searchsorted(passes_done, bpass[ops], side="left") - 1
@@ -475,7 +475,7 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     row_of[ids[:fin.size]] = fin
     m = np.where(has_prev, row_of[ids[fin.size:]], -1)
     matched = m >= 0
-    fate = np.where(matched, cat[np.maximum(m, 0)], majority[stack[ops] + 1] if ops.size else default)
+    fate = np.where(matched, cat[np.maximum(m, 0)], majority[stack[ops] + 1])
     return fate.astype(np.int8), matched
 
 
