@@ -30,6 +30,7 @@ from oomdoctor.detectors import fragmentation
 from oomdoctor.detectors import pipeline_output_cache as poc
 from oomdoctor.detectors.context import TorchVersion, applies, version_from_text
 from oomdoctor.detectors.finding import Finding, Fix
+from oomdoctor.render.format import fill, format_bytes
 from oomdoctor.report.fits import Room
 from oomdoctor.report.verdict import Verdict, _rank_bytes, oom_with_findings, state_verdict
 from oomdoctor.trace.load import from_snapshot
@@ -392,6 +393,9 @@ def test_oom_with_findings_turns_capacity_into_imbalance_when_the_excess_covers_
     assert (out.kind, out.bytes, out.ranks, out.finding) == ("imbalance", excess, [2], "rank-imbalance")
     # the capacity verdict's what-fits evidence is dropped; the rest is kept, with the excess
     assert out.evidence == {"rank": 2, "shortfall_bytes": shortfall, "need_bytes": 900 * MiB, "excess_bytes": excess}
+    # the verdict's sentence (the first line a user reads) names the excess
+    assert fill(out.summary, out.evidence) == (f"out of memory on this rank, which holds {format_bytes(excess)} more "
+                                               "than the others: without the excess it would fit.")
 
 
 @pytest.mark.parametrize("fixes, actions", [
