@@ -413,9 +413,8 @@ def _recurs_after(op: np.ndarray, fw: np.ndarray, b: np.ndarray, bpass: np.ndarr
     idx = np.flatnonzero(fw | op)
     if idx.size == 0:
         return out
-    keys = bpass[idx].astype(np.int64) * (int(stack.max()) + 2) + stack[idx] + 1
-    uniq, inv = np.unique(keys, return_inverse=True)
-    last = np.full(uniq.size, -1, dtype=np.int64)
+    inv = _row_ids(bpass[idx], stack[idx])  # one id per (pass, stack)
+    last = np.full(int(inv.max()) + 1, -1, dtype=np.int64)
     np.maximum.at(last, inv, b[idx])
     out[idx] = op[idx] & (b[idx] < last[inv])
     return out
