@@ -22,7 +22,24 @@ def snapshots() -> Path:
     return SNAPSHOTS
 
 
+def _fastest_first(items) -> None:
+    """Under mutmut (``MUTANT_UNDER_TEST`` set, cwd ``mutants/``), order the tests by the durations mutmut recorded,
+    fastest first: mutmut runs them with ``-x``, so a mutant killed by a fast unit test never waits for the corpus
+    tests. The order changes no result; without the statistics the order is left as collected."""
+    import json
+
+    stats = Path("mutmut-stats.json")
+    if "MUTANT_UNDER_TEST" not in os.environ or not stats.is_file():
+        return
+    try:
+        duration = json.loads(stats.read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return
+    items.sort(key=lambda item: duration.get(item.nodeid.removeprefix("mutants/"), float("inf")))
+
+
 def pytest_collection_modifyitems(config, items):
+    _fastest_first(items)
     try:
         import torch  # noqa: F401
 
