@@ -1,0 +1,713 @@
+"""The verdict as the user reads it: its sentences, its evidence and its actions, pinned rule by rule.
+
+- ``report/verdict.py`` ``rank_verdict``: the evidence every rank's verdict starts from (rank, peak reserved and
+  allocated bytes, the room and its source, phase, step or ``-``, kept outputs), the KV cache named from
+  :data:`KV_CACHE_FRACTION` of the allocated bytes, the micro-batches in flight at an OOM, the healthy summaries
+  (with the room, at the edge under :data:`EDGE_FRACTION` of it with ``headroom_percent`` to one decimal, with a
+  KV cache at the edge, without the room), and which kinds ask ``fits()`` for their actions.
+- ``_oom_verdict``: the whole sentence of every branch (growth, capacity with the room known or not, with the
+  micro-batches in flight, the KV cache and each answer about what fits, deferred-free, fragmentation with CUDA
+  graph pools and the defragmented replay, capacity when that replay still runs out), and the boundaries a
+  shortfall of one byte and 64 MiB pending decide.
+- ``_actions``: the exact list of actions of each kind: capacity (pipeline knob from two micro-batches in flight,
+  the KV cache, the largest micro-batch or else the scale, activation checkpointing, sharding the optimizer from
+  64 MiB, the first detected framework with an ``activations`` knob), fragmentation (the setting not simulated,
+  simulated and enough, simulated and not enough, the smaller micro-batch), the fix of the finding a verdict rests
+  on (its first applicable one, taken literally; for ``imbalance`` the finding on this rank alone), the loss's
+  logits with a framework's ``logits`` knob or the generic advice.
+- ``with_findings``: which finding decides a rank without an OOM (growth at any size, the others from
+  :data:`VERDICT_FRACTION` of the peak reserved, on this rank's share), its sentence and its action.
+- ``_logits``: which holders are the loss's logits and from which share of the allocated bytes they are named.
+- ``_fit_sentence``: the estimate's whole sentence.
+
+The OOM traces are ``test_verdict_rules.oom_rank``'s (one 1 GiB segment, 512 MiB live, free gaps of 256 MiB),
+the trace without OOM is built here; findings, fits and frames are given directly, so every expected number is
+arithmetic on the bytes placed here and every sentence is the documented one.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from builder import MiB, SnapBuilder
+from test_verdict_rules import ALLOCATED, RANK, RESERVED, Calls, oom_rank
+
+from oomdoctor import load
+from oomdoctor.analysis import analyze
+from oomdoctor.detectors.finding import Finding, Fix, SiteRef
+from oomdoctor.frameworks import framework
+from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.report.fits import Fits, Room
+from oomdoctor.report.verdict import (
+    EDGE_FRACTION,
+    KV_CACHE_FRACTION,
+    LOGITS_FRACTION,
+    VERDICT_FRACTION,
+    Verdict,
+    _actions,
+    _fit_sentence,
+    _logits,
+    _oom_verdict,
+    rank_verdict,
+    with_findings,
+)
+
+GiB = 1024 * MiB
+B = format_bytes
+
+LIGHTNING = "/venv/lib/python3.12/site-packages/lightning/pytorch/trainer/trainer.py"
+HF_TRAINER = "/venv/lib/python3.12/site-packages/transformers/trainer.py"
+DDP = "/venv/lib/python3.12/site-packages/torch/nn/parallel/distributed.py"
+ACCELERATE = "/venv/lib/python3.12/site-packages/accelerate/accelerator.py"
+DEEPSPEED = "/venv/lib/python3.12/site-packages/deepspeed/runtime/engine.py"
+TRAIN = "/work/train.py"
+
+PIPELINE = ("Hold fewer micro-batches in flight: a 1F1B schedule holds at most one per later stage, GPipe all of "
+            "them; or an interleaved schedule, more pipeline stages, or activation checkpointing inside the stages.")
+KV = "Make the KV cache smaller or steadier: " + framework("generate").knobs["kv-cache"] + "."
+CHUNKS = "compute the loss in chunks or fuse the LM head with the cross-entropy"
+
+
+def use_mb(n) -> str:
+    return f"Use a per-device micro-batch of at most {n} and more gradient accumulation steps to keep the global batch."
+
+
+def cut(scale) -> str:
+    return (f"Cut the per-device micro-batch to {scale}x the current one (give --micro-batch N to get the number) and "
+            "accumulate gradients to keep the global batch.")
+
+
+def ckpt(n) -> str:
+    return (f"Activation checkpointing frees at most {B(n)} (the activations saved for backward at the peak; "
+            "recomputation adds back one layer's).")
+
+
+def shard(n) -> str:
+    return f"Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees {B(n)}."
+
+
+def not_simulated(setting) -> str:
+    return (f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) so that free memory is not "
+            "stranded between segments (not simulated: the allocator model cannot replay this recording).")
+
+
+def simulated(setting, outcome) -> str:
+    return f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): simulated, it {outcome}."
+
+
+def not_enough(setting) -> str:
+    return (f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) to stop stranding free "
+            "memory; simulated, it is not enough here: lower the micro-batch too.")
+
+
+def or_keep(n) -> str:
+    return f"Or keep the default allocator with a per-device micro-batch of at most {n}."
+
+
+def logits(n, sites, knob=CHUNKS) -> str:
+    return f"The loss's logits hold {B(n)} ({sites}): {knob}."
+
+
+def fixed(*fixes: tuple[str, bool | None]) -> list[Fix]:
+    return [Fix(text, "any", "test", applies=applies) for text, applies in fixes]
+
+
+def finding(id: str, bytes_: int, per_rank: dict | None = None, ranks=(RANK,), severity="high", fixes=(),
+            title=None) -> Finding:
+    return Finding(id, severity, title or f"{id} title", list(ranks), bytes_, "s",
+                   per_rank_bytes=dict(per_rank or {}), fixes=list(fixes))
+
+
+def rendered(v: Verdict) -> list[str]:
+    return [fill(t, v.evidence) for t in v.actions]
+
+
+def bd(outputs=0, kv=None, allocated=ALLOCATED, step=None, phase="forward"):
+    cats = {"outputs": outputs}
+    if kv is not None:
+        cats["kv_cache"] = kv
+    return SimpleNamespace(phase=phase, step=step, categories=cats, allocated_bytes=allocated)
+
+
+def fake(*files: str):
+    """What ``_actions`` reads of an analysis: the frames of its stacks, ``(file, line, name)``."""
+    return SimpleNamespace(trace=SimpleNamespace(stacks=SimpleNamespace(frames=[(f, 1, "f") for f in files])))
+
+
+# --------------------------------------------------------------------------- the traces
+
+@pytest.fixture(scope="module")
+def a768(tmp_path_factory):
+    """Asks 768 MiB with 512 MiB live: need 1.25 GiB."""
+    return oom_rank(tmp_path_factory.mktemp("a768"), 768 * MiB)
+
+
+@pytest.fixture(scope="module")
+def a384(tmp_path_factory):
+    """Asks 384 MiB with 512 MiB live: need 896 MiB, under the 1 GiB reserved."""
+    return oom_rank(tmp_path_factory.mktemp("a384"), 384 * MiB)
+
+
+CAP_ROOM = RESERVED + 128 * MiB  # with a768: need 1280 MiB, a shortfall of 128 MiB
+CAP_SHORT = ALLOCATED + 768 * MiB - CAP_ROOM
+FRAG_ROOM = RESERVED + 128 * MiB  # with a384: 640 MiB free for 384 MiB, not in one piece (256 MiB gaps)
+
+
+def verdict(a, room, findings=(), b=None, holders=(), fits=None, defragmented=None):
+    calls = Calls(fits)
+    v = rank_verdict(a, list(findings), Room(room, "device" if room is not None else "none", "the test"),
+                     b if b is not None else bd(), list(holders), calls, lambda: defragmented)
+    return v, calls
+
+
+def judge(a, room, ev_extra=None, mine=(), outputs=0, fits=None, defragmented=None):
+    """``_oom_verdict`` as ``rank_verdict`` calls it, with the evidence it starts from."""
+    ev = {"rank": a.rank, "phase": "forward", "room_bytes": room, **(ev_extra or {})}
+    calls = Calls(fits)
+    v = _oom_verdict(a, list(mine), Room(room, "device" if room is not None else "none", "test"),
+                     bd(outputs), calls, (lambda: defragmented), ev)
+    return v, calls
+
+
+CAPACITY = (f"the live tensors ({B(ALLOCATED)}) plus the failed request ({B(768 * MiB)}) need "
+            f"{B(ALLOCATED + 768 * MiB)}, {B(CAP_SHORT)} more than the {B(CAP_ROOM)} the allocator could use on this "
+            "GPU: no allocator setting helps.")
+FRAGMENTATION = (f"{B(FRAG_ROOM - ALLOCATED)} were free (cached or on the device) for a request of {B(384 * MiB)}, "
+                 f"but not in one piece (largest free block {B(256 * MiB)}).")
+
+
+# --------------------------------------------------------------------------- _oom_verdict: its sentences
+
+def test_capacity_sentence_whole(a768):
+    v, _ = judge(a768, CAP_ROOM)
+    assert v.kind == "capacity" and fill(v.summary, v.evidence) == CAPACITY
+
+
+@pytest.mark.parametrize("in_flight, kv, fits, tail", [
+    (3, None, None, " 3 micro-batches were in flight, their activations awaiting their backward: the pipeline "
+                    "schedule holds them at once."),
+    (1, 300 * MiB, None, f" The KV cache holds {B(300 * MiB)}, and grows with the batch and every generated token."),
+    (2, 300 * MiB, Fits(1, "t", largest_micro_batch=2),
+     " 2 micro-batches were in flight, their activations awaiting their backward: the pipeline schedule holds them at "
+     f"once. The KV cache holds {B(300 * MiB)}, and grows with the batch and every generated token. The largest "
+     "micro-batch that fits: 2."),
+    (None, None, Fits(1, "t", batch_scale=0.5), " What fits: 0.5x the current micro-batch."),
+], ids=["in-flight", "kv-cache", "all", "scale"])
+def test_capacity_sentence_with_its_additions(a768, in_flight, kv, fits, tail):
+    extra = {}
+    if in_flight is not None:
+        extra["in_flight"] = in_flight
+    if kv is not None:
+        extra["kv_cache_bytes"] = kv
+    v, calls = judge(a768, CAP_ROOM, extra, fits=fits)
+    assert v.kind == "capacity" and calls.n == 1
+    assert fill(v.summary, v.evidence) == CAPACITY + tail
+
+
+def test_capacity_with_an_unknown_room_sentence_whole(a768):
+    v, _ = judge(a768, None)
+    assert fill(v.summary, v.evidence) == (
+        f"out of memory asking for {B(768 * MiB)} with {B(ALLOCATED)} allocated; the GPU's room is unknown, so "
+        "capacity cannot be told from fragmentation.")
+
+
+def test_growth_sentence_whole_and_a_shortfall_of_one_byte_is_enough(a768):
+    need = ALLOCATED + 768 * MiB
+    v, _ = judge(a768, need - 1, outputs=64 * MiB)  # short == 1: kept 64 MiB covers it
+    assert (v.kind, v.bytes) == ("growth", 64 * MiB) and v.evidence["shortfall_bytes"] == 1
+    assert fill(v.summary, v.evidence) == (
+        f"out of memory after {B(64 * MiB)} were kept across micro-batches (outputs gathered or cached, forward "
+        "phase): the job accumulates; a larger GPU only delays it.")
+
+
+def test_deferred_free_sentence_whole(tmp_path):
+    a = oom_rank(tmp_path, 384 * MiB, pending=128 * MiB)
+    v, _ = judge(a, ALLOCATED + 384 * MiB)
+    assert v.kind == "deferred-free"
+    assert fill(v.summary, v.evidence) == (
+        f"{B(128 * MiB)} freed by Python were still held for other streams (record_stream) at the OOM; without them "
+        "the request fits.")
+
+
+@pytest.mark.parametrize("fits, tail", [
+    (None, ""),
+    (Fits(1, "t", largest_micro_batch=2), " With the recorded settings the largest micro-batch that fits is 2."),
+    (Fits(1, "t", batch_scale=0.5), " With the recorded settings 0.5x the current micro-batch fits."),
+], ids=["none", "whole", "scale"])
+def test_fragmentation_sentence_whole(a384, fits, tail):
+    v, calls = judge(a384, FRAG_ROOM, fits=fits)
+    assert v.kind == "fragmentation" and calls.n == 1
+    assert fill(v.summary, v.evidence) == FRAGMENTATION + tail
+
+
+def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp_path):
+    a = oom_rank(tmp_path, 384 * MiB, graph_pool=128 * MiB)
+    pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None,
+            "outcome": "completes (peak reserved {extended_peak_reserved_bytes:bytes})",
+            "extended_peak_reserved_bytes": 900 * MiB}
+    v, _ = judge(a, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", largest_micro_batch=4))
+    assert v.kind == "fragmentation"
+    assert fill(v.summary, v.evidence) == (
+        FRAGMENTATION + f" {B(128 * MiB)} were reserved by CUDA graph private pools (torch.compile "
+        "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot release "
+        "cached segments while a graph is being captured. Simulated with expandable_segments:True, it completes "
+        f"(peak reserved {B(900 * MiB)}). With the recorded settings the largest micro-batch that fits is 4.")
+
+
+@pytest.mark.parametrize("fits, tail", [
+    (Fits(1, "t", largest_micro_batch=2), " The largest micro-batch that fits: 2."),
+    (Fits(1, "t", batch_scale=0.25), " What fits: 0.25x the current micro-batch."),
+], ids=["whole", "scale"])
+def test_step_ran_out_sentence_whole(a384, fits, tail):
+    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None,
+            "outcome": "runs out asking for {extended_oom_requested_bytes:bytes}",
+            "extended_oom_requested_bytes": 900 * MiB}
+    v, _ = judge(a384, FRAG_ROOM, defragmented=pred, fits=fits)
+    assert v.kind == "capacity"
+    assert fill(v.summary, v.evidence) == (
+        FRAGMENTATION + f" Simulated with expandable_segments:True, it runs out asking for {B(900 * MiB)}: "
+        "fragmentation hit first, but the step does not fit even without it." + tail)
+
+
+# --------------------------------------------------------------------------- _fit_sentence: the estimate
+
+def test_fit_sentence_estimate_whole():
+    ev = {}
+    s = _fit_sentence(Fits(1, "t", estimated_largest_micro_batch=5, assumptions=["a1", "a2"]), ev, "W", "S")
+    assert ev == {"estimated_fit": 5, "estimate_assumptions": "a1; a2"}
+    assert fill(s, ev) == (" An estimate, not a replay (the trace ends inside its first forward pass): about 5 would "
+                           "fit if a1; a2; the fragmentation of the steps that were not recorded is not in it, so "
+                           "take less.")
+
+
+# --------------------------------------------------------------------------- rank_verdict: healthy
+
+def healthy_rank(tmp_path, segment: int, first: int, second: int):
+    """One segment of ``segment`` bytes, two blocks allocated one after the other (peak allocated their sum at the
+    second, peak reserved the segment at the first event); no OOM."""
+    b = SnapBuilder()
+    s = b.segment(segment)
+    b.alloc(s, 0, first)
+    b.alloc(s, first, second)
+    return analyze(load(b.write(tmp_path / f"rank{RANK}.pickle")))
+
+
+@pytest.fixture(scope="module")
+def h900(tmp_path_factory):
+    """900 MiB reserved, 256 + 512 MiB allocated."""
+    return healthy_rank(tmp_path_factory.mktemp("h900"), 900 * MiB, 256 * MiB, 512 * MiB)
+
+
+PEAK = 900 * MiB
+PEAK_ALLOC = 768 * MiB
+
+
+def test_healthy_evidence_and_sentence_with_the_room(h900):
+    room = 2 * GiB
+    v, calls = verdict(h900, room, b=bd(outputs=5 * MiB, step=7, allocated=PEAK_ALLOC))
+    assert (v.kind, v.bytes, v.ranks, v.headroom_bytes, v.finding, v.actions) == (
+        "healthy", PEAK, [RANK], room - PEAK, None, [])
+    assert v.evidence == {"rank": RANK, "peak_reserved_bytes": PEAK, "peak_allocated_bytes": PEAK_ALLOC,
+                          "room_bytes": room, "room_source": "the test", "phase": "forward", "step": 7,
+                          "outputs_bytes": 5 * MiB, "headroom_bytes": room - PEAK}
+    assert fill(v.summary, v.evidence) == (
+        f"no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room)} the allocator could use on this "
+        f"GPU ({B(room - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
+    assert calls.n == 0
+
+
+def test_healthy_without_the_room(h900):
+    v, _ = verdict(h900, None, b=bd(step=None, phase="backward"))
+    assert v.headroom_bytes is None and "headroom_bytes" not in v.evidence and v.evidence["step"] == "-"
+    assert v.evidence["room_bytes"] is None and v.evidence["room_source"] == "the test"
+    assert fill(v.summary, v.evidence) == (
+        f"no OOM and no material finding; peak reserved {B(PEAK)}, peak allocated {B(PEAK_ALLOC)} in the backward "
+        "phase (the GPU's size is not recorded).")
+
+
+def test_headroom_of_exactly_a_tenth_of_the_room_is_not_the_edge(h900):
+    room = 1000 * MiB  # headroom 100 MiB == EDGE_FRACTION * room exactly
+    assert room - PEAK == EDGE_FRACTION * room
+    v, _ = verdict(h900, room)
+    assert "headroom_percent" not in v.evidence
+    assert fill(v.summary, v.evidence).startswith("no OOM and no material finding; ")
+    v, _ = verdict(h900, room - 1)  # one byte less room: under a tenth
+    assert v.evidence["headroom_percent"] == 10.0
+    assert fill(v.summary, v.evidence) == (
+        f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room - 1)} the allocator "
+        f"could use on this GPU ({B(room - 1 - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
+
+
+@pytest.mark.parametrize("room, exact, percent", [
+    (993_701_590, 5.030, 5.0),  # headroom 49_983_190 B
+    (996_114_841, 5.260, 5.3),  # headroom 52_396_441 B
+])
+def test_headroom_percent_to_one_decimal(h900, room, exact, percent):
+    assert round(100 * (room - PEAK) / room, 3) == exact
+    v, _ = verdict(h900, room)
+    assert v.evidence["headroom_percent"] == percent
+
+
+def test_no_headroom_is_zero_percent(tmp_path):
+    a = healthy_rank(tmp_path, 4096, 512, 512)
+    v, _ = verdict(a, 1000)  # the room (1000 B) under the 4 KiB reserved: headroom -3096 B
+    assert v.headroom_bytes == 1000 - 4096 and v.evidence["headroom_percent"] == 0.0
+
+
+def test_kv_cache_named_at_the_edge_only(h900):
+    kv = 200 * MiB
+    v, _ = verdict(h900, 950 * MiB, b=bd(kv=kv, allocated=PEAK_ALLOC))
+    assert v.evidence["kv_cache_bytes"] == kv
+    assert fill(v.summary, v.evidence) == (
+        f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(950 * MiB)} the allocator "
+        f"could use on this GPU ({B(50 * MiB)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase. The KV "
+        f"cache holds {B(kv)}: it grows with the batch and with every generated token.")
+    v, _ = verdict(h900, 2 * GiB, b=bd(kv=kv, allocated=kv))
+    assert v.evidence["kv_cache_bytes"] == kv and "KV cache" not in fill(v.summary, v.evidence)
+
+
+@pytest.mark.parametrize("kv, allocated, named", [
+    (200 * MiB, 1000 * MiB, True),  # exactly KV_CACHE_FRACTION of the allocated bytes
+    (200 * MiB - 1, 1000 * MiB, False),
+    (1, 0, True),  # nothing allocated: measured against one byte
+    (None, 0, False),  # no KV cache category at all
+    (0, 1000 * MiB, False),
+])
+def test_kv_cache_from_a_fifth_of_the_allocated_bytes(h900, kv, allocated, named):
+    if kv == 200 * MiB:
+        assert kv == KV_CACHE_FRACTION * allocated
+    v, _ = verdict(h900, 2 * GiB, b=bd(kv=kv, allocated=allocated))
+    assert ("kv_cache_bytes" in v.evidence) is named
+    if named:
+        assert v.evidence["kv_cache_bytes"] == kv
+
+
+def test_healthy_rank_re_read_against_its_findings(h900):
+    f = finding("deferred-free", PEAK // 10 + 1, fixes=fixed(("free earlier", None)))
+    v, _ = verdict(h900, 2 * GiB, findings=[f])
+    assert (v.kind, v.finding, v.headroom_bytes) == ("deferred-free", "deferred-free", 2 * GiB - PEAK)
+    assert rendered(v) == ["free earlier"]
+
+
+# --------------------------------------------------------------------------- rank_verdict at an OOM
+
+def test_oom_evidence_has_the_micro_batches_in_flight(a768):
+    # the builder's blocks are allocated in /work/train.py, none an activation: none in flight
+    v, _ = verdict(a768, CAP_ROOM)
+    assert v.evidence["in_flight"] == 0 and v.evidence["step"] == "-"
+
+
+def test_capacity_actions_through_rank_verdict(a768):
+    fits = Fits(CAP_ROOM, "t", largest_micro_batch=3, checkpointing_frees_at_most_bytes=300 * MiB)
+    v, calls = verdict(a768, CAP_ROOM, fits=fits)
+    assert v.kind == "capacity" and calls.n == 2  # what fits, for the sentence and for the actions
+    assert rendered(v) == [use_mb(3), ckpt(300 * MiB)]
+    assert v.evidence["checkpointing_frees_bytes"] == 300 * MiB
+
+
+def test_growth_asks_nothing_of_fits(a768):
+    v, calls = verdict(a768, CAP_ROOM, b=bd(outputs=200 * MiB), fits=Fits(1, "t", largest_micro_batch=3))
+    assert v.kind == "growth" and calls.n == 0 and v.actions == []
+
+
+def test_fragmentation_actions_through_rank_verdict(a384):
+    v, _ = verdict(a384, FRAG_ROOM, fits=Fits(1, "t", largest_micro_batch=2))
+    assert v.kind == "fragmentation"
+    assert rendered(v) == [not_simulated("expandable_segments:True"), or_keep(2)]
+    v, _ = verdict(a384, FRAG_ROOM, fits=Fits(1, "t", batch_scale=0.5))
+    assert rendered(v) == [not_simulated("expandable_segments:True")]
+
+
+@pytest.mark.parametrize("pred, action", [
+    ({"config": "max_split_size_mb:128", "reach": "step-completed", "oom": None,
+      "outcome": "completes (peak reserved {extended_peak_reserved_bytes:bytes})",
+      "extended_peak_reserved_bytes": 900 * MiB},
+     simulated("max_split_size_mb:128", f"completes (peak reserved {B(900 * MiB)})")),
+    ({"config": "expandable_segments:True", "reach": "recorded", "oom": None,
+      "outcome": "gets past the recorded OOM"},
+     simulated("expandable_segments:True", "gets past the recorded OOM")),
+    ({"config": "expandable_segments:True", "reach": "recorded",
+      "oom": {"event_index": 5, "requested_bytes": 384 * MiB},
+      "outcome": "still out of memory, at event {oom[event_index]} of the recording"},
+     not_enough("expandable_segments:True")),
+], ids=["step-completed", "recorded-past", "recorded-still-oom"])
+def test_fragmentation_action_says_what_the_replay_did(a384, pred, action):
+    v, _ = verdict(a384, FRAG_ROOM, defragmented=pred)
+    assert v.kind == "fragmentation" and rendered(v) == [action]
+
+
+def test_step_ran_out_is_capacity_with_its_actions(a384):
+    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None,
+            "outcome": "runs out asking for {extended_oom_requested_bytes:bytes}",
+            "extended_oom_requested_bytes": 900 * MiB}
+    v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
+    assert v.kind == "capacity" and rendered(v) == [cut(0.5)]
+
+
+def test_imbalance_action_is_the_fix_of_the_finding_on_this_rank_alone(a768):
+    shared = finding("rank-imbalance", 500 * MiB, per_rank={RANK: 500 * MiB, 0: 0}, ranks=(0, RANK),
+                     fixes=fixed(("the shared one's fix", None)))
+    own = finding("rank-imbalance", 200 * MiB, fixes=fixed(("not here", False), ("balance {shards}", None),
+                                                           ("second", True)))
+    v, calls = verdict(a768, CAP_ROOM, findings=[shared, own])
+    assert (v.kind, v.bytes, v.finding) == ("imbalance", 200 * MiB, "rank-imbalance") and calls.n == 0
+    assert rendered(v) == ["balance {shards}"]  # taken literally: braces are no template field
+
+
+def test_growth_action_is_the_fix_of_its_finding(a768):
+    other = finding("deferred-free", 100 * MiB, fixes=fixed(("deferred fix", None)))
+    grow = finding("memory-growth", 300 * MiB, fixes=fixed(("detach the kept {outputs}", True)))
+    v, _ = verdict(a768, CAP_ROOM, findings=[other, grow])
+    assert (v.kind, v.finding) == ("growth", "memory-growth")
+    assert rendered(v) == ["detach the kept {outputs}"]
+
+
+def test_no_action_without_an_applicable_fix_or_the_finding(a768, tmp_path):
+    grow = finding("memory-growth", 300 * MiB, fixes=fixed(("no", False)))
+    v, _ = verdict(a768, CAP_ROOM, findings=[grow])
+    assert (v.kind, v.actions) == ("growth", [])
+    a = oom_rank(tmp_path, 384 * MiB, pending=128 * MiB)
+    v, _ = verdict(a, ALLOCATED + 384 * MiB)  # deferred-free from the anatomy, no finding in hand
+    assert (v.kind, v.finding, v.actions) == ("deferred-free", "deferred-free", [])
+    df = finding("deferred-free", 128 * MiB, fixes=fixed(("x", False), ("record_stream less", None)))
+    v, _ = verdict(a, ALLOCATED + 384 * MiB, findings=[df])
+    assert rendered(v) == ["record_stream less"]
+
+
+def test_logits_named_in_the_evidence_and_the_actions(a768, a384):
+    holders = [SiteRef("torch/nn/functional.py:3104 in cross_entropy", 200 * MiB, 1),
+               SiteRef("/work/model.py:10 in forward", 900 * MiB, 1)]
+    v, _ = verdict(a768, CAP_ROOM, b=bd(allocated=ALLOCATED), holders=holders)
+    assert v.evidence["logits_bytes"] == 200 * MiB
+    assert v.evidence["logits_sites"] == "torch/nn/functional.py:3104 in cross_entropy"
+    assert rendered(v) == [logits(200 * MiB, "torch/nn/functional.py:3104 in cross_entropy")]
+    v, _ = verdict(a384, FRAG_ROOM, b=bd(allocated=ALLOCATED), holders=holders)
+    assert v.kind == "fragmentation"
+    assert rendered(v) == [not_simulated("expandable_segments:True"),
+                           logits(200 * MiB, "torch/nn/functional.py:3104 in cross_entropy")]
+    v, _ = verdict(a768, CAP_ROOM, b=bd(outputs=200 * MiB, allocated=ALLOCATED), holders=holders)
+    assert v.kind == "growth" and "logits_bytes" in v.evidence and v.actions == []
+
+
+# --------------------------------------------------------------------------- _actions, kind by kind
+
+def actions(kind, ev=None, fits=None, files=(TRAIN,), mine=(), finding_id=None):
+    v = Verdict(kind, "", 0, [RANK], None, finding_id, dict(ev or {}))
+    out = _actions(v, fake(*files), list(mine), fits)
+    return [fill(t, v.evidence) for t in out], v.evidence
+
+
+@pytest.mark.parametrize("kind, in_flight, expected", [
+    ("capacity", 1, []),
+    ("capacity", 2, [PIPELINE]),
+    ("capacity", 3, [PIPELINE]),
+    ("capacity", None, []),
+    ("fragmentation", 2, [not_simulated("expandable_segments:True")]),  # a schedule is no fragmentation's cause
+])
+def test_pipeline_knob_from_two_micro_batches_in_flight_at_capacity(kind, in_flight, expected):
+    got, _ = actions(kind, {} if in_flight is None else {"in_flight": in_flight})
+    assert got == expected
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("capacity", [KV]),
+    ("fragmentation", [KV, not_simulated("expandable_segments:True")]),
+    ("growth", []),
+    ("healthy", []),
+])
+def test_kv_cache_action_for_capacity_and_fragmentation(kind, expected):
+    got, _ = actions(kind, {"kv_cache_bytes": 300 * MiB})
+    assert got == expected
+
+
+@pytest.mark.parametrize("fits, expected", [
+    (Fits(1, "t", largest_micro_batch=3, batch_scale=0.75), [use_mb(3)]),
+    (Fits(1, "t", largest_micro_batch=0), [use_mb(0)]),
+    (Fits(1, "t", batch_scale=0.75), [cut(0.75)]),
+    (Fits(1, "t"), []),
+    (None, []),
+    (Fits(1, "t", checkpointing_frees_at_most_bytes=300 * MiB), [ckpt(300 * MiB)]),
+    (Fits(1, "t", sharding_optimizer_frees_bytes=64 * MiB), [shard(64 * MiB)]),
+    (Fits(1, "t", sharding_optimizer_frees_bytes=64 * MiB - 1), []),
+    (Fits(1, "t", batch_scale=0.5, checkpointing_frees_at_most_bytes=1 * MiB, sharding_optimizer_frees_bytes=GiB),
+     [cut(0.5), ckpt(1 * MiB), shard(GiB)]),
+], ids=["whole", "whole-zero", "scale", "nothing", "no-fits", "checkpointing", "sharding-64MiB",
+        "sharding-under-64MiB", "all"])
+def test_capacity_actions_from_what_fits(fits, expected):
+    ev = {}
+    _fit_sentence(fits, ev, "", "")  # the summary puts the number what fits into the evidence, as _oom_verdict does
+    got, ev = actions("capacity", ev, fits=fits, files=(TRAIN,))
+    assert got == expected
+    cp = fits.checkpointing_frees_at_most_bytes if fits is not None else 0
+    sh = fits.sharding_optimizer_frees_bytes if fits is not None else 0
+    assert ev.get("checkpointing_frees_bytes") == (cp or None)
+    assert ev.get("sharding_frees_bytes") == (sh if sh >= 64 * MiB else None)
+
+
+@pytest.mark.parametrize("files, fw", [
+    ((DDP, LIGHTNING), "lightning"),  # DDP has no activations knob: the next detected framework's
+    ((LIGHTNING, HF_TRAINER), "hf-trainer"),  # the table's order, not the stack's
+    ((DEEPSPEED,), "deepspeed"),
+    ((DDP,), None),
+    ((TRAIN,), None),
+])
+def test_capacity_names_the_first_framework_with_an_activations_knob(files, fw):
+    got, _ = actions("capacity", {"in_flight": 2}, files=files)
+    expected = [PIPELINE]
+    if fw is not None:
+        f = framework(fw)
+        expected.append(f"{f.name}: {f.knobs['activations']}.")  # braces and quotes as the table writes them
+    assert got == expected
+
+
+def test_only_one_framework_activations_action_and_the_logits_after_it():
+    ev = {"logits_bytes": 300 * MiB, "logits_sites": "loss.py:1 in cross_entropy"}
+    got, _ = actions("capacity", ev, files=(LIGHTNING, HF_TRAINER))
+    hf = framework("hf-trainer")
+    assert got == [f"{hf.name}: {hf.knobs['activations']}.",
+                   logits(300 * MiB, "loss.py:1 in cross_entropy", hf.knobs["logits"])]
+
+
+@pytest.mark.parametrize("kind, files, knob", [
+    ("capacity", (TRAIN,), CHUNKS),
+    ("fragmentation", (DDP, ACCELERATE), framework("accelerate").knobs["logits"]),
+    ("capacity", (DDP,), CHUNKS),
+    ("growth", (HF_TRAINER,), None),
+    ("imbalance", (TRAIN,), None),
+])
+def test_logits_action_with_the_framework_knob_else_the_generic_advice(kind, files, knob):
+    ev = {"logits_bytes": 300 * MiB, "logits_sites": "a, b"}
+    got, _ = actions(kind, ev, files=files)
+    if kind == "fragmentation":
+        assert got == [not_simulated("expandable_segments:True"), logits(300 * MiB, "a, b", knob)]
+    elif kind == "capacity":
+        assert got == [logits(300 * MiB, "a, b", knob)]
+    else:
+        assert got == []
+
+
+@pytest.mark.parametrize("ev, expected", [
+    ({}, [not_simulated("expandable_segments:True")]),
+    ({"defragmented_config": "max_split_size_mb:64"}, [not_simulated("max_split_size_mb:64")]),
+    ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "complete",
+      "defragmented_outcome_template": "no OOM"},  # a replay to the end, whatever else it holds
+     [simulated("expandable_segments:True", "no OOM")]),
+    ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "step-completed",
+      "fix_oom": {"event_index": 3}, "defragmented_outcome_template": "completes"},
+     [simulated("expandable_segments:True", "completes")]),
+    ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded", "fix_oom": None,
+      "defragmented_outcome_template": "gets past the recorded OOM"},
+     [simulated("max_split_size_mb:64", "gets past the recorded OOM")]),
+    ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded",
+      "fix_oom": {"event_index": 3}, "defragmented_outcome_template": "still out of memory"},
+     [not_enough("max_split_size_mb:64")]),
+    ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "recorded",
+      "defragmented_outcome_template": "?"},  # no oom field: not said to get past
+     [not_enough("expandable_segments:True")]),
+    ({"largest_micro_batch": 2}, [not_simulated("expandable_segments:True"), or_keep(2)]),
+], ids=["not-simulated", "not-simulated-config", "complete", "step-completed", "recorded-past", "recorded-oom",
+        "recorded-no-oom-field", "smaller-micro-batch"])
+def test_fragmentation_actions(ev, expected):
+    got, _ = actions("fragmentation", ev, fits=Fits(1, "t", largest_micro_batch=9, checkpointing_frees_at_most_bytes=1,
+                                                    sharding_optimizer_frees_bytes=GiB))
+    assert got == expected  # nothing of capacity's: no allocator setting is their answer
+
+
+def test_finding_kinds_take_the_fix_of_their_finding():
+    first = finding("memory-growth", 1, fixes=fixed(("growth fix", None)))
+    df = finding("deferred-free", 1, fixes=fixed(("skip", False), ("use {stream}.synchronize()", None)))
+    got, _ = actions("deferred-free", mine=[first, df], finding_id="deferred-free")
+    assert got == ["use {stream}.synchronize()"]
+    got, _ = actions("deferred-free", mine=[first], finding_id="deferred-free")  # not among the rank's
+    assert got == []
+    got, _ = actions("growth", mine=[first, df], finding_id=None)
+    assert got == []
+    imb_all = finding("rank-imbalance", 1, ranks=(0, RANK), fixes=fixed(("all ranks", None)))
+    imb = finding("rank-imbalance", 1, fixes=fixed(("this rank", None)))
+    got, _ = actions("imbalance", mine=[imb_all, imb], finding_id="rank-imbalance")
+    assert got == ["this rank"]
+    got, _ = actions("imbalance", mine=[imb_all], finding_id="rank-imbalance")
+    assert got == []
+
+
+# --------------------------------------------------------------------------- with_findings
+
+def healthy(peak: int, headroom: int | None = 7 * MiB) -> Verdict:
+    return Verdict("healthy", "s", peak, [RANK], headroom, None, {"peak_reserved_bytes": peak, "rank": RANK})
+
+
+def test_with_findings_sentence_evidence_and_action():
+    peak = 1000 * MiB
+    f = finding("deferred-free", 900 * MiB, per_rank={RANK: 150 * MiB, 0: 750 * MiB}, ranks=(0, RANK),
+                title="Deferred frees", fixes=fixed(("a", False), ("sync {s}", None)))
+    v = with_findings(healthy(peak), [f])
+    assert (v.kind, v.bytes, v.ranks, v.headroom_bytes, v.finding) == (
+        "deferred-free", 150 * MiB, [RANK], 7 * MiB, "deferred-free")
+    assert v.evidence == {"peak_reserved_bytes": peak, "rank": RANK, "finding": "deferred-free",
+                          "finding_bytes": 150 * MiB, "title": "Deferred frees"}
+    assert fill(v.summary, v.evidence) == (
+        f"Deferred frees: {B(150 * MiB)} at stake (no OOM in this trace; peak reserved {B(peak)}).")
+    assert rendered(v) == ["sync {s}"]
+
+
+def test_with_findings_no_applicable_fix_no_action():
+    v = with_findings(healthy(1000 * MiB), [finding("deferred-free", 500 * MiB, fixes=fixed(("a", False)))])
+    assert v.kind == "deferred-free" and v.actions == []
+
+
+def test_with_findings_from_a_tenth_of_the_peak_on_this_ranks_share():
+    peak = 1000 * MiB
+    tenth = 100 * MiB
+    assert tenth == VERDICT_FRACTION * peak
+    v = with_findings(healthy(peak), [finding("deferred-free", tenth)])
+    assert (v.kind, v.bytes) == ("deferred-free", tenth)
+    v = with_findings(healthy(peak), [finding("deferred-free", tenth - 1)])
+    assert v.kind == "healthy"
+    # 9 GiB in all, a tenth less one byte on this rank: not enough
+    f = finding("rank-imbalance", 9 * GiB, per_rank={RANK: tenth - 1, 0: 9 * GiB - tenth + 1}, ranks=(0, RANK))
+    assert with_findings(healthy(peak), [f]).kind == "healthy"
+
+
+def test_with_findings_growth_decides_at_any_size():
+    v = with_findings(healthy(1000 * MiB), [finding("memory-growth", 1 * MiB)])
+    assert (v.kind, v.bytes, v.finding) == ("growth", 1 * MiB, "memory-growth")
+
+
+def test_with_findings_without_a_peak_every_material_finding_counts():
+    v = Verdict("empty", "s", 0, [RANK], None, None, {"rank": RANK})
+    got = with_findings(v, [finding("deferred-free", 0)])
+    assert (got.kind, got.bytes) == ("deferred-free", 0)
+
+
+def test_with_findings_picks_the_most_bytes_on_this_rank():
+    peak = 1000 * MiB
+    big_elsewhere = finding("deferred-free", 5 * GiB, per_rank={RANK: 200 * MiB, 0: 5 * GiB - 200 * MiB},
+                            ranks=(0, RANK))
+    mine = finding("memory-growth", 300 * MiB)
+    for order in ([big_elsewhere, mine], [mine, big_elsewhere]):
+        v = with_findings(healthy(peak), order)
+        assert (v.kind, v.bytes, v.evidence["finding_bytes"]) == ("growth", 300 * MiB, 300 * MiB)
+
+
+# --------------------------------------------------------------------------- _logits
+
+SITES = ["torch/nn/functional.py:3104 in cross_entropy", "torch/nn/functional.py:2200 in log_softmax",
+         "accelerate/utils/operations.py:800 in convert_to_fp32", "model.py:9 in softmax"]
+
+
+@pytest.mark.parametrize("holders, allocated, ev", [
+    ([(SITES[0], 200)], 1000, {"logits_bytes": 200, "logits_sites": SITES[0]}),  # exactly a fifth
+    ([(SITES[0], 199)], 1000, {}),
+    ([(SITES[0], 100), ("model.py:3 in forward", 900), (SITES[1], 100)], 1000,
+     {"logits_bytes": 200, "logits_sites": f"{SITES[0]}, {SITES[1]}"}),
+    ([(s, 100) for s in SITES], 1000, {"logits_bytes": 400, "logits_sites": ", ".join(SITES[:3])}),
+    ([("model.py:3 in forward", 900)], 1000, {}),
+    ([(SITES[0], 1)], 0, {"logits_bytes": 1, "logits_sites": SITES[0]}),
+    ([], 0, {}),
+], ids=["fifth", "under", "mixed", "three-sites", "none", "nothing-allocated", "no-holder"])
+def test_logits_from_a_fifth_of_the_allocated_bytes(holders, allocated, ev):
+    assert LOGITS_FRACTION * 1000 == 200
+    got = {}
+    _logits([SiteRef(label, b, 1) for label, b in holders], bd(allocated=allocated), got)
+    assert got == ev
