@@ -351,7 +351,7 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     model_allocs = allocs[np.isin(smoothed, (FORWARD_PHASE, BACKWARD_PHASE, EVALUATION_PHASE, GENERATION_PHASE))]
     if steps is not None and len(steps) > 1 and model_allocs.size and not np.any(model_allocs >= steps.starts[-1]):
         # after the last update only teardown ran: not a step
-        steps = Steps(steps.starts[:-1], steps.source, steps.updates)
+        steps = Steps(steps.starts[:-1], steps.source, steps.updates, steps.first)
     opt_starts = _optimizer_starts(times, phase, windows)
     after_backward = np.zeros(n, dtype=bool)
     after_backward[allocs[gap]] = True
@@ -481,7 +481,7 @@ def _passes(allocs: np.ndarray, model: np.ndarray, smoothed: np.ndarray, stack: 
             continue
         anchor = stack[allocs[hits[0]]]
         same = hits[stack[allocs[hits]] == anchor]
-        starts.extend(same[same > rs].tolist())
+        starts.extend(same[1:].tolist())  # the first entry begins no pass of its own: its repeats do
     return np.unique(allocs[np.array(starts, dtype=np.int64)])
 
 
