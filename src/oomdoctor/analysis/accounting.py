@@ -175,7 +175,10 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         if free_stacks and lt.free_stack is not None:  # where a dropped allocation was freed, from its own stack
             fs = ri.roles_of(lt.free_stack, ph.python_stacks)
             dp = np.where(pre & (lt.free_stack >= 0) & (fs != OTHER_PHASE), fs, dp)
-        b_end = np.where(b >= 0, _runs(ph.phase)[1][at], -1)
+        # the end of the run each block was born in; born before the trace inside the backward the trace begins
+        # in, that run's end (freed inside it, it did not outlive it)
+        run_end = _runs(ph.phase)[1]
+        b_end = np.where(b >= 0, run_end[at], run_end[0] if ph.phase[0] == BACKWARD_PHASE else -1)
         if ph.after_backward is not None:
             gap = ~pre & ph.after_backward[at]
     starts = ph.pass_starts
