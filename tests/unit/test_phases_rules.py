@@ -430,6 +430,14 @@ def test_passes_the_first_entry_of_a_run_is_no_repeat():
     assert _passes(np.arange(6), model, ev, np.array([7, 1, 2, 7, 1, 2])).tolist() == [0, 4]
 
 
+def test_passes_a_run_opening_with_model_code_began_inside_a_batch():
+    # the trace begins inside a batch (model code at 0, its transfer unrecorded), then two whole batches
+    # (transfer, model, model): the first entry (3) is the second batch's and begins it, as its repeat (6) does
+    ev = np.array([E] * 8, np.int8)
+    model = np.array([True, True, False, True, True, False, True, True])
+    assert _passes(np.arange(8), model, ev, np.array([2, 3, 7, 1, 2, 7, 1, 2])).tolist() == [0, 3, 6]
+
+
 # ------------------------------------------------------------------------------------------ _trailing_evaluation
 
 

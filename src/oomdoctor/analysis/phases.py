@@ -465,7 +465,8 @@ def _trailing_evaluation(smoothed: np.ndarray, allocs: np.ndarray, pass_starts: 
 def _passes(allocs: np.ndarray, model: np.ndarray, smoothed: np.ndarray, stack: np.ndarray) -> np.ndarray:
     """Pass starts (event indices): each run of forward/evaluation/generation phase begins one; inside a
     run, the run's first *entry* (model code allocating right after code that is not: the batch's
-    transfer) repeating with the same stack begins the next one."""
+    transfer) repeating with the same stack begins the next one. A run that opens with model code (the trace
+    begins inside a batch, its transfer unrecorded) has its first entry in the next batch, which it begins."""
     if allocs.size == 0:
         return np.zeros(0, np.int64)
     fwd = np.isin(smoothed, PASS_PHASES)
@@ -481,7 +482,9 @@ def _passes(allocs: np.ndarray, model: np.ndarray, smoothed: np.ndarray, stack: 
             continue
         anchor = stack[allocs[hits[0]]]
         same = hits[stack[allocs[hits]] == anchor]
-        starts.extend(same[1:].tolist())  # the first entry begins no pass of its own: its repeats do
+        # a run opening with the batch's transfer: its first entry is that pass's, and its repeats begin the next
+        # ones; a run opening with model code (a trace that begins mid-batch): the first entry is the next batch's
+        starts.extend((same[same > rs] if model[rs] else same[1:]).tolist())
     return np.unique(allocs[np.array(starts, dtype=np.int64)])
 
 
