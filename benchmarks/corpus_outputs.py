@@ -66,4 +66,7 @@ def compare(before: str, after: str) -> None:
 
 
 if __name__ == "__main__":
-    {"record": record, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    commands = {"record": record, "compare": compare}
+    if len(sys.argv) != 4 or sys.argv[1] not in commands:
+        sys.exit("usage: corpus_outputs.py record SRC OUT.json | compare BEFORE.json AFTER.json")
+    commands[sys.argv[1]](*sys.argv[2:])
