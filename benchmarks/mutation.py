@@ -4,8 +4,8 @@ The modules and the tests are configured in ``pyproject.toml`` (``[tool.mutmut]`
 ``analysis/phases.py``, ``report/verdict.py``, ``report/fits.py`` and ``detectors/``, against ``tests/unit`` alone
 (mutmut runs, for each mutant, only the tests that reached the mutated function, fastest first, and stops at the
 first failure; the integration tests are left out so that a surviving mutant costs seconds, which makes the score a
-lower bound for the whole suite). The real snapshots come from ``OOMDOCTOR_SHARED`` (default: ``../shared``); without them the
-tests that need them skip and fewer mutants are killed.
+lower bound for the whole suite). The real snapshots come from ``OOMDOCTOR_SHARED`` (default: ``../shared``);
+without them the tests that need them skip and fewer mutants are killed.
 
 Usage::
 

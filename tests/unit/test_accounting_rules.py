@@ -195,16 +195,11 @@ def test_row_ids_stay_exact_where_offsets_would_overflow():
 # --------------------------------------------------------------------------- _stacks_with
 
 def _table(*stacks: tuple[str, ...]) -> SimpleNamespace:
-    frames, ids, out = [], {}, []
+    """A trace holding only a stack table: stack i has one frame per function name of ``stacks[i]``."""
+    table = StackTable()
     for st in stacks:
-        fids = []
-        for name in st:
-            if name not in ids:
-                ids[name] = len(frames)
-                frames.append(("/w/x.py", 1, name))
-            fids.append(ids[name])
-        out.append(tuple(fids))
-    return SimpleNamespace(stacks=SimpleNamespace(frames=frames, stacks=out))
+        table.intern_stack(tuple(table.intern_frame(("/w/x.py", 1, name)) for name in st))
+    return SimpleNamespace(stacks=table)
 
 
 def test_stacks_with_names_exact_or_contained():

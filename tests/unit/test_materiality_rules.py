@@ -18,9 +18,7 @@ import pytest
 
 from oomdoctor.detectors.finding import Finding
 from oomdoctor.detectors.materiality import DEFAULT_MIN_BYTES, Materiality, apply, rank_key, simulated_saving
-
-MiB = 1 << 20
-GiB = 1 << 30
+from oomdoctor.units import GiB, MiB
 
 
 def finding(bytes_: int, severity: str = "high", ranks=(0,), per_rank=None, prediction=None) -> Finding:
