@@ -47,10 +47,13 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--half", action="append", choices=("in-sample", "tuning", "held-out"),
                    help="only the runs of this half (docs/corpus/README.md; repeatable; default: all)")
+    p.add_argument("--only", help="only the runs whose name starts with this prefix (e.g. new-kinds-)")
     a = p.parse_args()
     runs = json.loads((CORPUS / "runs.json").read_text())
     if a.half:
         runs = {k: v for k, v in runs.items() if v.get("half", "in-sample") in a.half}
+    if a.only:
+        runs = {k: v for k, v in runs.items() if k.startswith(a.only)}
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in runs.items():

@@ -12,8 +12,10 @@ Kinds (``--size small|large`` changes the model's width and depth, so each kind 
   does; a decoder LM, bf16 autocast.
 - ``late-record``: GPT-2 (transformers) and AdamW built and moved to the GPU before recording starts.
 - ``gpu-dataset``: the whole token dataset moved to the GPU in ``Dataset.__init__``; batches are slices of it.
-- ``chunked-loss``: the LM head and cross-entropy computed in 4 chunks of the sequence (each checkpointed), one
-  backward: one micro-batch, no pipeline.
+- ``chunked-loss``: the LM head and cross-entropy computed in 4 chunks of the sequence, each upcast to fp32 alone
+  (torchtune's ``CEWithChunkedOutputLoss``), one backward: one micro-batch, no pipeline. (The first version
+  checkpointed each chunk with ``use_reentrant=False``; under ``_record_memory_history`` on torch 2.11 its backward
+  failed with ``SystemError: run_backward returned NULL without setting an exception``.)
 - ``static-kv``: gpt-fast-style inference: a KV cache made in each attention module's ``__init__``
   (``register_buffer``), a prefill, then one token at a time under ``torch.no_grad()``.
 - ``ema``: training with an exponential moving average of the weights (a second copy, updated after each step).
@@ -214,12 +216,10 @@ def _train(a, shape, dev, amp, truth, record, tokens) -> None:
         with amp:
             if a.kind == "late-record":
                 loss = model(input_ids=ids, labels=ids).loss
-            elif a.kind == "chunked-loss":
+            elif a.kind == "chunked-loss":  # torchtune's CEWithChunkedOutputLoss: 4 chunks, each upcast alone
                 h = model.hidden(ids)
-                loss = 0
-                for hc, ic in zip(h.chunk(4, dim=1), ids.chunk(4, dim=1)):
-                    loss = loss + torch.utils.checkpoint.checkpoint(_chunk_loss, model.head, hc, ic,
-                                                                    use_reentrant=False) / 4
+                loss = sum(_chunk_loss(model.head, hc, ic) for hc, ic in zip(h.chunk(4, dim=1), ids.chunk(4, dim=1)))
+                loss = loss / 4
             else:
                 logits = model(ids)
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
