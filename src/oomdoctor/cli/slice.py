@@ -55,7 +55,8 @@ def command(snapshot: str, unit: str, start: str | None, end: str | None, output
     if kind == FILE:
         write_bytes(sidecar_for(output), json_bytes(slice_metadata(trace, a.device, window)))
     else:
-        click.echo(f"oomdoctor: {name} is not a regular file: no sidecar ({sidecar_name(output)}) was written, "
-                   "so the window's steps and phases are not kept", err=True)
+        side = "" if output == "-" else f" ({sidecar_name(output)})"
+        click.echo(f"oomdoctor: {name} is not a regular file: no sidecar{side} was written, so the window's "
+                   "steps and phases are not kept", err=True)
     click.echo(f"wrote {name}: {window.how}, {window.num_events:,} of {a.num_events:,} events, "
                f"{len(snap['segments'])} segments at the window's end", err=True)
