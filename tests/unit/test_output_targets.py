@@ -401,3 +401,20 @@ def test_a_writable_file_in_a_closed_directory_is_written_in_place(tmp_path):
         assert (d / "f").read_bytes() == b"new"
     finally:
         d.chmod(0o755)
+
+
+# --- the reader of standard output gone before the first write -----------------------------------------------
+
+@pytest.mark.parametrize("out", ["-", "/dev/stdout"])
+@pytest.mark.parametrize("name", ["report", "slice", "diagnose json", "simulate text", "plan search text", "schema"])
+def test_a_closed_standard_output_is_exit_0_and_quiet(name, out, tmp_path):
+    """As ``tests/unit/test_pipes.py`` for the outputs without -o: the pipe's read end closed before the start."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = _oomdoctor(*COMMANDS[name], "-o", out, stdout=w, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    finally:
+        os.close(w)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr and "error" not in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == []

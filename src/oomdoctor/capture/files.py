@@ -17,7 +17,7 @@ file or none, never half of one. Temporary names start with ``.`` so readers ski
 Only a regular file (or a new name) is written that way: :func:`write_target` follows a symbolic link to
 its target, and writes a character device, a FIFO or a descriptor (``/dev/null``, ``/dev/stdout``,
 ``>(gzip > x.gz)``) in place as a stream; a rename there would replace the device or the link with a file.
-Every file oomdoctor writes goes through it (the CLI's ``-o`` through :mod:`oomdoctor.cli.output`).
+The recorder, the in-job summary and every ``-o`` of the CLI (:mod:`oomdoctor.cli.output`) write through it.
 """
 
 from __future__ import annotations
