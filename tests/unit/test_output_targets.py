@@ -418,3 +418,18 @@ def test_a_closed_standard_output_is_exit_0_and_quiet(name, out, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr and "error" not in p.stderr, p.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_descriptor_of_another_process_is_opened_by_name_and_truncated_if_a_file(tmp_path):
+    f = tmp_path / "theirs.txt"
+    f.write_bytes(b"a longer old content\n")
+    with open(f, "r+b") as held:
+        other = subprocess.Popen(["sleep", "30"], stdout=held)
+    try:
+        name = f"/proc/{other.pid}/fd/1"
+        assert resolve_target(name) == (name, -1)
+        assert write_target(name, b"new\n") == STREAM
+    finally:
+        other.kill()
+        other.wait()
+    assert f.read_bytes() == b"new\n" and not f.is_symlink()

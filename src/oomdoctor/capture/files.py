@@ -174,8 +174,8 @@ def write_target(path: str, data: bytes) -> str:
     if kind == STREAM:
         if fd is not None and fd >= 0:
             out = os.dup(fd)
-        else:
-            out = os.open(final, os.O_WRONLY)
+        else:  # a device, a FIFO; or a descriptor of another process, truncated as ``>`` would if a file
+            out = os.open(final, os.O_WRONLY | (os.O_TRUNC if fd == -1 and os.path.isfile(final) else 0))
         _write_all(out, data)
         return STREAM
     try:

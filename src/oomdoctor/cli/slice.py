@@ -39,7 +39,7 @@ def parse_bound(text: str | None, unit: str) -> float | None:
 @click.option("--start", help="First event / time / step of the window (default: the trace's start).")
 @click.option("--end", help="End of the window, exclusive (default: the trace's end).")
 @click.option("-o", "--output", required=True, type=OUTPUT,
-              help="The snapshot pickle to write (a sidecar <stem>.meta.json goes beside it).")
+              help="The snapshot pickle to write, or - (a sidecar <stem>.meta.json goes beside a regular file).")
 def command(snapshot: str, unit: str, start: str | None, end: str | None, output: str) -> None:
     """Cut a window out of a snapshot: a valid smaller snapshot that pytorch.org/memory_viz and oomdoctor
     open, whose segments hold every block alive in the window. OUTPUT may be a file, a link (its target
