@@ -13,13 +13,21 @@ Names, per rank ``R`` (``rank_from_name`` in :mod:`oomdoctor.trace.load` reads t
 A write goes to a hidden temporary file in the same directory, is flushed to disk, then renamed over
 the final name (``os.replace`` is atomic on POSIX): a job killed mid-dump leaves either the previous
 file or none, never half of one. Temporary names start with ``.`` so readers skip them.
+
+Only a regular file (or a new name) is written that way: :func:`write_target` follows a symbolic link to
+its target, and writes a character device, a FIFO or a descriptor (``/dev/null``, ``/dev/stdout``,
+``>(gzip > x.gz)``) in place as a stream; a rename there would replace the device or the link with a file.
+The recorder, the in-job summary and every ``-o`` of the CLI (:mod:`oomdoctor.cli.output`) write through it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import secrets
+import stat
 import tempfile
 from typing import Any
 
@@ -54,7 +62,9 @@ def sidecar_for(snapshot_path: str) -> str:
 
 
 def ensure_writable(out_dir: str) -> str:
-    """Create ``out_dir`` if needed and prove a file can be created in it; return its absolute path.
+    """Create ``out_dir`` if needed and prove a file can be created in it; return its absolute path. A
+    symbolic link is followed (its target directory is created if missing) and stays a link; a file, a
+    device or a FIFO is refused.
 
     Raises:
         CaptureError: naming the directory and the operating system's reason.
@@ -63,7 +73,7 @@ def ensure_writable(out_dir: str) -> str:
     if os.path.exists(path) and not os.path.isdir(path):
         raise CaptureError(f"{path}: exists and is not a directory")
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(os.path.realpath(path), exist_ok=True)  # a link to a directory is followed, even a dangling one
     except OSError as e:
         raise CaptureError(f"{path}: cannot create the output directory ({e.strerror or e})") from None
     try:
@@ -75,23 +85,143 @@ def ensure_writable(out_dir: str) -> str:
     return path
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename.
+#: what :func:`write_target` wrote to: a regular file replaced atomically, or a stream written in place
+FILE, STREAM = "file", "stream"
+
+_FD_DIR = re.compile(r"^/proc/(\d+)(?:/task/\d+)?/fd$")
+_MAX_NAME = 200  # the temporary name adds ~30 characters to the base name; NAME_MAX is 255
+
+
+class OutputError(OomdoctorError):
+    """An output path that cannot be written: a directory, a missing directory, no permission."""
+
+    exit_code = 2
+
+
+def resolve_target(path: str) -> tuple[str, int | None]:
+    """Follow the symbolic links of ``path`` one by one: ``(final path, None)``, or ``(path, fd)`` when the
+    chain reaches one of this process's descriptors (``/dev/stdout`` -> ``/proc/self/fd/1``, ``/dev/fd/63``
+    of ``>(gzip > x.gz)``): what the descriptor points at is written through it (shared offset, as the
+    shell opened it), never looked up by name. A descriptor of another process comes back as ``(path,
+    -1)``: opened by that name, as a stream.
 
     Raises:
-        OSError: the write failed (disk full, permissions); the temporary file is removed and any
-            previous ``path`` is left untouched.
+        OSError: ``ELOOP`` for a loop of links.
     """
-    d = os.path.dirname(os.path.abspath(path))
+    p = os.path.abspath(path)
+    for _ in range(40):  # Linux's MAXSYMLINKS
+        parent = os.path.realpath(os.path.dirname(p))
+        p = os.path.join(parent, os.path.basename(p))
+        m = _FD_DIR.match(parent)
+        if m:
+            name = os.path.basename(p)
+            if m.group(1) == str(os.getpid()) and name.isdigit():
+                return p, int(name)
+            return p, -1
+        if not os.path.islink(p):
+            return p, None
+        p = os.path.join(parent, os.readlink(p))
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+
+
+def target_kind(path: str) -> str:
+    """:data:`FILE` when ``path`` (its links followed) is a regular file or a new name, else
+    :data:`STREAM` (a character device, a FIFO, a socket, a descriptor such as ``/dev/stdout``).
+
+    Raises:
+        OutputError: ``path`` is (or points at) a directory, or its directory does not exist.
+    """
+    return _classify(path)[0]
+
+
+def _classify(path: str) -> tuple[str, str, int | None]:
+    final, fd = resolve_target(path)
+    if fd is not None:
+        return STREAM, final, fd
+    try:
+        st = os.stat(final)
+    except FileNotFoundError:
+        parent = os.path.dirname(final)
+        if not os.path.isdir(parent):
+            if final != os.path.abspath(path):
+                raise OutputError(f"{path}: links to {final}, whose directory does not exist") from None
+            raise OutputError(f"{path}: the directory {os.path.dirname(path) or '.'} does not exist; "
+                              "create it first") from None
+        return FILE, final, None
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{path}: is a directory; give a file name")
+    return (FILE if stat.S_ISREG(st.st_mode) else STREAM), final, None
+
+
+def write_target(path: str, data: bytes) -> str:
+    """Write ``data`` to what ``path`` names, without ever replacing what is not a regular file; return
+    :data:`FILE` or :data:`STREAM`.
+
+    - a regular file or a new name: a temporary file in the same directory, flushed to disk, then renamed
+      over it (``os.replace``, atomic on POSIX); an existing file keeps its permissions (and its owner,
+      where this process may set it); one this process may not write is refused, as ``open`` would;
+    - a symbolic link: followed; its target is written by these rules and the link stays a link;
+    - a character device, a FIFO or a socket (``/dev/null``, ``mkfifo``), or a descriptor of this
+      process (``/dev/stdout``, ``/dev/fd/63``): written in place as a stream, never renamed over.
+    - a regular file in a directory this process may not write, but which it may write: written in place.
+
+    Raises:
+        OutputError: a directory, a missing directory, no permission to write the file.
+        OSError: the write failed (disk full, the reader of a pipe went away: ``BrokenPipeError``); the
+            temporary file is removed and a previous file is left untouched.
+    """
+    kind, final, fd = _classify(path)
+    if kind == STREAM:
+        if fd is not None and fd >= 0:
+            out = os.dup(fd)
+        else:  # a device, a FIFO; or a descriptor of another process, truncated as ``>`` would if a file
+            out = os.open(final, os.O_WRONLY | (os.O_TRUNC if fd == -1 and os.path.isfile(final) else 0))
+        _write_all(out, data)
+        return STREAM
+    try:
+        st: os.stat_result | None = os.stat(final)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not os.access(final, os.W_OK):
+        raise OutputError(f"{path}: permission denied (the file is not writable)")
+    try:
+        _replace(final, data, st)
+    except PermissionError:
+        if st is None:
+            raise OutputError(f"{path}: permission denied (cannot create a file in "
+                              f"{os.path.dirname(final)})") from None
+        # the directory is closed to new names but the file is open to writes: write it in place
+        _write_all(os.open(final, os.O_WRONLY | os.O_TRUNC), data, sync=True)
+    return FILE
+
+
+def _write_all(fd: int, data: bytes, sync: bool = False) -> None:
+    with os.fdopen(fd, "wb", buffering=0) as f:
+        view = memoryview(data)
+        while view:
+            view = view[f.write(view):]
+        if sync:
+            os.fsync(f.fileno())
+
+
+def _replace(final: str, data: bytes, st: os.stat_result | None) -> None:
+    d, base = os.path.split(final)
     # os.open with 0o666 honours the umask like open() does (mkstemp would force 0o600)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(d, f".{base[:_MAX_NAME]}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
+            if st is not None:  # an overwritten file keeps its mode and, where allowed, its owner
+                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
+                if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                    try:
+                        os.fchown(f.fileno(), st.st_uid, st.st_gid)
+                    except OSError:
+                        pass
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, final)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -100,9 +230,25 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         raise
 
 
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """:func:`write_target`: ``path`` written through a temporary file and a rename when it is a regular
+    file or a new name (links followed), in place when it is a device, a FIFO or a descriptor.
+
+    Raises:
+        OutputError, OSError: as :func:`write_target`; a previous ``path`` is left untouched on failure.
+    """
+    write_target(path, data)
+
+
 def atomic_write_json(path: str, obj: Any) -> None:
     """:func:`atomic_write_bytes` of ``obj`` as indented JSON (sorted keys are not forced)."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=_json_default) + "\n").encode("utf-8"))
+    atomic_write_bytes(path, json_bytes(obj))
+
+
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as indented JSON in UTF-8, with a final newline (tuples and sets as lists, numpy scalars as
+    numbers, anything else as its ``str``)."""
+    return (json.dumps(obj, indent=2, default=_json_default) + "\n").encode("utf-8")
 
 
 def _json_default(o: Any) -> Any:

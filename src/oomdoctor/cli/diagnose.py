@@ -14,7 +14,8 @@ from ..report.gate import LEVELS, gate
 from ..report.job import Want, job_report
 from ..units import parse_bytes
 from .console import terminal
-from .inputs import parallel_options, read_job, write_output
+from .inputs import parallel_options, read_job
+from .output import OUTPUT, write_output
 from .page import job_page
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
@@ -39,7 +40,7 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True,
               help="Output format (html: the self-contained page of `oomdoctor report`).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
+@click.option("-o", "--output", type=OUTPUT,
               help="Write the report to this file instead of standard output.")
 @click.option("--demo", is_flag=True, help=f"Diagnose a real snapshot shipped with oomdoctor ({DEMO_SNAPSHOT}).")
 @click.option("--micro-batch", type=click.IntRange(min=1), default=None,

@@ -15,14 +15,15 @@ from ..report.job import Want, gather, job_report, map_pairs, pair_tasks, plan_t
 from ..report.overlay import DiffVisual
 from ..trace import Skipped
 from .console import terminal
-from .inputs import parallel_options, skipped_line, write_output
+from .inputs import parallel_options, skipped_line
+from .output import OUTPUT, write_output
 
 
 @click.command("diff")
 @click.argument("before", type=click.Path(path_type=str))
 @click.argument("after", type=click.Path(path_type=str))
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
+@click.option("-o", "--output", type=OUTPUT,
               help="Write to this file instead of standard output.")
 @parallel_options
 def command(before: str, after: str, fmt: str, output: str | None, jobs: int | None, executor: str,

@@ -10,7 +10,8 @@ from ..render.perfetto import render_perfetto
 from ..report.flame import folded_at
 from ..report.job import Want
 from ..report.moments import moment_at
-from .inputs import analyze_inputs, parallel_options, read_job, write_output
+from .inputs import analyze_inputs, parallel_options, read_job
+from .output import OUTPUT, write_output
 
 
 @click.command("export")
@@ -22,7 +23,7 @@ from .inputs import analyze_inputs, parallel_options, read_job, write_output
 @click.option("--at", "at", metavar="peak|oom|EVENT|TIME",
               help="folded: the moment: peak (of allocated bytes, the default), oom (the last OOM), an event index, "
                    "or a time since the first event (350us, 20ms, 1.5s).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
+@click.option("-o", "--output", type=OUTPUT,
               help="Write to this file instead of standard output.")
 @parallel_options
 def command(paths: tuple[str, ...], fmt: str, at: str | None, output: str | None, jobs: int | None, executor: str,

@@ -1,19 +1,17 @@
-"""Reading inputs and writing outputs for the subcommands."""
+"""Reading inputs for the subcommands (outputs: :mod:`.output`)."""
 
 from __future__ import annotations
 
-import io
 import os
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
-from ..errors import UsageError
 from ..trace import Skipped, Trace, load_ranks
-from .console import terminal as stdout_console
+from .output import write_output, write_rendered, write_text  # noqa: F401 - their home is .output
 
 if TYPE_CHECKING:
     from ..analysis.device import DeviceAnalysis
@@ -57,34 +55,6 @@ def _load(inputs: list[str], skipped: list[Skipped]) -> list[Trace]:
             bar.update(task, description=f"{what} snapshot", completed=done, total=file_total)
 
         return load_ranks(inputs, progress=progress, skipped=skipped)
-
-
-def write_text(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"{path}: cannot write the report ({e.strerror or e})") from None
-
-
-def write_output(path: str | None, text: str) -> None:
-    """Write to ``path``, or to standard output when None."""
-    if path:
-        write_text(path, text)
-    else:
-        click.echo(text, nl=False)
-
-
-def write_rendered(output: str | None, draw: Callable[[Console], None], *, width: int = 120,
-                   terminal: Console | None = None) -> None:
-    """Draw a rich rendering on the terminal (``terminal``, or a plain one), or into ``output`` at
-    ``width`` columns without colour."""
-    if not output:
-        draw(terminal or stdout_console())
-        return
-    buf = io.StringIO()
-    draw(Console(file=buf, width=width, no_color=True, highlight=False))
-    write_text(output, buf.getvalue())
 
 
 def parallel_options(f):

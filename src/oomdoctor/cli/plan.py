@@ -33,7 +33,7 @@ from ..render.plan import (
     validation_dict,
 )
 from .console import terminal
-from .inputs import write_output, write_rendered
+from .output import OUTPUT, write_output, write_rendered
 
 # name: (memory bytes as CUDA reports the device's total, bf16 dense FLOP/s, NVLink bytes/s per GPU one way)
 GPUS = {
@@ -93,7 +93,7 @@ def _common(f):
         click.option("--return-outputs", is_flag=True, help="torch.distributed.pipelining step(return_outputs=True)."),
         click.option("--expandable-segments", is_flag=True, help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."),
         click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True),
-        click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str)),
+        click.option("-o", "--output", type=OUTPUT),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -185,7 +185,7 @@ def search_cmd(plans, top, **kw) -> None:
 @command.command("validate")
 @click.argument("csv_path", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str))
+@click.option("-o", "--output", type=OUTPUT)
 def validate_cmd(csv_path: str, fmt: str, output: str | None) -> None:
     """Predict each row of a Megatron-LM CI golden-memory CSV and report the errors on the GPT rows."""
     v = validate_csv(csv_path)

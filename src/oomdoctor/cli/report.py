@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from ..render.html import render_html
 from ..report.gate import LEVELS
 from .diagnose import DEMO_SNAPSHOT, fail_on_exit, inputs_or_demo
-from .inputs import parallel_options, write_text
+from .inputs import parallel_options
+from .output import OUTPUT, write_bytes
 from .page import job_page
 
 DEFAULT_OUTPUT = "oomdoctor-report.html"
@@ -17,8 +16,8 @@ DEFAULT_OUTPUT = "oomdoctor-report.html"
 
 @click.command("report")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
-              default=DEFAULT_OUTPUT, show_default=True, help="The HTML file to write.")
+@click.option("-o", "--output", type=OUTPUT,
+              default=DEFAULT_OUTPUT, show_default=True, help="The HTML file to write (- for standard output).")
 @click.option("--demo", is_flag=True, help=f"Report on the snapshot shipped with oomdoctor ({DEMO_SNAPSHOT}).")
 @click.option("--fail-on", type=click.Choice(LEVELS), default=None,
               help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
@@ -31,7 +30,7 @@ def command(paths: tuple[str, ...], output: str, demo: bool, fail_on: str | None
     of allocated memory)."""
     report, visual = job_page(inputs_or_demo(paths, demo, "report"), jobs=jobs, executor=executor,
                               scheduler=scheduler)
-    page = render_html(report, visual)
-    write_text(output, page)
-    click.echo(f"wrote {output} ({os.path.getsize(output) / 2**20:.1f} MiB)", err=True)
+    data = render_html(report, visual).encode("utf-8")
+    write_bytes(output, data)
+    click.echo(f"wrote {'standard output' if output == '-' else output} ({len(data) / 2**20:.1f} MiB)", err=True)
     return fail_on_exit(report, fail_on)

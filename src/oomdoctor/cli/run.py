@@ -59,8 +59,9 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Directory for the snapshots [default: ./oomdoctor-run-<time>].")
+@click.option("--out", "out", type=click.Path(path_type=str, readable=False), default=None,
+              help="Directory for the snapshots, created if missing (a link to a directory is followed) "
+                   "[default: ./oomdoctor-run-<time>].")
 @click.option("--steps", default=None, help="Record only steps A..B (from 0, both included), e.g. 2:4.")
 @click.option("--max-entries", type=click.IntRange(min=1), default=DEFAULT_MAX_ENTRIES, show_default=True,
               help="Events kept in the allocator's history ring buffer, per process.")
@@ -90,6 +91,9 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, f
     parse_steps(steps)
     if shutil.which(argv[0]) is None:
         raise CommandNotRunnable(f"{argv[0]}: command not found", 127)
+    if out == "-":
+        raise UsageError("--out -: run writes a directory of snapshots, which standard output cannot hold; "
+                         "give a directory")
     out = ensure_writable(out or f"oomdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}")
     env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout, free_stacks=free_stacks)
     code = _run(argv, env)

@@ -7,12 +7,12 @@ import json
 import click
 
 from ..render.schema import COMMANDS, schema
-from .inputs import write_output
+from .output import OUTPUT, write_output
 
 
 @click.command("schema")
 @click.argument("command", nargs=-1, required=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=str),
+@click.option("-o", "--output", type=OUTPUT,
               help="Write to this file instead of standard output.")
 def command(command: tuple[str, ...], output: str | None) -> None:
     """Print the JSON Schema (draft 2020-12) of COMMAND's --format json output: diagnose (also run and the

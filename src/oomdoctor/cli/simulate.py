@@ -8,7 +8,8 @@ from ..errors import UsageError
 from ..render import render_simulation_json, render_simulation_text
 from ..simulate.whatif import simulate_recorded
 from ..units import parse_bytes
-from .inputs import load_with_progress, write_output, write_rendered
+from .inputs import load_with_progress
+from .output import OUTPUT, write_output, write_rendered
 
 
 @click.command("simulate")
@@ -24,7 +25,7 @@ from .inputs import load_with_progress, write_output, write_rendered
                    "limit (fraction, which also enables garbage_collection_threshold).")
 @click.option("--search", is_flag=True, help="Try a grid of settings and recommend one.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), help="Write to this file.")
+@click.option("-o", "--output", type=OUTPUT, help="Write to this file.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Worker processes for --search (default: CPUs).")
 def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap: str | None, cap_kind: str | None,
             search: bool, fmt: str, output: str | None, jobs: int | None) -> None:

@@ -9,10 +9,11 @@ import click
 
 from ..analysis.device import analyze
 from ..analysis.slicing import WINDOW_UNITS, event_window, slice_metadata, slice_snapshot
-from ..capture.files import atomic_write_bytes, atomic_write_json, sidecar_for
+from ..capture.files import json_bytes, sidecar_for, sidecar_name
 from ..errors import UsageError
 from ..trace import load
 from ..units import parse_duration_us
+from .output import FILE, OUTPUT, write_bytes
 
 
 def parse_bound(text: str | None, unit: str) -> float | None:
@@ -37,18 +38,25 @@ def parse_bound(text: str | None, unit: str) -> float | None:
               help="What --start and --end count: event indices, time since the first event, or steps.")
 @click.option("--start", help="First event / time / step of the window (default: the trace's start).")
 @click.option("--end", help="End of the window, exclusive (default: the trace's end).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True, path_type=str),
-              help="The snapshot pickle to write (a sidecar <stem>.meta.json goes beside it).")
+@click.option("-o", "--output", required=True, type=OUTPUT,
+              help="The snapshot pickle to write, or - (a sidecar <stem>.meta.json goes beside a regular file).")
 def command(snapshot: str, unit: str, start: str | None, end: str | None, output: str) -> None:
     """Cut a window out of a snapshot: a valid smaller snapshot that pytorch.org/memory_viz and oomdoctor
-    open, whose segments hold every block alive in the window."""
+    open, whose segments hold every block alive in the window. OUTPUT may be a file, a link (its target
+    is written), a FIFO or device, or - (standard output); the sidecar is written only beside a file."""
+    if output != "-" and os.path.exists(output) and os.path.exists(snapshot) and os.path.samefile(output, snapshot):
+        raise UsageError(f"{output}: would overwrite the input snapshot; choose another -o")
     trace = load(snapshot)
     a = analyze(trace)
     window = event_window(trace, a.device, parse_bound(start, unit), parse_bound(end, unit), unit)
     snap = slice_snapshot(trace, a.device, a.lifetimes, window)
-    if os.path.abspath(output) == os.path.abspath(snapshot):
-        raise UsageError(f"{output}: would overwrite the input snapshot; choose another -o")
-    atomic_write_bytes(output, pickle.dumps(snap, protocol=4))
-    atomic_write_json(sidecar_for(output), slice_metadata(trace, a.device, window))
-    click.echo(f"wrote {output}: {window.how}, {window.num_events:,} of {a.num_events:,} events, "
+    kind = write_bytes(output, pickle.dumps(snap, protocol=4))
+    name = "standard output" if output == "-" else output
+    if kind == FILE:
+        write_bytes(sidecar_for(output), json_bytes(slice_metadata(trace, a.device, window)))
+    else:
+        side = "" if output == "-" else f" ({sidecar_name(output)})"
+        click.echo(f"oomdoctor: {name} is not a regular file: no sidecar{side} was written, so the window's "
+                   "steps and phases are not kept", err=True)
+    click.echo(f"wrote {name}: {window.how}, {window.num_events:,} of {a.num_events:,} events, "
                f"{len(snap['segments'])} segments at the window's end", err=True)
