@@ -18,6 +18,7 @@ from oomdoctor.capture import CaptureError, Recorder, parse_steps
 from oomdoctor.capture.files import atomic_write_bytes, ensure_writable, sidecar_name, snapshot_name
 from oomdoctor.capture.gather import DirectoryStore, gather_payloads
 from oomdoctor.capture.metadata import env_subset, place_markers, rank_info
+from oomdoctor.capture.recorder import parse_stack_steps, stacked_step
 from oomdoctor.trace import discover, load, load_ranks
 from oomdoctor.trace.load import prefer_one_per_rank
 
@@ -172,7 +173,9 @@ def test_recorder_window_dumps_once_with_sidecar(tmp_path):
     assert t.meta["memory_stats"]["num_alloc_retries"] == 2
     assert [m["step"] for m in t.meta["step_markers"]] == [0, 1, 2, 3]
     # free stacks are off by default (they crash non-reentrant checkpointing, docs/checkpoint_crash.md)
-    assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "alloc", "steps": [1, 2]}
+    assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "alloc", "steps": [1, 2],
+                                   "stack_steps": None}
+    assert "stack_markers" not in t.meta  # stacks at every step: nothing to mark
     assert cuda.contexts[0] == "alloc"
     assert set(t.meta["dump"]) == {"snapshot_s", "pickle_and_write_s"} and t.meta["dump"]["snapshot_s"] >= 0
     assert t.devices[0].num_events == 7  # segment_alloc + 6 allocs
@@ -269,6 +272,67 @@ def test_recorder_rejects_bad_arguments(tmp_path):
         Recorder(str(tmp_path), stacks="cpp")
     with pytest.raises(CaptureError, match="max_entries"):
         Recorder(str(tmp_path), max_entries=0)
+
+
+@pytest.mark.parametrize("spec, plan", [("all", None), (None, None), ("3", (3, 0)), ("3/10", (3, 10)),
+                                        ((2, 4), (2, 4))])
+def test_parse_stack_steps(spec, plan):
+    assert parse_stack_steps(spec) == plan
+
+
+@pytest.mark.parametrize("bad", ["0/4", "3/-1", "a", "1/2/3", "", (1,)])
+def test_parse_stack_steps_rejects(bad):
+    with pytest.raises(CaptureError, match="stack steps"):
+        parse_stack_steps(bad)
+
+
+def test_stacked_steps_switch_the_context_and_keep_the_history(tmp_path):
+    """'2/4': stacks in steps 0, 1, 4, 8; every switch re-calls the recorder with clear_history=False
+    (recordHistory keeps the ring buffer then) and is marked in the sidecar."""
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap, stack_steps="2/4", on_oom=False)
+    rec._enable(clear=False)
+    for _ in range(9):
+        rec.step()  # ends steps 0..8; step_count is then 9
+    assert [stacked_step((2, 4), s) for s in range(10)] == [True, True, False, False, True, False, False, False,
+                                                           True, False]
+    assert cuda.contexts == ["alloc", None, "alloc", None, "alloc", None]
+    assert all(clear is False for _, clear in cuda.history_calls)  # never clears while switching
+    assert [(m["step"], m["stacks"]) for m in rec.stack_marks] == [(0, True), (2, False), (4, True), (5, False),
+                                                                   (8, True), (9, False)]
+    rec.stop()
+    meta = json.loads((tmp_path / "out" / "rank0.meta.json").read_text())
+    assert meta["recording"]["stack_steps"] == [2, 4]
+    assert [(m["step"], m["stacks"]) for m in meta["stack_markers"]] == [(0, True), (2, False), (4, True),
+                                                                         (5, False), (8, True), (9, False)]
+    assert all("event_index" in m for m in meta["stack_markers"])
+
+
+def test_stacked_steps_with_a_window_and_without_stacks(tmp_path):
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap, steps="5:6", stack_steps="1/4", on_oom=False)
+    for _ in range(7):
+        rec.step()  # the window opens at step 5 (no stacks: 5 % 4 != 0), step 6 none, dumped at 7
+    assert cuda.history_calls[0] == ("all", True) and cuda.contexts[0] is None
+    assert [(m["step"], m["stacks"]) for m in rec.stack_marks] == [(5, False)]
+    none, ncuda = fake_recorder(tmp_path / "n", snap, stacks="none", stack_steps="1/4", on_oom=False)
+    none._enable(clear=False)
+    for _ in range(5):
+        none.step()
+    assert ncuda.contexts == [None] and none.stack_plan is None and none.stack_marks == []
+
+
+def test_stacked_steps_on_old_torch_keep_stacks_everywhere(tmp_path):
+    """torch < 2.4 has no clear_history and clears at every call: no switching there."""
+    rec, cuda = fake_recorder(tmp_path, small_snapshot(tmp_path), stack_steps="1/4", on_oom=False)
+
+    def old(enabled="all", context="all", stacks="all", max_entries=0):
+        cuda.contexts.append(context)
+    cuda.memory._record_memory_history = old
+    rec._enable(clear=False)
+    for _ in range(3):
+        rec.step()
+    assert cuda.contexts == ["alloc"] and rec.stack_plan is None
 
 
 # ---- gathering --------------------------------------------------------------------------------------
