@@ -21,7 +21,13 @@ from importlib import resources
 import click
 
 from ..capture.files import ensure_writable
-from ..capture.recorder import DEFAULT_MAX_ENTRIES, DEFAULT_STACK_STEPS, STACKS, parse_stack_steps, parse_steps
+from ..capture.recorder import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_STACK_STEPS,
+    STACKS,
+    parse_stack_steps,
+    parse_steps,
+)
 from ..errors import OomdoctorError, UsageError
 from ..jobsummary import SUMMARY_JSON, SUMMARY_TEXT
 from ..render import render_json
