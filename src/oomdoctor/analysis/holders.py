@@ -17,7 +17,7 @@ from ..trace.model import Trace
 from .accounting import CATEGORIES, Accounting
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import BACKWARD_PHASE, PHASE_NAMES, Phases
-from .sites import NO_STACK, PRE_TRACE, site_index, site_label
+from .sites import NO_STACK, PRE_TRACE, mark_unmatched, site_index, site_label
 
 BACKWARD_LABEL = "<autograd backward: the engine's threads record no Python frames>"
 
@@ -43,7 +43,7 @@ def holders_at(trace: Trace, lt: Lifetimes, acc: Accounting, ph: Phases, k: int,
     if rows.size == 0:
         return []
     idx = site_index(trace)
-    site = idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE)
+    site = mark_unmatched(trace, lt, rows, idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE))
     cat = acc.category[rows]
     size = lt.size[rows]
     born = acc.born_phase[rows]
