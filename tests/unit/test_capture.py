@@ -174,7 +174,7 @@ def test_recorder_window_dumps_once_with_sidecar(tmp_path):
     assert [m["step"] for m in t.meta["step_markers"]] == [0, 1, 2, 3]
     # free stacks are off by default (they crash non-reentrant checkpointing, docs/checkpoint_crash.md)
     assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "alloc", "steps": [1, 2],
-                                   "stack_steps": None}
+                                   "stack_steps": None, "stack_steps_fit": None}
     assert "stack_markers" not in t.meta  # stacks at every step: nothing to mark
     assert cuda.contexts[0] == "alloc"
     assert set(t.meta["dump"]) == {"snapshot_s", "pickle_and_write_s"} and t.meta["dump"]["snapshot_s"] >= 0
@@ -306,6 +306,38 @@ def test_stacked_steps_switch_the_context_and_keep_the_history(tmp_path):
     assert [(m["step"], m["stacks"]) for m in meta["stack_markers"]] == [(0, True), (2, False), (4, True),
                                                                          (5, False), (8, True), (9, False)]
     assert all("event_index" in m for m in meta["stack_markers"])
+
+
+def test_stacked_steps_fit_the_ring_buffer(tmp_path, monkeypatch):
+    """When the first K steps end, N is lowered so that max_entries holds two stacked steps: step 1 makes 4
+    events (times 30..60, after its start marker at 25) and the buffer holds 20 events: N 10 -> 20 // 8 = 2."""
+    import oomdoctor.capture.recorder as recorder
+    clock = iter([5, 25, 65, 66, 70, 80, 90, 100, 110])
+    monkeypatch.setattr(recorder, "now_us", lambda: next(clock))
+    events = [{"action": "alloc", "addr": 1 << 20, "size": 512, "stream": 0, "time_us": t, "frames": []}
+              for t in (10, 20, 30, 40, 50, 60)]
+    rec, cuda = fake_recorder(tmp_path, {"segments": [], "device_traces": [events]}, stack_steps="2/10",
+                              max_entries=20, on_oom=False)
+    rec._enable(clear=False)  # stack marker at 5
+    rec.step()  # step 1 starts at 25
+    rec.step()  # step 2 starts at 65: the fit counts step 1's events; N becomes 2, so step 2 keeps stacks
+    assert rec.stack_fit == {"asked": [2, 10], "events_per_step": 4}
+    assert rec.stack_plan == (2, 2)
+    rec.step()  # step 3 starts at 66: off at 70
+    rec.step()  # step 4 starts at 80: on at 90
+    assert [(m["step"], m["stacks"], m["time_us"]) for m in rec.stack_marks] == [(0, True, 5), (3, False, 70),
+                                                                                (4, True, 90)]
+    rec_meta = rec.metadata(None, "final")["recording"]
+    assert rec_meta["stack_steps"] == [2, 2] and rec_meta["stack_steps_fit"] == {"asked": [2, 10], "events_per_step": 4}
+    # a buffer that holds enough keeps N
+    clock2 = iter([5, 25, 65, 66, 70])
+    monkeypatch.setattr(recorder, "now_us", lambda: next(clock2))
+    big, _ = fake_recorder(tmp_path / "b", {"segments": [], "device_traces": [events]}, stack_steps="2/10",
+                           max_entries=100, on_oom=False)
+    big._enable(clear=False)
+    big.step()
+    big.step()
+    assert big.stack_plan == (2, 10) and big.stack_fit["events_per_step"] == 4
 
 
 def test_stacked_steps_with_a_window_and_without_stacks(tmp_path):

@@ -190,8 +190,10 @@ class Recorder:
             :mod:`oomdoctor.integrations` call it at each training step's end); optimizer steps are not
             counted, but their parameters, gradients and state are still noted (:mod:`.facts`).
         stack_steps: which steps gather stacks (:func:`parse_stack_steps`): ``"all"`` (default) or
-            ``"K/N"``; the other steps record every event without a stack. Ignored with ``stacks="none"``
-            and on a torch without ``clear_history`` (< 2.4), where switching would clear the history.
+            ``"K/N"``; the other steps record every event without a stack. When the first K steps end, N
+            is lowered if needed so that the ring buffer holds two stacked steps (:meth:`_fit_every`).
+            Ignored with ``stacks="none"`` and on a torch without ``clear_history`` (< 2.4), where
+            switching would clear the history.
 
     An ``out_dir`` that cannot be created or written is not an error: a warning says so and nothing is
     recorded (a training job must not die for its memory recorder).
@@ -212,6 +214,8 @@ class Recorder:
         self.stack_plan = None if stacks == "none" else parse_stack_steps(stack_steps)
         #: whether the allocator gathers stacks now (for ``stacks != "none"``)
         self._stacks_on = True
+        #: ``{"asked": [K, N], "events_per_step": n}``: the fit of N to the ring buffer (:meth:`_fit_every`)
+        self.stack_fit: dict[str, Any] | None = None
         #: ``[{"step": s, "stacks": bool, "time_us": t}]``: from ``t`` on, stacks are (not) gathered
         self.stack_marks: list[dict[str, Any]] = []
         #: ``{site: count}`` of failures caught inside the recorder (each site warned about once).
@@ -415,6 +419,8 @@ class Recorder:
                 self._dump(snapshot_name(self.rank, step=b), "window")
                 self._disable()
         if self.recording and self.stack_plan is not None:
+            if self.step_count == self.stack_plan[0] and self.stack_fit is None:
+                self._fit_every()
             self._switch_stacks(stacked_step(self.stack_plan, self.step_count))
 
     # ---- recording ----------------------------------------------------------------------------
@@ -435,6 +441,31 @@ class Recorder:
         if self.stack_plan is not None:
             self._stacks_on = on
             self.stack_marks.append({"step": self.step_count, "stacks": on, "time_us": now_us()})
+
+    def _fit_every(self) -> None:
+        """Once, when the first K steps end: count the events of the last step (one ``_snapshot()``) and make
+        stacked steps frequent enough that the ring buffer still holds two of them
+        (``N <= max_entries / (2 * events per step)``); without one, stack-less steps cannot be matched. A
+        failure leaves N as asked (logged)."""
+        self.stack_fit = {"asked": list(self.stack_plan), "events_per_step": None}
+        first, every = self.stack_plan
+        if every == 0 or len(self.markers) < 2:
+            return
+        try:
+            snap = self._torch.cuda.memory._snapshot()
+            traces = snap.get("device_traces") or []
+            device = self._torch.cuda.current_device()
+            t0 = int(self.markers[-2]["time_us"])
+            n = sum(1 for e in (traces[device] if device < len(traces) else []) if int(e.get("time_us", 0)) >= t0)
+            del snap, traces
+        except Exception as e:  # noqa: BLE001 - the job goes on with N as asked
+            self._failed("counting the events of a step", e)
+            return
+        self.stack_fit["events_per_step"] = n
+        if n > 0:
+            fit = max(1, self.max_entries // (2 * n))
+            if fit < every:
+                self.stack_plan = (first, fit)
 
     def _switch_stacks(self, on: bool) -> None:
         """Gather stacks from now on (or stop), keeping the history (``clear_history=False``)."""
@@ -504,7 +535,8 @@ class Recorder:
         meta["env"] = env_subset(os.environ)
         meta["recording"] = {"max_entries": self.max_entries, "stacks": self.stacks, "context": self.context,
                              "steps": list(self.window) if self.window else None,
-                             "stack_steps": None if self.stack_plan is None else list(self.stack_plan)}
+                             "stack_steps": None if self.stack_plan is None else list(self.stack_plan),
+                             "stack_steps_fit": self.stack_fit}
         try:
             meta["memory_stats"] = dict(torch.cuda.memory_stats(device))
         except Exception:  # noqa: BLE001
