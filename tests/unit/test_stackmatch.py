@@ -83,7 +83,17 @@ def test_matched_sites_equal_the_recorded_ones():
     assert holders(full) and holders(part) == holders(full)
     assert [(s["label"], s["bytes"]) for s in part["ranks"][0]["top_sites"]] == \
         [(s["label"], s["bytes"]) for s in full["ranks"][0]["top_sites"]]
-    assert dict(holders(part))["/work/train.py:30 in step"] == 10 * MiB  # the leak of every step, 6 of them matched from stacked steps
+    assert dict(holders(part))["/work/train.py:30 in step"] == 10 * MiB
+    # the inference is said: per holder the bytes whose stack was matched, per rank the steps
+    matched = {h["label"]: h["matched_bytes"] for h in part["ranks"][0]["holders"]}
+    assert matched["/work/train.py:30 in step"] == 6 * MiB  # the leaks of steps 2, 3, 5, 6, 7, 9
+    assert matched["/work/model.py:20 in forward"] == 16 * MiB  # the peak is in step 9, recorded without stacks
+    assert matched["/work/model.py:5 in __init__"] == 0 and matched["/work/train.py:40 in make_state"] == 0
+    assert all(h["matched_bytes"] == 0 for h in full["ranks"][0]["holders"])
+    sm = part["ranks"][0]["stack_matches"]
+    assert sm["matched"] == 24 and sm["unmatched"] == 0 and full["ranks"][0]["stack_matches"] is None
+    assert [e["from_step"] for e in sm["steps"] if e["allocations"]] == [1, 1, 4, 4, 4, 8]
+    assert any("--stack-steps" in w for w in part["ranks"][0]["warnings"])  # the leak of every step, 6 of them matched from stacked steps
     assert part["ranks"][0]["peak_allocated_bytes"] == full["ranks"][0]["peak_allocated_bytes"]
 
 

@@ -17,7 +17,7 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from ..trace.model import Frame, StackTable, Trace
-from ..trace.stackmatch import unmatched_allocations
+from ..trace.stackmatch import META_KEY, matched_from, unmatched_allocations
 from .lifetimes import IN_TRACE, Lifetimes
 
 T = TypeVar("T")
@@ -113,6 +113,24 @@ def mark_unmatched(trace: Trace, lt: Lifetimes, rows: np.ndarray, site: np.ndarr
         return site
     hit = (ev >= 0) & mask[np.maximum(ev, 0)]
     return np.where(hit, UNMATCHED, site) if hit.any() else site
+
+
+_MATCHED: "weakref.WeakKeyDictionary[StackTable, tuple]" = weakref.WeakKeyDictionary()
+
+
+def matched_rows(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> np.ndarray:
+    """Per row: True where the block's stack was matched from a stacked step, not recorded
+    (:func:`oomdoctor.trace.stackmatch.matched_from`)."""
+    def make(_s: StackTable) -> tuple:
+        res = trace.meta.get(META_KEY)
+        if not isinstance(res, dict) or res.get("device") not in trace.devices:
+            return (None,)
+        return (matched_from(trace, trace.devices[res["device"]]) >= 0,)
+    mask = per_table(_MATCHED, trace.stacks, make)[0]
+    if mask is None or rows.size == 0 or int(lt.alloc[rows].max()) >= mask.shape[0]:
+        return np.zeros(rows.size, dtype=bool)
+    ev = lt.alloc[rows]
+    return (ev >= 0) & mask[np.maximum(ev, 0)]
 
 
 def site_index(trace: Trace) -> SiteIndex:
