@@ -16,19 +16,21 @@ steps 0-2 and every 10th step, none between); ``new4`` (``--stack-steps 3/4``). 
 ``oomdoctor run`` with everything of ours (the injection, the optimizer step hook, the tensor notes, the
 dump at exit) but the allocator's history never turned on.
 
-Runs: ``--lanes`` lists GPU groups; the trainer takes a whole lane (2 GPUs), the loop the lane's first GPU.
-Lanes run at the same time (``0,1;2,3``: two jobs at once; ``--lanes 0,1`` runs one job at a time). Jobs are
-ordered repetition by repetition, the modes' order rotating every repetition, so every mode meets the same
-neighbours and drift hits all; a budget stops new jobs once it is spent (the finished repetitions are
-complete). A run's figure is the median duration of steps 6..N on rank 0 (each step timed after a
+Runs: ``--lanes`` lists GPU groups that run at the same time (default ``0,1;2,3``: two jobs at once; ``--lanes
+0,1`` runs one job at a time). A trainer job takes a whole lane; loop jobs run one per GPU of a lane, side by
+side (``side_by_side`` in the run's record). Jobs are ordered repetition by repetition, trainer jobs first, the
+modes' order rotating every repetition, so drift and neighbours hit every mode alike. No job starts once the
+budget (``--budget-s``, default 360 s) would be passed by the longest job so far: the runs finished are kept and
+the skipped ones listed. A run's figure is the median duration of steps 6..N on rank 0 (each step timed after a
 ``torch.cuda.synchronize()``); for the ``K/N`` modes the steps with and without stacks are also given apart.
-A failed job is recorded (exit code, stderr tail) and the rest go on.
+A failed job is recorded (exit code, stderr tail) and the rest go on. ``torch-none`` is not in the default
+list (it is ``none`` without our hooks); add it with ``--trainer-modes``.
 
 Sites: for repetition 0 the benchmark runs ``oomdoctor diagnose --format json`` on every recorded mode's
 snapshots and compares each rank's largest holders (at the OOM, else the peak allocated) and ``top_sites``
 with ``default``'s: the same labels, and bytes within 1%.
 
-    python benchmarks/bench_recording_modes.py --out OUTDIR            # 4 GPUs, about 7 minutes
+    python benchmarks/bench_recording_modes.py --out OUTDIR            # 4 GPUs, at most about 8 minutes
 
 Writes ``OUTDIR/results.json`` (rewritten after every job) and ``OUTDIR/diagnose-<job>-<mode>.json``.
 """
@@ -36,9 +38,9 @@ Writes ``OUTDIR/results.json`` (rewritten after every job) and ``OUTDIR/diagnose
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
-import queue
 import shutil
 import signal
 import statistics
@@ -293,9 +295,10 @@ def main() -> None:
     p.add_argument("--lanes", default="0,1;2,3", help="GPU groups that run jobs at the same time, ';'-separated")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--trainer-modes", default="plain,default,none,new,new4,torch-python,torch-none,hooks")
+    p.add_argument("--trainer-modes", default="plain,default,none,new,new4,torch-python,hooks")
     p.add_argument("--loop-modes", default="plain,default,none,new")
-    p.add_argument("--budget-s", type=float, default=400.0, help="no job starts after this (seconds from start)")
+    p.add_argument("--budget-s", type=float, default=360.0,
+                   help="no job starts when this (seconds from the start) would be passed by the longest job so far")
     p.add_argument("--job-timeout-s", type=float, default=150.0)
     p.add_argument("--diagnose-timeout-s", type=float, default=60.0)
     a = p.parse_args()
@@ -313,11 +316,9 @@ def main() -> None:
             ms = modes[job]
             for mode in (ms[rep % len(ms):] + ms[:rep % len(ms)]) if ms else []:
                 specs.append({"job": job, "mode": mode, "rep": rep})
-    q: queue.Queue = queue.Queue()
-    for s in specs:
-        q.put(s)
+    pending = collections.deque(specs)
     runs: list[dict] = []
-    lock = threading.Lock()
+    lock = threading.RLock()
     info: dict = {"lanes": lanes, "steps": a.steps, "reps": a.reps, "modes": modes, "concurrent_lanes": len(lanes),
                   "timed_steps": f"{FIRST_TIMED + 2}..{a.steps} (from 1)", "plans": PLANS}
     try:
@@ -342,24 +343,44 @@ def main() -> None:
         site_dir = work / "sites"
         site_dir.mkdir()
 
+        def record(r: dict) -> None:
+            with lock:
+                runs.append(r)
+                longest[0] = max(longest[0], r["wall_s"])
+            print(json.dumps({k: v for k, v in r.items() if k not in ("step_s", "cmd", "error")}), flush=True)
+            if r.get("error"):
+                print(r["error"][-800:], file=sys.stderr, flush=True)
+            write()
+
         def lane_worker(i: int, gpus: list[str]) -> None:
+            """Trainer jobs take the lane; loop jobs (1 GPU) run one per GPU of the lane, side by side."""
             while True:
-                elapsed = time.perf_counter() - t_start
-                if elapsed + longest[0] > a.budget_s:
+                if time.perf_counter() - t_start + longest[0] > a.budget_s:
                     return
-                try:
-                    spec = q.get_nowait()
-                except queue.Empty:
-                    return
-                r = run_job(spec, gpus, work, site_dir, a.steps, a.job_timeout_s)
-                r["lane"] = i
                 with lock:
-                    runs.append(r)
-                    longest[0] = max(longest[0], r["wall_s"])
-                print(json.dumps({k: v for k, v in r.items() if k not in ("step_s", "cmd", "error")}), flush=True)
-                if r.get("error"):
-                    print(r["error"][-800:], file=sys.stderr, flush=True)
-                write()
+                    if not pending:
+                        return
+                    batch = [pending.popleft()]
+                    while (batch[0]["job"] == "loop" and len(batch) < len(gpus) and pending
+                           and pending[0]["job"] == "loop"):
+                        batch.append(pending.popleft())
+                if batch[0]["job"] == "trainer":
+                    r = run_job(batch[0], gpus, work, site_dir, a.steps, a.job_timeout_s)
+                    r["lane"] = i
+                    record(r)
+                    continue
+                subs = []
+                for j, spec in enumerate(batch):
+                    def one(spec: dict = spec, j: int = j) -> None:
+                        r = run_job(spec, [gpus[j]], work, site_dir, a.steps, a.job_timeout_s)
+                        r["lane"] = f"{i}.{j}"
+                        r["side_by_side"] = len(batch)
+                        record(r)
+                    subs.append(threading.Thread(target=one))
+                for t in subs:
+                    t.start()
+                for t in subs:
+                    t.join()
 
         threads = [threading.Thread(target=lane_worker, args=(i, g)) for i, g in enumerate(lanes)]
         for t in threads:
