@@ -171,3 +171,28 @@ def test_no_stack_markers_changes_nothing_and_malformed_ones_warn():
 @pytest.mark.parametrize("plan", [(2, 0), (3, 2)])
 def test_other_plans_give_the_same_holders(plan):
     assert holders(report_of(*job(plan))) == holders(report_of(*job(None)))
+
+
+def test_a_slice_is_matched_again_and_keeps_the_sites():
+    """``oomdoctor slice`` of steps 5..9: the slice's entries carry the matched stacks, its stale
+    ``stack_matches`` is dropped and it is matched again from the switches up to its end."""
+    from oomdoctor.analysis.device import analyze
+    from oomdoctor.analysis.slicing import event_window, slice_metadata, slice_snapshot
+
+    def sliced(plan):
+        t = from_snapshot(*job(plan)[:1], "rank0.pickle", job(plan)[1])
+        a = analyze(t)
+        w = event_window(t, t.primary, 5, None, "step")
+        return from_snapshot(slice_snapshot(t, t.primary, a.lifetimes, w), "slice.pickle",
+                             json.loads(json.dumps(slice_metadata(t, t.primary, w), default=int)))
+
+    part, full = sliced((2, 4)), sliced(None)
+    assert "stack_matches" not in full.meta
+    res = part.meta["stack_matches"]
+    assert res["unmatched"] == 0 and all(e["first_event"] < part.primary.num_events or e["allocations"] == 0
+                                         for e in res["steps"])
+
+    def hold(t):
+        rep = json.loads(render_json(build_report([t])))
+        return [(h["label"], h["bytes"]) for h in rep["ranks"][0]["holders"]]
+    assert hold(part) == hold(full)

@@ -161,6 +161,12 @@ def slice_metadata(trace: Trace, dt: DeviceTrace, window: Window) -> dict[str, A
     t_lo, t_hi = int(t[window.start_event]), int(t[window.end_event - 1])
     if isinstance(meta.get("step_markers"), list):
         meta["step_markers"] = [m for m in meta["step_markers"] if t_lo <= int(m["time_us"]) <= t_hi]
+    # steps recorded without stacks (--stack-steps): the slice's entries carry the stacks matched here as
+    # frames; its event indices differ, so the slice is matched again when loaded (every switch up to its
+    # end is kept: a step's state is that of the last switch at or before it)
+    meta.pop("stack_matches", None)
+    if isinstance(meta.get("stack_markers"), list):
+        meta["stack_markers"] = [m for m in meta["stack_markers"] if int(m["time_us"]) <= t_hi]
     meta["sliced_from"] = {"path": trace.path, "device": dt.device, "start_event": window.start_event,
                            "end_event": window.end_event, "window": window.how}
     return meta
