@@ -56,6 +56,10 @@ def test_run_reaches_processes_started_by_a_shell_script(tmp_path):
             f"print('sitecustomize' in sys.modules)\"")
     lines = p.stdout.splitlines()
     assert json.loads(lines[0])["out"] == str(tmp_path / "o") and lines[1] == "True"
+    assert json.loads(lines[0])["stack_steps"] == "all"  # the default: stacks at every step
+    p = run("--out", str(tmp_path / "o"), "--stack-steps", "3/10", "--", sys.executable, "-c",
+            "import os; print(os.environ['OOMDOCTOR_RUN_CONFIG'])")
+    assert json.loads(p.stdout)["stack_steps"] == "3/10"
 
 
 def test_run_dies_of_the_commands_signal(tmp_path):
@@ -68,6 +72,8 @@ def test_run_dies_of_the_commands_signal(tmp_path):
     (["--out", "/proc/oomdoctor-no/x", "--", "true"], 2, "cannot create the output directory"),
     (["--", "no-such-command-xyz"], 127, "no-such-command-xyz: command not found"),
     (["--steps", "4:2", "--", "true"], 2, "expected 0 <= A <= B"),
+    (["--stack-steps", "0/4", "--", "true"], 2, "stack steps '0/4': expected K >= 1 and N >= 0"),
+    (["--stack-steps", "every", "--", "true"], 2, "stack steps 'every': expected 'all'"),
 ])
 def test_run_bad_use_is_one_line(args, code, message):
     p = run(*args)
