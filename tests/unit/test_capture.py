@@ -449,3 +449,28 @@ def test_every_dump_notes_the_optimizers_storages_for_the_final_state(tmp_path):
 
     gc.collect()
     assert len(rec._optimizers) == 0  # held weakly: the recorder keeps no optimizer alive
+
+
+def test_autorecord_passes_stack_steps_from_the_run_configuration(monkeypatch, tmp_path):
+    import oomdoctor.capture.autorecord as autorecord
+    seen = {}
+
+    class Fake:
+        def start(self):
+            return self
+
+        def stop(self):
+            pass
+
+    def make(out, **kw):
+        seen.update(kw, out=out)
+        return Fake()
+    monkeypatch.setattr(autorecord, "_recorder", None)
+    monkeypatch.setattr(autorecord, "_make_recorder", make)
+    monkeypatch.setenv(autorecord.CONFIG_ENV, json.dumps({"out": str(tmp_path), "stack_steps": "3/10"}))
+    autorecord.start()
+    assert seen["stack_steps"] == "3/10" and seen["out"] == str(tmp_path)
+    monkeypatch.setattr(autorecord, "_recorder", None)
+    monkeypatch.setenv(autorecord.CONFIG_ENV, json.dumps({"out": str(tmp_path)}))
+    autorecord.start()
+    assert seen["stack_steps"] == "all"  # a configuration written before the option: stacks at every step
