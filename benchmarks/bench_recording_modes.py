@@ -20,7 +20,7 @@ Runs: ``--lanes`` lists GPU groups that run at the same time (default ``0,1;2,3`
 0,1`` runs one job at a time). A trainer job takes a whole lane; loop jobs run one per GPU of a lane, side by
 side (``side_by_side`` in the run's record). Jobs are ordered repetition by repetition, trainer jobs first, the
 modes' order rotating every repetition, so drift and neighbours hit every mode alike. No job starts once the
-budget (``--budget-s``, default 360 s) would be passed by the longest job so far: the runs finished are kept and
+budget (``--budget-s``, default 330 s) would be passed by the longest job so far: the runs finished are kept and
 the skipped ones listed. A run's figure is the median duration of steps 6..N on rank 0 (each step timed after a
 ``torch.cuda.synchronize()``); for the ``K/N`` modes the steps with and without stacks are also given apart.
 A failed job is recorded (exit code, stderr tail) and the rest go on. ``torch-none`` is not in the default
@@ -297,7 +297,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--trainer-modes", default="plain,default,none,new,new4,torch-python,hooks")
     p.add_argument("--loop-modes", default="plain,default,none,new")
-    p.add_argument("--budget-s", type=float, default=360.0,
+    p.add_argument("--budget-s", type=float, default=330.0,
                    help="no job starts when this (seconds from the start) would be passed by the longest job so far")
     p.add_argument("--job-timeout-s", type=float, default=150.0)
     p.add_argument("--diagnose-timeout-s", type=float, default=60.0)
