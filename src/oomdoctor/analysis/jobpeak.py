@@ -51,6 +51,8 @@ class JobPeak:
     alloc_retries: int | None = None
     alloc_ooms: int | None = None
     counters_time_us: int | None = None
+    #: where the counters come from ("sidecar", "memory_stats_file"), None without counters
+    counters_source: str | None = None
 
     @property
     def allocated_missed(self) -> bool:
@@ -114,16 +116,14 @@ def job_peak(a: DeviceAnalysis) -> JobPeak:
         retries, ooms = _int(c.get("num_alloc_retries")), _int(c.get("num_ooms"))
         if pa is not None or pr is not None:
             return JobPeak(wa, wr, max(pa, wa) if pa is not None else None, max(pr, wr) if pr is not None else None,
-                           src, retries, ooms, _int(c.get("time_us")))
-        if retries is not None or ooms is not None:
-            got = JobPeak(wa, wr, None, None, "", retries, ooms)
-            return _without_counters(a, got)
+                           src, retries, ooms, _int(c.get("time_us")), src)
+        if retries is not None or ooms is not None:  # counters without the peaks: judged as without counters
+            return _without_counters(a, JobPeak(wa, wr, None, None, "", retries, ooms, _int(c.get("time_us")), src))
     return _without_counters(a, JobPeak(wa, wr, None, None, ""))
 
 
 def _without_counters(a: DeviceAnalysis, p: JobPeak) -> JobPeak:
-    if starts_mid_job(a) or a.num_events == 0:
-        return JobPeak(p.window_peak_allocated_bytes, p.window_peak_reserved_bytes, None, None,
-                       "unknown-before-window", p.alloc_retries, p.alloc_ooms)
-    return JobPeak(p.window_peak_allocated_bytes, p.window_peak_reserved_bytes, p.window_peak_allocated_bytes,
-                   p.window_peak_reserved_bytes, "trace", p.alloc_retries, p.alloc_ooms)
+    known = not (starts_mid_job(a) or a.num_events == 0)
+    wa, wr = p.window_peak_allocated_bytes, p.window_peak_reserved_bytes
+    return JobPeak(wa, wr, wa if known else None, wr if known else None, "trace" if known else "unknown-before-window",
+                   p.alloc_retries, p.alloc_ooms, p.counters_time_us, p.counters_source)
