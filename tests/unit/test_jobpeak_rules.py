@@ -259,3 +259,12 @@ def test_the_allocators_own_count_decides_garbage_collection_is_no_retry():
         2, "sidecar", 2)
     assert fill(f.summary, f.evidence).startswith("The allocator ran out of room 2 time(s) without failing "
                                                   "(num_alloc_retries, PyTorch's own count)")
+
+
+def test_a_slice_does_not_carry_the_jobs_counters():
+    from oomdoctor.analysis.slicing import Window, slice_metadata
+
+    a = _analysed({"memory_stats": STATS, "device_counters": [{"device": 0, "num_ooms": 0}], "device_free_bytes": 1,
+                   "rank": 0})
+    meta = slice_metadata(a.trace, a.device, Window(0, 10, "events", "test"))
+    assert not {"memory_stats", "device_counters", "device_free_bytes"} & set(meta) and meta["rank"] == 0
