@@ -57,5 +57,6 @@ def test_recorded_counters_equal_memory_stats_read_right_after_the_dump(tmp_path
     p = job_peak(a)
     assert p.source == "sidecar"
     assert p.job_peak_allocated_bytes == stats["allocated_bytes.all.peak"]
-    assert p.window_peak_allocated_bytes < 512 * MiB and p.allocated_missed
+    # the window holds the 64 blocks kept and what was alive before (other tests' tensors), not the 512 MiB block
+    assert p.allocated_missed and p.job_peak_allocated_bytes - p.window_peak_allocated_bytes >= 400 * MiB
     del keep
