@@ -24,6 +24,9 @@ replayed as it is (the pass's peak is not in it: replaying such a trace once sai
 out of memory); it gets an estimate, said as one, with its assumptions (:func:`_first_forward_estimate`).
 An OOM inside ``generate()`` or evaluation is not sized (what the loop would still have made is not in
 the trace).
+Where PyTorch's counters say the job's peak was above the recorded window's (a ring buffer dropped it), the
+answer is held to the job's peak (:func:`job_peak_bound`); a trace starting mid-job without counters says that
+the peaks before it are not known.
 Also: what activation checkpointing could free at most (the activations at the peak), and what
 sharding the optimizer state over the data-parallel ranks would (ZeRO-1 / FSDP: (1 - 1/world) of it).
 """

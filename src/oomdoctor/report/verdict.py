@@ -20,7 +20,8 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
 Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` /
 ``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
 a finding holds at least :data:`VERDICT_FRACTION` of the rank's peak reserved; else ``healthy``, said to be at
-the edge with under :data:`EDGE_FRACTION` of the room left. Fragmentation without an OOM is a finding, not the
+the edge with under :data:`EDGE_FRACTION` of the room left. The peak judged is the job's own where PyTorch's counters
+say it (:mod:`oomdoctor.analysis.jobpeak`: a ring buffer may have dropped it), else the recorded window's. Fragmentation without an OOM is a finding, not the
 verdict: the job ran. A snapshot without history is judged the same way on its final state; ``empty`` when it
 holds nothing at all.
 
