@@ -18,6 +18,7 @@ import typing
 from typing import Any
 
 from .._version import SCHEMA_VERSION
+from ..analysis.jobpeak import PEAK_SOURCES
 from ..report.verdict import KINDS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -246,8 +247,9 @@ def verdict_schema(d: str) -> Schema:
         "summary": s("one sentence, filled in"),
         "bytes": b("the bytes that decide it (the shortfall, the free memory, the bytes kept, ...)"),
         "ranks": arr(i(""), "the ranks it concerns"),
-        "headroom_bytes": null(b("room left at the peak of reserved memory (null: the GPU's size is unknown or "
-                                 "the rank ran out of memory)")),
+        "headroom_bytes": null(b("room left at the peak of reserved memory, the job's own when PyTorch's counters "
+                                 "say it (see the rank's peak_source) (null: the GPU's size is unknown or the rank "
+                                 "ran out of memory)")),
         "finding": null(s("the id of the finding behind it")),
         "evidence": free("the numbers behind it (keys ending _bytes are bytes)"),
         "actions": arr(s(""), "what to do, in order, filled in"),
@@ -295,6 +297,12 @@ def fits_schema() -> Schema:
         "estimated_batch_scale": null(f("an estimate, not a replay (a trace cut in its first forward pass)")),
         "estimated_largest_micro_batch": null(i("the estimate as a whole micro-batch")),
         "assumptions": arr(s(""), "what the estimate assumes"),
+        "job_peak_reserved_bytes": null(b("the job's own peak reserved the answer is held to (see the rank's)")),
+        "peak_source": s("where that peak comes from (see the rank's peak_source)", PEAK_SOURCES),
+        "job_peak_scale_bound": null(f("where the recorded window missed the job's peak (reserved or allocated): "
+                                       "the largest multiple of the micro-batch that peak allows, taking the job's "
+                                       "bytes above the window's fixed ones to grow with the micro-batch; batch "
+                                       "scales above it are cut to it")),
     }, "what fits on this rank's GPU")
 
 
@@ -331,6 +339,22 @@ def rank_schema() -> Schema:
         "holders": arr(site_schema("a holder", holder=True), "the largest holders at the breakdown's event"),
         "fits": null(fits_schema()),
         "frameworks": arr(s(""), "frameworks seen in the stacks (transformers, accelerate, DeepSpeed, ...)"),
+        "job_peak_allocated_bytes": null(b("the job's own peak allocated: torch.cuda.memory_stats() "
+                                           "allocated_bytes.all.peak at the dump (sidecar or memory_stats file), or "
+                                           "the trace's when it saw the job from its first allocation; at least "
+                                           "peak_allocated_bytes; null when not known (peak_source "
+                                           "unknown-before-window)")),
+        "job_peak_reserved_bytes": null(b("the same for reserved_bytes.all.peak")),
+        "peak_source": s("where the job's peaks come from: the sidecar's counters, a memory_stats JSON beside the "
+                         "snapshot, the trace itself (it starts with nothing allocated), or not known (the trace "
+                         "starts mid-job and nothing holds the counters)", PEAK_SOURCES),
+        "allocated_peak_missed": yes("the job's peak allocated is above the recorded window's by more than 2 MiB: "
+                                     "the ring buffer dropped it"),
+        "reserved_peak_missed": yes("the same for the peak reserved"),
+        "alloc_retries": null(i("the allocator's own num_alloc_retries (cudaMalloc failed, cache freed, retried; an "
+                                "OOM counts one too), since the process started (count)")),
+        "alloc_ooms": null(i("the allocator's own num_ooms since the process started (count)")),
+        "alloc_retries_source": s("where alloc_retries comes from", ("sidecar", "memory_stats_file", "unknown")),
     }, "one rank (one device of one snapshot file)")
 
 
