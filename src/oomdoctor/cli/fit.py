@@ -1,5 +1,7 @@
 """``oomdoctor fit [options] -- COMMAND ... {mb} ...``: the largest micro-batch that runs, found with short real runs
-guided by the replay of a recorded first run (:class:`oomdoctor.report.loop.FitSearch`)."""
+guided by the replay of a recorded first run (:class:`oomdoctor.report.loop.FitSearch`). Exit code 0 with an
+answer; 1 when even ``--low`` ran out of memory or the trial limit was reached; 2 when a trial failed without an
+out-of-memory message (its log is named)."""
 
 from __future__ import annotations
 
@@ -84,8 +86,10 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
                         seconds=round(time.monotonic() - t0, 2), analysis_seconds=round(analysis_s, 2), error=error)
     from ..render.loop import fit_json, fit_text
     write_output(output, fit_json(result) if fmt == "json" else fit_text(result))
-    if error is not None:
-        raise click.exceptions.Exit(2 if error == "failed" else 1)
+    if error == "failed":
+        raise click.exceptions.Exit(2)
+    if error is not None or search.largest_ran is None:
+        raise click.exceptions.Exit(1)
 
 
 def _guess(out_dir: str, micro_batch: int) -> tuple[int | None, str, bool]:
