@@ -1,7 +1,8 @@
 """JSON Schemas (draft 2020-12) of every JSON output, and ``docs/json.md`` made from them.
 
 One schema per command with JSON output (:data:`COMMANDS`): ``diagnose`` (also ``run --format json`` and the
-in-job ``summary.json``), ``diff``, ``simulate``, ``plan estimate``, ``plan search``, ``plan validate``. Every
+in-job ``summary.json``), ``diff``, ``simulate``, ``plan estimate``, ``plan search``, ``plan validate``, ``fit``,
+``verify``. Every
 object lists its properties and admits no other (``additionalProperties: false``), except the free-form maps
 named as such (a finding's ``evidence``, a verdict's ``evidence``, a prediction's ``extension``), so a field added
 to an output without its description here fails the tests that validate real outputs
