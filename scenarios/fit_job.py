@@ -155,8 +155,6 @@ def lightning(a: argparse.Namespace) -> None:
             self.batch_size = a.batch
 
         def train_dataloader(self):
-            if not tried or tried[-1] != self.batch_size:
-                tried.append(self.batch_size)
             return torch.utils.data.DataLoader(RandomTokens(1 << 20, a.seq, self.vocab), batch_size=self.batch_size)
 
         def training_step(self, batch, i):
@@ -166,19 +164,35 @@ def lightning(a: argparse.Namespace) -> None:
             return torch.optim.AdamW(self.parameters(), lr=3e-4)
 
     job = Job()
+    outcomes: list[str] = []
+    # each trial is one call of _try_loop_run (lightning/pytorch/tuner/batch_size_scaling.py): note its size and how
+    # it ended (an OOM propagates out of it to the search, which lowers the size)
+    from lightning.pytorch.tuner import batch_size_scaling as bss
+    real_try = bss._try_loop_run
+
+    def traced(trainer, params):
+        tried.append(int(job.batch_size))
+        try:
+            real_try(trainer, params)
+        except BaseException as e:
+            outcomes.append("oom" if is_oom(e) else f"error: {type(e).__name__}")
+            raise
+        outcomes.append("ran")
+
+    bss._try_loop_run = traced
     trainer = L.Trainer(accelerator="cpu" if a.cpu else "gpu", devices=1, precision="32" if a.cpu else "bf16-mixed",
                         max_steps=a.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     t0 = time.perf_counter()
-    answer = Tuner(trainer).scale_batch_size(job, mode="binsearch", steps_per_trial=a.steps, init_val=a.init_val,
-                                             max_trials=25)
-    # binsearch is monotone: the largest size that ran is the one the margin was taken off
-    found = max((b for b in tried if answer is not None and (b == answer or max(1, int(b * 0.95)) == answer)),
-                default=None)
+    tuner = Tuner(trainer)
+    import inspect
+    extra = {"max_val": a.max_val} if "max_val" in inspect.signature(tuner.scale_batch_size).parameters else {}
+    answer = tuner.scale_batch_size(job, mode="binsearch", steps_per_trial=a.steps, init_val=a.init_val,
+                                    max_trials=25, **extra)
+    found = max((b for b, o in zip(tried, outcomes) if o == "ran"), default=None)
     write(a, {"tool": "lightning Tuner.scale_batch_size(mode='binsearch')", "start": a.init_val, "tried": tried,
               "answer": answer, "largest_ran": found, "trials": len(tried),
-              "seconds": round(time.perf_counter() - t0, 2),
-              "outcomes": [None if found is None else "ran" if b <= found else "oom" for b in tried]})
+              "seconds": round(time.perf_counter() - t0, 2), "outcomes": outcomes})
 
 
 def main() -> None:
@@ -193,6 +207,7 @@ def main() -> None:
     p.add_argument("--auto-find", action="store_true")
     p.add_argument("--binsearch", action="store_true")
     p.add_argument("--init-val", type=int, default=2)
+    p.add_argument("--max-val", type=int, default=8192, help="Lightning's largest batch tried (Lightning >= 2.5)")
     p.add_argument("--result")
     p.add_argument("--cpu", action="store_true")
     a = p.parse_args()
