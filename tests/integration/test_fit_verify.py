@@ -192,3 +192,12 @@ def test_every_rank_of_a_torchrun_job_stops_at_the_same_step(tmp_path):
     assert log.count("stopped after 2 optimizer steps") == 2
     assert "rank 0): exit 0" in log and "rank 1): exit 0" in log
     assert log.count("step 2\n") == 2 and "step 3" not in log
+
+
+def test_fit_without_recording_says_so(capsys, monkeypatch, tmp_path):
+    code, out, _ = oomdoctor(capsys, monkeypatch, {"limit": 3}, "fit", "--no-record", "--high", "4", "--out",
+                             str(tmp_path), "--", *JOB, "--mb", "{mb}")
+    assert code == 0
+    assert out.startswith("Largest micro-batch that runs: 3; 4 ran out of memory.\n4 trials")
+    assert "Searched by trials alone: recording was off (--no-record)." in out
+    assert [line.split()[0] for line in out.splitlines()[5:]] == ["1", "2", "4", "3"]

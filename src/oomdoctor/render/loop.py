@@ -69,6 +69,8 @@ def fit_text(fit: FitOutcome) -> str:
                f"({fit.analysis_seconds:.1f} s of analysis).")
     if fit.guide in _GUIDE:
         out.append("Guided: " + _GUIDE[fit.guide].format(p=fit.predicted_micro_batch) + "; the search began there.")
+    elif fit.trials and not fit.trials[0].recorded:
+        out.append("Searched by trials alone: recording was off (--no-record).")
     elif fit.snapshot:
         out.append("Searched by trials alone: the recorded run gave no replayed answer.")
     else:
