@@ -26,7 +26,8 @@ from .trials import command_argv, run_trial
 
 @click.command("verify", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Optimizer steps of each run (reruns go past the step where the first run ran out of memory).")
+              help="Optimizer steps of the first run; the reruns stop at the end of the step where it ran out of memory, "
+                   "if it did.")
 @click.option("--setting", "settings", multiple=True, metavar="CONF",
               help="A setting to verify: NAME=value (TORCH_NCCL_AVOID_RECORD_STREAMS=1) or an allocator option "
                    "(expandable_segments:True); repeatable [default: those the diagnosis proposes].")
@@ -62,7 +63,8 @@ def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeou
                          "given: nothing to verify")
     else:
         chosen, source = [parse_setting(s) for s in proposed_settings(report)], "diagnosis"
-    rerun_steps = max(steps, _steps_to_pass_oom(analyses))
+    # a claim past a recorded OOM covers the job up to the end of that step: the reruns stop there too
+    rerun_steps = _steps_to_pass_oom(analyses) or steps
     predictors: dict = {}
     rows = []
     for i, setting in enumerate(chosen):

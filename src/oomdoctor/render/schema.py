@@ -605,7 +605,7 @@ def verify_schema() -> Schema:
     return document("verify", obj({
         "command": arr(s(""), "the command"),
         "steps": i("optimizer steps of the recorded baseline run"),
-        "rerun_steps": i("optimizer steps of each rerun (past the baseline's OOM step)"),
+        "rerun_steps": i("optimizer steps of each rerun (through the step of the baseline's OOM, else steps)"),
         "snapshot": yes("the baseline recorded a snapshot (false: no claims, the settings are only rerun)"),
         "source": s("where the settings come from", ("given", "diagnosis")),
         "baseline": trial_schema("the recorded run with the settings as they are"),

@@ -372,8 +372,8 @@ class Verified:
 class VerifyOutcome:
     """``oomdoctor verify``'s answer: the ``baseline`` run (recorded, default settings), where the settings come
     from (``source``: ``given`` or ``diagnosis``), ``snapshot`` (a snapshot was recorded: claims exist),
-    ``steps`` of the baseline and ``rerun_steps`` of each rerun (more than ``steps`` when the baseline ran out of
-    memory at a later step, so that each rerun passes it), and each setting's result."""
+    ``steps`` of the baseline and ``rerun_steps`` of each rerun (through the step where the baseline ran out of
+    memory, which is as far as a claim replayed past that OOM reaches; else ``steps``), and each setting's result."""
 
     command: list[str]
     steps: int
