@@ -67,7 +67,7 @@ def env() -> dict:
 def fit(out: Path, name: str, cmd: list[str], a: argparse.Namespace) -> dict:
     res = out / f"fit-{name}.json"
     argv = [PY, "-m", "oomdoctor", "fit", "--steps", "2", "--start", str(a.start), "--high", str(a.high),
-            "--out", str(out / f"fit-{name}"), "--trial-timeout", "300", "--format", "json", "-o", str(res), "--", *cmd]
+            "--out", str(out / f"fit-{name}"), "--trial-timeout", "150", "--format", "json", "-o", str(res), "--", *cmd]
     code, secs, timed_out = run(argv, out / f"fit-{name}.log", a.timeout, env())
     doc = json.loads(res.read_text()) if res.is_file() else {}
     return {"tool": "oomdoctor fit", "exit_code": code, "timed_out": timed_out, "seconds": secs,
@@ -108,7 +108,7 @@ def part(name: str, out: Path, a: argparse.Namespace) -> dict:
     else:
         res = out / "verify-fragmentation.json"
         argv = [PY, "-m", "oomdoctor", "verify", "--steps", "14", "--out", str(out / "verify-fragmentation"),
-                "--trial-timeout", "300", "--format", "json", "-o", str(res), "--",
+                "--trial-timeout", "150", "--format", "json", "-o", str(res), "--",
                 PY, str(ROOT / "scenarios" / "fragmentation_oom.py"), "--variant", "default"]
         code, secs, timed_out = run(argv, out / "verify-fragmentation.log", a.timeout, env())
         doc = json.loads(res.read_text()) if res.is_file() else {}
@@ -159,7 +159,7 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=32, help="oomdoctor fit's recorded first micro-batch")
     ap.add_argument("--high", type=int, default=512)
     ap.add_argument("--peer-start", type=int, default=256, help="auto_find_batch_size's starting batch")
-    ap.add_argument("--timeout", type=float, default=420, help="seconds per tool run")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per tool run (a hung one is killed)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
