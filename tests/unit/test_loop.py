@@ -114,3 +114,12 @@ def test_judge():
     assert judge(claim(1000, oom=True), 10, oom=True, failed=False) == (True, "agrees")
     assert judge(None, 10, oom=False, failed=False) == (None, "no-prediction")
     assert judge(claim(1000), None, oom=False, failed=True) == (None, "failed")
+
+
+def test_from_a_lower_bound_the_search_doubles():
+    # the replay said "at least 64" (its search stopped at 4x of a recorded 16): 128, 256 (OOM at 200), bisect
+    s = FitSearch(1, 1024, 64, guided=False)
+    s.record(16, True, anchor=False)
+    while (mb := s.propose()) is not None:
+        s.record(mb, mb <= 200)
+    assert s.tried[:4] == [16, 64, 128, 256] and s.largest_ran == 200 and len(s.tried) <= 12

@@ -66,7 +66,9 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
         a0 = time.monotonic()
         guess, guide, snapshot = _guess(os.path.join(out, f"mb{start}"), start)
         analysis_s = time.monotonic() - a0
-    search = FitSearch(low, high, first=guess if guess is not None else start, guided=guess is not None)
+    # a replayed answer or an estimate is close: step away from it by 1, 2, 4...; a lower bound (the replay's
+    # search stopped at its top) or nothing: double the micro-batch
+    search = FitSearch(low, high, first=guess if guess is not None else start, guided=guide in ("replayed", "estimate"))
     error = "failed" if first.outcome == "failed" else None
     if error is None:
         search.record(start, first.outcome == "ran", anchor=guess is None)

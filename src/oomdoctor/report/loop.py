@@ -10,7 +10,7 @@ Running the job is the command's business (``cli/trials.py``); here are the fact
 - :func:`predict` / :func:`judge`: the replayed claim for a setting over every rank, and the verdict of a rerun
   against it: ``confirmed`` or ``refuted`` (:data:`WHY`).
 - :func:`fit_guess` and :class:`FitSearch`: the first trial of ``fit`` at the replayed answer, then galloping
-  from it (steps 1, 2, 4, ...), then bisection between the largest micro-batch that ran and the smallest that
+  from it (steps 1, 2, 4, ...; from a lower bound, doubling the micro-batch), then bisection between the largest micro-batch that ran and the smallest that
   ran out of memory. Unguided (no snapshot, no answer), the first trial is ``start`` and the gallop doubles the
   micro-batch (as Lightning's ``BatchSizeFinder`` does), and halves it down from an OOM (as Hugging Face's
   ``auto_find_batch_size`` does).
