@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 #: bottom first; a package's modules may import from their own layer and any earlier one
 LAYERS = [
     {"_version", "errors", "_lazy", "units", "frameworks"},
-    {"capture"},
+    {"capture", "preflight"},  # preflight imports torch and writes snapshots, as capture does
     {"trace"},
     {"analysis"},
     {"simulate"},

@@ -26,6 +26,8 @@ COMMANDS = {
                          "folded stacks."),
     "plan": ("plan", "Predict per-rank peak memory of a training configuration, and search the parallel plans "
                      "that fit."),
+    "preflight": ("preflight", "Trace a training step on the CPU under fake tensors and predict its GPU memory: "
+                               "peaks, OOM, the largest micro-batch."),
     "schema": ("schema", "Print the JSON Schema of a command's --format json output."),
 }
 

@@ -10,7 +10,8 @@ The Hugging Face step is the one ``transformers.Trainer`` runs with ``bf16=True`
 3. ``loss.backward()`` outside autocast;
 4. ``clip_grad_norm_(max_norm=1.0)`` (Trainer's default ``max_grad_norm``, foreach);
 5. ``optimizer.step()``: ``torch.optim.AdamW(fused=True)`` (Trainer's default ``adamw_torch_fused`` on
-   torch >= 2.8), ``sgd``, or ``adamw8bit`` (bitsandbytes: not traced, its state is estimated);
+   torch >= 2.8), ``sgd`` (foreach, no momentum), or ``adamw8bit`` (bitsandbytes, which needs CUDA: its
+   state's shapes, :class:`AdamW8bitState`);
 6. ``model.zero_grad()`` (``set_to_none``).
 """
 
@@ -128,6 +129,36 @@ def materialize(model: torch.nn.Module, device: str = "cpu") -> torch.nn.Module:
     return model
 
 
+class AdamW8bitState(torch.optim.Optimizer):
+    """The memory of bitsandbytes' ``AdamW8bit`` (``bitsandbytes/optim/optimizer.py``
+    ``Optimizer2State.init_state``), which cannot run on a CPU: per parameter of at least ``min_8bit_size``
+    (4096) elements, two ``uint8`` states of its shape and two fp32 ``absmax`` of one value per block of 256;
+    smaller ones two fp32 states; a ``step`` counter on the host. The fused 8-bit kernel updates in place:
+    the step allocates nothing. The update itself is not computed (no numbers exist under fake tensors)."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, min_8bit_size: int = 4096, block: int = 256) -> None:
+        super().__init__(params, {"lr": lr})
+        self.min_8bit_size, self.block = min_8bit_size, block
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    if p.numel() >= self.min_8bit_size:
+                        blocks = (p.numel() + self.block - 1) // self.block
+                        st["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+                        st["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                        st["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                        st["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                    else:
+                        st["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        st["state2"] = torch.zeros_like(p, dtype=torch.float32)
+
+
 def _to_fp32(out: Any) -> Any:
     """accelerate's ``convert_outputs_to_fp32``: fp16/bf16 tensors of the model's output as fp32
     (``accelerate/utils/operations.py``)."""
@@ -166,6 +197,8 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
         params = [p for p in m.parameters() if p.requires_grad]
         if job.optimizer == "sgd":
             opt = torch.optim.SGD(params, lr=1e-3)
+        elif job.optimizer == "adamw8bit":
+            opt = AdamW8bitState(params, lr=5e-5)
         else:
             opt = torch.optim.AdamW(params, lr=5e-5, fused=True)
         for step in range(job.steps):

@@ -315,7 +315,6 @@ def cuda_optimizer_defaults() -> Iterator[None]:
     ones (``_get_foreach_kernels_supported_devices`` / ``_get_fused_kernels_supported_devices``)."""
     import torch.optim.optimizer as opt
     import torch.utils._foreach_utils as fu
-
     from torch._subclasses.fake_tensor import FakeTensor
 
     saved = (opt._get_foreach_kernels_supported_devices, opt._get_fused_kernels_supported_devices,
