@@ -67,11 +67,15 @@ def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
     return [] if skip_to_engine else out[:_MAX_FRAMES]
 
 
+_expired = torch._C.StorageBase._expired  # the builtin under StorageWeakRef.expired, called per live storage per op
+
+
 @dataclass
 class _Live:
     ref: StorageWeakRef
     addr: int
     size: int
+    weak: int  # ref.cdata
 
 
 @dataclass
@@ -100,6 +104,7 @@ class AllocationTracer(TorchDispatchMode):
         super().__init__()
         self.record = TraceRecord()
         self._live: dict[int, _Live] = {}
+        self._weak: dict[int, int] = {}  # storage key -> weak reference handle, for collect()
         self._next = BASE_ADDR
         self._t = start_us if start_us is not None else time.time_ns() // 1000
         self._cublas = cublas_workspace_bytes
@@ -129,9 +134,12 @@ class AllocationTracer(TorchDispatchMode):
 
     def collect(self) -> None:
         """Record the frees of every storage that died since the last call."""
-        dead = [k for k, v in self._live.items() if v.ref.expired()]
+        if not any(map(_expired, self._weak.values())):  # a C loop: most ops free nothing
+            return
+        dead = [k for k, w in self._weak.items() if _expired(w)]
         for k in dead:
             v = self._live.pop(k)
+            del self._weak[k]
             self._free(v.addr, v.size)
 
     def see(self, t: torch.Tensor, backward: bool = False) -> int | None:
@@ -150,7 +158,9 @@ class AllocationTracer(TorchDispatchMode):
         if live is not None:  # the address of a dead storage reused before we looked
             self._free(live.addr, live.size)
         addr = self._alloc(n, backward)
-        self._live[key] = _Live(StorageWeakRef(st), addr, n)
+        ref = StorageWeakRef(st)
+        self._live[key] = _Live(ref, addr, n, ref.cdata)
+        self._weak[key] = ref.cdata
         return addr
 
     def addr_of(self, t: torch.Tensor) -> tuple[int, int] | None:
