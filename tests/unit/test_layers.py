@@ -25,7 +25,9 @@ LAYERS = [
 ]
 #: entry points that run before anything else and may reach the top: the sitecustomize ``oomdoctor run``
 #: injects into the job's processes (it hands ``oomdoctor.record`` to the capture package)
-ENTRY_POINTS = {"oomdoctor.capture.inject.sitecustomize"}
+ENTRY_POINTS = {"oomdoctor.capture.inject.sitecustomize",
+                # the preflight package's __call__ (oomdoctor.preflight(...)) hands to the root API at call time
+                "oomdoctor.preflight._entry"}
 
 
 def _layer(top: str) -> int:

@@ -11,7 +11,12 @@ answers (replay, breakdown, largest micro-batch) come from :mod:`oomdoctor.repor
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
+
+from ._entry import CallablePackage
+
+sys.modules[__name__].__class__ = CallablePackage  # oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)
 
 
 def hf_tracer(job: Any, *, gpu_name: str | None, gpu_total_bytes: int, sm_major: int = 9,
