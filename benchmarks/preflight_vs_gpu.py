@@ -14,9 +14,10 @@ Writes ``OUTDIR/preflight_vs_gpu.json``:
   ``memory_stats`` at the end, the device's name and total memory, the free bytes with the model
   trained (``cudaMemGetInfo``), versions; the run's snapshot ``OUTDIR/gpu.pickle`` (with
   ``gpu.meta.json``);
-- ``preflight``: ``oomdoctor preflight`` for the same job on this GPU's memory (a subprocess, JSON), its
-  traced snapshot ``OUTDIR/preflight.pickle``; with a fallback to the tracer's raw peak when the CLI's
-  dependencies are missing;
+- ``preflight``: ``oomdoctor preflight`` for the same job on this GPU's memory (a subprocess on the CPU,
+  JSON), its traced snapshot ``OUTDIR/preflight.pickle``; when the CLI's dependencies (numpy, click, rich)
+  are missing there, the tracer alone (torch only) writes the snapshot and its raw peak of requested
+  bytes, and ``fallback_replay_command`` says how to replay it elsewhere;
 - ``memtracker``: ``torch.distributed._tools.mem_tracker.MemTracker`` under ``FakeTensorMode`` (fake CUDA
   tensors, which need a CUDA build) on the same model and step (peak, bytes), or the error;
 - ``ratios``: predicted / measured for each.
@@ -84,12 +85,12 @@ def gpu_run(out: Path, mb: int, seq: int, steps: int) -> dict:
             "num_alloc_retries": int(stats.get("num_alloc_retries", 0)), "train_wall_s": round(wall, 2)}
 
 
-def preflight_run(out: Path, cfg_file: Path, mb: int, seq: int, total: int) -> dict:
+def preflight_run(out: Path, cfg_file: Path, mb: int, seq: int, total: int, search: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": str(HERE / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "CUDA_VISIBLE_DEVICES": ""}  # preflight runs on the CPU, as a user's laptop would
     cmd = [sys.executable, "-m", "oomdoctor", "preflight", "--hf-config", str(cfg_file), "--micro-batch", str(mb),
            "--seq-len", str(seq), "--dtype", "bf16", "--optimizer", "adamw", "--gpu-memory", f"{total}B",
-           "--format", "json", "-o", str(out / "preflight.pickle")]
+           "--format", "json", "-o", str(out / "preflight.pickle")] + ([] if search else ["--no-search"])
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     res = {"command": " ".join(cmd), "rc": p.returncode, "wall_s": round(time.perf_counter() - t0, 2)}
@@ -103,9 +104,19 @@ def preflight_run(out: Path, cfg_file: Path, mb: int, seq: int, total: int) -> d
     # fallback: the tracer alone (torch only), its raw peak of requested bytes
     try:
         sys.path.insert(0, str(HERE / "src"))
+        import torch
+
+        from oomdoctor.preflight.snapshot import CUDA_CONTEXT_BYTES, sidecar, snapshot_dict, write
         from oomdoctor.preflight.steps import HfJob, trace_hf
 
-        rec = trace_hf(HfJob(str(cfg_file), mb, seq), cublas_workspace_bytes=32 << 20)
+        job = HfJob(str(cfg_file), mb, seq)
+        rec = trace_hf(job, cublas_workspace_bytes=32 << 20)
+        write(out / "preflight.pickle", snapshot_dict(rec),
+              sidecar(rec, gpu_name=None, gpu_total_bytes=total, torch_version=torch.__version__, micro_batch=mb,
+                      job=job.as_dict()))
+        res["fallback_snapshot"] = str(out / "preflight.pickle")
+        res["fallback_replay_command"] = (f"oomdoctor simulate {out / 'preflight.pickle'} --cap "
+                                          f"{total - CUDA_CONTEXT_BYTES} --cap-kind device --format json")
         cur = peak = 0
         for e in rec.events:
             if e["action"] == "alloc":
@@ -155,7 +166,7 @@ def memtracker_run(mb: int, seq: int, steps: int = 2) -> dict:
 
 def plan_run(cfg_file: Path, mb: int, seq: int, total: int) -> dict:
     cmd = [sys.executable, "-m", "oomdoctor", "plan", "estimate", "--model", str(cfg_file), "--framework", "hf",
-           "--loop", "trainer", "--seq", str(seq), "--mbs", str(mb), "--gbs", str(mb), "--gpus", "1",
+           "--loop", "trainer", "--sharding", "none", "--seq", str(seq), "--mbs", str(mb), "--gbs", str(mb), "--gpus", "1",
            "--dropout", "--gpu-memory", f"{total / 2**30:.3f}GiB", "--format", "json"]
     env = {**os.environ, "PYTHONPATH": str(HERE / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -174,6 +185,8 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--skip-gpu", action="store_true", help="only the predictions (for a CPU machine)")
+    ap.add_argument("--search", action="store_true",
+                    help="also let preflight search the largest micro-batch (several more traces, minutes)")
     a = ap.parse_args()
     out = Path(a.outdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,7 +199,7 @@ def main() -> int:
         res["gpu"] = gpu_run(out, a.micro_batch, a.seq_len, a.steps)
         total = res["gpu"]["gpu_total_memory_bytes"]
         res["memtracker"] = memtracker_run(a.micro_batch, a.seq_len)
-    res["preflight"] = preflight_run(out, cfg_file, a.micro_batch, a.seq_len, total)
+    res["preflight"] = preflight_run(out, cfg_file, a.micro_batch, a.seq_len, total, a.search)
     res["plan_estimate"] = plan_run(cfg_file, a.micro_batch, a.seq_len, total)
     if "gpu" in res:
         g = res["gpu"]

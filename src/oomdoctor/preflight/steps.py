@@ -4,6 +4,7 @@ step (:func:`trace_hf`).
 The Hugging Face step is the one ``transformers.Trainer`` runs with ``bf16=True`` / ``fp16=True``
 (``trainer.py`` ``training_step`` and ``_inner_training_loop``, accelerate's ``prepare_model``):
 
+0. ``model.config.use_cache = False`` (``TrainingArguments.use_cache``'s default): no KV cache in training;
 1. the batch is moved to the GPU (``input_ids`` and ``labels``, int64, ``micro_batch × seq_len``);
 2. forward under autocast, the model computing its loss from ``labels``; accelerate wraps ``forward`` in
    ``convert_outputs_to_fp32``, so every fp16/bf16 output (the logits) is copied to fp32 after it;
@@ -183,6 +184,7 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
     if job.optimizer not in OPTIMIZERS:
         raise PreflightError(f"unknown optimizer {job.optimizer!r}: one of {', '.join(OPTIMIZERS)}")
     cfg = config if config is not None else load_config(job.config)
+    cfg.use_cache = False  # Trainer sets model.config.use_cache = args.use_cache, False by default ("Finalize")
     low = DTYPES[job.dtype]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")

@@ -108,7 +108,7 @@ class AllocationTracer(TorchDispatchMode):
         self._next = BASE_ADDR
         self._t = start_us if start_us is not None else time.time_ns() // 1000
         self._cublas = cublas_workspace_bytes
-        self._cublas_threads: set[bool] = set()
+        self._cublas_threads: set[Any] = set()
 
     # -- clock and events
     def _tick(self) -> int:
@@ -206,6 +206,11 @@ class AllocationTracer(TorchDispatchMode):
             addr = self.temporary(self._cublas, backward, keep=True)
             self.record.extra_allocations.append({"what": "cublas_workspace", "addr": addr, "bytes": self._cublas,
                                                   "backward": backward})
+        if self._cublas and ("lt", backward) not in self._cublas_threads and func in _LT_MATMULS:
+            self._cublas_threads.add(("lt", backward))
+            addr = self.temporary(CUBLASLT_WORKSPACE_BYTES, backward, keep=True)
+            self.record.extra_allocations.append({"what": "cublaslt_workspace", "addr": addr,
+                                                  "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
         extra = _kernel_buffers(func, args)
         addrs = [self.temporary(n, backward, keep=True) for n in extra]
         out = func(*args, **(kwargs or {}))
@@ -219,6 +224,12 @@ class AllocationTracer(TorchDispatchMode):
 
 _aten = torch.ops.aten
 _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+#: GEMMs with a bias epilogue, which go through cuBLASLt and its own workspace
+_LT_MATMULS = {_aten.addmm.default}
+CUBLASLT_WORKSPACE_BYTES = 1 << 20
+"""cuBLASLt's workspace (``CUDABlas.cpp`` ``_getLtWorkspaceSize``, 1024 KiB): one 1 MiB block right after
+the first cuBLAS workspace of the main thread in the real Trainer snapshot of the corpus (
+``trainer-ddp-gpt2-b88``, event 281); none on the backward thread, whose GEMMs have no bias epilogue."""
 
 
 def _kernel_buffers(func, args) -> list[int]:
@@ -276,6 +287,11 @@ class CudaAutocastPolicy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is F.dropout:
+            out = _dropout(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+            return func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             out = _sdpa(*args, **kwargs)
             if out is not NotImplemented:
@@ -296,6 +312,16 @@ class CudaAutocastPolicy(TorchFunctionMode):
             with torch.autocast("cpu", enabled=False):
                 return func(*_cast(args, low), **kwargs)
         return func(*args, **kwargs)
+
+
+def _dropout(input, p=0.5, training=True, inplace=False):
+    """Dropout as CUDA runs it: ``native_dropout``, whose mask is ``bool`` (1 byte an element); CPU's
+    ``_dropout_impl`` saves a noise tensor of the input's dtype instead (``aten/src/ATen/native/Dropout.cpp``
+    ``is_fused_kernel_acceptable``: CUDA, XPU, lazy and privateuse1 only). NotImplemented where CUDA would
+    not take the fused kernel either."""
+    if not training or inplace or not 0 < p < 1 or input.numel() == 0:
+        return NotImplemented
+    return _aten.native_dropout(input, p, True)[0]
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
