@@ -219,3 +219,27 @@ def test_largest_micro_batch_is_traced_and_the_next_is_not(room, fixed, per, fir
     if want is not None:
         assert want in calls and want + 1 in calls  # both sides traced, never a fit above what replays
     assert len(calls) <= 2 + 6 + 1
+
+
+def test_ddp_buckets_hold_every_parameter_once():
+    from oomdoctor.preflight.steps import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_buckets
+
+    params = [torch.empty(n, device="meta") for n in (768, 768, 2_359_296, 768, 7_077_888, 768, 768)]
+    got = ddp_buckets(params)
+    assert sum(got) == sum(p.numel() * 4 for p in params)
+    assert got[0] <= DDP_FIRST_BUCKET_BYTES
+    assert all(b >= DDP_BUCKET_BYTES for b in got[1:-1])
+
+
+def test_ddp_adds_its_buckets_and_output_clones(tiny_gpt2, capsys):
+    """DDP (one rank of 2): the gradient buckets (the parameters' bytes) live from the start, so the end
+    state holds them beside the model; and NCCL's buffers are outside the allocator."""
+    def run(*extra):
+        assert main(["preflight", "--hf-config", str(tiny_gpt2["dir"] / "config.json"), "--micro-batch", "2",
+                     "--seq-len", "64", "--no-search", "--format", "json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+    single, ddp = run(), run("--ddp", "2")
+    P = tiny_gpt2["n_params"] * 4
+    assert ddp["peak_requested_bytes"] >= single["peak_requested_bytes"] + P
+    assert ddp["outside_allocator_bytes"] == single["outside_allocator_bytes"] + 880 * 10**6
+    assert ddp["job"]["world_size"] == 2

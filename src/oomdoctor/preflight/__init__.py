@@ -38,6 +38,7 @@ def hf_tracer(job: Any, *, gpu_name: str | None, gpu_total_bytes: int, sm_major:
         rec = trace_hf(j, config=cfg, cublas_workspace_bytes=cublas_workspace_bytes(sm_major))
         meta = sidecar(rec, gpu_name=gpu_name, gpu_total_bytes=gpu_total_bytes, torch_version=torch.__version__,
                        micro_batch=j.micro_batch, job=j.as_dict())
+        meta["world_size"] = j.world_size
         return snapshot_dict(rec), meta, rec
 
     return f

@@ -35,6 +35,10 @@ H200, CUDA 13.0, torch 2.11, after CUDA init, a GEMM and SDPA forward and backwa
 constant, ``oomdoctor.plan.terms.CUDA_CONTEXT_BYTES``, ``benchmarks/measure_plan_gpu.py overhead``,
 docs/plan.md); 651 MB after init alone."""
 
+NCCL_FIRST_COMMUNICATOR_BYTES = 880 * 10**6
+"""NCCL's first communicator (the world group), outside the caching allocator: 883 MB measured on H200,
+torch 2.11 (``oomdoctor.plan.terms.NCCL_FIRST_COMMUNICATOR_BYTES``, docs/plan.md)."""
+
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
 """cuBLAS workspace per handle and stream on Hopper, allocated through the caching allocator (PyTorch PR
 #120925, ``CUDABlas.cpp`` ``_getWorkspaceSize``: ``:4096:8``): one at the first GEMM of the main thread,

@@ -14,6 +14,11 @@ The Hugging Face step is the one ``transformers.Trainer`` runs with ``bf16=True`
    torch >= 2.8), ``sgd`` (foreach, no momentum), or ``adamw8bit`` (bitsandbytes, which needs CUDA: its
    state's shapes, :class:`AdamW8bitState`);
 6. ``model.zero_grad()`` (``set_to_none``).
+
+With ``world_size > 1`` the job is DDP under torchrun (Trainer's default ``find_unused_parameters=True``
+without gradient checkpointing) and one rank is traced: DDP's gradient buckets (:func:`ddp_buckets`) live
+from the start, its ``_DDPSink`` clones the outputs, and the collectives (in place on the buckets) are not
+traced; NCCL's own memory is outside the allocator (the answers add it).
 """
 
 from __future__ import annotations
@@ -83,12 +88,14 @@ class HfJob:
     gradient_checkpointing: bool = False
     steps: int = 2
     max_grad_norm: float = 1.0
+    world_size: int = 1  # > 1: DistributedDataParallel under torchrun (one rank traced)
 
     def as_dict(self) -> dict[str, Any]:
         return {"hf_config": self.config, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
                 "dtype": self.dtype, "optimizer": self.optimizer,
                 "gradient_checkpointing": self.gradient_checkpointing, "steps": self.steps,
-                "max_grad_norm": self.max_grad_norm, "step": "transformers.Trainer.training_step + "
+                "max_grad_norm": self.max_grad_norm, "world_size": self.world_size,
+                "ddp": self.world_size > 1, "step": "transformers.Trainer.training_step + "
                                                              "clip_grad_norm_ + optimizer.step + zero_grad"}
 
 
@@ -160,6 +167,45 @@ class AdamW8bitState(torch.optim.Optimizer):
                         st["state2"] = torch.zeros_like(p, dtype=torch.float32)
 
 
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+DDP_BUCKET_BYTES = 25 << 20
+
+
+def ddp_buckets(params: list[torch.Tensor]) -> list[int]:
+    """Bytes of the gradient buckets ``DistributedDataParallel`` allocates at construction
+    (``torch/nn/parallel/distributed.py`` ``_ddp_init_helper``, ``bucket_cap_mb=25``, first bucket 1 MiB),
+    parameters in reverse order. The total is exact (every parameter's bytes once); the cut points
+    approximate the reducer's (the corpus's GPT-2 shows a 9,216-byte first bucket, then one layer a bucket)."""
+    out: list[int] = []
+    cur = 0
+    for p in reversed(params):
+        n = p.numel() * p.element_size()
+        if not out and cur and cur + n > DDP_FIRST_BUCKET_BYTES:
+            out.append(cur)
+            cur = 0
+        cur += n
+        if out and cur >= DDP_BUCKET_BYTES:
+            out.append(cur)
+            cur = 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _ddp_sink(out: Any) -> Any:
+    """``_DDPSink``: DDP clones every output tensor when it looks for unused parameters
+    (``find_unused_parameters``, which Trainer turns on unless gradient checkpointing is)."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, dict):
+        for k in list(out.keys()):
+            out[k] = _ddp_sink(out[k])
+        return out
+    if isinstance(out, (list, tuple)):
+        return type(out)(_ddp_sink(v) for v in out)
+    return out
+
+
 def _to_fp32(out: Any) -> Any:
     """accelerate's ``convert_outputs_to_fp32``: fp16/bf16 tensors of the model's output as fp32
     (``accelerate/utils/operations.py``)."""
@@ -197,6 +243,7 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
         m.train()
         params = [p for p in m.parameters() if p.requires_grad]
+        buckets = [torch.empty(n, dtype=torch.uint8) for n in ddp_buckets(params)] if job.world_size > 1 else []
         if job.optimizer == "sgd":
             opt = torch.optim.SGD(params, lr=1e-3)
         elif job.optimizer == "adamw8bit":
@@ -214,6 +261,8 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
                 out = _to_fp32(out)
             else:
                 out = m(**inputs)
+            if job.world_size > 1 and not job.gradient_checkpointing:
+                out = _ddp_sink(out)
             loss = out["loss"]
             del out, inputs, ids
             loss.backward()
@@ -224,6 +273,6 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
             opt.step()
             _facts(tracer, step, m, opt)
             m.zero_grad(set_to_none=True)
-        return m, opt
+        return m, opt, buckets
 
     return run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes)
