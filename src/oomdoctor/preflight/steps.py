@@ -23,10 +23,11 @@ traced; NCCL's own memory is outside the allocator (the answers add it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -206,6 +207,49 @@ def _ddp_sink(out: Any) -> Any:
     return out
 
 
+@contextlib.contextmanager
+def _not_tracing() -> Iterator[None]:
+    """transformers' ``is_tracing(tensor)`` says True for a FakeTensor (``utils/import_utils.py``), so under
+    the fake mode its mask code materializes a ``b × 1 × s × s`` causal mask and SDPA loses ``is_causal``
+    (measured: GPT-2 gets a (2, 1, 16, 16) mask under fake tensors, None with real ones). While active, the
+    check ignores fake tensors (it still sees torch.compile, jit and stream capture), as on the GPU."""
+    import sys
+
+    from transformers.utils import import_utils
+
+    orig = import_utils.is_tracing
+
+    def is_tracing(tensor: Any = None) -> bool:
+        return orig(None)
+
+    patched = [m for m in list(sys.modules.values())
+               if getattr(m, "__name__", "").startswith("transformers") and getattr(m, "is_tracing", None) is orig]
+    mu = sys.modules.get("transformers.masking_utils")
+    find = getattr(mu, "find_packed_sequence_indices", None)
+
+    def unpacked(position_ids: Any) -> None:
+        """The packed-sequence check reads values (``.all()``): its tensors are traced, its answer is the
+        one for the batches preflight builds (no packing, positions ``0..s-1``): None."""
+        mu.is_tracing = orig
+        try:
+            find(position_ids)
+        finally:
+            mu.is_tracing = is_tracing
+        return None
+
+    for m in patched:
+        m.is_tracing = is_tracing
+    if find is not None:
+        mu.find_packed_sequence_indices = unpacked
+    try:
+        yield
+    finally:
+        for m in patched:
+            m.is_tracing = orig
+        if find is not None:
+            mu.find_packed_sequence_indices = find
+
+
 def _to_fp32(out: Any) -> Any:
     """accelerate's ``convert_outputs_to_fp32``: fp16/bf16 tensors of the model's output as fp32
     (``accelerate/utils/operations.py``)."""
@@ -237,6 +281,10 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
     vocab = int(cfg.vocab_size)
 
     def run(tracer: AllocationTracer) -> Any:
+        with _not_tracing():
+            return steps(tracer)
+
+    def steps(tracer: AllocationTracer) -> Any:
         tracer.mark_phase("train")
         m = materialize(model)  # Trainer moves the model to the GPU: one block per tensor
         if job.gradient_checkpointing:
