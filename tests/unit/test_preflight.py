@@ -150,8 +150,11 @@ def test_hf_preflight_answers(tiny_gpt2, capsys):
     meta = json.loads(tiny_gpt2["snap"].with_name("pf.meta.json").read_text())
     assert meta["preflight"]["job"]["micro_batch"] == 2 and meta["gpu_total_memory_bytes"] == 81559 * 2**20
     snap = pickle.loads(tiny_gpt2["snap"].read_bytes())
-    assert snap["segments"] == [] and {"alloc", "free_requested", "free_completed"} == {
+    # laid out by the allocator model: segments, and segment entries before the requests that made them
+    assert snap["segments"] and {"alloc", "free_requested", "free_completed", "segment_alloc"} <= {
         e["action"] for e in snap["device_traces"][0]}
+    for seg in snap["segments"]:
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
     # byte facts: the tracer knows the parameters, gradients and optimizer state
     last = meta["tensors"][-1]
     P = tiny_gpt2["n_params"] * 4
@@ -179,9 +182,12 @@ def test_traced_snapshot_loads_in_diagnose_and_simulate(tiny_gpt2, capsys):
     assert main(["diagnose", str(tiny_gpt2["snap"]), "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["ranks"][0]["peak_allocated_bytes"] > 0
+    assert d["ranks"][0]["peak_reserved_bytes"] >= d["ranks"][0]["peak_allocated_bytes"] > 0
     assert main(["simulate", str(tiny_gpt2["snap"]), "--format", "json"]) == 0
     s = json.loads(capsys.readouterr().out)
-    assert s["results"][0]["peak_reserved_bytes"] >= d["ranks"][0]["peak_allocated_bytes"]
+    # the snapshot was laid out by the same model: its self-replay reproduces it exactly
+    assert s["results"][0]["matches_recorded"] is True
+    assert s["results"][0]["peak_reserved_bytes"] == d["ranks"][0]["peak_reserved_bytes"]
 
 
 def test_an_unreadable_config_is_one_line_and_exit_2(tmp_path, capsys):
@@ -192,11 +198,18 @@ def test_an_unreadable_config_is_one_line_and_exit_2(tmp_path, capsys):
     assert rc == 2 and str(bad) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_an_oversized_job_is_an_oom(tiny_gpt2, capsys):
+def test_an_oversized_job_is_an_oom(tiny_gpt2, tmp_path, capsys):
+    snap = tmp_path / "oom.pickle"
     rc = main(["preflight", "--hf-config", str(tiny_gpt2["dir"] / "config.json"), "--micro-batch", "2",
-               "--seq-len", "64", "--gpu-memory", "800MiB", "--no-search", "--format", "json"])
+               "--seq-len", "64", "--gpu-memory", "800MiB", "--no-search", "--format", "json", "-o", str(snap)])
     got = json.loads(capsys.readouterr().out)
     assert rc == 0 and got["oom"] is True and got["oom_request_bytes"] > 0
+    # the written snapshot ends in the OOM, as one dumped at the failure does, and diagnose sees it
+    events = pickle.loads(snap.read_bytes())["device_traces"][0]
+    assert events[-1]["action"] == "oom" and events[-1]["size"] >= got["oom_request_bytes"]
+    assert json.loads(snap.with_name("oom.meta.json").read_text())["oom"]["alloc_bytes"] == events[-1]["size"]
+    assert main(["diagnose", str(snap), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"][0]["oom"]
 
 
 # -- the largest micro-batch -----------------------------------------------------------------------------------

@@ -186,6 +186,85 @@ def breakdown_of(trace: Any) -> tuple[dict[str, int], dict[str, str], dict[str, 
                                                  "allocated_bytes": b.allocated_bytes}
 
 
+def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
+    """The traced snapshot as the allocator model would have recorded it on the GPU: every request
+    replayed (default settings) through :class:`oomdoctor.simulate.allocator.CachingAllocator` with the
+    device limit ``room_bytes``; ``alloc``/``free_*`` entries at the model's block addresses (sizes stay the
+    requested bytes, as ``CUDACachingAllocator.cpp`` records ``orig_size``), the model's ``segment_alloc`` /
+    ``segment_free`` entries before the request that caused them, an ``oom`` entry (``size`` the rounded
+    request, ``device_free`` the room left) where the model runs out, the trace ending there as an OOM
+    snapshot does, and ``segments`` the model's final state. ``diagnose`` then reads reserved memory,
+    fragmentation and the OOM from it. Raises nothing the model does not (a trace it cannot replay keeps
+    its original form: the caller decides)."""
+    import numpy as np
+
+    from ..analysis.rounding import round_size
+    from ..simulate.allocator import CachingAllocator
+    from ..simulate.config import config_from_settings
+    from ..trace.model import ACTION_NAMES
+
+    config = config_from_settings(snapshot.get("allocator_settings"))
+    table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
+    sim = CachingAllocator(config, device_limit=room_bytes)
+    events = snapshot["device_traces"][0]
+    sizes = round_size(np.asarray([e["size"] if e["action"] == "alloc" else 0 for e in events], dtype=np.int64),
+                       table).tolist()
+    out: list[dict[str, Any]] = []
+    live: dict[int, Any] = {}
+    frames_of: dict[int, list] = {}
+
+    def segs(n0: int, e: dict[str, Any]) -> None:
+        for act, ptr, size in sim.segment_events[n0:]:
+            out.append({"action": ACTION_NAMES[act], "addr": ptr, "size": size, "stream": 0, "time_us": e["time_us"],
+                        "compile_context": "N/A", "user_metadata": "", "frames": e["frames"]})
+
+    for i, e in enumerate(events):
+        a = e["action"]
+        n0 = len(sim.segment_events)
+        if a == "alloc":
+            b = sim.malloc(sizes[i], e["size"], 0)
+            segs(n0, e)
+            if b is None:
+                out.append({"action": "oom", "addr": 0, "size": sizes[i], "stream": 0, "time_us": e["time_us"],
+                            "device_free": max((room_bytes or 0) - sim.reserved, 0), "compile_context": "N/A",
+                            "user_metadata": "", "frames": e["frames"]})
+                break
+            live[e["addr"]] = b
+            frames_of[b.ptr] = e["frames"]
+            out.append({**e, "addr": b.ptr})
+        elif a == "free_requested":
+            out.append({**e, "addr": live[e["addr"]].ptr})
+        elif a == "free_completed":
+            b = live.pop(e["addr"])
+            ptr = b.ptr  # freeing merges the block with free neighbours, which moves its ptr
+            sim.free(b)
+            out.append({**e, "addr": ptr})
+            segs(n0, e)
+    blocks = [b for b in live.values()] + [b for pool in (sim.small, sim.large) for b in pool.free_blocks()]
+    heads = {}
+    for b in blocks:
+        h = b
+        while h.prev is not None:
+            h = h.prev
+        heads[h.ptr] = h
+    segments = []
+    for ptr in sorted(heads):
+        h, rows = heads[ptr], []
+        b = h
+        while b is not None:
+            rows.append({"address": b.ptr, "size": b.size, "requested_size": b.requested if b.allocated else 0,
+                         "state": "active_allocated" if b.allocated else "inactive",
+                         "frames": frames_of.get(b.ptr, []) if b.allocated else []})
+            b = b.next
+        total = sum(r["size"] for r in rows)
+        alloc = sum(r["size"] for r in rows if r["state"] == "active_allocated")
+        segments.append({"device": 0, "address": ptr, "total_size": total, "allocated_size": alloc,
+                         "active_size": alloc, "requested_size": sum(r["requested_size"] for r in rows),
+                         "stream": 0, "segment_type": "small" if h.pool.is_small else "large",
+                         "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": rows})
+    return {**snapshot, "segments": segments, "device_traces": [out]}
+
+
 #: what the trace leaves out, said by id (the CLI words them)
 NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "torch_compile", "cpu_resident_optimizer_steps",
               "collectives")
@@ -204,15 +283,17 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
 
     cap = room(gpu_total_bytes, outside_bytes)
     tmp = tempfile.TemporaryDirectory()
+    kept: dict[str, Any] = {}
     try:
-        def at(n: int | None, path: str | None = None) -> tuple[Replayed, Any]:
+        def at(n: int | None, keep: bool = False) -> tuple[Replayed, Any]:
             snap, meta, rec = trace_fn(n)
-            p = path or str(Path(tmp.name) / f"mb{n}.pickle")
+            p = str(Path(tmp.name) / f"mb{n}.pickle")
             write(p, snap, meta)
+            if keep:
+                kept.update(snap=snap, meta=meta)
             return replayed(p, cap, n, rec.events, rec.wall_s)
 
-        main_path = snapshot_path or str(Path(tmp.name) / "preflight.pickle")
-        first, trace = at(micro_batch, main_path)
+        first, trace = at(micro_batch, keep=True)
         largest, method, traces = None, "not searched", [first]
         if search and micro_batch:
             def at_n(n: int) -> Replayed:
@@ -222,6 +303,19 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
         cats, sources, where = breakdown_of(trace)
     finally:
         tmp.cleanup()
+    if snapshot_path:
+        laid = lay_out(kept["snap"], cap.limit_bytes)
+        meta = dict(kept["meta"])
+        last = laid["device_traces"][0][-1] if laid["device_traces"][0] else {}
+        if last.get("action") == "oom":
+            meta["kind"] = "oom"
+            meta["oom"] = {"device": 0, "alloc_bytes": last["size"], "device_limit_bytes": cap.limit_bytes,
+                           "device_free_bytes": last["device_free"]}
+        meta["preflight"] = {**meta.get("preflight", {}),
+                             "laid_out_by": "oomdoctor.simulate's allocator model, default settings, device limit "
+                                            f"{cap.limit_bytes} bytes (the GPU's total less what runs outside the "
+                                            "allocator)"}
+        write(snapshot_path, laid, meta)
     return PreflightAnswer(
         job=dict(trace.meta.get("preflight", {}).get("job", {})), gpu_name=gpu_name, gpu_total_bytes=gpu_total_bytes,
         outside_allocator_bytes=outside_bytes, outside_allocator_source=outside_source,
