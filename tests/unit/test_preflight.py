@@ -256,3 +256,27 @@ def test_ddp_adds_its_buckets_and_output_clones(tiny_gpt2, capsys):
     assert ddp["peak_requested_bytes"] >= single["peak_requested_bytes"] + P
     assert ddp["outside_allocator_bytes"] == single["outside_allocator_bytes"] + 880 * 10**6
     assert ddp["job"]["world_size"] == 2
+
+
+def test_python_api_answers_for_any_module():
+    """``oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)``: the package is callable; the largest
+    micro-batch is a traced size that replays, and the next size was traced and runs out."""
+    import oomdoctor
+    from oomdoctor.preflight.snapshot import CUDA_CONTEXT_BYTES
+
+    def model_fn():
+        return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))
+
+    def step_fn(model, opt, batch):
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    a = oomdoctor.preflight(model_fn, step_fn, lambda n: torch.randn(n, 512), gpu=CUDA_CONTEXT_BYTES + (200 << 20),
+                            micro_batch=64)
+    assert a.oom is False and a.breakdown["parameters"] == (512 * 512 + 512) * 2 * 4
+    n = a.largest_micro_batch
+    assert n is not None and n > 64
+    traced = {t["micro_batch"]: t["oom"] for t in a.micro_batch_traces}
+    assert traced[n] is False and traced[n + 1] is True

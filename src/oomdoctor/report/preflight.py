@@ -32,8 +32,11 @@ from ..simulate.whatif import simulate
 #: the settings every preflight replays besides the default one
 WHATIF_CONFIGS = ("expandable_segments:True", "max_split_size_mb:512", "roundup_power2_divisions:4",
                   "garbage_collection_threshold:0.8,max_split_size_mb:512")
-#: traces spent at most on the largest micro-batch after the fit
+#: traces spent on the largest micro-batch after the first two, at least; more (up to MAX_TRACES) while the
+#: traces so far took less than TRACE_TIME_BUDGET_S (small models trace in a second: bisection can finish)
 MAX_CHECK_TRACES = 6
+MAX_TRACES = 24
+TRACE_TIME_BUDGET_S = 120.0
 #: the largest micro-batch probed
 MAX_MICRO_BATCH = 1 << 16
 
@@ -153,7 +156,8 @@ def largest_micro_batch(at: Callable[[int], Replayed], first: Replayed, room_byt
         hi = min((n for n in ooms if n > lo), default=None)
         if hi is not None and hi == lo + 1:
             return (lo or None), done()
-        if spent >= budget:
+        elapsed = sum(r.trace_wall_s for r in seen.values())
+        if spent >= budget and (spent >= MAX_TRACES or elapsed >= TRACE_TIME_BUDGET_S):
             return None, done()
         pts = sorted((n for n in fits), key=lambda n: -n)[:2]
         guess = None
