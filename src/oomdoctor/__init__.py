@@ -108,7 +108,7 @@ def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, w
 
 
 def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stacks=False, on_oom=True,
-           summarize=False, summary_timeout_s=120.0, print_summary=True):
+           summarize=False, summary_timeout_s=120.0, print_summary=True, stack_steps="all"):
     """A :class:`~oomdoctor.capture.recorder.Recorder` of this process's CUDA memory, used as a context
     manager (or ``.start()`` / ``.stop()``); ``rec.step()`` marks the end of a training step (until it is
     first called, optimizer steps are counted).
@@ -125,6 +125,9 @@ def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stack
         free_stacks: also record a stack at every free (``context="all"``). Off by default: on torch 2.11
             it crashes non-reentrant activation checkpointing in backward (``SystemError: ... returned NULL
             without setting an exception``).
+        stack_steps: which steps gather stacks: ``"all"`` (default) or ``"K/N"`` (the first K steps, then
+            every N-th; the others record every event without a stack, and the analysis matches their
+            allocations against a stacked step), see :func:`~oomdoctor.capture.recorder.parse_stack_steps`.
         summarize: at the end, every rank analyses its own snapshot and rank 0 writes
             ``summary.json`` (``diagnose --format json``'s schema) and ``summary.txt``, and prints the
             report (``print_summary``); ranks silent after ``summary_timeout_s`` seconds are named.
@@ -133,7 +136,7 @@ def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stack
     unchanged. Nothing the recorder does at run time raises into the job (failures are logged once).
 
     Raises:
-        CaptureError: bad arguments (``steps``, ``stacks``, ``max_entries``).
+        CaptureError: bad arguments (``steps``, ``stacks``, ``max_entries``, ``stack_steps``).
     """
     from .capture.recorder import DEFAULT_MAX_ENTRIES, Recorder
 
@@ -145,7 +148,7 @@ def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stack
         hook = functools.partial(summarize_rank, timeout_s=summary_timeout_s, print_report=print_summary)
     entries = DEFAULT_MAX_ENTRIES if max_entries is None else max_entries
     return Recorder(out_dir, steps=steps, max_entries=entries, stacks=stacks, free_stacks=free_stacks, on_oom=on_oom,
-                    on_finish=hook)
+                    on_finish=hook, stack_steps=stack_steps)
 
 
 def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None, optimizer_fn=None, steps=2,

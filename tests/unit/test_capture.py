@@ -18,6 +18,7 @@ from oomdoctor.capture import CaptureError, Recorder, parse_steps
 from oomdoctor.capture.files import atomic_write_bytes, ensure_writable, sidecar_name, snapshot_name
 from oomdoctor.capture.gather import DirectoryStore, gather_payloads
 from oomdoctor.capture.metadata import env_subset, place_markers, rank_info
+from oomdoctor.capture.recorder import parse_stack_steps, stacked_step
 from oomdoctor.trace import discover, load, load_ranks
 from oomdoctor.trace.load import prefer_one_per_rank
 
@@ -172,7 +173,9 @@ def test_recorder_window_dumps_once_with_sidecar(tmp_path):
     assert t.meta["memory_stats"]["num_alloc_retries"] == 2
     assert [m["step"] for m in t.meta["step_markers"]] == [0, 1, 2, 3]
     # free stacks are off by default (they crash non-reentrant checkpointing, docs/checkpoint_crash.md)
-    assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "alloc", "steps": [1, 2]}
+    assert t.meta["recording"] == {"max_entries": 100_000, "stacks": "python", "context": "alloc", "steps": [1, 2],
+                                   "stack_steps": None, "stack_steps_fit": None}
+    assert "stack_markers" not in t.meta  # stacks at every step: nothing to mark
     assert cuda.contexts[0] == "alloc"
     assert set(t.meta["dump"]) == {"snapshot_s", "pickle_and_write_s"} and t.meta["dump"]["snapshot_s"] >= 0
     assert t.devices[0].num_events == 7  # segment_alloc + 6 allocs
@@ -269,6 +272,99 @@ def test_recorder_rejects_bad_arguments(tmp_path):
         Recorder(str(tmp_path), stacks="cpp")
     with pytest.raises(CaptureError, match="max_entries"):
         Recorder(str(tmp_path), max_entries=0)
+
+
+@pytest.mark.parametrize("spec, plan", [("all", None), (None, None), ("3", (3, 0)), ("3/10", (3, 10)),
+                                        ((2, 4), (2, 4))])
+def test_parse_stack_steps(spec, plan):
+    assert parse_stack_steps(spec) == plan
+
+
+@pytest.mark.parametrize("bad", ["0/4", "3/-1", "a", "1/2/3", "", (1,)])
+def test_parse_stack_steps_rejects(bad):
+    with pytest.raises(CaptureError, match="stack steps"):
+        parse_stack_steps(bad)
+
+
+def test_stacked_steps_switch_the_context_and_keep_the_history(tmp_path):
+    """'2/4': stacks in steps 0, 1, 4, 8; every switch re-calls the recorder with clear_history=False
+    (recordHistory keeps the ring buffer then) and is marked in the sidecar."""
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap, stack_steps="2/4", on_oom=False)
+    rec._enable(clear=False)
+    for _ in range(9):
+        rec.step()  # ends steps 0..8; step_count is then 9
+    assert [stacked_step((2, 4), s) for s in range(10)] == [True, True, False, False, True, False, False, False,
+                                                           True, False]
+    assert cuda.contexts == ["alloc", None, "alloc", None, "alloc", None]
+    assert all(clear is False for _, clear in cuda.history_calls)  # never clears while switching
+    assert [(m["step"], m["stacks"]) for m in rec.stack_marks] == [(0, True), (2, False), (4, True), (5, False),
+                                                                   (8, True), (9, False)]
+    rec.stop()
+    meta = json.loads((tmp_path / "out" / "rank0.meta.json").read_text())
+    assert meta["recording"]["stack_steps"] == [2, 4]
+    assert [(m["step"], m["stacks"]) for m in meta["stack_markers"]] == [(0, True), (2, False), (4, True),
+                                                                         (5, False), (8, True), (9, False)]
+    assert all("event_index" in m for m in meta["stack_markers"])
+
+
+def test_stacked_steps_fit_the_ring_buffer(tmp_path, monkeypatch):
+    """When the first K steps end, N is lowered so that max_entries holds two stacked steps: step 1 makes 4
+    events (times 30..60, after its start marker at 25) and the buffer holds 20 events: N 10 -> 20 // 8 = 2."""
+    import oomdoctor.capture.recorder as recorder
+    clock = iter([5, 25, 65, 66, 70, 80, 90, 100, 110])
+    monkeypatch.setattr(recorder, "now_us", lambda: next(clock))
+    events = [{"action": "alloc", "addr": 1 << 20, "size": 512, "stream": 0, "time_us": t, "frames": []}
+              for t in (10, 20, 30, 40, 50, 60)]
+    rec, cuda = fake_recorder(tmp_path, {"segments": [], "device_traces": [events]}, stack_steps="2/10",
+                              max_entries=20, on_oom=False)
+    rec._enable(clear=False)  # stack marker at 5
+    rec.step()  # step 1 starts at 25
+    rec.step()  # step 2 starts at 65: the fit counts step 1's events; N becomes 2, so step 2 keeps stacks
+    assert rec.stack_fit == {"asked": [2, 10], "events_per_step": 4}
+    assert rec.stack_plan == (2, 2)
+    rec.step()  # step 3 starts at 66: off at 70
+    rec.step()  # step 4 starts at 80: on at 90
+    assert [(m["step"], m["stacks"], m["time_us"]) for m in rec.stack_marks] == [(0, True, 5), (3, False, 70),
+                                                                                (4, True, 90)]
+    rec_meta = rec.metadata(None, "final")["recording"]
+    assert rec_meta["stack_steps"] == [2, 2] and rec_meta["stack_steps_fit"] == {"asked": [2, 10], "events_per_step": 4}
+    # a buffer that holds enough keeps N
+    clock2 = iter([5, 25, 65, 66, 70])
+    monkeypatch.setattr(recorder, "now_us", lambda: next(clock2))
+    big, _ = fake_recorder(tmp_path / "b", {"segments": [], "device_traces": [events]}, stack_steps="2/10",
+                           max_entries=100, on_oom=False)
+    big._enable(clear=False)
+    big.step()
+    big.step()
+    assert big.stack_plan == (2, 10) and big.stack_fit["events_per_step"] == 4
+
+
+def test_stacked_steps_with_a_window_and_without_stacks(tmp_path):
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap, steps="5:6", stack_steps="1/4", on_oom=False)
+    for _ in range(7):
+        rec.step()  # the window opens at step 5 (no stacks: 5 % 4 != 0), step 6 none, dumped at 7
+    assert cuda.history_calls[0] == ("all", True) and cuda.contexts[0] is None
+    assert [(m["step"], m["stacks"]) for m in rec.stack_marks] == [(5, False)]
+    none, ncuda = fake_recorder(tmp_path / "n", snap, stacks="none", stack_steps="1/4", on_oom=False)
+    none._enable(clear=False)
+    for _ in range(5):
+        none.step()
+    assert ncuda.contexts == [None] and none.stack_plan is None and none.stack_marks == []
+
+
+def test_stacked_steps_on_old_torch_keep_stacks_everywhere(tmp_path):
+    """torch < 2.4 has no clear_history and clears at every call: no switching there."""
+    rec, cuda = fake_recorder(tmp_path, small_snapshot(tmp_path), stack_steps="1/4", on_oom=False)
+
+    def old(enabled="all", context="all", stacks="all", max_entries=0):
+        cuda.contexts.append(context)
+    cuda.memory._record_memory_history = old
+    rec._enable(clear=False)
+    for _ in range(3):
+        rec.step()
+    assert cuda.contexts == ["alloc"] and rec.stack_plan is None
 
 
 # ---- gathering --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ..trace.model import Trace
 from .accounting import CATEGORIES, Accounting
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import BACKWARD_PHASE, PHASE_NAMES, Phases
-from .sites import NO_STACK, PRE_TRACE, site_index, site_label
+from .sites import NO_STACK, PRE_TRACE, mark_unmatched, matched_rows, site_index, site_label
 
 BACKWARD_LABEL = "<autograd backward: the engine's threads record no Python frames>"
 
@@ -35,6 +35,8 @@ class Holder:
     count: int
     stack: int
     largest_block_bytes: int
+    #: bytes of these blocks whose stack was matched from a stacked step (``--stack-steps``), not recorded
+    matched_bytes: int = 0
 
 
 def holders_at(trace: Trace, lt: Lifetimes, acc: Accounting, ph: Phases, k: int, limit: int | None = None) -> list[Holder]:
@@ -43,10 +45,11 @@ def holders_at(trace: Trace, lt: Lifetimes, acc: Accounting, ph: Phases, k: int,
     if rows.size == 0:
         return []
     idx = site_index(trace)
-    site = idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE)
+    site = mark_unmatched(trace, lt, rows, idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE))
     cat = acc.category[rows]
     size = lt.size[rows]
     born = acc.born_phase[rows]
+    matched = np.where(matched_rows(trace, lt, rows), size, 0)
     key = site * len(CATEGORIES) + cat
     uniq, inv = np.unique(key, return_inverse=True)
     total = np.bincount(inv, weights=size).astype(np.int64)
@@ -63,7 +66,7 @@ def holders_at(trace: Trace, lt: Lifetimes, acc: Accounting, ph: Phases, k: int,
         else:
             label = site_label(trace, frame)
         out.append(Holder(frame, label, CATEGORIES[int(cat[members[0]])], PHASE_NAMES[phase], int(total[u]),
-                          int(count[u]), int(lt.stack[rows[big]]), int(size[big])))
+                          int(count[u]), int(lt.stack[rows[big]]), int(size[big]), int(matched[members].sum())))
     return out
 
 

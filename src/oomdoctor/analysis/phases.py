@@ -67,6 +67,7 @@ from ..frameworks import (
     normalize_path,
 )
 from ..trace.model import ALLOC, DeviceTrace, StackTable, Trace
+from ..trace.stackmatch import unmatched_allocations
 from .sites import per_table
 
 # role / phase codes
@@ -316,6 +317,11 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     at = times[allocs]
     roles = ri.roles_of(stack[allocs], python)
     src = np.where(ri.engine(stack[allocs], python) & (roles == BACKWARD_PHASE), THREAD, FRAMES).astype(np.int8)
+    unknown = unmatched_allocations(trace)
+    if unknown is not None and trace.meta["stack_matches"]["device"] == dt.device and unknown.shape[0] == n:
+        # recorded without a stack by --stack-steps and matched to no stacked step: an empty stack here
+        # says nothing of the engine's threads; the phase is inferred from the allocations around it
+        roles[unknown[allocs]] = OTHER_PHASE
     src[roles == OTHER_PHASE] = INFERRED
     # annotations: what a torch optimizer's step allocates is the optimizer's, except the forward and
     # backward of a closure it runs (Lightning's automatic optimization: optimizer.step(closure))

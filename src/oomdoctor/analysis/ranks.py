@@ -16,7 +16,7 @@ import numpy as np
 
 from ..units import MiB
 from .device import DeviceAnalysis
-from .sites import NO_STACK, PRE_TRACE, Site, group_sites
+from .sites import Site, group_sites
 
 #: Sites below this at a point are left out of a profile. A site missing from a profile counts as 0
 #: bytes there, so a delta is overstated by less than this; the detectors' thresholds are 16x larger.
@@ -63,7 +63,7 @@ class SiteDelta:
 
 
 def site_key(a: DeviceAnalysis, s: Site) -> str:
-    if s.frame in (PRE_TRACE, NO_STACK):
+    if s.frame < 0:  # PRE_TRACE, NO_STACK, UNMATCHED
         return f"<special>:{s.frame}"
     filename, line, name = a.trace.stacks.frames[s.frame]
     return f"{filename}:{line}:{name}"

@@ -17,6 +17,7 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from ..trace.model import Frame, StackTable, Trace
+from ..trace.stackmatch import META_KEY, matched_from, unmatched_allocations
 from .lifetimes import IN_TRACE, Lifetimes
 
 T = TypeVar("T")
@@ -25,6 +26,9 @@ PRE_TRACE = -2
 """Site id of blocks allocated before the trace started, with no known stack."""
 NO_STACK = -1
 """Site id of allocations recorded without any frame."""
+UNMATCHED = -3
+"""Site id of allocations recorded without a stack by ``--stack-steps`` that no stacked step matched
+(:mod:`oomdoctor.trace.stackmatch`): unknown, never guessed."""
 
 _INTERNAL = re.compile(
     r"(-packages/|^|/pytorch/)(torch|triton|functorch|apex|transformer_engine)/"  # framework internals
@@ -95,6 +99,40 @@ def per_table(cache: weakref.WeakKeyDictionary, stacks: StackTable, make: Callab
     return got
 
 
+_UNMATCHED: "weakref.WeakKeyDictionary[StackTable, tuple]" = weakref.WeakKeyDictionary()
+
+
+def mark_unmatched(trace: Trace, lt: Lifetimes, rows: np.ndarray, site: np.ndarray) -> np.ndarray:
+    """``site`` with :data:`UNMATCHED` for the rows whose allocation was recorded without a stack by
+    ``--stack-steps`` and matched to no stacked step (the trace's matched device's lifetimes only)."""
+    mask = per_table(_UNMATCHED, trace.stacks, lambda _s: (unmatched_allocations(trace),))[0]
+    if mask is None or rows.size == 0:
+        return site
+    ev = lt.alloc[rows]
+    if int(ev.max()) >= mask.shape[0]:
+        return site
+    hit = (ev >= 0) & mask[np.maximum(ev, 0)]
+    return np.where(hit, UNMATCHED, site) if hit.any() else site
+
+
+_MATCHED: "weakref.WeakKeyDictionary[StackTable, tuple]" = weakref.WeakKeyDictionary()
+
+
+def matched_rows(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> np.ndarray:
+    """Per row: True where the block's stack was matched from a stacked step, not recorded
+    (:func:`oomdoctor.trace.stackmatch.matched_from`)."""
+    def make(_s: StackTable) -> tuple:
+        res = trace.meta.get(META_KEY)
+        if not isinstance(res, dict) or res.get("device") not in trace.devices:
+            return (None,)
+        return (matched_from(trace, trace.devices[res["device"]]) >= 0,)
+    mask = per_table(_MATCHED, trace.stacks, make)[0]
+    if mask is None or rows.size == 0 or int(lt.alloc[rows].max()) >= mask.shape[0]:
+        return np.zeros(rows.size, dtype=bool)
+    ev = lt.alloc[rows]
+    return (ev >= 0) & mask[np.maximum(ev, 0)]
+
+
 def site_index(trace: Trace) -> SiteIndex:
     """The :class:`SiteIndex` of a trace's stack table (one per table, kept while the table lives)."""
     return per_table(_INDEXES, trace.stacks, SiteIndex)
@@ -123,7 +161,7 @@ def group_sites(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> list[Site]:
     if rows.size == 0:
         return []
     idx = site_index(trace)
-    site = idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE)
+    site = mark_unmatched(trace, lt, rows, idx.sites_of(lt.stack[rows], lt.start_state[rows] != IN_TRACE))
     size = lt.size[rows]
     uniq, inv = np.unique(site, return_inverse=True)
     total = np.bincount(inv, weights=size).astype(np.int64)
@@ -146,6 +184,10 @@ def site_label(trace: Trace, frame: int) -> str:
     if frame == PRE_TRACE:
         return "<allocated before recording started>"
     if frame == NO_STACK:
+        return "<no stack recorded>"
+    if frame == UNMATCHED:
+        return "<recorded without a stack (--stack-steps), matched to no stacked step>"
+    if frame < 0:
         return "<no stack recorded>"
     filename, line, name = trace.stacks.frames[frame]
     return f"{short_path(filename)}:{line} in {name}"

@@ -7,9 +7,9 @@
    queued calls), and never in processes that do not use CUDA. A process that imports torch without
    CUDA being available gets one warning at exit and nothing else.
 3. :func:`start` builds the :class:`~oomdoctor.capture.recorder.Recorder` from
-   ``OOMDOCTOR_RUN_CONFIG`` (JSON: ``out``, ``steps``, ``max_entries``, ``stacks``, ``free_stacks``,
-   ``summarize``, ``summary_timeout_s``) and stops it at exit (``atexit``). ``"record": false`` records
-   nothing (``oomdoctor fit``'s later trials only need to stop).
+   ``OOMDOCTOR_RUN_CONFIG`` (JSON: ``out``, ``steps``, ``max_entries``, ``stacks``, ``stack_steps``,
+   ``free_stacks``, ``summarize``, ``summary_timeout_s``) and stops it at exit (``atexit``). ``"record": false``
+   records nothing (``oomdoctor fit``'s later trials only need to stop).
 4. With ``"stop_after_steps": K`` (``oomdoctor fit`` / ``verify``), the process ends itself with exit
    code 0 right after its K-th optimizer step (:func:`install_stop`), every rank at the same step.
 
@@ -30,7 +30,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from .recorder import DEFAULT_MAX_ENTRIES, Recorder, warn
+from .recorder import DEFAULT_MAX_ENTRIES, DEFAULT_STACK_STEPS, Recorder, warn
 
 CONFIG_ENV = "OOMDOCTOR_RUN_CONFIG"
 _recorder: Recorder | None = None
@@ -200,6 +200,7 @@ def start() -> Recorder | None:
     make = _make_recorder or _plain_recorder
     rec = make(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries", DEFAULT_MAX_ENTRIES)),
                stacks=cfg.get("stacks", "python"), free_stacks=bool(cfg.get("free_stacks")),
+               stack_steps=cfg.get("stack_steps", DEFAULT_STACK_STEPS),
                summarize=bool(cfg.get("summarize")), summary_timeout_s=float(cfg.get("summary_timeout_s", 120.0)),
                print_summary=bool(cfg.get("print_summary", False)))
     rec.start()

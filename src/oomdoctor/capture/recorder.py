@@ -24,6 +24,15 @@ Safety: recording must never change what the job does.
 Overhead: the allocator gathers a Python stack per allocation (about 2 µs, PyTorch's docstring) and keeps
 at most ``max_entries`` events in a ring buffer; ``stacks="all"`` (C++ frames too) costs more and has
 hung the unwinder on generated code (torchtitan PR #2991), so it is not the default.
+
+Stacked steps (``stack_steps``): stacks can be gathered only in some steps (the first ``K``, which hold the
+set-up, the optimizer state's creation and the first peak, then every ``N``-th), every event still being
+recorded in the others, without a stack (``context=None``). The switch calls ``_record_memory_history``
+again with ``clear_history=False``: ``recordHistory`` (``CUDACachingAllocator.cpp``) then only stores the new
+context level and keeps the ring buffer (it clears it when disabled or asked to). Each switch is noted in
+the sidecar's ``stack_markers`` (step, whether stacks are on from then, ``time_us``, ``event_index``), so
+that the analysis knows which events were recorded without a stack and can match them against a stacked
+step (:mod:`oomdoctor.analysis.stackmatch`).
 """
 
 from __future__ import annotations
@@ -61,6 +70,10 @@ from .metadata import (
 
 DEFAULT_MAX_ENTRIES = 100_000
 STACKS = ("python", "all", "none")
+#: stacks at every step (the recorder's behaviour before stacked steps existed)
+ALL_STEPS = "all"
+#: the default ``stack_steps``: stacks in every step
+DEFAULT_STACK_STEPS = ALL_STEPS
 FREE_STACKS_WARNING = (
     "recording a stack at every free (context='all'): on torch 2.11 this makes non-reentrant activation "
     "checkpointing (torch.utils.checkpoint use_reentrant=False: Hugging Face gradient_checkpointing, "
@@ -106,6 +119,40 @@ def parse_steps(steps: Any) -> tuple[int, int] | None:
     return a, b
 
 
+def parse_stack_steps(spec: Any) -> tuple[int, int] | None:
+    """``None`` or ``"all"`` (stacks in every step), ``"K"`` (the first K steps), ``"K/N"`` (the first K
+    steps, then every step whose number is a multiple of N), or a pair ``(K, N)`` -> ``(K, N)`` (``N`` 0:
+    none after the first K); ``None`` for every step. Steps are counted from 0; step 0 includes the set-up.
+
+    Raises:
+        CaptureError: not one of these forms, ``K < 1`` or ``N < 0``.
+    """
+    if spec is None or spec == ALL_STEPS:
+        return None
+    try:
+        if isinstance(spec, str):
+            parts = spec.split("/")
+            if len(parts) not in (1, 2):
+                raise ValueError
+            k, n = int(parts[0]), int(parts[1]) if len(parts) == 2 else 0
+        else:
+            k, n = (int(x) for x in spec)
+    except (TypeError, ValueError):
+        raise CaptureError(f"stack steps {spec!r}: expected 'all', 'K' (the first K steps) or 'K/N' (the first K, "
+                           "then every N-th), e.g. '3/10'") from None
+    if k < 1 or n < 0:
+        raise CaptureError(f"stack steps {spec!r}: expected K >= 1 and N >= 0")
+    return k, n
+
+
+def stacked_step(plan: tuple[int, int] | None, step: int) -> bool:
+    """Whether ``step`` (from 0) records stacks under ``plan`` (:func:`parse_stack_steps`)."""
+    if plan is None:
+        return True
+    first, every = plan
+    return step < first or (every > 0 and step % every == 0)
+
+
 def _guarded(site: str) -> Callable:
     """Run a recorder method so that nothing it raises reaches the job: an ``Exception`` is logged once per
     ``site`` (then only counted, see :attr:`Recorder.failures`) and the method returns None."""
@@ -144,6 +191,11 @@ class Recorder:
         manual_steps: steps are marked only by :meth:`step` (the framework callbacks of
             :mod:`oomdoctor.integrations` call it at each training step's end); optimizer steps are not
             counted, but their parameters, gradients and state are still noted (:mod:`.facts`).
+        stack_steps: which steps gather stacks (:func:`parse_stack_steps`): ``"all"`` (default) or
+            ``"K/N"``; the other steps record every event without a stack. When the first K steps end, N
+            is lowered if needed so that the ring buffer holds two stacked steps (:meth:`_fit_every`).
+            Ignored with ``stacks="none"`` and on a torch without ``clear_history`` (< 2.4), where
+            switching would clear the history.
 
     An ``out_dir`` that cannot be created or written is not an error: a warning says so and nothing is
     recorded (a training job must not die for its memory recorder).
@@ -154,12 +206,20 @@ class Recorder:
 
     def __init__(self, out_dir: str, *, steps: Any = None, max_entries: int = DEFAULT_MAX_ENTRIES,
                  stacks: str = "python", free_stacks: bool = False, on_oom: bool = True,
-                 on_finish: FinishHook | None = None, manual_steps: bool = False) -> None:
+                 on_finish: FinishHook | None = None, manual_steps: bool = False,
+                 stack_steps: Any = DEFAULT_STACK_STEPS) -> None:
         if stacks not in STACKS:
             raise CaptureError(f"stacks {stacks!r}: expected one of {', '.join(STACKS)}")
         if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
             raise CaptureError(f"max_entries {max_entries!r}: expected a positive integer")
         self.window = parse_steps(steps)
+        self.stack_plan = None if stacks == "none" else parse_stack_steps(stack_steps)
+        #: whether the allocator gathers stacks now (for ``stacks != "none"``)
+        self._stacks_on = True
+        #: ``{"asked": [K, N], "events_per_step": n}``: the fit of N to the ring buffer (:meth:`_fit_every`)
+        self.stack_fit: dict[str, Any] | None = None
+        #: ``[{"step": s, "stacks": bool, "time_us": t}]``: from ``t`` on, stacks are (not) gathered
+        self.stack_marks: list[dict[str, Any]] = []
         #: ``{site: count}`` of failures caught inside the recorder (each site warned about once).
         self.failures: dict[str, int] = {}
         try:
@@ -353,25 +413,69 @@ class Recorder:
         self.markers.append({"step": self.step_count, "time_us": now_us()})
         if self.store is None:
             self._refresh_dist()
-        if self.window is None:
-            return
-        a, b = self.window
-        if self.step_count == a and a > 0:
-            self._enable(clear=True)
-        elif self.step_count == b + 1:
-            self._dump(snapshot_name(self.rank, step=b), "window")
-            self._disable()
+        if self.window is not None:
+            a, b = self.window
+            if self.step_count == a and a > 0:
+                self._enable(clear=True)
+            elif self.step_count == b + 1:
+                self._dump(snapshot_name(self.rank, step=b), "window")
+                self._disable()
+        if self.recording and self.stack_plan is not None:
+            if self.step_count == self.stack_plan[0] and self.stack_fit is None:
+                self._fit_every()
+            self._switch_stacks(stacked_step(self.stack_plan, self.step_count))
 
     # ---- recording ----------------------------------------------------------------------------
+    def _history_kwargs(self, stacks_on: bool) -> dict[str, Any]:
+        return {"context": self.context if stacks_on else None,
+                "stacks": "python" if self.stacks == "none" else self.stacks, "max_entries": self.max_entries}
+
     def _enable(self, clear: bool) -> None:
         mem = self._torch.cuda.memory
-        kw: dict[str, Any] = {"context": self.context, "stacks": "python" if self.stacks == "none" else self.stacks,
-                              "max_entries": self.max_entries}
+        on = self.context is not None and stacked_step(self.stack_plan, self.step_count)
         try:
-            mem._record_memory_history("all", clear_history=clear, **kw)
-        except TypeError:  # torch < 2.4: no clear_history
-            mem._record_memory_history("all", **kw)
+            mem._record_memory_history("all", clear_history=clear, **self._history_kwargs(on))
+        except TypeError:  # torch < 2.4: no clear_history, and a second call would clear: stacks at every step
+            self.stack_plan = None
+            on = self.context is not None
+            mem._record_memory_history("all", **self._history_kwargs(on))
         self.recording = True
+        if self.stack_plan is not None:
+            self._stacks_on = on
+            self.stack_marks.append({"step": self.step_count, "stacks": on, "time_us": now_us()})
+
+    def _fit_every(self) -> None:
+        """Once, when the first K steps end: count the events of the last step (one ``_snapshot()``) and make
+        stacked steps frequent enough that the ring buffer still holds two of them
+        (``N <= max_entries / (2 * events per step)``); without one, stack-less steps cannot be matched. A
+        failure leaves N as asked (logged)."""
+        self.stack_fit = {"asked": list(self.stack_plan), "events_per_step": None}
+        first, every = self.stack_plan
+        if every == 0 or len(self.markers) < 2:
+            return
+        try:
+            snap = self._torch.cuda.memory._snapshot()
+            traces = snap.get("device_traces") or []
+            device = self._torch.cuda.current_device()
+            t0 = int(self.markers[-2]["time_us"])
+            n = sum(1 for e in (traces[device] if device < len(traces) else []) if int(e.get("time_us", 0)) >= t0)
+            del snap, traces
+        except Exception as e:  # noqa: BLE001 - the job goes on with N as asked
+            self._failed("counting the events of a step", e)
+            return
+        self.stack_fit["events_per_step"] = n
+        if n > 0:
+            fit = max(1, self.max_entries // (2 * n))
+            if fit < every:
+                self.stack_plan = (first, fit)
+
+    def _switch_stacks(self, on: bool) -> None:
+        """Gather stacks from now on (or stop), keeping the history (``clear_history=False``)."""
+        if on == self._stacks_on:
+            return
+        self._torch.cuda.memory._record_memory_history("all", clear_history=False, **self._history_kwargs(on))
+        self._stacks_on = on
+        self.stack_marks.append({"step": self.step_count, "stacks": on, "time_us": now_us()})
 
     def _disable(self) -> None:
         if self.recording:
@@ -444,7 +548,9 @@ class Recorder:
         meta.update(torch_info(torch, device))
         meta["env"] = env_subset(os.environ)
         meta["recording"] = {"max_entries": self.max_entries, "stacks": self.stacks, "context": self.context,
-                             "steps": list(self.window) if self.window else None}
+                             "steps": list(self.window) if self.window else None,
+                             "stack_steps": None if self.stack_plan is None else list(self.stack_plan),
+                             "stack_steps_fit": self.stack_fit}
         try:
             meta["memory_stats"] = dict(torch.cuda.memory_stats(device))
         except Exception:  # noqa: BLE001
@@ -465,6 +571,8 @@ class Recorder:
                 times = [int(e.get("time_us", 0)) for e in traces[device]]
         meta["step_markers"] = place_markers(self.markers, times)
         meta["phase_markers"] = place_markers(self.phase_marks, times)
+        if self.stack_plan is not None:
+            meta["stack_markers"] = place_markers(self.stack_marks, times)
         meta["steps_completed"] = self.step_count
         meta["micro_batch"] = self.micro_batch
         meta["oom"] = oom
@@ -507,4 +615,5 @@ class Recorder:
             self._hook_handle = None
 
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "FREE_STACKS_WARNING", "CaptureError", "Recorder", "parse_steps", "warn"]
+__all__ = ["ALL_STEPS", "DEFAULT_MAX_ENTRIES", "DEFAULT_STACK_STEPS", "FREE_STACKS_WARNING", "CaptureError",
+           "Recorder", "parse_stack_steps", "parse_steps", "stacked_step", "warn"]

@@ -21,7 +21,13 @@ from importlib import resources
 import click
 
 from ..capture.files import ensure_writable
-from ..capture.recorder import DEFAULT_MAX_ENTRIES, STACKS, parse_steps
+from ..capture.recorder import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_STACK_STEPS,
+    STACKS,
+    parse_stack_steps,
+    parse_steps,
+)
 from ..errors import OomdoctorError, UsageError
 from ..jobsummary import SUMMARY_JSON, SUMMARY_TEXT
 from ..render import render_json
@@ -48,7 +54,8 @@ def inject_dir() -> str:
 
 def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
               timeout_s: float, base: dict[str, str] | None = None, free_stacks: bool = False,
-              stop_after_steps: int | None = None, record: bool = True) -> dict[str, str]:
+              stop_after_steps: int | None = None, record: bool = True,
+              stack_steps: str = DEFAULT_STACK_STEPS) -> dict[str, str]:
     """The command's environment: ``base`` (default ``os.environ``) plus the injection. ``stop_after_steps``:
     each process ends itself with exit code 0 after that many optimizer steps
     (:func:`oomdoctor.capture.autorecord.install_stop`); ``record=False``: nothing is recorded."""
@@ -56,7 +63,8 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
     env["PYTHONPATH"] = os.pathsep.join(p for p in (inject_dir(), env.get("PYTHONPATH", "")) if p)
     env["OOMDOCTOR_PACKAGE_ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["OOMDOCTOR_RUN_CONFIG"] = json.dumps({"out": out, "steps": steps, "max_entries": max_entries,
-                                              "stacks": stacks, "free_stacks": free_stacks, "summarize": summarize,
+                                              "stacks": stacks, "stack_steps": stack_steps, "free_stacks": free_stacks,
+                                              "summarize": summarize,
                                               "summary_timeout_s": timeout_s, "print_summary": False,
                                               **({"stop_after_steps": stop_after_steps} if stop_after_steps else {}),
                                               **({} if record else {"record": False})})
@@ -73,6 +81,10 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
 @click.option("--stacks", type=click.Choice(STACKS), default="python", show_default=True,
               help="Stack frames to record at each allocation: Python only, with C++ frames (slower), or none "
               "(every event, no stacks: the lowest overhead, but allocation sites cannot be named).")
+@click.option("--stack-steps", default=DEFAULT_STACK_STEPS, show_default=True,
+              help="Steps that gather stacks: 'all', or 'K/N': the first K steps (the set-up is in step 0), then "
+              "every N-th step; the others record every event without a stack (cheaper), and the report names "
+              "their sites by matching them against a stacked step.")
 @click.option("--free-stacks", is_flag=True, help="Also record a stack at every free (context='all'). Off by "
               "default: on torch 2.11 it crashes non-reentrant activation checkpointing in backward (SystemError: ... returned NULL without setting an exception).")
 @click.option("--summarize", is_flag=True, help="Analyse in the job: each rank its own snapshot, rank 0 writes "
@@ -82,8 +94,8 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
 @click.option("--no-diagnose", is_flag=True, help="Only record; print no report.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(out: str | None, steps: str | None, max_entries: int, stacks: str, free_stacks: bool, summarize: bool,
-            summary_timeout: float, no_diagnose: bool, fmt: str, command: tuple[str, ...]) -> None:
+def command(out: str | None, steps: str | None, max_entries: int, stacks: str, stack_steps: str, free_stacks: bool,
+            summarize: bool, summary_timeout: float, no_diagnose: bool, fmt: str, command: tuple[str, ...]) -> None:
     """Run COMMAND with CUDA memory recording in every process that uses CUDA, then diagnose.
 
     Example: oomdoctor run --out mem -- torchrun --nproc_per_node=8 train.py
@@ -94,13 +106,15 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, f
     if not argv:
         raise UsageError("no command given: oomdoctor run [OPTIONS] -- COMMAND...")
     parse_steps(steps)
+    parse_stack_steps(stack_steps)
     if shutil.which(argv[0]) is None:
         raise CommandNotRunnable(f"{argv[0]}: command not found", 127)
     if out == "-":
         raise UsageError("--out -: run writes a directory of snapshots, which standard output cannot hold; "
                          "give a directory")
     out = ensure_writable(out or f"oomdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}")
-    env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout, free_stacks=free_stacks)
+    env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout, free_stacks=free_stacks,
+                    stack_steps=stack_steps)
     code = _run(argv, env)
     click.echo(f"oomdoctor: command exited with {_describe(code)}; snapshots in {out}", err=True)
     if not no_diagnose:

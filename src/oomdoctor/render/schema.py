@@ -179,7 +179,9 @@ def site_schema(d: str, holder: bool = False) -> Schema:
              "user_frame": null(s("the frame of user code, if any"))}
     if holder:
         props |= {"category": s("what the blocks are (accounting category)", CATEGORIES),
-                  "phase": s("the phase most of the bytes were allocated in")}
+                  "phase": s("the phase most of the bytes were allocated in"),
+                  "matched_bytes": b("of those bytes, the blocks whose stack was matched from a stacked step "
+                                     "(--stack-steps), not recorded")}
     return obj(props, d)
 
 
@@ -356,6 +358,16 @@ def rank_schema() -> Schema:
                                 "OOM counts one too), since the process started (count)")),
         "alloc_ooms": null(i("the allocator's own num_ooms since the process started (count)")),
         "alloc_retries_source": s("where alloc_retries comes from", ("sidecar", "memory_stats_file", "unknown")),
+        "stack_matches": null(obj({
+            "matched": i("allocations of stack-less steps that took a stacked step's stack"),
+            "unmatched": i("allocations of stack-less steps that matched none (no site)"),
+            "steps": arr(obj({"step": i("the step recorded without stacks (from 0)"),
+                              "from_step": null(i("the stacked step it was matched against")),
+                              "allocations": i("its allocations in the trace"),
+                              "matched": i("those that took a stack"),
+                              "unmatched": i("those after the first difference (no site)")}, "a stack-less step"),
+                "the steps recorded without stacks")}, "steps recorded without stacks (--stack-steps) and what was "
+                                                       "matched; null when every step carried stacks")),
     }, "one rank (one device of one snapshot file)")
 
 

@@ -76,7 +76,8 @@ def holder_refs(a: DeviceAnalysis, k: int, limit: int = TOP_HOLDERS) -> list[Hol
     fields, so :func:`site_refs` names its stack and user frame; the label is the holder's own)."""
     hs = holders_at(a.trace, a.lifetimes, a.accounting, a.phases, k, limit)
     return [HolderRef(label=h.label, bytes=h.bytes, count=h.count, stack=ref.stack, user_frame=ref.user_frame,
-                      category=h.category, phase=h.phase) for h, ref in zip(hs, site_refs(a, hs, len(hs)))]
+                      category=h.category, phase=h.phase, matched_bytes=h.matched_bytes)
+            for h, ref in zip(hs, site_refs(a, hs, len(hs)))]
 
 
 def summarize(a: DeviceAnalysis) -> RankSummary:
@@ -118,6 +119,7 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
         reserved_peak_missed=jp.reserved_missed, alloc_retries=jp.alloc_retries,
         alloc_ooms=jp.alloc_ooms,
         alloc_retries_source=jp.counters_source if jp.alloc_retries is not None and jp.counters_source else "unknown",
+        stack_matches=_stack_matches(a),
     )
 
 
@@ -140,13 +142,31 @@ def _device_notes(a: DeviceAnalysis) -> list[str]:
             "analysed (oomdoctor.analysis.analyze(trace, trace.devices[i]) analyses another)"]
 
 
+def _stack_matches(a: DeviceAnalysis) -> dict | None:
+    """The matching of steps recorded without stacks, for the analysed device (``trace.meta``)."""
+    res = a.trace.meta.get("stack_matches")
+    if not isinstance(res, dict) or res.get("device") != a.device.device:
+        return None
+    return {"matched": int(res.get("matched", 0)), "unmatched": int(res.get("unmatched", 0)),
+            "steps": [{k: e.get(k) for k in ("step", "from_step", "allocations", "matched", "unmatched")}
+                      for e in res.get("steps", [])]}
+
+
 def _stack_notes(a: DeviceAnalysis) -> list[str]:
     """What the report cannot say because stacks were not recorded."""
     if not a.num_events:
         return []
     if (a.trace.meta.get("recording") or {}).get("stacks") == "none":
         return [NO_STACKS]
-    return [] if a.free_stacks else [NO_FREE_STACKS]
+    out = [] if a.free_stacks else [NO_FREE_STACKS]
+    m = _stack_matches(a)
+    if m is not None:
+        refs = sorted({e["from_step"] for e in m["steps"] if e["from_step"] is not None})
+        out.append(f"{len(m['steps'])} steps were recorded without stacks (--stack-steps): {m['matched']} of their "
+                   "allocations took the stack of the same allocation (same position, size and stream) in a "
+                   f"stacked step ({', '.join(map(str, refs)) or 'none'}); {m['unmatched']} matched none and have "
+                   "no site")
+    return out
 
 
 def build_report(traces: list[Trace], *, micro_batch: int | None = None,

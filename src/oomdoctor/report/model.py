@@ -33,6 +33,8 @@ class HolderRef(SiteRef):
 
     category: str = ""
     phase: str = ""
+    #: bytes whose stack was matched from a stacked step (``--stack-steps``), not recorded
+    matched_bytes: int = 0
 
 
 @dataclass
@@ -82,6 +84,9 @@ class RankSummary:
     alloc_retries: int | None = None
     alloc_ooms: int | None = None
     alloc_retries_source: str = "unknown"
+    #: steps recorded without stacks (``--stack-steps``) and what was matched, from
+    #: :func:`oomdoctor.trace.stackmatch.match_stackless_steps`; None when every step was recorded with stacks
+    stack_matches: dict[str, Any] | None = None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from ..errors import SnapshotError
 from .build import Drained, build_trace
 from .model import Trace
 from .reader import SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
+from .stackmatch import match_stackless_steps
 from .store import load_trace
 from .stream import load_streaming, should_stream
 
@@ -179,6 +180,7 @@ def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
     _drop_malformed(trace)
     if trace.meta.get("rank") is None:
         trace.meta["rank"] = rank_from_name(path)
+    match_stackless_steps(trace)  # steps recorded without stacks (--stack-steps K/N): matched, said in meta
     if not trace.has_history:
         trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
                               "only the final state is reported")
