@@ -17,7 +17,7 @@ multiple of 2 MiB), so each ``malloc`` is one call on the large pool's clock.
 
 import numpy as np
 import pytest
-from builder import SnapBuilder
+from builder import SnapBuilder, frames
 
 from oomdoctor.analysis.rounding import round_size
 from oomdoctor.simulate.allocator import CachingAllocator
@@ -259,3 +259,77 @@ def test_settle_capacity_leaves_other_evidence_alone(tmp_path):
     p = prepare(t)
     given = Capacity(70 * MiB, "fraction", "given", "given", 70 * MiB, 70 * MiB, "given")
     assert settle_capacity(p, given) is given
+
+
+# ---- the rest of a larger step (simulate/extend.py) -------------------------------------------------
+
+F1, F2, BWD = (frames(("/work/model.py", line, name)) for line, name in ((10, "conv1"), (20, "conv2"), (0, "backward")))
+
+
+def variable_step_trace(tmp_path):
+    """20 MiB of weights; step 1 on a small graph: conv1 20, conv2 20, the backward 20 MiB, all freed; step 2
+    on a graph 2.25x larger: conv1 asks 45 MiB (the three cached 20s are freed for it under the recorded
+    100 MiB cap), and conv2's 45 MiB runs out (20 + 46 + 46 > 100)."""
+    b = SnapBuilder()
+    w = b.segment(20 * MiB)
+    b.alloc(w, 0, 20 * MiB)
+    start1 = len(b.events)
+    segs_ = [b.segment(20 * MiB) for _ in range(3)]
+    xs = [b.alloc(s, 0, 20 * MiB, fr=f) for s, f in zip(segs_, (F1, F2, BWD))]
+    for x in xs:
+        b.free(x)
+    start2 = len(b.events)
+    for s in segs_:
+        b.free_segment(s)
+    s4 = b.segment(46 * MiB)
+    b.alloc(s4, 0, 46 * MiB, requested=45 * MiB, fr=F1)
+    b.oom(45 * MiB, device_free=60 << 30)
+    b.events[-1]["frames"] = F2
+    return load(b.write(tmp_path / "sage.pickle")), np.array([start1, start2])
+
+
+def test_the_rest_of_a_larger_step_is_scaled_by_how_much_larger_it_is(tmp_path, monkeypatch):
+    """conv1 is 45 / 20 = 2.25x step 1's; conv2 and the backward (not matched before the OOM) take the ratio
+    over every matched allocation, 2.25 too: 45 MiB each, where the previous step's sizes (20) had the rest of
+    the step fit. Under a 140 MiB cap: conv1 46 (126 reserved), conv2 frees the three cached 20s and gets 46
+    (112), the backward's 46 runs out (158 > 140). At step 1's sizes both 20s are served from the cache and
+    the step completes at 126 MiB."""
+    from oomdoctor.simulate.extend import extend_by_previous_step
+    from oomdoctor.trace.model import ALLOC
+
+    trace, starts = variable_step_trace(tmp_path)
+    ext = extend_by_previous_step(trace.primary, starts)
+    assert ext.scale == 2.25 and ext.scaled == 2 and ext.appended == 8  # 2 allocs, 3 frees (requested, completed)
+    ev = ext.device.events
+    tail = ev["action"][ext.first_appended:] == ALLOC
+    assert (ev["size"][ext.first_appended:][tail] == [45 * MiB, 45 * MiB]).all()
+    cap = Capacity(140 * MiB, "fraction", "test")
+    r = replay(prepare(trace, ext.device), capacity=cap)
+    assert r.oom is not None and r.oom.requested_bytes == 45 * MiB and r.oom.alloc_size_bytes == 46 * MiB
+    assert r.oom.event_index == len(ev["action"]) - 7  # the backward's alloc, before the three frees
+    assert r.peak_reserved_bytes == 126 * MiB
+    import oomdoctor.simulate.extend as extend
+    monkeypatch.setattr(extend, "_growth", lambda *a: (1.0, {}))  # the extension as it was: step 1's sizes
+    flat = extend.extend_by_previous_step(trace.primary, starts)
+    r = replay(prepare(trace, flat.device), capacity=cap)
+    assert r.oom is None and r.peak_reserved_bytes == 126 * MiB
+
+
+def test_steps_of_the_same_shapes_are_extended_as_recorded(tmp_path):
+    """The same job with step 2 as large as step 1 up to the OOM: every ratio is 1, nothing is scaled."""
+    from oomdoctor.simulate.extend import extend_by_previous_step
+
+    b = SnapBuilder()
+    start1 = len(b.events)
+    s = [b.segment(20 * MiB) for _ in range(2)]
+    xs = [b.alloc(g, 0, 20 * MiB, fr=f) for g, f in zip(s, (F1, F2))]
+    for x in xs:
+        b.free(x)
+    start2 = len(b.events)
+    b.alloc(s[0], 0, 20 * MiB, fr=F1)
+    b.oom(20 * MiB, device_free=60 << 30)
+    b.events[-1]["frames"] = F2
+    trace = load(b.write(tmp_path / "same.pickle"))
+    ext = extend_by_previous_step(trace.primary, np.array([start1, start2]))
+    assert (ext.scale, ext.scaled) == (1.0, 0)
+    assert ext.device.events["size"][ext.first_appended] == 20 * MiB
