@@ -289,8 +289,8 @@ def variable_step_trace(tmp_path):
 
 
 def test_the_rest_of_a_larger_step_is_scaled_by_how_much_larger_it_is(tmp_path, monkeypatch):
-    """conv1 is 45 / 20 = 2.25x step 1's; conv2 and the backward (not matched before the OOM) take the ratio
-    over every matched allocation, 2.25 too: 45 MiB each, where the previous step's sizes (20) had the rest of
+    """conv1, the one allocation matched before the OOM, is 45 / 20 = 2.25x step 1's: conv2 and the backward
+    are scaled by 2.25 too, 45 MiB each, where the previous step's sizes (20) had the rest of
     the step fit. Under a 140 MiB cap: conv1 46 (126 reserved), conv2 frees the three cached 20s and gets 46
     (112), the backward's 46 runs out (158 > 140). At step 1's sizes both 20s are served from the cache and
     the step completes at 126 MiB."""
@@ -309,7 +309,7 @@ def test_the_rest_of_a_larger_step_is_scaled_by_how_much_larger_it_is(tmp_path, 
     assert r.oom.event_index == len(ev["action"]) - 7  # the backward's alloc, before the three frees
     assert r.peak_reserved_bytes == 126 * MiB
     import oomdoctor.simulate.extend as extend
-    monkeypatch.setattr(extend, "_growth", lambda *a: (1.0, {}))  # the extension as it was: step 1's sizes
+    monkeypatch.setattr(extend, "_growth", lambda *a: 1.0)  # the extension as it was: step 1's sizes
     flat = extend.extend_by_previous_step(trace.primary, starts)
     r = replay(prepare(trace, flat.device), capacity=cap)
     assert r.oom is None and r.peak_reserved_bytes == 126 * MiB
@@ -317,6 +317,13 @@ def test_the_rest_of_a_larger_step_is_scaled_by_how_much_larger_it_is(tmp_path, 
 
 def test_steps_of_the_same_shapes_are_extended_as_recorded(tmp_path):
     """The same job with step 2 as large as step 1 up to the OOM: every ratio is 1, nothing is scaled."""
+    from oomdoctor.simulate.extend import _growth
+
+    sizes = np.array([20, 20, 20, 40, 50, 60, 10])  # previous step: events 0-2; cut step: events 3-6
+    keys = {0: (1, 0), 1: (1, 1), 2: (2, 0)}
+    assert _growth(sizes, {3: (1, 0), 4: (1, 1), 5: (2, 0)}, {v: k for k, v in keys.items()}) == 2.5  # 2, 2.5, 3
+    assert _growth(sizes, {3: (1, 0), 6: (1, 1)}, {v: k for k, v in keys.items()}) == 1.0  # 2 and 0.5: lower median
+    assert _growth(sizes, {}, {}) == 1.0
     from oomdoctor.simulate.extend import extend_by_previous_step
 
     b = SnapBuilder()

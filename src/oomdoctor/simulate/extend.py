@@ -18,13 +18,12 @@ the recorded events up to the OOM, without the ``oom`` entry, then the previous 
 - allocations of blocks the previous step kept past its end (state created once) left out;
 - no ``segment_*`` entries: they are the allocator's answers, which a replay computes;
 - the sizes of the blocks it allocates scaled up where the cut step is larger than the previous one (a
-  job of variable-size inputs: graphs, sequences): the allocations matched before the OOM give, per stack,
-  the cut step's bytes over the previous step's; an allocation of a stack matched there is scaled by that
-  ratio, one of another stack (the backward, made on the autograd thread) by the ratio over every matched
-  allocation; never by less than 1 (a smaller step proves nothing about the rest of this one). A job whose
-  steps have the same shapes has every ratio 1 and is extended as recorded. Without it, the rest of a large
-  graph's step was replayed at the previous, smaller graph's sizes and predicted to complete where the
-  rerun ran out (issue 35: GraphSAGE under a cap with ``garbage_collection_threshold:0.8``).
+  job of variable-size inputs: graphs, sequences): by the lower median, over the allocations matched before
+  the OOM, of the cut step's size over the previous step's, when that is above 1 (more than half of them
+  grew). A job whose steps have the same shapes has a median of 1 and is extended as recorded; so does one
+  where a few matches pair different buffers of one stack (a DeepSpeed step pairs 2 of 396 that way). Without
+  it, the rest of a large graph's step was replayed at the previous, smaller graph's sizes and predicted to
+  complete where the rerun ran out (issue 35: GraphSAGE under a cap with ``garbage_collection_threshold:0.8``).
 
 Its final segments are the recording's, so the state at the trace's start is rebuilt as before. What it
 claims reaches as far as that assumption: the step completes if the next step repeats the previous one.
@@ -53,7 +52,7 @@ class Extension:
     appended: int
     previous_step: tuple[int, int]
     oom_event: int
-    scale: float = 1.0  # the ratio over every matched allocation (cut step / previous step), at least 1
+    scale: float = 1.0  # the lower median of the matched allocations' size ratios (cut / previous), at least 1
     scaled: int = 0  # appended allocations whose size was scaled up
 
 
@@ -95,7 +94,7 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
     p = by_key.get((failed, rank))
     if p is None:
         return None
-    ratio, by_stack = _growth(ev["size"], now, by_key)
+    ratio = _growth(ev["size"], now, by_key)
     # current step's blocks by key -> their address, while alive at the OOM
     live: dict[int, int] = {}  # address -> alloc event, blocks allocated and not freed before the OOM
     for j in range(k):
@@ -158,9 +157,8 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
     for m, j in enumerate(rows):
         a = int(action[j])
         if a == ALLOC:
-            r = by_stack.get(int(stack[j]), ratio)
-            if r > 1.0:
-                sizes[m] = -(-int(sizes[m]) * r // 1)  # ceil: never below the scaled size
+            if ratio > 1.0:
+                sizes[m] = -(-int(sizes[m]) * ratio // 1)  # ceil: never below the scaled size
                 scaled += 1
             grown[new_addr[m]] = int(sizes[m])
         elif new_addr[m] in grown:
@@ -179,107 +177,12 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
     return Extension(out, k, int(idx.size), (p0, s0), k, ratio, scaled)
 
 
-def _growth(size: np.ndarray, now: dict[int, tuple[int, int]], by_key: dict[tuple[int, int], int]
-            ) -> tuple[float, dict[int, float]]:
-    """How much larger the cut step's allocations are than the previous step's, over the allocations matched
-    by key (``now``: event -> key in the cut step; ``by_key``: key -> event in the previous step): the ratio of
-    their bytes over all of them, and per stack; each at least 1.0 (1.0 when nothing is matched)."""
-    cur: dict[int, int] = {}
-    prev: dict[int, int] = {}
-    for j, key in now.items():
-        i = by_key.get(key)
-        if i is None:
-            continue
-        cur[key[0]] = cur.get(key[0], 0) + int(size[j])
-        prev[key[0]] = prev.get(key[0], 0) + int(size[i])
-    total_prev = sum(prev.values())
-    ratio = max(1.0, sum(cur.values()) / total_prev) if total_prev > 0 else 1.0
-    by_stack = {s: max(1.0, cur[s] / prev[s]) for s in cur if prev[s] > 0}
-    return ratio, by_stack
-
-
-@dataclass
-class Estimate:
-    """A trace cut in its first forward pass, completed by assumption (:func:`mirror_backward`): the new
-    device trace, and which of its events grow with the micro-batch (shape ``(num_events,)``)."""
-
-    device: DeviceTrace
-    scaled: np.ndarray
-
-
-def mirror_backward(dt: DeviceTrace, saved: list[tuple[int, int]], scaled_events: np.ndarray,
-                    loss_copies: int, gradient_sizes: list[int], optimizer_sizes: list[int],
-                    pass_start: int | None = None) -> Estimate | None:
-    """The trace of ``dt`` up to its OOM, then what the step would still have done, by assumption:
-
-    - the failed request (the pass's output) and ``loss_copies`` more blocks of its size (the loss region:
-      log-probabilities and their gradient);
-    - the gradients (``gradient_sizes``, bytes each: the trainable parameters, made once and kept);
-    - a backward that mirrors the forward: for every block the forward saved (``saved``: ``(address, size)``
-      in the order they were made), last first, a gradient of its size is made, the saved block freed, and
-      that gradient freed once the next one exists;
-    - the optimizer state still to come (``optimizer_sizes``, kept);
-    - with ``pass_start`` (the event where the cut pass began), the next step's forward up to the same
-      request again, as recorded: it meets the cache the first step's backward left, which is where a
-      caching allocator's fragmentation shows (the gradients are freed first, as ``zero_grad`` does).
-
-    ``scaled_events``: which recorded events grow with the micro-batch. New blocks get fresh addresses
-    (:data:`FRESH`). None when the trace has no OOM."""
-    ev = dt.events
-    ooms = np.flatnonzero(ev["action"] == OOM)
-    if ooms.size == 0:
-        return None
-    k = int(ooms[-1])
-    request = int(ev["size"][k])
-    stream, stack, t = int(ev["stream"][k]), int(ev["stack"][k]), int(ev["time_us"][k])
-    rows: list[tuple[int, int, int, bool]] = []  # (action, address, size, grows with the batch)
-    fresh = iter(range(FRESH, FRESH + (1 << 50), 1 << 32))
-
-    def alloc(size: int, grows: bool) -> int:
-        a = next(fresh)
-        rows.append((ALLOC, a, size, grows))
-        return a
-
-    def free(a: int, size: int) -> None:
-        rows.append((FREE_REQUESTED, a, size, False))
-        rows.append((FREE_COMPLETED, a, size, False))
-
-    loss = [alloc(request, True) for _ in range(1 + max(loss_copies, 0))]
-    grads = [(alloc(size, False), size) for size in gradient_sizes]
-    held: tuple[int, int] | None = None
-    for a, size in reversed(saved):
-        g = alloc(size, True)
-        free(a, size)
-        if held is not None:
-            free(*held)
-        held = (g, size)
-    for a in loss:
-        free(a, request)
-    if held is not None:
-        free(*held)
-    for size in optimizer_sizes:
-        alloc(size, False)
-    if pass_start is not None:
-        for a, size in grads:
-            free(a, size)
-        mine: dict[int, int] = {}
-        act, addr, size_col = ev["action"], ev["addr"], ev["size"]
-        for j in range(pass_start, k):
-            if act[j] == ALLOC:
-                mine[int(addr[j])] = alloc(int(size_col[j]), bool(scaled_events[j]))
-            elif act[j] == FREE_REQUESTED and int(addr[j]) in mine:
-                free(mine.pop(int(addr[j])), int(size_col[j]))
-        for _ in range(1 + max(loss_copies, 0)):
-            alloc(request, True)
-    n = len(rows)
-    tail = {"action": np.array([r[0] for r in rows], dtype=ev["action"].dtype),
-            "addr": np.array([r[1] for r in rows], dtype=ev["addr"].dtype),
-            "size": np.array([r[2] for r in rows], dtype=ev["size"].dtype),
-            "stream": np.full(n, stream, dtype=ev["stream"].dtype),
-            "time_us": np.full(n, t, dtype=ev["time_us"].dtype),
-            "stack": np.full(n, stack, dtype=ev["stack"].dtype)}
-    events = {}
-    for name, col in ev.items():
-        events[name] = np.concatenate([col[:k], tail[name] if name in tail else np.full(n, -1, dtype=col.dtype)])
-    grows = np.concatenate([scaled_events[:k], np.array([r[3] for r in rows], dtype=bool)])
-    return Estimate(DeviceTrace(dt.device, events, dt.segments, list(dt.annotations)), grows)
+def _growth(size: np.ndarray, now: dict[int, tuple[int, int]], by_key: dict[tuple[int, int], int]) -> float:
+    """How much larger the cut step's allocations are than the previous step's: the lower median, over the
+    allocations matched by key (``now``: event -> key in the cut step; ``by_key``: key -> event in the previous
+    step), of the ratio of their sizes; at least 1.0 (1.0 when nothing is matched)."""
+    ratios = sorted(int(size[j]) / int(size[i]) for j, key in now.items()
+                    if (i := by_key.get(key)) is not None and int(size[i]) > 0)
+    if not ratios:
+        return 1.0
+    return max(1.0, ratios[(len(ratios) - 1) // 2])
