@@ -340,3 +340,51 @@ def test_steps_of_the_same_shapes_are_extended_as_recorded(tmp_path):
     ext = extend_by_previous_step(trace.primary, np.array([start1, start2]))
     assert (ext.scale, ext.scaled) == (1.0, 0)
     assert ext.device.events["size"][ext.first_appended] == 20 * MiB
+
+
+def test_settle_capacity_reads_frees_no_cap_reproduces_as_empty_cache(tmp_path):
+    """``max_split_size_mb:100``: a free 150 MiB (oversize) and a free 30 MiB segment, both freed, smallest
+    first, right before a 200 MiB segment (peak 200 MiB). Read as a fallback (180 + 200 > 200), any cap in
+    [200, 380) MiB replays ``release_available_cached_blocks`` first: it frees the 150 alone (150 < 200: it
+    returns False), then ``release_cached_blocks`` the 30: -150 -30, where the recording has -30 -150. Without
+    a cap the frees are the empty_cache() they were, in the recorded order: the cap is none."""
+    b = SnapBuilder()
+    b.settings["max_split_size"] = 100 * MiB
+    s1 = b.segment(150 * MiB)
+    b.free(b.alloc(s1, 0, 150 * MiB))
+    s2 = b.segment(30 * MiB)  # 30 < 100 <= 150: the oversize block is not used for it
+    b.free(b.alloc(s2, 0, 30 * MiB))
+    b.free_segment(s2)
+    b.free_segment(s1)
+    b.alloc(b.segment(200 * MiB), 0, 200 * MiB)
+    t = load(b.write(tmp_path / "mss.pickle"))
+    p = prepare(t)
+    c = infer_capacity(t, p.device)
+    assert (c.lower_bytes, c.upper_bytes, c.evidence) == (200 * MiB, 380 * MiB - 1, "fallbacks")
+    v = replay(p, capacity=c).validation
+    assert (v.segment_events_differing, v.segment_events_unmatched) == (2, 1)
+    settled = settle_capacity(p, c)
+    assert settled == Capacity(
+        None, "none", "unlimited: 1 allocator fallbacks in the trace (cached segments freed before a new segment) "
+        "read as a cap do not reproduce the recording, which replays without one (the frees were empty_cache() "
+        "calls)", "bounded", 200 * MiB, None, "fallbacks")
+    assert replay(p, capacity=settled).validation.exact
+
+
+def test_settle_capacity_keeps_a_lower_bound_that_reproduces_the_recording(tmp_path, monkeypatch):
+    """A free 60 MiB segment freed before an 80 MiB one (peak 80): at the lower bound, 80 MiB, 60 + 80 > 80
+    and ``release_cached_blocks`` frees it, as recorded: one replay, and the capacity comes back as it was."""
+    import oomdoctor.simulate.whatif as whatif
+
+    b = SnapBuilder()
+    s1 = b.segment(60 * MiB)
+    b.free(b.alloc(s1, 0, 60 * MiB))
+    b.free_segment(s1)
+    b.alloc(b.segment(80 * MiB), 0, 80 * MiB)
+    t = load(b.write(tmp_path / "retry.pickle"))
+    p = prepare(t)
+    c = infer_capacity(t, p.device)
+    assert (c.lower_bytes, c.upper_bytes) == (80 * MiB, 140 * MiB - 1)
+    calls = []
+    monkeypatch.setattr(whatif, "replay", lambda *a, **k: calls.append(k["capacity"].limit_bytes) or replay(*a, **k))
+    assert settle_capacity(p, c) is c and calls == [80 * MiB]
