@@ -66,6 +66,26 @@ def test_gc_passes_recompute_the_average_age(last, freed, reserved_after):
     a.check([b])
 
 
+@pytest.mark.parametrize(("cap", "freed", "reserved_after"), [
+    # 0.5 x 160 = 80: excess 40. Ages 4, 2, 1 (average 7/3): the first pass frees the 30 alone; then the
+    # average of the 2 left is 3/2: the 40 (age 2) goes, the 50 (age 1) stays. 50 + 60 = 110 after.
+    (160, [30, 40], 110),
+    # 0.5 x 180 = 90: excess 30: the first pass frees exactly 30 and GC stops (reclaimed < target is false).
+    (180, [30], 150),
+])
+def test_gc_average_is_recomputed_over_the_blocks_left(cap, freed, reserved_after):
+    a = sim("garbage_collection_threshold:0.5", fraction_limit=cap * MiB)
+    a.free(malloc(a, 30 * MiB, 1))  # clock 1: base 1
+    a.free(malloc(a, 40 * MiB, 2))  # clock 2
+    a.free(malloc(a, 40 * MiB, 2))  # clock 3: a hit; base 3
+    a.free(malloc(a, 50 * MiB, 3))  # clock 4: base 4 (misses at 0, 30, 70 MiB: under either threshold)
+    assert a.reserved == 120 * MiB and len(a.segment_events) == 3
+    b = malloc(a, 60 * MiB)  # clock 5, a miss: ages 4, 2, 1
+    assert segs(a)[3:] == [(SEGMENT_FREE, f) for f in freed] + [(SEGMENT_ALLOC, 60)]
+    assert a.reserved == reserved_after * MiB and a.num_alloc_retries == 0
+    a.check([b])
+
+
 def test_gc_age_counts_hits_and_restarts_when_a_block_is_put_back():
     a = sim("garbage_collection_threshold:0.5", fraction_limit=100 * MiB)
     a.free(malloc(a, 30 * MiB, 1))  # clock 1: base 1
@@ -182,6 +202,7 @@ def test_after_a_refused_address_later_segments_follow_the_recording(tmp_path):
     # recorded +s1 -s1 +s2 +s3, simulated +s1 +fresh +s3: 2 in common in order, so 2 unmatched, where
     # position by position 3 differ
     assert v.segment_events_differing == 3 and v.segment_events_unmatched == 2
+    assert (r.model.addresses.refused, r.model.addresses.n) == (1, 3)  # s2's refused, s3's followed
 
 
 @pytest.mark.parametrize(("a", "b", "common"), [
@@ -193,6 +214,40 @@ def test_after_a_refused_address_later_segments_follow_the_recording(tmp_path):
 ])
 def test_aligned_matches(a, b, common):
     assert aligned_matches(a, b) == common == aligned_matches(b, a)
+
+
+def lcs(a: list, b: list) -> int:
+    """The longest common subsequence's length, by the textbook table."""
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev, row = row, [0]
+        for j, y in enumerate(b):
+            row.append(prev[j] + 1 if x == y else max(prev[j + 1], row[j]))
+    return row[-1]
+
+
+def test_aligned_matches_never_counts_more_than_in_common_and_is_exact_for_one_edit():
+    import random
+
+    rnd = random.Random(35)
+    for _ in range(400):
+        a = [rnd.randrange(3) for _ in range(rnd.randrange(9))]
+        b = [rnd.randrange(3) for _ in range(rnd.randrange(9))]
+        assert aligned_matches(a, b) <= lcs(a, b)
+        edited = list(a)
+        k = rnd.randrange(len(a) + 1)
+        kind = rnd.randrange(3)
+        if kind == 0:
+            edited.insert(k, rnd.randrange(3))
+        elif k < len(a):
+            if kind == 1:
+                del edited[k]
+            else:
+                edited[k] = 3
+        assert aligned_matches(a, edited) == lcs(a, edited) == aligned_matches(edited, a)
+    assert aligned_matches([1, 2, 3], [1, 3, 9, 3]) == 2 == aligned_matches([1, 3, 9, 3], [1, 2, 3])
+    # long sequences of one popular entry: difflib's autojunk would drop it (0 in common); it is off
+    assert aligned_matches([1] + [0] * 250, [2] + [0] * 249 + [3]) == 249
 
 
 # ---- settle_capacity --------------------------------------------------------------------------------
