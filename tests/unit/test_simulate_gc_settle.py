@@ -443,3 +443,53 @@ def test_settle_capacity_keeps_a_lower_bound_that_reproduces_the_recording(tmp_p
     calls = []
     monkeypatch.setattr(whatif, "replay", lambda *a, **k: calls.append(k["capacity"].limit_bytes) or replay(*a, **k))
     assert settle_capacity(p, c) is c and calls == [80 * MiB]
+
+
+def test_fallback_bounds_keep_only_frees_that_can_be_a_fallback(tmp_path):
+    """``simulate/capacity.fallback_bounds`` over a trace with every kind of release run (MiB; the peak
+    reserved is 110, reached last):
+
+    1. a cached 40 freed, then a ``free_requested``: no malloc follows, no fallback;
+    2. a cached 12 freed, then a malloc served from the cache (no new segment): an empty_cache();
+    3. a cached 20 freed under an ``empty_cache`` frame, before a new 50: an empty_cache();
+    4. a cached 12 freed before a new 30 at 62 reserved: 62 + 30 <= 110, room to the peak: an empty_cache();
+    5. a cached 30 freed before a new 40 at 80: a fallback, cap < 80 + 40;
+    6. a cached 40 freed before a new 60 at 90: a fallback, cap < 90 + 60;
+    7. the last segment freed at the end of the trace: no malloc follows.
+
+    The cap lies in [110, 120 MiB - 1] bytes, from 2 runs."""
+    from oomdoctor.simulate.capacity import fallback_bounds
+
+    empty_cache = frames(("/usr/lib/python3/site-packages/torch/cuda/memory.py", 222, "empty_cache"))
+    b = SnapBuilder()
+    s0 = b.segment(12 * MiB)
+    b.free(b.alloc(s0, 0, 12 * MiB))
+    s1 = b.segment(40 * MiB)
+    b.free(b.alloc(s1, 0, 40 * MiB))
+    s2 = b.segment(20 * MiB)
+    x2 = b.alloc(s2, 0, 20 * MiB)
+    b.free_segment(s1)                       # 1
+    b.free(x2)
+    b.free_segment(s0)                       # 2
+    b.free(b.alloc(s2, 0, 20 * MiB))
+    b.free_segment(s2, fr=empty_cache)       # 3
+    s3 = b.segment(50 * MiB)
+    b.alloc(s3, 0, 50 * MiB)
+    s7 = b.segment(12 * MiB)
+    b.free(b.alloc(s7, 0, 12 * MiB))
+    b.free_segment(s7)                       # 4
+    s4 = b.segment(30 * MiB)
+    b.free(b.alloc(s4, 0, 30 * MiB))
+    b.free_segment(s4)                       # 5
+    s5 = b.segment(40 * MiB)
+    b.free(b.alloc(s5, 0, 40 * MiB))
+    b.free_segment(s5)                       # 6
+    s6 = b.segment(60 * MiB)
+    x7 = b.alloc(s6, 0, 60 * MiB)
+    b.free(x7)
+    b.free_segment(s6)                       # 7
+    t = load(b.write(tmp_path / "runs.pickle"))
+    assert fallback_bounds(t, t.primary) == (120 * MiB - 1, 110 * MiB, 2)
+    c = infer_capacity(t, t.primary)
+    assert (c.lower_bytes, c.upper_bytes, c.limit_bytes, c.kind) == (110 * MiB, 120 * MiB - 1, 110 * MiB, "fraction")
+    assert c.source.startswith("2 allocator fallbacks in the trace")
