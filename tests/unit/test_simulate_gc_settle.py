@@ -493,3 +493,35 @@ def test_fallback_bounds_keep_only_frees_that_can_be_a_fallback(tmp_path):
     c = infer_capacity(t, t.primary)
     assert (c.lower_bytes, c.upper_bytes, c.limit_bytes, c.kind) == (110 * MiB, 120 * MiB - 1, 110 * MiB, "fraction")
     assert c.source.startswith("2 allocator fallbacks in the trace")
+
+
+def test_settle_capacity_narrows_to_a_window_between_its_first_caps(tmp_path):
+    """GC at 0.5, recorded under a cap in [400, 420) MiB: a cached 200 MiB segment (stream 1) is not
+    collected when a 10 MiB one is made (200 <= cap / 2), the 10 is reused five times, and it is collected
+    before a 50 (210 > cap / 2); then the 10 is reused once more. Bounds [210, 420] MiB; none of the 9 first
+    caps (210 + 26.25 k MiB) is in [400, 420). Those below 400 collect the 200 one step early (1 entry
+    unmatched, reserved off for the 20 events from the 10 MiB segment to the recording's free); 420 never
+    collects it (1 unmatched, reserved off for the 6 events after); no cap empties the 10 MiB one too and
+    makes it again (2 unmatched, 3 events off). So 420 scores best, the search narrows to [393.75, 420] and its third cap, 400.3125 MiB,
+    reproduces the recording."""
+    b = SnapBuilder()
+    b.settings["garbage_collection_threshold"] = 0.5
+    s1 = b.segment(200 * MiB, stream=1)
+    b.free(b.alloc(s1, 0, 200 * MiB))
+    s2 = b.segment(10 * MiB)
+    for _ in range(6):
+        b.free(b.alloc(s2, 0, 10 * MiB))
+    b.free_segment(s1)
+    b.alloc(b.segment(50 * MiB), 0, 50 * MiB)
+    b.free(b.alloc(s2, 0, 10 * MiB))
+    t = load(b.write(tmp_path / "narrow.pickle"))
+    p = prepare(t)
+    c = infer_capacity(t, p.device)
+    assert (c.lower_bytes, c.upper_bytes) == (210 * MiB, 420 * MiB)
+    v = {cap: replay(p, capacity=Capacity(cap, "fraction", "test")).validation
+         for cap in (210 * MiB, 393 * MiB, 400 * MiB, 420 * MiB, None)}
+    assert [(x.segment_events_unmatched, x.reserved_events_differing) for x in v.values()] == [
+        (1, 20), (1, 20), (0, 0), (1, 6), (2, 3)]
+    settled = settle_capacity(p, c)
+    assert settled.limit_bytes == 419_758_080 and isinstance(settled.limit_bytes, int)
+    assert settled.source.endswith("; of 17 caps replayed, 419758080 reproduces the recording")
