@@ -308,14 +308,14 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
             tried = sorted(c for c in scored if c is not None)
             i = tried.index(best[2])
             lo, hi = tried[max(i - 1, 0)], tried[min(i + 1, len(tried) - 1)]
-    differing, _, cap, v = best
+    unmatched, _, cap, v = best
     if cap < 0:
         return Capacity(None, "none", f"unlimited: {capacity.source.split(':')[0]} read as a cap do not reproduce "
                         "the recording, which replays without one (the frees were empty_cache() calls)", BOUNDED,
                         capacity.lower_bytes, None, "fallbacks")
     if cap == capacity.lower_bytes and len(scored) == 1:
         return capacity
-    verdict = "reproduces the recording" if v.exact else f"comes closest ({differing} segment events differ)"
+    verdict = "reproduces the recording" if v.exact else f"comes closest ({unmatched} segment events unmatched)"
     return replace(capacity, limit_bytes=cap, source=capacity.source.replace(
         "; the lower end is used", "") + f"; of {len(scored)} caps replayed, {cap} {verdict}")
 
