@@ -186,3 +186,90 @@ def _growth(size: np.ndarray, now: dict[int, tuple[int, int]], by_key: dict[tupl
     if not ratios:
         return 1.0
     return max(1.0, ratios[(len(ratios) - 1) // 2])
+
+
+@dataclass
+class Estimate:
+    """A trace cut in its first forward pass, completed by assumption (:func:`mirror_backward`): the new
+    device trace, and which of its events grow with the micro-batch (shape ``(num_events,)``)."""
+
+    device: DeviceTrace
+    scaled: np.ndarray
+
+
+def mirror_backward(dt: DeviceTrace, saved: list[tuple[int, int]], scaled_events: np.ndarray,
+                    loss_copies: int, gradient_sizes: list[int], optimizer_sizes: list[int],
+                    pass_start: int | None = None) -> Estimate | None:
+    """The trace of ``dt`` up to its OOM, then what the step would still have done, by assumption:
+
+    - the failed request (the pass's output) and ``loss_copies`` more blocks of its size (the loss region:
+      log-probabilities and their gradient);
+    - the gradients (``gradient_sizes``, bytes each: the trainable parameters, made once and kept);
+    - a backward that mirrors the forward: for every block the forward saved (``saved``: ``(address, size)``
+      in the order they were made), last first, a gradient of its size is made, the saved block freed, and
+      that gradient freed once the next one exists;
+    - the optimizer state still to come (``optimizer_sizes``, kept);
+    - with ``pass_start`` (the event where the cut pass began), the next step's forward up to the same
+      request again, as recorded: it meets the cache the first step's backward left, which is where a
+      caching allocator's fragmentation shows (the gradients are freed first, as ``zero_grad`` does).
+
+    ``scaled_events``: which recorded events grow with the micro-batch. New blocks get fresh addresses
+    (:data:`FRESH`). None when the trace has no OOM."""
+    ev = dt.events
+    ooms = np.flatnonzero(ev["action"] == OOM)
+    if ooms.size == 0:
+        return None
+    k = int(ooms[-1])
+    request = int(ev["size"][k])
+    stream, stack, t = int(ev["stream"][k]), int(ev["stack"][k]), int(ev["time_us"][k])
+    rows: list[tuple[int, int, int, bool]] = []  # (action, address, size, grows with the batch)
+    fresh = iter(range(FRESH, FRESH + (1 << 50), 1 << 32))
+
+    def alloc(size: int, grows: bool) -> int:
+        a = next(fresh)
+        rows.append((ALLOC, a, size, grows))
+        return a
+
+    def free(a: int, size: int) -> None:
+        rows.append((FREE_REQUESTED, a, size, False))
+        rows.append((FREE_COMPLETED, a, size, False))
+
+    loss = [alloc(request, True) for _ in range(1 + max(loss_copies, 0))]
+    grads = [(alloc(size, False), size) for size in gradient_sizes]
+    held: tuple[int, int] | None = None
+    for a, size in reversed(saved):
+        g = alloc(size, True)
+        free(a, size)
+        if held is not None:
+            free(*held)
+        held = (g, size)
+    for a in loss:
+        free(a, request)
+    if held is not None:
+        free(*held)
+    for size in optimizer_sizes:
+        alloc(size, False)
+    if pass_start is not None:
+        for a, size in grads:
+            free(a, size)
+        mine: dict[int, int] = {}
+        act, addr, size_col = ev["action"], ev["addr"], ev["size"]
+        for j in range(pass_start, k):
+            if act[j] == ALLOC:
+                mine[int(addr[j])] = alloc(int(size_col[j]), bool(scaled_events[j]))
+            elif act[j] == FREE_REQUESTED and int(addr[j]) in mine:
+                free(mine.pop(int(addr[j])), int(size_col[j]))
+        for _ in range(1 + max(loss_copies, 0)):
+            alloc(request, True)
+    n = len(rows)
+    tail = {"action": np.array([r[0] for r in rows], dtype=ev["action"].dtype),
+            "addr": np.array([r[1] for r in rows], dtype=ev["addr"].dtype),
+            "size": np.array([r[2] for r in rows], dtype=ev["size"].dtype),
+            "stream": np.full(n, stream, dtype=ev["stream"].dtype),
+            "time_us": np.full(n, t, dtype=ev["time_us"].dtype),
+            "stack": np.full(n, stack, dtype=ev["stack"].dtype)}
+    events = {}
+    for name, col in ev.items():
+        events[name] = np.concatenate([col[:k], tail[name] if name in tail else np.full(n, -1, dtype=col.dtype)])
+    grows = np.concatenate([scaled_events[:k], np.array([r[3] for r in rows], dtype=bool)])
+    return Estimate(DeviceTrace(dt.device, events, dt.segments, list(dt.annotations)), grows)
