@@ -9,6 +9,7 @@ Public API::
     result = oomdoctor.replay("rank0.pickle", configs=["expandable_segments:True"])  # allocator what-ifs
     with oomdoctor.record("memory/", steps="2:4") as rec:  # record this rank's CUDA memory
         ...; rec.step()
+    answer = oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu="H100-80GB")  # before any GPU (torch)
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from .errors import OomdoctorError, SnapshotError, UnsafeSnapshotError  # noqa: 
 
 # numpy and the loader are imported on first use (PEP 562), so that `import oomdoctor` and the CLI's
 # start-up stay light (`python -X importtime -m oomdoctor --help`).
-__getattr__ = lazy_attributes(__name__, {"Trace": "trace", "load": "trace", "load_ranks": "trace"})
+_lazy = lazy_attributes(__name__, {"Trace": "trace", "load": "trace", "load_ranks": "trace"})
+
+
+def __getattr__(name: str):
+    if name == "preflight":  # the callable package (torch is imported only now)
+        import importlib
+
+        return importlib.import_module(".preflight", __name__)
+    return _lazy(name)
 
 
 def _paths(paths) -> list:
@@ -142,5 +151,51 @@ def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stack
                     on_finish=hook, stack_steps=stack_steps)
 
 
+def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None, optimizer_fn=None, steps=2,
+               snapshot=None, search=True):
+    """``oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)``: trace ``steps`` training steps of any
+    ``nn.Module`` on the CPU under fake tensors (no GPU, no memory for tensors) and predict its memory on
+    ``gpu``. Needs torch (``pip install 'oomdoctor[preflight]'``).
+
+    Args:
+        model_fn: ``() -> nn.Module``, built on the CPU (it runs under ``FakeTensorMode``).
+        step_fn: ``(model, optimizer, batch) -> None``: forward, backward, ``optimizer.step()``, ``zero_grad``.
+        batch_fn: ``(n) -> batch`` of ``n`` samples when ``micro_batch`` is given, else ``() -> batch``.
+        gpu: a name (``H100-80GB``, ``H200``, ``A100-80GB``, ``A100-40GB``, ``B200``), or its total memory
+            in bytes (int) or as a size (``"80GiB"``).
+        micro_batch: the samples per step, to search the largest that fits (``search``).
+        optimizer_fn: ``(model) -> optimizer`` (default ``torch.optim.AdamW``, foreach as on CUDA).
+        snapshot: write the traced snapshot (and its ``.meta.json``) here.
+
+    Returns:
+        :class:`~oomdoctor.report.preflight.PreflightAnswer` (bytes): ``peak_allocated_bytes``,
+        ``peak_reserved_bytes``, ``oom``, ``largest_micro_batch``, ``breakdown``, ``settings``.
+
+    Raises:
+        UsageError: an unknown GPU name or size.
+    """
+    from .errors import UsageError
+    from .preflight import module_tracer
+    from .preflight.snapshot import CUDA_CONTEXT_BYTES, GPUS
+    from .report.preflight import answer
+    from .units import parse_bytes
+
+    name, sm = None, 9
+    if isinstance(gpu, int):
+        total = gpu
+    elif any(k.lower() == str(gpu).lower() for k in GPUS):
+        name, (total, sm) = next((k, v) for k, v in GPUS.items() if k.lower() == str(gpu).lower())
+    else:
+        try:
+            total = parse_bytes(str(gpu))
+        except Exception:  # noqa: BLE001 - any parse failure is the caller's input
+            raise UsageError(f"gpu={gpu!r}: neither a known GPU ({', '.join(GPUS)}) nor a size") from None
+    f = module_tracer(model_fn, step_fn, batch_fn, optimizer_fn=optimizer_fn, steps=steps, gpu_name=name,
+                      gpu_total_bytes=total, sm_major=sm)
+    return answer(f, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total, outside_bytes=CUDA_CONTEXT_BYTES,
+                  outside_source="CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11",
+                  snapshot_path=None if snapshot is None else str(snapshot), search=search and micro_batch is not None)
+
+
 __all__ = ["OomdoctorError", "SnapshotError", "Trace", "UnsafeSnapshotError", "__version__", "diagnose", "diff", "load",
-           "load_ranks", "record", "replay"]
+           "load_ranks", "preflight", "record", "replay"]

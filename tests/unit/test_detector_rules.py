@@ -1225,7 +1225,8 @@ def test_cache_flush_counts_the_flushes_inside_the_passes():
                 "num_alloc_retries": 0, "freed_bytes": 3 * 64 * MiB,
                 "reallocated_after_bytes": 64 * MiB + 64 * MiB + 32 * MiB + 8 * MiB,
                 "last_flush_event": marks["flushes"][-1], "bursts_classified_by": "free stacks",
-                "flush_time_us": flush_us, "cuda_malloc_calls_after": 4}
+                "flush_time_us": flush_us, "cuda_malloc_calls_after": 4, "alloc_retries": 0,
+                "alloc_retries_source": "inferred from segment-free bursts"}
     assert (f.id, f.severity, f.ranks, f.bytes, f.per_rank_bytes, f.sites) == ("cache-flush", "low", [0], 0, {0: 0},
                                                                                [])
     assert f.evidence == evidence and list(f.evidence) == list(evidence)
@@ -1297,13 +1298,13 @@ def test_allocator_retries_from_memory_stats_alone():
     evidence = {"segment_free_bursts": 0, "empty_cache_bursts": 0, "allocator_retry_bursts": 0,
                 "num_alloc_retries": 1, "freed_bytes": 0, "reallocated_after_bytes": 0, "last_flush_event": -1,
                 "bursts_classified_by": "memory_stats", "flush_time_us": 0,
-                "cuda_malloc_calls_after": 0}
+                "cuda_malloc_calls_after": 0, "alloc_retries": 1, "alloc_retries_source": "sidecar"}
     assert f.evidence == evidence
     assert (f.title, f.severity, f.bytes) == ("Allocator retries: the job runs at the edge of its memory", "low", 0)
     assert fill(f.summary, f.evidence) == (
-        "The allocator ran out of room 1 time(s) without failing: it freed its cache (0 B) and retried cudaMalloc, "
-        "synchronising every stream each time. The job runs at the edge of the device's memory; the cost is time, "
-        "not memory.")
+        "The allocator ran out of room 1 time(s) without failing (num_alloc_retries, PyTorch's own count): it freed "
+        "its cache and retried cudaMalloc, synchronising every stream each time. The job runs at the edge of the "
+        "device's memory; the cost is time, not memory.")
     assert f.fixes == [RETRY_FIX]
 
 

@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 #: bottom first; a package's modules may import from their own layer and any earlier one
 LAYERS = [
     {"_version", "errors", "_lazy", "units", "frameworks"},
-    {"capture"},
+    {"capture", "preflight"},  # preflight imports torch and writes snapshots, as capture does
     {"trace"},
     {"analysis"},
     {"simulate"},
@@ -25,7 +25,9 @@ LAYERS = [
 ]
 #: entry points that run before anything else and may reach the top: the sitecustomize ``oomdoctor run``
 #: injects into the job's processes (it hands ``oomdoctor.record`` to the capture package)
-ENTRY_POINTS = {"oomdoctor.capture.inject.sitecustomize"}
+ENTRY_POINTS = {"oomdoctor.capture.inject.sitecustomize",
+                # the preflight package's __call__ (oomdoctor.preflight(...)) hands to the root API at call time
+                "oomdoctor.preflight._entry"}
 
 
 def _layer(top: str) -> int:

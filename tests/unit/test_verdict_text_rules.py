@@ -310,7 +310,10 @@ def test_healthy_evidence_and_sentence_with_the_room(h900):
         "healthy", PEAK, [RANK], room - PEAK, None, [])
     assert v.evidence == {"rank": RANK, "peak_reserved_bytes": PEAK, "peak_allocated_bytes": PEAK_ALLOC,
                           "room_bytes": room, "room_source": "the test", "phase": "forward", "step": 7,
-                          "outputs_bytes": 5 * MiB, "headroom_bytes": room - PEAK}
+                          "outputs_bytes": 5 * MiB, "window_peak_reserved_bytes": PEAK,
+                          "window_peak_allocated_bytes": PEAK_ALLOC, "job_peak_reserved_bytes": PEAK,
+                          "job_peak_allocated_bytes": PEAK_ALLOC, "peak_source": "trace",
+                          "headroom_bytes": room - PEAK}
     assert fill(v.summary, v.evidence) == (
         f"no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room)} the allocator could use on this "
         f"GPU ({B(room - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")

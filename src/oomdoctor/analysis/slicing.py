@@ -155,7 +155,9 @@ def slice_snapshot(trace: Trace, dt: DeviceTrace, lt: Lifetimes, window: Window)
 def slice_metadata(trace: Trace, dt: DeviceTrace, window: Window) -> dict[str, Any]:
     """Sidecar metadata for the slice: the source's (rank, versions, environment...) with the step
     markers that fall inside the window, and where the slice came from."""
-    skip = {"format", "snapshot_keys", "trace_entry_keys", "sidecar", "memory_stats", "oom"}
+    # the counters are the whole job's at its dump, not the slice's (its peaks would read as "missed by the window")
+    skip = {"format", "snapshot_keys", "trace_entry_keys", "sidecar", "memory_stats", "oom", "device_counters",
+            "memory_stats_file", "device_free_bytes"}
     meta = {k: v for k, v in trace.meta.items() if k not in skip}
     t = dt.events["time_us"]
     t_lo, t_hi = int(t[window.start_event]), int(t[window.end_event - 1])

@@ -7,8 +7,11 @@
    queued calls), and never in processes that do not use CUDA. A process that imports torch without
    CUDA being available gets one warning at exit and nothing else.
 3. :func:`start` builds the :class:`~oomdoctor.capture.recorder.Recorder` from
-   ``OOMDOCTOR_RUN_CONFIG`` (JSON: ``out``, ``steps``, ``max_entries``, ``stacks``, ``stack_steps``, ``free_stacks``,
-   ``summarize``, ``summary_timeout_s``) and stops it at exit (``atexit``).
+   ``OOMDOCTOR_RUN_CONFIG`` (JSON: ``out``, ``steps``, ``max_entries``, ``stacks``, ``stack_steps``,
+   ``free_stacks``, ``summarize``, ``summary_timeout_s``) and stops it at exit (``atexit``). ``"record": false``
+   records nothing (``oomdoctor fit``'s later trials only need to stop).
+4. With ``"stop_after_steps": K`` (``oomdoctor fit`` / ``verify``), the process ends itself with exit
+   code 0 right after its K-th optimizer step (:func:`install_stop`), every rank at the same step.
 
 No signal handler is installed. A Python-level ``SIGTERM`` handler runs only when the main thread is back
 in the interpreter: a rank blocked in an NCCL collective (what ``torchrun`` tears down with ``SIGTERM``
@@ -72,10 +75,89 @@ def on_torch_imported(torch: Any) -> None:
     """Queue :func:`start` for CUDA's initialisation. CUDA is not probed here: querying devices in a
     process that later forks CUDA-using children would break them (``torch.cuda`` docs on fork)."""
     try:
+        cfg = config()
+    except ValueError:
+        cfg = {}
+    if cfg.get("stop_after_steps"):
+        try:
+            install_stop(torch, int(cfg["stop_after_steps"]))
+        except Exception as e:  # noqa: BLE001
+            warn(f"the stop after {cfg['stop_after_steps']} steps not set up in pid {os.getpid()}: "
+                 f"{type(e).__name__}: {e}")
+    if cfg.get("record") is False:
+        return
+    try:
         torch.cuda._lazy_call(_start_guarded)
         atexit.register(_report_unused, torch)
     except Exception as e:  # noqa: BLE001
         warn(f"recording not set up in pid {os.getpid()}: {type(e).__name__}: {e}")
+
+
+#: the line a process prints on stderr when it stops itself (``oomdoctor fit`` / ``verify`` read it)
+STOP_LINE = "oomdoctor: stopped after {steps} optimizer steps (pid {pid}, rank {rank}): exit 0"
+_stop_installed = False
+
+
+def install_stop(torch: Any, steps: int) -> None:
+    """End this process with exit code 0 right after its ``steps``-th optimizer step.
+
+    Steps are counted as the recorder counts them: the first optimizer that steps (a global post hook,
+    ``torch.optim.optimizer.register_optimizer_step_post_hook``, PyTorch >= 2.0) is the one counted, once
+    per step, so several optimizers stepping once each per training step count one step. The count is
+    kept by a hook on that optimizer itself (``Optimizer.register_step_post_hook``): PyTorch runs an
+    optimizer's own post hooks after every global one (``torch/optim/optimizer.py``,
+    ``profile_hook_step``), so the recorder's hook has counted the step before the process stops.
+
+    At the K-th step: wait for the GPU (``torch.cuda.synchronize``), then, in a distributed job, a
+    barrier, so that no rank leaves while a peer still runs a collective of that step: every rank of a
+    data-parallel (DDP, FSDP, DeepSpeed, accelerate) job steps its optimizer at the same step, after that
+    step's collectives; then dump the recording (:meth:`Recorder.stop`), flush, and ``os._exit(0)``
+    (``atexit`` handlers and the process group's teardown are skipped: they can hang once a peer is gone).
+    Accelerate's ``AcceleratedOptimizer`` calls the wrapped optimizer's ``step`` only at a gradient
+    accumulation boundary, so steps are optimizer steps there too; a step skipped by a ``GradScaler``
+    (inf/NaN gradients) is not counted, as PyTorch never calls ``step``.
+    """
+    global _stop_installed
+    if _stop_installed or steps < 1:
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    counted: list[int] = []
+
+    def count(optimizer: Any, args: Any, kwargs: Any) -> None:
+        counted.append(1)
+        if len(counted) >= steps:
+            _stop_now(torch, len(counted))
+
+    def first(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if handle_box:
+            handle_box.pop()  # the first optimizer is found; later ones are not counted
+            optimizer.register_step_post_hook(count)
+
+    handle_box = [register_optimizer_step_post_hook(first)]
+    _stop_installed = True
+
+
+def _stop_now(torch: Any, steps: int) -> None:
+    rank = os.environ.get("RANK", "0")
+    try:
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            rank = str(dist.get_rank())
+            dist.barrier()
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - stop anyway
+        warn(f"before stopping: {type(e).__name__}: {e}")
+    if _recorder is not None:
+        _recorder.stop()
+    try:
+        print(STOP_LINE.format(steps=steps, pid=os.getpid(), rank=rank), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001
+        pass
+    os._exit(0)
 
 
 def _report_unused(torch: Any) -> None:

@@ -13,6 +13,11 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
      "recording": {"max_entries", "stacks", "context", "steps"},
      "memory_stats": torch.cuda.memory_stats() at the dump,
      "device_free_bytes": cudaMemGetInfo's free bytes at the dump,   # + reserved = the allocator's room
+     "device_counters": [{"device", "time_us", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
+                          "active_bytes.all.peak", "allocated_bytes.all.current", "reserved_bytes.all.current",
+                          "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+                          "device_free_bytes", "device_total_bytes", "gpu_total_memory_bytes"}],
+                                  # per device recorded, read right after _snapshot() (see device_counters)
      "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state", "at"?}],  # .facts
      "step_markers": [{"step", "time_us", "event_index"}],  # start of each step
      "phase_markers": [{"phase", "time_us", "event_index"}],  # from then on: train | optimizer | evaluation
@@ -22,7 +27,9 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
 
 ``trace.load`` merges these keys into ``Trace.meta``; the detectors read ``torch_version``,
 ``step_markers``, ``phase_markers`` (the phases analysis), ``memory_stats.num_alloc_retries`` and ``pp_rank``; the simulator reads
-``memory_cap_bytes`` and ``gpu_total_memory_bytes``.
+``memory_cap_bytes`` and ``gpu_total_memory_bytes``; ``oomdoctor.analysis.jobpeak`` reads ``device_counters``
+(else ``memory_stats``): the job's own peaks, which a ring buffer may have dropped (issue 41). Every key
+but ``format`` may be absent: older sidecars have no ``device_counters``.
 """
 
 from __future__ import annotations
@@ -106,9 +113,12 @@ def torch_info(torch: Any, device: int) -> dict[str, Any]:
         info["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
     except Exception:  # noqa: BLE001 - NCCL absent from this build
         info["nccl_version"] = None
-    props = torch.cuda.get_device_properties(device)
-    info["gpu_name"] = props.name
-    info["gpu_total_memory_bytes"] = int(props.total_memory)
+    try:
+        props = torch.cuda.get_device_properties(device)
+        info["gpu_name"], total = str(props.name), int(props.total_memory)
+    except Exception:  # noqa: BLE001 - the snapshot is still worth writing without the GPU's name and size
+        info["gpu_name"], total = None, None
+    info["gpu_total_memory_bytes"] = total
     fraction = None
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     if getter is not None:
@@ -118,5 +128,60 @@ def torch_info(torch: Any, device: int) -> dict[str, Any]:
             fraction = None
     info["memory_fraction"] = fraction
     # CUDACachingAllocator.cpp setMemoryFraction: allowed_memory_maximum = fraction * device_total
-    info["memory_cap_bytes"] = int(fraction * props.total_memory) if fraction is not None and fraction < 1 else None
+    info["memory_cap_bytes"] = (int(fraction * total) if fraction is not None and fraction < 1 and total is not None
+                                else None)
     return info
+
+
+COUNTER_KEYS = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "active_bytes.all.peak",
+                "allocated_bytes.all.current", "reserved_bytes.all.current",
+                "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+"""The ``torch.cuda.memory_stats()`` counters noted per device at every dump (``c10/cuda/CUDACachingAllocator.cpp``
+``DeviceStats``: bytes, or counts since the process started; ``*.peak`` since the last
+``reset_peak_memory_stats``)."""
+
+
+def recorded_devices(snap: Any, current: int) -> list[int]:
+    """The devices a snapshot holds anything for (a non-empty ``device_traces[i]`` or a segment on it), and
+    ``current``; sorted. Only these are asked for counters: ``cudaMemGetInfo`` on a device the process never
+    used would create a CUDA context there (hundreds of MiB the job did not ask for)."""
+    devs = {int(current)}
+    if isinstance(snap, dict):
+        for i, tr in enumerate(snap.get("device_traces") or []):
+            if tr:
+                devs.add(i)
+        for s in snap.get("segments") or []:
+            d = s.get("device") if isinstance(s, dict) else None
+            if isinstance(d, int) and not isinstance(d, bool):
+                devs.add(d)
+    return sorted(devs)
+
+
+def device_counters(torch: Any, devices: list[int]) -> list[dict[str, Any]]:
+    """PyTorch's own counters of each device in ``devices``, now: :data:`COUNTER_KEYS` from
+    ``torch.cuda.memory_stats(d)`` (bytes / counts), ``device_free_bytes`` and ``device_total_bytes`` from
+    ``torch.cuda.mem_get_info(d)`` (``cudaMemGetInfo``: bytes), ``gpu_total_memory_bytes`` from
+    ``get_device_properties(d).total_memory`` and ``time_us`` (µs since the epoch, the trace's clock). A value
+    that cannot be read is None (each call is guarded); never raises. Reading them allocates nothing on the
+    device (``memory_stats`` reads the allocator's ``DeviceStats`` under its lock)."""
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        rec: dict[str, Any] = {"device": int(d), "time_us": now_us()}
+        try:
+            stats = torch.cuda.memory_stats(d)
+        except Exception:  # noqa: BLE001 - a broken device or an old torch: record what can be read
+            stats = None
+        for k in COUNTER_KEYS:
+            v = stats.get(k) if isinstance(stats, dict) else None
+            rec[k] = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        try:
+            free, total = torch.cuda.mem_get_info(d)
+            rec["device_free_bytes"], rec["device_total_bytes"] = int(free), int(total)
+        except Exception:  # noqa: BLE001
+            rec["device_free_bytes"] = rec["device_total_bytes"] = None
+        try:
+            rec["gpu_total_memory_bytes"] = int(torch.cuda.get_device_properties(d).total_memory)
+        except Exception:  # noqa: BLE001
+            rec["gpu_total_memory_bytes"] = None
+        out.append(rec)
+    return out

@@ -58,11 +58,13 @@ from .files import (
 from .metadata import (
     PHASES,
     SIDECAR_FORMAT,
+    device_counters,
     env_subset,
     host_info,
     now_us,
     place_markers,
     rank_info,
+    recorded_devices,
     torch_info,
 )
 
@@ -524,9 +526,21 @@ class Recorder:
             self._failed("noting the optimizer's tensors at a dump", e)
             return None
 
+    def _counters(self, snap: dict | None) -> list[dict[str, Any]] | None:
+        """PyTorch's counters of every device ``snap`` recorded (:func:`.metadata.device_counters`), read
+        right after ``_snapshot()``; None when even the device list cannot be read (never raises)."""
+        try:
+            devices = recorded_devices(snap, self._torch.cuda.current_device())
+            return device_counters(self._torch, devices)
+        except Exception as e:  # noqa: BLE001 - the dump goes on without them
+            self._failed("reading the allocator's counters", e)
+            return None
+
     def metadata(self, snap: dict | None, kind: str, oom: dict | None = None,
-                 dump_facts: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The sidecar of a dump (see :mod:`.metadata`); ``dump_facts``: :meth:`_dump_facts` of this dump."""
+                 dump_facts: dict[str, Any] | None = None,
+                 counters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The sidecar of a dump (see :mod:`.metadata`); ``dump_facts``: :meth:`_dump_facts` of this dump;
+        ``counters``: :meth:`_counters` of this dump (read here when not given)."""
         torch = self._torch
         device = torch.cuda.current_device()
         meta: dict[str, Any] = {"format": SIDECAR_FORMAT, "kind": kind, "rank": self.rank,
@@ -546,6 +560,7 @@ class Recorder:
             meta["device_free_bytes"] = int(free)
         except Exception:  # noqa: BLE001
             meta["device_free_bytes"] = None
+        meta["device_counters"] = counters if counters is not None else self._counters(snap)
         meta["tensors"] = [fact_record(f["step"], f["time_us"], f["storages"]) for f in self.tensor_facts]
         if dump_facts is not None:
             meta["tensors"].append(dump_facts)
@@ -561,8 +576,8 @@ class Recorder:
         meta["steps_completed"] = self.step_count
         meta["micro_batch"] = self.micro_batch
         meta["oom"] = oom
-        if oom is not None and meta.get("memory_cap_bytes") is None and oom["device_limit_bytes"] < meta[
-                "gpu_total_memory_bytes"]:
+        if oom is not None and meta.get("memory_cap_bytes") is None and oom["device_limit_bytes"] < (meta[
+                "gpu_total_memory_bytes"] or 0):
             # the observer's third argument is the fraction cap when one is set (CUDACachingAllocator.cpp)
             meta["memory_cap_bytes"] = oom["device_limit_bytes"]
         meta["written_time_us"] = now_us()
@@ -575,11 +590,12 @@ class Recorder:
         try:
             t0 = time.perf_counter()
             snap = self._torch.cuda.memory._snapshot()
+            counters = self._counters(snap)  # the job's own peaks, at the state the snapshot holds
             facts = self._dump_facts()
             t1 = time.perf_counter()
             atomic_write_bytes(path, pickle.dumps(snap))
             t2 = time.perf_counter()
-            meta = self.metadata(snap, kind, oom, facts)
+            meta = self.metadata(snap, kind, oom, facts, counters)
             meta["dump"] = {"snapshot_s": round(t1 - t0, 4), "pickle_and_write_s": round(t2 - t1, 4)}
             atomic_write_json(sidecar_for(path), meta)
         except Exception as e:  # noqa: BLE001 - disk full, permissions: training goes on

@@ -26,6 +26,11 @@ COMMANDS = {
                          "folded stacks."),
     "plan": ("plan", "Predict per-rank peak memory of a training configuration, and search the parallel plans "
                      "that fit."),
+    "fit": ("fit", "Find the largest micro-batch that runs, with short real runs guided by the replay of a recorded "
+                   "one."),
+    "verify": ("verify", "Rerun COMMAND with each proposed setting and confirm or refute the prediction for it."),
+    "preflight": ("preflight", "Trace a training step on the CPU under fake tensors and predict its GPU memory: "
+                               "peaks, OOM, the largest micro-batch."),
     "schema": ("schema", "Print the JSON Schema of a command's --format json output."),
 }
 

@@ -54,15 +54,20 @@ def inject_dir() -> str:
 
 def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
               timeout_s: float, base: dict[str, str] | None = None, free_stacks: bool = False,
+              stop_after_steps: int | None = None, record: bool = True,
               stack_steps: str = DEFAULT_STACK_STEPS) -> dict[str, str]:
-    """The command's environment: ``base`` (default ``os.environ``) plus the injection."""
+    """The command's environment: ``base`` (default ``os.environ``) plus the injection. ``stop_after_steps``:
+    each process ends itself with exit code 0 after that many optimizer steps
+    (:func:`oomdoctor.capture.autorecord.install_stop`); ``record=False``: nothing is recorded."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (inject_dir(), env.get("PYTHONPATH", "")) if p)
     env["OOMDOCTOR_PACKAGE_ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["OOMDOCTOR_RUN_CONFIG"] = json.dumps({"out": out, "steps": steps, "max_entries": max_entries,
                                               "stacks": stacks, "stack_steps": stack_steps, "free_stacks": free_stacks,
                                               "summarize": summarize,
-                                              "summary_timeout_s": timeout_s, "print_summary": False})
+                                              "summary_timeout_s": timeout_s, "print_summary": False,
+                                              **({"stop_after_steps": stop_after_steps} if stop_after_steps else {}),
+                                              **({} if record else {"record": False})})
     return env
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
+from ..analysis.jobpeak import counters
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, OPTIMIZER_PHASE
 from ..trace.model import ALLOC, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from .common import rows_with, stacks_matching
@@ -41,7 +42,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     ev = a.device.events
     act = ev["action"]
     frees = np.flatnonzero((act == SEGMENT_FREE) | (act == SEGMENT_UNMAP))
-    stats = a.trace.meta.get("memory_stats") or {}
+    stats, stats_source = counters(a.trace.meta, a.device.device)  # the allocator's own, for this device
+    stats = {k: v for k, v in (stats or {}).items() if v is not None}
     ooms = a.oom_events
     retries_stat = max(int(stats.get("num_alloc_retries", 0) or 0) - int(ooms.size), 0)
     if frees.size == 0 and retries_stat == 0:
@@ -71,6 +73,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     churn = empty_bursts >= 2 and realloc >= 0.5 * freed
     if not churn and retries == 0:
         return None
+    known = "num_alloc_retries" in stats
     flush_us, mallocs = _flush_cost(a, frees, burst_id)
     evidence = {
         "segment_free_bursts": n_bursts,
@@ -83,6 +86,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "bursts_classified_by": classified_by,
         "flush_time_us": flush_us,
         "cuda_malloc_calls_after": mallocs,
+        # the count the finding states: the allocator's own num_alloc_retries (less its OOMs) when the sidecar or a
+        # memory_stats file has it, else the bursts no empty_cache() explains (retries or garbage collection)
+        "alloc_retries": retries,
+        "alloc_retries_source": stats_source if known else "inferred from segment-free bursts",
     }
     at_stake = 0  # the cost of flushing is time, not memory: no bytes are at stake
     if churn and classified_by == "unknown":
@@ -102,11 +109,20 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
                    "time, not memory: empty_cache() never gives PyTorch more room.")
         title = ("torch.cuda.empty_cache() churn: about {flush_time_us:us} of flushing and allocating again over "
                  "{empty_cache_bursts} flushes (a speed cost)")
-    else:
-        summary = ("The allocator ran out of room {num_alloc_retries} time(s) without failing: it freed its cache "
-                   "({freed_bytes:bytes}) and retried cudaMalloc, synchronising every stream each time. The job runs "
-                   "at the edge of the device's memory; the cost is time, not memory.")
+    elif known:
+        summary = ("The allocator ran out of room {alloc_retries} time(s) without failing (num_alloc_retries, PyTorch's "
+                   "own count): it freed its cache and retried cudaMalloc, synchronising every stream each time. The "
+                   "job runs at the edge of the device's memory; the cost is time, not memory.")
         title = "Allocator retries: the job runs at the edge of its memory"
+    else:
+        # without PyTorch's counters a burst of segment frees may be a retry or the garbage collector
+        # (garbage_collection_threshold, release_available_cached_blocks under max_split_size_mb): both free cached
+        # segments and allocate on; only num_alloc_retries tells them apart
+        summary = ("The allocator released cached segments {allocator_retry_bursts} time(s) during training without "
+                   "empty_cache() ({freed_bytes:bytes} in all): retries after cudaMalloc failed, or the garbage "
+                   "collector (garbage_collection_threshold) releasing old blocks; this trace has no num_alloc_retries "
+                   "to tell them apart (record with oomdoctor: its sidecar has it). Either costs time, not memory.")
+        title = "Cached segments released {allocator_retry_bursts} time(s): allocator retries or garbage collection"
     sev = "low"
     fixes = []
     if churn:

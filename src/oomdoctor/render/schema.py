@@ -1,7 +1,8 @@
 """JSON Schemas (draft 2020-12) of every JSON output, and ``docs/json.md`` made from them.
 
 One schema per command with JSON output (:data:`COMMANDS`): ``diagnose`` (also ``run --format json`` and the
-in-job ``summary.json``), ``diff``, ``simulate``, ``plan estimate``, ``plan search``, ``plan validate``. Every
+in-job ``summary.json``), ``diff``, ``simulate``, ``plan estimate``, ``plan search``, ``plan validate``, ``fit``,
+``verify``. Every
 object lists its properties and admits no other (``additionalProperties: false``), except the free-form maps
 named as such (a finding's ``evidence``, a verdict's ``evidence``, a prediction's ``extension``), so a field added
 to an output without its description here fails the tests that validate real outputs
@@ -18,6 +19,7 @@ import typing
 from typing import Any
 
 from .._version import SCHEMA_VERSION
+from ..analysis.jobpeak import PEAK_SOURCES
 from ..report.verdict import KINDS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -248,8 +250,9 @@ def verdict_schema(d: str) -> Schema:
         "summary": s("one sentence, filled in"),
         "bytes": b("the bytes that decide it (the shortfall, the free memory, the bytes kept, ...)"),
         "ranks": arr(i(""), "the ranks it concerns"),
-        "headroom_bytes": null(b("room left at the peak of reserved memory (null: the GPU's size is unknown or "
-                                 "the rank ran out of memory)")),
+        "headroom_bytes": null(b("room left at the peak of reserved memory, the job's own when PyTorch's counters "
+                                 "say it (see the rank's peak_source) (null: the GPU's size is unknown or the rank "
+                                 "ran out of memory)")),
         "finding": null(s("the id of the finding behind it")),
         "evidence": free("the numbers behind it (keys ending _bytes are bytes)"),
         "actions": arr(s(""), "what to do, in order, filled in"),
@@ -297,6 +300,12 @@ def fits_schema() -> Schema:
         "estimated_batch_scale": null(f("an estimate, not a replay (a trace cut in its first forward pass)")),
         "estimated_largest_micro_batch": null(i("the estimate as a whole micro-batch")),
         "assumptions": arr(s(""), "what the estimate assumes"),
+        "job_peak_reserved_bytes": null(b("the job's own peak reserved the answer is held to (see the rank's)")),
+        "peak_source": s("where that peak comes from (see the rank's peak_source)", PEAK_SOURCES),
+        "job_peak_scale_bound": null(f("where the recorded window missed the job's peak (reserved or allocated): "
+                                       "the largest multiple of the micro-batch that peak allows, taking the job's "
+                                       "bytes above the window's fixed ones to grow with the micro-batch; batch "
+                                       "scales above it are cut to it")),
     }, "what fits on this rank's GPU")
 
 
@@ -333,6 +342,22 @@ def rank_schema() -> Schema:
         "holders": arr(site_schema("a holder", holder=True), "the largest holders at the breakdown's event"),
         "fits": null(fits_schema()),
         "frameworks": arr(s(""), "frameworks seen in the stacks (transformers, accelerate, DeepSpeed, ...)"),
+        "job_peak_allocated_bytes": null(b("the job's own peak allocated: torch.cuda.memory_stats() "
+                                           "allocated_bytes.all.peak at the dump (sidecar or memory_stats file), or "
+                                           "the trace's when it saw the job from its first allocation; at least "
+                                           "peak_allocated_bytes; null when not known (peak_source "
+                                           "unknown-before-window)")),
+        "job_peak_reserved_bytes": null(b("the same for reserved_bytes.all.peak")),
+        "peak_source": s("where the job's peaks come from: the sidecar's counters, a memory_stats JSON beside the "
+                         "snapshot, the trace itself (it starts with nothing allocated), or not known (the trace "
+                         "starts mid-job and nothing holds the counters)", PEAK_SOURCES),
+        "allocated_peak_missed": yes("the job's peak allocated is above the recorded window's by more than 2 MiB: "
+                                     "the ring buffer dropped it"),
+        "reserved_peak_missed": yes("the same for the peak reserved"),
+        "alloc_retries": null(i("the allocator's own num_alloc_retries (cudaMalloc failed, cache freed, retried; an "
+                                "OOM counts one too), since the process started (count)")),
+        "alloc_ooms": null(i("the allocator's own num_ooms since the process started (count)")),
+        "alloc_retries_source": s("where alloc_retries comes from", ("sidecar", "memory_stats_file", "unknown")),
         "stack_matches": null(obj({
             "matched": i("allocations of stack-less steps that took a stacked step's stack"),
             "unmatched": i("allocations of stack-less steps that matched none (no site)"),
@@ -551,9 +576,84 @@ def plan_validate_schema() -> Schema:
                                          "predictions against a Megatron-LM golden-memory CSV"))
 
 
+# ------------------------------------------------------------------------------------------ fit, verify
+
+
+def trial_schema(d: str) -> Schema:
+    return obj({
+        "micro_batch": null(i("the micro-batch of this run (fit), null for verify's runs")),
+        "outcome": s("how the run ended: 'ran' (exit code 0), 'oom' (non-zero exit with PyTorch's out-of-memory "
+                     "message or an OOM dump), 'failed' (non-zero exit without one)", ("ran", "oom", "failed")),
+        "seconds": f("wall time of the run (s)"),
+        "exit_code": i("the command's exit code (negative: killed by that signal)"),
+        "recorded": yes("run under recording (snapshots written)"),
+        "stopped": yes("the job ended itself after the optimizer steps asked"),
+        "timed_out": yes("killed at the trial time limit"),
+        "measured_peak_reserved_bytes": null(b("the most reserved on any rank (memory_stats "
+                                               "reserved_bytes.all.peak in the recorder's sidecars)")),
+        "log": s("the file holding the run's output"),
+    }, d)
+
+
+def fit_schema() -> Schema:
+    return document("fit", obj({
+        "command": arr(s(""), "the command, with {mb} where the micro-batch goes"),
+        "steps": i("optimizer steps each trial runs"),
+        "low": i("the smallest micro-batch searched"), "high": i("the largest micro-batch searched"),
+        "start": i("the micro-batch of the first, recorded trial"),
+        "snapshot": yes("a snapshot was recorded (false: no GPU, or the job ended before using CUDA: the search is "
+                        "by trials alone)"),
+        "guide": s("what the search started from: the replayed answer, a lower bound of it, an estimate, or none",
+                   ("replayed", "lower-bound", "estimate", "none")),
+        "predicted_micro_batch": null(i("the micro-batch the replay of the recorded trial says fits")),
+        "largest_micro_batch": null(i("the largest micro-batch that ran (null: none did, or the search stopped)")),
+        "smallest_oom_micro_batch": null(i("the smallest micro-batch that ran out of memory")),
+        "trials": arr(trial_schema("one trial"), "every trial, in the order run (the recorded one first)"),
+        "trial_count": i("trials run"),
+        "seconds": f("wall time of the whole search, analysis included (s)"),
+        "analysis_seconds": f("wall time of the diagnosis and replays of the recorded trial (s)"),
+        "error": null(s("why the search stopped short: 'failed' (a trial failed without an OOM message) or "
+                        "'max-trials'")),
+    }, "the largest micro-batch that runs, found with short real runs"))
+
+
+def verify_schema() -> Schema:
+    setting = obj({
+        "config": s("the setting as given or proposed (NAME=value, or an allocator option)"),
+        "env": mapping(s(""), "the environment variables the rerun had set for it"),
+        "predicted_peak_reserved_bytes": null(b("the replay's peak reserved on the tightest rank")),
+        "predicted_oom": null(yes("the replay ran out of memory (null: no claim)")),
+        "margin_bytes": null(b("the prediction's margin: the measured peak must be within it")),
+        "margin_source": null(s("'prediction' (the prediction's own margin) or 'job-spread' (the job's "
+                                "step-to-step spread of its peak plus rounding)")),
+        "predicted_peak_is_lower_bound": yes("replayed only up to the recorded OOM: the peak is at least the "
+                                             "prediction"),
+        "reach": null(s("how far the replay reaches", REACHES)),
+        "predicted_rank": null(i("the rank the claim is for")),
+        "measured_peak_reserved_bytes": null(b("the rerun's most reserved on any rank")),
+        "oom": yes("the rerun ran out of memory"),
+        "confirmed": null(yes("true: the rerun agrees with the claim; false: refuted; null: no claim, or the rerun "
+                              "failed")),
+        "why": s("why", ("agrees", "oom-not-predicted", "ran-but-oom-predicted", "peak-above-margin",
+                         "peak-below-margin", "no-prediction", "failed")),
+        "trial": trial_schema("the rerun"),
+    }, "one setting's rerun against its claim")
+    return document("verify", obj({
+        "command": arr(s(""), "the command"),
+        "steps": i("optimizer steps of the recorded baseline run"),
+        "rerun_steps": i("optimizer steps of each rerun (through the step of the baseline's OOM, else steps)"),
+        "snapshot": yes("the baseline recorded a snapshot (false: no claims, the settings are only rerun)"),
+        "source": s("where the settings come from", ("given", "diagnosis")),
+        "baseline": trial_schema("the recorded run with the settings as they are"),
+        "settings": arr(setting, "each setting's rerun"),
+        "seconds": f("wall time of everything (s)"),
+        "refuted": i("claims the reruns refuted (the exit code is 1 when any)"),
+    }, "each setting's predicted and measured peak reserved and OOM, confirmed or refuted by a rerun"))
+
+
 COMMANDS = {"diagnose": diagnose_schema, "diff": diff_schema, "simulate": simulate_schema,
             "plan estimate": plan_estimate_schema, "plan search": plan_search_schema,
-            "plan validate": plan_validate_schema}
+            "plan validate": plan_validate_schema, "fit": fit_schema, "verify": verify_schema}
 """command -> the function building its schema."""
 
 

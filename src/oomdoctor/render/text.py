@@ -149,6 +149,15 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
     return Group(*(x for x in (text, holders, tail) if x is not None and (not isinstance(x, Text) or x.plain)))
 
 
+def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
+    """After a window's peak: the job's own where the window missed it (issue 41)."""
+    if not missed or job is None:
+        return ""
+    src = "the sidecar" if r.peak_source == "sidecar" else "a memory_stats file"
+    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src}): the window "
+            "missed it")
+
+
 def _timeline(r: RankSummary) -> Text:
     top = max(r.series.get("reserved") or [0])
     text = Text()
@@ -167,9 +176,16 @@ def _timeline(r: RankSummary) -> Text:
         text.append(f", {r.steps} step{'s' if r.steps > 1 else ''} ({r.step_source})")
     text.append("\n  reserved  ")
     text.append(sparkline(r.series.get("reserved", []), top), style="magenta")
-    text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}\n  allocated ")
+    text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}")
+    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed), style="bold")
+    text.append("\n  allocated ")
     text.append(sparkline(r.series.get("allocated", []), top), style="green")
     text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
+    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed), style="bold")
+    if r.peak_source == "unknown-before-window":
+        text.append("\n  peaks before the recorded window are not known: the trace starts after the job's first "
+                    "allocation and no sidecar holds PyTorch's counters (oomdoctor run's sidecars hold them)",
+                    style="yellow")
     an = r.anatomy_at_peak
     if an is not None:
         parts = [("requested", an.requested_bytes), ("rounding", an.rounding_waste_bytes),

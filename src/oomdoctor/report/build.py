@@ -11,6 +11,7 @@ from .._version import __version__
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis, analyze
 from ..analysis.holders import holders_at
+from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, OPTIMIZER_PHASE, Phases
 from ..analysis.rounding import allocation_size
 from ..detectors import materiality
@@ -93,6 +94,7 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
                       an.allocated_bytes, an.largest_free_block_bytes, int(dt.events["stream"][k]))
     tu = dt.events["time_us"]
     steps = a.steps if a.num_events else None
+    jp = job_peak(a)
     return RankSummary(
         rank=a.rank, path=a.trace.path, device=dt.device, events=a.num_events, has_history=a.trace.has_history,
         duration_us=int(tu[-1] - tu[0]) if tu.size else 0,
@@ -112,6 +114,11 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
         trace_kind=(a.phases.kind + (", then the OOM" if a.oom_events.size else "")) if a.num_events
         else "final state only (no history)",
         frameworks=[fw.name for fw in detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)],
+        job_peak_allocated_bytes=jp.job_peak_allocated_bytes, job_peak_reserved_bytes=jp.job_peak_reserved_bytes,
+        peak_source=jp.source, allocated_peak_missed=jp.allocated_missed,
+        reserved_peak_missed=jp.reserved_missed, alloc_retries=jp.alloc_retries,
+        alloc_ooms=jp.alloc_ooms,
+        alloc_retries_source=jp.counters_source if jp.alloc_retries is not None and jp.counters_source else "unknown",
         stack_matches=_stack_matches(a),
     )
 

@@ -24,6 +24,9 @@ replayed as it is (the pass's peak is not in it: replaying such a trace once sai
 out of memory); it gets an estimate, said as one, with its assumptions (:func:`_first_forward_estimate`).
 An OOM inside ``generate()`` or evaluation is not sized (what the loop would still have made is not in
 the trace).
+Where PyTorch's counters say the job's peak was above the recorded window's (a ring buffer dropped it), the
+answer is held to the job's peak (:func:`job_peak_bound`); a trace starting mid-job without counters says that
+the peaks before it are not known.
 Also: what activation checkpointing could free at most (the activations at the peak), and what
 sharding the optimizer state over the data-parallel ranks would (ZeRO-1 / FSDP: (1 - 1/world) of it).
 """
@@ -36,6 +39,7 @@ import numpy as np
 
 from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
+from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
 from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity, sidecar_cap
@@ -106,6 +110,12 @@ class Fits:
     estimated_batch_scale: float | None = None
     estimated_largest_micro_batch: int | None = None
     assumptions: list[str] = field(default_factory=list)
+    #: the peak the answer is held to: the job's own (PyTorch's counters) when above the recorded window's
+    #: (:func:`job_peak_bound`), with its source (:data:`oomdoctor.analysis.jobpeak.PEAK_SOURCES`)
+    job_peak_reserved_bytes: int | None = None
+    peak_source: str = "trace"
+    #: the largest scale the job's peak allows, where the window missed it (None: not bounded by it)
+    job_peak_scale_bound: float | None = None
 
 
 def _scale_events(a: DeviceAnalysis) -> np.ndarray:
@@ -241,6 +251,8 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     with expandable segments (``expandable``). Pure; a few replays of the trace (bisection from a guess
     made of the peak: the fixed bytes plus the scaled ones times the scale)."""
     out = Fits(room.bytes, room.source, micro_batch=micro_batch)
+    jp = job_peak(a)
+    out.job_peak_reserved_bytes, out.peak_source = jp.job_peak_reserved_bytes, jp.source
     if a.num_events == 0:
         out.notes.append("no allocation history: nothing to replay")
         return out
@@ -327,4 +339,44 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
                 out.expandable_largest_micro_batch = int(round(e.scale * micro_batch))
     except SimulationError as e:
         out.notes.append(f"the trace cannot be replayed: {e}")
+    job_peak_bound(a, room.bytes, margin, fixed, out)
     return out
+
+
+def job_peak_bound(a: DeviceAnalysis, room: int, margin: int, fixed: int, out: Fits) -> None:
+    """Hold the replay's answer to the job's own peak (issue 41). The replay sees only the recorded window; where
+    PyTorch's counters say the job reserved (or allocated) more before it (``peak_source`` sidecar or memory_stats
+    file, :mod:`oomdoctor.analysis.jobpeak`), the scale is bounded by ``(room - margin - fixed) / (job peak - fixed)``,
+    ``fixed`` the window's peak reserved (allocated) bytes that do not grow with the micro-batch: all the job's bytes
+    above them are taken to grow with it (the prefill's activations and logits do), the smaller bound of the two. A run that finished keeps at least its own micro-batch (scale 1). Without counters, a trace that
+    starts mid-job keeps the window's answer, with a note that the peaks before it are not known. Bytes."""
+    jp = job_peak(a)
+    if jp.source == "unknown-before-window" and (out.batch_scale is not None or out.expandable_batch_scale is not None):
+        out.notes.append("peaks before the recorded window are not known (the trace starts mid-job, and no sidecar "
+                         "holds PyTorch's counters): what fits is the window's, and may be too much")
+        return
+    bounds = []
+    if jp.reserved_missed and jp.job_peak_reserved_bytes is not None and jp.job_peak_reserved_bytes > fixed:
+        bounds.append((room - margin - fixed) / (jp.job_peak_reserved_bytes - fixed))
+    fixed_allocated = jp.window_peak_allocated_bytes - out.batch_scaled_bytes_at_peak
+    if (jp.allocated_missed and jp.job_peak_allocated_bytes is not None
+            and jp.job_peak_allocated_bytes > fixed_allocated):
+        bounds.append((room - margin - fixed_allocated) / (jp.job_peak_allocated_bytes - fixed_allocated))
+    if not bounds:
+        return
+    bound = max(min(bounds), 0.0)
+    if not a.oom_events.size:
+        bound = max(bound, 1.0)  # it ran
+    out.job_peak_scale_bound = round(bound, 3)
+    held = False
+    if out.batch_scale is not None and out.batch_scale > bound:
+        out.batch_scale, out.batch_scale_at_limit, held = round(bound, 3), False, True
+        if out.micro_batch:
+            out.largest_micro_batch = max(int(bound * out.micro_batch), 1 if bound >= 1 else 0) or None
+    if out.expandable_batch_scale is not None and out.expandable_batch_scale > bound:
+        out.expandable_batch_scale, out.expandable_at_limit, held = round(bound, 3), False, True
+        if out.micro_batch:
+            out.expandable_largest_micro_batch = max(int(bound * out.micro_batch), 1 if bound >= 1 else 0) or None
+    if held:
+        out.notes.append("held to the job's own peak (PyTorch's counters), which the recorded window missed: the job's "
+                         "bytes above the window's fixed ones are taken to grow with the micro-batch")

@@ -72,6 +72,18 @@ class RankSummary:
     holders: list[HolderRef] = field(default_factory=list)
     fits: Fits | None = None
     frameworks: list[str] = field(default_factory=list)
+    #: the job's own peaks (:mod:`oomdoctor.analysis.jobpeak`): PyTorch's counters, which a ring buffer cannot
+    #: drop; None when not known (``peak_source`` "unknown-before-window")
+    job_peak_allocated_bytes: int | None = None
+    job_peak_reserved_bytes: int | None = None
+    peak_source: str = "trace"
+    #: the job's peak allocated / reserved is above the recorded window's: the window missed it
+    allocated_peak_missed: bool = False
+    reserved_peak_missed: bool = False
+    #: the allocator's own ``num_alloc_retries`` / ``num_ooms`` (since the process started); None without counters
+    alloc_retries: int | None = None
+    alloc_ooms: int | None = None
+    alloc_retries_source: str = "unknown"
     #: steps recorded without stacks (``--stack-steps``) and what was matched, from
     #: :func:`oomdoctor.trace.stackmatch.match_stackless_steps`; None when every step was recorded with stacks
     stack_matches: dict[str, Any] | None = None

@@ -20,7 +20,8 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
 Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` /
 ``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
 a finding holds at least :data:`VERDICT_FRACTION` of the rank's peak reserved; else ``healthy``, said to be at
-the edge with under :data:`EDGE_FRACTION` of the room left. Fragmentation without an OOM is a finding, not the
+the edge with under :data:`EDGE_FRACTION` of the room left. The peak judged is the job's own where PyTorch's counters
+say it (:mod:`oomdoctor.analysis.jobpeak`: a ring buffer may have dropped it), else the recorded window's. Fragmentation without an OOM is a finding, not the
 verdict: the job ran. A snapshot without history is judged the same way on its final state; ``empty`` when it
 holds nothing at all.
 
@@ -35,6 +36,7 @@ from typing import Any, Callable
 
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis
+from ..analysis.jobpeak import JobPeak, job_peak
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight
 from ..detectors.finding import Finding, SiteRef
@@ -92,11 +94,13 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     (``expandable_segments:True``, or ``max_split_size_mb`` where segments are expandable already), or
     None when it cannot be replayed."""
     rank = a.rank
-    peak_reserved = a.peak_reserved[0]
+    jp = job_peak(a)
+    peak_reserved = jp.peak_reserved_bytes  # the job's own when known: a ring buffer may have dropped its peak
     headroom = room.bytes - peak_reserved if room.bytes is not None else None
-    ev: dict[str, Any] = {"rank": rank, "peak_reserved_bytes": peak_reserved, "peak_allocated_bytes": a.peak_allocated[0],
+    ev: dict[str, Any] = {"rank": rank, "peak_reserved_bytes": peak_reserved, "peak_allocated_bytes": jp.peak_allocated_bytes,
                           "room_bytes": room.bytes, "room_source": room.source, "phase": bd.phase,
                           "step": bd.step if bd.step is not None else "-", "outputs_bytes": bd.categories["outputs"]}
+    ev |= peak_evidence(jp)
     mine = _material(findings, rank)
     _logits(holders, bd, ev)
     if bd.categories.get("kv_cache", 0) >= KV_CACHE_FRACTION * max(bd.allocated_bytes, 1):
@@ -106,11 +110,12 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
         v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
+    reserved_words, allocated_words, unknown_words = _peak_words(jp)
     if headroom is not None:
         ev["headroom_bytes"] = headroom
-        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes} of the {room_bytes:bytes} "
-                   "the allocator could use on this GPU ({headroom_bytes:bytes} headroom), peak allocated "
-                   "{peak_allocated_bytes:bytes} in the {phase} phase.")
+        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}" + reserved_words
+                   + " of the {room_bytes:bytes} the allocator could use on this GPU ({headroom_bytes:bytes} headroom), "
+                   "peak allocated {peak_allocated_bytes:bytes}" + allocated_words + "." + unknown_words)
         if headroom < EDGE_FRACTION * room.bytes:
             ev["headroom_percent"] = round(100 * max(headroom, 0) / room.bytes, 1)
             summary = "at the edge: " + summary
@@ -118,17 +123,44 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
                 summary += (" The KV cache holds {kv_cache_bytes:bytes}: it grows with the batch and with every "
                             "generated token.")
     else:
-        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}, peak allocated "
-                   "{peak_allocated_bytes:bytes} in the {phase} phase (the GPU's size is not recorded).")
+        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}" + reserved_words
+                   + ", peak allocated {peak_allocated_bytes:bytes}" + allocated_words
+                   + " (the GPU's size is not recorded)." + unknown_words)
     return with_findings(Verdict("healthy", summary, peak_reserved, [rank], headroom, None, ev), findings)
+
+
+def peak_evidence(jp: JobPeak) -> dict[str, Any]:
+    """The job's peaks beside the recorded window's, for a verdict's evidence (bytes; ``peak_source``: see
+    :data:`oomdoctor.analysis.jobpeak.PEAK_SOURCES`)."""
+    return {"window_peak_reserved_bytes": jp.window_peak_reserved_bytes,
+            "window_peak_allocated_bytes": jp.window_peak_allocated_bytes,
+            "job_peak_reserved_bytes": jp.job_peak_reserved_bytes,
+            "job_peak_allocated_bytes": jp.job_peak_allocated_bytes, "peak_source": jp.source}
+
+
+def _peak_words(jp: JobPeak) -> tuple[str, str, str]:
+    """Template pieces for a healthy verdict: after the peak reserved, after the peak allocated, and a last
+    sentence; the window's peak is named where the job's is above it, and peaks before the window are said to
+    be unknown where nothing says them (issue 41)."""
+    counters = "PyTorch's counters" + (", from the sidecar" if jp.source == "sidecar" else
+                                       ", from the memory_stats file")
+    reserved = (f" (the job's, {counters}; the recorded window's peak was {{window_peak_reserved_bytes:bytes}}: "
+                "the window missed it)") if jp.reserved_missed else ""
+    allocated = (" (the job's; the recorded window's peak was {window_peak_allocated_bytes:bytes}: the window missed "
+                 "it)") if jp.allocated_missed else " in the {phase} phase"
+    unknown = (" Peaks before the recorded window are not known (the trace starts after the job's first allocation "
+               "and no sidecar holds PyTorch's counters): these are the window's, and the job's may be higher."
+               if jp.source == "unknown-before-window" else "")
+    return reserved, allocated, unknown
 
 
 def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     """A snapshot without history (``enabled="state"``): no OOM to judge, only the final state; ``empty``
     when it holds no segment either (recorded before any CUDA allocation, or with recording off). The
     caller re-reads it against the findings (:func:`with_findings`)."""
+    jp = job_peak(a)
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
-          "peak_reserved_bytes": a.peak_reserved[0], "room_bytes": room.bytes}
+          "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes} | peak_evidence(jp)
     if not a.device.segments:
         return Verdict("empty", "nothing recorded: the snapshot holds no segment and no event (taken before any "
                                 "CUDA allocation, or on a device the job did not use).", 0, [a.rank], room.bytes,
@@ -136,8 +168,8 @@ def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     return Verdict("healthy", "final state only, without allocation history: {allocated_bytes:bytes} allocated, "
                               "{reserved_bytes:bytes} reserved, no OOM recorded; record with "
                               "torch.cuda.memory._record_memory_history(max_entries=100000) to see what happened.",
-                   a.peak_reserved[0], [a.rank], room.bytes - a.peak_reserved[0] if room.bytes is not None else None,
-                   None, ev)
+                   jp.peak_reserved_bytes, [a.rank],
+                   room.bytes - jp.peak_reserved_bytes if room.bytes is not None else None, None, ev)
 
 
 def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:

@@ -16,7 +16,14 @@ the recorded events up to the OOM, without the ``oom`` entry, then the previous 
   block (dropped when that one is gone already);
 - frees of blocks made before the previous step kept as recorded when that block is still alive;
 - allocations of blocks the previous step kept past its end (state created once) left out;
-- no ``segment_*`` entries: they are the allocator's answers, which a replay computes.
+- no ``segment_*`` entries: they are the allocator's answers, which a replay computes;
+- the sizes of the blocks it allocates scaled up where the cut step is larger than the previous one (a
+  job of variable-size inputs: graphs, sequences): by the lower median, over the allocations matched before
+  the OOM, of the cut step's size over the previous step's, when that is above 1 (more than half of them
+  grew). A job whose steps have the same shapes has a median of 1 and is extended as recorded; so does one
+  where a few matches pair different buffers of one stack (a DeepSpeed step pairs 2 of 396 that way). Without
+  it, the rest of a large graph's step was replayed at the previous, smaller graph's sizes and predicted to
+  complete where the rerun ran out (issue 35: GraphSAGE under a cap with ``garbage_collection_threshold:0.8``).
 
 Its final segments are the recording's, so the state at the trace's start is rebuilt as before. What it
 claims reaches as far as that assumption: the step completes if the next step repeats the previous one.
@@ -45,6 +52,8 @@ class Extension:
     appended: int
     previous_step: tuple[int, int]
     oom_event: int
+    scale: float = 1.0  # the lower median of the matched allocations' size ratios (cut / previous), at least 1
+    scaled: int = 0  # appended allocations whose size was scaled up
 
 
 def _keys(action: np.ndarray, stack: np.ndarray, lo: int, hi: int) -> dict[int, tuple[int, int]]:
@@ -85,6 +94,7 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
     p = by_key.get((failed, rank))
     if p is None:
         return None
+    ratio = _growth(ev["size"], now, by_key)
     # current step's blocks by key -> their address, while alive at the OOM
     live: dict[int, int] = {}  # address -> alloc event, blocks allocated and not freed before the OOM
     for j in range(k):
@@ -141,6 +151,18 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
         return None
     idx = np.array(rows, dtype=np.int64)
     t_shift = int(ev["time_us"][k]) - int(ev["time_us"][p])
+    sizes = ev["size"][idx].copy()
+    grown: dict[int, int] = {}  # fresh address -> its scaled size, for the frees of that block
+    scaled = 0
+    for m, j in enumerate(rows):
+        a = int(action[j])
+        if a == ALLOC:
+            if ratio > 1.0:
+                sizes[m] = -(-int(sizes[m]) * ratio // 1)  # ceil: never below the scaled size
+                scaled += 1
+            grown[new_addr[m]] = int(sizes[m])
+        elif new_addr[m] in grown:
+            sizes[m] = grown[new_addr[m]]
     events = {}
     for name, col in ev.items():
         tail = col[idx].copy()
@@ -148,9 +170,22 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
             tail = np.array(new_addr, dtype=col.dtype)
         elif name == "time_us":
             tail = tail + t_shift
+        elif name == "size":
+            tail = sizes
         events[name] = np.concatenate([col[:k], tail])
     out = DeviceTrace(dt.device, events, dt.segments, list(dt.annotations))
-    return Extension(out, k, int(idx.size), (p0, s0), k)
+    return Extension(out, k, int(idx.size), (p0, s0), k, ratio, scaled)
+
+
+def _growth(size: np.ndarray, now: dict[int, tuple[int, int]], by_key: dict[tuple[int, int], int]) -> float:
+    """How much larger the cut step's allocations are than the previous step's: the lower median, over the
+    allocations matched by key (``now``: event -> key in the cut step; ``by_key``: key -> event in the previous
+    step), of the ratio of their sizes; at least 1.0 (1.0 when nothing is matched)."""
+    ratios = sorted(int(size[j]) / int(size[i]) for j, key in now.items()
+                    if (i := by_key.get(key)) is not None and int(size[i]) > 0)
+    if not ratios:
+        return 1.0
+    return max(1.0, ratios[(len(ratios) - 1) // 2])
 
 
 @dataclass

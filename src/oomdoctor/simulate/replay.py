@@ -63,6 +63,9 @@ _MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE, _EXTERNAL = range(7)
 _SEG = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 _RELEASE = (SEGMENT_FREE, SEGMENT_UNMAP)
 _NEW = (SEGMENT_ALLOC, SEGMENT_MAP)
+#: How many recorded ``segment_alloc`` entries past the last one followed a new segment of the replay may
+#: skip to find one of its size (the replay made fewer segments than the recording, or other sizes).
+ADDRESS_LOOKAHEAD = 16
 
 
 class SimulationError(OomdoctorError):
@@ -87,6 +90,9 @@ class Validation:
 
     ``segment_events_*``: count of ``segment_alloc/free/map/unmap`` entries; ``segment_events_differing``:
     positions where (action, address, size) differ, plus the difference in length;
+    ``segment_events_unmatched``: the longer sequence's length minus the entries the two have in common
+    in order (:func:`aligned_matches`), so one entry missing, added or changed counts one, where the
+    positional count counts every entry after it (``unmatched <= differing``);
     ``reserved_events_differing``: events after which reserved bytes differ;
     ``max_reserved_difference_bytes``: the largest such difference; ``oom_event_index_recorded``: the
     recorded OOM (None if none), to compare with the result's ``oom``.
@@ -100,6 +106,7 @@ class Validation:
     max_reserved_difference_bytes: int
     oom_event_index_recorded: int | None
     oom_matches: bool
+    segment_events_unmatched: int = 0
 
     @property
     def segment_events_compared(self) -> int:
@@ -343,13 +350,16 @@ def _start_blocks(lt: Lifetimes, segs: list, config: AllocatorConfig) -> tuple[l
 
 
 class _RecordedAddresses(AddressSpace):
-    """Addresses for a replay of the recorded config: the n-th new segment gets the n-th recorded
-    one's address while the replay agrees with the recording; fresh addresses after that."""
+    """Addresses for a replay of the recorded config: each new segment gets the address of the next
+    recorded ``segment_alloc`` of its size (within :data:`ADDRESS_LOOKAHEAD` entries of the last one
+    followed), unless a live segment of the replay still covers that address; then, and for a segment the
+    recording did not make, a fresh address. After either, later segments follow the recording again."""
 
     def __init__(self, prepared: Prepared, va_bytes: int) -> None:
         super().__init__(_fresh_base(prepared), va_bytes)
         self.recorded = [(a, s) for act, a, s in prepared.rec_seg if act == SEGMENT_ALLOC]
-        self.n = 0
+        self.n = 0  # the next recorded segment_alloc to follow
+        self.refused = 0  # recorded addresses refused because a live segment of the replay covered them
         # the live segments (start -> size) of the replay's recorded or fresh addresses, the start segments
         # among them: a recorded address is handed out only where none of them is
         self.live: dict[int, int] = {}
@@ -379,15 +389,19 @@ class _RecordedAddresses(AddressSpace):
         return super().reservation(page, is_small, stream)
 
     def segment(self, size: int, stream: int) -> int | None:
-        if self.n < len(self.recorded) and self.recorded[self.n][1] == size:
-            a = self.recorded[self.n][0]
+        recorded = self.recorded
+        for k in range(self.n, min(self.n + ADDRESS_LOOKAHEAD, len(recorded))):
+            a, s = recorded[k]
+            if s != size:
+                continue
+            self.n = k + 1
             if not self._overlaps(a, size):
-                self.n += 1
                 self._hold(a, size)
                 return a
             # a live segment of the replay is there (a recording whose segments overlap, or a replay that
-            # kept a segment the job freed): the replay no longer agrees with the recording
-        self.n = len(self.recorded)
+            # kept a segment the job freed): this one goes elsewhere, the next ones follow the recording
+            self.refused += 1
+            break
         ptr = self._take(size)
         if ptr is not None:
             self._hold(ptr, size)
@@ -649,6 +663,7 @@ def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_e
     rec = prepared.rec_seg[:n_rec]
     sims = sim.segment_events
     differing = sum(1 for x, y in zip(rec, sims) if x != y) + abs(len(rec) - len(sims))
+    unmatched = max(len(rec), len(sims)) - aligned_matches(rec, sims) if differing else 0
     first = None
     for k, (x, y) in enumerate(zip(rec, sims)):
         if x != y:
@@ -683,4 +698,25 @@ def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_e
         segment_events_recorded=len(rec), segment_events_simulated=len(sims), segment_events_differing=differing,
         first_differing_event=first, reserved_events_differing=int(nz.size),
         max_reserved_difference_bytes=int(np.abs(diff).max()) if n else 0,
-        oom_event_index_recorded=rec_oom, oom_matches=oom_matches)
+        oom_event_index_recorded=rec_oom, oom_matches=oom_matches, segment_events_unmatched=unmatched)
+
+
+def aligned_matches(a: list, b: list) -> int:
+    """How many entries ``a`` and ``b`` have in common in the same order: the common prefix and suffix,
+    plus the matching blocks ``difflib.SequenceMatcher`` finds between what is left (a longest common
+    subsequence where the two differ in few places; never more than the true one). Pure; about
+    O(n) for sequences that differ in a few entries."""
+    import difflib
+
+    n = min(len(a), len(b))
+    head = 0
+    while head < n and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < n - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    mid_a, mid_b = a[head:len(a) - tail], b[head:len(b) - tail]
+    if not mid_a or not mid_b:
+        return head + tail
+    sm = difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False)
+    return head + tail + sum(m.size for m in sm.get_matching_blocks())

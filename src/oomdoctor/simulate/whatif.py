@@ -279,8 +279,10 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
     So: replay the lower bound; unless that reproduces the recording, replay without a cap and, with a
     GC threshold, :data:`GC_CANDIDATES` caps spread over the bounds, narrowing around the best
     (:data:`GC_ROUNDS` rounds, while the replays stay under :data:`SETTLE_MAX_EVENTS` events in all); keep the
-    one whose self-replay matches best (fewest differing segment events, then reserved bytes; ties to the
-    lowest cap). Other capacities are returned unchanged."""
+    one whose self-replay matches best (fewest segment events unmatched once the two sequences are aligned,
+    :attr:`~.replay.Validation.segment_events_unmatched`, so a cap that misses one GC free scores one and
+    not every event after it; then fewest events with reserved bytes differing; ties to the lowest cap).
+    Other capacities are returned unchanged."""
     if capacity.evidence != "fallbacks":
         return capacity
     scored: dict[int | None, tuple] = {}
@@ -289,7 +291,7 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
         if cap not in scored:
             c = replace(capacity, limit_bytes=cap) if cap is not None else Capacity(None, "none", "unlimited")
             v = replay(prepared, capacity=c, validate=True).validation
-            scored[cap] = (v.segment_events_differing, v.reserved_events_differing, -1 if cap is None else cap, v)
+            scored[cap] = (v.segment_events_unmatched, v.reserved_events_differing, -1 if cap is None else cap, v)
         return scored[cap]
 
     best = score(capacity.lower_bytes)
@@ -306,14 +308,14 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
             tried = sorted(c for c in scored if c is not None)
             i = tried.index(best[2])
             lo, hi = tried[max(i - 1, 0)], tried[min(i + 1, len(tried) - 1)]
-    differing, _, cap, v = best
+    unmatched, _, cap, v = best
     if cap < 0:
         return Capacity(None, "none", f"unlimited: {capacity.source.split(':')[0]} read as a cap do not reproduce "
                         "the recording, which replays without one (the frees were empty_cache() calls)", BOUNDED,
                         capacity.lower_bytes, None, "fallbacks")
     if cap == capacity.lower_bytes and len(scored) == 1:
         return capacity
-    verdict = "reproduces the recording" if v.exact else f"comes closest ({differing} segment events differ)"
+    verdict = "reproduces the recording" if v.exact else f"comes closest ({unmatched} segment events unmatched)"
     return replace(capacity, limit_bytes=cap, source=capacity.source.replace(
         "; the lower end is used", "") + f"; of {len(scored)} caps replayed, {cap} {verdict}")
 

@@ -68,6 +68,39 @@ def sidecar_path(path: str) -> str | None:
     return next((c for c in candidates if os.path.isfile(c)), None)
 
 
+def memory_stats_path(path: str) -> str | None:
+    """A ``torch.cuda.memory_stats()`` JSON a framework wrote beside a snapshot that has no sidecar:
+    ``<stem>.memory_stats.json``, else ``rank{R}.memory_stats.json`` / ``memory_stats_rank{R}.json``, else
+    ``memory_stats.json`` for a snapshot of rank 0 or of no rank (see :func:`read_memory_stats`)."""
+    d = os.path.dirname(path) or "."
+    candidates = [os.path.join(d, _stem(path) + ".memory_stats.json")]
+    r = rank_from_name(path)
+    if r is not None:
+        candidates += [os.path.join(d, f"rank{r}.memory_stats.json"), os.path.join(d, f"memory_stats_rank{r}.json")]
+    if not r:
+        candidates.append(os.path.join(d, "memory_stats.json"))
+    return next((c for c in candidates if os.path.isfile(c)), None)
+
+
+def read_memory_stats(path: str) -> dict[str, Any]:
+    """Sidecar-like metadata from a ``memory_stats`` JSON: either ``torch.cuda.memory_stats()`` itself (an
+    object of numbers, flat as PyTorch returns it) or an object holding it under ``"memory_stats"`` with,
+    optionally, ``device``, ``device_free_bytes`` and ``gpu_total_memory_bytes`` (bytes). Returns
+    ``{"memory_stats": ..., "memory_stats_file": path, ...}``; the shapes are checked with the sidecar's.
+
+    Raises:
+        SnapshotError: the file is not a JSON object (names the file).
+    """
+    meta = read_sidecar(path)
+    if isinstance(meta.get("memory_stats"), dict):
+        out = {k: meta[k] for k in ("memory_stats", "device", "device_free_bytes", "gpu_total_memory_bytes")
+               if k in meta}
+    else:
+        out = {"memory_stats": meta}
+    out["memory_stats_file"] = path
+    return out
+
+
 def read_sidecar(path: str) -> dict[str, Any]:
     """Parse a sidecar. Raises :class:`SnapshotError` naming the sidecar if it is not a JSON object."""
     try:
@@ -112,6 +145,8 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
         return load_trace(p)
     side = sidecar_path(p) if sidecar else None
     meta = read_sidecar(side) if side else None
+    if sidecar and side is None and (stats_file := memory_stats_path(p)) is not None:
+        meta = read_memory_stats(stats_file)
     # The collector stays paused from the first entry unpickled to the last column built, and the decoded
     # entries are dropped before it resumes: resuming with them alive made the first young collection
     # scan all of them (about 0.15 s of the 28 MB `large` snapshot's 1.5 s, docs/benchmarks.md).
@@ -167,7 +202,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 _INT_FIELDS = ("gpu_total_memory_bytes", "device_free_bytes", "memory_cap_bytes", "world_size", "micro_batch",
-               "rank", "local_rank", "steps_completed")
+               "rank", "local_rank", "steps_completed", "device")
 _DICT_FIELDS = ("recording", "env", "oom")
 _STR_FIELDS = ("torch_version", "cuda_version", "nccl_version", "gpu_name", "framework")
 #: A sidecar's ``gpu_total_memory_bytes`` above this (4 TiB) is not a GPU's and is dropped.
@@ -184,7 +219,8 @@ def _storage_list(v: Any) -> bool:
 
 def _drop_malformed(trace: Trace) -> None:
     """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
-    itself is fine): ``memory_stats`` (an object of numbers), ``tensors`` (records of an integer
+    itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
+    ``device`` and non-negative integers or nulls, :func:`oomdoctor.capture.metadata.device_counters`), ``tensors`` (records of an integer
     ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`),
     ``phase_markers`` / ``step_markers`` (objects with an integer ``time_us``, phases a string ``phase``),
     ``memory_fraction`` (a number in [0, 1]), and the fields of :data:`_INT_FIELDS` (non-negative
@@ -196,6 +232,11 @@ def _drop_malformed(trace: Trace) -> None:
     if stats is not None and not (isinstance(stats, dict) and all(
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in stats.items())):
         bad.append("memory_stats")
+    counters = meta.get("device_counters")
+    if counters is not None and not (isinstance(counters, list) and all(
+            isinstance(c, dict) and _is_int(c.get("device")) and all(
+                v is None or (_is_int(v) and v >= 0) for k, v in c.items() if k != "device") for c in counters)):
+        bad.append("device_counters")
     recs = meta.get("tensors")
     if recs is not None and not (isinstance(recs, list) and all(
             isinstance(r, dict) and _is_int(r.get("time_us"))
@@ -296,8 +337,10 @@ def prefer_one_per_rank(files: list[str]) -> list[str]:
 
 
 def _ours(name: str) -> bool:
-    """Files the recorder writes beside the snapshots: sidecars, the in-job summary, hidden temporaries."""
-    return name.endswith(".meta.json") or name in ("summary.json", "summary.txt") or name.startswith(".")
+    """Files the recorder writes beside the snapshots: sidecars, the in-job summary, hidden temporaries; and
+    the ``memory_stats`` JSON frameworks write (:func:`memory_stats_path`)."""
+    return (name.endswith((".meta.json", ".memory_stats.json")) or name in ("summary.json", "summary.txt")
+            or name.startswith(".") or (name.startswith("memory_stats") and name.endswith(".json")))
 
 
 def _looks_like_snapshot(name: str) -> bool:

@@ -1,0 +1,129 @@
+"""The job's own peak, next to the recorded window's (issue 41).
+
+A trace recorded with a ring buffer (``_record_memory_history(max_entries=N)``, the default of
+``oomdoctor run``) keeps only the last ``N`` events; the job's peak can fall before them (an inference
+job's prefill before a long decode). PyTorch keeps its counters for the whole process
+(``c10/cuda/CUDACachingAllocator.cpp`` ``DeviceStats``: ``allocated_bytes.all.peak``,
+``reserved_bytes.all.peak``, ``num_alloc_retries``, ``num_ooms``; peaks since the last
+``torch.cuda.reset_peak_memory_stats``), and the recorder notes them at every dump (sidecar
+``device_counters``, else ``memory_stats``: :mod:`oomdoctor.capture.metadata`); a framework may write them
+as a ``memory_stats`` JSON beside the snapshot (:func:`oomdoctor.trace.load.memory_stats_path`).
+
+:func:`job_peak` says, per rank, the job's peaks and where they come from (:data:`PEAK_SOURCES`):
+
+- ``"sidecar"`` / ``"memory_stats_file"``: the counters; the job's peak is the larger of the counter and the
+  window's (a counter reset by the job, as the pytest plugin does at each test, can be below the window's);
+- ``"trace"``: no counters, and the trace starts with nothing allocated or reserved and no block that
+  predates it (:attr:`~oomdoctor.analysis.lifetimes.Lifetimes.truncated`): it saw the job from its first
+  allocation, so its peak is the job's;
+- ``"unknown-before-window"``: no counters, and the trace starts after the job's first allocation (blocks
+  alive at its start, frees of blocks it never saw: a late start or a wrapped ring buffer): peaks before
+  the window are not known.
+
+The window *missed* a peak when the job's is above the window's by more than :data:`MISS_TOLERANCE_BYTES`
+(the trace undercounts a block that swallowed an unsplit remainder by up to 1 MiB, ``timeline.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..units import MiB
+from .device import DeviceAnalysis
+
+PEAK_SOURCES = ("sidecar", "memory_stats_file", "trace", "unknown-before-window")
+MISS_TOLERANCE_BYTES = 2 * MiB
+"""The job's peak above the window's by more than this: the window missed it."""
+
+
+@dataclass(frozen=True)
+class JobPeak:
+    """One rank's peaks: the recorded window's, the job's (None when not known) and ``source``
+    (:data:`PEAK_SOURCES`). Bytes; counts. ``alloc_retries`` / ``alloc_ooms``: the allocator's own
+    ``num_alloc_retries`` / ``num_ooms`` (since the process started), None without counters."""
+
+    window_peak_allocated_bytes: int
+    window_peak_reserved_bytes: int
+    job_peak_allocated_bytes: int | None
+    job_peak_reserved_bytes: int | None
+    source: str
+    alloc_retries: int | None = None
+    alloc_ooms: int | None = None
+    counters_time_us: int | None = None
+    #: where the counters come from ("sidecar", "memory_stats_file"), None without counters
+    counters_source: str | None = None
+
+    @property
+    def allocated_missed(self) -> bool:
+        """The job's peak allocated is above the window's: the window missed it."""
+        return (self.job_peak_allocated_bytes is not None
+                and self.job_peak_allocated_bytes - self.window_peak_allocated_bytes > MISS_TOLERANCE_BYTES)
+
+    @property
+    def reserved_missed(self) -> bool:
+        """The job's peak reserved is above the window's: the window missed it."""
+        return (self.job_peak_reserved_bytes is not None
+                and self.job_peak_reserved_bytes - self.window_peak_reserved_bytes > MISS_TOLERANCE_BYTES)
+
+    @property
+    def missed(self) -> bool:
+        return self.allocated_missed or self.reserved_missed
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        """The peak reserved to judge the job by: the job's when known, else the window's."""
+        return max(self.job_peak_reserved_bytes or 0, self.window_peak_reserved_bytes)
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        """The peak allocated to judge the job by: the job's when known, else the window's."""
+        return max(self.job_peak_allocated_bytes or 0, self.window_peak_allocated_bytes)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def counters(meta: dict[str, Any], device: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The counters of ``device`` in sidecar metadata (shapes checked at load) and their source: the
+    ``device_counters`` record of that device, else ``memory_stats`` (the recorder's current device, or the
+    file's ``device``, when that is ``device`` or not said), keyed as :data:`~oomdoctor.capture.metadata.COUNTER_KEYS`.
+    ``(None, None)`` when there are none."""
+    src = "memory_stats_file" if meta.get("memory_stats_file") and not meta.get("sidecar") else "sidecar"
+    for c in meta.get("device_counters") or []:
+        if c.get("device") == device:
+            return c, src
+    stats = meta.get("memory_stats")
+    if isinstance(stats, dict) and stats and meta.get("device") in (None, device):
+        return stats, src
+    return None, None
+
+
+def starts_mid_job(a: DeviceAnalysis) -> bool:
+    """Does the trace start after the job's first allocation? Bytes allocated or reserved before its first
+    event, or blocks that predate it (frees without their alloc, blocks never seen allocated)."""
+    tl = a.timeline
+    return bool(a.lifetimes.truncated or tl.allocated_start > 0 or tl.reserved_start > 0)
+
+
+def job_peak(a: DeviceAnalysis) -> JobPeak:
+    """See the module doc. Pure."""
+    wa, wr = a.peak_allocated[0], a.peak_reserved[0]
+    c, src = counters(a.trace.meta, a.device.device)
+    if c is not None and src is not None:
+        pa, pr = _int(c.get("allocated_bytes.all.peak")), _int(c.get("reserved_bytes.all.peak"))
+        retries, ooms = _int(c.get("num_alloc_retries")), _int(c.get("num_ooms"))
+        if pa is not None or pr is not None:
+            return JobPeak(wa, wr, max(pa, wa) if pa is not None else None, max(pr, wr) if pr is not None else None,
+                           src, retries, ooms, _int(c.get("time_us")), src)
+        if retries is not None or ooms is not None:  # counters without the peaks: judged as without counters
+            return _without_counters(a, JobPeak(wa, wr, None, None, "", retries, ooms, _int(c.get("time_us")), src))
+    return _without_counters(a, JobPeak(wa, wr, None, None, ""))
+
+
+def _without_counters(a: DeviceAnalysis, p: JobPeak) -> JobPeak:
+    known = not (starts_mid_job(a) or a.num_events == 0)
+    wa, wr = p.window_peak_allocated_bytes, p.window_peak_reserved_bytes
+    return JobPeak(wa, wr, wa if known else None, wr if known else None, "trace" if known else "unknown-before-window",
+                   p.alloc_retries, p.alloc_ooms, p.counters_time_us, p.counters_source)

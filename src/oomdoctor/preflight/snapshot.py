@@ -1,0 +1,113 @@
+"""A traced step as a memory snapshot and its sidecar, in the formats every oomdoctor command reads.
+
+The snapshot is the dict ``torch.cuda.memory._dump_snapshot()`` pickles (``segments``, ``device_traces``,
+``allocator_settings``, ``external_annotations``; ``shared/reference/snapshot_format_and_peers.md``), with
+``segments`` empty: the tracer records requests only, the allocator model (:mod:`oomdoctor.simulate`) lays
+them out. The sidecar (:mod:`oomdoctor.capture.metadata`) says the trace is a preflight one, the GPU assumed,
+and what lives outside the caching allocator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+from ..capture.metadata import SIDECAR_FORMAT, place_markers
+from .tracer import TraceRecord
+
+MiB = 1 << 20
+
+#: name -> (bytes ``torch.cuda.get_device_properties().total_memory`` reports, SM major version)
+GPUS: dict[str, tuple[int, int]] = {
+    "H100-80GB": (81559 * MiB, 9),          # nvidia-smi 81559 MiB (the planner's table, cli/plan.py)
+    "H200": (int(139.8 * 2**30), 9),        # torch total_memory on the H200s of shared/snapshots
+    "A100-80GB": (81920 * MiB, 8),
+    "A100-40GB": (40960 * MiB, 8),
+    "B200": (180 * 10**9, 10),
+}
+
+CUDA_CONTEXT_BYTES = 740 * 10**6
+"""CUDA context and the kernels of a training step, outside the caching allocator: 737 MB measured on
+H200, CUDA 13.0, torch 2.11, after CUDA init, a GEMM and SDPA forward and backward (the planner's
+constant, ``oomdoctor.plan.terms.CUDA_CONTEXT_BYTES``, ``benchmarks/measure_plan_gpu.py overhead``,
+docs/plan.md); 651 MB after init alone."""
+
+NCCL_FIRST_COMMUNICATOR_BYTES = 880 * 10**6
+"""NCCL's first communicator (the world group), outside the caching allocator: 883 MB measured on H200,
+torch 2.11 (``oomdoctor.plan.terms.NCCL_FIRST_COMMUNICATOR_BYTES``, docs/plan.md)."""
+
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
+"""cuBLAS workspace per handle and stream on Hopper, allocated through the caching allocator (PyTorch PR
+#120925, ``CUDABlas.cpp`` ``_getWorkspaceSize``: ``:4096:8``): one at the first GEMM of the main thread,
+one at the first GEMM of the autograd engine's thread (both seen in ``shared/snapshots/ddp-clean``,
+33,554,432 bytes, the second with no Python frame). 4 MiB on older GPUs (``:4096:2:16:8`` = 4 MiB + 8 ×
+16 KiB... the default before sm90 is 4096 KiB × 2 + 16 KiB × 8 = 8.125 MiB)."""
+
+
+def gpu_memory(name: str) -> int:
+    """Total bytes of a GPU by name (case-insensitive, :data:`GPUS`). Raises KeyError."""
+    for k, (total, _sm) in GPUS.items():
+        if k.lower() == name.lower():
+            return total
+    raise KeyError(name)
+
+
+def cublas_workspace_bytes(sm_major: int) -> int:
+    """Bytes of one cuBLAS workspace: 32 MiB on sm90+ (Hopper, Blackwell), else 8.125 MiB
+    (``CUDABlas.cpp`` ``_getWorkspaceSizeFromEnv`` defaults)."""
+    return CUBLAS_WORKSPACE_BYTES if sm_major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def snapshot_dict(record: TraceRecord) -> dict[str, Any]:
+    """The snapshot of a trace: its events as device 0's trace, no segments, the default allocator
+    settings (``PYTORCH_CUDA_ALLOC_CONF`` unset)."""
+    return {"segments": [], "device_traces": [list(record.events)],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                                   "garbage_collection_threshold": 0.0, "expandable_segments": False,
+                                   "pinned_num_register_threads": 1, "release_lock_on_malloc": False,
+                                   "pinned_use_host_register": False, "roundup_power2_divisions": {}},
+            "external_annotations": []}
+
+
+def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int | None, torch_version: str,
+            micro_batch: int | None, job: dict[str, Any]) -> dict[str, Any]:
+    """The sidecar of a traced snapshot (:mod:`oomdoctor.capture.metadata` keys, plus ``preflight``)."""
+    times = [e["time_us"] for e in record.events]
+    return {
+        "format": SIDECAR_FORMAT, "kind": "final", "rank": 0, "local_rank": 0, "world_size": 1,
+        "host": None, "pid": os.getpid(), "torch_version": torch_version, "cuda_version": None,
+        "nccl_version": None, "device": 0, "gpu_name": gpu_name, "gpu_total_memory_bytes": gpu_total_bytes,
+        "memory_fraction": None, "memory_cap_bytes": None, "env": {},
+        "recording": {"max_entries": None, "stacks": "python", "context": "alloc", "steps": None},
+        "tensors": record.tensors,
+        "step_markers": place_markers(record.step_markers, times),
+        "phase_markers": place_markers(record.phase_markers, times),
+        "micro_batch": micro_batch, "oom": None,
+        "framework": "preflight",
+        "preflight": {
+            "traced_by": "oomdoctor preflight (FakeTensorMode, fake CPU tensors with CUDA's autocast lists, "
+                         "attention kernel and optimizer kernels)",
+            "job": job,
+            "outside_allocator_bytes": CUDA_CONTEXT_BYTES,
+            "outside_allocator_source": "CUDA context + kernels of a training step: 737 MB measured on H200, "
+                                        "CUDA 13.0, torch 2.11 (docs/plan.md)",
+            "kernel_buffers": record.extra_allocations,
+            "backward_allocations": record.backward_events,
+            "backward_thread": "autograd engine (on CUDA); traced on the calling thread, frames cut at the "
+                               "engine's entry",
+            "streams": [0],
+            "trace_wall_s": round(record.wall_s, 3),
+        },
+    }
+
+
+def write(path: str | Path, snap: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``path`` (the pickle) and ``<stem>.meta.json`` beside it. Returns both paths."""
+    p = Path(path)
+    p.write_bytes(pickle.dumps(snap, protocol=4))
+    side = p.with_name(p.stem + ".meta.json")
+    side.write_text(json.dumps(meta, indent=1, default=str))
+    return p, side

@@ -1,0 +1,403 @@
+"""Trace the allocations a training step would ask of the CUDA caching allocator, on a CPU, with no memory.
+
+The model and its step run under ``torch._subclasses.fake_tensor.FakeTensorMode`` on **fake CPU tensors**
+(fake CUDA tensors abort the process at the first op with a device guard on a CPU-only build:
+``embedding`` in GPT-2's forward, "PyTorch is not linked with support for cuda devices", measured with
+torch 2.13.0+cpu; see ``docs/preflight.md``). What CUDA would do differently is applied on top:
+
+- **autocast**: CPU autocast runs with :class:`CudaAutocastPolicy` over it, which applies the CUDA lists
+  where they differ from CPU's (``aten/src/ATen/autocast_mode.cpp``: ``pow``, ``exp``, ``softmax``,
+  ``layer_norm``... run in fp32 on CUDA; ``einsum``, ``addmv``, ``mv`` in the low precision);
+- **attention**: ``F.scaled_dot_product_attention`` is sent to the kernel CUDA picks
+  (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``): flash attention for fp16/bf16 without a
+  mask, memory-efficient attention otherwise; both save the log-sum-exp (``b × h × s`` fp32), never the
+  ``b × h × s × s`` matrix. The flash backward's own buffers (``dq_accum``, ``softmax_d``, allocated with
+  ``torch::empty`` inside the kernel wrapper, ``flash_api.cpp`` ``mha_bwd``) are added;
+- **optimizers**: the foreach and fused kernels are chosen as on CUDA (``torch/optim/optimizer.py``
+  ``_default_to_fused_or_foreach`` lists CUDA only), so their temporaries are the CUDA ones.
+
+:class:`AllocationTracer` is a ``TorchDispatchMode`` above the fake mode: every storage an op returns
+that it has not seen is an ``alloc`` of ``untyped_storage().nbytes()`` bytes (what the caching allocator
+is asked; the allocator model rounds), with the Python stack; before every op, storages that died
+(``StorageWeakRef.expired()``) are ``free_requested`` + ``free_completed``. Addresses are never reused
+(the replay lays blocks out itself). Backward runs on the calling thread on a CPU; on CUDA it runs on the
+autograd engine's device thread, so an allocation made inside backward keeps only the frames of Python
+code the engine called (hooks, checkpoint recomputation), as a CUDA snapshot shows it. All on stream 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+BASE_ADDR = 0x7F0000000000
+ALIGN = 512
+#: files whose frames are the tracer's or the fake mode's own, dropped from stacks
+_SKIP = ("oomdoctor/preflight/tracer.py", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
+         "torch/overrides.py", "torch/_ops.py", "torch/utils/_stats.py", "contextlib.py",
+         "torch/_dynamo/", "torch/_compile.py")
+#: the frame through which Python enters the autograd engine (``torch/autograd/graph.py``)
+_ENGINE_ENTRY = ("_engine_run_backward",)
+_MAX_FRAMES = 48
+
+
+def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
+    """The Python stack, innermost first, as snapshot ``frames`` (``filename``, ``line``, ``name``).
+    Inside backward (``skip_to_engine``), only the frames the engine called: those inner to its entry."""
+    out: list[dict[str, Any]] = []
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        if skip_to_engine and code.co_name in _ENGINE_ENTRY:
+            return out
+        fn = code.co_filename
+        if not any(s in fn for s in _SKIP):
+            out.append({"filename": fn, "line": f.f_lineno or 0, "name": code.co_name})
+        f = f.f_back
+    return [] if skip_to_engine else out[:_MAX_FRAMES]
+
+
+_expired = torch._C.StorageBase._expired  # the builtin under StorageWeakRef.expired, called per live storage per op
+
+
+@dataclass
+class _Live:
+    ref: StorageWeakRef
+    addr: int
+    size: int
+    weak: int  # ref.cdata
+
+
+@dataclass
+class TraceRecord:
+    """What the tracer saw. ``events``: snapshot trace entries in order (``action``, ``addr``, ``size``
+    bytes, ``stream``, ``time_us``, ``frames``); ``backward_events``: how many allocations were made
+    inside backward (on CUDA, the autograd engine's thread); ``step_markers`` / ``phase_markers`` /
+    ``tensors``: sidecar facts (:mod:`oomdoctor.capture.metadata`, :mod:`oomdoctor.capture.facts`)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    backward_events: int = 0
+    step_markers: list[dict[str, int]] = field(default_factory=list)
+    phase_markers: list[dict[str, Any]] = field(default_factory=list)
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+    extra_allocations: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+class AllocationTracer(TorchDispatchMode):
+    """Records every storage created and freed under it (see the module doc). Use inside a
+    ``FakeTensorMode``; :meth:`mark_step`, :meth:`mark_phase` and :meth:`note_facts` add sidecar facts.
+    ``cublas_workspace_bytes``: allocated (and kept, as PyTorch keeps it for the handle and stream) at the
+    first matrix multiply of each thread (the main thread and the autograd engine's), 0 to leave out."""
+
+    def __init__(self, *, start_us: int | None = None, cublas_workspace_bytes: int = 0) -> None:
+        super().__init__()
+        self.record = TraceRecord()
+        self._live: dict[int, _Live] = {}
+        self._weak: dict[int, int] = {}  # storage key -> weak reference handle, for collect()
+        self._next = BASE_ADDR
+        self._t = start_us if start_us is not None else time.time_ns() // 1000
+        self._cublas = cublas_workspace_bytes
+        self._cublas_threads: set[Any] = set()
+
+    # -- clock and events
+    def _tick(self) -> int:
+        self._t += 1
+        return self._t
+
+    def _event(self, action: str, addr: int, size: int, frames: list) -> None:
+        self.record.events.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                                   "time_us": self._tick(), "compile_context": "N/A", "user_metadata": "",
+                                   "frames": frames})
+
+    def _alloc(self, size: int, backward: bool) -> int:
+        addr = self._next
+        self._next += (size + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        self._event("alloc", addr, size, _frames(backward))
+        if backward:
+            self.record.backward_events += 1
+        return addr
+
+    def _free(self, addr: int, size: int) -> None:
+        self._event("free_requested", addr, size, [])
+        self._event("free_completed", addr, size, [])
+
+    def collect(self) -> None:
+        """Record the frees of every storage that died since the last call."""
+        if not any(map(_expired, self._weak.values())):  # a C loop: most ops free nothing
+            return
+        dead = [k for k, w in self._weak.items() if _expired(w)]
+        for k in dead:
+            v = self._live.pop(k)
+            del self._weak[k]
+            self._free(v.addr, v.size)
+
+    def see(self, t: torch.Tensor, backward: bool = False) -> int | None:
+        """The address of ``t``'s storage, recording its allocation when new (None: no bytes)."""
+        try:
+            st = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # sparse, nested: no plain storage
+            return None
+        n = int(st.nbytes())
+        if n == 0:
+            return None
+        key = st._cdata
+        live = self._live.get(key)
+        if live is not None and not live.ref.expired():
+            return live.addr
+        if live is not None:  # the address of a dead storage reused before we looked
+            self._free(live.addr, live.size)
+        addr = self._alloc(n, backward)
+        ref = StorageWeakRef(st)
+        self._live[key] = _Live(ref, addr, n, ref.cdata)
+        self._weak[key] = ref.cdata
+        return addr
+
+    def addr_of(self, t: torch.Tensor) -> tuple[int, int] | None:
+        """``(address, nbytes)`` of a live storage seen before, else None."""
+        try:
+            st = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return None
+        live = self._live.get(st._cdata)
+        return (live.addr, live.size) if live is not None and not live.ref.expired() else None
+
+    def temporary(self, size: int, backward: bool, keep: bool = False) -> int:
+        """An allocation no tensor output shows (a kernel's own buffer), freed at once unless ``keep``."""
+        addr = self._alloc(size, backward)
+        if not keep:
+            self._free(addr, size)
+        return addr
+
+    # -- markers and facts
+    def mark_step(self, step: int) -> None:
+        self.collect()
+        self.record.step_markers.append({"step": step, "time_us": self._t + 1})
+
+    def mark_phase(self, phase: str) -> None:
+        self.collect()
+        self.record.phase_markers.append({"phase": phase, "time_us": self._t + 1})
+
+    def note_facts(self, step: int, kinds: dict[str, list[torch.Tensor]]) -> None:
+        """The sidecar's ``tensors`` record (:mod:`oomdoctor.capture.facts`): the storages of each kind."""
+        self.collect()
+        rec: dict[str, Any] = {"step": step, "time_us": self._t}
+        for kind in ("parameters", "gradients", "optimizer_state"):
+            seen = {a for t in kinds.get(kind, ()) if (a := self.addr_of(t)) is not None}
+            rec[kind] = sorted([a, n] for a, n in seen)
+        self.record.tensors.append(rec)
+
+    # -- the dispatch hook
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.collect()
+        backward = torch._C._current_autograd_node() is not None
+        if self._cublas and backward not in self._cublas_threads and func in _MATMULS:
+            self._cublas_threads.add(backward)
+            addr = self.temporary(self._cublas, backward, keep=True)
+            self.record.extra_allocations.append({"what": "cublas_workspace", "addr": addr, "bytes": self._cublas,
+                                                  "backward": backward})
+        if self._cublas and ("lt", backward) not in self._cublas_threads and func in _LT_MATMULS:
+            self._cublas_threads.add(("lt", backward))
+            addr = self.temporary(CUBLASLT_WORKSPACE_BYTES, backward, keep=True)
+            self.record.extra_allocations.append({"what": "cublaslt_workspace", "addr": addr,
+                                                  "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
+        extra = _kernel_buffers(func, args)
+        addrs = [self.temporary(n, backward, keep=True) for n in extra]
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.see(t, backward)
+        for a, n in zip(addrs, extra):
+            self._free(a, n)
+        return out
+
+
+_aten = torch.ops.aten
+_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+#: GEMMs with a bias epilogue, which go through cuBLASLt and its own workspace
+_LT_MATMULS = {_aten.addmm.default}
+CUBLASLT_WORKSPACE_BYTES = 1 << 20
+"""cuBLASLt's workspace (``CUDABlas.cpp`` ``_getLtWorkspaceSize``, 1024 KiB): one 1 MiB block right after
+the first cuBLAS workspace of the main thread in the real Trainer snapshot of the corpus (
+``trainer-ddp-gpt2-b88``, event 281); none on the backward thread, whose GEMMs have no bias epilogue."""
+
+
+def _kernel_buffers(func, args) -> list[int]:
+    """Bytes a CUDA kernel wrapper allocates for itself and frees before it returns (not outputs).
+
+    Flash attention v2 backward (``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``
+    ``mha_bwd``): ``softmax_d`` of ``b × h × round_up(s_q, 128)`` fp32 and ``dq_accum`` of
+    ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``)."""
+    if func is _aten._scaled_dot_product_flash_attention_backward.default:
+        q = args[1]  # (grad_out, query, key, value, out, logsumexp, ...), query is b × h × s × d
+        b, h, s, d = (int(x) for x in q.shape)
+        s_r = (s + 127) // 128 * 128
+        return [b * h * s_r * 4, b * s_r * h * d * 4]
+    return []
+
+
+# -- CUDA autocast applied over CPU autocast -------------------------------------------------------------
+
+#: ops CUDA autocast runs in fp32 that CPU autocast leaves alone (``autocast_mode.cpp``, ``KERNEL_CUDA``
+#: ``fp32`` list)
+_FP32_FUNCS = {
+    torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log,
+    torch.log1p, torch.expm1, torch.rsqrt, torch.Tensor.rsqrt, torch.reciprocal, torch.Tensor.reciprocal,
+    torch.acos, torch.asin, torch.cosh, torch.sinh, torch.tan, torch.erfinv, torch.log2, torch.log10,
+    F.layer_norm, F.group_norm, F.softplus, torch.layer_norm, torch.group_norm, torch.logsumexp,
+    torch.Tensor.logsumexp, F.cosine_similarity, torch.cdist, torch.dist, torch.renorm, F.kl_div, F.l1_loss,
+    F.smooth_l1_loss, F.huber_loss, F.mse_loss, F.nll_loss, F.binary_cross_entropy_with_logits,
+}
+#: ops CUDA autocast runs in fp32 by passing ``dtype=torch.float32`` (``fp32_set_opt_dtype``): no copy of
+#: the input, an fp32 output
+_FP32_DTYPE_FUNCS = {
+    F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax,
+    torch.cumsum, torch.Tensor.cumsum, torch.cumprod, torch.Tensor.cumprod, torch.prod, torch.Tensor.prod,
+}
+#: ops CUDA autocast runs in the low precision that CPU autocast does not cast
+_LOW_FUNCS = {torch.einsum, torch.addmv, torch.mv, torch.Tensor.mv, torch.addr, torch.chain_matmul,
+              torch.linalg.multi_dot}
+
+
+def _cast(x: Any, dtype: torch.dtype) -> Any:
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+        return x.to(dtype)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cast(v, dtype) for v in x)
+    return x
+
+
+class CudaAutocastPolicy(TorchFunctionMode):
+    """CUDA's autocast lists where they differ from CPU's, and the attention kernel CUDA would pick.
+    Active while CPU autocast is (``torch.is_autocast_enabled("cpu")``); attention always."""
+
+    def __init__(self, tracer: AllocationTracer | None = None) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.dropout:
+            out = _dropout(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+            return func(*args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            out = _sdpa(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+            return func(*args, **kwargs)
+        if not torch.is_autocast_enabled("cpu"):
+            return func(*args, **kwargs)
+        low = torch.get_autocast_dtype("cpu")
+        if func in _FP32_FUNCS:
+            with torch.autocast("cpu", enabled=False):
+                return func(*_cast(args, torch.float32), **kwargs)
+        if func in _FP32_DTYPE_FUNCS and kwargs.get("dtype") is None:
+            x = args[0] if args else kwargs.get("input")
+            if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16):
+                kwargs = {**kwargs, "dtype": torch.float32}
+            return func(*args, **kwargs)
+        if func in _LOW_FUNCS:
+            with torch.autocast("cpu", enabled=False):
+                return func(*_cast(args, low), **kwargs)
+        return func(*args, **kwargs)
+
+
+def _dropout(input, p=0.5, training=True, inplace=False):
+    """Dropout as CUDA runs it: ``native_dropout``, whose mask is ``bool`` (1 byte an element); CPU's
+    ``_dropout_impl`` saves a noise tensor of the input's dtype instead (``aten/src/ATen/native/Dropout.cpp``
+    ``is_fused_kernel_acceptable``: CUDA, XPU, lazy and privateuse1 only). NotImplemented where CUDA would
+    not take the fused kernel either."""
+    if not training or inplace or not 0 < p < 1 or input.numel() == 0:
+        return NotImplemented
+    return _aten.native_dropout(input, p, True)[0]
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Scaled dot-product attention through the kernel CUDA picks (``sdp_utils.cpp``
+    ``select_sdp_backend``: flash, then memory-efficient, then math): NotImplemented for math."""
+    if torch.is_autocast_enabled("cpu"):
+        low = torch.get_autocast_dtype("cpu")
+        query, key, value = (_cast(x, low) for x in (query, key, value))
+    if query.dim() != 4 or enable_gqa or query.shape[-1] > 256 or key.shape[1] != query.shape[1]:
+        return NotImplemented
+    with torch.autocast("cpu", enabled=False):
+        if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16):
+            return _aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                             False, scale=scale)[0]
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
+        return _aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p,
+                                                             is_causal, scale=scale)[0]
+
+
+# -- optimizers as on CUDA ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def cuda_optimizer_defaults() -> Iterator[None]:
+    """While active, ``torch.optim`` picks foreach and fused kernels for CPU tensors as it does for CUDA
+    ones (``_get_foreach_kernels_supported_devices`` / ``_get_fused_kernels_supported_devices``)."""
+    import torch.optim.optimizer as opt
+    import torch.utils._foreach_utils as fu
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    saved = (opt._get_foreach_kernels_supported_devices, opt._get_fused_kernels_supported_devices,
+             fu._get_foreach_kernels_supported_devices, fu._get_fused_kernels_supported_devices)
+    types = list(opt._foreach_supported_types)
+    opt._foreach_supported_types[:] = types + [FakeTensor]  # the type check of _default_to_fused_or_foreach
+
+    def foreach() -> list[str]:
+        return ["cuda", "cpu"]
+
+    def fused() -> list[str]:
+        return ["cuda", "cpu"]
+
+    opt._get_foreach_kernels_supported_devices = foreach
+    opt._get_fused_kernels_supported_devices = fused
+    fu._get_foreach_kernels_supported_devices = foreach
+    fu._get_fused_kernels_supported_devices = fused
+    try:
+        yield
+    finally:
+        opt._foreach_supported_types[:] = types
+        (opt._get_foreach_kernels_supported_devices, opt._get_fused_kernels_supported_devices,
+         fu._get_foreach_kernels_supported_devices, fu._get_fused_kernels_supported_devices) = saved
+
+
+@contextlib.contextmanager
+def traced(tracer: AllocationTracer) -> Iterator[Any]:
+    """``FakeTensorMode`` (fake CPU tensors), the CUDA policies, and ``tracer`` over them. Yields the
+    fake mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake, cuda_optimizer_defaults(), tracer, CudaAutocastPolicy(tracer):
+        yield fake
+    tracer.collect()
+
+
+def run_traced(fn: Callable[[AllocationTracer], Any], **tracer_kw: Any) -> TraceRecord:
+    """Run ``fn(tracer)`` under :func:`traced`; the record, with its wall time (s). What ``fn`` returns
+    (the model, the optimizer) is held until the record is closed, so the trace ends, as a snapshot
+    dumped after training does, with it still allocated."""
+    t0 = time.perf_counter()
+    tracer = AllocationTracer(**tracer_kw)
+    with traced(tracer):
+        kept = fn(tracer)
+    tracer.collect()
+    del kept
+    tracer.record.wall_s = time.perf_counter() - t0
+    return tracer.record
+

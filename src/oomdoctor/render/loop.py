@@ -1,0 +1,126 @@
+"""``oomdoctor fit`` and ``oomdoctor verify`` as text and JSON (the JSON shapes: :func:`.schema.fit_schema`,
+:func:`.schema.verify_schema`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from .._version import SCHEMA_VERSION, __version__
+from .format import format_bytes
+
+if TYPE_CHECKING:
+    from ..report.loop import FitOutcome, Trial, Verified, VerifyOutcome
+
+_GUIDE = {
+    "replayed": "the replay of the recorded run says {p} fits",
+    "lower-bound": "the replay of the recorded run says at least {p} fits",
+    "estimate": "the recorded run ended in its first forward pass; estimated from it: {p}",
+}
+_WHY = {
+    "agrees": "confirmed",
+    "oom-not-predicted": "refuted: predicted to run, it ran out of memory",
+    "ran-but-oom-predicted": "refuted: predicted to run out of memory, it ran",
+    "peak-above-margin": "refuted: the measured peak is above the prediction and its margin",
+    "peak-below-margin": "refuted: the measured peak is below the prediction less its margin",
+    "no-prediction": "no claim to check (nothing replayed for it)",
+    "failed": "the rerun failed without an out-of-memory message",
+}
+
+
+def _doc(d: dict[str, Any]) -> str:
+    return json.dumps({"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **d}, indent=2) + "\n"
+
+
+def fit_json(fit: FitOutcome) -> str:
+    d = asdict(fit)
+    d["trial_count"] = len(fit.trials)
+    return _doc(d)
+
+
+def verify_json(v: VerifyOutcome) -> str:
+    d = asdict(v)
+    d["refuted"] = v.refuted
+    return _doc(d)
+
+
+def _trial_line(t: Trial) -> str:
+    what = {"ran": "ran", "oom": "out of memory", "failed": f"failed (exit code {t.exit_code})"}[t.outcome]
+    extra = " (recorded)" if t.recorded else ""
+    if t.timed_out:
+        extra += " (timed out)"
+    return f"{what}{extra}, {t.seconds:.1f} s"
+
+
+def fit_text(fit: FitOutcome) -> str:
+    out = []
+    if fit.largest_micro_batch is not None:
+        above = f"; {fit.smallest_oom_micro_batch} ran out of memory" if fit.smallest_oom_micro_batch else \
+            " (the top of the range searched)" if fit.largest_micro_batch == fit.high else ""
+        out.append(f"Largest micro-batch that runs: {fit.largest_micro_batch}{above}.")
+    elif fit.error is None:
+        out.append(f"No micro-batch from {fit.low} runs: {fit.low} ran out of memory.")
+    else:
+        out.append("No answer: " + {"failed": "a trial failed without an out-of-memory message (see its log below)",
+                                     "max-trials": "the search reached its trial limit"}.get(fit.error, fit.error)
+                   + (f"; the largest that ran: {fit.largest_micro_batch}" if fit.largest_micro_batch else "") + ".")
+    out.append(f"{len(fit.trials)} trials of {fit.steps} optimizer steps, {fit.seconds:.1f} s in all "
+               f"({fit.analysis_seconds:.1f} s of analysis).")
+    if fit.guide in _GUIDE:
+        out.append("Guided: " + _GUIDE[fit.guide].format(p=fit.predicted_micro_batch) + "; the search began there.")
+    elif fit.trials and not fit.trials[0].recorded:
+        out.append("Searched by trials alone: recording was off (--no-record).")
+    elif fit.snapshot:
+        out.append("Searched by trials alone: the recorded run gave no replayed answer.")
+    else:
+        out.append("Searched by trials alone: no snapshot was recorded (no GPU, or the job ended before using CUDA).")
+    out.append("")
+    out.append("  micro-batch  outcome")
+    for t in fit.trials:
+        out.append(f"  {t.micro_batch:>11}  {_trial_line(t)}")
+        if t.outcome == "failed":
+            out.append(f"               output: {t.log}")
+    return "\n".join(out) + "\n"
+
+
+def _peak(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _predicted(v: Verified) -> str:
+    if v.predicted_oom is None:
+        return "no claim"
+    if v.predicted_oom:
+        return "out of memory"
+    peak = ("at least " if v.predicted_peak_is_lower_bound else "") + _peak(v.predicted_peak_reserved_bytes)
+    return f"runs, peak {peak} ± {_peak(v.margin_bytes)}"
+
+
+def verify_text(v: VerifyOutcome) -> str:
+    b = v.baseline
+    out = [f"Baseline (settings as they are): {_trial_line(b)}, measured peak reserved "
+           f"{_peak(b.measured_peak_reserved_bytes)}."]
+    if not v.snapshot:
+        out.append("No snapshot was recorded (no GPU, or the job ended before using CUDA): the settings were rerun "
+                   "without a prediction to check.")
+    src = "given" if v.source == "given" else "proposed by the diagnosis of the baseline"
+    if not v.settings:
+        out.append("The diagnosis proposes no setting with a replayed prediction: nothing to verify.")
+        return "\n".join(out) + "\n"
+    out.append(f"Settings {src}, each rerun for {v.rerun_steps} optimizer steps:")
+    out.append("")
+    for s in v.settings:
+        measured = "out of memory" if s.oom else "failed" if s.why == "failed" else \
+            f"ran, peak {_peak(s.measured_peak_reserved_bytes)}"
+        out.append(f"  {s.config}")
+        out.append(f"    predicted: {_predicted(s)}")
+        out.append(f"    measured:  {measured} ({s.trial.seconds:.1f} s)")
+        out.append(f"    {_WHY[s.why]}")
+        if s.why == "failed":
+            out.append(f"    output: {s.trial.log}")
+    out.append("")
+    n = len(v.settings)
+    out.append(f"{sum(1 for s in v.settings if s.confirmed)} of {n} claims confirmed, {v.refuted} refuted; "
+               f"{v.seconds:.1f} s in all.")
+    return "\n".join(out) + "\n"

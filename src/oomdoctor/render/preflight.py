@@ -1,0 +1,66 @@
+"""``oomdoctor preflight``'s words: the answer (:class:`oomdoctor.report.preflight.PreflightAnswer`) as text
+and as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .format import format_bytes
+
+#: what each ``not_traced`` id means
+NOT_TRACED_TEXT = {
+    "kernel_workspaces_chosen_at_run_time": "workspaces of kernels chosen at run time (cuDNN convolution "
+                                            "algorithms, some GEMM splits) are not traced; cuBLAS's and flash "
+                                            "attention's are",
+    "torch_compile": "torch.compile is not traced: its kernels fuse and reuse buffers differently",
+    "cpu_resident_optimizer_steps": "the step counters foreach Adam keeps on the host are counted on the GPU "
+                                    "(4 bytes each, at most 512 bytes each once rounded)",
+    "collectives": "collectives are not traced: one rank, no NCCL buffers",
+}
+
+
+def preflight_dict(a: Any) -> dict[str, Any]:
+    """The ``--format json`` contract: :meth:`PreflightAnswer.as_dict` (bytes, seconds)."""
+    return a.as_dict()
+
+
+def render_preflight_json(a: Any) -> str:
+    return json.dumps(preflight_dict(a), indent=2, default=str) + "\n"
+
+
+def render_preflight_text(a: Any) -> str:
+    job = a.job
+    gpu = a.gpu_name or "the GPU"
+    lines = [f"oomdoctor preflight: {job.get('hf_config') or job.get('model_fn', 'the job')}, "
+             f"micro-batch {a.micro_batch}" + (f" x {job['seq_len']} tokens" if job.get("seq_len") else "")
+             + (f", {job['dtype']}" if job.get("dtype") else "") + (f", {job['optimizer']}" if job.get("optimizer") else "")
+             + (", gradient checkpointing" if job.get("gradient_checkpointing") else ""),
+             f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events} events)",
+             f"on {gpu} ({format_bytes(a.gpu_total_bytes)}; {format_bytes(a.room_bytes)} for the caching allocator "
+             f"after {format_bytes(a.outside_allocator_bytes)} outside it: {a.outside_allocator_source})", ""]
+    if a.oom:
+        lines.append(f"OUT OF MEMORY: a request of {format_bytes(a.oom_request_bytes or 0)} does not fit "
+                     f"(peak reserved {format_bytes(a.peak_reserved_bytes)} before it)")
+    else:
+        lines.append(f"fits: peak reserved {format_bytes(a.peak_reserved_bytes)}, peak allocated "
+                     f"{format_bytes(a.peak_allocated_bytes)} (requested {format_bytes(a.peak_requested_bytes)}), "
+                     f"headroom {format_bytes(a.room_bytes - a.peak_reserved_bytes)}")
+    if a.largest_micro_batch_method == "traced":
+        lines.append("largest micro-batch that fits: " + (str(a.largest_micro_batch) if a.largest_micro_batch
+                                                          else "none found within the traces spent")
+                     + " (traced at " + ", ".join(str(t["micro_batch"]) + (" OOM" if t["oom"] else "")
+                                                  for t in a.micro_batch_traces) + ")")
+    lines += ["", f"at the peak allocated ({a.breakdown_at.get('phase')}, step {a.breakdown_at.get('step')}):"]
+    for cat, n in sorted(a.breakdown.items(), key=lambda kv: -kv[1]):
+        if n:
+            src = a.breakdown_sources.get(cat)
+            lines.append(f"  {format_bytes(n):>12}  {cat}" + (" (recorded by the tracer)" if src == "recorded" else ""))
+    lines += ["", "allocator settings (PYTORCH_CUDA_ALLOC_CONF), replayed:"]
+    for s in a.settings:
+        lines.append(f"  {s['config']:<52} peak reserved {format_bytes(s['peak_reserved_bytes']):>11}"
+                     + ("  OOM" if s["oom"] else ""))
+    lines += ["", "not traced: " + "; ".join(NOT_TRACED_TEXT.get(k, k) for k in a.not_traced)]
+    if a.snapshot:
+        lines.append(f"snapshot: {a.snapshot} (oomdoctor diagnose / simulate / report read it)")
+    return "\n".join(lines) + "\n"

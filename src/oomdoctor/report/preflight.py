@@ -1,0 +1,335 @@
+"""Preflight's answers for a GPU: a traced step (:mod:`oomdoctor.preflight`) replayed through the allocator
+model (:mod:`oomdoctor.simulate`) within the memory the GPU leaves to PyTorch.
+
+- **room**: the GPU's total memory (``torch.cuda.get_device_properties().total_memory``, a table by name or
+  ``--gpu-memory``) less what lives outside the caching allocator (the CUDA context and the kernels of a
+  training step, :data:`oomdoctor.preflight.snapshot.CUDA_CONTEXT_BYTES`, measured); cuBLAS workspaces go
+  through the allocator and are in the trace;
+- **peaks**: the replay's peak allocated (block sizes, rounded as ``CUDACachingAllocator.cpp``
+  ``round_size`` and unsplit remainders are: what ``max_memory_allocated`` counts) and peak reserved, under
+  the default settings, with the device limit at the room: a request the model cannot serve is the OOM;
+- **largest micro-batch**: traces at other micro-batch sizes (fake tensors cost no memory, and the trace's
+  time does not grow with the batch): the peak reserved grows linearly in the micro-batch; the fit's
+  prediction is then checked by tracing at it and at its neighbours, so the answer is a traced size that
+  replays without OOM, and the next one does not (never a fit above what replays);
+- **settings**: the same trace replayed under other ``PYTORCH_CUDA_ALLOC_CONF`` values;
+- **breakdown**: the accounting (:mod:`oomdoctor.analysis.accounting`) of the traced snapshot at its peak,
+  parameters, gradients and optimizer state from the sidecar's recorded storages (the tracer knows them).
+
+Bytes throughout; facts only (the CLI renders them).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..simulate.capacity import Capacity
+from ..simulate.whatif import simulate
+
+#: the settings every preflight replays besides the default one
+WHATIF_CONFIGS = ("expandable_segments:True", "max_split_size_mb:512", "roundup_power2_divisions:4",
+                  "garbage_collection_threshold:0.8,max_split_size_mb:512")
+#: traces spent on the largest micro-batch after the first two, at least; more (up to MAX_TRACES) while the
+#: traces so far took less than TRACE_TIME_BUDGET_S (small models trace in a second: bisection can finish)
+MAX_CHECK_TRACES = 6
+MAX_TRACES = 24
+TRACE_TIME_BUDGET_S = 120.0
+#: the largest micro-batch probed
+MAX_MICRO_BATCH = 1 << 16
+
+
+@dataclass
+class Replayed:
+    """One trace replayed: the micro-batch, peaks (bytes), the OOM's request (bytes) or None."""
+
+    micro_batch: int | None
+    peak_requested_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom: bool
+    oom_request_bytes: int | None
+    events: int
+    trace_wall_s: float
+    settings: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class PreflightAnswer:
+    """Everything ``oomdoctor preflight`` reports (bytes, seconds)."""
+
+    job: dict[str, Any]
+    gpu_name: str | None
+    gpu_total_bytes: int
+    outside_allocator_bytes: int
+    outside_allocator_source: str
+    room_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_requested_bytes: int
+    oom: bool
+    oom_request_bytes: int | None
+    micro_batch: int | None
+    largest_micro_batch: int | None
+    largest_micro_batch_method: str  # "traced" | "not searched"
+    micro_batch_traces: list[dict[str, Any]]
+    breakdown: dict[str, int]
+    breakdown_sources: dict[str, str]
+    breakdown_at: dict[str, Any]
+    settings: list[dict[str, Any]]
+    snapshot: str | None
+    trace_wall_s: float
+    events: int
+    not_traced: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def room(gpu_total_bytes: int, outside_bytes: int) -> Capacity:
+    """The allocator's room on the GPU, as a device limit given by preflight."""
+    limit = max(gpu_total_bytes - outside_bytes, 0)
+    return Capacity(limit, "device", "the GPU's total memory less the CUDA context (preflight)", "given",
+                    evidence="given")
+
+
+def _peak_requested(events: list[dict[str, Any]]) -> int:
+    cur = peak = 0
+    for e in events:
+        if e["action"] == "alloc":
+            cur += e["size"]
+            peak = max(peak, cur)
+        elif e["action"] == "free_completed":
+            cur -= e["size"]
+    return peak
+
+
+def replay_file(path: str, capacity: Capacity, configs: tuple[str, ...] = WHATIF_CONFIGS) -> tuple[Any, Any]:
+    """Load a traced snapshot and replay it: ``(trace, Simulation)``."""
+    from ..trace import load
+
+    trace = load(path)
+    return trace, simulate(trace, configs=list(configs), capacity=capacity)
+
+
+def replayed(path: str, capacity: Capacity, micro_batch: int | None, events: list[dict[str, Any]], wall_s: float,
+             configs: tuple[str, ...] = WHATIF_CONFIGS) -> tuple[Replayed, Any]:
+    trace, sim = replay_file(path, capacity, configs)
+    r0 = sim.self_replay
+    settings = [{"config": str(r.config) if r is not r0 else "(defaults)", "peak_reserved_bytes": r.peak_reserved_bytes,
+                 "peak_allocated_bytes": r.peak_allocated_bytes, "oom": r.oom is not None,
+                 "oom_request_bytes": r.oom.requested_bytes if r.oom else None} for r in sim.results]
+    return Replayed(micro_batch, _peak_requested(events), r0.peak_allocated_bytes, r0.peak_reserved_bytes,
+                    r0.oom is not None, r0.oom.requested_bytes if r0.oom else None, len(events), wall_s,
+                    settings), trace
+
+
+def largest_micro_batch(at: Callable[[int], Replayed], first: Replayed, room_bytes: int,
+                        budget: int = MAX_CHECK_TRACES) -> tuple[int | None, list[Replayed]]:
+    """The largest micro-batch whose trace replays without OOM, from ``first`` (a traced size) and
+    ``at(n)`` (trace and replay size ``n``), spending at most ``budget`` traces after the first two.
+
+    Allocated bytes grow linearly in the micro-batch: a line through two traced sizes' peak allocated,
+    plus the larger one's reserved-over-allocated, predicts the size that fills ``room_bytes``; then the
+    bracket between the largest size that fits and the smallest that does not is closed, each probe the
+    line's prediction inside the bracket (its midpoint when the line points outside). None: not even 1
+    fits, or the bracket did not close within the budget (the answer is never a size not traced)."""
+    seen: dict[int, Replayed] = {first.micro_batch: first}
+
+    def get(n: int) -> Replayed:
+        if n not in seen:
+            seen[n] = at(n)
+        return seen[n]
+
+    def done() -> list[Replayed]:
+        return sorted(seen.values(), key=lambda x: x.micro_batch)
+
+    m = first.micro_batch
+    get(max(1, m // 2) if m > 1 else 2)
+    spent = 0
+    while True:
+        fits = [n for n, r in seen.items() if not r.oom]
+        ooms = [n for n, r in seen.items() if r.oom]
+        lo = max(fits, default=0)
+        hi = min((n for n in ooms if n > lo), default=None)
+        if hi is not None and hi == lo + 1:
+            return (lo or None), done()
+        elapsed = sum(r.trace_wall_s for r in seen.values())
+        if spent >= budget and (spent >= MAX_TRACES or elapsed >= TRACE_TIME_BUDGET_S):
+            return None, done()
+        pts = sorted((n for n in fits), key=lambda n: -n)[:2]
+        guess = None
+        if len(pts) == 2:
+            a, b = seen[min(pts)], seen[max(pts)]
+            slope = (b.peak_allocated_bytes - a.peak_allocated_bytes) / (b.micro_batch - a.micro_batch)
+            if slope > 0:
+                overhead = b.peak_reserved_bytes - b.peak_allocated_bytes
+                guess = int(b.micro_batch + (room_bytes - overhead - b.peak_allocated_bytes) / slope)
+        if guess is not None and guess <= lo:
+            guess = lo + 1  # the line says lo fills the room: check the next size
+        if hi is None:
+            guess = min(guess if guess is not None else 2 * max(lo, 1), MAX_MICRO_BATCH)
+        elif guess is None or guess >= hi or guess in seen:
+            guess = (lo + hi) // 2
+        if guess in seen or guess < 1:  # nothing new left to probe (or the cap reached)
+            return None, done()
+        get(guess)
+        spent += 1
+
+
+def breakdown_of(trace: Any) -> tuple[dict[str, int], dict[str, str], dict[str, Any]]:
+    """The accounting's lines at the traced snapshot's peak allocated (requested bytes)."""
+    from ..analysis.device import analyze
+
+    a = analyze(trace)
+    _, k = a.peak_allocated
+    b = a.breakdown_at(k, "peak_allocated")
+    return dict(b.categories), dict(b.sources), {"event_index": b.event_index, "step": b.step, "phase": b.phase,
+                                                 "allocated_bytes": b.allocated_bytes}
+
+
+def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
+    """The traced snapshot as the allocator model would have recorded it on the GPU: every request
+    replayed (default settings) through :class:`oomdoctor.simulate.allocator.CachingAllocator` with the
+    device limit ``room_bytes``; ``alloc``/``free_*`` entries at the model's block addresses (sizes stay the
+    requested bytes, as ``CUDACachingAllocator.cpp`` records ``orig_size``), the model's ``segment_alloc`` /
+    ``segment_free`` entries before the request that caused them, an ``oom`` entry (``size`` the rounded
+    request, ``device_free`` the room left) where the model runs out, the trace ending there as an OOM
+    snapshot does, and ``segments`` the model's final state. ``diagnose`` then reads reserved memory,
+    fragmentation and the OOM from it. Raises nothing the model does not (a trace it cannot replay keeps
+    its original form: the caller decides)."""
+    import numpy as np
+
+    from ..analysis.rounding import round_size
+    from ..simulate.allocator import CachingAllocator
+    from ..simulate.config import config_from_settings
+    from ..trace.model import ACTION_NAMES
+
+    config = config_from_settings(snapshot.get("allocator_settings"))
+    table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
+    sim = CachingAllocator(config, device_limit=room_bytes)
+    events = snapshot["device_traces"][0]
+    sizes = round_size(np.asarray([e["size"] if e["action"] == "alloc" else 0 for e in events], dtype=np.int64),
+                       table).tolist()
+    out: list[dict[str, Any]] = []
+    live: dict[int, Any] = {}
+    frames_of: dict[int, list] = {}
+
+    def segs(n0: int, e: dict[str, Any]) -> None:
+        for act, ptr, size in sim.segment_events[n0:]:
+            out.append({"action": ACTION_NAMES[act], "addr": ptr, "size": size, "stream": 0, "time_us": e["time_us"],
+                        "compile_context": "N/A", "user_metadata": "", "frames": e["frames"]})
+
+    for i, e in enumerate(events):
+        a = e["action"]
+        n0 = len(sim.segment_events)
+        if a == "alloc":
+            b = sim.malloc(sizes[i], e["size"], 0)
+            segs(n0, e)
+            if b is None:
+                out.append({"action": "oom", "addr": 0, "size": sizes[i], "stream": 0, "time_us": e["time_us"],
+                            "device_free": max((room_bytes or 0) - sim.reserved, 0), "compile_context": "N/A",
+                            "user_metadata": "", "frames": e["frames"]})
+                break
+            live[e["addr"]] = b
+            frames_of[b.ptr] = e["frames"]
+            out.append({**e, "addr": b.ptr})
+        elif a == "free_requested":
+            out.append({**e, "addr": live[e["addr"]].ptr})
+        elif a == "free_completed":
+            b = live.pop(e["addr"])
+            ptr = b.ptr  # freeing merges the block with free neighbours, which moves its ptr
+            sim.free(b)
+            out.append({**e, "addr": ptr})
+            segs(n0, e)
+    blocks = [b for b in live.values()] + [b for pool in (sim.small, sim.large) for b in pool.free_blocks()]
+    heads = {}
+    for b in blocks:
+        h = b
+        while h.prev is not None:
+            h = h.prev
+        heads[h.ptr] = h
+    segments = []
+    for ptr in sorted(heads):
+        h, rows = heads[ptr], []
+        b = h
+        while b is not None:
+            rows.append({"address": b.ptr, "size": b.size, "requested_size": b.requested if b.allocated else 0,
+                         "state": "active_allocated" if b.allocated else "inactive",
+                         "frames": frames_of.get(b.ptr, []) if b.allocated else []})
+            b = b.next
+        total = sum(r["size"] for r in rows)
+        alloc = sum(r["size"] for r in rows if r["state"] == "active_allocated")
+        segments.append({"device": 0, "address": ptr, "total_size": total, "allocated_size": alloc,
+                         "active_size": alloc, "requested_size": sum(r["requested_size"] for r in rows),
+                         "stream": 0, "segment_type": "small" if h.pool.is_small else "large",
+                         "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": rows})
+    return {**snapshot, "segments": segments, "device_traces": [out]}
+
+
+#: what the trace leaves out, said by id (the CLI words them)
+NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "torch_compile", "cpu_resident_optimizer_steps",
+              "collectives")
+
+
+def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
+           gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
+           snapshot_path: str | None, search: bool = True) -> PreflightAnswer:
+    """Trace, replay and answer.
+
+    ``trace_fn(n)`` traces the job at micro-batch ``n`` (None: as given) and returns ``(snapshot dict,
+    sidecar dict, record)``; the one at ``micro_batch`` is written to ``snapshot_path`` (a temporary file
+    when None). ``search``: look for the largest micro-batch (needs ``micro_batch``).
+    """
+    from ..preflight.snapshot import write
+
+    cap = room(gpu_total_bytes, outside_bytes)
+    tmp = tempfile.TemporaryDirectory()
+    kept: dict[str, Any] = {}
+    try:
+        def at(n: int | None, keep: bool = False) -> tuple[Replayed, Any]:
+            snap, meta, rec = trace_fn(n)
+            p = str(Path(tmp.name) / f"mb{n}.pickle")
+            write(p, snap, meta)
+            if keep:
+                kept.update(snap=snap, meta=meta)
+            return replayed(p, cap, n, rec.events, rec.wall_s)
+
+        first, trace = at(micro_batch, keep=True)
+        largest, method, traces = None, "not searched", [first]
+        if search and micro_batch:
+            def at_n(n: int) -> Replayed:
+                return at(n)[0]
+            largest, traces = largest_micro_batch(at_n, first, int(cap.limit_bytes or 0))
+            method = "traced"
+        cats, sources, where = breakdown_of(trace)
+    finally:
+        tmp.cleanup()
+    if snapshot_path:
+        laid = lay_out(kept["snap"], cap.limit_bytes)
+        meta = dict(kept["meta"])
+        last = laid["device_traces"][0][-1] if laid["device_traces"][0] else {}
+        if last.get("action") == "oom":
+            meta["kind"] = "oom"
+            meta["oom"] = {"device": 0, "alloc_bytes": last["size"], "device_limit_bytes": cap.limit_bytes,
+                           "device_free_bytes": last["device_free"]}
+        meta["preflight"] = {**meta.get("preflight", {}),
+                             "laid_out_by": "oomdoctor.simulate's allocator model, default settings, device limit "
+                                            f"{cap.limit_bytes} bytes (the GPU's total less what runs outside the "
+                                            "allocator)"}
+        write(snapshot_path, laid, meta)
+    return PreflightAnswer(
+        job=dict(trace.meta.get("preflight", {}).get("job", {})), gpu_name=gpu_name, gpu_total_bytes=gpu_total_bytes,
+        outside_allocator_bytes=outside_bytes, outside_allocator_source=outside_source,
+        room_bytes=int(cap.limit_bytes or 0), peak_allocated_bytes=first.peak_allocated_bytes,
+        peak_reserved_bytes=first.peak_reserved_bytes, peak_requested_bytes=first.peak_requested_bytes,
+        oom=first.oom, oom_request_bytes=first.oom_request_bytes, micro_batch=micro_batch,
+        largest_micro_batch=largest, largest_micro_batch_method=method,
+        micro_batch_traces=[{"micro_batch": r.micro_batch, "peak_allocated_bytes": r.peak_allocated_bytes,
+                             "peak_reserved_bytes": r.peak_reserved_bytes, "oom": r.oom,
+                             "trace_wall_s": round(r.trace_wall_s, 2)} for r in traces],
+        breakdown=cats, breakdown_sources=sources, breakdown_at=where, settings=first.settings,
+        snapshot=snapshot_path, trace_wall_s=round(sum(r.trace_wall_s for r in traces), 2), events=first.events,
+        not_traced=list(NOT_TRACED))

@@ -1,0 +1,122 @@
+"""Issue 41 on the corpus's wrapped runs (``docs/corpus/wrapped-*``: ``oomdoctor run``'s 100,000-entry ring buffer
+wrapped, the trace starts mid-job). Four ways to hold the same snapshots:
+
+- as recorded: the sidecars have ``memory_stats`` (the whole dict, read at the dump): the job's peaks are exact;
+- a sidecar of the new format: ``device_counters`` built from the job's own numbers (``ground_truth.json``'s
+  ``max_memory_allocated`` / ``max_memory_reserved`` for rank 0), ``memory_stats`` dropped;
+- an old sidecar without any counter: peaks before the window are not known;
+- no sidecar at all (a plain ``_dump_snapshot``): the same.
+
+In each, the text and the JSON give the job's peak (exact) or say it is not known; the verdict's headroom and
+what fits use it; the retry counts are the sidecar's ``num_alloc_retries``."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.render.json import render_json
+from oomdoctor.render.text import render_text_plain
+from oomdoctor.report import build_report
+from oomdoctor.trace import load_ranks
+
+CORPUS = Path(__file__).resolve().parents[2] / "docs" / "corpus"
+WRAPPED = sorted(p.name[: -len(".tar.xz")] for p in CORPUS.glob("wrapped-*.tar.xz"))
+
+
+def unpack(tmp_path: Path, name: str) -> Path:
+    with tarfile.open(CORPUS / f"{name}.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / name
+
+
+def _sidecars(run: Path) -> dict[int, Path]:
+    return {int(p.name[4:p.name.index(".")]): p for p in run.glob("rank*.meta.json")}
+
+
+def _rewrite(run: Path, how: str, truth: dict) -> None:
+    for rank, p in _sidecars(run).items():
+        meta = json.loads(p.read_text())
+        stats = meta.pop("memory_stats")
+        if how == "none":
+            p.unlink()
+            continue
+        if how == "new":
+            own = {"allocated_bytes.all.peak": truth["max_memory_allocated"],
+                   "reserved_bytes.all.peak": truth["max_memory_reserved"],
+                   "device_free_bytes": truth["device_free_at_end_bytes"]} if rank == 0 else {
+                "device_free_bytes": meta["device_free_bytes"]}
+            rec = {"device": meta["device"], "time_us": meta["written_time_us"],
+                   **{k: stats[k] for k in ("allocated_bytes.all.peak", "reserved_bytes.all.peak",
+                                            "active_bytes.all.peak", "allocated_bytes.all.current",
+                                            "reserved_bytes.all.current", "num_alloc_retries", "num_ooms",
+                                            "num_device_alloc", "num_device_free")},
+                   "device_total_bytes": truth["gpu_total_memory_bytes"],
+                   "gpu_total_memory_bytes": truth["gpu_total_memory_bytes"], **own}
+            meta["device_counters"] = [rec]
+        p.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("name", WRAPPED)
+@pytest.mark.parametrize("how", ["recorded", "new", "old", "none"])
+def test_the_jobs_peak_exact_with_a_sidecar_and_unknown_without(tmp_path, name, how):
+    run = unpack(tmp_path, name)
+    truth = json.loads((run / "ground_truth.json").read_text())  # rank 0's own torch.cuda numbers at its end
+    recorded = {r: json.loads(p.read_text())["memory_stats"] for r, p in _sidecars(run).items()}
+    if how != "recorded":
+        _rewrite(run, how, truth)
+    report = build_report(load_ranks([run], skipped=[]), micro_batch=truth["batch"])
+    text = render_text_plain(report, width=200)
+    js = json.loads(render_json(report))
+    assert len(report.ranks) == truth["world_size"] == 2
+    for r, jr in zip(report.ranks, js["ranks"]):
+        assert r.truncated  # the ring buffer wrapped: the trace starts mid-job
+        stats = recorded[r.rank]
+        if how in ("recorded", "new"):
+            want_a, want_r = ((truth["max_memory_allocated"], truth["max_memory_reserved"]) if r.rank == 0 else
+                              (stats["allocated_bytes.all.peak"], stats["reserved_bytes.all.peak"]))
+            assert (r.job_peak_allocated_bytes, r.job_peak_reserved_bytes, r.peak_source) == (want_a, want_r,
+                                                                                              "sidecar")
+            assert (jr["job_peak_allocated_bytes"], jr["job_peak_reserved_bytes"], jr["peak_source"]) == (
+                want_a, want_r, "sidecar")
+            # the retries are the allocator's own count
+            assert r.alloc_retries == jr["alloc_retries"] == stats["num_alloc_retries"]
+            assert r.alloc_ooms == stats["num_ooms"] and r.alloc_retries_source == "sidecar"
+            # the window missed the allocated peak on both runs (by 20 MiB and by 650 MiB), not the reserved one
+            assert r.allocated_peak_missed and r.peak_allocated_bytes < want_a
+            assert r.reserved_peak_missed is (want_r > r.peak_reserved_bytes + 2 * 2**20)
+            # the verdict's headroom is the room less the job's peak reserved
+            v = r.verdict
+            assert v.kind == "healthy" and v.evidence["peak_reserved_bytes"] == want_r
+            assert v.headroom_bytes == r.fits.room_bytes - want_r
+            assert v.evidence["window_peak_allocated_bytes"] == r.peak_allocated_bytes
+            assert "the window missed it" in jr["verdict"]["summary"]
+            # what fits is held to the job's peak
+            assert r.fits.job_peak_reserved_bytes == want_r and r.fits.peak_source == "sidecar"
+            assert r.fits.job_peak_scale_bound is not None
+            if r.fits.batch_scale is not None:
+                assert r.fits.batch_scale <= r.fits.job_peak_scale_bound
+            assert f"the job's peak {_gib(want_a)}" in text
+        else:
+            assert (r.job_peak_allocated_bytes, r.job_peak_reserved_bytes, r.peak_source) == (
+                None, None, "unknown-before-window")
+            assert (jr["job_peak_allocated_bytes"], jr["peak_source"]) == (None, "unknown-before-window")
+            assert r.alloc_retries is None and r.alloc_retries_source == "unknown"
+            assert not r.allocated_peak_missed and not r.reserved_peak_missed
+            assert "Peaks before the recorded window are not known" in r.verdict.summary
+            if how == "old":  # the room is the sidecar's; without one, the GPU's size is not known
+                assert r.verdict.headroom_bytes == r.fits.room_bytes - r.peak_reserved_bytes
+                if r.fits.batch_scale is not None:
+                    assert any("peaks before the recorded window are not known" in n for n in r.fits.notes)
+            else:
+                assert r.verdict.headroom_bytes is None and r.fits.room_bytes is None
+    if how in ("old", "none"):
+        assert text.count("peaks before the recorded window are not known: the trace starts after the job's first "
+                          "allocation") == 2  # on each rank's peak lines
+
+
+def _gib(b: int) -> str:
+    return f"{b / 2**30:.2f} GiB"

@@ -1,0 +1,282 @@
+"""Preflight (issue 42): the tracer's bytes against hand derivations, the CUDA behaviour applied over fake CPU
+tensors, a Hugging Face GPT-2 (2 layers, 128 wide, built from GPT2Config: no download) end to end through
+``oomdoctor preflight``, ``diagnose`` and ``simulate``, and the largest micro-batch search."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from oomdoctor.cli.main import main  # noqa: E402
+from oomdoctor.preflight.steps import trace_module  # noqa: E402
+from oomdoctor.preflight.tracer import AllocationTracer, run_traced  # noqa: E402
+from oomdoctor.report.preflight import Replayed, largest_micro_batch  # noqa: E402
+
+
+def _peak(events):
+    cur = peak = 0
+    for e in events:
+        if e["action"] == "alloc":
+            cur += e["size"]
+            peak = max(peak, cur)
+        elif e["action"] == "free_completed":
+            cur -= e["size"]
+    return peak, cur
+
+
+# -- the tracer on a model small enough to derive by hand ------------------------------------------------
+
+def _linear_step(model, opt, batch):
+    loss = model(batch).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_linear_adamw_peak_equals_the_hand_derivation():
+    """Linear(1024, 1024) + AdamW (foreach, as CUDA picks it), input 64 x 1024 fp32, 2 steps.
+
+    P = 1024*1024*4 + 1024*4 = 4,198,400 bytes of parameters. The peak is inside the first optimizer
+    step, when ``_multi_tensor_adam`` holds ``_foreach_sqrt(exp_avg_sq)``'s outputs (P) while
+    parameters (P), gradients (P), ``exp_avg`` and ``exp_avg_sq`` (2P) live: 5P, plus the input
+    (64*1024*4 = 262,144, held by the step's ``batch``), the loss (4) and two ``step`` counters (4 each)
+    of the two parameters. The forward's output (262,144) died at ``.sum()`` (sum's backward keeps no
+    tensor)."""
+    rec = trace_module(lambda: torch.nn.Linear(1024, 1024), _linear_step, lambda: torch.randn(64, 1024),
+                       optimizer_fn=lambda m: torch.optim.AdamW(m.parameters()), steps=2)
+    P = 1024 * 1024 * 4 + 1024 * 4
+    peak, end = _peak(rec.events)
+    assert peak == 5 * P + 64 * 1024 * 4 + 4 + 2 * 4
+    # at the end: parameters and optimizer state (2P + two counters); gradients set to None
+    assert end == P + 2 * P + 2 * 4
+    last = rec.tensors[-1]
+    assert sum(n for _, n in last["parameters"]) == P
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * P + 2 * 4
+    assert last["gradients"] == []  # noted after step_fn returned: zero_grad set them to None
+
+
+def test_every_free_matches_an_alloc_and_backward_keeps_no_frames():
+    """Allocations inside backward carry no Python frame (on CUDA they run on the autograd engine's
+    thread); each free names a live allocation, with its size."""
+    rec = trace_module(lambda: torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)),
+                       _linear_step, lambda: torch.randn(4, 64), steps=1)
+    live = {}
+    for e in rec.events:
+        if e["action"] == "alloc":
+            assert e["addr"] not in live and e["size"] > 0 and e["stream"] == 0
+            live[e["addr"]] = e["size"]
+        elif e["action"] == "free_requested":
+            assert live.get(e["addr"]) == e["size"]
+        elif e["action"] == "free_completed":
+            assert live.pop(e["addr"]) == e["size"]
+    assert rec.backward_events > 0
+    assert sum(1 for e in rec.events if e["action"] == "alloc" and not e["frames"]) >= rec.backward_events
+    times = [e["time_us"] for e in rec.events]
+    assert times == sorted(times) and len(set(times)) == len(times)
+
+
+# -- CUDA's behaviour over fake CPU tensors ------------------------------------------------------------------
+
+def _sizes(fn):
+    rec = run_traced(lambda tr: fn())
+    return [e["size"] for e in rec.events if e["action"] == "alloc"]
+
+
+def test_cuda_autocast_list_runs_pow_in_fp32():
+    """CUDA autocast runs ``pow`` in fp32 (``autocast_mode.cpp`` fp32 list); CPU autocast would not. Under
+    bf16 autocast a linear's output is bf16 (2 bytes/element) and pow's output fp32 (4)."""
+    def fn():
+        lin = torch.nn.Linear(256, 256)
+        x = torch.randn(8, 256)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(x)
+            z = torch.pow(y, 3.0)
+        assert y.dtype == torch.bfloat16 and z.dtype == torch.float32
+        return z
+    sizes = _sizes(fn)
+    assert 8 * 256 * 2 in sizes and 8 * 256 * 4 in sizes
+
+
+def test_attention_saves_the_logsumexp_not_the_score_matrix():
+    """bf16 SDPA goes to flash attention as on CUDA: forward and backward never hold a b x h x s x s
+    matrix; the log-sum-exp (b x h x s fp32) is saved."""
+    b, h, s, d = 1, 2, 512, 64
+
+    def fn():
+        q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.sum().backward()
+    sizes = _sizes(fn)
+    assert max(sizes) < b * h * s * s * 2
+    assert b * h * s * 4 in sizes  # the log-sum-exp
+
+
+def test_fake_tensors_use_no_memory():
+    """A 4 GiB parameter under the tracer: recorded, never allocated."""
+    rec = run_traced(lambda tr: torch.empty(1 << 30, dtype=torch.float32))
+    assert [e["size"] for e in rec.events if e["action"] == "alloc"] == [4 << 30]
+
+
+def test_tracer_starts_clean():
+    t = AllocationTracer()
+    assert t.record.events == [] and t.record.backward_events == 0
+
+
+# -- Hugging Face end to end ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    d = tmp_path_factory.mktemp("pf")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4)
+    cfg.to_json_file(str(d / "config.json"))
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in transformers.GPT2LMHeadModel(cfg).parameters())
+        n_tensors = len(list(transformers.GPT2LMHeadModel(cfg).parameters()))
+    snap = d / "pf.pickle"
+    out = d / "pf.json"
+    rc = main(["preflight", "--hf-config", str(d / "config.json"), "--micro-batch", "2", "--seq-len", "64",
+               "--gpu", "H100-80GB", "--no-search", "--format", "json", "-o", str(snap)])
+    return {"rc": rc, "snap": snap, "dir": d, "n_params": n_params, "n_tensors": n_tensors, "out": out}
+
+
+def test_hf_preflight_answers(tiny_gpt2, capsys):
+    assert tiny_gpt2["rc"] == 0
+    # the JSON went to stdout in the fixture: read the sidecar and the snapshot instead
+    meta = json.loads(tiny_gpt2["snap"].with_name("pf.meta.json").read_text())
+    assert meta["preflight"]["job"]["micro_batch"] == 2 and meta["gpu_total_memory_bytes"] == 81559 * 2**20
+    snap = pickle.loads(tiny_gpt2["snap"].read_bytes())
+    # laid out by the allocator model: segments, and segment entries before the requests that made them
+    assert snap["segments"] and {"alloc", "free_requested", "free_completed", "segment_alloc"} <= {
+        e["action"] for e in snap["device_traces"][0]}
+    for seg in snap["segments"]:
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+    # byte facts: the tracer knows the parameters, gradients and optimizer state
+    last = meta["tensors"][-1]
+    P = tiny_gpt2["n_params"] * 4
+    assert sum(n for _, n in last["parameters"]) == P  # fp32 master weights (autocast), tied lm_head once
+    assert sum(n for _, n in last["gradients"]) == P
+    # fused AdamW: exp_avg and exp_avg_sq in fp32, and one fp32 step counter per parameter on the GPU
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * P + 4 * tiny_gpt2["n_tensors"]
+
+
+def test_hf_preflight_json_keys(tiny_gpt2, capsys):
+    rc = main(["preflight", "--hf-config", str(tiny_gpt2["dir"] / "config.json"), "--micro-batch", "2",
+               "--seq-len", "64", "--gpu-memory", "80GiB", "--no-search", "--format", "json"])
+    assert rc == 0
+    got = json.loads(capsys.readouterr().out)
+    for k in ("peak_allocated_bytes", "peak_reserved_bytes", "oom", "largest_micro_batch", "breakdown"):
+        assert k in got
+    assert got["oom"] is False and got["gpu_total_bytes"] == 80 * 2**30
+    assert got["peak_requested_bytes"] <= got["peak_allocated_bytes"] <= got["peak_reserved_bytes"]
+    assert got["breakdown"]["parameters"] == tiny_gpt2["n_params"] * 4
+    assert sum(got["breakdown"].values()) == got["breakdown_at"]["allocated_bytes"]
+    assert {s["config"] for s in got["settings"]} >= {"(defaults)", "expandable_segments:True"}
+
+
+def test_traced_snapshot_loads_in_diagnose_and_simulate(tiny_gpt2, capsys):
+    assert main(["diagnose", str(tiny_gpt2["snap"]), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ranks"][0]["peak_allocated_bytes"] > 0
+    assert d["ranks"][0]["peak_reserved_bytes"] >= d["ranks"][0]["peak_allocated_bytes"] > 0
+    assert main(["simulate", str(tiny_gpt2["snap"]), "--format", "json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    # the snapshot was laid out by the same model: its self-replay reproduces it exactly
+    assert s["results"][0]["matches_recorded"] is True
+    assert s["results"][0]["peak_reserved_bytes"] == d["ranks"][0]["peak_reserved_bytes"]
+
+
+def test_an_unreadable_config_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    rc = main(["preflight", "--hf-config", str(bad), "--micro-batch", "1", "--seq-len", "8", "--no-search"])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(bad) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_oversized_job_is_an_oom(tiny_gpt2, tmp_path, capsys):
+    snap = tmp_path / "oom.pickle"
+    rc = main(["preflight", "--hf-config", str(tiny_gpt2["dir"] / "config.json"), "--micro-batch", "2",
+               "--seq-len", "64", "--gpu-memory", "800MiB", "--no-search", "--format", "json", "-o", str(snap)])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0 and got["oom"] is True and got["oom_request_bytes"] > 0
+    # the written snapshot ends in the OOM, as one dumped at the failure does, and diagnose sees it
+    events = pickle.loads(snap.read_bytes())["device_traces"][0]
+    assert events[-1]["action"] == "oom" and events[-1]["size"] >= got["oom_request_bytes"]
+    assert json.loads(snap.with_name("oom.meta.json").read_text())["oom"]["alloc_bytes"] == events[-1]["size"]
+    assert main(["diagnose", str(snap), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"][0]["oom"]
+
+
+# -- the largest micro-batch -----------------------------------------------------------------------------------
+
+def _linear_job(room, fixed, per_sample, overhead, calls):
+    def at(n):
+        calls.append(n)
+        alloc = fixed + per_sample * n
+        return Replayed(n, alloc, alloc, alloc + overhead, alloc + overhead > room, None, 0, 0.0)
+    return at
+
+
+@pytest.mark.parametrize("room,fixed,per,first,want", [
+    (1000, 100, 10, 8, 89), (1000, 100, 10, 200, 89), (1000, 950, 10, 1, 4), (1000, 1000, 10, 3, None)])
+def test_largest_micro_batch_is_traced_and_the_next_is_not(room, fixed, per, first, want):
+    calls: list[int] = []
+    at = _linear_job(room, fixed, per, 5, calls)
+    got, seen = largest_micro_batch(at, at(first), room)
+    assert got == want
+    if want is not None:
+        assert want in calls and want + 1 in calls  # both sides traced, never a fit above what replays
+    assert len(calls) <= 2 + 6 + 1
+
+
+def test_ddp_buckets_hold_every_parameter_once():
+    from oomdoctor.preflight.steps import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_buckets
+
+    params = [torch.empty(n, device="meta") for n in (768, 768, 2_359_296, 768, 7_077_888, 768, 768)]
+    got = ddp_buckets(params)
+    assert sum(got) == sum(p.numel() * 4 for p in params)
+    assert got[0] <= DDP_FIRST_BUCKET_BYTES
+    assert all(b >= DDP_BUCKET_BYTES for b in got[1:-1])
+
+
+def test_ddp_adds_its_buckets_and_output_clones(tiny_gpt2, capsys):
+    """DDP (one rank of 2): the gradient buckets (the parameters' bytes) live from the start, so the end
+    state holds them beside the model; and NCCL's buffers are outside the allocator."""
+    def run(*extra):
+        assert main(["preflight", "--hf-config", str(tiny_gpt2["dir"] / "config.json"), "--micro-batch", "2",
+                     "--seq-len", "64", "--no-search", "--format", "json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+    single, ddp = run(), run("--ddp", "2")
+    P = tiny_gpt2["n_params"] * 4
+    assert ddp["peak_requested_bytes"] >= single["peak_requested_bytes"] + P
+    assert ddp["outside_allocator_bytes"] == single["outside_allocator_bytes"] + 880 * 10**6
+    assert ddp["job"]["world_size"] == 2
+
+
+def test_python_api_answers_for_any_module():
+    """``oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)``: the package is callable; the largest
+    micro-batch is a traced size that replays, and the next size was traced and runs out."""
+    import oomdoctor
+    from oomdoctor.preflight.snapshot import CUDA_CONTEXT_BYTES
+
+    def model_fn():
+        return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512))
+
+    def step_fn(model, opt, batch):
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    a = oomdoctor.preflight(model_fn, step_fn, lambda n: torch.randn(n, 512), gpu=CUDA_CONTEXT_BYTES + (200 << 20),
+                            micro_batch=64)
+    assert a.oom is False and a.breakdown["parameters"] == (512 * 512 + 512) * 2 * 4
+    n = a.largest_micro_batch
+    assert n is not None and n > 64
+    traced = {t["micro_batch"]: t["oom"] for t in a.micro_batch_traces}
+    assert traced[n] is False and traced[n + 1] is True
