@@ -41,8 +41,10 @@ from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity, sidecar_cap
 from ..simulate.extend import mirror_backward
 from ..simulate.replay import SimulationError, prepare, replay
-from ..simulate.scale import SEARCH_MAX, largest_scale
+from ..simulate.scale import largest_scale
 from ..trace.model import OOM
+from .margin import complete_steps, step_variation
+from .margin import margin as prediction_margin
 
 
 @dataclass
@@ -94,11 +96,14 @@ class Fits:
     expandable_largest_micro_batch: int | None = None
     batch_scaled_bytes_at_peak: int = 0
     margin_bytes: int = 0
+    #: the prediction margin's parts (:mod:`.margin`, bytes), included in ``margin_bytes``
+    margin: dict[str, int] = field(default_factory=dict)
     checkpointing_frees_at_most_bytes: int = 0
     sharding_optimizer_frees_bytes: int = 0
     replays: int = 0
     notes: list[str] = field(default_factory=list)
-    #: the scale reached the top of the search (:data:`~oomdoctor.simulate.scale.SEARCH_MAX`): at least that much fits
+    #: the scale reached the top of the search (the room less the margin, filled with the blocks that grow alone):
+    #: at least that much fits
     batch_scale_at_limit: bool = False
     expandable_at_limit: bool = False
     #: a trace cut in its first forward pass: what fits estimated from the recorded part completed by the
@@ -122,25 +127,21 @@ def _scale_events(a: DeviceAnalysis) -> np.ndarray:
 
 
 def job_margin(a: DeviceAnalysis) -> tuple[int, str]:
-    """What the job itself says the replay should keep free (bytes), and how it was read: how much the peak of
-    allocated memory moved from step to step over the steps that completed (the run-to-run wobble of the
-    same work: allocation order, caches made lazily), plus the allocator's rounding of every block that
-    grows with the batch (up to 512 bytes each, ``round_size``). With fewer than two complete steps there is
-    no spread to read, and only the rounding is kept."""
+    """What the job itself says the replay should keep free (bytes), and how it was read: its step-to-step
+    variation (:func:`.margin.step_variation`: how much the peak allocated or reserved moved from step to step
+    over the steps that completed: the run-to-run wobble of the same work, allocation order, caches made
+    lazily), plus the allocator's rounding of every block that grows with the batch (up to 512 bytes each,
+    ``round_size``). With fewer than two complete steps there is no spread to read, and only the rounding is
+    kept."""
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1]) & acc.batch_scaled
     rounding = 512 * int(np.count_nonzero(alive))
-    steps = a.steps
-    if steps is None or len(steps) < 3:  # the first step creates state; at least two more are needed
+    spread, _how = step_variation(a)
+    n = len(complete_steps(a))
+    if n < 2:
         return rounding, "rounding of the blocks that grow with the batch (fewer than two complete steps to compare)"
-    bounds = steps.starts.tolist() + [a.num_events]
-    complete = range(1, len(bounds) - (2 if a.oom_events.size else 1))
-    peaks = [int(a.timeline.allocated[bounds[i]:bounds[i + 1]].max()) for i in complete
-             if bounds[i + 1] > bounds[i]]
-    if len(peaks) < 2:
-        return rounding, "rounding of the blocks that grow with the batch (fewer than two complete steps to compare)"
-    return max(peaks) - min(peaks) + rounding, (f"spread of the peak allocated over {len(peaks)} complete steps, plus "
-                                                "the rounding of the blocks that grow with the batch")
+    return spread + rounding, (f"spread of the peak allocated and reserved over {n} complete steps, plus "
+                               "the rounding of the blocks that grow with the batch")
 
 
 def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
@@ -198,8 +199,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
                           int(first[-1]) if first.size else None)
     if est is None:
         return False
-    margin, _how = job_margin(a)
-    out.margin_bytes = margin
+    margin = _with_prediction_margin(out, a, job_margin(a)[0])
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
     unit = 1.0 / micro_batch if micro_batch else None
     try:  # the replay refuses what it does not model (as in fits(): cudaMallocAsync, a fraction without the GPU size)
@@ -227,12 +227,29 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     return True
 
 
-def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> bool:
+def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> tuple[bool, int]:
     """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
-    (the same OOM, or none)? Predictions are only as good as that."""
+    (the same OOM, or none)? Predictions are only as good as that. Also the replay's largest reserved
+    difference from the recording (bytes: the model's error on this trace, part of the margin)."""
     r = replay(prepared, capacity=cap, validate=True)
-    return r.validation is not None and r.validation.oom_matches and (
-        r.validation.segment_events_differing == 0 or bool(a.oom_events.size))
+    v = r.validation
+    ok = v is not None and v.oom_matches and (v.segment_events_differing == 0 or bool(a.oom_events.size))
+    return ok, (v.max_reserved_difference_bytes if v is not None else 0)
+
+
+def _search_top(room: int, margin: int, grows: int, lo: float) -> float:
+    """The top of the search (a scale): the room less the margin filled with the blocks that grow with the
+    batch at the peak (``grows`` bytes) alone; no larger scale can fit, whatever else is alive."""
+    return max(lo, (room - margin) / max(grows, 1))
+
+
+def _with_prediction_margin(out: Fits, a: DeviceAnalysis, base: int, model_error: int = 0) -> int:
+    """``base`` plus the prediction margin (:func:`.margin.margin`, less the step variation ``base`` holds
+    already: :func:`job_margin`); fills ``out.margin`` and ``out.margin_bytes``."""
+    m = prediction_margin(a, model_error_bytes=model_error)
+    out.margin = m.parts()
+    out.margin_bytes = base + m.bytes - m.step_variation_bytes
+    return out.margin_bytes
 
 
 def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recorded: bool = True,
@@ -278,7 +295,6 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
                              "--micro-batch")
         return out
     margin, note = _margin(a, room.bytes)
-    out.margin_bytes = margin
     if note:
         out.notes.append(note)
     try:
@@ -294,35 +310,38 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         return out
     events = _scale_events(a)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
-    if not _reproduced(a, prepared, cap):
+    reproduced, model_error = _reproduced(a, prepared, cap)
+    margin = _with_prediction_margin(out, a, margin, model_error)
+    if not reproduced:
         out.notes.append("the allocator model does not reproduce this recording under the device's room: what fits "
                          "is not replayed")
         return out
     unit = 1.0 / micro_batch if micro_batch else None
     # a run that finished at this micro-batch fits it: search above it
     lo = 1.0 if not a.oom_events.size else 0.05
+    hi = _search_top(room.bytes, margin, out.batch_scaled_bytes_at_peak, lo)
     fixed = a.peak_reserved[0] - out.batch_scaled_bytes_at_peak
     est = max((room.bytes - margin - fixed) / out.batch_scaled_bytes_at_peak, lo)
     guess = (est * 0.9, est * 1.05)
     try:
         if recorded:
-            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, guess=guess)
+            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, hi=hi, guess=guess)
             out.replays += len(r.tried)
             if r.scale is None and not a.oom_events.size:
                 r.scale = 1.0  # the recorded micro-batch ran; the replay finds no room for more
             out.batch_scale = None if r.scale is None else round(r.scale, 3)
-            out.batch_scale_at_limit = r.scale is not None and r.scale >= SEARCH_MAX - 1e-9
+            out.batch_scale_at_limit = r.scale is not None and r.scale >= hi - 1e-9
             if micro_batch and r.scale is not None:
                 out.largest_micro_batch = int(round(r.scale * micro_batch))
         if expandable:
             config = replace(prepared.recorded_config, expandable_segments=True)
-            e = largest_scale(prepared, events, cap, config=config, margin_bytes=margin, unit=unit, lo=lo,
+            e = largest_scale(prepared, events, cap, config=config, margin_bytes=margin, unit=unit, lo=lo, hi=hi,
                               guess=(est * 0.95, est * 1.1))
             out.replays += len(e.tried)
             if e.scale is None and not a.oom_events.size:
                 e.scale = 1.0
             out.expandable_batch_scale = None if e.scale is None else round(e.scale, 3)
-            out.expandable_at_limit = e.scale is not None and e.scale >= SEARCH_MAX - 1e-9
+            out.expandable_at_limit = e.scale is not None and e.scale >= hi - 1e-9
             if micro_batch and e.scale is not None:
                 out.expandable_largest_micro_batch = int(round(e.scale * micro_batch))
     except SimulationError as e:

@@ -15,7 +15,10 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
   ``record_stream`` made the difference;
 - ``fragmentation``: ``need <= room``: enough memory was free, cached or on the device, but not in
   one piece (PyTorch's "reserved but unallocated"); the simulator says whether
-  ``expandable_segments`` lets the recorded trace through (``fits.expandable_batch_scale >= 1``).
+  ``expandable_segments`` lets the recorded trace through (``fits.expandable_batch_scale >= 1``). Only when
+  the fix's replay gets through with margin (:mod:`.margin`): when it still runs out, runs out later in the
+  step, or gets through with less spare room than the margin (at the edge), the verdict is ``capacity``,
+  saying that fragmentation hit first.
 
 Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` /
 ``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
@@ -274,6 +277,20 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
                                      " What fits: {batch_scale}x the current micro-batch.")
             return Verdict("capacity", summary, fixed["extended_oom_requested_bytes"], [rank], None, None, ev)
+        if fixed.get("oom") is not None or fixed.get("at_edge"):
+            # the fix does not get through with margin (report/margin.py): fragmentation hit first, but the job is
+            # at capacity; never counted as a fix
+            ev["margin_bytes"] = fixed.get("margin_bytes", 0)
+            summary += (" Simulated with {defragmented_config}, it " + outcome + ": fragmentation hit first, but "
+                        + ("the job runs out even without it." if fixed.get("oom") is not None else
+                           "the job is at the edge of the GPU even without it."))
+            fits = get_fits()
+            summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
+                                     " What fits: {batch_scale}x the current micro-batch.")
+            # the bytes that decide it: the failed request, or what the spare room lacks of the margin
+            decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
+                       else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
+            return Verdict("capacity", summary, decides, [rank], None, None, ev)
         summary += " Simulated with {defragmented_config}, it " + outcome + "."
         ev["defragmented_outcome_template"] = outcome
     fits = get_fits()
