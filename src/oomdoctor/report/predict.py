@@ -32,6 +32,7 @@ from ..simulate.capacity import infer_capacity
 from ..simulate.config import DEFAULT, AllocatorConfig, parse_config
 from ..simulate.extend import Extension, extend_by_previous_step
 from ..simulate.replay import RECORDED, Prepared, ReplayResult, SimulationError, prepare, replay
+from .fits import reproduces
 from .margin import Margin, at_edge, margin
 
 REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
@@ -77,10 +78,9 @@ class Predictor:
     @property
     def reproduces(self) -> bool:
         """Does the replay of the recorded settings do what the recording did (the same OOM, or none, and
-        the same segments when there is none)? A prediction is only as good as that."""
-        v = self.self_replay.validation
-        return v is not None and v.oom_matches and (v.segment_events_differing == 0
-                                                     or self.prepared.recorded_oom is not None)
+        the same segments or reserved bytes when there is none: :func:`.fits.reproduces`)? A prediction is
+        only as good as that."""
+        return reproduces(self.self_replay.validation, self.prepared.recorded_oom is not None)
 
     def _config(self, what_if: dict[str, str]) -> AllocatorConfig:
         config = self.prepared.recorded_config

@@ -420,3 +420,17 @@ def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:
     ranks = sorted({r for v in verdicts if v.kind == worst.kind for r in v.ranks})
     return Verdict(worst.kind, worst.summary, worst.bytes, ranks, worst.headroom_bytes, worst.finding, worst.evidence,
                    worst.actions)
+
+
+def with_tightest_rank(v: Verdict | None, fits_by_rank: dict[int, Fits | None]) -> Verdict | None:
+    """The job's verdict with the job's answer to what fits: the smallest largest micro-batch of its ranks (a
+    pipeline's stages differ; its tightest stage decides). Where the verdict states a larger one (its own
+    rank's), the evidence takes the job's and names the rank (``largest_micro_batch_rank``); else ``v``
+    unchanged."""
+    got = {r: f.largest_micro_batch for r, f in fits_by_rank.items() if f is not None and f.largest_micro_batch}
+    if v is None or not got or "largest_micro_batch" not in v.evidence:
+        return v
+    rank = min(got, key=lambda r: (got[r], r))
+    if got[rank] < v.evidence["largest_micro_batch"]:
+        v.evidence = {**v.evidence, "largest_micro_batch": got[rank], "largest_micro_batch_rank": rank}
+    return v
