@@ -105,7 +105,8 @@ def test_a_fix_that_gets_through_inside_the_margin_is_at_the_edge(tmp_path, outs
                               "outside_bytes": outside, "unrecorded_bytes": 0}
     assert pred["at_edge"] is edge
     said = fill(pred["outcome"], pred)
-    assert ("at the edge, it may still run out" in said) is edge
+    assert ("inside its margin of" in said and "(at the edge: it may still run out)" in said) is edge
+    assert ("to spare (margin" in said) is not edge
 
 
 @pytest.mark.parametrize("outside, kind", [(SPARE + 1, "capacity"), (SPARE, "fragmentation")])

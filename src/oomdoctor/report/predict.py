@@ -162,8 +162,8 @@ def _edge(out: dict[str, Any], limit: int | None, peak: int, margin_bytes: int) 
         return out
     out["spare_bytes"] = max(limit - peak, 0)
     out["at_edge"] = bool(at_edge(limit - peak, margin_bytes))
-    said = (" with {spare_bytes:bytes} to spare, inside its margin of {margin_bytes:bytes}: at the edge, it may "
-            "still run out" if out["at_edge"] else " with {spare_bytes:bytes} to spare (margin {margin_bytes:bytes})")
+    said = (" with {spare_bytes:bytes} to spare, inside its margin of {margin_bytes:bytes} (at the edge: it may "
+            "still run out)" if out["at_edge"] else " with {spare_bytes:bytes} to spare (margin {margin_bytes:bytes})")
     out["outcome"] = out["outcome"].replace(SPARE, said)
     return out
 
