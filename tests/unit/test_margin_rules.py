@@ -18,6 +18,7 @@ from oomdoctor import load
 from oomdoctor.analysis import analyze
 from oomdoctor.render.format import fill
 from oomdoctor.report.build import report_of
+from oomdoctor.report.fits import fits
 from oomdoctor.report.margin import Margin, at_edge, margin, outside_allocator
 from oomdoctor.report.predict import Predictor
 
@@ -134,3 +135,15 @@ def test_the_jobs_answer_to_what_fits_is_its_tightest_rank():
     assert got.evidence == {"largest_micro_batch": 30}  # its own rank is the tightest: unchanged
     healthy = Verdict("healthy", "s", 1, [0])
     assert with_tightest_rank(healthy, stages).evidence == {}  # says nothing of what fits: nothing added
+
+
+def test_what_fits_keeps_a_sidecars_outside_bytes_free_too(tmp_path):
+    from test_fits_main_rules import room, train
+    from test_fits_main_rules import analysed as built
+    a = built(tmp_path, train(3))
+    f = fits(a, room(824), 4)
+    g = fits(a, room(824), 4, outside_bytes=64 * MiB, job_peak_reserved_bytes=int(a.peak_reserved[0]) + 32 * MiB)
+    assert g.margin["outside_bytes"] == 64 * MiB and g.margin["unrecorded_bytes"] == 32 * MiB
+    assert g.margin_bytes == f.margin_bytes + 96 * MiB
+    # 528 MiB + 128 MiB x s within 824 MiB less the margins: s < 2.31 (9 of 4) without, s < 1.56 (6 of 4) with
+    assert (f.largest_micro_batch, g.largest_micro_batch) == (9, 6)

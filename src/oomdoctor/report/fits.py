@@ -178,7 +178,8 @@ planner's loss region at its peak, 12 bytes per bf16 logit (``plan/hf.py``: fp32
 gradient beside the logits), is six times the output; an assumption for any other model, said as such."""
 
 
-def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits) -> bool:
+def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits,
+                            inputs: dict[str, int | None] | None = None) -> bool:
     """At an OOM inside the first forward pass: what fits, estimated by replaying the recorded part plus the
     rest of the step by assumption (:func:`~oomdoctor.simulate.extend.mirror_backward`): the failed request
     is the pass's output and the loss keeps :data:`LOSS_COPIES` more of it; every parameter is trained (its
@@ -199,7 +200,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
                           int(first[-1]) if first.size else None)
     if est is None:
         return False
-    margin = _with_prediction_margin(out, a, job_margin(a)[0])
+    margin = _with_prediction_margin(out, a, job_margin(a)[0], inputs=inputs)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
     unit = 1.0 / micro_batch if micro_batch else None
     try:  # the replay refuses what it does not model (as in fits(): cudaMallocAsync, a fraction without the GPU size)
@@ -252,20 +253,26 @@ def _search_top(room: int, margin: int, grows: int, lo: float) -> float:
     return max(lo, (room - margin) / max(grows, 1))
 
 
-def _with_prediction_margin(out: Fits, a: DeviceAnalysis, base: int, model_error: int = 0) -> int:
-    """``base`` plus the prediction margin (:func:`.margin.margin`, less the step variation ``base`` holds
-    already: :func:`job_margin`); fills ``out.margin`` and ``out.margin_bytes``."""
-    m = prediction_margin(a, model_error_bytes=model_error)
+def _with_prediction_margin(out: Fits, a: DeviceAnalysis, base: int, model_error: int = 0,
+                            inputs: dict[str, int | None] | None = None) -> int:
+    """``base`` plus the prediction margin (:func:`.margin.margin`, with ``inputs``: its ``outside_bytes`` /
+    ``job_peak_reserved_bytes``; less the step variation ``base`` holds already: :func:`job_margin`); fills
+    ``out.margin`` and ``out.margin_bytes``."""
+    m = prediction_margin(a, model_error_bytes=model_error, **(inputs or {}))
     out.margin = m.parts()
     out.margin_bytes = base + m.bytes - m.step_variation_bytes
     return out.margin_bytes
 
 
 def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recorded: bool = True,
-         expandable: bool = True) -> Fits:
+         expandable: bool = True, outside_bytes: int | None = None, job_peak_reserved_bytes: int | None = None
+         ) -> Fits:
     """What fits on ``a``'s device (see the module doc): under the recorded settings (``recorded``) and
     with expandable segments (``expandable``). Pure; a few replays of the trace (bisection from a guess
-    made of the peak: the fixed bytes plus the scaled ones times the scale)."""
+    made of the peak: the fixed bytes plus the scaled ones times the scale). ``outside_bytes`` and
+    ``job_peak_reserved_bytes``: what a sidecar says of the memory outside the allocator and of the job's own
+    peak reserved, for the margin (:func:`.margin.margin`)."""
+    inputs = {"outside_bytes": outside_bytes, "job_peak_reserved_bytes": job_peak_reserved_bytes}
     out = Fits(room.bytes, room.source, micro_batch=micro_batch)
     if a.num_events == 0:
         out.notes.append("no allocation history: nothing to replay")
@@ -298,7 +305,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
                          "max_new_tokens, or use a static cache")
         return out
     if a.oom_events.size and not _pass_seen(a):
-        if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out):
+        if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out, inputs):
             out.notes.append("the trace ends inside its first forward pass: the rest of that pass is not in it, so what "
                              "fits cannot be replayed from it; record a run that fits and diagnose it with "
                              "--micro-batch")
@@ -320,7 +327,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     events = _scale_events(a)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
     reproduced, model_error = _reproduced(a, prepared, cap)
-    margin = _with_prediction_margin(out, a, margin, model_error)
+    margin = _with_prediction_margin(out, a, margin, model_error, inputs)
     if not reproduced:
         out.notes.append("the allocator model does not reproduce this recording under the device's room: what fits "
                          "is not replayed")
