@@ -138,8 +138,8 @@ def test_the_jobs_answer_to_what_fits_is_its_tightest_rank():
 
 
 def test_what_fits_keeps_a_sidecars_outside_bytes_free_too(tmp_path):
-    from test_fits_main_rules import room, train
     from test_fits_main_rules import analysed as built
+    from test_fits_main_rules import room, train
     a = built(tmp_path, train(3))
     f = fits(a, room(824), 4)
     g = fits(a, room(824), 4, outside_bytes=64 * MiB, job_peak_reserved_bytes=int(a.peak_reserved[0]) + 32 * MiB)
