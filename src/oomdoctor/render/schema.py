@@ -307,7 +307,8 @@ def fits_schema() -> Schema:
         "margin_bytes": b("kept free in the replay: the prediction margin (margin) plus the rounding of the blocks "
                           "that grow, and on a trace cut by its OOM the state still to come"),
         "margin": mapping(b(""), "the prediction margin's parts (report/margin.py; the keys of a prediction's "
-                                 "margin), empty where no replay was tried"),
+                                 "margin; all but extension_bytes are in margin_bytes), empty where no replay was "
+                                 "tried"),
         "checkpointing_frees_at_most_bytes": b("activations saved for backward at the peak (what activation "
                                                "checkpointing frees at most)"),
         "sharding_optimizer_frees_bytes": b("what sharding the optimizer state over the data-parallel ranks frees"),

@@ -12,11 +12,13 @@ the best evidence, in order:
    :data:`oomdoctor.plan.terms.CUDA_CONTEXT_BYTES`, ``NCCL_FIRST_COMMUNICATOR_BYTES``).
 
 **Fits** (:func:`fits`): the largest scale of the micro-batch's tensors (the accounting's
-``batch_scaled`` blocks) whose replay through the allocator model stays within the room
-(:func:`oomdoctor.simulate.scale.largest_scale`), under the recorded settings and with
+``batch_scaled`` blocks) whose replay through the allocator model stays within the room less the margin
+(:func:`oomdoctor.simulate.scale.largest_scale`, searched over the whole room: up to the room less the
+margin filled with the growing blocks alone), under the recorded settings and with
 ``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. The
-replay keeps free what the job itself says varies (:func:`job_margin`: the spread of its complete steps'
-peaks, plus the rounding of the blocks that grow). A trace cut by an OOM lacks the rest of its step: the
+replay keeps free the prediction margin (:mod:`.margin`: the job's step variation, the model's error on
+this trace, what lives outside the allocator, what the trace did not record) plus the rounding of the
+blocks that grow (:func:`job_margin`). A trace cut by an OOM lacks the rest of its step: the
 replay also keeps free the persistent memory the job created after the first step's peak (optimizer
 state made lazily), or, when no step finished, an estimate of the optimizer state still to come (twice
 the parameters: Adam's two moments, said as such). A trace that ends inside its first forward pass is not
