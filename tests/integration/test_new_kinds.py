@@ -248,7 +248,7 @@ def test_a_snapshot_of_several_devices_names_the_ones_not_analysed(tmp_path):
 def test_every_claim_about_an_oom_agrees_with_the_job_rerun_with_that_setting(where):
     """benchmarks/claims_vs_reruns.py over the whole corpus: a claim that the step completes must be a rerun
     that completed, one that it runs out a rerun that ran out; a claim that reaches only past the recorded
-    OOM claims nothing of the rest."""
+    OOM claims nothing of the rest, nor one at the edge (inside its margin: it may still run out)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("claims", CORPUS.parents[1] / "benchmarks" / "claims_vs_reruns.py")
@@ -264,7 +264,7 @@ def test_every_claim_about_an_oom_agrees_with_the_job_rerun_with_that_setting(wh
         d, _ = run_of(where, name)
         for c in mod.claims(build_report(load_ranks([d], skipped=[])), confs):
             real = done.get((name, c["config"]))
-            if real is None or c["says"] is None:
+            if real is None or c["says"] in (None, "at the edge"):
                 continue
             checked += 1
             assert c["says"] == ("completes" if real == 0 else "runs out"), (name, c)

@@ -22,7 +22,6 @@ from oomdoctor import load
 from oomdoctor.analysis import analyze
 from oomdoctor.report.fits import Room, _margin, _pass_seen, fits, job_margin
 from oomdoctor.simulate.replay import prepare, replay
-from oomdoctor.simulate.scale import SEARCH_MAX
 
 MiB = 1 << 20
 TORCH = "/venv/lib/python3.12/site-packages/torch"
@@ -165,10 +164,11 @@ def test_the_built_jobs_replay_exactly(tmp_path):
 
 def test_the_margin_is_the_spread_of_the_complete_steps_peaks_plus_the_rounding(tmp_path):
     # the last step alone holds a 32 MiB buffer after its gradients, where the optimizer's 16 MiB temporary
-    # is not yet made: its peak is 16 MiB above step 1's; the two activations grow with the batch
+    # is not yet made: its peak allocated is 16 MiB above step 1's; the two activations grow with the batch
+    # is 16 MiB above step 1's; reserved rises by the buffer's own 32 MiB segment: the larger spread counts
     a = analysed(tmp_path, train(3, spread=32 * MiB))
     margin, how = job_margin(a)
-    assert margin == (32 - 16) * MiB + 2 * 512
+    assert margin == max(32 - 16, 32) * MiB + 2 * 512
     assert words(how, "spread") and words(how, "2 complete steps") and words(how, "rounding")
     assert how.endswith("grow with the batch")
 
@@ -217,7 +217,7 @@ def test_the_step_cut_by_an_oom_is_not_a_complete_step(tmp_path):
 
 def test_a_finished_run_keeps_the_jobs_margin_only(tmp_path):
     a = analysed(tmp_path, train(3, spread=32 * MiB))
-    assert _margin(a, 800 * MiB) == (16 * MiB + 2 * 512, None)
+    assert _margin(a, 800 * MiB) == (32 * MiB + 2 * 512, None)
 
 
 def test_a_cut_trace_keeps_free_the_persistent_memory_made_after_the_first_steps_peak(tmp_path):
@@ -276,16 +276,18 @@ def test_an_oom_right_after_the_first_backward_allocation_is_sized_not_estimated
 
 
 def test_the_largest_micro_batch_keeps_the_margin_free_in_whole_micro_batches(tmp_path):
-    # spread 16 MiB (see the job_margin test): the replay needs 544 MiB + 128 MiB x s (the 32 MiB buffer
-    # replaces the 16 MiB temporary at the last step's peak) within 808 MiB less the margin: s < 1.9375,
+    # spread 32 MiB (see the job_margin test): the replay needs 544 MiB + 128 MiB x s (the 32 MiB buffer
+    # replaces the 16 MiB temporary at the last step's peak) within 824 MiB less the margin: s < 1.9375,
     # so 7 of a micro-batch of 4 (7/4 = 1.75; 8/4 would need 800 MiB + the margin). Expandable segments:
     # at 1.75 the 768 MiB held fill 39 pages of 20 MiB laid end to end, 780 MiB, within the 792 MiB left.
     a = analysed(tmp_path, train(3, spread=32 * MiB))
-    f = fits(a, room(808), 4)
-    assert f.margin_bytes == 16 * MiB + 2 * 512
+    f = fits(a, room(824), 4)
+    assert f.margin_bytes == 32 * MiB + 2 * 512
+    assert f.margin == {"step_variation_bytes": 32 * MiB, "model_error_bytes": 0, "extension_bytes": 32 * MiB,
+                        "outside_bytes": 0, "unrecorded_bytes": 0}  # no GPU size: nothing read outside
     assert (f.largest_micro_batch, f.batch_scale) == (7, 1.75)
     assert (f.expandable_largest_micro_batch, f.expandable_batch_scale) == (7, 1.75)
-    assert f.micro_batch == 4 and f.room_bytes == 808 * MiB and f.room_source == "given by the test"
+    assert f.micro_batch == 4 and f.room_bytes == 824 * MiB and f.room_source == "given by the test"
     assert not f.batch_scale_at_limit and not f.expandable_at_limit and f.notes == []
 
 
@@ -336,24 +338,28 @@ def test_a_finished_run_fits_its_own_micro_batch_when_the_replay_finds_no_more_r
     assert not notes_with(f, "does not reproduce")
 
 
-def test_the_top_of_the_search_is_said_to_be_a_lower_bound(tmp_path):
+def test_the_search_covers_the_whole_room(tmp_path):
+    # 100 GiB of room for a job that needs 528 MiB + 128 MiB x s: no limit at 4x; the answer is the largest
+    # quarter with 528 + 128 s <= 102,400 MiB less the 1024-byte margin: s = 795.75 (796 would need 102,416)
     a = analysed(tmp_path, train(3))
     f = fits(a, room(100 * 1024), 4)
-    assert (f.batch_scale, f.largest_micro_batch, f.batch_scale_at_limit) == (SEARCH_MAX, 4 * SEARCH_MAX, True)
-    assert (f.expandable_batch_scale, f.expandable_largest_micro_batch, f.expandable_at_limit) == (
-        SEARCH_MAX, 4 * SEARCH_MAX, True)
+    assert (f.batch_scale, f.largest_micro_batch, f.batch_scale_at_limit) == (795.75, 3183, False)
+    # expandable segments map 20 MiB pages: 128 x 795.5 + 528 = 102,352 MiB fill 5,118 pages (102,360 MiB)
+    assert (f.expandable_batch_scale, f.expandable_largest_micro_batch, f.expandable_at_limit) == (795.5, 3182, False)
+    assert f.replays < 40  # bisection from the guess, not a scan
 
 
 def test_a_cut_step_is_sized_with_its_failed_request_scaled(tmp_path):
     # the OOM asks for 256 MiB while the cut step holds 512 MiB (parameters, state, activations): at scale s
-    # that step needs 384 MiB + 384 MiB x s within 700 MiB less 1024 B (s < 0.823: 3 of 4); the complete
-    # steps need 528 MiB + 128 MiB x s, less. The recorded run ran out of memory there: it is no lower bound.
+    # that step needs 384 MiB + 384 MiB x s within 767 MiB less the margin: 1024 B of rounding and the model's
+    # 144 MiB error on this trace (see the next test): s < 0.622, 2 of 4; the complete steps need
+    # 528 MiB + 128 MiB x s, less. The recorded run ran out of memory there: it is no lower bound.
     a = analysed(tmp_path, oom_after_steps(3))
-    f = fits(a, room(700), 4)
-    assert f.margin_bytes == 2 * 512
-    assert (f.batch_scale, f.largest_micro_batch) == (0.75, 3)
-    # expandable segments need those live bytes too (their pages may be laid out less well): at most 3
-    assert f.expandable_largest_micro_batch <= 3 and f.expandable_batch_scale == f.expandable_largest_micro_batch / 4
+    f = fits(a, room(767), 4)
+    assert f.margin_bytes == 2 * 512 + 144 * MiB and f.margin["model_error_bytes"] == 144 * MiB
+    assert (f.batch_scale, f.largest_micro_batch) == (0.5, 2)
+    # expandable segments need those live bytes too (their pages may be laid out less well): at most 2
+    assert f.expandable_largest_micro_batch <= 2 and f.expandable_batch_scale == f.expandable_largest_micro_batch / 4
 
 
 def test_an_oom_replayed_where_the_allocator_frees_its_cache_first_is_reproduced(tmp_path):
@@ -364,7 +370,12 @@ def test_an_oom_replayed_where_the_allocator_frees_its_cache_first_is_reproduced
     v = replay(prepare(a.trace, a.device, a.lifetimes), capacity=Capacity(700 * MiB, "device", "t")).validation
     assert v.oom_matches and v.segment_events_differing > 0
     f = fits(a, room(700), 4)
-    assert not notes_with(f, "does not reproduce") and f.largest_micro_batch == 3
+    assert not notes_with(f, "does not reproduce")
+    # the model's error on this trace (the 144 MiB of cached segments it frees and the recording keeps) is kept
+    # free too: 556 MiB less 1024 B hold not even the complete steps at a quarter (528 + 32 MiB)
+    assert v.max_reserved_difference_bytes == 144 * MiB
+    assert f.margin_bytes == 2 * 512 + 144 * MiB and f.margin["model_error_bytes"] == 144 * MiB
+    assert f.largest_micro_batch is None
 
 
 def test_an_oom_the_replay_does_not_make_is_not_sized(tmp_path):
@@ -374,7 +385,8 @@ def test_an_oom_the_replay_does_not_make_is_not_sized(tmp_path):
     (note,) = notes_with(f, "does not reproduce")
     assert note.endswith("what fits is not replayed")
     assert f.batch_scale is None and f.expandable_batch_scale is None and f.replays == 0
-    assert f.margin_bytes == 2 * 512  # set before the replay was tried
+    # the rounding, and the self-replay's error: it does not run out, so it holds 256 MiB the recording never got
+    assert f.margin_bytes == 2 * 512 + 256 * MiB and f.margin["model_error_bytes"] == 256 * MiB
 
 
 def test_a_finished_run_whose_segments_the_model_does_not_make_is_not_sized(tmp_path):

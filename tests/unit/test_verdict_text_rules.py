@@ -430,14 +430,31 @@ def test_fragmentation_actions_through_rank_verdict(a384):
     ({"config": "expandable_segments:True", "reach": "recorded", "oom": None,
       "outcome": "gets past the recorded OOM"},
      simulated("expandable_segments:True", "gets past the recorded OOM")),
-    ({"config": "expandable_segments:True", "reach": "recorded",
-      "oom": {"event_index": 5, "requested_bytes": 384 * MiB},
-      "outcome": "still out of memory, at event {oom[event_index]} of the recording"},
-     not_enough("expandable_segments:True")),
-], ids=["step-completed", "recorded-past", "recorded-still-oom"])
+], ids=["step-completed", "recorded-past"])
 def test_fragmentation_action_says_what_the_replay_did(a384, pred, action):
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred)
     assert v.kind == "fragmentation" and rendered(v) == [action]
+
+
+def test_a_fix_whose_replay_still_runs_out_is_capacity_fragmentation_hit_first(a384):
+    pred = {"config": "expandable_segments:True", "reach": "recorded", "margin_bytes": 0,
+            "oom": {"event_index": 5, "requested_bytes": 384 * MiB},
+            "outcome": "still out of memory, at event {oom[event_index]} of the recording"}
+    v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
+    assert (v.kind, v.bytes) == ("capacity", 384 * MiB) and rendered(v) == [cut(0.5)]
+    assert "fragmentation hit first, but the job runs out even without it" in v.summary
+
+
+@pytest.mark.parametrize("spare, kind", [(99 * MiB, "capacity"), (100 * MiB, "fragmentation")])
+def test_a_fix_that_gets_through_inside_its_margin_is_at_the_edge_and_capacity(a384, spare, kind):
+    pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None,
+            "outcome": "completes", "margin_bytes": 100 * MiB, "spare_bytes": spare,
+            "at_edge": spare < 100 * MiB}
+    v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
+    assert v.kind == kind
+    if kind == "capacity":  # what the spare room lacks of the margin decides it
+        assert v.bytes == 1 * MiB and v.evidence["margin_bytes"] == 100 * MiB and rendered(v) == [cut(0.5)]
+        assert "the job is at the edge of the GPU even without it" in v.summary
 
 
 def test_step_ran_out_is_capacity_with_its_actions(a384):

@@ -202,14 +202,34 @@ def prediction_schema(d: str) -> Schema:
                    "(only the recorded events, cut by the OOM), 'step-completed' / 'step-ran-out' (extended by the "
                    "rest of the step as the previous step ran it)", REACHES),
         "outcome": s("the sentence a user reads, filled in"),
-        "spare_bytes": b("capacity left at the replay's peak"),
+        "spare_bytes": b("capacity left at the claim's peak (the extended replay's for a step that completes)"),
         "extended_peak_reserved_bytes": b("peak reserved of the replay extended by the rest of the step"),
         "extended_oom_requested_bytes": b("the request the extended replay ran out of memory on"),
         "extension": obj({"previous_step_events": arr(i(""), "[first, last] event of the previous step replayed "
                                                              "again"),
                           "appended_events": i("events appended after the recording")}, "how the trace was "
                                                                                          "extended"),
-    }, d, optional=("spare_bytes", "extended_peak_reserved_bytes", "extended_oom_requested_bytes", "extension")))
+        "margin_bytes": b("the claim's margin (report/margin.py): the sum of the parts in margin, extension_bytes "
+                          "only for a step extended by the previous step's events"),
+        "margin": margin_schema("the margin's parts"),
+        "at_edge": yes("spare_bytes is below margin_bytes: at the edge, the claim may still run out and is never "
+                       "counted as a fix"),
+    }, d, optional=("spare_bytes", "extended_peak_reserved_bytes", "extended_oom_requested_bytes", "extension",
+                    "at_edge")))
+
+
+def margin_schema(d: str) -> Schema:
+    return obj({
+        "step_variation_bytes": b("max - min of the per-step peak allocated and of the peak reserved over the "
+                                  "complete steps (the larger)"),
+        "model_error_bytes": b("the self-replay's largest reserved difference from the recording (0: exact)"),
+        "extension_bytes": b("the largest rise of the peak reserved between consecutive complete steps (counted for "
+                             "an extended step only)"),
+        "outside_bytes": b("memory outside the caching allocator (CUDA context, NCCL, library workspaces): the GPU's "
+                           "total less the room read at the OOM or dump, or given by a sidecar; 0 under a fraction "
+                           "cap"),
+        "unrecorded_bytes": b("the job's own peak reserved (memory_stats) above the trace's"),
+    }, d)
 
 
 def fix_schema() -> Schema:
@@ -289,7 +309,11 @@ def fits_schema() -> Schema:
         "expandable_batch_scale": null(f("the same with expandable_segments:True")),
         "expandable_largest_micro_batch": null(i("the same with expandable_segments:True")),
         "batch_scaled_bytes_at_peak": b("bytes at the peak that grow with the micro-batch"),
-        "margin_bytes": b("kept free in the replay: the spread of the job's complete steps' peaks plus rounding"),
+        "margin_bytes": b("kept free in the replay: the prediction margin (margin) plus the rounding of the blocks "
+                          "that grow, and on a trace cut by its OOM the state still to come"),
+        "margin": mapping(b(""), "the prediction margin's parts (report/margin.py; the keys of a prediction's "
+                                 "margin; all but extension_bytes are in margin_bytes), empty where no replay was "
+                                 "tried"),
         "checkpointing_frees_at_most_bytes": b("activations saved for backward at the peak (what activation "
                                                "checkpointing frees at most)"),
         "sharding_optimizer_frees_bytes": b("what sharding the optimizer state over the data-parallel ranks frees"),

@@ -26,7 +26,7 @@ from .fits import Fits, device_room, fits
 from .groups import with_groups
 from .model import HolderRef, OomInfo, RankSummary, Report
 from .predict import Predictor, attach_predictions, predictor
-from .verdict import job_verdict, rank_verdict, state_verdict, with_findings
+from .verdict import job_verdict, rank_verdict, state_verdict, with_findings, with_tightest_rank
 
 SERIES_POINTS = 48
 TOP_SITES = 5
@@ -251,5 +251,6 @@ def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
     oom_ranks = {a.rank for a in analyses if a.oom_events.size}
     return with_groups(Report(ranks=ranks, findings=findings, inputs=[a.trace.path for a in analyses],
                               oomdoctor_version=__version__, notes=notes,
-                              verdict=job_verdict([r.verdict for r in ranks if r.verdict is not None], oom_ranks),
+                              verdict=with_tightest_rank(job_verdict([r.verdict for r in ranks if r.verdict is not None],
+                                                                     oom_ranks), {r.rank: r.fits for r in ranks}),
                               materiality={"fraction": rule.fraction, "min_bytes": rule.min_bytes}))

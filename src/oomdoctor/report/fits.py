@@ -12,11 +12,13 @@ the best evidence, in order:
    :data:`oomdoctor.plan.terms.CUDA_CONTEXT_BYTES`, ``NCCL_FIRST_COMMUNICATOR_BYTES``).
 
 **Fits** (:func:`fits`): the largest scale of the micro-batch's tensors (the accounting's
-``batch_scaled`` blocks) whose replay through the allocator model stays within the room
-(:func:`oomdoctor.simulate.scale.largest_scale`), under the recorded settings and with
+``batch_scaled`` blocks) whose replay through the allocator model stays within the room less the margin
+(:func:`oomdoctor.simulate.scale.largest_scale`, searched over the whole room: up to the room less the
+margin filled with the growing blocks alone), under the recorded settings and with
 ``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. The
-replay keeps free what the job itself says varies (:func:`job_margin`: the spread of its complete steps'
-peaks, plus the rounding of the blocks that grow). A trace cut by an OOM lacks the rest of its step: the
+replay keeps free the prediction margin (:mod:`.margin`: the job's step variation, the model's error on
+this trace, what lives outside the allocator, what the trace did not record) plus the rounding of the
+blocks that grow (:func:`job_margin`). A trace cut by an OOM lacks the rest of its step: the
 replay also keeps free the persistent memory the job created after the first step's peak (optimizer
 state made lazily), or, when no step finished, an estimate of the optimizer state still to come (twice
 the parameters: Adam's two moments, said as such). A trace that ends inside its first forward pass is not
@@ -45,8 +47,10 @@ from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 from ..simulate.capacity import Capacity, sidecar_cap
 from ..simulate.extend import mirror_backward
 from ..simulate.replay import SimulationError, prepare, replay
-from ..simulate.scale import SEARCH_MAX, largest_scale
+from ..simulate.scale import largest_scale
 from ..trace.model import OOM
+from .margin import complete_steps, step_variation
+from .margin import margin as prediction_margin
 
 
 @dataclass
@@ -98,11 +102,14 @@ class Fits:
     expandable_largest_micro_batch: int | None = None
     batch_scaled_bytes_at_peak: int = 0
     margin_bytes: int = 0
+    #: the prediction margin's parts (:mod:`.margin`, bytes), included in ``margin_bytes``
+    margin: dict[str, int] = field(default_factory=dict)
     checkpointing_frees_at_most_bytes: int = 0
     sharding_optimizer_frees_bytes: int = 0
     replays: int = 0
     notes: list[str] = field(default_factory=list)
-    #: the scale reached the top of the search (:data:`~oomdoctor.simulate.scale.SEARCH_MAX`): at least that much fits
+    #: the scale reached the top of the search (the room less the margin, filled with the blocks that grow alone):
+    #: at least that much fits
     batch_scale_at_limit: bool = False
     expandable_at_limit: bool = False
     #: a trace cut in its first forward pass: what fits estimated from the recorded part completed by the
@@ -132,25 +139,21 @@ def _scale_events(a: DeviceAnalysis) -> np.ndarray:
 
 
 def job_margin(a: DeviceAnalysis) -> tuple[int, str]:
-    """What the job itself says the replay should keep free (bytes), and how it was read: how much the peak of
-    allocated memory moved from step to step over the steps that completed (the run-to-run wobble of the
-    same work: allocation order, caches made lazily), plus the allocator's rounding of every block that
-    grows with the batch (up to 512 bytes each, ``round_size``). With fewer than two complete steps there is
-    no spread to read, and only the rounding is kept."""
+    """What the job itself says the replay should keep free (bytes), and how it was read: its step-to-step
+    variation (:func:`.margin.step_variation`: how much the peak allocated or reserved moved from step to step
+    over the steps that completed: the run-to-run wobble of the same work, allocation order, caches made
+    lazily), plus the allocator's rounding of every block that grows with the batch (up to 512 bytes each,
+    ``round_size``). With fewer than two complete steps there is no spread to read, and only the rounding is
+    kept."""
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1]) & acc.batch_scaled
     rounding = 512 * int(np.count_nonzero(alive))
-    steps = a.steps
-    if steps is None or len(steps) < 3:  # the first step creates state; at least two more are needed
+    spread, _how = step_variation(a)
+    n = len(complete_steps(a))
+    if n < 2:
         return rounding, "rounding of the blocks that grow with the batch (fewer than two complete steps to compare)"
-    bounds = steps.starts.tolist() + [a.num_events]
-    complete = range(1, len(bounds) - (2 if a.oom_events.size else 1))
-    peaks = [int(a.timeline.allocated[bounds[i]:bounds[i + 1]].max()) for i in complete
-             if bounds[i + 1] > bounds[i]]
-    if len(peaks) < 2:
-        return rounding, "rounding of the blocks that grow with the batch (fewer than two complete steps to compare)"
-    return max(peaks) - min(peaks) + rounding, (f"spread of the peak allocated over {len(peaks)} complete steps, plus "
-                                                "the rounding of the blocks that grow with the batch")
+    return spread + rounding, (f"spread of the peak allocated and reserved over {n} complete steps, plus "
+                               "the rounding of the blocks that grow with the batch")
 
 
 def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
@@ -187,7 +190,8 @@ planner's loss region at its peak, 12 bytes per bf16 logit (``plan/hf.py``: fp32
 gradient beside the logits), is six times the output; an assumption for any other model, said as such."""
 
 
-def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits) -> bool:
+def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits,
+                            inputs: dict[str, int | None] | None = None) -> bool:
     """At an OOM inside the first forward pass: what fits, estimated by replaying the recorded part plus the
     rest of the step by assumption (:func:`~oomdoctor.simulate.extend.mirror_backward`): the failed request
     is the pass's output and the loss keeps :data:`LOSS_COPIES` more of it; every parameter is trained (its
@@ -208,8 +212,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
                           int(first[-1]) if first.size else None)
     if est is None:
         return False
-    margin, _how = job_margin(a)
-    out.margin_bytes = margin
+    margin = _with_prediction_margin(out, a, job_margin(a)[0], inputs=inputs)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
     unit = 1.0 / micro_batch if micro_batch else None
     try:  # the replay refuses what it does not model (as in fits(): cudaMallocAsync, a fraction without the GPU size)
@@ -237,19 +240,51 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     return True
 
 
-def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> bool:
+def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> tuple[bool, int]:
     """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
-    (the same OOM, or none)? Predictions are only as good as that."""
+    (the same OOM, or none)? Predictions are only as good as that. Also the replay's largest reserved
+    difference from the recording (bytes: the model's error on this trace, part of the margin)."""
     r = replay(prepared, capacity=cap, validate=True)
-    return r.validation is not None and r.validation.oom_matches and (
-        r.validation.segment_events_differing == 0 or bool(a.oom_events.size))
+    v = r.validation
+    return reproduces(v, bool(a.oom_events.size)), (v.max_reserved_difference_bytes if v is not None else 0)
+
+
+def reproduces(v, cut: bool) -> bool:
+    """Does a self-replay with validation ``v`` (:class:`~oomdoctor.simulate.replay.Validation`) do what the
+    recording did: the same OOM, or none; and, for a trace not cut by an OOM, the same segments or the same
+    reserved bytes after every event. The latter is what what-fits and the predictions compare with the room:
+    segments mapped at other addresses (a 2-rank FSDP2 trace with expandable segments: 55 of 283 segment
+    events at other addresses, every reserved byte the same) change no claim."""
+    return v is not None and v.oom_matches and (v.segment_events_differing == 0 or v.reserved_events_differing == 0
+                                                or cut)
+
+
+def _search_top(room: int, margin: int, grows: int, lo: float) -> float:
+    """The top of the search (a scale): the room less the margin filled with the blocks that grow with the
+    batch at the peak (``grows`` bytes) alone; no larger scale can fit, whatever else is alive."""
+    return max(lo, (room - margin) / max(grows, 1))
+
+
+def _with_prediction_margin(out: Fits, a: DeviceAnalysis, base: int, model_error: int = 0,
+                            inputs: dict[str, int | None] | None = None) -> int:
+    """``base`` plus the prediction margin (:func:`.margin.margin`, with ``inputs``: its ``outside_bytes`` /
+    ``job_peak_reserved_bytes``; less the step variation ``base`` holds already: :func:`job_margin`); fills
+    ``out.margin`` and ``out.margin_bytes``."""
+    m = prediction_margin(a, model_error_bytes=model_error, **(inputs or {}))
+    out.margin = m.parts()
+    out.margin_bytes = base + m.bytes - m.step_variation_bytes
+    return out.margin_bytes
 
 
 def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recorded: bool = True,
-         expandable: bool = True) -> Fits:
+         expandable: bool = True, outside_bytes: int | None = None, job_peak_reserved_bytes: int | None = None
+         ) -> Fits:
     """What fits on ``a``'s device (see the module doc): under the recorded settings (``recorded``) and
     with expandable segments (``expandable``). Pure; a few replays of the trace (bisection from a guess
-    made of the peak: the fixed bytes plus the scaled ones times the scale)."""
+    made of the peak: the fixed bytes plus the scaled ones times the scale). ``outside_bytes`` and
+    ``job_peak_reserved_bytes``: what a sidecar says of the memory outside the allocator and of the job's own
+    peak reserved, for the margin (:func:`.margin.margin`)."""
+    inputs = {"outside_bytes": outside_bytes, "job_peak_reserved_bytes": job_peak_reserved_bytes}
     out = Fits(room.bytes, room.source, micro_batch=micro_batch)
     jp = job_peak(a)
     out.job_peak_reserved_bytes, out.peak_source = jp.job_peak_reserved_bytes, jp.source
@@ -284,13 +319,12 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
                          "max_new_tokens, or use a static cache")
         return out
     if a.oom_events.size and not _pass_seen(a):
-        if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out):
+        if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out, inputs):
             out.notes.append("the trace ends inside its first forward pass: the rest of that pass is not in it, so what "
                              "fits cannot be replayed from it; record a run that fits and diagnose it with "
                              "--micro-batch")
         return out
     margin, note = _margin(a, room.bytes)
-    out.margin_bytes = margin
     if note:
         out.notes.append(note)
     try:
@@ -306,35 +340,38 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         return out
     events = _scale_events(a)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
-    if not _reproduced(a, prepared, cap):
+    reproduced, model_error = _reproduced(a, prepared, cap)
+    margin = _with_prediction_margin(out, a, margin, model_error, inputs)
+    if not reproduced:
         out.notes.append("the allocator model does not reproduce this recording under the device's room: what fits "
                          "is not replayed")
         return out
     unit = 1.0 / micro_batch if micro_batch else None
     # a run that finished at this micro-batch fits it: search above it
     lo = 1.0 if not a.oom_events.size else 0.05
+    hi = _search_top(room.bytes, margin, out.batch_scaled_bytes_at_peak, lo)
     fixed = a.peak_reserved[0] - out.batch_scaled_bytes_at_peak
     est = max((room.bytes - margin - fixed) / out.batch_scaled_bytes_at_peak, lo)
     guess = (est * 0.9, est * 1.05)
     try:
         if recorded:
-            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, guess=guess)
+            r = largest_scale(prepared, events, cap, margin_bytes=margin, unit=unit, lo=lo, hi=hi, guess=guess)
             out.replays += len(r.tried)
             if r.scale is None and not a.oom_events.size:
                 r.scale = 1.0  # the recorded micro-batch ran; the replay finds no room for more
             out.batch_scale = None if r.scale is None else round(r.scale, 3)
-            out.batch_scale_at_limit = r.scale is not None and r.scale >= SEARCH_MAX - 1e-9
+            out.batch_scale_at_limit = r.scale is not None and r.scale >= hi - 1e-9
             if micro_batch and r.scale is not None:
                 out.largest_micro_batch = int(round(r.scale * micro_batch))
         if expandable:
             config = replace(prepared.recorded_config, expandable_segments=True)
-            e = largest_scale(prepared, events, cap, config=config, margin_bytes=margin, unit=unit, lo=lo,
+            e = largest_scale(prepared, events, cap, config=config, margin_bytes=margin, unit=unit, lo=lo, hi=hi,
                               guess=(est * 0.95, est * 1.1))
             out.replays += len(e.tried)
             if e.scale is None and not a.oom_events.size:
                 e.scale = 1.0
             out.expandable_batch_scale = None if e.scale is None else round(e.scale, 3)
-            out.expandable_at_limit = e.scale is not None and e.scale >= SEARCH_MAX - 1e-9
+            out.expandable_at_limit = e.scale is not None and e.scale >= hi - 1e-9
             if micro_batch and e.scale is not None:
                 out.expandable_largest_micro_batch = int(round(e.scale * micro_batch))
     except SimulationError as e:

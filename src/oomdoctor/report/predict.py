@@ -13,6 +13,11 @@ replayed, which it says (``reach``, :data:`REACHES`):
 - ``step-completed`` / ``step-ran-out``: the trace cut by its OOM was extended by the rest of its step
   as the previous step ran it (:mod:`..simulate.extend`), and that step completes, or runs out later.
 
+Every prediction also carries its margin (:mod:`.margin`: ``margin_bytes``, the parts in ``margin``) and,
+where the room is known and the replay does not run out, ``spare_bytes`` (room - the claim's peak reserved:
+the extended replay's for an extended step) and ``at_edge``: the spare room is inside the margin, so the claim
+may still run out and is never counted as a fix.
+
 ``outcome`` is the sentence a renderer shows, a template over the prediction's own fields.
 """
 
@@ -27,6 +32,8 @@ from ..simulate.capacity import infer_capacity
 from ..simulate.config import DEFAULT, AllocatorConfig, parse_config
 from ..simulate.extend import Extension, extend_by_previous_step
 from ..simulate.replay import RECORDED, Prepared, ReplayResult, SimulationError, prepare, replay
+from .fits import reproduces
+from .margin import Margin, at_edge, margin
 
 REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
 
@@ -41,9 +48,12 @@ def _on_top(base: AllocatorConfig, text: str) -> AllocatorConfig:
 
 class Predictor:
     """Replays of one rank's trace under other settings, with the reach of each (see the module doc).
-    Raises :class:`SimulationError` when the trace cannot be replayed."""
+    Raises :class:`SimulationError` when the trace cannot be replayed. ``outside_bytes`` and
+    ``job_peak_reserved_bytes``: what a sidecar says of the memory outside the allocator and of the job's own
+    peak reserved, for the margin (:func:`.margin.margin`)."""
 
-    def __init__(self, analysis: DeviceAnalysis) -> None:
+    def __init__(self, analysis: DeviceAnalysis, *, outside_bytes: int | None = None,
+                 job_peak_reserved_bytes: int | None = None) -> None:
         self.analysis = analysis
         self.prepared: Prepared = prepare(analysis.trace, analysis.device, analysis.lifetimes)
         if self.prepared.external or self.prepared.external_start:
@@ -53,6 +63,9 @@ class Predictor:
                                   "recorded, so the effect of other settings is not predicted")
         self.capacity = infer_capacity(analysis.trace, analysis.device)
         self.self_replay = replay(self.prepared, capacity=self.capacity)
+        v = self.self_replay.validation
+        self.margin: Margin = margin(analysis, model_error_bytes=v.max_reserved_difference_bytes if v else 0,
+                                     outside_bytes=outside_bytes, job_peak_reserved_bytes=job_peak_reserved_bytes)
         self.extension: Extension | None = None
         self.extended: Prepared | None = None
         steps = analysis.steps
@@ -65,10 +78,9 @@ class Predictor:
     @property
     def reproduces(self) -> bool:
         """Does the replay of the recorded settings do what the recording did (the same OOM, or none, and
-        the same segments when there is none)? A prediction is only as good as that."""
-        v = self.self_replay.validation
-        return v is not None and v.oom_matches and (v.segment_events_differing == 0
-                                                     or self.prepared.recorded_oom is not None)
+        the same segments or reserved bytes when there is none: :func:`.fits.reproduces`)? A prediction is
+        only as good as that."""
+        return reproduces(self.self_replay.validation, self.prepared.recorded_oom is not None)
 
     def _config(self, what_if: dict[str, str]) -> AllocatorConfig:
         config = self.prepared.recorded_config
@@ -100,45 +112,69 @@ class Predictor:
             "capacity_kind": self.capacity.kind,
             "self_replay_exact": self.self_replay.matches_recorded,
         }
+        out["margin_bytes"] = self.margin.bytes
+        out["margin"] = self.margin.parts()
+        limit = self.capacity.limit_bytes
         if recorded_oom is None:
             out["reach"] = "complete"
-            out["outcome"] = ("no OOM, peak reserved {peak_reserved_bytes:bytes}" if r.oom is None else
-                              "out of memory at event {oom[event_index]}")
-            return out
+            if r.oom is not None:
+                out["outcome"] = "out of memory at event {oom[event_index]}"
+                return out
+            out["outcome"] = "no OOM, peak reserved {peak_reserved_bytes:bytes}" + (SPARE if limit is not None else "")
+            return _edge(out, limit, r.peak_reserved_bytes, self.margin.bytes)
         if r.oom is not None:
             out["reach"] = "recorded"
             out["outcome"] = "still out of memory, at event {oom[event_index]} of the recording"
             return out
-        if self.capacity.limit_bytes is not None:
-            out["spare_bytes"] = max(self.capacity.limit_bytes - r.peak_reserved_bytes, 0)
         if self.extended is None:
             out["reach"] = "recorded"
-            out["outcome"] = ("gets past the recorded OOM" + (" with {spare_bytes:bytes} to spare" if "spare_bytes" in out
-                                                              else "") +
+            out["outcome"] = ("gets past the recorded OOM" + (SPARE if limit is not None else "") +
                               "; the rest of the step was not recorded (no complete step before it to replay)")
-            return out
+            return _edge(out, limit, r.peak_reserved_bytes, self.margin.bytes)
+        if limit is not None:  # the recorded events' spare room; a step that completes says its own (_edge)
+            out["spare_bytes"] = max(limit - r.peak_reserved_bytes, 0)
         e = replay(self.extended, config, deferred_frees=mode, capacity=self.capacity)
         ext = self.extension
         out["extended_peak_reserved_bytes"] = e.peak_reserved_bytes
         out["extension"] = {"previous_step_events": list(ext.previous_step), "appended_events": ext.appended}
+        out["margin_bytes"] = self.margin.for_claim(True)
         if e.oom is None:
             out["reach"] = "step-completed"
             out["outcome"] = ("gets past the recorded OOM, and the rest of the step, replayed as the previous step ran "
-                              "it, completes (peak reserved {extended_peak_reserved_bytes:bytes})")
-        else:
-            out["reach"] = "step-ran-out"
-            out["extended_oom_requested_bytes"] = e.oom.requested_bytes
-            out["outcome"] = ("gets past the recorded OOM, but the rest of the step, replayed as the previous step ran "
-                              "it, runs out of memory asking for {extended_oom_requested_bytes:bytes}")
+                              "it, completes (peak reserved {extended_peak_reserved_bytes:bytes})"
+                              + (SPARE if limit is not None else ""))
+            return _edge(out, limit, e.peak_reserved_bytes, out["margin_bytes"])
+        out["reach"] = "step-ran-out"
+        out["extended_oom_requested_bytes"] = e.oom.requested_bytes
+        out["outcome"] = ("gets past the recorded OOM, but the rest of the step, replayed as the previous step ran "
+                          "it, runs out of memory asking for {extended_oom_requested_bytes:bytes}")
         return out
 
 
-def predictor(analysis: DeviceAnalysis) -> Predictor | None:
-    """A :class:`Predictor` for ``analysis``, or None when its trace has no history or cannot be replayed."""
+SPARE = "{spare}"
+"""Where an outcome says its spare room and margin (:func:`_edge` fills it in)."""
+
+
+def _edge(out: dict[str, Any], limit: int | None, peak: int, margin_bytes: int) -> dict[str, Any]:
+    """``out`` with the claim's ``spare_bytes`` (room - ``peak``, 0 at least) and ``at_edge`` (the spare room is
+    inside the margin), its outcome saying both; unchanged when the room is unknown."""
+    if limit is None:
+        return out
+    out["spare_bytes"] = max(limit - peak, 0)
+    out["at_edge"] = bool(at_edge(limit - peak, margin_bytes))
+    said = (" with {spare_bytes:bytes} to spare, inside its margin of {margin_bytes:bytes} (at the edge: it may "
+            "still run out)" if out["at_edge"] else " with {spare_bytes:bytes} to spare (margin {margin_bytes:bytes})")
+    out["outcome"] = out["outcome"].replace(SPARE, said)
+    return out
+
+
+def predictor(analysis: DeviceAnalysis, **margin_inputs: int | None) -> Predictor | None:
+    """A :class:`Predictor` for ``analysis`` (``margin_inputs``: its keyword arguments), or None when its trace
+    has no history or cannot be replayed."""
     if not analysis.trace.has_history or analysis.num_events == 0:
         return None
     try:
-        return Predictor(analysis)
+        return Predictor(analysis, **margin_inputs)
     except SimulationError:
         return None
 

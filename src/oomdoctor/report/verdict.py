@@ -15,7 +15,10 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
   ``record_stream`` made the difference;
 - ``fragmentation``: ``need <= room``: enough memory was free, cached or on the device, but not in
   one piece (PyTorch's "reserved but unallocated"); the simulator says whether
-  ``expandable_segments`` lets the recorded trace through (``fits.expandable_batch_scale >= 1``).
+  ``expandable_segments`` lets the recorded trace through (``fits.expandable_batch_scale >= 1``). Only when
+  the fix's replay gets through with margin (:mod:`.margin`): when it still runs out, runs out later in the
+  step, or gets through with less spare room than the margin (at the edge), the verdict is ``capacity``,
+  saying that fragmentation hit first.
 
 Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` /
 ``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
@@ -306,6 +309,20 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
                                      " What fits: {batch_scale}x the current micro-batch.")
             return Verdict("capacity", summary, fixed["extended_oom_requested_bytes"], [rank], None, None, ev)
+        if fixed.get("oom") is not None or fixed.get("at_edge"):
+            # the fix does not get through with margin (report/margin.py): fragmentation hit first, but the job is
+            # at capacity; never counted as a fix
+            ev["margin_bytes"] = fixed.get("margin_bytes", 0)
+            summary += (" Simulated with {defragmented_config}, it " + outcome + ": fragmentation hit first, but "
+                        + ("the job runs out even without it." if fixed.get("oom") is not None else
+                           "the job is at the edge of the GPU even without it."))
+            fits = get_fits()
+            summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
+                                     " What fits: {batch_scale}x the current micro-batch.")
+            # the bytes that decide it: the failed request, or what the spare room lacks of the margin
+            decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
+                       else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
+            return Verdict("capacity", summary, decides, [rank], None, None, ev)
         summary += " Simulated with {defragmented_config}, it " + outcome + "."
         ev["defragmented_outcome_template"] = outcome
     fits = get_fits()
@@ -435,3 +452,17 @@ def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:
     ranks = sorted({r for v in verdicts if v.kind == worst.kind for r in v.ranks})
     return Verdict(worst.kind, worst.summary, worst.bytes, ranks, worst.headroom_bytes, worst.finding, worst.evidence,
                    worst.actions)
+
+
+def with_tightest_rank(v: Verdict | None, fits_by_rank: dict[int, Fits | None]) -> Verdict | None:
+    """The job's verdict with the job's answer to what fits: the smallest largest micro-batch of its ranks (a
+    pipeline's stages differ; its tightest stage decides). Where the verdict states a larger one (its own
+    rank's), the evidence takes the job's and names the rank (``largest_micro_batch_rank``); else ``v``
+    unchanged."""
+    got = {r: f.largest_micro_batch for r, f in fits_by_rank.items() if f is not None and f.largest_micro_batch}
+    if v is None or not got or "largest_micro_batch" not in v.evidence:
+        return v
+    rank = min(got, key=lambda r: (got[r], r))
+    if got[rank] < v.evidence["largest_micro_batch"]:
+        v.evidence = {**v.evidence, "largest_micro_batch": got[rank], "largest_micro_batch_rank": rank}
+    return v

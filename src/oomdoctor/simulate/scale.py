@@ -52,8 +52,9 @@ def fits_at(prepared: Prepared, scale_events: np.ndarray, s: float, capacity: Ca
 
 
 SEARCH_MAX = 4.0
-"""The largest scale of the micro-batch :func:`largest_scale` replays by default: beyond 4x, the trace of one
-micro-batch says little about the next (a scaled replay keeps every other allocation as recorded)."""
+"""The largest scale of the micro-batch :func:`largest_scale` replays by default. What fits
+(``report/fits.py``) passes its own top instead: the room less the margin filled with the growing blocks
+alone, so that a run far from the edge answers a number (issue 35)."""
 
 
 def largest_scale(prepared: Prepared, scale_events: np.ndarray, capacity: Capacity, *,
