@@ -120,3 +120,31 @@ def test_the_jobs_peak_exact_with_a_sidecar_and_unknown_without(tmp_path, name, 
 
 def _gib(b: int) -> str:
     return f"{b / 2**30:.2f} GiB"
+
+
+# The new run of issue 41 (recorded on an H200 this round, docs/diagnose.md "The job's own peak"): an inference job
+# whose prefill peak falls out of a 20,000-entry ring buffer before a 255-token decode.
+def test_a_prefill_peak_outside_the_window_is_the_jobs_own_with_the_sidecar(tmp_path):
+    run = unpack(tmp_path, "prefill-window-oomdoctor")
+    truth = json.loads((run / "ground_truth.json").read_text())
+    report = build_report(load_ranks([run], skipped=[]))
+    r0 = report.ranks[0]
+    assert r0.peak_source == "sidecar"
+    assert r0.job_peak_allocated_bytes == truth["prefill_max_memory_allocated"] == 5_222_468_608
+    assert r0.job_peak_reserved_bytes == truth["max_memory_reserved"]
+    assert r0.allocated_peak_missed and r0.peak_allocated_bytes < 0.2 * r0.job_peak_allocated_bytes
+    assert r0.alloc_retries == truth["memory_stats"]["num_alloc_retries"] == 0
+    data = json.loads(render_json(report))
+    assert data["ranks"][0]["job_peak_allocated_bytes"] == 5_222_468_608
+    text = render_text_plain(report)
+    assert "4.86 GiB" in text and "the window missed" in text
+
+
+def test_the_same_job_without_a_sidecar_says_the_peaks_before_the_window_are_not_known(tmp_path):
+    run = unpack(tmp_path, "prefill-window-plain")
+    report = build_report(load_ranks([run], skipped=[]))
+    r0 = report.ranks[0]
+    assert r0.peak_source == "unknown-before-window"
+    assert r0.job_peak_allocated_bytes is None and r0.job_peak_reserved_bytes is None
+    assert json.loads(render_json(report))["ranks"][0]["peak_source"] == "unknown-before-window"
+    assert "not known" in render_text_plain(report)
