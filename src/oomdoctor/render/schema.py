@@ -470,6 +470,8 @@ def simulate_schema() -> Schema:
         "segment_events_recorded": i("segment allocations and frees recorded"),
         "segment_events_simulated": i("the same, simulated"),
         "segment_events_differing": i("those that differ (0: the replay reproduces the recording)"),
+        "segment_events_unmatched": i("those left unmatched once the two sequences are aligned (one missing, "
+                                      "added or changed entry counts one; <= segment_events_differing)"),
         "first_differing_event": null(i("the first that differs")),
         "reserved_events_differing": i("events where reserved bytes differ"),
         "max_reserved_difference_bytes": b("the largest difference of reserved bytes"),
