@@ -93,7 +93,7 @@ def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int |
             "job": job,
             "outside_allocator_bytes": CUDA_CONTEXT_BYTES,
             "outside_allocator_source": "CUDA context + kernels of a training step: 737 MB measured on H200, "
-                                        "CUDA 13.0, torch 2.11 (docs/plan.md)",
+                                        "CUDA 13.0, torch 2.11 (the constant oomdoctor plan uses)",
             "kernel_buffers": record.extra_allocations,
             "backward_allocations": record.backward_events,
             "backward_thread": "autograd engine (on CUDA); traced on the calling thread, frames cut at the "

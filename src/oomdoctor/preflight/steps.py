@@ -217,7 +217,10 @@ def _not_tracing() -> Iterator[None]:
 
     from transformers.utils import import_utils
 
-    orig = import_utils.is_tracing
+    orig = getattr(import_utils, "is_tracing", None)
+    if orig is None:  # older transformers: no FakeTensor check to undo
+        yield
+        return
 
     def is_tracing(tensor: Any = None) -> bool:
         return orig(None)
