@@ -317,13 +317,17 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     roles = ri.roles_of(stack[allocs], python)
     src = np.where(ri.engine(stack[allocs], python) & (roles == BACKWARD_PHASE), THREAD, FRAMES).astype(np.int8)
     src[roles == OTHER_PHASE] = INFERRED
-    # annotations: what a torch optimizer's step allocates is the optimizer's, except the forward and
-    # backward of a closure it runs (Lightning's automatic optimization: optimizer.step(closure))
+    # annotations: what a torch optimizer's step allocates is the optimizer's, whatever its frames say
+    # (a compiled step's Inductor and Dynamo frames read as forward code), except the forward and backward
+    # of a closure it runs (Lightning's automatic optimization: optimizer.step(closure)), known by the
+    # backward the closure runs inside the same window
     windows = annotation_windows(dt, OPTIMIZER_STEP) if n else np.zeros((0, 2), np.int64)
     if windows.shape[0]:
         w = np.searchsorted(windows[:, 0], at, side="right") - 1
         inside = (w >= 0) & (at <= windows[np.maximum(w, 0), 1])
-        inside &= ~np.isin(roles, PASS_PHASES + (BACKWARD_PHASE,))
+        closure = np.zeros(windows.shape[0], dtype=bool)
+        closure[w[inside & (roles == BACKWARD_PHASE)]] = True
+        inside &= ~(np.isin(roles, PASS_PHASES + (BACKWARD_PHASE,)) & closure[np.maximum(w, 0)])
         roles[inside] = OPTIMIZER_PHASE
         src[inside] = ANNOTATIONS
     roles, marked = _marked(roles, at, trace.meta.get("phase_markers"))

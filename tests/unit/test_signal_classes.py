@@ -1,0 +1,123 @@
+"""Issue 36: the job shapes where a frame name decided over a PyTorch signal, each built as a small snapshot
+(:class:`builder.SnapBuilder`, frames as PyTorch records them) and diagnosed end to end (``analyze``, then the
+report). Each test asserts facts (categories' bytes, pass counts, verdict kinds, evidence keys), never sentences.
+
+The order of evidence every rule here follows: the sidecar's facts, then annotations (``Optimizer.step#``,
+``Optimizer.zero_grad#``, ``ProfilerStep#``, ``nccl:*``), then the autograd engine's thread, then lifetimes
+against the phases, and frame names last (exact functions, never substrings).
+"""
+
+from __future__ import annotations
+
+import json
+
+from builder import SnapBuilder, frames
+
+from oomdoctor import load
+from oomdoctor.analysis import analyze
+
+MiB = 1 << 20
+GiB = 1 << 30
+TORCH = "/venv/lib/python3.12/site-packages/torch"
+MAIN = ("/w/train.py", 50, "<module>")
+SETUP = frames((f"{TORCH}/nn/modules/module.py", 1370, "convert"), (f"{TORCH}/nn/modules/module.py", 965, "_apply"),
+               ("/w/train.py", 5, "main"), MAIN)
+INPUT = frames(("/w/train.py", 25, "main"), MAIN)
+BACKWARD: list[dict] = []  # the autograd engine's thread: no Python frame
+ZERO_GRAD = frames((f"{TORCH}/optim/optimizer.py", 990, "zero_grad"), ("/w/train.py", 45, "main"), MAIN)
+
+
+def model(line: int) -> list[dict]:
+    return frames(("/w/model.py", line, "forward"), (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"),
+                  ("/w/train.py", 30, "main"), MAIN)
+
+
+def compiled(line: int, where: str = "/w/train.py") -> list[dict]:
+    """An allocation of Inductor's generated code (a compiled region), called from ``where``."""
+    return frames(("/tmp/torchinductor_root/ab/cabc.py", line, "call"),
+                  (f"{TORCH}/_inductor/output_code.py", 460, "__call__"),
+                  (f"{TORCH}/_functorch/_aot_autograd/runtime_wrappers.py", 330, "runtime_wrapper"),
+                  (f"{TORCH}/_dynamo/eval_frame.py", 650, "_fn"), (where, 40, "main"), MAIN)
+
+
+class Job:
+    """Offsets into one big segment, handed out in order (no reuse: the layout does not matter here)."""
+
+    def __init__(self, size: int = 16 * GiB) -> None:
+        self.b = SnapBuilder()
+        self.seg = self.b.segment(size)
+        self.off = 0
+
+    def alloc(self, size: int, fr: list[dict]) -> int:
+        a = self.b.alloc(self.seg, self.off, size, fr=fr)
+        self.off += size
+        return a
+
+
+def analysed(tmp_path, b: SnapBuilder, meta: dict | None = None, name: str = "rank0"):
+    path = b.write(tmp_path / f"{name}.pickle")
+    if meta is not None:
+        (tmp_path / f"{name}.meta.json").write_text(json.dumps(meta))
+    return analyze(load(path))
+
+
+def report_of(a):
+    from oomdoctor.report.build import report_of as r
+    return r([a])
+
+
+def state_at(a, k: int) -> dict[str, int]:
+    return a.breakdown_at(k, "x").categories
+
+
+# --------------------------------------------------------------------------- 1. a compiled optimizer step
+
+def compiled_step_job(steps: int = 3, forward=model):
+    """``torch.compile(opt.step)``: Adam's state made at the first step and its temporaries, all by Inductor's
+    code, inside ``Optimizer.step#AdamW.step``; gradients freed in ``Optimizer.zero_grad#``."""
+    j = Job()
+    marks: dict = {"optimizer_start": [], "after_step": []}
+    for _ in range(2):
+        j.alloc(64 * MiB, SETUP)
+    batch = None
+    for step in range(steps):
+        new = j.alloc(MiB, INPUT)
+        if batch is not None:
+            j.b.free(batch)
+        batch = new
+        acts = [j.alloc(32 * MiB, forward(20 + i)) for i in range(3)]
+        grads = [j.alloc(64 * MiB, BACKWARD) for _ in range(2)]
+        marks.setdefault("grads_made", []).append(len(j.b.events) - 1)
+        for x in acts:
+            j.b.free(x)
+        marks["optimizer_start"].append(len(j.b.events) - 1)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        if step == 0:
+            marks["state"] = [j.alloc(64 * MiB, compiled(100 + i)) for i in range(4)]
+        t = j.alloc(8 * MiB, compiled(200))
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+        marks["after_step"].append(len(j.b.events) - 1)
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "START")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "END")
+    return j, marks
+
+
+def test_compiled_optimizer_state_is_optimizer_state_and_the_passes_are_counted(tmp_path):
+    j, m = compiled_step_job()
+    a = analysed(tmp_path, j.b)
+    assert a.phases.pass_starts.size == 3 and a.steps.updates == 3
+    c = state_at(a, m["after_step"][2])
+    assert c["optimizer_state"] == 4 * 64 * MiB and c["parameters"] == 128 * MiB and c["activations"] == 0
+    assert state_at(a, m["optimizer_start"][1])["gradients"] == 128 * MiB
+
+
+def test_compiled_forward_and_compiled_optimizer_step(tmp_path):
+    """The model compiled too: its allocations carry the same Inductor frames, outside any optimizer window."""
+    j, m = compiled_step_job(forward=lambda line: compiled(line, "/w/model.py"))
+    a = analysed(tmp_path, j.b)
+    assert a.phases.pass_starts.size == 3 and a.steps.updates == 3
+    assert state_at(a, m["after_step"][2])["optimizer_state"] == 4 * 64 * MiB
+    assert state_at(a, m["grads_made"][2])["activations"] == 3 * 32 * MiB
