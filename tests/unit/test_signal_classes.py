@@ -121,3 +121,58 @@ def test_compiled_forward_and_compiled_optimizer_step(tmp_path):
     assert a.phases.pass_starts.size == 3 and a.steps.updates == 3
     assert state_at(a, m["after_step"][2])["optimizer_state"] == 4 * 64 * MiB
     assert state_at(a, m["grads_made"][2])["activations"] == 3 * 32 * MiB
+
+
+# --------------------------------------------------------------------------- 2. recording started after model.cuda()
+
+def late_recorded_job(steps: int = 3, set_to_none: bool = True):
+    """``_record_memory_history`` called after the model and the optimizer's state were on the GPU: their
+    blocks carry no frames and no event. Each step: ``zero_grad()`` first (frees last step's gradients when
+    ``set_to_none``), forward, backward (the engine's thread makes the gradients), ``step()``."""
+    j = Job()
+    for _ in range(2):  # the parameters, made before the recording began
+        j.b.alloc(j.seg, j.off, 64 * MiB, fr=[], record=False)
+        j.off += 64 * MiB
+    marks: dict = {"optimizer_start": []}
+    grads: list[int] = []
+    for step in range(steps):
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "START")
+        if set_to_none:
+            for g in grads:
+                j.b.free(g, fr=ZERO_GRAD)
+            grads = []
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "END")
+        x = j.alloc(MiB, INPUT)
+        acts = [j.alloc(32 * MiB, model(20 + i)) for i in range(3)]
+        if not grads:
+            grads = [j.alloc(64 * MiB, BACKWARD) for _ in range(2)]
+        tmp = j.alloc(16 * MiB, BACKWARD)
+        j.b.free(tmp)
+        for t in acts:
+            j.b.free(t)
+        j.b.free(x)
+        marks["optimizer_start"].append(len(j.b.events) - 1)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        if step == 0:
+            marks["state"] = [j.alloc(64 * MiB, OPT_STATE) for _ in range(4)]
+        t = j.alloc(8 * MiB, OPT_TMP)
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+    return j, marks
+
+
+OPT_STATE = frames((f"{TORCH}/optim/adam.py", 178, "_init_group"), (f"{TORCH}/optim/optimizer.py", 533, "wrapper"),
+                   ("/w/train.py", 40, "main"), MAIN)
+OPT_TMP = frames((f"{TORCH}/optim/adam.py", 400, "_multi_tensor_adam"),
+                 (f"{TORCH}/optim/optimizer.py", 533, "wrapper"), ("/w/train.py", 40, "main"), MAIN)
+
+
+def test_late_recorded_gradients_are_gradients_at_every_step(tmp_path):
+    for set_to_none in (True, False):
+        j, m = late_recorded_job(set_to_none=set_to_none)
+        (tmp_path / str(set_to_none)).mkdir()
+        a = analysed(tmp_path / str(set_to_none), j.b)
+        assert a.steps.updates == 3
+        got = [state_at(a, k)["gradients"] for k in m["optimizer_start"]]
+        assert got == [128 * MiB] * 3, (set_to_none, got)
+        assert [state_at(a, k)["workspaces"] for k in m["optimizer_start"]] == [0] * 3

@@ -47,7 +47,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
    - workspaces: a C++ stack naming a library's workspace getter (``stacks="all"``); with Python stacks, a
      block never freed that an op made on its first call beside its output (the first block of its stack,
      of a size none of that stack's freed blocks has), or one the engine thread kept whose size is no
-     parameter's (a gradient has its parameter's shape).
+     parameter's (a gradient has its parameter's shape: a parameter's, a block's that lived through the
+     trace from before it or from setup, or a gradient's of another backward that the optimizer's work
+     freed; recording begun after ``model.cuda()`` leaves no parameter block in the trace).
 
 The byte identity: the lines at an event sum to the allocated bytes then (asserted by
 :meth:`Breakdown.check` and in :func:`breakdown`).
@@ -245,7 +247,14 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     bw = bp == BACKWARD_PHASE
     # alive when the next torch optimizer step begins, where the trace shows one; else past its backward run
     outlives = np.where(s < n, alive_at_step, persistent | (d > b_end)) | (pre & (dp != BACKWARD_PHASE))
-    gradient_shaped = np.isin(lt.requested, np.unique(lt.requested[cat == PARAMETERS]))
+    # a gradient has its parameter's shape: the size of a parameter, of a block that lived through the trace
+    # from before it or from setup (the model's state, where recording began after model.cuda()), or of a
+    # gradient the engine's thread made in another backward that lived to a torch optimizer step and was
+    # freed by the optimizer's work (zero_grad(set_to_none=True) remaking it every step)
+    model_state = (cat == PARAMETERS) | ((persistent | (d >= last_pass)) & ((bp == SETUP_PHASE) | (pre & (bp < 0))))
+    regrown = bp == BACKWARD_PHASE
+    regrown &= engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
+    gradient_shaped = np.isin(lt.requested, np.unique(lt.requested[model_state | regrown]))
     kept_for_good = (persistent & (b_end < n - 1)) | ((b < last_pass) & (d >= last_pass))  # to the end, or teardown
     put(bw & engine & ~gradient_shaped & kept_for_good, WORKSPACES)
     if n and ph.phase[-1] == BACKWARD_PHASE:
