@@ -176,3 +176,57 @@ def test_late_recorded_gradients_are_gradients_at_every_step(tmp_path):
         got = [state_at(a, k)["gradients"] for k in m["optimizer_start"]]
         assert got == [128 * MiB] * 3, (set_to_none, got)
         assert [state_at(a, k)["workspaces"] for k in m["optimizer_start"]] == [0] * 3
+
+
+# --------------------------------------------------------------------------- 3. an __init__ frame alone is no parameter
+
+def init_frames(*where: tuple[str, int]) -> list[dict]:
+    """Constructors of the job's own code (innermost first), called from the script."""
+    return frames(*[(f, line, "__init__") for f, line in where], ("/w/train.py", 8, "main"), MAIN)
+
+
+def setup_then_train(extra: list[tuple[int, list[dict]]], steps: int = 2, train: bool = True):
+    """Parameters made by the job's own module constructors (``nn.Parameter(torch.randn(..., device="cuda"))``)
+    and ``extra`` blocks made at set-up, then ``steps`` training steps whose gradients have the parameters'
+    shapes (or forward passes only when not ``train``)."""
+    j = Job()
+    params = [j.alloc(64 * MiB, init_frames(("/w/model.py", 12), ("/w/model.py", 40))) for _ in range(2)]
+    for size, fr in extra:
+        j.alloc(size, fr)
+    marks: dict = {"end_of_step": []}
+    for _ in range(steps):
+        x = j.alloc(MiB, INPUT)
+        acts = [j.alloc(32 * MiB, model(20 + i)) for i in range(3)]
+        if train:
+            j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "END")
+            grads = [j.alloc(64 * MiB, BACKWARD) for _ in range(2)]
+        for t in acts:
+            j.b.free(t)
+        j.b.free(x)
+        if train:
+            j.b.annotate("Optimizer.step#AdamW.step", "START")
+            t = j.alloc(8 * MiB, OPT_TMP)
+            j.b.free(t)
+            j.b.annotate("Optimizer.step#AdamW.step", "END")
+            j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "START")
+            for g in grads:
+                j.b.free(g, fr=ZERO_GRAD)
+        marks["end_of_step"].append(len(j.b.events) - 1)
+    return j, marks, params
+
+
+def test_a_gpu_dataset_made_in_dataset_init_is_no_parameter(tmp_path):
+    dataset = init_frames(("/w/data.py", 30))
+    j, m, _ = setup_then_train([(200 * MiB, dataset)])
+    a = analysed(tmp_path, j.b)
+    c = state_at(a, m["end_of_step"][-1])
+    assert c["parameters"] == 128 * MiB  # the model's own: their gradients have their shapes
+    assert c["unknown"] == 200 * MiB
+
+
+def test_a_static_kv_cache_made_in_a_module_init_is_no_parameter(tmp_path):
+    cache = init_frames(("/w/model.py", 80), ("/w/model.py", 120))  # KVCache.__init__ in Attention.__init__
+    j, m, _ = setup_then_train([(96 * MiB, cache), (96 * MiB, cache)], train=False)
+    a = analysed(tmp_path, j.b)
+    c = state_at(a, m["end_of_step"][-1])
+    assert c["parameters"] == 0 and c["kv_cache"] + c["unknown"] == 2 * 96 * MiB + 128 * MiB

@@ -24,7 +24,8 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
    lifetime across the steps the trace shows; what neither places is ``unknown``, never a guess.
 
    - born at setup and alive through the training passes: parameters when module construction, loading
-     or moving made it (the ``setup`` frames, a constructor ``__init__``), optimizer state when optimizer
+     or moving made it (the ``setup`` frames; a constructor ``__init__`` of the job's own code only where a
+     gradient of the block's size shows: a GPU dataset or a static KV cache made in ``__init__`` is unknown), optimizer state when optimizer
      code did, communication when a collective's (DDP's buckets); any other such block is unknown (a
      batch preloaded on the GPU is not a parameter); freed at setup: temporaries;
    - born in the optimizer's work (an ``Optimizer.step#`` window, optimizer frames, or the main thread
@@ -206,23 +207,30 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     cache = ri.lookup(ri.cache, lt.stack) & (dp != BACKWARD_PHASE)
     put(cache & (np.isin(bp, (GENERATION_PHASE, EVALUATION_PHASE)) | (not ph.has_backward)), KV_CACHE)
 
-    # setup: what lives through the training passes (until the last one began, or to the end: teardown
-    # frees the rest) is the model's state when module code made it
-    setup = bp == SETUP_PHASE
-    lives = persistent | (d >= last_pass)
-    construct = (own == SETUP_PHASE) | _stacks_with(trace, lt.stack, ("__init__",))
-    put(setup & lives & comm, COMMUNICATION)
-    put(setup & lives & optim, OPTIMIZER_STATE)
-    put(setup & lives & construct, PARAMETERS)
-    put(setup & lives, UNKNOWN)
-    put(setup, TEMPORARIES)
-
     # the first torch optimizer step beginning after each block was born (n: none in the trace)
     s_opt = ph.optimizer_starts if ph.optimizer_starts is not None else np.zeros(0, np.int64)
     s_opt = s_opt[s_opt >= 0]  # steps that began before the trace's first event say nothing of its blocks
     i = np.searchsorted(s_opt, b, side="left")
     s = np.where(i < s_opt.size, s_opt[np.minimum(i, max(s_opt.size - 1, 0))], n) if s_opt.size else np.full(rows, n)
     alive_at_step = (s < n) & (persistent | (d > s))
+
+    # setup: what lives through the training passes (until the last one began, or to the end: teardown
+    # frees the rest) is the model's state when module code made it: the setup frames (building, loading,
+    # moving the model; a torch.nn module's constructor), or a constructor of the job's own code (an
+    # ``__init__`` frame) where a gradient of its size shows (the autograd engine's thread made a block of
+    # that size that outlived its backward): a dataset moved to the GPU in ``Dataset.__init__`` or a static
+    # KV cache made in a module's ``__init__`` has none, and stays unknown
+    setup = bp == SETUP_PHASE
+    lives = persistent | (d >= last_pass)
+    trained = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end))
+    has_gradient = np.isin(lt.requested, np.unique(lt.requested[trained]))
+    construct = (own == SETUP_PHASE) | (_stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
+    put(setup & lives & comm, COMMUNICATION)
+    put(setup & lives & optim, OPTIMIZER_STATE)
+    put(setup & lives & construct, PARAMETERS)
+    put(setup & lives, UNKNOWN)
+    put(setup, TEMPORARIES)
+
 
     # the optimizer's work: its input, its state, its temporaries
     opt = bp == OPTIMIZER_PHASE
