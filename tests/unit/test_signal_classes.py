@@ -230,3 +230,56 @@ def test_a_static_kv_cache_made_in_a_module_init_is_no_parameter(tmp_path):
     a = analysed(tmp_path, j.b)
     c = state_at(a, m["end_of_step"][-1])
     assert c["parameters"] == 0 and c["kv_cache"] + c["unknown"] == 2 * 96 * MiB + 128 * MiB
+
+
+# --------------------------------------------------------------------------- 4. a chunked loss is no pipeline
+
+LOSS = frames((f"{TORCH}/nn/functional.py", 3400, "cross_entropy"), ("/w/train.py", 33, "chunked_loss"),
+              ("/w/train.py", 30, "main"), MAIN)
+
+
+def chunked_loss_job(chunks: int = 4, oom: bool = True, micro_batches: int = 1):
+    """One micro-batch (or ``micro_batches`` run forward one after another before their backwards, GPipe on
+    one GPU) whose loss is computed in ``chunks`` pieces: each piece's fp32 log-probabilities are saved for
+    the one backward. Two steps, then a third's forward ends in an OOM no allocator setting helps."""
+    j = Job(size=4 * GiB)
+    for _ in range(2):
+        j.alloc(64 * MiB, SETUP)
+    for step in range(3):
+        x = j.alloc(MiB, INPUT)
+        saved = []
+        for _mb in range(micro_batches):
+            saved += [j.alloc(32 * MiB, model(20)), j.alloc(32 * MiB, model(21))]
+            saved += [j.alloc(48 * MiB, LOSS) for _ in range(chunks)]
+        if step == 2 and oom:
+            j.b.oom(8 * GiB, device_free=0)
+            break
+        grads = [j.alloc(64 * MiB, BACKWARD) for _ in range(2)]
+        for t in saved:
+            j.b.free(t)
+        j.b.free(x)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        t = j.alloc(8 * MiB, OPT_TMP)
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+    return j
+
+
+ROOM_META = {"rank": 0, "gpu_total_memory_bytes": 4 * GiB, "world_size": 1}
+
+
+def test_a_chunked_loss_names_no_micro_batches_in_flight_and_no_pipeline(tmp_path):
+    from oomdoctor.frameworks import PIPELINE_KNOB
+
+    a = analysed(tmp_path, chunked_loss_job().b, ROOM_META)
+    v = report_of(a).verdict
+    assert v.kind == "capacity" and v.evidence["in_flight"] == 1
+    assert PIPELINE_KNOB[1:] + "." not in [x[1:] for x in v.actions]
+
+
+def test_gpipe_on_one_gpu_still_counts_its_micro_batches(tmp_path):
+    """The same loss in one piece, four micro-batches' forwards before any backward: four in flight."""
+    a = analysed(tmp_path, chunked_loss_job(chunks=1, micro_batches=4).b, ROOM_META)
+    assert report_of(a).verdict.evidence["in_flight"] == 4

@@ -202,7 +202,12 @@ _ROLES: "weakref.WeakKeyDictionary[StackTable, RoleIndex]" = weakref.WeakKeyDict
 
 def role_index(trace: Trace) -> RoleIndex:
     """The :class:`RoleIndex` of a trace's stack table (one per table, kept while the table lives)."""
-    return per_table(_ROLES, trace.stacks, RoleIndex)
+    return table_roles(trace.stacks)
+
+
+def table_roles(stacks: StackTable) -> RoleIndex:
+    """The :class:`RoleIndex` of a stack table (one per table, kept while the table lives)."""
+    return per_table(_ROLES, stacks, RoleIndex)
 
 
 @dataclass
