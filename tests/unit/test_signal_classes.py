@@ -238,7 +238,7 @@ LOSS = frames((f"{TORCH}/nn/functional.py", 3400, "cross_entropy"), ("/w/train.p
               ("/w/train.py", 30, "main"), MAIN)
 
 
-def chunked_loss_job(chunks: int = 4, oom: bool = True, micro_batches: int = 1):
+def chunked_loss_job(chunks: int = 4, oom: bool = True, micro_batches: int = 1, loss: list[dict] = LOSS):
     """One micro-batch (or ``micro_batches`` run forward one after another before their backwards, GPipe on
     one GPU) whose loss is computed in ``chunks`` pieces: each piece's fp32 log-probabilities are saved for
     the one backward. Two steps, then a third's forward ends in an OOM no allocator setting helps."""
@@ -250,7 +250,7 @@ def chunked_loss_job(chunks: int = 4, oom: bool = True, micro_batches: int = 1):
         saved = []
         for _mb in range(micro_batches):
             saved += [j.alloc(32 * MiB, model(20)), j.alloc(32 * MiB, model(21))]
-            saved += [j.alloc(48 * MiB, LOSS) for _ in range(chunks)]
+            saved += [j.alloc(48 * MiB, loss) for _ in range(chunks)]
         if step == 2 and oom:
             j.b.oom(8 * GiB, device_free=0)
             break
@@ -283,3 +283,23 @@ def test_gpipe_on_one_gpu_still_counts_its_micro_batches(tmp_path):
     """The same loss in one piece, four micro-batches' forwards before any backward: four in flight."""
     a = analysed(tmp_path, chunked_loss_job(chunks=1, micro_batches=4).b, ROOM_META)
     assert report_of(a).verdict.evidence["in_flight"] == 4
+
+
+# --------------------------------------------------------------------------- 5. an attention softmax is no loss
+
+SOFTMAX = frames((f"{TORCH}/nn/functional.py", 2100, "softmax"), (f"{TORCH}/nn/modules/activation.py", 1700, "forward"),
+                 ("/venv/site-packages/megatron/core/fusions/fused_softmax.py", 210, "forward_torch_softmax"),
+                 ("/venv/site-packages/megatron/core/fusions/fused_softmax.py", 160, "forward"),
+                 ("/venv/site-packages/megatron/core/transformer/dot_product_attention.py", 190, "forward"),
+                 (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"), ("/w/train.py", 30, "main"), MAIN)
+
+
+def test_an_attention_softmax_gets_no_chunked_loss_advice(tmp_path):
+    a = analysed(tmp_path, chunked_loss_job(loss=SOFTMAX).b, ROOM_META)
+    v = report_of(a).verdict
+    assert v.kind == "capacity" and "logits_bytes" not in v.evidence
+    # the loss itself, at its exact function name, is the logits
+    (tmp_path / "loss").mkdir()
+    a = analysed(tmp_path / "loss", chunked_loss_job(loss=LOSS).b, ROOM_META)
+    v = report_of(a).verdict
+    assert v.kind == "capacity" and v.evidence["logits_bytes"] == 4 * 48 * MiB

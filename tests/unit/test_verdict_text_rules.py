@@ -701,11 +701,13 @@ SITES = ["torch/nn/functional.py:3104 in cross_entropy", "torch/nn/functional.py
     ([(SITES[0], 199)], 1000, {}),
     ([(SITES[0], 100), ("model.py:3 in forward", 900), (SITES[1], 100)], 1000,
      {"logits_bytes": 200, "logits_sites": f"{SITES[0]}, {SITES[1]}"}),
-    ([(s, 100) for s in SITES], 1000, {"logits_bytes": 400, "logits_sites": ", ".join(SITES[:3])}),
+    # a softmax is no loss (an attention's): 300, not 400
+    ([(s, 100) for s in SITES], 1000, {"logits_bytes": 300, "logits_sites": ", ".join(SITES[:3])}),
+    ([("megatron/core/fusions/fused_softmax.py:210 in forward_torch_softmax", 900)], 1000, {}),
     ([("model.py:3 in forward", 900)], 1000, {}),
     ([(SITES[0], 1)], 0, {"logits_bytes": 1, "logits_sites": SITES[0]}),
     ([], 0, {}),
-], ids=["fifth", "under", "mixed", "three-sites", "none", "nothing-allocated", "no-holder"])
+], ids=["fifth", "under", "mixed", "three-sites", "attention-softmax", "none", "nothing-allocated", "no-holder"])
 def test_logits_from_a_fifth_of_the_allocated_bytes(holders, allocated, ev):
     assert LOGITS_FRACTION * 1000 == 200
     got = {}

@@ -306,16 +306,27 @@ def _fit_sentence(fits: Fits | None, ev: dict[str, Any], whole: str, scale: str)
     return ""
 
 
-LOGITS_NAMES = ("cross_entropy", "log_softmax", "_convert_to_fp32", "convert_to_fp32", "ForCausalLMLoss",
-                "fixed_cross_entropy", "softmax")
+LOGITS_NAMES = ("cross_entropy", "log_softmax", "nll_loss", "_convert_to_fp32", "convert_to_fp32", "ForCausalLMLoss",
+                "fixed_cross_entropy")
+"""Functions of the loss (``torch/nn/functional.py`` ``cross_entropy`` = ``log_softmax`` + ``nll_loss``;
+transformers' ``ForCausalLMLoss``/``fixed_cross_entropy``; accelerate's fp32 copy of the outputs), matched
+at the exact function name of a frame: an attention softmax (Megatron's ``forward_torch_softmax``,
+``torch.nn.functional.softmax``) is none of them."""
 LOGITS_FRACTION = 0.2
+
+
+def _frame_name(text: str) -> str:
+    """The function of a frame written ``file:line in function`` (:func:`~oomdoctor.detectors.common.frame_text`)."""
+    return text.rpartition(" in ")[2]
 
 
 def _logits(holders: list[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> None:
     """When the loss's logits (cross-entropy, log-softmax, fp32 copies of the output) hold at least
     :data:`LOGITS_FRACTION` of the allocated bytes, say so: the [tokens, vocabulary] tensors in fp32 are
-    the usual cause of a language model's peak."""
-    hit = [h for h in holders if any(n in h.label for n in LOGITS_NAMES)]
+    the usual cause of a language model's peak. A holder is the loss's when a frame of its stack (or its
+    site) is one of :data:`LOGITS_NAMES`, by exact function name."""
+    hit = [h for h in holders
+           if any(_frame_name(x) in LOGITS_NAMES for x in [*(h.stack or []), h.label])]
     b = sum(h.bytes for h in hit)
     if hit and b >= LOGITS_FRACTION * max(bd.allocated_bytes, 1):
         ev["logits_bytes"] = b
