@@ -217,7 +217,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     short = need - room_b if room_b is not None else None
     if short is not None:
         ev["shortfall_bytes"] = short
-        ev["free_bytes"] = room_b - allocated
+        ev["free_bytes"] = room_b - allocated - an.pending_free_bytes  # pending frees are not free yet
     decisive = max(short or 0, MIN_DECISIVE_BYTES)
     growth = [f for f in mine if f.id in GROWTH_FINDINGS]
     kept = max([bd.categories["outputs"]] + [_rank_bytes(f, rank) for f in growth])
@@ -247,7 +247,9 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
                                  " What fits: {batch_scale}x the current micro-batch.")
         return Verdict("capacity", summary, short, [rank], None, None, ev)
-    if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b and an.pending_free_bytes >= MIN_DECISIVE_BYTES:
+    # need <= room < need + pending: the blocks freed by Python but held for other streams made the
+    # difference, however few bytes they are (a small GPU or a MIG slice runs out by little)
+    if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b:
         return Verdict("deferred-free", "{pending_free_bytes:bytes} freed by Python were still held for other streams "
                                         "(record_stream) at the OOM; without them the request fits.",
                        an.pending_free_bytes, [rank], None, "deferred-free", ev)
