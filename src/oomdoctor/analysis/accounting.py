@@ -255,14 +255,17 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     bw = bp == BACKWARD_PHASE
     # alive when the next torch optimizer step begins, where the trace shows one; else past its backward run
     outlives = np.where(s < n, alive_at_step, persistent | (d > b_end)) | (pre & (dp != BACKWARD_PHASE))
-    # a gradient has its parameter's shape: the size of a parameter, of a block that lived through the trace
-    # from before it or from setup (the model's state, where recording began after model.cuda()), or of a
-    # gradient the engine's thread made in another backward that lived to a torch optimizer step and was
-    # freed by the optimizer's work (zero_grad(set_to_none=True) remaking it every step)
-    model_state = (cat == PARAMETERS) | ((persistent | (d >= last_pass)) & ((bp == SETUP_PHASE) | (pre & (bp < 0))))
-    regrown = bp == BACKWARD_PHASE
-    regrown &= engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
-    gradient_shaped = np.isin(lt.requested, np.unique(lt.requested[model_state | regrown]))
+    # a gradient has its parameter's shape: the size of a parameter; where no parameter was born in the
+    # trace (recording began after model.cuda()), of a block that lived through the trace from before it or
+    # from setup (the model's state); for a block born after the last torch optimizer step began (the last
+    # step's gradients, which no zero_grad freed yet), of a gradient the engine's thread made in an earlier
+    # backward that lived to a step and that the optimizer's work freed (zero_grad(set_to_none=True))
+    shapes = lt.requested[cat == PARAMETERS]
+    if not shapes.size:
+        shapes = lt.requested[(persistent | (d >= last_pass)) & ((bp == SETUP_PHASE) | (pre & (bp < 0)))]
+    regrown = (bp == BACKWARD_PHASE) & engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
+    gradient_shaped = np.isin(lt.requested, np.unique(shapes))
+    gradient_shaped |= (s >= n) & np.isin(lt.requested, np.unique(lt.requested[regrown]))
     kept_for_good = (persistent & (b_end < n - 1)) | ((b < last_pass) & (d >= last_pass))  # to the end, or teardown
     put(bw & engine & ~gradient_shaped & kept_for_good, WORKSPACES)
     if n and ph.phase[-1] == BACKWARD_PHASE:
