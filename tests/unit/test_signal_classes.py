@@ -303,3 +303,54 @@ def test_an_attention_softmax_gets_no_chunked_loss_advice(tmp_path):
     a = analysed(tmp_path / "loss", chunked_loss_job(loss=LOSS).b, ROOM_META)
     v = report_of(a).verdict
     assert v.kind == "capacity" and v.evidence["logits_bytes"] == 4 * 48 * MiB
+
+
+# --------------------------------------------------------------------------- 7. sharding advice only where it is news
+
+def wrapped(line: int, wrapper: tuple[str, int, str] | None) -> list[dict]:
+    """A model frame called through ``wrapper`` (DDP's or FSDP's forward), or directly."""
+    fr = [("/w/model.py", line, "forward"), (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl")]
+    if wrapper is not None:
+        fr += [wrapper, (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl")]
+    return frames(*fr, ("/w/train.py", 30, "main"), MAIN)
+
+
+DDP_FORWARD = (f"{TORCH}/nn/parallel/distributed.py", 1640, "forward")
+FSDP_FORWARD = (f"{TORCH}/distributed/fsdp/fully_sharded_data_parallel.py", 850, "forward")
+
+
+def capacity_job(wrapper):
+    """Two steps with 1 GiB of Adam state, then a third step's forward runs out: no setting helps."""
+    j = Job(size=4 * GiB)
+    for _ in range(2):
+        j.alloc(256 * MiB, SETUP)
+    for step in range(3):
+        x = j.alloc(MiB, INPUT)
+        acts = [j.alloc(128 * MiB, wrapped(20 + i, wrapper)) for i in range(3)]
+        if step == 2:
+            j.b.oom(8 * GiB, device_free=0)
+            break
+        grads = [j.alloc(256 * MiB, BACKWARD) for _ in range(2)]
+        for t in acts:
+            j.b.free(t)
+        j.b.free(x)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        if step == 0:
+            [j.alloc(256 * MiB, OPT_STATE) for _ in range(4)]
+        t = j.alloc(8 * MiB, OPT_TMP)
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+    return j
+
+
+def test_sharding_advice_only_for_data_parallel_jobs_that_do_not_shard(tmp_path):
+    meta = {**ROOM_META, "world_size": 4}
+    got = {}
+    for name, wrapper in (("ddp", DDP_FORWARD), ("fsdp", FSDP_FORWARD), ("tp-only", None)):
+        (tmp_path / name).mkdir()
+        v = report_of(analysed(tmp_path / name, capacity_job(wrapper).b, meta)).verdict
+        got[name] = (v.kind, v.evidence.get("sharding_frees_bytes"))
+    assert got == {"ddp": ("capacity", GiB * 3 // 4), "fsdp": ("capacity", None),
+                   "tp-only": ("capacity", None)}

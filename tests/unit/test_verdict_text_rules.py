@@ -537,12 +537,19 @@ def test_kv_cache_action_for_capacity_and_fragmentation(kind, expected):
 def test_capacity_actions_from_what_fits(fits, expected):
     ev = {}
     _fit_sentence(fits, ev, "", "")  # the summary puts the number what fits into the evidence, as _oom_verdict does
-    got, ev = actions("capacity", ev, fits=fits, files=(TRAIN,))
+    got, ev = actions("capacity", ev, fits=fits, files=(TRAIN, DDP))  # DDP: data-parallel, unsharded
     assert got == expected
     cp = fits.checkpointing_frees_at_most_bytes if fits is not None else 0
     sh = fits.sharding_optimizer_frees_bytes if fits is not None else 0
     assert ev.get("checkpointing_frees_bytes") == (cp or None)
     assert ev.get("sharding_frees_bytes") == (sh if sh >= 64 * MiB else None)
+
+
+@pytest.mark.parametrize("files", [(TRAIN,), (TRAIN, DDP, DEEPSPEED)], ids=["no-data-parallel", "sharded"])
+def test_no_sharding_action_without_unsharded_data_parallel(files):
+    fits = Fits(1, "t", sharding_optimizer_frees_bytes=GiB)
+    got, ev = actions("capacity", {}, fits=fits, files=files)
+    assert "sharding_frees_bytes" not in ev and shard(GiB) not in got
 
 
 @pytest.mark.parametrize("files, fw", [

@@ -345,6 +345,19 @@ def _frameworks(a: DeviceAnalysis):
     return detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
 
 
+SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")
+"""Frameworks whose presence means the job shards its model state already (FSDP1/2, DeepSpeed ZeRO)."""
+
+
+def _unsharded_data_parallel(fws) -> bool:
+    """Whether sharding the optimizer state over data-parallel ranks is news to the job: it runs DDP (its
+    forward goes through ``torch/nn/parallel/distributed.py``) and no FSDP or DeepSpeed code (which shard
+    already). A job with several ranks and neither (tensor- or pipeline-parallel only) has no
+    data-parallel ranks to shard over that the trace shows."""
+    ids = {fw.id for fw in fws}
+    return "ddp" in ids and not ids & set(SHARDING_FRAMEWORKS)
+
+
 def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | None) -> list[str]:
     """What to do, in order, as templates over ``v.evidence`` (filled by the renderers)."""
     ev, out = v.evidence, []
@@ -365,7 +378,8 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
             ev["checkpointing_frees_bytes"] = fits.checkpointing_frees_at_most_bytes
             out.append("Activation checkpointing frees at most {checkpointing_frees_bytes:bytes} (the activations "
                        "saved for backward at the peak; recomputation adds back one layer's).")
-        if fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES:
+        if (fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES
+                and _unsharded_data_parallel(fws)):
             ev["sharding_frees_bytes"] = fits.sharding_optimizer_frees_bytes
             out.append("Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees "
                        "{sharding_frees_bytes:bytes}.")
