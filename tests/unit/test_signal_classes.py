@@ -354,3 +354,30 @@ def test_sharding_advice_only_for_data_parallel_jobs_that_do_not_shard(tmp_path)
         got[name] = (v.kind, v.evidence.get("sharding_frees_bytes"))
     assert got == {"ddp": ("capacity", GiB * 3 // 4), "fsdp": ("capacity", None),
                    "tp-only": ("capacity", None)}
+
+
+# --------------------------------------------------------------------------- 9. pad or bucket only where shapes vary
+
+def test_shapes_vary_only_where_a_model_stack_makes_new_sizes_from_pass_to_pass(tmp_path):
+    from oomdoctor.detectors.context import TorchVersion
+    from oomdoctor.detectors.fragmentation import _fixes, shapes_vary
+
+    def job(lengths: list[int], cut: bool):
+        j = Job()
+        j.alloc(64 * MiB, SETUP)
+        for n, length in enumerate(lengths):
+            x = j.alloc(MiB, INPUT)
+            layers = 2 if not (cut and n == len(lengths) - 1) else 1  # the last pass cut short by an OOM
+            acts = [j.alloc(length * (i + 1) * MiB, model(20)) for i in range(layers)]
+            grads = [j.alloc(64 * MiB, BACKWARD)]
+            for t in acts + [x] + grads:
+                j.b.free(t)
+        return j
+
+    got = []
+    for name, lengths, cut in (("static", [8, 8, 8], True), ("varying", [8, 12, 8], False), ("one", [8], False)):
+        (tmp_path / name).mkdir()
+        got.append(shapes_vary(analysed(tmp_path / name, job(lengths, cut).b)))
+    assert got == [False, True, False]
+    pad = [f for f in _fixes(TorchVersion((2, 11), None, "2.11.0"), False, 0, False, True) if f.kind == "code"]
+    assert len(pad) == 1 and not [f for f in _fixes(TorchVersion((2, 11), None, "2.11.0"), False, 0, False) if f.kind == "code"]
