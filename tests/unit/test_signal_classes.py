@@ -381,3 +381,59 @@ def test_shapes_vary_only_where_a_model_stack_makes_new_sizes_from_pass_to_pass(
     assert got == [False, True, False]
     pad = [f for f in _fixes(TorchVersion((2, 11), None, "2.11.0"), False, 0, False, True) if f.kind == "code"]
     assert len(pad) == 1 and not [f for f in _fixes(TorchVersion((2, 11), None, "2.11.0"), False, 0, False) if f.kind == "code"]
+
+
+# --------------------------------------------------------------------------- 11. a 1F1B stage out of memory
+
+def one_f_one_b_job(oom: bool):
+    """One pipeline stage under 1F1B with 3 micro-batches a step: F0 F1 B0 F2 B1 B2, then the optimizer step.
+    The third step runs out inside F1's forward, with F0's activations awaiting their backward."""
+    j = Job(size=4 * GiB)
+    for _ in range(2):
+        j.alloc(16 * MiB, SETUP)
+    marks: dict = {}
+
+    def fwd(_mb):
+        x = j.alloc(MiB, INPUT)
+        return [x] + [j.alloc(32 * MiB, model(20 + i)) for i in range(3)]
+
+    def bwd(acts, grads):
+        if not grads:
+            grads += [j.alloc(16 * MiB, BACKWARD) for _ in range(2)]
+        t = j.alloc(8 * MiB, BACKWARD)
+        j.b.free(t)
+        for a in acts:
+            j.b.free(a)
+
+    for step in range(3):
+        grads: list[int] = []
+        f0 = fwd(0)
+        if step == 2 and oom:
+            j.b.alloc(j.seg, j.off, MiB, fr=INPUT)
+            j.off += MiB
+            j.alloc(32 * MiB, model(20))
+            j.b.oom(8 * GiB, device_free=0)
+            break
+        f1 = fwd(1)
+        bwd(f0, grads)
+        f2 = fwd(2)
+        bwd(f1, grads)
+        bwd(f2, grads)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        t = j.alloc(8 * MiB, OPT_TMP)
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+        marks.setdefault("ends", []).append(len(j.b.events) - 1)
+    return j, marks
+
+
+def test_a_1f1b_stage_out_of_memory_with_two_micro_batches_in_flight_is_capacity(tmp_path):
+    j, _ = one_f_one_b_job(oom=True)
+    a = analysed(tmp_path, j.b, ROOM_META)
+    k = int(a.oom_events[-1])
+    c = state_at(a, k)
+    assert c["outputs"] == 0 and c["activations"] == 4 * 32 * MiB
+    v = report_of(a).verdict
+    assert v.kind == "capacity" and v.evidence["in_flight"] == 2

@@ -342,6 +342,15 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     out = kept & ~persistent  # freed in a later pass: kept across batches
     pk = kept & persistent
     if pk.any():
+        # still allocated at the trace's end, born in an earlier pass: where the same allocation (stack, rank
+        # in its pass) of an earlier pass was freed by its backward, it awaits its own backward (a pipeline
+        # schedule's micro-batch in flight at an OOM or a dump): an activation
+        fate, matched = _fate_of_open(cat, fw & freed_bw & ~pre, pk, b, bpass, stack, UNKNOWN)
+        ids = np.flatnonzero(pk)[matched & (fate == ACTIVATIONS)]
+        cat[ids] = ACTIVATIONS
+        pk[ids] = False
+        kept[ids] = False
+    if pk.any():
         idx = np.flatnonzero(pk)
         k_idx = np.flatnonzero(kept)
         pairs = np.unique(np.stack([stack[k_idx], bpass[k_idx]]), axis=1)
