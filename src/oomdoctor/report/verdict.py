@@ -46,8 +46,9 @@ from .fits import Fits, Room
 KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy", "empty")
 EDGE_FRACTION = 0.10
 """A healthy rank with less headroom than this fraction of its room is said to be at the edge."""
-VERDICT_FRACTION = 0.10
-"""Without an OOM, memory held by deferred frees or one rank's excess decides the verdict when it is at least this
+VERDICT_FRACTION = EDGE_FRACTION
+"""(Equal to :data:`EDGE_FRACTION` by construction, docs/diagnose.md "Constants": a fix that frees less than the
+margin under which a rank is called at the edge cannot change that call.) Without an OOM, memory held by deferred frees or one rank's excess decides the verdict when it is at least this
 fraction of the rank's peak reserved (below it, the finding is listed and the rank is healthy); growth decides at
 any material size (it grows); fragmentation never does (the job ran: its cache was reusable enough)."""
 KV_CACHE_FRACTION = 0.2
