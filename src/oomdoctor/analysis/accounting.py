@@ -24,8 +24,8 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
    lifetime across the steps the trace shows; what neither places is ``unknown``, never a guess.
 
    - born at setup and alive through the training passes: parameters when module construction, loading
-     or moving made it (the ``setup`` frames; a constructor ``__init__`` of the job's own code only where a
-     gradient of the block's size shows: a GPU dataset or a static KV cache made in ``__init__`` is unknown), optimizer state when optimizer
+     or moving made it (the ``setup`` frames, an installed package's constructor ``__init__``; a constructor
+     of the job's own code only where a gradient of the block's size shows: a GPU dataset or a static KV cache made in ``__init__`` is unknown), optimizer state when optimizer
      code did, communication when a collective's (DDP's buckets); any other such block is unknown (a
      batch preloaded on the GPU is not a parameter); freed at setup: temporaries;
    - born in the optimizer's work (an ``Optimizer.step#`` window, optimizer frames, or the main thread
@@ -150,6 +150,21 @@ def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], exact
     return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
 
 
+_INSTALLED = ("site-packages/", "dist-packages/")
+"""Path fragments of installed packages: a frame under them is a library's code, not the job's own."""
+
+
+def _library_init(trace: Trace, stacks: np.ndarray) -> np.ndarray:
+    """Per row: its stack has a constructor (``__init__``) of an installed package (a framework building
+    the model's state: DeepSpeed's engine making its fp32 master copies); a constructor of the job's own
+    code needs a gradient of the block's size as well (see :func:`account`)."""
+    frames = trace.stacks.frames
+    ids = {s for s, fids in enumerate(trace.stacks.stacks)
+           if any(frames[f][2] == "__init__" and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
+                  for f in fids)}
+    return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
+
+
 def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stacks: bool = False) -> Accounting:
     """Categorise every row of ``lt`` (see the module doc). ``free_stacks``: frees were recorded with
     stacks of their own (``context="all"``), so a dropped allocation's free event says where it was freed,
@@ -224,7 +239,8 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     lives = persistent | (d >= last_pass)
     trained = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end))
     has_gradient = np.isin(lt.requested, np.unique(lt.requested[trained]))
-    construct = (own == SETUP_PHASE) | (_stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
+    construct = (own == SETUP_PHASE) | _library_init(trace, lt.stack) | (
+        _stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
     put(setup & lives & comm, COMMUNICATION)
     put(setup & lives & optim, OPTIMIZER_STATE)
     put(setup & lives & construct, PARAMETERS)
