@@ -437,3 +437,47 @@ def test_a_1f1b_stage_out_of_memory_with_two_micro_batches_in_flight_is_capacity
     assert c["outputs"] == 0 and c["activations"] == 4 * 32 * MiB
     v = report_of(a).verdict
     assert v.kind == "capacity" and v.evidence["in_flight"] == 2
+
+
+# --------------------------------------------------------------------------- 10. generate(): the cache's growth per token
+
+GEN = [("/venv/site-packages/transformers/generation/utils.py", 2500, "_sample"),
+       ("/venv/site-packages/transformers/generation/utils.py", 2200, "generate"), ("/w/gen.py", 20, "main"), MAIN]
+
+
+def cache_update(layer: int) -> list[dict]:
+    return frames(("/venv/site-packages/transformers/cache_utils.py", 120, "update"),
+                  ("/venv/site-packages/transformers/models/llama/modeling_llama.py", 300 + layer, "forward"),
+                  (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"), *GEN)
+
+
+def test_an_oom_inside_generate_gives_the_caches_growth_per_token_as_data(tmp_path):
+    """4 layers x (keys, values), 8 MiB each after the prefill, each re-made 1 MiB larger per token by
+    torch.cat: 8 MiB per token; out of memory at the 11th token."""
+    j = Job()
+    j.alloc(256 * MiB, SETUP)
+    cache = {}
+    for layer in range(4):
+        for kv in range(2):
+            cache[layer, kv] = (j.alloc(8 * MiB, cache_update(2 * layer + kv)), 8)
+    for token in range(11):
+        x = j.alloc(MiB, frames(("/venv/site-packages/transformers/models/llama/modeling_llama.py", 200, "forward"),
+                                (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"), *GEN))
+        for layer in range(4):
+            for kv in range(2):
+                old, mib = cache[layer, kv]
+                if token == 10 and (layer, kv) == (2, 0):
+                    j.b.oom(64 * GiB, device_free=0)
+                    break
+                cache[layer, kv] = (j.alloc((mib + 1) * MiB, cache_update(2 * layer + kv)), mib + 1)
+                j.b.free(old)
+            else:
+                continue
+            break
+        else:
+            j.b.free(x)
+            continue
+        break
+    a = analysed(tmp_path, j.b, ROOM_META)
+    v = report_of(a).verdict
+    assert v.evidence["kv_cache_growth_per_token_bytes"] == 8 * MiB

@@ -33,7 +33,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..analysis.accounting import Breakdown
+import numpy as np
+
+from ..analysis.accounting import KV_CACHE, Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight
@@ -102,6 +104,10 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     _logits(holders, bd, ev)
     if bd.categories.get("kv_cache", 0) >= KV_CACHE_FRACTION * max(bd.allocated_bytes, 1):
         ev["kv_cache_bytes"] = bd.categories["kv_cache"]
+    if a.oom_events.size and a.phases.phase_name(int(a.oom_events[-1])) == "generation":
+        growth = kv_growth_per_token(a, int(a.oom_events[-1]))
+        if growth is not None:
+            ev["kv_cache_growth_per_token_bytes"] = growth
     if a.oom_events.size:
         ev["in_flight"] = in_flight(a.trace.stacks, a.lifetimes, a.accounting, a.phases, int(a.oom_events[-1]))
         v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
@@ -122,6 +128,25 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}, peak allocated "
                    "{peak_allocated_bytes:bytes} in the {phase} phase (the GPU's size is not recorded).")
     return with_findings(Verdict("healthy", summary, peak_reserved, [rank], headroom, None, ev), findings)
+
+
+def kv_growth_per_token(a: DeviceAnalysis, k: int) -> int | None:
+    """Bytes the KV cache grows by per generated token up to event ``k``, from the cache's own blocks
+    (category ``kv_cache``): the tensors alive at ``k`` (two per layer) were each re-made one token larger
+    per token (``torch.cat`` in ``DynamicLayer.update``), so the allocations past the first set count the
+    tokens, and the bytes alive at ``k`` less those when the first set was complete are their growth.
+    None without a cache, or before a token was added; 0 for a cache that never grows (a static cache).
+    With it a renderer can say what fits in batch x new tokens."""
+    lt, acc = a.lifetimes, a.accounting
+    rows = np.flatnonzero((acc.category == KV_CACHE) & (lt.alloc >= 0) & (lt.alloc <= k))
+    alive = rows[lt.allocated_mask(k)[rows]]
+    if alive.size == 0 or rows.size < 2 * alive.size:
+        return None
+    rows = rows[np.argsort(lt.alloc[rows], kind="stable")]
+    first = int(lt.alloc[rows[alive.size - 1]])  # the first set of cache tensors made (the prefill)
+    start = int(lt.requested[rows[lt.allocated_mask(first)[rows]]].sum())
+    tokens = (rows.size - alive.size) / alive.size
+    return max(int(round((int(lt.requested[alive].sum()) - start) / tokens)), 0)
 
 
 def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
