@@ -481,3 +481,19 @@ def test_an_oom_inside_generate_gives_the_caches_growth_per_token_as_data(tmp_pa
     a = analysed(tmp_path, j.b, ROOM_META)
     v = report_of(a).verdict
     assert v.evidence["kv_cache_growth_per_token_bytes"] == 8 * MiB
+
+
+# --------------------------------------------------------------------------- 11. a last stage's cached outputs
+
+def test_a_last_stage_that_keeps_its_outputs_until_step_ends_is_healthy_with_a_finding(snapshots):
+    """torch.distributed.pipelining's last stage with return_outputs=True keeps every micro-batch's output
+    until step() ends (recorded on a GPU, /work/shared/snapshots/pp-microbatch): memory does not grow from
+    step to step, so the finding is listed under a healthy verdict."""
+    from oomdoctor.report import build_report
+    from oomdoctor.trace import load_ranks
+
+    d = snapshots / "pp-microbatch"
+    report = build_report(load_ranks([d / "return-outputs-rank0.pickle", d / "return-outputs-rank1.pickle"],
+                                     skipped=[]))
+    assert "pipeline-output-cache" in {f.id for f in report.findings}
+    assert report.verdict.kind == "healthy"

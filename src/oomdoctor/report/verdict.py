@@ -7,7 +7,7 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
 ``room`` = what the allocator could hold, :func:`.fits.device_room`):
 
 - ``growth``: memory kept across micro-batches (``outputs`` in the breakdown, or a material
-  ``output-accumulation`` / ``memory-growth`` / ``pipeline-output-cache`` finding on the rank) at least
+  ``output-accumulation`` / ``memory-growth`` finding on the rank) at least
   the shortfall ``need - room`` and 64 MiB: the job accumulates, a bigger GPU only delays it;
 - ``imbalance``: a ``rank-imbalance`` finding on this rank whose excess covers the shortfall;
 - ``capacity``: ``need > room``: the live tensors alone do not fit; no allocator setting helps;
@@ -17,8 +17,8 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
   one piece (PyTorch's "reserved but unallocated"); the simulator says whether
   ``expandable_segments`` lets the recorded trace through (``fits.expandable_batch_scale >= 1``).
 
-Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` /
-``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
+Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` finding says memory
+grows across passes (``pipeline-output-cache`` is freed at every step's end: a finding, never the verdict); ``deferred-free`` or ``imbalance`` when such
 a finding holds at least :data:`VERDICT_FRACTION` of the rank's peak reserved; else ``healthy``, said to be at
 the edge with under :data:`EDGE_FRACTION` of the room left. Fragmentation without an OOM is a finding, not the
 verdict: the job ran. A snapshot without history is judged the same way on its final state; ``empty`` when it
@@ -55,7 +55,10 @@ fraction of the rank's peak reserved (below it, the finding is listed and the ra
 any material size (it grows); fragmentation never does (the job ran: its cache was reusable enough)."""
 KV_CACHE_FRACTION = 0.2
 """A KV cache holding at least this fraction of the allocated bytes is named in the verdict."""
-GROWTH_FINDINGS = ("output-accumulation", "memory-growth", "pipeline-output-cache")
+GROWTH_FINDINGS = ("output-accumulation", "memory-growth")
+"""Findings of memory that grows across passes or steps. ``pipeline-output-cache`` is none: a pipeline's last
+stage keeps its micro-batches' outputs until ``step()`` ends and frees them there, so memory does not grow from
+step to step; it is listed as a finding under whatever verdict the rank gets."""
 FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
                 **{f: "growth" for f in GROWTH_FINDINGS}}
 MIN_DECISIVE_BYTES = 64 * MiB
