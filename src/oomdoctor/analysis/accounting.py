@@ -310,7 +310,10 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # step stays unknown (parameters or optimizer state? the trace cannot say)
     loose = todo & pre
     put(loose & (dp == BACKWARD_PHASE), ACTIVATIONS)
-    put(loose & ~persistent & (dp == OPTIMIZER_PHASE) & gradient_shaped, GRADIENTS)
+    # (a parameter's size only: where no parameter was placed, the blocks of the model's state would
+    # match themselves, freed at teardown)
+    param_shaped = np.isin(lt.requested, np.unique(lt.requested[cat == PARAMETERS]))
+    put(loose & ~persistent & (dp == OPTIMIZER_PHASE) & param_shaped, GRADIENTS)
     put(loose & ~persistent & (d < first_pass), TEMPORARIES)
     src = np.full(rows, TRACE, dtype=np.int8)
     recorded = _apply_facts(trace, dt, lt, cat, src)
