@@ -429,7 +429,8 @@ def test_setup_blocks_that_live_through_the_training_passes_are_the_models_state
         blk("setup", 0),  # made by Module._apply, never freed: a parameter
         blk("setup", 1, 9),  # freed when the last pass begins (teardown): still lived through the training
         blk("setup", 1, 8),  # freed before the last pass: a temporary of setup
-        blk("init", 2),  # made in a constructor
+        blk("init", 2),  # made in a constructor of the job's own code, no gradient of its size: unknown
+        blk("init", 2, req=555),  # the same, and a gradient of its size (below): a parameter
         blk("opt", 2),  # optimizer code at setup
         blk("comm", 3),  # a collective's buffer
         blk("input", 3),  # anything else (a batch preloaded on the GPU): unknown, never a guess
@@ -437,9 +438,12 @@ def test_setup_blocks_that_live_through_the_training_passes_are_the_models_state
         blk("setup", -1, 9),
         blk("model", 4, 6),  # an activation of each pass
         blk("model", 9, 11),
+        blk("engine", 6, 8, req=555),  # made by the engine's thread, alive at the step: a gradient
+        blk("engine", 10, 11, req=4096),  # freed inside its backward run: a temporary, no gradient
     ], passes=[4, 9], opt_starts=[7, 11], first="setup")
-    assert got == ["parameters", "parameters", "temporaries", "parameters", "optimizer_state", "communication",
-                   "unknown", "parameters", "parameters", "activations", "activations"]
+    assert got == ["parameters", "parameters", "temporaries", "unknown", "parameters", "optimizer_state",
+                   "communication", "unknown", "parameters", "parameters", "activations", "activations", "gradients",
+                   "temporaries"]
 
 
 def test_the_optimizers_input_its_state_and_its_temporaries():

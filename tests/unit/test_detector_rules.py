@@ -910,7 +910,7 @@ V29 = TorchVersion((2, 9), None, "2.9.0")
 V28 = TorchVersion((2, 8), None, "2.8.0")
 
 
-def _frag_fixes(env: str, split: int, expandable: bool, capped: bool, applies=True) -> list[Fix]:
+def _frag_fixes(env: str, split: int, expandable: bool, capped: bool, varies: bool = False, applies=True) -> list[Fix]:
     out = []
     if expandable:
         out.append(Fix(
@@ -934,10 +934,11 @@ def _frag_fixes(env: str, split: int, expandable: bool, capped: bool, applies=Tr
             f"garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap.",
             versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
             setting=f"{env}=garbage_collection_threshold:0.8", what_if={"config": "garbage_collection_threshold:0.8"}))
-    out.append(Fix(
-        "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
-        versions="all", source="PyTorch CUDA semantics notes, 'Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF' "
-                               "(pytorch.org/docs/stable/notes/cuda.html)", kind="code"))
+    if varies:
+        out.append(Fix(
+            "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
+            versions="all", source="PyTorch CUDA semantics notes, 'Optimizing memory usage with "
+                                   "PYTORCH_CUDA_ALLOC_CONF' (pytorch.org/docs/stable/notes/cuda.html)", kind="code"))
     return out
 
 
@@ -947,7 +948,9 @@ def _frag_fixes(env: str, split: int, expandable: bool, capped: bool, applies=Tr
     (True, 4 * GiB, True, V28, "PYTORCH_CUDA_ALLOC_CONF", 1024),
 ])
 def test_fragmentation_fixes_in_full(expandable, asked, capped, v, env, split):
-    assert frag._fixes(v, expandable, asked, capped) == _frag_fixes(env, split, not expandable, capped)
+    assert frag._fixes(v, expandable, asked, capped) == _frag_fixes(env, split, not expandable, capped, False)
+    # padding or bucketing sequence lengths only for a job whose shapes vary (shapes_vary)
+    assert frag._fixes(v, expandable, asked, capped, True) == _frag_fixes(env, split, not expandable, capped, True)
 
 
 def _stranded_oom(request: int, holes: int = 40 * MiB, device_free: int = 0, expandable_setting: bool = False):

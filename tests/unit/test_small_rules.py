@@ -195,7 +195,7 @@ def _settings(fixes):
     (_v(), "PYTORCH_CUDA_ALLOC_CONF", None),  # unknown: the name every version reads; cannot tell for 2.1
 ], ids=["2.0", "2.1", "2.8", "2.9", "2.10", "3.0", ">=2.10", ">=2.5", "unknown"])
 def test_fragmentation_fixes_name_the_variable_the_version_reads(v, env, expandable_applies):
-    fixes = fragmentation._fixes(v, False, 200 * MiB, True)
+    fixes = fragmentation._fixes(v, False, 200 * MiB, True, True)  # shapes vary: the padding fix too
     assert _settings(fixes) == [f"{env}=expandable_segments:True", f"{env}=max_split_size_mb:100",
                                 f"{env}=garbage_collection_threshold:0.8", None]
     assert [f.kind for f in fixes] == ["env", "env", "env", "code"]
@@ -220,7 +220,7 @@ def test_the_expandable_fix_says_which_name_each_version_reads():
 def test_fragmentation_fixes_cite_their_public_sources_and_say_what_to_replay():
     """Every fix cites public material as it is written there (pull requests and issues by number, the CUDA
     semantics notes, the allocator's source file), and each setting carries the config the replay tries."""
-    exp, split, gc, _code = fragmentation._fixes(_v((2, 9)), False, 200 * MiB, True)
+    exp, split, gc, _code = fragmentation._fixes(_v((2, 9)), False, 200 * MiB, True, True)
     assert "pytorch/pytorch PR #96995" in exp.source and "pytorch.org/docs/stable/notes/cuda.html" in exp.source
     assert "issue #130330" in exp.text and "NCCL_GRAPH_REGISTER=0 (issue #158029)" in exp.text
     assert "CUDACachingAllocator.cpp" in split.source and "pytorch.org/docs/stable/notes/cuda.html" in split.source
@@ -239,8 +239,11 @@ def test_fragmentation_fixes_cite_their_public_sources_and_say_what_to_replay():
 def test_fragmentation_fixes_follow_the_conditions(expandable_on, request_bytes, capped, settings):
     """garbage_collection_threshold only under a memory fraction (the collector runs only then,
     CUDACachingAllocator.cpp malloc); max_split_size_mb from :func:`split_mb` of the request."""
-    fixes = fragmentation._fixes(_v((2, 9)), expandable_on, request_bytes, capped)
+    fixes = fragmentation._fixes(_v((2, 9)), expandable_on, request_bytes, capped, True)  # the last: shapes vary
     assert [s.split("=", 1)[1] if s else None for s in _settings(fixes)] == settings
+    # static shapes: no padding fix (None, a code change, is the last)
+    fixes = fragmentation._fixes(_v((2, 9)), expandable_on, request_bytes, capped)
+    assert [s.split("=", 1)[1] if s else None for s in _settings(fixes)] == settings[:-1]
 
 
 def _analysis(b: SnapBuilder, meta: dict | None = None, name: str = "rank0.pickle", state_only: bool = False):

@@ -289,14 +289,18 @@ def test_deferred_free_when_the_pending_frees_made_the_difference(tmp_path):
     assert v.kind == "fragmentation"
 
 
-def test_deferred_free_needs_64MiB_pending(tmp_path):
+def test_deferred_free_however_few_bytes_pending_made_the_difference(tmp_path):
+    """Issue 36: 32 MiB held gives the verdict 64 MiB held gives, where need <= room < need + pending; the
+    free bytes said exclude the pending ones."""
     request = 384 * MiB
     need = ALLOCATED + request
-    (tmp_path / "x").mkdir()
-    v, _ = judge(oom_rank(tmp_path, request, pending=64 * MiB), need)
-    assert v.kind == "deferred-free"
-    v, _ = judge(oom_rank(tmp_path / "x", request, pending=64 * MiB - 512), need)
-    assert v.kind == "fragmentation"
+    got = []
+    for pending in (64 * MiB, 32 * MiB, 512):
+        (tmp_path / str(pending)).mkdir()
+        v, _ = judge(oom_rank(tmp_path / str(pending), request, pending=pending), need)
+        got.append((v.kind, v.bytes, v.evidence["free_bytes"]))
+    assert got == [("deferred-free", 64 * MiB, request - 64 * MiB), ("deferred-free", 32 * MiB, request - 32 * MiB),
+                   ("deferred-free", 512, request - 512)]
 
 
 def test_fragmentation_when_enough_was_free_but_not_in_one_piece(tmp_path):

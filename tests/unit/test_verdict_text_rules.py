@@ -557,12 +557,19 @@ def test_kv_cache_action_for_capacity_and_fragmentation(kind, expected):
 def test_capacity_actions_from_what_fits(fits, expected):
     ev = {}
     _fit_sentence(fits, ev, "", "")  # the summary puts the number what fits into the evidence, as _oom_verdict does
-    got, ev = actions("capacity", ev, fits=fits, files=(TRAIN,))
+    got, ev = actions("capacity", ev, fits=fits, files=(TRAIN, DDP))  # DDP: data-parallel, unsharded
     assert got == expected
     cp = fits.checkpointing_frees_at_most_bytes if fits is not None else 0
     sh = fits.sharding_optimizer_frees_bytes if fits is not None else 0
     assert ev.get("checkpointing_frees_bytes") == (cp or None)
     assert ev.get("sharding_frees_bytes") == (sh if sh >= 64 * MiB else None)
+
+
+@pytest.mark.parametrize("files", [(TRAIN,), (TRAIN, DDP, DEEPSPEED)], ids=["no-data-parallel", "sharded"])
+def test_no_sharding_action_without_unsharded_data_parallel(files):
+    fits = Fits(1, "t", sharding_optimizer_frees_bytes=GiB)
+    got, ev = actions("capacity", {}, fits=fits, files=files)
+    assert "sharding_frees_bytes" not in ev and shard(GiB) not in got
 
 
 @pytest.mark.parametrize("files, fw", [
@@ -721,11 +728,13 @@ SITES = ["torch/nn/functional.py:3104 in cross_entropy", "torch/nn/functional.py
     ([(SITES[0], 199)], 1000, {}),
     ([(SITES[0], 100), ("model.py:3 in forward", 900), (SITES[1], 100)], 1000,
      {"logits_bytes": 200, "logits_sites": f"{SITES[0]}, {SITES[1]}"}),
-    ([(s, 100) for s in SITES], 1000, {"logits_bytes": 400, "logits_sites": ", ".join(SITES[:3])}),
+    # a softmax is no loss (an attention's): 300, not 400
+    ([(s, 100) for s in SITES], 1000, {"logits_bytes": 300, "logits_sites": ", ".join(SITES[:3])}),
+    ([("megatron/core/fusions/fused_softmax.py:210 in forward_torch_softmax", 900)], 1000, {}),
     ([("model.py:3 in forward", 900)], 1000, {}),
     ([(SITES[0], 1)], 0, {"logits_bytes": 1, "logits_sites": SITES[0]}),
     ([], 0, {}),
-], ids=["fifth", "under", "mixed", "three-sites", "none", "nothing-allocated", "no-holder"])
+], ids=["fifth", "under", "mixed", "three-sites", "attention-softmax", "none", "nothing-allocated", "no-holder"])
 def test_logits_from_a_fifth_of_the_allocated_bytes(holders, allocated, ev):
     assert LOGITS_FRACTION * 1000 == 200
     got = {}

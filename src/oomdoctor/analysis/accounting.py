@@ -24,7 +24,8 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
    lifetime across the steps the trace shows; what neither places is ``unknown``, never a guess.
 
    - born at setup and alive through the training passes: parameters when module construction, loading
-     or moving made it (the ``setup`` frames, a constructor ``__init__``), optimizer state when optimizer
+     or moving made it (the ``setup`` frames, an installed package's constructor ``__init__``; a constructor
+     of the job's own code only where a gradient of the block's size shows: a GPU dataset or a static KV cache made in ``__init__`` is unknown), optimizer state when optimizer
      code did, communication when a collective's (DDP's buckets); any other such block is unknown (a
      batch preloaded on the GPU is not a parameter); freed at setup: temporaries;
    - born in the optimizer's work (an ``Optimizer.step#`` window, optimizer frames, or the main thread
@@ -47,7 +48,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
    - workspaces: a C++ stack naming a library's workspace getter (``stacks="all"``); with Python stacks, a
      block never freed that an op made on its first call beside its output (the first block of its stack,
      of a size none of that stack's freed blocks has), or one the engine thread kept whose size is no
-     parameter's (a gradient has its parameter's shape).
+     parameter's (a gradient has its parameter's shape: a parameter's, a block's that lived through the
+     trace from before it or from setup, or a gradient's of another backward that the optimizer's work
+     freed; recording begun after ``model.cuda()`` leaves no parameter block in the trace).
 
 The byte identity: the lines at an event sum to the allocated bytes then (asserted by
 :meth:`Breakdown.check` and in :func:`breakdown`).
@@ -147,6 +150,21 @@ def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], exact
     return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
 
 
+_INSTALLED = ("site-packages/", "dist-packages/")
+"""Path fragments of installed packages: a frame under them is a library's code, not the job's own."""
+
+
+def _library_init(trace: Trace, stacks: np.ndarray) -> np.ndarray:
+    """Per row: its stack has a constructor (``__init__``) of an installed package (a framework building
+    the model's state: DeepSpeed's engine making its fp32 master copies); a constructor of the job's own
+    code needs a gradient of the block's size as well (see :func:`account`)."""
+    frames = trace.stacks.frames
+    ids = {s for s, fids in enumerate(trace.stacks.stacks)
+           if any(frames[f][2] == "__init__" and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
+                  for f in fids)}
+    return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
+
+
 def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stacks: bool = False) -> Accounting:
     """Categorise every row of ``lt`` (see the module doc). ``free_stacks``: frees were recorded with
     stacks of their own (``context="all"``), so a dropped allocation's free event says where it was freed,
@@ -204,23 +222,31 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     cache = ri.lookup(ri.cache, lt.stack) & (dp != BACKWARD_PHASE)
     put(cache & (np.isin(bp, (GENERATION_PHASE, EVALUATION_PHASE)) | (not ph.has_backward)), KV_CACHE)
 
-    # setup: what lives through the training passes (until the last one began, or to the end: teardown
-    # frees the rest) is the model's state when module code made it
-    setup = bp == SETUP_PHASE
-    lives = persistent | (d >= last_pass)
-    construct = (own == SETUP_PHASE) | _stacks_with(trace, lt.stack, ("__init__",))
-    put(setup & lives & comm, COMMUNICATION)
-    put(setup & lives & optim, OPTIMIZER_STATE)
-    put(setup & lives & construct, PARAMETERS)
-    put(setup & lives, UNKNOWN)
-    put(setup, TEMPORARIES)
-
     # the first torch optimizer step beginning after each block was born (n: none in the trace)
     s_opt = ph.optimizer_starts if ph.optimizer_starts is not None else np.zeros(0, np.int64)
     s_opt = s_opt[s_opt >= 0]  # steps that began before the trace's first event say nothing of its blocks
     i = np.searchsorted(s_opt, b, side="left")
     s = np.where(i < s_opt.size, s_opt[np.minimum(i, max(s_opt.size - 1, 0))], n) if s_opt.size else np.full(rows, n)
     alive_at_step = (s < n) & (persistent | (d > s))
+
+    # setup: what lives through the training passes (until the last one began, or to the end: teardown
+    # frees the rest) is the model's state when module code made it: the setup frames (building, loading,
+    # moving the model; a torch.nn module's constructor), or a constructor of the job's own code (an
+    # ``__init__`` frame) where a gradient of its size shows (the autograd engine's thread made a block of
+    # that size that outlived its backward): a dataset moved to the GPU in ``Dataset.__init__`` or a static
+    # KV cache made in a module's ``__init__`` has none, and stays unknown
+    setup = bp == SETUP_PHASE
+    lives = persistent | (d >= last_pass)
+    trained = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end))
+    has_gradient = np.isin(lt.requested, np.unique(lt.requested[trained]))
+    construct = (own == SETUP_PHASE) | _library_init(trace, lt.stack) | (
+        _stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
+    put(setup & lives & comm, COMMUNICATION)
+    put(setup & lives & optim, OPTIMIZER_STATE)
+    put(setup & lives & construct, PARAMETERS)
+    put(setup & lives, UNKNOWN)
+    put(setup, TEMPORARIES)
+
 
     # the optimizer's work: its input, its state, its temporaries
     opt = bp == OPTIMIZER_PHASE
@@ -245,7 +271,17 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     bw = bp == BACKWARD_PHASE
     # alive when the next torch optimizer step begins, where the trace shows one; else past its backward run
     outlives = np.where(s < n, alive_at_step, persistent | (d > b_end)) | (pre & (dp != BACKWARD_PHASE))
-    gradient_shaped = np.isin(lt.requested, np.unique(lt.requested[cat == PARAMETERS]))
+    # a gradient has its parameter's shape: the size of a parameter; where no parameter was born in the
+    # trace (recording began after model.cuda()), of a block that lived through the trace from before it or
+    # from setup (the model's state); for a block born after the last torch optimizer step began (the last
+    # step's gradients, which no zero_grad freed yet), of a gradient the engine's thread made in an earlier
+    # backward that lived to a step and that the optimizer's work freed (zero_grad(set_to_none=True))
+    shapes = lt.requested[cat == PARAMETERS]
+    if not shapes.size:
+        shapes = lt.requested[(persistent | (d >= last_pass)) & ((bp == SETUP_PHASE) | (pre & (bp < 0)))]
+    regrown = (bp == BACKWARD_PHASE) & engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
+    gradient_shaped = np.isin(lt.requested, np.unique(shapes))
+    gradient_shaped |= (s >= n) & np.isin(lt.requested, np.unique(lt.requested[regrown]))
     kept_for_good = (persistent & (b_end < n - 1)) | ((b < last_pass) & (d >= last_pass))  # to the end, or teardown
     put(bw & engine & ~gradient_shaped & kept_for_good, WORKSPACES)
     if n and ph.phase[-1] == BACKWARD_PHASE:
@@ -274,7 +310,10 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # step stays unknown (parameters or optimizer state? the trace cannot say)
     loose = todo & pre
     put(loose & (dp == BACKWARD_PHASE), ACTIVATIONS)
-    put(loose & ~persistent & (dp == OPTIMIZER_PHASE) & gradient_shaped, GRADIENTS)
+    # (a parameter's size only: where no parameter was placed, the blocks of the model's state would
+    # match themselves, freed at teardown)
+    param_shaped = np.isin(lt.requested, np.unique(lt.requested[cat == PARAMETERS]))
+    put(loose & ~persistent & (dp == OPTIMIZER_PHASE) & param_shaped, GRADIENTS)
     put(loose & ~persistent & (d < first_pass), TEMPORARIES)
     src = np.full(rows, TRACE, dtype=np.int8)
     recorded = _apply_facts(trace, dt, lt, cat, src)
@@ -321,6 +360,15 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     kept &= model_code
     out = kept & ~persistent  # freed in a later pass: kept across batches
     pk = kept & persistent
+    if pk.any():
+        # still allocated at the trace's end, born in an earlier pass: where the same allocation (stack, rank
+        # in its pass) of an earlier pass was freed by its backward, it awaits its own backward (a pipeline
+        # schedule's micro-batch in flight at an OOM or a dump): an activation
+        fate, matched = _fate_of_open(cat, fw & freed_bw & ~pre, pk, b, bpass, stack, UNKNOWN)
+        ids = np.flatnonzero(pk)[matched & (fate == ACTIVATIONS)]
+        cat[ids] = ACTIVATIONS
+        pk[ids] = False
+        kept[ids] = False
     if pk.any():
         idx = np.flatnonzero(pk)
         k_idx = np.flatnonzero(kept)

@@ -203,7 +203,12 @@ _ROLES: "weakref.WeakKeyDictionary[StackTable, RoleIndex]" = weakref.WeakKeyDict
 
 def role_index(trace: Trace) -> RoleIndex:
     """The :class:`RoleIndex` of a trace's stack table (one per table, kept while the table lives)."""
-    return per_table(_ROLES, trace.stacks, RoleIndex)
+    return table_roles(trace.stacks)
+
+
+def table_roles(stacks: StackTable) -> RoleIndex:
+    """The :class:`RoleIndex` of a stack table (one per table, kept while the table lives)."""
+    return per_table(_ROLES, stacks, RoleIndex)
 
 
 @dataclass
@@ -323,13 +328,17 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
         # says nothing of the engine's threads; the phase is inferred from the allocations around it
         roles[unknown[allocs]] = OTHER_PHASE
     src[roles == OTHER_PHASE] = INFERRED
-    # annotations: what a torch optimizer's step allocates is the optimizer's, except the forward and
-    # backward of a closure it runs (Lightning's automatic optimization: optimizer.step(closure))
+    # annotations: what a torch optimizer's step allocates is the optimizer's, whatever its frames say
+    # (a compiled step's Inductor and Dynamo frames read as forward code), except the forward and backward
+    # of a closure it runs (Lightning's automatic optimization: optimizer.step(closure)), known by the
+    # backward the closure runs inside the same window
     windows = annotation_windows(dt, OPTIMIZER_STEP) if n else np.zeros((0, 2), np.int64)
     if windows.shape[0]:
         w = np.searchsorted(windows[:, 0], at, side="right") - 1
         inside = (w >= 0) & (at <= windows[np.maximum(w, 0), 1])
-        inside &= ~np.isin(roles, PASS_PHASES + (BACKWARD_PHASE,))
+        closure = np.zeros(windows.shape[0], dtype=bool)
+        closure[w[inside & (roles == BACKWARD_PHASE)]] = True
+        inside &= ~(np.isin(roles, PASS_PHASES + (BACKWARD_PHASE,)) & closure[np.maximum(w, 0)])
         roles[inside] = OPTIMIZER_PHASE
         src[inside] = ANNOTATIONS
     roles, marked = _marked(roles, at, trace.meta.get("phase_markers"))

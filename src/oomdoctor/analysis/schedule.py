@@ -8,9 +8,12 @@ ways, and the larger wins:
 - passes: distinct forward passes (:mod:`.phases`) with activations still allocated (a schedule whose
   micro-batches the pass finder tells apart: their forwards are separated by other work, such as
   point-to-point transfers);
-- losses: in the latest forward run, how many times the loss was computed with its activations still
-  allocated (a GPipe run on one GPU is one long forward run; its micro-batches end in one loss each). The
-  loss is found by name (``cross_entropy``, ``log_softmax``, ``nll_loss``, ``mse_loss``: a name rule).
+- model recurrences: in the latest forward run, how many times the run's first activation made by model
+  code was made again after a loss was computed, with its blocks still allocated (a GPipe run on one GPU
+  is one long forward run: each micro-batch runs the whole model, from its first layer, and ends in a
+  loss). The loss only separates micro-batches (``cross_entropy``, ``log_softmax``, ``nll_loss``,
+  ``mse_loss`` at the exact function name); it is never counted itself: a loss computed in chunks for one
+  micro-batch runs the model once, and is one micro-batch in flight.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 
 from .accounting import ACTIVATIONS, Accounting
 from .lifetimes import Lifetimes
-from .phases import FORWARD_PHASE, Phases
+from .phases import FORWARD_PHASE, Phases, table_roles
 
 LOSS_NAMES = ("cross_entropy", "log_softmax", "nll_loss", "mse_loss", "binary_cross_entropy_with_logits")
 
@@ -37,10 +40,16 @@ def in_flight(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> int
         return passes
     runs = ph.run_starts(FORWARD_PHASE)
     latest = rows[lt.alloc[rows] >= runs[runs <= k][-1]] if np.any(runs <= k) else rows
-    in_loss = latest[np.isin(lt.stack[latest], list(loss))]
-    if in_loss.size == 0:
+    latest = latest[np.argsort(lt.alloc[latest], kind="stable")]
+    model = table_roles(stacks).lookup(table_roles(stacks).model, lt.stack[latest])
+    if not model.any():
         return passes
-    # one loss per micro-batch: its largest block (the log-probabilities of every token) counted while alive
-    big = in_loss[np.argmax(lt.requested[in_loss])]
-    same = np.count_nonzero((lt.stack[in_loss] == lt.stack[big]) & (lt.requested[in_loss] == lt.requested[big]))
-    return max(passes, int(same))
+    first = lt.stack[latest[int(np.argmax(model))]]
+    is_loss = np.isin(lt.stack[latest], list(loss))
+    count, after_loss = 0, True
+    for s, hit in zip(lt.stack[latest].tolist(), is_loss.tolist()):
+        if s == first and after_loss:
+            count, after_loss = count + 1, False
+        elif hit:
+            after_loss = True
+    return max(passes, count)

@@ -17,8 +17,11 @@ tensors, issue #130330; with NCCL user-buffer registration, NVIDIA/nccl#1584; CU
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import request_pool
+from ..analysis.phases import role_index
 from ..analysis.rounding import allocation_size, round_size
 from ..simulate.capacity import infer_capacity, sidecar_cap
 from ..units import GiB, MiB
@@ -71,7 +74,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
                    "still hold live blocks, so the allocator could not cudaMalloc a new segment under the cap "
                    "and freeing its cache did not help.")
         return Finding(ID, "critical", "Out of memory with enough free memory, in pieces too small",
-                       [a.rank], unallocated, summary, evidence, [], _fixes(v, expandable_on, request, _capped(a)),
+                       [a.rank], unallocated, summary, evidence, [], _fixes(v, expandable_on, request, _capped(a), shapes_vary(a)),
                        per_rank_bytes={a.rank: unallocated})
     if a.num_events == 0 or expandable_on:
         return None
@@ -92,7 +95,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
                "were free but stranded inside segments that still hold live blocks (largest free block "
                "{largest_free_block_bytes:bytes}); only {allocated_at_peak_bytes:bytes} were allocated.")
     return Finding(ID, "high", "Reserved memory far above allocated: free space stranded in segments",
-                   [a.rank], stranded, summary, evidence, [], _fixes(v, False, 0, _capped(a)), per_rank_bytes={a.rank: stranded})
+                   [a.rank], stranded, summary, evidence, [], _fixes(v, False, 0, _capped(a), shapes_vary(a)), per_rank_bytes={a.rank: stranded})
 
 
 def _capped(a: DeviceAnalysis) -> bool:
@@ -112,7 +115,32 @@ def split_mb(request: int) -> int:
     return max(MIN_SPLIT_MB, min(1024, (request // MiB) // 2)) if request else 512
 
 
-def _fixes(v, expandable_on: bool, request: int, capped: bool) -> list[Fix]:
+def shapes_vary(a: DeviceAnalysis) -> bool:
+    """Whether the job's shapes vary from pass to pass: a stack of model code allocates sizes in one forward
+    pass and sizes in the next that neither contain the other (sequence lengths that change with the batch).
+    With static shapes every pass makes the same sizes at the same stacks, and a pass cut short by an OOM a
+    subset of them. False with fewer than two passes."""
+    lt, ph = a.lifetimes, a.phases
+    rows = np.flatnonzero((lt.alloc >= 0) & (lt.stack >= 0))
+    if rows.size == 0 or ph.pass_starts.size < 2:
+        return False
+    ri = role_index(a.trace)
+    rows = rows[ri.lookup(ri.model, lt.stack[rows])]
+    bpass = ph.pass_of(lt.alloc[rows])
+    sizes: dict[int, dict[int, set[int]]] = {}
+    for st, size, p in zip(lt.stack[rows].tolist(), lt.requested[rows].tolist(), bpass.tolist()):
+        if p >= 0:
+            sizes.setdefault(st, {}).setdefault(p, set()).add(size)
+    for by_pass in sizes.values():
+        order = sorted(by_pass)
+        for p, q in zip(order, order[1:]):
+            x, y = by_pass[p], by_pass[q]
+            if not x <= y and not y <= x:
+                return True
+    return False
+
+
+def _fixes(v, expandable_on: bool, request: int, capped: bool, varies: bool = False) -> list[Fix]:
     env = "PYTORCH_ALLOC_CONF" if v.at_least((2, 9)) else "PYTORCH_CUDA_ALLOC_CONF"
     env_note = ("PYTORCH_ALLOC_CONF (PyTorch >= 2.9; PYTORCH_CUDA_ALLOC_CONF is still read as an alias there "
                 "and is the name before 2.9)")
@@ -140,10 +168,11 @@ def _fixes(v, expandable_on: bool, request: int, capped: bool) -> list[Fix]:
             f"garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap.",
             versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
             setting=f"{env}=garbage_collection_threshold:0.8", what_if={"config": "garbage_collection_threshold:0.8"}))
-    fixes.append(Fix(
-        "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
-        versions="all", source="PyTorch CUDA semantics notes, 'Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF' "
-                               "(pytorch.org/docs/stable/notes/cuda.html)", kind="code"))
+    if varies:  # only a job whose shapes change from pass to pass (shapes_vary)
+        fixes.append(Fix(
+            "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
+            versions="all", source="PyTorch CUDA semantics notes, 'Optimizing memory usage with "
+                                   "PYTORCH_CUDA_ALLOC_CONF' (pytorch.org/docs/stable/notes/cuda.html)", kind="code"))
     return fixes
 
 

@@ -314,8 +314,8 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     if np.any(a.phases.phase == GENERATION_PHASE):
         out.notes.append("generate() grows its KV cache one token at a time by concatenation, and the caching "
                          "allocator's fragmentation of those caches decides where a larger batch runs out; a replay "
-                         "of one batch's generation scaled to another does not reproduce it (measured: it said "
-                         "11,871 fit where 11,264 ran out), so what fits is not replayed: lower the batch or "
+                         "of one batch's generation scaled to another does not reproduce it, so "
+                         "what fits is not replayed: lower the batch or "
                          "max_new_tokens, or use a static cache")
         return out
     if a.oom_events.size and not _pass_seen(a):

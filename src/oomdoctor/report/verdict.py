@@ -7,7 +7,7 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
 ``room`` = what the allocator could hold, :func:`.fits.device_room`):
 
 - ``growth``: memory kept across micro-batches (``outputs`` in the breakdown, or a material
-  ``output-accumulation`` / ``memory-growth`` / ``pipeline-output-cache`` finding on the rank) at least
+  ``output-accumulation`` / ``memory-growth`` finding on the rank) at least
   the shortfall ``need - room`` and 64 MiB: the job accumulates, a bigger GPU only delays it;
 - ``imbalance``: a ``rank-imbalance`` finding on this rank whose excess covers the shortfall;
 - ``capacity``: ``need > room``: the live tensors alone do not fit; no allocator setting helps;
@@ -20,8 +20,8 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
   step, or gets through with less spare room than the margin (at the edge), the verdict is ``capacity``,
   saying that fragmentation hit first.
 
-Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` /
-``pipeline-output-cache`` finding says memory grows across passes; ``deferred-free`` or ``imbalance`` when such
+Without an OOM: ``growth`` when a material ``memory-growth`` / ``output-accumulation`` finding says memory
+grows across passes (``pipeline-output-cache`` is freed at every step's end: a finding, never the verdict); ``deferred-free`` or ``imbalance`` when such
 a finding holds at least :data:`VERDICT_FRACTION` of the rank's peak reserved; else ``healthy``, said to be at
 the edge with under :data:`EDGE_FRACTION` of the room left. The peak judged is the job's own where PyTorch's counters
 say it (:mod:`oomdoctor.analysis.jobpeak`: a ring buffer may have dropped it), else the recorded window's. Fragmentation without an OOM is a finding, not the
@@ -37,7 +37,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..analysis.accounting import Breakdown
+import numpy as np
+
+from ..analysis.accounting import KV_CACHE, Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import JobPeak, job_peak
 from ..analysis.rounding import round_size
@@ -51,13 +53,17 @@ from .fits import Fits, Room
 KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy", "empty")
 EDGE_FRACTION = 0.10
 """A healthy rank with less headroom than this fraction of its room is said to be at the edge."""
-VERDICT_FRACTION = 0.10
-"""Without an OOM, memory held by deferred frees or one rank's excess decides the verdict when it is at least this
+VERDICT_FRACTION = EDGE_FRACTION
+"""(Equal to :data:`EDGE_FRACTION` by construction, docs/diagnose.md "Constants": a fix that frees less than the
+margin under which a rank is called at the edge cannot change that call.) Without an OOM, memory held by deferred frees or one rank's excess decides the verdict when it is at least this
 fraction of the rank's peak reserved (below it, the finding is listed and the rank is healthy); growth decides at
 any material size (it grows); fragmentation never does (the job ran: its cache was reusable enough)."""
 KV_CACHE_FRACTION = 0.2
 """A KV cache holding at least this fraction of the allocated bytes is named in the verdict."""
-GROWTH_FINDINGS = ("output-accumulation", "memory-growth", "pipeline-output-cache")
+GROWTH_FINDINGS = ("output-accumulation", "memory-growth")
+"""Findings of memory that grows across passes or steps. ``pipeline-output-cache`` is none: a pipeline's last
+stage keeps its micro-batches' outputs until ``step()`` ends and frees them there, so memory does not grow from
+step to step; it is listed as a finding under whatever verdict the rank gets."""
 FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
                 **{f: "growth" for f in GROWTH_FINDINGS}}
 MIN_DECISIVE_BYTES = 64 * MiB
@@ -108,6 +114,10 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     _logits(holders, bd, ev)
     if bd.categories.get("kv_cache", 0) >= KV_CACHE_FRACTION * max(bd.allocated_bytes, 1):
         ev["kv_cache_bytes"] = bd.categories["kv_cache"]
+    if a.oom_events.size and a.phases.phase_name(int(a.oom_events[-1])) == "generation":
+        growth = kv_growth_per_token(a, int(a.oom_events[-1]))
+        if growth is not None:
+            ev["kv_cache_growth_per_token_bytes"] = growth
     if a.oom_events.size:
         ev["in_flight"] = in_flight(a.trace.stacks, a.lifetimes, a.accounting, a.phases, int(a.oom_events[-1]))
         v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
@@ -155,6 +165,25 @@ def _peak_words(jp: JobPeak) -> tuple[str, str, str]:
                "and no sidecar holds PyTorch's counters): these are the window's, and the job's may be higher."
                if jp.source == "unknown-before-window" else "")
     return reserved, allocated, unknown
+
+
+def kv_growth_per_token(a: DeviceAnalysis, k: int) -> int | None:
+    """Bytes the KV cache grows by per generated token up to event ``k``, from the cache's own blocks
+    (category ``kv_cache``): the tensors alive at ``k`` (two per layer) were each re-made one token larger
+    per token (``torch.cat`` in ``DynamicLayer.update``), so the allocations past the first set count the
+    tokens, and the bytes alive at ``k`` less those when the first set was complete are their growth.
+    None without a cache, or before a token was added; 0 for a cache that never grows (a static cache).
+    With it a renderer can say what fits in batch x new tokens."""
+    lt, acc = a.lifetimes, a.accounting
+    rows = np.flatnonzero((acc.category == KV_CACHE) & (lt.alloc >= 0) & (lt.alloc <= k))
+    alive = rows[lt.allocated_mask(k)[rows]]
+    if alive.size == 0 or rows.size < 2 * alive.size:
+        return None
+    rows = rows[np.argsort(lt.alloc[rows], kind="stable")]
+    first = int(lt.alloc[rows[alive.size - 1]])  # the first set of cache tensors made (the prefill)
+    start = int(lt.requested[rows[lt.allocated_mask(first)[rows]]].sum())
+    tokens = (rows.size - alive.size) / alive.size
+    return max(int(round((int(lt.requested[alive].sum()) - start) / tokens)), 0)
 
 
 def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
@@ -252,7 +281,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     short = need - room_b if room_b is not None else None
     if short is not None:
         ev["shortfall_bytes"] = short
-        ev["free_bytes"] = room_b - allocated
+        ev["free_bytes"] = room_b - allocated - an.pending_free_bytes  # pending frees are not free yet
     decisive = max(short or 0, MIN_DECISIVE_BYTES)
     growth = [f for f in mine if f.id in GROWTH_FINDINGS]
     kept = max([bd.categories["outputs"]] + [_rank_bytes(f, rank) for f in growth])
@@ -282,7 +311,9 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
                                  " What fits: {batch_scale}x the current micro-batch.")
         return Verdict("capacity", summary, short, [rank], None, None, ev)
-    if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b and an.pending_free_bytes >= MIN_DECISIVE_BYTES:
+    # need <= room < need + pending: the blocks freed by Python but held for other streams made the
+    # difference, however few bytes they are (a small GPU or a MIG slice runs out by little)
+    if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b:
         return Verdict("deferred-free", "{pending_free_bytes:bytes} freed by Python were still held for other streams "
                                         "(record_stream) at the OOM; without them the request fits.",
                        an.pending_free_bytes, [rank], None, "deferred-free", ev)
@@ -355,16 +386,27 @@ def _fit_sentence(fits: Fits | None, ev: dict[str, Any], whole: str, scale: str)
     return ""
 
 
-LOGITS_NAMES = ("cross_entropy", "log_softmax", "_convert_to_fp32", "convert_to_fp32", "ForCausalLMLoss",
-                "fixed_cross_entropy", "softmax")
+LOGITS_NAMES = ("cross_entropy", "log_softmax", "nll_loss", "_convert_to_fp32", "convert_to_fp32", "ForCausalLMLoss",
+                "fixed_cross_entropy")
+"""Functions of the loss (``torch/nn/functional.py`` ``cross_entropy`` = ``log_softmax`` + ``nll_loss``;
+transformers' ``ForCausalLMLoss``/``fixed_cross_entropy``; accelerate's fp32 copy of the outputs), matched
+at the exact function name of a frame: an attention softmax (Megatron's ``forward_torch_softmax``,
+``torch.nn.functional.softmax``) is none of them."""
 LOGITS_FRACTION = 0.2
+
+
+def _frame_name(text: str) -> str:
+    """The function of a frame written ``file:line in function`` (:func:`~oomdoctor.detectors.common.frame_text`)."""
+    return text.rpartition(" in ")[2]
 
 
 def _logits(holders: list[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> None:
     """When the loss's logits (cross-entropy, log-softmax, fp32 copies of the output) hold at least
     :data:`LOGITS_FRACTION` of the allocated bytes, say so: the [tokens, vocabulary] tensors in fp32 are
-    the usual cause of a language model's peak."""
-    hit = [h for h in holders if any(n in h.label for n in LOGITS_NAMES)]
+    the usual cause of a language model's peak. A holder is the loss's when a frame of its stack (or its
+    site) is one of :data:`LOGITS_NAMES`, by exact function name."""
+    hit = [h for h in holders
+           if any(_frame_name(x) in LOGITS_NAMES for x in [*(h.stack or []), h.label])]
     b = sum(h.bytes for h in hit)
     if hit and b >= LOGITS_FRACTION * max(bd.allocated_bytes, 1):
         ev["logits_bytes"] = b
@@ -379,6 +421,19 @@ def _literal(text: str) -> str:
 
 def _frameworks(a: DeviceAnalysis):
     return detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
+
+
+SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")
+"""Frameworks whose presence means the job shards its model state already (FSDP1/2, DeepSpeed ZeRO)."""
+
+
+def _unsharded_data_parallel(fws) -> bool:
+    """Whether sharding the optimizer state over data-parallel ranks is news to the job: it runs DDP (its
+    forward goes through ``torch/nn/parallel/distributed.py``) and no FSDP or DeepSpeed code (which shard
+    already). A job with several ranks and neither (tensor- or pipeline-parallel only) has no
+    data-parallel ranks to shard over that the trace shows."""
+    ids = {fw.id for fw in fws}
+    return "ddp" in ids and not ids & set(SHARDING_FRAMEWORKS)
 
 
 def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | None) -> list[str]:
@@ -401,7 +456,8 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
             ev["checkpointing_frees_bytes"] = fits.checkpointing_frees_at_most_bytes
             out.append("Activation checkpointing frees at most {checkpointing_frees_bytes:bytes} (the activations "
                        "saved for backward at the peak; recomputation adds back one layer's).")
-        if fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES:
+        if (fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES
+                and _unsharded_data_parallel(fws)):
             ev["sharding_frees_bytes"] = fits.sharding_optimizer_frees_bytes
             out.append("Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees "
                        "{sharding_frees_bytes:bytes}.")
