@@ -83,3 +83,12 @@ def test_every_example_block_is_checked():
 @pytest.mark.parametrize("stale", ["seed 0", "../shared", "segsum", "savable", "shared/snapshots"])
 def test_the_readme_holds_no_internal_reference(stale):
     assert stale not in README.read_text(encoding="utf-8")
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run ends with the README's test command (after its own venv), lint-imports and skip reasons included."""
+    readme = README.read_text(encoding="utf-8")
+    cmd = next(line for line in readme.splitlines() if line.startswith("python3 -m venv .venv && ") and "pytest" in line)
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8").rstrip().splitlines()[-1]
+    assert cmd.endswith(" && " + ci)
+    assert "lint-imports && python -m pytest -q -rs" in ci

@@ -1,7 +1,7 @@
 """``oomdoctor run [options] -- COMMAND...``: record every CUDA process of a command, then diagnose.
 
 The command runs unchanged, with ``PYTHONPATH`` led by the directory of our ``sitecustomize``
-(:mod:`oomdoctor.capture.autorecord`), so every Python process it starts (``torchrun``'s workers,
+(``cli/inject/``, which sets up :mod:`oomdoctor.capture.autorecord`), so every Python process it starts (``torchrun``'s workers,
 scripts a shell script calls) records once it initialises CUDA. Processes started with ``python -I``
 or ``-S`` ignore ``PYTHONPATH``/``site`` and are not recorded. The exit code is the command's; a
 command killed by a signal makes ``oomdoctor`` die of the same signal (after the report).
@@ -43,7 +43,7 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sign
 
 
 def inject_dir() -> str:
-    return str(resources.files("oomdoctor.capture").joinpath("inject"))
+    return str(resources.files("oomdoctor.cli").joinpath("inject"))
 
 
 def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
