@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
-
 import click
 
 from ..detectors.materiality import DEFAULT_FRACTION, Materiality
@@ -15,7 +13,6 @@ from ..report.job import Want, job_report
 from ..units import parse_bytes
 from .console import terminal
 from .inputs import parallel_options, read_job, write_output
-from .page import job_page
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 
@@ -23,6 +20,8 @@ DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 def demo_path() -> str:
     """The real snapshot shipped in the package: rank 0 of a two-rank tensor-parallel job on H200 GPUs whose
     all-reduce inputs were ``record_stream``-ed, as PyTorch did before 2.8 (frees deferred)."""
+    from importlib import resources  # only for --demo (start-up: docs/benchmarks.md)
+
     return str(resources.files("oomdoctor").joinpath("data", DEMO_SNAPSHOT))
 
 
@@ -63,6 +62,7 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
     inputs = inputs_or_demo(paths, demo, "diagnose")
     if fmt == "html":
         from ..render.html import render_html  # jinja2 and the page's views: only for --format html
+        from .page import job_page
 
         report, visual = job_page(inputs, micro_batch=micro_batch, rule=rule, jobs=jobs, executor=executor,
                                   scheduler=scheduler)

@@ -31,18 +31,19 @@ sharding the optimizer state over the data-parallel ranks would (ZeRO-1 / FSDP: 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
-from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
-from ..simulate.capacity import Capacity, sidecar_cap
-from ..simulate.extend import mirror_backward
-from ..simulate.replay import SimulationError, prepare, replay
-from ..simulate.scale import SEARCH_MAX, largest_scale
 from ..trace.model import OOM
+
+# The planner (plan/) and the replay (simulate/) are imported where they are used: a report that replays
+# nothing (a healthy run, no cap stated) does not pay for importing them (docs/benchmarks.md, start-up).
+if TYPE_CHECKING:
+    from ..simulate.capacity import Capacity
 
 
 @dataclass
@@ -58,7 +59,11 @@ class Room:
 def device_room(a: DeviceAnalysis) -> Room:
     """See the module doc. Pure."""
     meta = a.trace.meta
-    cap, source = sidecar_cap(meta)
+    cap, source = None, ""
+    if meta.get("memory_cap_bytes") is not None or meta.get("memory_fraction") is not None:
+        from ..simulate.capacity import sidecar_cap
+
+        cap, source = sidecar_cap(meta)
     if cap is not None:
         return Room(cap, "fraction", f"set_per_process_memory_fraction: {source}")
     if a.oom_events.size:
@@ -74,6 +79,8 @@ def device_room(a: DeviceAnalysis) -> Room:
         return Room(free + reserved, "device", "the sidecar: free device bytes at the dump plus reserved bytes then")
     total = meta.get("gpu_total_memory_bytes")
     if isinstance(total, int) and total > 0:
+        from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
+
         outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if (meta.get("world_size") or 1) > 1 else 0)
         return Room(total - outside, "estimated", "the GPU's total memory less the CUDA context"
                     + (" and NCCL's buffers" if outside > CUDA_CONTEXT_BYTES else "") + " (planner constants)")
@@ -183,6 +190,11 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     is the pass's output and the loss keeps :data:`LOSS_COPIES` more of it; every parameter is trained (its
     gradient has its size); the optimizer state still to come is the one seen, else Adam's two moments per
     parameter; the backward mirrors the forward. Fills ``out`` (reach ``estimate``); False when it cannot."""
+    from ..simulate.capacity import Capacity
+    from ..simulate.extend import mirror_backward
+    from ..simulate.replay import SimulationError, prepare
+    from ..simulate.scale import largest_scale
+
     lt, acc = a.lifetimes, a.accounting
     k = int(a.oom_events[-1])
     alive = lt.allocated_mask(k - 1)
@@ -230,6 +242,8 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
 def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> bool:
     """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
     (the same OOM, or none)? Predictions are only as good as that."""
+    from ..simulate.replay import replay
+
     r = replay(prepared, capacity=cap, validate=True)
     return r.validation is not None and r.validation.oom_matches and (
         r.validation.segment_events_differing == 0 or bool(a.oom_events.size))
@@ -240,6 +254,10 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     """What fits on ``a``'s device (see the module doc): under the recorded settings (``recorded``) and
     with expandable segments (``expandable``). Pure; a few replays of the trace (bisection from a guess
     made of the peak: the fixed bytes plus the scaled ones times the scale)."""
+    from ..simulate.capacity import Capacity
+    from ..simulate.replay import SimulationError, prepare
+    from ..simulate.scale import SEARCH_MAX, largest_scale
+
     out = Fits(room.bytes, room.source, micro_batch=micro_batch)
     if a.num_events == 0:
         out.notes.append("no allocation history: nothing to replay")

@@ -14,7 +14,6 @@ Executors (:func:`map_ranks`): ``process`` (a pool of ``jobs`` processes on this
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -268,7 +267,8 @@ def _map(fn, items: Sequence, want: Want, *, jobs: int | None, executor: str, sc
     memo: dict = {}
     if n <= 1:
         return [share(fn(t, want), memo) for t in items]
-    import multiprocessing
+    import multiprocessing  # a pool's modules only where there is a pool (start-up: docs/benchmarks.md)
+    from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:

@@ -132,6 +132,8 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
         warnings.append(f"'external_annotations' is a {type(raw).__name__}, not a list: skipped "
                         "(annotations hold no bytes)")
         return
+    if _annotations_at_once(raw, devices):
+        return
     bad = 0
     for a in raw:
         if not isinstance(a, dict):
@@ -146,6 +148,34 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
     if bad:
         warnings.append(f"{bad} malformed external annotations were skipped (a device, stage, name or time_us "
                         "of the wrong type or out of range); they hold no bytes")
+
+
+_get_annotation = itemgetter("device", "stage", "name", "time_us")
+
+
+def _annotations_at_once(raw: list, devices: dict[int, DeviceTrace]) -> bool:
+    """:func:`_annotations` for the usual list, every record well formed, in passes that run in C (the fields
+    by ``itemgetter``, their types and ranges checked on the distinct values): True when it appended them
+    all; False, having appended none, when a record is not a dict, lacks a field or is malformed (the caller
+    then checks them one by one and counts the bad ones)."""
+    if not raw:
+        return True
+    try:
+        devs, stages, names, times = zip(*map(_get_annotation, raw))
+        ok = (set(map(type, devs)) == {int} and set(devs) <= devices.keys() and set(stages) <= {"START", "END"}
+              and set(map(type, names)) == {str} and set(map(type, times)) == {int}
+              and -_I63 <= min(times) and max(times) < _I63)
+    except (KeyError, TypeError):  # not a dict, a field missing, an unhashable stage
+        return False
+    if not ok:
+        return False
+    made = list(map(Annotation, names, stages, times))
+    if len(set(devs)) == 1:
+        devices[devs[0]].annotations.extend(made)
+    else:
+        for dev, ann in zip(devs, made):
+            devices[dev].annotations.append(ann)
+    return True
 
 
 class _StackRef:
@@ -343,13 +373,13 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     """Columns for one device's trace (``entries``, which start at index ``offset`` of it). Every pass
     over the entries runs in C (``map`` with ``itemgetter``/``dict.get``), which keeps a 271k-event trace
     at a fraction of its unpickling time. ``refs``: frames lists may be ``[_StackRef]`` (streamed in)."""
-    if set(map(type, entries)) - {dict}:
-        bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
-        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
-                                  "expected a dict")
-    try:
+    try:  # an entry that is not a dict raises TypeError here: the checks below say which
         names = list(map(_get_action, entries))
-    except KeyError:
+    except (KeyError, TypeError):
+        if set(map(type, entries)) - {dict}:
+            bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
+            raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
+                                      "expected a dict") from None
         bad = next(i for i, e in enumerate(entries) if "action" not in e)
         raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] has no 'action'") from None
     codes_map = ACTION_CODES

@@ -14,7 +14,6 @@ import gc
 import json
 import os
 import re
-import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +80,14 @@ def read_sidecar(path: str) -> dict[str, Any]:
 
 def is_saved_trace(path: str) -> bool:
     """Is ``path`` a trace written by :meth:`Trace.save` (a zip holding its ``doc`` column)? Never raises."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"PK":  # numpy writes the zip from its first byte; zipfile is imported for zips only
+                return False
+    except OSError:
+        return False
+    import zipfile
+
     try:
         if not zipfile.is_zipfile(path):
             return False
