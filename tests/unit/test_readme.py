@@ -92,3 +92,16 @@ def test_ci_runs_the_readme_test_command():
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8").rstrip().splitlines()[-1]
     assert cmd.endswith(" && " + ci)
     assert "lint-imports && python -m pytest -q -rs" in ci
+
+
+def test_the_api_names_the_readme_gives_analyze_exist(demo_trace):
+    """The README's comment on ``analyze(trace)`` names attributes and methods that exist, as it spells them."""
+    from oomdoctor.analysis import analyze
+
+    line = next(x for x in README.read_text(encoding="utf-8").splitlines() if x.startswith("a = analyze(trace)"))
+    names = re.findall(r"\.(\w+)(\(k\))?", line.split("#", 1)[1])
+    assert len(names) == 5
+    a = analyze(demo_trace)
+    for name, call in names:
+        assert hasattr(a, name), name
+        assert callable(getattr(a, name)) == bool(call), name  # methods with (k), attributes without

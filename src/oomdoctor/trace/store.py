@@ -37,7 +37,7 @@ def save_trace(trace: Trace, path: str | os.PathLike) -> None:
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
-    """Read a trace written by :func:`save_trace`.
+    """Read a trace written by :func:`save_trace`; its ``path`` is ``path`` (the file read).
 
     Raises:
         SnapshotError: not such a file, or written by an incompatible version.
@@ -63,6 +63,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
                 for s in d["segments"]]
         events = {name: columns[f"d{dev}_{name}"].astype(dt, copy=False) for name, dt in EVENT_COLUMNS.items()}
         devices[dev] = DeviceTrace(dev, events, segs, [Annotation(**a) for a in d["annotations"]])
-    return Trace(path=doc["path"], devices=devices, stacks=stacks, strings=doc["strings"],
+    # the file read, as for a snapshot (the path the trace was first loaded from stays in the file's "path")
+    return Trace(path=p, devices=devices, stacks=stacks, strings=doc["strings"],
                  pools=[tuple(p) for p in doc["pools"]], allocator_settings=doc["allocator_settings"],
                  meta=doc["meta"], has_history=doc["has_history"], warnings=doc["warnings"])
