@@ -7,7 +7,7 @@ import click
 from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
 from ..render import render_json, render_text
-from ..render.text import render_text_plain
+from ..render.text import GROUPED_RANKS, render_text_plain
 from ..report.gate import LEVELS, gate
 from ..report.job import Want, job_report
 from ..units import parse_bytes
@@ -51,8 +51,8 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
               help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
                    "is anything but healthy: a CI gate. The report is written first.")
 @click.option("--all-ranks", is_flag=True,
-              help="Text: every rank's section and every finding in full, however many ranks (above 8 ranks, "
-                   "alike ranks are grouped by default).")
+              help="Text: every rank's section and every finding in full, however many ranks (above "
+                   f"{GROUPED_RANKS} ranks, alike ranks are grouped by default).")
 @parallel_options
 def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, micro_batch: int | None,
             material_fraction: float, material_bytes: str, fail_on: str | None, all_ranks: bool, jobs: int | None,

@@ -93,9 +93,15 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, f
     out = ensure_writable(out or f"oomdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}")
     env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout, free_stacks=free_stacks)
     code = _run(argv, env)
-    click.echo(f"oomdoctor: command exited with {_describe(code)}; snapshots in {out}", err=True)
-    if not no_diagnose:
-        _report(out, summarize, fmt)
+    try:
+        files = discover([out])
+    except OomdoctorError:
+        files = []
+    where = f"snapshots in {out}" if files else \
+        f"no snapshot was written in {out} (no process of the command used CUDA)"
+    click.echo(f"oomdoctor: command exited with {_describe(code)}; {where}", err=True)
+    if not no_diagnose and files:
+        _report(out, files, summarize, fmt)
     if code < 0:  # killed by a signal: die of it too
         sys.stdout.flush()
         signal.signal(-code, signal.SIG_DFL)
@@ -140,7 +146,7 @@ def _describe(code: int) -> str:
     return f"exit code {code}"
 
 
-def _report(out: str, summarize: bool, fmt: str) -> None:
+def _report(out: str, files: list[str], summarize: bool, fmt: str) -> None:
     if summarize:
         path = os.path.join(out, SUMMARY_JSON if fmt == "json" else SUMMARY_TEXT)
         if os.path.isfile(path):
@@ -149,11 +155,6 @@ def _report(out: str, summarize: bool, fmt: str) -> None:
             return
         click.echo(f"oomdoctor: no in-job summary in {out} (rank 0 did not finish it): diagnosing the snapshots",
                    err=True)
-    try:
-        files = discover([out])
-    except OomdoctorError:
-        click.echo(f"oomdoctor: no snapshot was written in {out} (no process of the command used CUDA)", err=True)
-        return
     try:
         report = build_report(load_with_progress(files))
     except OomdoctorError as e:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 from ..analysis.ranks import RankProfile
 from ..detectors.materiality import Materiality
 from ..errors import SnapshotError, UsageError
-from ..trace.load import Skipped, discover, load, rank_from_name, read_sidecar, sidecar_path
+from ..trace.load import Skipped, discover, load, none_loads, rank_from_name, read_sidecar, sidecar_path
 from .merge import merge_reports
 from .model import Report
 
@@ -353,11 +353,8 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
         skipped.extend(sorted((Skipped(r.task.path, r.error or "") for r in bad), key=lambda s: s.path))
         dirs = {os.path.dirname(r.task.path) for r in bad}
         for d in sorted(dirs):
-            if not any(os.path.dirname(r.task.path) == d for r in ok):
-                first = next(r for r in bad if os.path.dirname(r.task.path) == d)
-                n = sum(os.path.dirname(s.path) == d for s in skipped)  # what discover skipped, and these
-                raise SnapshotError(d, f"none of the {n} files in this directory is a snapshot that loads: "
-                                       f"{os.path.basename(first.task.path)}: {first.error}")
+            if not any(os.path.dirname(r.task.path) == d for r in ok):  # what discover skipped, and these
+                raise none_loads(d, sorted((s for s in skipped if os.path.dirname(s.path) == d), key=lambda s: s.path))
     seen: dict[int, str] = {}
     for r in ok:
         if r.rank in seen:

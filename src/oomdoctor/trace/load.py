@@ -238,6 +238,16 @@ class Skipped:
     reason: str
 
 
+def none_loads(directory: str, skipped: list[Skipped]) -> SnapshotError:
+    """The error for a directory none of whose files loads: one line with how many files it holds
+    (``skipped``: all of them, with why each was passed over) and every one that has a reason, each with it
+    (those named like snapshots first)."""
+    bad = sorted((s for s in skipped if s.reason), key=lambda s: not _looks_like_snapshot(os.path.basename(s.path)))
+    why = " | ".join(f"{os.path.basename(s.path)}: {s.reason}" for s in bad)
+    return SnapshotError(directory, f"none of the {len(skipped)} files in this directory is a snapshot that loads"
+                                    + (f": {why}" if why else ""))
+
+
 def discover(paths: Iterable[str | os.PathLike], skipped: list[Skipped] | None = None) -> list[str]:
     """Expand directories into the snapshot files they hold (sorted); files pass through.
 
@@ -352,11 +362,7 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
 
         for d in dirs:
             if not any(inside(t.path, d) for t in traces):
-                bad = sorted((s for s in own if inside(s.path, d) and s.reason),
-                             key=lambda s: not _looks_like_snapshot(os.path.basename(s.path)))
-                why = f": {os.path.basename(bad[0].path)}: {bad[0].reason}" if bad else ""
-                n = sum(inside(s.path, d) for s in own)
-                raise SnapshotError(d, f"none of the {n} files in this directory is a snapshot that loads{why}")
+                raise none_loads(d, [s for s in own if inside(s.path, d)])
     if len(traces) > 1:
         seen: dict[int, str] = {}
         for t in traces:
