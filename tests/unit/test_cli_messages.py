@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 from oomdoctor.cli.main import main
@@ -65,3 +66,48 @@ def test_the_allocator_variable_follows_the_installed_torch(monkeypatch):
             return v
         monkeypatch.setattr(metadata, "version", fake)
         assert alloc_conf_env() == name, version
+
+
+def _one_gpu_run(path, size_mib: int):
+    from builder import SnapBuilder
+
+    from oomdoctor.units import MiB
+
+    b = SnapBuilder()
+    s = b.segment(64 * MiB)
+    x = b.alloc(s, 0, size_mib * MiB)
+    b.free(x)
+    return b.write(path)
+
+
+def test_a_directory_of_unrelated_snapshots_naming_no_rank_is_refused(tmp_path, capsys):
+    d = tmp_path / "two-jobs"
+    d.mkdir()
+    a, b = _one_gpu_run(d / "bert.pickle", 8), _one_gpu_run(d / "resnet.pickle", 32)
+    for argv in (["diagnose", str(d)], ["diagnose", "--jobs", "1", "--format", "json", str(d)]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert "2 snapshots here give no rank" in err and "bert.pickle, resnet.pickle" in err
+    # the same files named one by one are the user's own grouping: numbered in path order, each with a warning
+    assert main(["diagnose", "--format", "json", str(a), str(b)]) == 0
+    assert [r["rank"] for r in json.loads(capsys.readouterr().out)["ranks"]] == [0, 1]
+    # and a directory whose files name their ranks is read as ranks
+    (d / "bert.pickle").rename(d / "rank0.pickle")
+    (d / "resnet.pickle").rename(d / "rank1.pickle")
+    assert main(["diagnose", "--format", "json", str(d)]) == 0
+    assert [r["rank"] for r in json.loads(capsys.readouterr().out)["ranks"]] == [0, 1]
+
+
+def test_the_library_refuses_the_same_directory(tmp_path):
+    import pytest
+
+    from oomdoctor.errors import SnapshotError
+    from oomdoctor.trace import load_ranks
+
+    d = tmp_path / "two-jobs"
+    d.mkdir()
+    _one_gpu_run(d / "a.pickle", 8)
+    _one_gpu_run(d / "b.pickle", 16)
+    with pytest.raises(SnapshotError, match="2 snapshots here give no rank"):
+        load_ranks([str(d)], skipped=[])

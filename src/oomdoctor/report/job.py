@@ -20,7 +20,16 @@ from typing import Any, Iterable, Sequence
 from ..analysis.ranks import RankProfile
 from ..detectors.materiality import Materiality
 from ..errors import SnapshotError, UsageError
-from ..trace.load import Skipped, discover, load, none_loads, rank_from_name, read_sidecar, sidecar_path
+from ..trace.load import (
+    Skipped,
+    discover,
+    load,
+    none_loads,
+    rank_from_name,
+    read_sidecar,
+    refuse_unranked,
+    sidecar_path,
+)
 from .merge import merge_reports
 from .model import Report
 
@@ -79,12 +88,14 @@ def plan_tasks(paths: Iterable[str | os.PathLike], skipped: list[Skipped]) -> li
     highest rank the sidecars and file names give, in path order (as :func:`~oomdoctor.trace.load.load_ranks`).
 
     Raises:
-        SnapshotError: a path does not exist, or a directory holds no snapshot file.
+        SnapshotError: a path does not exist, a directory holds no snapshot file, or several that give no rank
+            (:func:`~oomdoctor.trace.load.refuse_unranked`).
     """
     paths = [os.fspath(p) for p in paths]
     files = discover(paths, skipped)
     named = {p for p in paths if not os.path.isdir(p)}
     hints = [_rank_hint(f) for f in files]
+    refuse_unranked(files, hints, named)
     nxt = max((h for h in hints if h is not None), default=-1) + 1
     tasks = []
     for f, h in zip(files, hints):
