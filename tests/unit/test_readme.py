@@ -105,3 +105,9 @@ def test_the_api_names_the_readme_gives_analyze_exist(demo_trace):
     for name, call in names:
         assert hasattr(a, name), name
         assert callable(getattr(a, name)) == bool(call), name  # methods with (k), attributes without
+
+
+def test_the_readme_says_what_skips_without_the_snapshots_and_where_they_go():
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    assert re.search(r"\d+ tests skip, each with its reason \(`-rs`\)", text)
+    assert "OOMDOCTOR_SHARED=DIR" in text and "`DIR/snapshots/`" in text
