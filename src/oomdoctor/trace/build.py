@@ -132,8 +132,6 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
         warnings.append(f"'external_annotations' is a {type(raw).__name__}, not a list: skipped "
                         "(annotations hold no bytes)")
         return
-    if _annotations_at_once(raw, devices):
-        return
     bad = 0
     for a in raw:
         if not isinstance(a, dict):
@@ -148,34 +146,6 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
     if bad:
         warnings.append(f"{bad} malformed external annotations were skipped (a device, stage, name or time_us "
                         "of the wrong type or out of range); they hold no bytes")
-
-
-_get_annotation = itemgetter("device", "stage", "name", "time_us")
-
-
-def _annotations_at_once(raw: list, devices: dict[int, DeviceTrace]) -> bool:
-    """:func:`_annotations` for the usual list, every record well formed, in passes that run in C (the fields
-    by ``itemgetter``, their types and ranges checked on the distinct values): True when it appended them
-    all; False, having appended none, when a record is not a dict, lacks a field or is malformed (the caller
-    then checks them one by one and counts the bad ones)."""
-    if not raw:
-        return True
-    try:
-        devs, stages, names, times = zip(*map(_get_annotation, raw))
-        ok = (set(map(type, devs)) == {int} and set(devs) <= devices.keys() and set(stages) <= {"START", "END"}
-              and set(map(type, names)) == {str} and set(map(type, times)) == {int}
-              and -_I63 <= min(times) and max(times) < _I63)
-    except (KeyError, TypeError):  # not a dict, a field missing, an unhashable stage
-        return False
-    if not ok:
-        return False
-    made = list(map(Annotation, names, stages, times))
-    if len(set(devs)) == 1:
-        devices[devs[0]].annotations.extend(made)
-    else:
-        for dev, ann in zip(devs, made):
-            devices[dev].annotations.append(ann)
-    return True
 
 
 class _StackRef:
