@@ -88,14 +88,12 @@ def plan_tasks(paths: Iterable[str | os.PathLike], skipped: list[Skipped]) -> li
     highest rank the sidecars and file names give, in path order (as :func:`~oomdoctor.trace.load.load_ranks`).
 
     Raises:
-        SnapshotError: a path does not exist, a directory holds no snapshot file, or several that give no rank
-            (:func:`~oomdoctor.trace.load.refuse_unranked`).
+        SnapshotError: a path does not exist, or a directory holds no snapshot file.
     """
     paths = [os.fspath(p) for p in paths]
     files = discover(paths, skipped)
     named = {p for p in paths if not os.path.isdir(p)}
     hints = [_rank_hint(f) for f in files]
-    refuse_unranked(files, hints, named)
     nxt = max((h for h in hints if h is not None), default=-1) + 1
     tasks = []
     for f, h in zip(files, hints):
@@ -350,7 +348,8 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
     directory goes to ``skipped`` with its problem, unless no file of that directory loads.
 
     Raises:
-        SnapshotError: as above, or two files claim the same rank.
+        SnapshotError: as above, two files claim the same rank, or a directory holds several that load and give
+            no rank (:func:`~oomdoctor.trace.load.refuse_unranked`).
     """
     ok, bad = [], []
     for r in results:
@@ -366,6 +365,10 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
         for d in sorted(dirs):
             if not any(os.path.dirname(r.task.path) == d for r in ok):  # what discover skipped, and these
                 raise none_loads(d, sorted((s for s in skipped if os.path.dirname(s.path) == d), key=lambda s: s.path))
+    # among the files that loaded (a directory's other files, named like snapshots, may not): those that gave no
+    # rank got a fallback one (plan_tasks)
+    refuse_unranked([r.task.path for r in ok], [None if r.task.fallback_rank is not None else r.rank for r in ok],
+                    {r.task.path for r in ok if r.task.named})
     seen: dict[int, str] = {}
     for r in ok:
         if r.rank in seen:
