@@ -1,4 +1,4 @@
-"""Byte and time units, defined once. Only renderers format sizes for people."""
+"""Byte and time units, and rank spans, defined once. Only renderers format sizes for people."""
 
 from __future__ import annotations
 
@@ -44,3 +44,15 @@ def parse_duration_us(text: str, *, unit_required: bool = False) -> float | None
     if not m or (unit_required and m.group(2) is None):
         return None
     return float(m.group(1)) * _DURATION_SCALE[m.group(2)]
+
+
+def span(ranks: list[int]) -> str:
+    """Ranks as spans: ``[0, 1, 2, 5, 7, 8]`` -> ``"0–2, 5, 7–8"``."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}–{r}")
+            start = None
+    return ", ".join(out)

@@ -396,9 +396,10 @@ def test_mutated_model_configs_hold_the_contract(canary, tmp_path_factory, cfg):
 @pytest.fixture(scope="module")
 def golden_rows() -> tuple[list[str], list[dict]]:
     import csv
-    golden = Path(__file__).resolve().parents[2].parent / "shared/megatron_ci/golden_memory_train.csv"
+    shared = Path(os.environ.get("OOMDOCTOR_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
+    golden = shared / "megatron_ci" / "golden_memory_train.csv"
     if not golden.exists():
-        pytest.skip("shared/megatron_ci not found")
+        pytest.skip(f"Megatron-LM's CI goldens not found at {golden} (set OOMDOCTOR_SHARED)")
     with golden.open(newline="") as f:
         r = csv.DictReader(f)
         return list(r.fieldnames), [row for row in r if "/gpt/" in row["test_dir"]][:12]

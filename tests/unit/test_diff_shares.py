@@ -38,7 +38,7 @@ def test_a_real_pair_never_credits_more_than_the_rank_saved(snapshots):
     a = [analyze(t) for t in load_ranks([str(snapshots / "ddp-clean")], skipped=[])]
     d = diff_runs(b, a, report_of(b), report_of(a))
     saved = {r.rank: r.peak_reserved_saved_bytes for r in d.ranks}
-    resolved = d.by_status("resolved")
+    resolved = [f for f in d.findings if f.status == "resolved"]
     assert {f.id for f in resolved} == {"rank-imbalance", "output-accumulation", "memory-growth"}
     assert saved[0] > 0 and saved[1] == 0
     total = sum(f.peak_reserved_saved_bytes for f in resolved)

@@ -83,3 +83,31 @@ def test_every_example_block_is_checked():
 @pytest.mark.parametrize("stale", ["seed 0", "../shared", "segsum", "savable", "shared/snapshots"])
 def test_the_readme_holds_no_internal_reference(stale):
     assert stale not in README.read_text(encoding="utf-8")
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run ends with the README's test command (after its own venv), lint-imports and skip reasons included."""
+    readme = README.read_text(encoding="utf-8")
+    cmd = next(line for line in readme.splitlines() if line.startswith("python3 -m venv .venv && ") and "pytest" in line)
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8").rstrip().splitlines()[-1]
+    assert cmd.endswith(" && " + ci)
+    assert "lint-imports && python -m pytest -q -rs" in ci
+
+
+def test_the_api_names_the_readme_gives_analyze_exist(demo_trace):
+    """The README's comment on ``analyze(trace)`` names attributes and methods that exist, as it spells them."""
+    from oomdoctor.analysis import analyze
+
+    line = next(x for x in README.read_text(encoding="utf-8").splitlines() if x.startswith("a = analyze(trace)"))
+    names = re.findall(r"\.(\w+)(\(k\))?", line.split("#", 1)[1])
+    assert len(names) == 5
+    a = analyze(demo_trace)
+    for name, call in names:
+        assert hasattr(a, name), name
+        assert callable(getattr(a, name)) == bool(call), name  # methods with (k), attributes without
+
+
+def test_the_readme_says_what_skips_without_the_snapshots_and_where_they_go():
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    assert re.search(r"\d+ tests skip, each with its reason \(`-rs`\)", text)
+    assert "OOMDOCTOR_SHARED=DIR" in text and "`DIR/snapshots/`" in text

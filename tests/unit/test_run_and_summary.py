@@ -33,7 +33,9 @@ def test_run_passes_the_exit_code_and_output_through(tmp_path, code):
     assert p.returncode == code
     assert p.stdout == "from the job\n"
     assert "job err" in p.stderr and f"exit code {code}" in p.stderr
-    assert "no snapshot was written" in p.stderr
+    # one message, not "snapshots in DIR" then "no snapshot was written in DIR"
+    assert "no snapshot was written" in p.stderr and "snapshots in" not in p.stderr
+    assert p.stderr.count(str(tmp_path / "o")) == 1
 
 
 def test_run_warns_without_cuda_and_changes_nothing(tmp_path):

@@ -74,5 +74,6 @@ def test_trace_save_round_trips_through_load(tmp_path, demo_trace):
         assert np.array_equal(a.events[col], b.events[col]), col
     assert [s.total_size for s in b.segments] == [s.total_size for s in a.segments]
     assert back.rank == demo_trace.rank
+    assert back.path == str(out) and demo_trace.path.endswith(".pickle")  # the file read, not the one saved from
     d1, d2 = oomdoctor.diagnose(demo_trace.path), oomdoctor.diagnose(str(out))
     assert d2.report.ranks[0].peak_reserved_bytes == d1.report.ranks[0].peak_reserved_bytes

@@ -103,7 +103,6 @@ class Accounting:
     source: np.ndarray
     born_phase: np.ndarray
     batch_scaled: np.ndarray
-    recorded_steps: int = 0
 
 
 @dataclass
@@ -316,9 +315,9 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     put(loose & ~persistent & (dp == OPTIMIZER_PHASE) & param_shaped, GRADIENTS)
     put(loose & ~persistent & (d < first_pass), TEMPORARIES)
     src = np.full(rows, TRACE, dtype=np.int8)
-    recorded = _apply_facts(trace, dt, lt, cat, src)
+    _apply_facts(trace, dt, lt, cat, src)
     scaled = np.isin(cat, BATCH_SCALED) & (np.isin(bp, PASS_PHASES + (BACKWARD_PHASE, OTHER_PHASE)))
-    return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled, recorded)
+    return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled)
 
 
 def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: np.ndarray, nxt: np.ndarray,
@@ -532,14 +531,12 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
 _FACT_CATEGORY = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_state": OPTIMIZER_STATE}
 
 
-def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, src: np.ndarray) -> int:
-    """Recorded storages -> the rows that held them at the time they were noted. Returns how many
-    records were applied."""
+def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, src: np.ndarray) -> None:
+    """Recorded storages -> the rows that held them at the time they were noted (``cat`` and ``src`` in place)."""
     records = trace.meta.get("tensors")  # shape checked at load (trace/load.py _drop_malformed)
     if not records or dt.num_events == 0:
-        return 0
+        return
     t = dt.events["time_us"]
-    applied = 0
     for rec in records:
         when = rec["time_us"]
         if rec.get("at") == "dump" and when >= t[-1]:
@@ -561,8 +558,6 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
             hit = order[j[ok]]
             cat[hit] = _FACT_CATEGORY[kind]
             src[hit] = RECORDED
-        applied += 1
-    return applied
 
 
 def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, allocated_bytes: int) -> Breakdown:

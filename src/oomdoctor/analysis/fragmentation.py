@@ -78,7 +78,10 @@ class Anatomy(PoolAnatomy):
 
 
 @dataclass
-class _Seg:
+class LiveSegment:
+    """A segment (or a mapped range of an expandable segment) as it stood after some event: its address
+    and size (bytes), stream, ``segment_type`` (``"small"``/``"large"``), pool and whether it is expandable."""
+
     address: int
     size: int
     stream: int
@@ -87,9 +90,9 @@ class _Seg:
     is_expandable: bool
 
 
-def live_segments(dt: DeviceTrace, k: int) -> list[_Seg]:
+def live_segments(dt: DeviceTrace, k: int) -> list[LiveSegment]:
     """Segments (or mapped ranges of expandable segments) that exist after event ``k``, by address."""
-    segs: dict[int, _Seg] = {s.address: _Seg(s.address, s.total_size, s.stream, s.segment_type, s.pool_id,
+    segs: dict[int, LiveSegment] = {s.address: LiveSegment(s.address, s.total_size, s.stream, s.segment_type, s.pool_id,
                                              s.is_expandable) for s in dt.segments}
     action = dt.events["action"]
     later = np.flatnonzero((action[k + 1:] >= SEGMENT_ALLOC) & (action[k + 1:] <= SEGMENT_UNMAP)) + k + 1
@@ -101,7 +104,7 @@ def live_segments(dt: DeviceTrace, k: int) -> list[_Seg]:
         if act == SEGMENT_ALLOC:
             segs.pop(a, None)
         elif act == SEGMENT_FREE:
-            segs[a] = _Seg(a, s, st, "small" if s == K_SMALL_BUFFER else "large", DEFAULT_POOL, False)
+            segs[a] = LiveSegment(a, s, st, "small" if s == K_SMALL_BUFFER else "large", DEFAULT_POOL, False)
         elif act == SEGMENT_MAP:
             expandable = _interval_remove(expandable, a, a + s, st)
         else:
@@ -109,7 +112,7 @@ def live_segments(dt: DeviceTrace, k: int) -> list[_Seg]:
     out = [v for v in segs.values() if not v.is_expandable]
     for lo, hi, st in expandable:
         meta = _owning_expandable(exp_final, lo, st)
-        out.append(_Seg(lo, hi - lo, st, meta.segment_type if meta else "large",
+        out.append(LiveSegment(lo, hi - lo, st, meta.segment_type if meta else "large",
                         meta.pool_id if meta else DEFAULT_POOL, True))
     return sorted(out, key=lambda s: s.address)
 
@@ -247,7 +250,7 @@ class SegmentState:
     :data:`STATE_ALLOCATED`, :data:`STATE_PENDING_FREE` or :data:`STATE_FREE`; ``row`` indexes the
     :class:`~.lifetimes.Lifetimes` (-1 for a gap). Bytes."""
 
-    segment: _Seg
+    segment: LiveSegment
     blocks: list[tuple[int, int, str, int]]
 
 

@@ -296,9 +296,9 @@ def annotation_windows(dt: DeviceTrace, prefix: str | tuple[str, ...]) -> np.nda
     paired in order per name (a scope still open at the end closes at the last event). Shape ``(n, 2)``."""
     opened: dict[str, list[int]] = {}
     out: list[tuple[int, int]] = []
-    for a in sorted(dt.annotations, key=lambda x: x.time_us):
-        if not a.name.startswith(prefix):
-            continue
+    # filtered, then sorted (stable: the same order as sorting all of them first), so the sort sees only the
+    # scopes asked for, not every annotation of the trace (23,520 on `large`, docs/benchmarks.md)
+    for a in sorted([a for a in dt.annotations if a.name.startswith(prefix)], key=lambda x: x.time_us):
         if a.stage == "START":
             opened.setdefault(a.name, []).append(a.time_us)
         elif a.stage == "END" and opened.get(a.name):

@@ -65,10 +65,6 @@ class Timeline:
     def peak_allocated(self) -> tuple[int, int]:
         return self._peak(self.allocated, self.allocated_start)
 
-    @property
-    def peak_active(self) -> tuple[int, int]:
-        return self._peak(self.active, self.active_start)
-
     def at(self, k: int) -> dict[str, int]:
         """The four counters after event ``k`` (-1: at the start)."""
         if k < 0:

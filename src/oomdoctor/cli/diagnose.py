@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from importlib import resources
-
 import click
 
 from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
 from ..render import render_json, render_text
-from ..render.text import render_text_plain
+from ..render.text import GROUPED_RANKS, render_text_plain
 from ..report.gate import LEVELS, gate
 from ..report.job import Want, job_report
 from ..units import parse_bytes
 from .console import terminal
 from .inputs import parallel_options, read_job
 from .output import OUTPUT, write_output
-from .page import job_page
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 
@@ -24,6 +21,8 @@ DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 def demo_path() -> str:
     """The real snapshot shipped in the package: rank 0 of a two-rank tensor-parallel job on H200 GPUs whose
     all-reduce inputs were ``record_stream``-ed, as PyTorch did before 2.8 (frees deferred)."""
+    from importlib import resources  # only for --demo (start-up: docs/benchmarks.md)
+
     return str(resources.files("oomdoctor").joinpath("data", DEMO_SNAPSHOT))
 
 
@@ -53,8 +52,8 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
               help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
                    "is anything but healthy: a CI gate. The report is written first.")
 @click.option("--all-ranks", is_flag=True,
-              help="Text: every rank's section and every finding in full, however many ranks (above 8 ranks, "
-                   "alike ranks are grouped by default).")
+              help="Text: every rank's section and every finding in full, however many ranks (above "
+                   f"{GROUPED_RANKS} ranks, alike ranks are grouped by default).")
 @parallel_options
 def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, micro_batch: int | None,
             material_fraction: float, material_bytes: str, fail_on: str | None, all_ranks: bool, jobs: int | None,
@@ -64,6 +63,7 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
     inputs = inputs_or_demo(paths, demo, "diagnose")
     if fmt == "html":
         from ..render.html import render_html  # jinja2 and the page's views: only for --format html
+        from .page import job_page
 
         report, visual = job_page(inputs, micro_batch=micro_batch, rule=rule, jobs=jobs, executor=executor,
                                   scheduler=scheduler)

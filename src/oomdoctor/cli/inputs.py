@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
 from ..trace import Skipped, Trace, load_ranks
 from .output import write_output, write_rendered, write_text  # noqa: F401 - their home is .output
@@ -45,6 +44,8 @@ def _load(inputs: list[str], skipped: list[Skipped]) -> list[Trace]:
     total = sum(os.path.getsize(p) for p in inputs if os.path.isfile(p))
     if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
         return load_ranks(inputs, skipped=skipped)
+    from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn  # only for a bar
+
     console = Console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn())
     with Progress(*columns, console=console, transient=True) as bar:

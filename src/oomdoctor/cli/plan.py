@@ -119,7 +119,7 @@ def command() -> None:
     """Predict per-rank peak memory of a training configuration, and search the parallel plans that fit."""
 
 
-@command.command("estimate")
+@command.command("estimate", short_help="Memory per pipeline stage of one plan, term by term.")
 @_common
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--pp", type=int, default=1, show_default=True)
@@ -164,7 +164,7 @@ def parse_plan(text: str, base: ParallelPlan, gpus: int) -> ParallelPlan:
                    schedule="interleaved" if vpp > 1 else "1f1b")
 
 
-@command.command("search")
+@command.command("search", short_help="The parallel plans that fit, by modelled throughput.")
 @_common
 @click.option("--plan", "plans", multiple=True, help="Compare only these plans (repeatable): tp4,pp4,vpp5.")
 @click.option("--top", type=int, default=15, show_default=True, help="Rows shown in the text table.")
@@ -182,7 +182,7 @@ def search_cmd(plans, top, **kw) -> None:
                        terminal=_console())
 
 
-@command.command("validate")
+@command.command("validate", short_help="Check against a Megatron-LM CI golden-memory CSV.")
 @click.argument("csv_path", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=OUTPUT)

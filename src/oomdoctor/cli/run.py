@@ -1,7 +1,7 @@
 """``oomdoctor run [options] -- COMMAND...``: record every CUDA process of a command, then diagnose.
 
 The command runs unchanged, with ``PYTHONPATH`` led by the directory of our ``sitecustomize``
-(:mod:`oomdoctor.capture.autorecord`), so every Python process it starts (``torchrun``'s workers,
+(``cli/inject/``, which sets up :mod:`oomdoctor.capture.autorecord`), so every Python process it starts (``torchrun``'s workers,
 scripts a shell script calls) records once it initialises CUDA. Processes started with ``python -I``
 or ``-S`` ignore ``PYTHONPATH``/``site`` and are not recorded. The exit code is the command's; a
 command killed by a signal makes ``oomdoctor`` die of the same signal (after the report).
@@ -49,7 +49,7 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sign
 
 
 def inject_dir() -> str:
-    return str(resources.files("oomdoctor.capture").joinpath("inject"))
+    return str(resources.files("oomdoctor.cli").joinpath("inject"))
 
 
 def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
@@ -116,9 +116,15 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, s
     env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout, free_stacks=free_stacks,
                     stack_steps=stack_steps)
     code = _run(argv, env)
-    click.echo(f"oomdoctor: command exited with {_describe(code)}; snapshots in {out}", err=True)
-    if not no_diagnose:
-        _report(out, summarize, fmt)
+    try:
+        files = discover([out])
+    except OomdoctorError:
+        files = []
+    where = f"snapshots in {out}" if files else \
+        f"no snapshot was written in {out} (no process of the command used CUDA)"
+    click.echo(f"oomdoctor: command exited with {_describe(code)}; {where}", err=True)
+    if not no_diagnose and files:
+        _report(out, files, summarize, fmt)
     if code < 0:  # killed by a signal: die of it too
         sys.stdout.flush()
         signal.signal(-code, signal.SIG_DFL)
@@ -163,7 +169,7 @@ def _describe(code: int) -> str:
     return f"exit code {code}"
 
 
-def _report(out: str, summarize: bool, fmt: str) -> None:
+def _report(out: str, files: list[str], summarize: bool, fmt: str) -> None:
     if summarize:
         path = os.path.join(out, SUMMARY_JSON if fmt == "json" else SUMMARY_TEXT)
         if os.path.isfile(path):
@@ -172,11 +178,6 @@ def _report(out: str, summarize: bool, fmt: str) -> None:
             return
         click.echo(f"oomdoctor: no in-job summary in {out} (rank 0 did not finish it): diagnosing the snapshots",
                    err=True)
-    try:
-        files = discover([out])
-    except OomdoctorError:
-        click.echo(f"oomdoctor: no snapshot was written in {out} (no process of the command used CUDA)", err=True)
-        return
     try:
         report = build_report(load_with_progress(files))
     except OomdoctorError as e:

@@ -23,7 +23,6 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import request_pool
 from ..analysis.phases import role_index
 from ..analysis.rounding import allocation_size, round_size
-from ..simulate.capacity import infer_capacity, sidecar_cap
 from ..units import GiB, MiB
 from .context import Context
 from .finding import Finding, Fix
@@ -100,6 +99,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
 
 def _capped(a: DeviceAnalysis) -> bool:
     """Whether the process ran under a memory fraction (the sidecar's cap, or an OOM below the device)."""
+    from ..simulate.capacity import infer_capacity, sidecar_cap  # the replay's package: only for a finding
+
     return sidecar_cap(a.trace.meta)[0] is not None or infer_capacity(a.trace, a.device).kind == "fraction"
 
 

@@ -21,8 +21,10 @@ Relative throughput is the best plan's step time over each plan's.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
+from ..units import GiB
 from .estimate import Estimate, estimate
 from .schedule import bubble_fraction
 from .specs import Hardware, ModelSpec, ParallelPlan, PlanError, TrainingSpec
@@ -199,16 +201,30 @@ def _why(c: Candidate, hw: Hardware) -> list[str]:
         out.append(f"exposed DP communication {100 * s.dp_comm_s / total:.0f}%")
     peak = c.estimate.peak
     if c.fits == "with expandable_segments":
-        out.append(f"fits with {EXPANDABLE}: {c.fit_estimate.peak.device_bytes / 1e9:.1f} GB; the default "
-                   f"allocator's fragmentation margin ({peak.terms['fragmentation'] / 1e9:.1f} GB) would take it to "
-                   f"{peak.device_bytes / 1e9:.1f} GB")
+        out.append(f"fits with {EXPANDABLE}: {c.fit_estimate.peak.device_bytes / GiB:.1f} GiB; the default "
+                   f"allocator's fragmentation margin ({peak.terms['fragmentation'] / GiB:.1f} GiB) would take it to "
+                   f"{peak.device_bytes / GiB:.1f} GiB")
     elif c.fits == "no":
-        out.append(f"stage {peak.stage} needs {(peak.device_bytes - hw.gpu_memory_bytes) / 1e9:.1f} GB more")
+        out.append(f"stage {peak.stage} needs {(peak.device_bytes - hw.gpu_memory_bytes) / GiB:.1f} GiB more")
     return out
 
 
+def alloc_conf_env() -> str:
+    """The allocator's environment variable to name: ``PYTORCH_ALLOC_CONF`` where the installed PyTorch is 2.9 or
+    later (the name it reads first), else ``PYTORCH_CUDA_ALLOC_CONF`` (read by every version, from 2.9 as an
+    alias), the rule :mod:`oomdoctor.detectors.fragmentation` applies to a trace's version. The version comes from
+    the package metadata; torch is never imported."""
+    from importlib import metadata
+
+    try:
+        m = re.match(r"(\d+)\.(\d+)", metadata.version("torch"))
+    except metadata.PackageNotFoundError:
+        m = None
+    return "PYTORCH_ALLOC_CONF" if m and (int(m.group(1)), int(m.group(2))) >= (2, 9) else "PYTORCH_CUDA_ALLOC_CONF"
+
+
 RULES = [
-    "A plan over capacity only by its fragmentation margin fits with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: "
+    "A plan over capacity only by its fragmentation margin fits with {env}=expandable_segments:True: "
     "set that before changing the parallelism (it costs no throughput); such a plan's peak is given with it.",
     "Tensor parallelism is kept inside one node (NVLink); its all-reduces are on the critical path, so a larger TP "
     "costs throughput in proportion to the all-reduce volume.",
@@ -226,4 +242,4 @@ def search(m: ModelSpec, train: TrainingSpec, hw: Hardware, base: ParallelPlan |
     base = base or ParallelPlan()
     cand_plans = plans if plans is not None else enumerate_plans(m, train, hw, base)
     cands = evaluate(m, train, hw, cand_plans)
-    return SearchResult(m, train, hw, cands, list(RULES), rejected=len(cand_plans) - len(cands))
+    return SearchResult(m, train, hw, cands, [r.format(env=alloc_conf_env()) for r in RULES], rejected=len(cand_plans) - len(cands))

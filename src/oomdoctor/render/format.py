@@ -9,6 +9,7 @@ import textwrap
 from typing import Any, Mapping
 
 from ..units import GiB, KiB, MiB
+from ..units import span as span  # defined below the report layer, which writes it in notes too
 
 
 def format_bytes(n: int | float) -> str:
@@ -110,15 +111,3 @@ def fit_site(label: str, width: int) -> str:
     if not rest:
         return where
     return f"{where} {rest}" if len(where) + 1 + len(rest) <= width else f"{where}\n{rest}"
-
-
-def span(ranks: list[int]) -> str:
-    """Ranks as spans: ``[0, 1, 2, 5, 7, 8]`` -> ``"0–2, 5, 7–8"``."""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}–{r}")
-            start = None
-    return ", ".join(out)

@@ -14,14 +14,14 @@ from rich.text import Text
 
 from .._version import SCHEMA_VERSION, __version__
 from ..plan.estimate import Estimate
-from ..plan.search import SearchResult
+from ..plan.search import SearchResult, alloc_conf_env
 from ..plan.validate import Validation
-
-GB = 10**9
+from ..units import GiB
 
 
 def _gb(n: int) -> str:
-    return f"{n / GB:.1f}"
+    """Bytes in GiB (2^30), as ``diagnose`` prints sizes."""
+    return f"{n / GiB:.1f}"
 
 
 def estimate_dict(e: Estimate) -> dict[str, Any]:
@@ -37,8 +37,8 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
 
 def render_estimate_text(e: Estimate, console: Console) -> None:
     console.print(Text(f"{e.model.name}: {e.plan.label()}, {e.plan.schedule}, {e.microbatches} micro-batches of "
-                       f"{e.train.micro_batch} x {e.train.seq_len} tokens; GB = 1e9 bytes", style="bold"))
-    console.print(Text("per stage, GB at its peak (params: parameters on the stage; in flight: micro-batches "
+                       f"{e.train.micro_batch} x {e.train.seq_len} tokens; GiB = 2^30 bytes", style="bold"))
+    console.print(Text("per stage, GiB at its peak (params: parameters on the stage; in flight: micro-batches "
                        "whose activations are held at once)", style="dim"))
     # no box: its column separators would take the columns past 80; the header row is bold instead
     t = Table(box=None, show_edge=False, pad_edge=False, header_style="bold underline")
@@ -55,12 +55,12 @@ def render_estimate_text(e: Estimate, console: Console) -> None:
     if e.hardware is not None:
         p = e.peak
         verdict = ("fits" if e.fits else "does NOT fit")
-        console.print(Text(f"worst stage {p.stage}: {_gb(p.device_bytes)} GB of {_gb(e.hardware.gpu_memory_bytes)} GB "
+        console.print(Text(f"worst stage {p.stage}: {_gb(p.device_bytes)} GiB of {_gb(e.hardware.gpu_memory_bytes)} GiB "
                            f"-> {verdict}", style="green" if e.fits else "bold red"))
     for s in e.stages:
         cats = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k, v in s.categories.items() if v)
         at = f" ({s.loss_moment})" if s.loss_moment else ""
-        console.print(Text(f"stage {s.stage} at its peak{at}, in diagnose's categories (GB): {cats}"))
+        console.print(Text(f"stage {s.stage} at its peak{at}, in diagnose's categories (GiB): {cats}"))
     console.print(Text("at each stage's peak; other = FSDP buffers + DDP buckets + workspaces (+ optimizer-step "
                        "temporaries when the step is the peak); device = reserved + CUDA context + NCCL",
                        style="dim"))
@@ -89,10 +89,10 @@ _FITS_SHORT = {"with expandable_segments": "expandable"}
 
 
 def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> None:
-    console.print(Text(f"{r.model.name} on {r.hardware.num_gpus} x {_gb(r.hardware.gpu_memory_bytes)} GB "
+    console.print(Text(f"{r.model.name} on {r.hardware.num_gpus} x {_gb(r.hardware.gpu_memory_bytes)} GiB "
                        f"({r.hardware.name}): {len(r.candidates)} valid plans, best first", style="bold"))
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for c in ("#", "plan", "peak GB\n(stage)", "last stage\nalloc. GB", "fits", "rel.\nthroughput"):
+    for c in ("#", "plan", "peak GiB\n(stage)", "last stage\nalloc. GiB", "fits", "rel.\nthroughput"):
         t.add_column(c, justify="left" if c in ("plan", "fits") else "right", no_wrap=c != "plan")
     shown = r.candidates[:limit]
     for i, c in enumerate(shown, 1):
@@ -106,8 +106,8 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
         if c.why:
             console.print(f"  {i}. {'; '.join(c.why)}")
     console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL), under the setting "
-                       "that makes the plan fit; expandable: fits with PYTORCH_ALLOC_CONF=expandable_segments:True "
-                       "(its peak is shown with it); GB = 1e9 bytes", style="dim"))
+                       f"that makes the plan fit; expandable: fits with {alloc_conf_env()}=expandable_segments:True "
+                       "(its peak is shown with it); GiB = 2^30 bytes", style="dim"))
     console.print(Text("Decision rules:", style="bold"))
     for i, rule in enumerate(r.rules, 1):
         console.print(f"  {i}. {rule}")

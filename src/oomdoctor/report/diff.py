@@ -94,9 +94,6 @@ class Diff:
     def peak_reserved_saved_bytes(self) -> int:
         return sum(r.peak_reserved_saved_bytes for r in self.ranks)
 
-    def by_status(self, status: str) -> list[FindingChange]:
-        return [f for f in self.findings if f.status == status]
-
 
 def _sites_at_peak(a: DeviceAnalysis) -> dict[str, tuple[int, int]]:
     lt = a.lifetimes

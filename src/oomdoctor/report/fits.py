@@ -36,6 +36,7 @@ sharding the optimizer state over the data-parallel ranks would (ZeRO-1 / FSDP: 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,14 +44,14 @@ from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
-from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
-from ..simulate.capacity import Capacity, sidecar_cap
-from ..simulate.extend import mirror_backward
-from ..simulate.replay import SimulationError, prepare, replay
-from ..simulate.scale import largest_scale
 from ..trace.model import OOM
 from .margin import complete_steps, step_variation
 from .margin import margin as prediction_margin
+
+# The planner (plan/) and the replay (simulate/) are imported where they are used: a report that replays
+# nothing (a healthy run, no cap stated) does not pay for importing them (docs/benchmarks.md, start-up).
+if TYPE_CHECKING:
+    from ..simulate.capacity import Capacity
 
 
 @dataclass
@@ -66,7 +67,11 @@ class Room:
 def device_room(a: DeviceAnalysis) -> Room:
     """See the module doc. Pure."""
     meta = a.trace.meta
-    cap, source = sidecar_cap(meta)
+    cap, source = None, ""
+    if meta.get("memory_cap_bytes") is not None or meta.get("memory_fraction") is not None:
+        from ..simulate.capacity import sidecar_cap
+
+        cap, source = sidecar_cap(meta)
     if cap is not None:
         return Room(cap, "fraction", f"set_per_process_memory_fraction: {source}")
     if a.oom_events.size:
@@ -82,6 +87,8 @@ def device_room(a: DeviceAnalysis) -> Room:
         return Room(free + reserved, "device", "the sidecar: free device bytes at the dump plus reserved bytes then")
     total = meta.get("gpu_total_memory_bytes")
     if isinstance(total, int) and total > 0:
+        from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
+
         outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if (meta.get("world_size") or 1) > 1 else 0)
         return Room(total - outside, "estimated", "the GPU's total memory less the CUDA context"
                     + (" and NCCL's buffers" if outside > CUDA_CONTEXT_BYTES else "") + " (planner constants)")
@@ -197,6 +204,11 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     is the pass's output and the loss keeps :data:`LOSS_COPIES` more of it; every parameter is trained (its
     gradient has its size); the optimizer state still to come is the one seen, else Adam's two moments per
     parameter; the backward mirrors the forward. Fills ``out`` (reach ``estimate``); False when it cannot."""
+    from ..simulate.capacity import Capacity
+    from ..simulate.extend import mirror_backward
+    from ..simulate.replay import SimulationError, prepare
+    from ..simulate.scale import largest_scale
+
     lt, acc = a.lifetimes, a.accounting
     k = int(a.oom_events[-1])
     alive = lt.allocated_mask(k - 1)
@@ -244,6 +256,8 @@ def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> tuple[bool, int]:
     """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
     (the same OOM, or none)? Predictions are only as good as that. Also the replay's largest reserved
     difference from the recording (bytes: the model's error on this trace, part of the margin)."""
+    from ..simulate.replay import replay
+
     r = replay(prepared, capacity=cap, validate=True)
     v = r.validation
     return reproduces(v, bool(a.oom_events.size)), (v.max_reserved_difference_bytes if v is not None else 0)
@@ -285,6 +299,10 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     ``job_peak_reserved_bytes``: what a sidecar says of the memory outside the allocator and of the job's own
     peak reserved, for the margin (:func:`.margin.margin`)."""
     inputs = {"outside_bytes": outside_bytes, "job_peak_reserved_bytes": job_peak_reserved_bytes}
+    from ..simulate.capacity import Capacity
+    from ..simulate.replay import SimulationError, prepare
+    from ..simulate.scale import largest_scale
+
     out = Fits(room.bytes, room.source, micro_batch=micro_batch)
     jp = job_peak(a)
     out.job_peak_reserved_bytes, out.peak_source = jp.job_peak_reserved_bytes, jp.source

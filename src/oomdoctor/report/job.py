@@ -14,14 +14,22 @@ Executors (:func:`map_ranks`): ``process`` (a pool of ``jobs`` processes on this
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ..analysis.ranks import RankProfile
 from ..detectors.materiality import Materiality
 from ..errors import SnapshotError, UsageError
-from ..trace.load import Skipped, discover, load, rank_from_name, read_sidecar, sidecar_path
+from ..trace.load import (
+    Skipped,
+    discover,
+    load,
+    none_loads,
+    rank_from_name,
+    read_sidecar,
+    refuse_unranked,
+    sidecar_path,
+)
 from .merge import merge_reports
 from .model import Report
 
@@ -268,7 +276,8 @@ def _map(fn, items: Sequence, want: Want, *, jobs: int | None, executor: str, sc
     memo: dict = {}
     if n <= 1:
         return [share(fn(t, want), memo) for t in items]
-    import multiprocessing
+    import multiprocessing  # a pool's modules only where there is a pool (start-up: docs/benchmarks.md)
+    from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
@@ -339,7 +348,8 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
     directory goes to ``skipped`` with its problem, unless no file of that directory loads.
 
     Raises:
-        SnapshotError: as above, or two files claim the same rank.
+        SnapshotError: as above, two files claim the same rank, or a directory holds several that load and give
+            no rank (:func:`~oomdoctor.trace.load.refuse_unranked`).
     """
     ok, bad = [], []
     for r in results:
@@ -353,11 +363,12 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
         skipped.extend(sorted((Skipped(r.task.path, r.error or "") for r in bad), key=lambda s: s.path))
         dirs = {os.path.dirname(r.task.path) for r in bad}
         for d in sorted(dirs):
-            if not any(os.path.dirname(r.task.path) == d for r in ok):
-                first = next(r for r in bad if os.path.dirname(r.task.path) == d)
-                n = sum(os.path.dirname(s.path) == d for s in skipped)  # what discover skipped, and these
-                raise SnapshotError(d, f"none of the {n} files in this directory is a snapshot that loads: "
-                                       f"{os.path.basename(first.task.path)}: {first.error}")
+            if not any(os.path.dirname(r.task.path) == d for r in ok):  # what discover skipped, and these
+                raise none_loads(d, sorted((s for s in skipped if os.path.dirname(s.path) == d), key=lambda s: s.path))
+    # among the files that loaded (a directory's other files, named like snapshots, may not): those that gave no
+    # rank got a fallback one (plan_tasks)
+    refuse_unranked([r.task.path for r in ok], [None if r.task.fallback_rank is not None else r.rank for r in ok],
+                    {r.task.path for r in ok if r.task.named})
     seen: dict[int, str] = {}
     for r in ok:
         if r.rank in seen:

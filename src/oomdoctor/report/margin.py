@@ -44,8 +44,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analysis.device import DeviceAnalysis
-from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
-from ..simulate.capacity import sidecar_cap
 
 
 @dataclass
@@ -116,6 +114,12 @@ def extension_error(a: DeviceAnalysis) -> tuple[int, str]:
 
 def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tuple[int, str]:
     """What lives outside the caching allocator (bytes) and how it was read (module doc)."""
+    from ..plan.terms import (  # imported where used: start-up
+        CUDA_CONTEXT_BYTES,
+        NCCL_FIRST_COMMUNICATOR_BYTES,
+    )
+    from ..simulate.capacity import sidecar_cap
+
     meta = a.trace.meta
     if sidecar_cap(meta)[0] is not None:
         return 0, "a memory-fraction cap: the allocator's own limit, below what lives outside it"

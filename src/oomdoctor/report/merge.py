@@ -14,6 +14,7 @@ from ..detectors import rank_imbalance
 from ..detectors.context import applies, version_from_text
 from ..detectors.materiality import Materiality, apply
 from ..detectors.registry import merge_findings
+from ..units import span
 from .groups import with_groups
 from .model import Report
 from .verdict import job_verdict, oom_with_findings, with_findings
@@ -48,7 +49,7 @@ def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing
         notes.extend(n for n in rep.notes if n not in notes)
     if missing_ranks:
         wait = f" within {waited_s:.0f} s" if waited_s is not None else ""
-        notes.append(f"No result from rank(s) {_span(sorted(missing_ranks))}{wait} (the process died or was still "
+        notes.append(f"No result from rank(s) {span(sorted(missing_ranks))}{wait} (the process died or was still "
                      "busy): this summary covers the other ranks only.")
     version = reports[0].oomdoctor_version if reports else ""
     extra = {"in_job_summary": True, "world_size": world_size, "missing_ranks": sorted(missing_ranks)} if in_job else {}
@@ -61,15 +62,3 @@ def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing
                               oomdoctor_version=version, notes=notes, extra=extra,
                               verdict=job_verdict([r.verdict for r in ranks if r.verdict is not None], oom_ranks),
                               materiality=reports[0].materiality if reports else {}))
-
-
-def _span(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ", ".join(out)

@@ -24,22 +24,27 @@ may still run out and is never counted as a fix.
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.device import DeviceAnalysis
 from ..detectors.finding import Finding
-from ..simulate.capacity import infer_capacity
-from ..simulate.config import DEFAULT, AllocatorConfig, parse_config
-from ..simulate.extend import Extension, extend_by_previous_step
-from ..simulate.replay import RECORDED, Prepared, ReplayResult, SimulationError, prepare, replay
 from .fits import reproduces
 from .margin import Margin, at_edge, margin
+
+# The replay (simulate/) is imported where a prediction is made: a report with nothing to predict does not
+# pay for importing it (docs/benchmarks.md, start-up).
+if TYPE_CHECKING:
+    from ..simulate.config import AllocatorConfig
+    from ..simulate.extend import Extension
+    from ..simulate.replay import Prepared, ReplayResult
 
 REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
 
 
 def _on_top(base: AllocatorConfig, text: str) -> AllocatorConfig:
     """``base`` with the options ``text`` sets (the fix changes one setting, keeps the others)."""
+    from ..simulate.config import DEFAULT, AllocatorConfig, parse_config
+
     parsed = parse_config(text)
     changes = {f.name: getattr(parsed, f.name) for f in fields(AllocatorConfig)
                if f.compare and getattr(parsed, f.name) != getattr(DEFAULT, f.name)}
@@ -54,6 +59,10 @@ class Predictor:
 
     def __init__(self, analysis: DeviceAnalysis, *, outside_bytes: int | None = None,
                  job_peak_reserved_bytes: int | None = None) -> None:
+        from ..simulate.capacity import infer_capacity
+        from ..simulate.extend import extend_by_previous_step
+        from ..simulate.replay import SimulationError, prepare, replay
+
         self.analysis = analysis
         self.prepared: Prepared = prepare(analysis.trace, analysis.device, analysis.lifetimes)
         if self.prepared.external or self.prepared.external_start:
@@ -89,6 +98,8 @@ class Predictor:
     def run(self, what_if: dict[str, str]) -> dict[str, Any]:
         """The prediction of ``what_if`` (``{"config": PYTORCH_ALLOC_CONF text, "deferred_frees": mode}``)."""
         config = self._config(what_if)
+        from ..simulate.replay import RECORDED
+
         mode = what_if.get("deferred_frees", RECORDED)
         key = (config, mode)
         if key not in self.cache:
@@ -96,6 +107,8 @@ class Predictor:
         return self.cache[key]
 
     def _predict(self, config: AllocatorConfig, mode: str) -> dict[str, Any]:
+        from ..simulate.replay import replay
+
         r: ReplayResult = replay(self.prepared, config, deferred_frees=mode, capacity=self.capacity)
         peak, _ = self.analysis.peak_reserved
         recorded_oom = self.prepared.recorded_oom
@@ -173,6 +186,8 @@ def predictor(analysis: DeviceAnalysis, **margin_inputs: int | None) -> Predicto
     has no history or cannot be replayed."""
     if not analysis.trace.has_history or analysis.num_events == 0:
         return None
+    from ..simulate.replay import SimulationError
+
     try:
         return Predictor(analysis, **margin_inputs)
     except SimulationError:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
-from ..analysis.fragmentation import Anatomy, segment_states
+from ..analysis.fragmentation import Anatomy, LiveSegment, segment_states
 from ..analysis.lifetimes import IN_TRACE
 from ..analysis.sites import site_index, site_label
 from ..detectors.common import frame_text
@@ -60,16 +60,11 @@ class Marker:
 
 
 @dataclass
-class SegmentView:
-    """One segment at a moment; ``blocks`` are ``[offset, size, state]`` covering it exactly, in
-    address order, ``state`` one of ``allocated``, ``pending_free``, ``free`` (bytes)."""
+class SegmentView(LiveSegment):
+    """One segment at a moment (the :class:`~oomdoctor.analysis.fragmentation.LiveSegment`'s fields, then its
+    blocks); ``blocks`` are ``[offset, size, state]`` covering it exactly, in address order, ``state`` one of
+    ``allocated``, ``pending_free``, ``free`` (bytes)."""
 
-    address: int
-    size: int
-    stream: int
-    segment_type: str
-    pool_id: tuple[int, int]
-    is_expandable: bool
     blocks: list[list]
 
 

@@ -343,13 +343,13 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     """Columns for one device's trace (``entries``, which start at index ``offset`` of it). Every pass
     over the entries runs in C (``map`` with ``itemgetter``/``dict.get``), which keeps a 271k-event trace
     at a fraction of its unpickling time. ``refs``: frames lists may be ``[_StackRef]`` (streamed in)."""
-    if set(map(type, entries)) - {dict}:
-        bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
-        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
-                                  "expected a dict")
-    try:
+    try:  # an entry that is not a dict raises TypeError here: the checks below say which
         names = list(map(_get_action, entries))
-    except KeyError:
+    except (KeyError, TypeError):
+        if set(map(type, entries)) - {dict}:
+            bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
+            raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
+                                      "expected a dict") from None
         bad = next(i for i, e in enumerate(entries) if "action" not in e)
         raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] has no 'action'") from None
     codes_map = ACTION_CODES

@@ -14,7 +14,6 @@ import gc
 import json
 import os
 import re
-import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +114,14 @@ def read_sidecar(path: str) -> dict[str, Any]:
 
 def is_saved_trace(path: str) -> bool:
     """Is ``path`` a trace written by :meth:`Trace.save` (a zip holding its ``doc`` column)? Never raises."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"PK":  # numpy writes the zip from its first byte; zipfile is imported for zips only
+                return False
+    except OSError:
+        return False
+    import zipfile
+
     try:
         if not zipfile.is_zipfile(path):
             return False
@@ -274,6 +281,37 @@ class Skipped:
     reason: str
 
 
+def refuse_unranked(files: list[str], ranks: list[int | None], named: set[str]) -> None:
+    """Refuse a directory holding two or more snapshots whose rank neither a sidecar nor the file name gives: they
+    may be separate runs (two single-GPU jobs) as well as the ranks of one, and numbering them by path order would
+    compare them as ranks. Files named one by one (``named``) are the user's own grouping and pass.
+
+    Raises:
+        SnapshotError: naming the directory, how many files give no rank, and the first of them.
+    """
+    by_dir: dict[str, list[str]] = {}
+    for f, r in zip(files, ranks):
+        if r is None and f not in named:
+            by_dir.setdefault(os.path.dirname(f), []).append(os.path.basename(f))
+    for d, names in sorted(by_dir.items()):
+        if len(names) > 1:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            raise SnapshotError(d, f"{len(names)} snapshots here give no rank, in their names or a sidecar "
+                                   f"({shown}): they may be separate runs, so they are not read as the ranks of "
+                                   "one job; diagnose each file on its own, or name them by rank: rank0.pickle, "
+                                   "rank1.pickle, ...")
+
+
+def none_loads(directory: str, skipped: list[Skipped]) -> SnapshotError:
+    """The error for a directory none of whose files loads: one line with how many files it holds
+    (``skipped``: all of them, with why each was passed over) and every one that has a reason, each with it
+    (those named like snapshots first)."""
+    bad = sorted((s for s in skipped if s.reason), key=lambda s: not _looks_like_snapshot(os.path.basename(s.path)))
+    why = " | ".join(f"{os.path.basename(s.path)}: {s.reason}" for s in bad)
+    return SnapshotError(directory, f"none of the {len(skipped)} files in this directory is a snapshot that loads"
+                                    + (f": {why}" if why else ""))
+
+
 def discover(paths: Iterable[str | os.PathLike], skipped: list[Skipped] | None = None) -> list[str]:
     """Expand directories into the snapshot files they hold (sorted); files pass through.
 
@@ -358,7 +396,8 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
     """Read files and directories as the ranks of one job, sorted by rank.
 
     Files whose rank cannot be told (no sidecar, no rank in the name) are numbered in path order
-    after the known ranks, with a warning on each.
+    after the known ranks, with a warning on each; two or more such files found in one directory are refused
+    (:func:`refuse_unranked`).
 
     Files named on the command line must load. Files found in a directory may be something else (a
     metrics JSON, a checkpoint): with ``skipped`` given, those that are not snapshots, or do not load,
@@ -366,7 +405,7 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
 
     Raises:
         SnapshotError: as :func:`load` (for a directory: when none of its files loads); also when two
-            files claim the same rank.
+            files claim the same rank, or a directory holds several files that give no rank.
     """
     paths = [os.fspath(p) for p in paths]
     own: list[Skipped] = []
@@ -390,12 +429,9 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
 
         for d in dirs:
             if not any(inside(t.path, d) for t in traces):
-                bad = sorted((s for s in own if inside(s.path, d) and s.reason),
-                             key=lambda s: not _looks_like_snapshot(os.path.basename(s.path)))
-                why = f": {os.path.basename(bad[0].path)}: {bad[0].reason}" if bad else ""
-                n = sum(inside(s.path, d) for s in own)
-                raise SnapshotError(d, f"none of the {n} files in this directory is a snapshot that loads{why}")
+                raise none_loads(d, [s for s in own if inside(s.path, d)])
     if len(traces) > 1:
+        refuse_unranked([t.path for t in traces], [t.rank for t in traces], named)
         seen: dict[int, str] = {}
         for t in traces:
             if t.rank is None:

@@ -11,8 +11,9 @@ Field meanings follow PyTorch's ``torch/csrc/cuda/memory_snapshot.cpp`` / ``Modu
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -50,6 +51,9 @@ BLOCK_PENDING_FREE = "active_pending_free"
 BLOCK_INACTIVE = "inactive"
 
 DEFAULT_POOL: tuple[int, int] = (0, 0)
+
+#: the version of the ``.npz`` file :meth:`Trace.save` writes and :func:`~oomdoctor.trace.store.load_trace` reads
+TRACE_FORMAT_VERSION = 1
 
 #: Event columns: name -> dtype. ``stack``/``pool``/``user_metadata``/``compile_context`` are indices
 #: into the trace's tables, -1 when absent; ``device_free`` is set only on ``oom`` events (else -1).
@@ -235,9 +239,32 @@ class Trace:
         Raises:
             OSError: ``path`` cannot be written.
         """
-        from .store import save_trace
-
-        save_trace(self, path)
+        arrays: dict[str, np.ndarray] = {}
+        devices = []
+        for dev, dt in self.devices.items():
+            for name in EVENT_COLUMNS:
+                arrays[f"d{dev}_{name}"] = dt.events[name]
+            devices.append({
+                "device": dev,
+                "segments": [asdict(s) for s in dt.segments],
+                "annotations": [asdict(a) for a in dt.annotations],
+            })
+        doc = {
+            "format_version": TRACE_FORMAT_VERSION,
+            "path": self.path,
+            "devices": devices,
+            "frames": self.stacks.frames,
+            "stacks": self.stacks.stacks,
+            "strings": self.strings,
+            "pools": self.pools,
+            "allocator_settings": self.allocator_settings,
+            "meta": self.meta,
+            "has_history": self.has_history,
+            "warnings": self.warnings,
+        }
+        arrays["doc"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
+        with open(path, "wb") as f:
+            np.savez_compressed(f, **arrays)
 
     @property
     def primary(self) -> DeviceTrace:

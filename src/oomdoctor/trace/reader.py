@@ -7,15 +7,10 @@ builds natively (dict, list, tuple, str, bytes, int, float, bool, None, set) can
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
 import json
-import lzma
 import os
 import pickle
-import pickletools
-import zlib
 from typing import Any, BinaryIO, Callable
 
 from ..errors import SnapshotError, UnsafeSnapshotError
@@ -94,11 +89,18 @@ def open_decompressed(raw: BinaryIO, kind: str) -> BinaryIO:
     """The decompressed stream of ``raw`` (a binary file object holding ``kind``-compressed data).
     Concatenated streams (multi-member gzip, xz, bzip2, zstd frames) are followed; reading past a
     truncated end raises EOFError."""
+    # each decompressor's module is imported for its own files only (start-up: docs/benchmarks.md)
     if kind == "gzip":
+        import gzip
+
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "xz":
+        import lzma
+
         return lzma.LZMAFile(raw, "rb")
     if kind == "bzip2":
+        import bz2
+
         return bz2.BZ2File(raw, "rb")
     import zstandard
 
@@ -185,10 +187,16 @@ def _head_decompressed(head: bytes) -> bytes | None:
         if kind is None:
             return head
         if kind == "gzip":
+            import zlib
+
             return zlib.decompressobj(wbits=31).decompress(head, _SNIFF_BYTES)
         if kind == "xz":
+            import lzma
+
             return lzma.LZMADecompressor().decompress(head, max_length=_SNIFF_BYTES)
         if kind == "bzip2":
+            import bz2
+
             return bz2.BZ2Decompressor().decompress(head, max_length=_SNIFF_BYTES)
         import zstandard
 
@@ -224,6 +232,8 @@ def sniff(path: str, walk: bool = True) -> str | None:
     data = _head_decompressed(head)
     if not data or data[:1] not in (b"\x80", b"(", b"]", b"}"):
         return None
+    import pickletools  # only where a head is walked
+
     try:
         for op, arg, _ in pickletools.genops(io.BytesIO(data)):
             if op.name in _OBJECT_OPCODES:

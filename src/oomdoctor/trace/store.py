@@ -8,49 +8,36 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from ..errors import SnapshotError
-from .model import EVENT_COLUMNS, Annotation, Block, DeviceTrace, Segment, StackTable, Trace
+from .model import (
+    EVENT_COLUMNS,
+    TRACE_FORMAT_VERSION,
+    Annotation,
+    Block,
+    DeviceTrace,
+    Segment,
+    StackTable,
+    Trace,
+)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = TRACE_FORMAT_VERSION
 
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> None:
-    """Write ``trace`` to ``path`` (``.npz``)."""
-    arrays: dict[str, np.ndarray] = {}
-    devices = []
-    for dev, dt in trace.devices.items():
-        for name in EVENT_COLUMNS:
-            arrays[f"d{dev}_{name}"] = dt.events[name]
-        devices.append({
-            "device": dev,
-            "segments": [asdict(s) for s in dt.segments],
-            "annotations": [asdict(a) for a in dt.annotations],
-        })
-    doc = {
-        "format_version": FORMAT_VERSION,
-        "path": trace.path,
-        "devices": devices,
-        "frames": trace.stacks.frames,
-        "stacks": trace.stacks.stacks,
-        "strings": trace.strings,
-        "pools": trace.pools,
-        "allocator_settings": trace.allocator_settings,
-        "meta": trace.meta,
-        "has_history": trace.has_history,
-        "warnings": trace.warnings,
-    }
-    arrays["doc"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
-    with open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)
+    """Write ``trace`` to ``path`` (``.npz``): :meth:`Trace.save`.
+
+    Raises:
+        OSError: ``path`` cannot be written.
+    """
+    trace.save(path)
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
-    """Read a trace written by :func:`save_trace`.
+    """Read a trace written by :func:`save_trace`; its ``path`` is ``path`` (the file read).
 
     Raises:
         SnapshotError: not such a file, or written by an incompatible version.
@@ -76,6 +63,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
                 for s in d["segments"]]
         events = {name: columns[f"d{dev}_{name}"].astype(dt, copy=False) for name, dt in EVENT_COLUMNS.items()}
         devices[dev] = DeviceTrace(dev, events, segs, [Annotation(**a) for a in d["annotations"]])
-    return Trace(path=doc["path"], devices=devices, stacks=stacks, strings=doc["strings"],
+    # the file read, as for a snapshot (the path the trace was first loaded from stays in the file's "path")
+    return Trace(path=p, devices=devices, stacks=stacks, strings=doc["strings"],
                  pools=[tuple(p) for p in doc["pools"]], allocator_settings=doc["allocator_settings"],
                  meta=doc["meta"], has_history=doc["has_history"], warnings=doc["warnings"])

@@ -1,0 +1,52 @@
+"""Start-up: a command imports what it uses (docs/benchmarks.md). A healthy diagnosis replays nothing, so it imports
+no planner (``oomdoctor.plan``) and no allocator model (``oomdoctor.simulate``), nor a process pool, zip or
+decompression modules for a plain pickle. Checked in a fresh interpreter, where nothing was imported before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from builder import SnapBuilder
+
+from oomdoctor.units import MiB
+
+PROBE = """
+import contextlib, io, json, sys
+from oomdoctor.cli.main import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "first": out.getvalue().splitlines()[0], "modules": sorted(sys.modules)}))
+"""
+HEAVY = ("oomdoctor.plan", "oomdoctor.simulate", "oomdoctor.report.visual", "multiprocessing", "concurrent.futures",
+         "zipfile", "pickletools", "lzma", "bz2", "gzip", "jinja2", "rich.progress")
+
+
+def _healthy(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(64 * MiB)
+    for _ in range(6):  # the same block made and freed: no growth, no fragmentation, nothing held
+        x = b.alloc(s, 0, 16 * MiB)
+        b.free(x)
+    return b.write(tmp_path / "rank0.pickle")
+
+
+def _modules(*argv: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, check=True,
+                         env=dict(os.environ))
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_a_healthy_diagnosis_imports_no_planner_and_no_replay(tmp_path):
+    got = _modules("diagnose", "--jobs", "1", str(_healthy(tmp_path)))
+    assert got["rc"] == 0 and "healthy" in got["first"]
+    assert [m for m in got["modules"] if m.startswith(HEAVY)] == []
+
+
+def test_the_probe_sees_the_replay_where_one_runs(tmp_path):
+    """The check can fail: asked what micro-batch fits, the same diagnosis replays, and the modules show it."""
+    got = _modules("diagnose", "--jobs", "1", "--micro-batch", "4", str(_healthy(tmp_path)))
+    assert got["rc"] == 0 and "oomdoctor.simulate.replay" in got["modules"]
