@@ -177,6 +177,7 @@ def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None
     from .errors import UsageError
     from .preflight import module_tracer
     from .preflight.snapshot import CUDA_CONTEXT_BYTES, GPUS
+    from .preflight.snapshot import write as write_snapshot
     from .report.preflight import answer
     from .units import parse_bytes
 
@@ -192,7 +193,7 @@ def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None
             raise UsageError(f"gpu={gpu!r}: neither a known GPU ({', '.join(GPUS)}) nor a size") from None
     f = module_tracer(model_fn, step_fn, batch_fn, optimizer_fn=optimizer_fn, steps=steps, gpu_name=name,
                       gpu_total_bytes=total, sm_major=sm)
-    return answer(f, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total, outside_bytes=CUDA_CONTEXT_BYTES,
+    return answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total, outside_bytes=CUDA_CONTEXT_BYTES,
                   outside_source="CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11",
                   snapshot_path=None if snapshot is None else str(snapshot), search=search and micro_batch is not None)
 

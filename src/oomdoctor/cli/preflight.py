@@ -43,6 +43,7 @@ def command(hf_config: str, micro_batch: int, seq_len: int, dtype: str, optimize
     from ..preflight import hf_tracer
     from ..preflight.snapshot import CUDA_CONTEXT_BYTES, GPUS, NCCL_FIRST_COMMUNICATOR_BYTES
     from ..preflight.snapshot import gpu_memory as gpu_by_name
+    from ..preflight.snapshot import write as write_snapshot
     from ..preflight.steps import HfJob, PreflightError
     from ..render.preflight import render_preflight_json, render_preflight_text
     from ..report.preflight import answer
@@ -69,7 +70,7 @@ def command(hf_config: str, micro_batch: int, seq_len: int, dtype: str, optimize
               + ("; NCCL's world communicator, 883 MB measured (same run)" if world_size > 1 else ""))
     try:
         f = hf_tracer(job, gpu_name=name, gpu_total_bytes=total, sm_major=sm)
-        a = answer(f, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total,
+        a = answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total,
                    outside_bytes=outside, outside_source=source,
                    snapshot_path=snapshot, search=not no_search)
     except PreflightError as e:

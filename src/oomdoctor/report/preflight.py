@@ -276,14 +276,16 @@ NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "torch_compile", "cpu_resi
 
 def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
            gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
-           snapshot_path: str | None, search: bool = True) -> PreflightAnswer:
+           snapshot_path: str | None, write: Callable[[str, dict, dict], None],
+           search: bool = True) -> PreflightAnswer:
     """Trace, replay and answer.
 
     ``trace_fn(n)`` traces the job at micro-batch ``n`` (None: as given) and returns ``(snapshot dict,
     sidecar dict, record)``; the one at ``micro_batch`` is written to ``snapshot_path`` (a temporary file
-    when None). ``search``: look for the largest micro-batch (needs ``micro_batch``).
+    when None) with ``write(path, snapshot, sidecar)`` (:func:`oomdoctor.preflight.snapshot.write`, passed in by
+    the caller: the tracer's package imports torch, which this layer never does). ``search``: look for the largest
+    micro-batch (needs ``micro_batch``).
     """
-    from ..preflight.snapshot import write
 
     cap = room(gpu_total_bytes, outside_bytes)
     tmp = tempfile.TemporaryDirectory()
