@@ -122,7 +122,25 @@ def pytorch_size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-@pytest.mark.parametrize("name", sorted(VERDICTS))
+# Misreadings of the issue-36 kinds (scenarios/new_kinds.py) that this round did not fix: measured before and after
+# (docs/corpus_outputs/new-kinds-accuracy-{before,after}.json, docs/diagnose.md "New kinds"). Strict: a fix makes
+# the test pass, and the mark must then go.
+LATE = "recording started after model.cuda(): the parameters, alive before the trace, are unknown (issue 36 class 2)"
+TEACHER = ("a frozen bf16 teacher's weights are counted as parameters, not as a weight copy of their own (issue 36 "
+           "class 8)")
+KNOWN_MODEL_STATE = {"new-kinds-late-record-small": LATE, "new-kinds-late-record-large": LATE,
+                     "new-kinds-static-kv-large": "an inference model built under torch.device('cuda'): its "
+                     "parameters, with no gradient to show them, are unknown",
+                     "new-kinds-teacher-small": TEACHER, "new-kinds-teacher-large": TEACHER}
+KNOWN_VERDICT = {"new-kinds-static-kv-small": "gpt-fast-style decode into a static cache is called growth"}
+
+
+def _known(names, known):
+    return [pytest.param(n, marks=pytest.mark.xfail(reason=known[n], strict=True)) if n in known else n
+            for n in names]
+
+
+@pytest.mark.parametrize("name", _known(sorted(VERDICTS), KNOWN_VERDICT))
 def test_the_verdict_is_right_and_nothing_immaterial_is_raised(corpus_dir, name):
     report, truth = diagnosed(corpus_dir, name)
     assert report.verdict.kind == VERDICTS[name]
@@ -140,7 +158,7 @@ def test_the_verdict_is_right_and_nothing_immaterial_is_raised(corpus_dir, name)
 
 
 @pytest.mark.parametrize("facts", [False, True], ids=["trace", "recorded"])
-@pytest.mark.parametrize("name", TRAINING_TRACE)
+@pytest.mark.parametrize("name", _known(TRAINING_TRACE, KNOWN_MODEL_STATE))
 def test_model_state_bytes_match_what_the_job_counted(corpus_dir, name, facts):
     """Parameters, gradients (when the optimizer step begins) and optimizer state within 5% of the
     storages the job itself counted (scenarios/_truth.py), read from the trace alone and with the
