@@ -28,7 +28,6 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 from typing import Any
 
 from ..errors import OomdoctorError
@@ -77,6 +76,8 @@ def ensure_writable(out_dir: str) -> str:
     except OSError as e:
         raise CaptureError(f"{path}: cannot create the output directory ({e.strerror or e})") from None
     try:
+        import tempfile  # only here: a healthy diagnosis never writes, and tempfile pulls in bz2 and lzma (start-up)
+
         fd, probe = tempfile.mkstemp(prefix=".oomdoctor-probe-", dir=path)
         os.close(fd)
         os.unlink(probe)
