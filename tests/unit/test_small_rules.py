@@ -434,8 +434,11 @@ def test_an_empty_state_verdict_holds_nothing_and_the_whole_room(room_bytes):
     v = _state(None, room_bytes)
     assert (v.kind, v.bytes, v.ranks, v.finding) == ("empty", 0, [5], None)
     assert v.headroom_bytes == room_bytes  # nothing reserved: all the room is left (unknown stays unknown)
+    # a final state without counters: the peaks before it are not known (issue 41), said as data
     assert v.evidence == {"rank": 5, "allocated_bytes": 0, "reserved_bytes": 0, "peak_reserved_bytes": 0,
-                          "room_bytes": room_bytes}
+                          "room_bytes": room_bytes, "window_peak_reserved_bytes": 0, "window_peak_allocated_bytes": 0,
+                          "job_peak_reserved_bytes": None, "job_peak_allocated_bytes": None,
+                          "peak_source": "unknown-before-window"}
     # the docstring's two reasons: taken before any CUDA allocation, or nothing recorded on this device
     assert v.summary.startswith("nothing recorded") and "before any CUDA allocation" in v.summary
     assert v.actions == []
@@ -452,7 +455,10 @@ def test_a_final_state_verdict_reports_allocated_reserved_and_room(room_bytes, h
     reserved, allocated = 1536 * MiB, (256 + 128 + 64) * MiB
     assert (v.kind, v.bytes, v.ranks, v.finding, v.headroom_bytes) == ("healthy", reserved, [7], None, headroom)
     assert v.evidence == {"rank": 7, "allocated_bytes": allocated, "reserved_bytes": reserved,
-                          "peak_reserved_bytes": reserved, "room_bytes": room_bytes}
+                          "peak_reserved_bytes": reserved, "room_bytes": room_bytes,
+                          "window_peak_reserved_bytes": reserved, "window_peak_allocated_bytes": allocated,
+                          "job_peak_reserved_bytes": None, "job_peak_allocated_bytes": None,
+                          "peak_source": "unknown-before-window"}
     # it tells how to record the history: PyTorch's call, as written in its memory docs
     assert re.search(r"(^|\s)torch\.cuda\.memory\._record_memory_history\(max_entries=\d+\) ", v.summary), v.summary
     assert v.summary.endswith(".")
