@@ -157,13 +157,17 @@ _INSTALLED = ("site-packages/", "dist-packages/")
 
 
 def _library_init(trace: Trace, stacks: np.ndarray) -> np.ndarray:
-    """Per row: its stack has a constructor (``__init__``) of an installed package (a framework building
-    the model's state: DeepSpeed's engine making its fp32 master copies); a constructor of the job's own
-    code needs a gradient of the block's size as well (see :func:`account`)."""
+    """Per row: the innermost constructor (``__init__``) of its stack is an installed package's (a framework
+    building the model's state: DeepSpeed's engine making its fp32 master copies); a constructor of the
+    job's own code inside it made the tensor (a static KV cache made in a module's ``__init__`` that
+    ``nn.ModuleList.__init__`` called) and needs a gradient of the block's size as well (see :func:`account`)."""
     frames = trace.stacks.frames
-    ids = {s for s, fids in enumerate(trace.stacks.stacks)
-           if any(frames[f][2] == "__init__" and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
-                  for f in fids)}
+
+    def library(fids) -> bool:
+        f = next((f for f in fids if frames[f][2] == "__init__"), None)
+        return f is not None and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
+
+    ids = {s for s, fids in enumerate(trace.stacks.stacks) if library(fids)}
     return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
 
 
