@@ -116,6 +116,11 @@ MODULE_FILE = "torch/nn/modules/module.py"
 MODULE_CALL_NAMES: tuple[str, ...] = ("_call_impl", "_wrapped_call_impl", "inner", "__call__", "forward")
 """Functions of ``Module`` that run forward; its other functions (``_apply``, hooks' plumbing) are not."""
 
+CONTAINER_FILE = "torch/nn/modules/container.py"
+"""``Sequential``, ``ModuleList``, ``ModuleDict``: of their functions only :data:`MODULE_CALL_NAMES` run forward;
+the others (``__init__``, ``extend``, ``append``, ``__iadd__``, ``update``) add modules the caller made, so a
+tensor made inside one (``nn.ModuleList(Block() for _ in range(n))``) was made by that module's own code."""
+
 FORWARD: tuple[Pattern, ...] = (
     ("torch/nn/modules/", None),
     ("torch/nn/functional.py", None),

@@ -789,3 +789,30 @@ def test_a_block_born_before_the_trace_freed_inside_the_backward_it_began_in_is_
     # freed after that run ended (event 3, a forward): it outlived it, a gradient
     assert accounted("bbbfbbfbff", [blk("engine", -1, 3, req=555), blk("model", 3, 4)], passes=[3, 6, 8])[0] == \
         "gradients"
+
+
+def test_blocks_from_before_a_late_recording_are_parameters_where_the_gradients_match_them_one_to_one():
+    """``_record_memory_history`` called after ``model.cuda()`` and the optimizer's construction: the parameters
+    have no stack. Passes at 1, 5 and 8, backward at 3 and 6, the torch optimizer steps begin after 3 and 6."""
+    #        012345678
+    trace = "sffbofbof"
+    grads = [blk("engine", 3, 4, req=1000), blk("engine", 3, 4, req=1000), blk("engine", 3, 4, req=2000),
+             blk("engine", 3, 4, req=3000), blk("engine", 3, 4, req=4000),
+             blk("engine", 6, 7, req=1000), blk("engine", 6, 7, req=1000), blk("engine", 6, 7, req=2000),
+             blk("engine", 6, 7, req=3000)]  # the second step has no gradient of 4000 bytes
+    got = accounted(trace, [
+        blk(None, -1, req=1000), blk(None, -1, req=1000),  # two of a size, two gradients of it at each step
+        blk(None, -1, 8, req=2000),  # freed when the last pass begins (teardown): lived through the training
+        blk(None, -1, req=3000), blk(None, -1, req=3000), blk(None, -1, req=3000),  # 3 for 1 gradient: unknown
+        blk(None, -1, req=4000),  # a gradient at one step only: unknown
+        blk(None, -1, 5, req=1000),  # freed before the last pass: not the model's, unknown
+        blk("opt", 4, req=1000),  # Adam's moment made at the first step in the trace stays optimizer state
+    ] + grads, passes=[1, 5, 8], opt_starts=[3, 6])
+    assert got[:9] == ["parameters", "parameters", "parameters", "unknown", "unknown", "unknown", "unknown",
+                       "unknown", "optimizer_state"]
+    assert got[9:] == ["gradients"] * 9
+    # three candidates for two gradients: none (an optimizer that stepped before the trace keeps the moments)
+    got = accounted(trace, [blk(None, -1, req=1000)] * 3 + grads, passes=[1, 5, 8], opt_starts=[3, 6])
+    assert got[:3] == ["unknown"] * 3
+    # no torch optimizer step in the trace: no gradient set to match, unknown
+    assert accounted(trace, [blk(None, -1, req=1000)] + grads, passes=[1, 5, 8])[0] == "unknown"

@@ -125,6 +125,11 @@ CASES = [
     ([(MODULE, 1, "_call_hooks"), ("/w/train.py", 1, "main"), ROOT], StackRole(X, False, False, False, MAIN_THREAD)),
     ([(MODULE, 1, "_call_impl"), ("/w/train.py", 1, "main"), ROOT], StackRole(F, False, False, True, MAIN_THREAD)),
     ([(MODULE, 1, "_apply"), ROOT], StackRole(S, False, False, False, MAIN_THREAD)),
+    # a container adding the caller's modules (nn.ModuleList(Block() for ...)) is skipped, its forward is forward
+    ([("/w/model.py", 1, "__init__"), (f"{TORCH}/nn/modules/container.py", 1, "extend"),
+      (f"{TORCH}/nn/modules/container.py", 1, "__init__"), ("/w/train.py", 1, "main"), ROOT],
+     StackRole(X, False, False, False, MAIN_THREAD)),
+    ([(f"{TORCH}/nn/modules/container.py", 1, "forward"), ROOT], StackRole(F, False, False, True, MAIN_THREAD)),
     ([("/w/model.py", 1, "init_weights"), ROOT], StackRole(S, False, False, False, MAIN_THREAD)),
     # forward by path (with names or not) and by name; __init__ of model code is setup
     ([(f"{TORCH}/nn/functional.py", 1, "linear"), ROOT], StackRole(F, False, False, True, MAIN_THREAD)),

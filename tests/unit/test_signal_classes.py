@@ -232,6 +232,45 @@ def test_a_static_kv_cache_made_in_a_module_init_is_no_parameter(tmp_path):
     assert c["parameters"] == 0 and c["kv_cache"] + c["unknown"] == 2 * 96 * MiB + 128 * MiB
 
 
+CONTAINER = f"{TORCH}/nn/modules/container.py"
+
+
+def in_module_list(*inner: tuple[str, int, str]) -> list[dict]:
+    """``nn.ModuleList(Block(...) for _ in range(n))`` in ``LM.__init__`` (gpt-fast): ``inner`` runs in
+    ``Block.__init__``, which ``ModuleList.__init__`` calls through ``extend`` and ``__iadd__``."""
+    return frames(*inner, ("/w/model.py", 50, "__init__"), ("/w/model.py", 82, "<genexpr>"),
+                  (CONTAINER, 498, "extend"), (CONTAINER, 413, "__iadd__"), (CONTAINER, 364, "__init__"),
+                  ("/w/model.py", 82, "__init__"), ("/w/train.py", 8, "main"), MAIN)
+
+
+def test_a_static_kv_cache_made_beside_torch_nn_parameters_in_a_module_list_is_neither_parameters_nor_growth(
+        tmp_path):
+    """A model built under ``with torch.device("cuda")``: ``nn.Linear.__init__`` makes each weight on the GPU,
+    and each block's ``__init__`` makes its static KV cache (``register_buffer(torch.zeros(...))``); then a
+    prefill and 20 decode passes into the cache, each freeing what it made; the model is freed when the
+    script's function returns. Memory does not grow."""
+    j = Job()
+    weight = in_module_list((f"{TORCH}/nn/modules/linear.py", 106, "__init__"))
+    k_cache, v_cache = (in_module_list(("/w/model.py", line, "__init__")) for line in (56, 57))
+    state = []
+    for _ in range(6):
+        state += [j.alloc(16 * MiB, weight) for _ in range(3)] + [j.alloc(48 * MiB, k_cache),
+                                                                   j.alloc(48 * MiB, v_cache)]
+    for step in range(21):
+        x = j.alloc(MiB if step else 8 * MiB, INPUT)
+        t = [j.alloc(4 * MiB, model(20 + i)) for i in range(3)]
+        for y in t + [x]:
+            j.b.free(y)
+    last = len(j.b.events) - 1
+    for y in state:
+        j.b.free(y, fr=frames(("/w/train.py", 9, "main"), MAIN))
+    a = analysed(tmp_path, j.b)
+    c = state_at(a, last)
+    assert c["parameters"] == 6 * 3 * 16 * MiB
+    assert c["kv_cache"] + c["unknown"] == 6 * 2 * 48 * MiB and c["outputs"] == 0
+    assert report_of(a).verdict.kind == "healthy"
+
+
 # --------------------------------------------------------------------------- 4. a chunked loss is no pipeline
 
 LOSS = frames((f"{TORCH}/nn/functional.py", 3400, "cross_entropy"), ("/w/train.py", 33, "chunked_loss"),

@@ -21,7 +21,10 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
 2. ``trace``: the block's lifetime against the phases of :mod:`.phases` (born and freed where), and its
    allocation stack. A block born before the trace (a wrapped ring buffer) is placed by its allocation
    stack (the final segments keep it; a free event carries it under ``context="alloc"``) and by its
-   lifetime across the steps the trace shows; what neither places is ``unknown``, never a guess.
+   lifetime across the steps the trace shows; one that no stack places and that lives through the training
+   passes is a parameter where the gradients the engine's thread keeps at every torch optimizer step match
+   such blocks one to one by size (recording begun after ``model.cuda()``: :func:`_params_of_gradients`);
+   what none of these places is ``unknown``, never a guess.
 
    - born at setup and alive through the training passes: parameters when module construction, loading
      or moving made it (the ``setup`` frames, an installed package's constructor ``__init__``; a constructor
@@ -154,13 +157,17 @@ _INSTALLED = ("site-packages/", "dist-packages/")
 
 
 def _library_init(trace: Trace, stacks: np.ndarray) -> np.ndarray:
-    """Per row: its stack has a constructor (``__init__``) of an installed package (a framework building
-    the model's state: DeepSpeed's engine making its fp32 master copies); a constructor of the job's own
-    code needs a gradient of the block's size as well (see :func:`account`)."""
+    """Per row: the innermost constructor (``__init__``) of its stack is an installed package's (a framework
+    building the model's state: DeepSpeed's engine making its fp32 master copies); a constructor of the
+    job's own code inside it made the tensor (a static KV cache made in a module's ``__init__`` that
+    ``nn.ModuleList.__init__`` called) and needs a gradient of the block's size as well (see :func:`account`)."""
     frames = trace.stacks.frames
-    ids = {s for s, fids in enumerate(trace.stacks.stacks)
-           if any(frames[f][2] == "__init__" and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
-                  for f in fids)}
+
+    def library(fids) -> bool:
+        f = next((f for f in fids if frames[f][2] == "__init__"), None)
+        return f is not None and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
+
+    ids = {s for s, fids in enumerate(trace.stacks.stacks) if library(fids)}
     return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
 
 
@@ -308,6 +315,12 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # born before the trace where no stack says how: only the lifetime speaks; what lives through a whole
     # step stays unknown (parameters or optimizer state? the trace cannot say)
     loose = todo & pre
+    # ... except the model's parameters from before recording (``_record_memory_history`` called after
+    # ``model.cuda()``): blocks that live through the trace whose sizes the gradients the engine's thread
+    # keeps at every torch optimizer step match one to one
+    grads = (cat == GRADIENTS) & (bp == BACKWARD_PHASE) & engine
+    put(_params_of_gradients(loose & (bp < 0) & lives, grads, cat == PARAMETERS, lt.requested, b, d, s_opt),
+        PARAMETERS)
     put(loose & (dp == BACKWARD_PHASE), ACTIVATIONS)
     # (a parameter's size only: where no parameter was placed, the blocks of the model's state would
     # match themselves, freed at teardown)
@@ -404,6 +417,34 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
             entered = (nb < bpos.size) & (bpos[np.minimum(nb, bpos.size - 1)] < nxt[open_]) & ~matched
             cat[ops[entered]] = ACTIVATIONS
         cat[open_ & comm] = COMMUNICATION
+
+
+def _params_of_gradients(cand: np.ndarray, grads: np.ndarray, params: np.ndarray, requested: np.ndarray,
+                         b: np.ndarray, d: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Per row: a candidate (``cand``: alive from before the trace through its training passes, placed by no
+    stack) that is a parameter because gradients match it one to one. A gradient has its parameter's shape
+    (``AccumulateGrad``, ``torch/csrc/autograd/functions/accumulate_grad.h``: ``param.grad`` is made like
+    ``param``); at every torch optimizer step the trace shows (``steps``: the event after which each
+    ``Optimizer.step#`` began, ``>= 0``), the gradients alive (``grads``: kept by the engine's thread) of each
+    size must number at least the candidates of that size plus the parameters already placed (``params``)
+    of that size. A size with more candidates (an optimizer that stepped before the trace keeps two moments
+    of each parameter's shape; a frozen copy of the weights has no gradient) keeps none: unknown. No step in
+    the trace: none. ``b``/``d``: birth and free event per row (-1: before the trace / never). Pure."""
+    if not steps.size or not cand.any():
+        return np.zeros(cand.shape, dtype=bool)
+    sizes, wanted = np.unique(requested[cand], return_counts=True)
+
+    def count(rows: np.ndarray) -> np.ndarray:  # per size in ``sizes``: how many of ``rows`` have it
+        idx = np.searchsorted(sizes, requested[rows])
+        hit = idx < sizes.size
+        hit[hit] = sizes[idx[hit]] == requested[rows][hit]
+        return np.bincount(idx[hit], minlength=sizes.size)
+
+    g = np.flatnonzero(grads)
+    have = np.full(sizes.shape, np.iinfo(np.int64).max, dtype=np.int64)
+    for st in steps.tolist():
+        have = np.minimum(have, count(g[(b[g] <= st) & ((d[g] < 0) | (d[g] > st))]))
+    return cand & np.isin(requested, sizes[wanted + count(np.flatnonzero(params)) <= have])
 
 
 def _grown(rows: np.ndarray, stack: np.ndarray, bpass: np.ndarray, requested: np.ndarray) -> np.ndarray:

@@ -19,7 +19,9 @@ Every allocation gets a phase from the strongest evidence there is, and keeps th
    C++ stacks the engine's frames say so.
 4. ``frames``: the innermost frame that is ``setup``, ``optimizer``, ``forward`` (``evaluation`` under an
    evaluation loop, ``generation`` under ``generate()``) code, by the path table of
-   :mod:`oomdoctor.frameworks` (a name rule, the last resort).
+   :mod:`oomdoctor.frameworks` (a name rule, the last resort). Functions of ``torch.nn``'s ``Module`` and of
+   its containers (``ModuleList``, ``Sequential``) that run no forward are skipped, exact names
+   (``frameworks.MODULE_CALL_NAMES``): ``ModuleList.__init__`` adding blocks the caller builds is no pass.
 5. ``inferred``: an allocation none of these places continues the phase before it, except after a
    backward: the main thread cannot be inside one, so there it is ``optimizer`` work when an update is
    seen before the next forward pass (an optimizer annotation, step marker or frame), else ``other``.
@@ -50,6 +52,7 @@ from ..frameworks import (
     COMMUNICATION,
     COMMUNICATION_SITE,
     COMPILED,
+    CONTAINER_FILE,
     ENGINE_CPP,
     EVALUATION,
     EVALUATION_NAMES,
@@ -145,6 +148,8 @@ def classify_frames(frames: list[tuple[str, int, str]]) -> StackRole:
     for f, n in py:
         if any(x in f for x in OPTIMIZER_EXCLUDED) or (f.endswith(MODULE_FILE) and n not in MODULE_CALL_NAMES
                                                         and not matches(f, n, SETUP)):
+            continue
+        if f.endswith(CONTAINER_FILE) and n not in MODULE_CALL_NAMES:  # a container adding the caller's modules
             continue
         if matches(f, n, SETUP) or n in SETUP_NAMES:
             role = SETUP_PHASE
