@@ -126,12 +126,9 @@ def pytorch_size(n: int) -> str:
 # (docs/corpus_outputs/new-kinds-accuracy-{before,after}.json, docs/diagnose.md "New kinds"). Strict: a fix makes
 # the test pass, and the mark must then go.
 LATE = "recording started after model.cuda(): the parameters, alive before the trace, are unknown (issue 36 class 2)"
-TEACHER = ("a frozen bf16 teacher's weights are counted as parameters, not as a weight copy of their own (issue 36 "
-           "class 8)")
 KNOWN_MODEL_STATE = {"new-kinds-late-record-small": LATE, "new-kinds-late-record-large": LATE,
                      "new-kinds-static-kv-large": "an inference model built under torch.device('cuda'): its "
-                     "parameters, with no gradient to show them, are unknown",
-                     "new-kinds-teacher-small": TEACHER, "new-kinds-teacher-large": TEACHER}
+                     "parameters, with no gradient to show them, are unknown"}
 KNOWN_VERDICT = {"new-kinds-static-kv-small": "gpt-fast-style decode into a static cache is called growth"}
 
 
