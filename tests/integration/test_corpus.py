@@ -125,12 +125,9 @@ def pytorch_size(n: int) -> str:
 # Misreadings of the issue-36 kinds (scenarios/new_kinds.py) that this round did not fix: measured before and after
 # (docs/corpus_outputs/new-kinds-accuracy-{before,after}.json, docs/diagnose.md "New kinds"). Strict: a fix makes
 # the test pass, and the mark must then go.
-TEACHER = ("a frozen bf16 teacher's weights are counted as parameters, not as a weight copy of their own (issue 36 "
-           "class 8)")
 KNOWN_MODEL_STATE = {"new-kinds-static-kv-large": "the ring buffer (max_entries=100000) wrapped before the decode "
                      "ended: the model's construction is not in the trace; its weights and the cache, born before "
-                     "it with no stack and no gradient, are unknown",
-                     "new-kinds-teacher-small": TEACHER, "new-kinds-teacher-large": TEACHER}
+                     "it with no stack and no gradient, are unknown"}
 KNOWN_VERDICT: dict[str, str] = {}
 
 

@@ -325,7 +325,7 @@ def test_breakdown_counts_requested_bytes_rounding_apart_and_the_source_of_most_
     bd = breakdown(acc, lt, ph, 5, "peak_allocated", allocated)
     assert bd.categories == {"parameters": 500 + 512, "gradients": 200 + 300, "optimizer_state": 1000 + 512,
                              "activations": 2048, "temporaries": 0, "communication": 0, "outputs": 0,
-                             "kv_cache": 0, "workspaces": 0, "unknown": 0, "rounding": 12 + 24}
+                             "kv_cache": 0, "workspaces": 0, "weight_copy": 0, "unknown": 0, "rounding": 12 + 24}
     assert list(bd.categories) == list(CATEGORIES) + ["rounding"]
     # recorded bytes: half of the parameters' (not most), 2/3 of the state's, 2/5 of the gradients'
     assert bd.sources == {"parameters": "trace", "gradients": "trace", "optimizer_state": "recorded",
@@ -430,7 +430,7 @@ def test_setup_blocks_that_live_through_the_training_passes_are_the_models_state
         blk("setup", 0),  # made by Module._apply, never freed: a parameter
         blk("setup", 1, 9),  # freed when the last pass begins (teardown): still lived through the training
         blk("setup", 1, 8),  # freed before the last pass: a temporary of setup
-        blk("init", 2),  # made in a constructor of the job's own code, no gradient of its size: unknown
+        blk("init", 2, req=333),  # made in a constructor of the job's own code, no gradient of its size: unknown
         blk("init", 2, req=555),  # the same, and a gradient of its size (below): a parameter
         blk("opt", 2),  # optimizer code at setup
         blk("comm", 3),  # a collective's buffer
@@ -441,10 +441,36 @@ def test_setup_blocks_that_live_through_the_training_passes_are_the_models_state
         blk("model", 9, 11),
         blk("engine", 6, 8, req=555),  # made by the engine's thread, alive at the step: a gradient
         blk("engine", 10, 11, req=4096),  # freed inside its backward run: a temporary, no gradient
+        *[blk("engine", 6, 8)] * 4,  # the gradients of the 4096-byte parameters (else frozen: weight_copy)
     ], passes=[4, 9], opt_starts=[7, 11], first="setup")
     assert got == ["parameters", "parameters", "temporaries", "unknown", "parameters", "optimizer_state",
                    "communication", "unknown", "parameters", "parameters", "activations", "activations", "gradients",
-                   "temporaries"]
+                   "temporaries"] + ["gradients"] * 4
+
+
+def test_module_state_no_gradient_reaches_in_a_training_job_is_a_weight_copy():
+    """A frozen teacher built before the student: its blocks of a size no gradient has (2000) and, of a size the
+    student's gradients have (1000), those beyond one step's gradients of it, born nearest the former."""
+    #        0123456789012
+    trace = "ssssffbbofbbo"
+    blocks = [
+        blk("setup", 0, req=2000),  # the teacher's: no gradient of its size ever
+        blk("setup", 1, req=1000),  # the teacher's, of the student's size: two such blocks, one gradient a step
+        blk("setup", 3, req=1000),  # the student's
+        blk("engine", 6, 8, req=1000),  # the student's gradient, alive at the step
+        blk("engine", 10, 12, req=1000),
+    ]
+    got = accounted(trace, blocks, passes=[4, 9], opt_starts=[7, 11], first="setup")
+    assert got == ["weight_copy", "weight_copy", "parameters", "gradients", "gradients"]
+    # no optimizer step (inference, evaluation): the model's state stays parameters
+    assert accounted(trace, blocks, passes=[4, 9], opt_starts=[], first="setup")[:3] == ["parameters"] * 3
+    # a collective in a backward (FSDP's reduce-scatter, DeepSpeed, DDP's buckets): gradients are not one per
+    # parameter of its shape, and nothing is called frozen
+    comm = blocks + [blk("bw_comm", 6, 7)]
+    assert accounted(trace, comm, passes=[4, 9], opt_starts=[7, 11], first="setup")[:3] == ["parameters"] * 3
+    # no parameter with a gradient of its size: none is frozen (the gradients say nothing of these blocks)
+    assert accounted(trace, blocks[:2] + [blk("engine", 6, 8, req=777)], passes=[4, 9], opt_starts=[7, 11],
+                     first="setup")[:2] == ["parameters"] * 2
 
 
 def test_the_optimizers_input_its_state_and_its_temporaries():

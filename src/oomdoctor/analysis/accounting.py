@@ -9,7 +9,9 @@ of micro-batches in flight), ``temporaries`` (short-lived tensors, one-off cache
 (collective buffers), ``outputs`` (tensors of one micro-batch kept while later ones run, which no
 backward frees: logits or predictions gathered across batches), ``kv_cache`` (keys and values kept for
 generation), ``workspaces`` (the per-process buffers cuBLAS, cuBLASLt and cuDNN allocate through the
-caching allocator) and ``unknown``. A breakdown counts each block's requested bytes (the tensor's) in its
+caching allocator), ``weight_copy`` (module state no gradient reaches in a training job: a frozen teacher's
+or reference model's weights, BatchNorm's running statistics; never gradients nor optimizer state) and
+``unknown``. A breakdown counts each block's requested bytes (the tensor's) in its
 category and the allocator's rounding of them apart, on the line ``rounding``: allocated = requested +
 rounding.
 
@@ -28,7 +30,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
 
    - born at setup and alive through the training passes: parameters when module construction, loading
      or moving made it (the ``setup`` frames, an installed package's constructor ``__init__``; a constructor
-     of the job's own code only where a gradient of the block's size shows: a GPU dataset or a static KV cache made in ``__init__`` is unknown), optimizer state when optimizer
+     of the job's own code only where a gradient of the block's size shows: a GPU dataset or a static KV
+     cache made in ``__init__`` is unknown), ``weight_copy`` where no gradient of the autograd engine's
+     matches them in a job whose other parameters get theirs (:func:`_frozen`), optimizer state when optimizer
      code did, communication when a collective's (DDP's buckets); any other such block is unknown (a
      batch preloaded on the GPU is not a parameter); freed at setup: temporaries;
    - born in the optimizer's work (an ``Optimizer.step#`` window, optimizer frames, or the main thread
@@ -83,9 +87,9 @@ from .phases import (
 )
 
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-                               "communication", "outputs", "kv_cache", "workspaces", "unknown")
+                               "communication", "outputs", "kv_cache", "workspaces", "weight_copy", "unknown")
 (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, COMMUNICATION, OUTPUTS, KV_CACHE, WORKSPACES,
- UNKNOWN) = range(10)
+ WEIGHT_COPY, UNKNOWN) = range(11)
 ROUNDING = "rounding"
 LINES: tuple[str, ...] = CATEGORIES + (ROUNDING,)
 """The lines of a breakdown: the categories' requested bytes, then the allocator's rounding of them."""
@@ -249,6 +253,11 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         _stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
     put(setup & lives & comm, COMMUNICATION)
     put(setup & lives & optim, OPTIMIZER_STATE)
+    # module state no gradient reaches (a frozen teacher, BatchNorm's running statistics), where every gradient is
+    # the autograd engine's own: no collective ran in a backward (FSDP's and DeepSpeed's gradients are a
+    # reduce-scatter's shards, DDP's may be views of its buckets)
+    per_param = s_opt.size > 0 and not ((bp == BACKWARD_PHASE) & comm).any()
+    put(_frozen(setup & lives & construct & todo, lt.requested, b, trained, s, per_param), WEIGHT_COPY)
     put(setup & lives & construct, PARAMETERS)
     put(setup & lives, UNKNOWN)
     put(setup, TEMPORARIES)
@@ -331,6 +340,41 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     _apply_facts(trace, dt, lt, cat, src)
     scaled = np.isin(cat, BATCH_SCALED) & (np.isin(bp, PASS_PHASES + (BACKWARD_PHASE, OTHER_PHASE)))
     return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled)
+
+
+def _frozen(params: np.ndarray, requested: np.ndarray, born: np.ndarray, trained: np.ndarray, step_of: np.ndarray,
+            per_param: bool) -> np.ndarray:
+    """Per row: module state no gradient reaches, in a training job whose other parameters get theirs: a frozen
+    model's weights (a teacher or reference model kept on the GPU, ``requires_grad_(False)``) and buffers
+    (BatchNorm's running statistics). ``params``: the set-up blocks module construction made that live through
+    the training passes; ``requested``: their sizes (bytes); ``born``: their birth (event index); ``trained``:
+    the blocks the autograd engine's thread made in a backward that lived to a step (``AccumulateGrad``,
+    ``torch/csrc/autograd/functions/accumulate_grad.h``, makes each parameter's gradient of its shape there);
+    ``step_of``: the step each row was born before; ``per_param``: a torch optimizer step was seen and the
+    engine made every gradient (no collective in a backward). Per size, the blocks beyond the most gradients of
+    that size one step had are frozen; where some blocks of that size have a gradient, the frozen ones are those
+    born nearest the blocks no gradient matches at all (module construction runs one module at a time). No step,
+    a collective in a backward, or no such block with a gradient (inference): none are. Pure; O(rows log rows)."""
+    out = np.zeros(params.shape, bool)
+    if not per_param or not params.any() or not trained.any():
+        return out
+    grads: dict[int, int] = {}
+    pairs, counts = np.unique(np.stack([requested[trained], step_of[trained]]), axis=1, return_counts=True)
+    for size, k in zip(pairs[0].tolist(), counts.tolist()):
+        grads[size] = max(grads.get(size, 0), k)
+    rows = np.flatnonzero(params)
+    if not any(int(requested[r]) in grads for r in rows):
+        return out
+    sure = [r for r in rows if int(requested[r]) not in grads]
+    out[sure] = True
+    lo, hi = (int(born[sure].min()), int(born[sure].max())) if sure else (0, -1)
+    for size, k in grads.items():
+        same = rows[requested[rows] == size]
+        extra = same.size - k
+        if extra > 0 and sure:
+            far = np.maximum(lo - born[same], born[same] - hi).clip(min=0)
+            out[same[np.argsort(far, kind="stable")[:extra]]] = True
+    return out
 
 
 def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: np.ndarray, nxt: np.ndarray,

@@ -138,7 +138,7 @@ def document(command: str, body: Schema, optional: tuple[str, ...] = ()) -> Sche
 VERDICT_KINDS = KINDS
 SEVERITIES = ("critical", "high", "medium", "low", "info")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
-              "kv_cache", "workspaces", "unknown", "rounding")
+              "kv_cache", "workspaces", "weight_copy", "unknown", "rounding")
 REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
 
 
