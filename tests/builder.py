@@ -142,3 +142,17 @@ class SnapBuilder:
     def write(self, path: Path, drop_first: int = 0) -> Path:
         path.write_bytes(pickle.dumps(self.snapshot(drop_first)))
         return path
+
+
+class Job:
+    """Offsets into one big segment, handed out in order (no reuse: the layout does not matter here)."""
+
+    def __init__(self, size: int = 16 << 30) -> None:
+        self.b = SnapBuilder()
+        self.seg = self.b.segment(size)
+        self.off = 0
+
+    def alloc(self, size: int, fr: list[dict]) -> int:
+        a = self.b.alloc(self.seg, self.off, size, fr=fr)
+        self.off += size
+        return a

@@ -15,7 +15,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from builder import SnapBuilder, frames
+from builder import Job, SnapBuilder, frames
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
@@ -49,20 +49,6 @@ OPT_STATE = frames((f"{TORCH}/optim/adam.py", 178, "_init_group"), (f"{TORCH}/op
                    ("/w/train.py", 40, "main"))
 OPT_TMP = frames((f"{TORCH}/optim/adam.py", 400, "_multi_tensor_adam"), (f"{TORCH}/optim/optimizer.py", 533, "wrapper"),
                  ("/w/train.py", 40, "main"))
-
-
-class Job:
-    """Offsets into one big segment, handed out in order (no reuse: the layout does not matter here)."""
-
-    def __init__(self, size: int = 16 * GiB) -> None:
-        self.b = SnapBuilder()
-        self.seg = self.b.segment(size)
-        self.off = 0
-
-    def alloc(self, size: int, fr: list[dict]) -> int:
-        a = self.b.alloc(self.seg, self.off, size, fr=fr)
-        self.off += size
-        return a
 
 
 def job(steps: int = 3, keep_logits: bool = False, scale: float = 1.0) -> tuple[Job, dict]:

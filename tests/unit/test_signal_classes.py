@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from builder import SnapBuilder, frames
+from builder import Job, SnapBuilder, frames
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
@@ -38,20 +38,6 @@ def compiled(line: int, where: str = "/w/train.py") -> list[dict]:
                   (f"{TORCH}/_inductor/output_code.py", 460, "__call__"),
                   (f"{TORCH}/_functorch/_aot_autograd/runtime_wrappers.py", 330, "runtime_wrapper"),
                   (f"{TORCH}/_dynamo/eval_frame.py", 650, "_fn"), (where, 40, "main"), MAIN)
-
-
-class Job:
-    """Offsets into one big segment, handed out in order (no reuse: the layout does not matter here)."""
-
-    def __init__(self, size: int = 16 * GiB) -> None:
-        self.b = SnapBuilder()
-        self.seg = self.b.segment(size)
-        self.off = 0
-
-    def alloc(self, size: int, fr: list[dict]) -> int:
-        a = self.b.alloc(self.seg, self.off, size, fr=fr)
-        self.off += size
-        return a
 
 
 def analysed(tmp_path, b: SnapBuilder, meta: dict | None = None, name: str = "rank0"):
