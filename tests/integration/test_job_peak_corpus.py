@@ -85,7 +85,7 @@ def test_the_jobs_peak_exact_with_a_sidecar_and_unknown_without(tmp_path, name, 
             # the retries are the allocator's own count
             assert r.alloc_retries == jr["alloc_retries"] == stats["num_alloc_retries"]
             assert r.alloc_ooms == stats["num_ooms"] and r.alloc_retries_source == "sidecar"
-            # the window missed the allocated peak on both runs (by 20 MiB and by 650 MiB), not the reserved one
+            # the window missed the allocated peak on every rank (by 20.5 to 660.5 MiB), not the reserved one
             assert r.allocated_peak_missed and r.peak_allocated_bytes < want_a
             assert r.reserved_peak_missed is (want_r > r.peak_reserved_bytes + 2 * 2**20)
             # the verdict's headroom is the room less the job's peak reserved

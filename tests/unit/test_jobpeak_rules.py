@@ -268,3 +268,18 @@ def test_a_slice_does_not_carry_the_jobs_counters():
                    "rank": 0})
     meta = slice_metadata(a.trace, a.device, Window(0, 10, "events", "test"))
     assert not {"memory_stats", "device_counters", "device_free_bytes"} & set(meta) and meta["rank"] == 0
+
+
+def test_a_final_state_only_snapshot_takes_the_jobs_peak_from_the_counters():
+    b = SnapBuilder()
+    s = b.segment(GiB)
+    b.alloc(s, 0, 256 * MiB, record=False)
+    meta = {"memory_stats": {"allocated_bytes.all.peak": 3 * GiB, "reserved_bytes.all.peak": 4 * GiB,
+                             "reserved_bytes.all.current": GiB}, "device_free_bytes": 5 * GiB}
+    snap = b.snapshot()
+    snap["device_traces"] = []
+    r = build_report([from_snapshot(snap, "rank0.pickle", meta)]).ranks[0]
+    v = r.verdict
+    assert (r.peak_source, r.job_peak_reserved_bytes, r.peak_reserved_bytes) == ("sidecar", 4 * GiB, GiB)
+    assert v.bytes == 4 * GiB and v.headroom_bytes == 6 * GiB - 4 * GiB
+    assert (v.evidence["window_peak_reserved_bytes"], v.evidence["peak_source"]) == (GiB, "sidecar")

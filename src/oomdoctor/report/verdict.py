@@ -192,7 +192,9 @@ def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     caller re-reads it against the findings (:func:`with_findings`)."""
     jp = job_peak(a)
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
-          "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes} | peak_evidence(jp)
+          "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes}
+    if jp.source in ("sidecar", "memory_stats_file"):  # the final state alone cannot say the job's peak
+        ev |= peak_evidence(jp)
     if not a.device.segments:
         return Verdict("empty", "nothing recorded: the snapshot holds no segment and no event (taken before any "
                                 "CUDA allocation, or on a device the job did not use).", 0, [a.rank], room.bytes,
