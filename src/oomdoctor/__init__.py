@@ -108,7 +108,7 @@ def replay(path, *, configs=(), immediate_frees=False, cap=None, search=False, w
 
 
 def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stacks=False, on_oom=True,
-           summarize=False, summary_timeout_s=120.0, print_summary=True, stack_steps="all"):
+           summarize=False, summary_timeout_s=120.0, print_summary=True, stack_steps="3/10"):
     """A :class:`~oomdoctor.capture.recorder.Recorder` of this process's CUDA memory, used as a context
     manager (or ``.start()`` / ``.stop()``); ``rec.step()`` marks the end of a training step (until it is
     first called, optimizer steps are counted).
@@ -125,7 +125,7 @@ def record(out_dir, *, steps=None, max_entries=None, stacks="python", free_stack
         free_stacks: also record a stack at every free (``context="all"``). Off by default: on torch 2.11
             it crashes non-reentrant activation checkpointing in backward (``SystemError: ... returned NULL
             without setting an exception``).
-        stack_steps: which steps gather stacks: ``"all"`` (default) or ``"K/N"`` (the first K steps, then
+        stack_steps: which steps gather stacks: ``"3/10"`` (default), ``"all"`` or ``"K/N"`` (the first K steps, then
             every N-th; the others record every event without a stack, and the analysis matches their
             allocations against a stacked step), see :func:`~oomdoctor.capture.recorder.parse_stack_steps`.
         summarize: at the end, every rank analyses its own snapshot and rank 0 writes

@@ -58,7 +58,7 @@ def test_run_reaches_processes_started_by_a_shell_script(tmp_path):
             f"print('sitecustomize' in sys.modules)\"")
     lines = p.stdout.splitlines()
     assert json.loads(lines[0])["out"] == str(tmp_path / "o") and lines[1] == "True"
-    assert json.loads(lines[0])["stack_steps"] == "all"  # the default: stacks at every step
+    assert json.loads(lines[0])["stack_steps"] == "3/10"  # the default: stacks in steps 0-2 and every 10th
     p = run("--out", str(tmp_path / "o"), "--stack-steps", "3/10", "--", sys.executable, "-c",
             "import os; print(os.environ['OOMDOCTOR_RUN_CONFIG'])")
     assert json.loads(p.stdout)["stack_steps"] == "3/10"

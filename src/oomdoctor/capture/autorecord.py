@@ -30,7 +30,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from .recorder import DEFAULT_MAX_ENTRIES, DEFAULT_STACK_STEPS, Recorder, warn
+from .recorder import ALL_STEPS, DEFAULT_MAX_ENTRIES, Recorder, warn
 
 CONFIG_ENV = "OOMDOCTOR_RUN_CONFIG"
 _recorder: Recorder | None = None
@@ -200,7 +200,7 @@ def start() -> Recorder | None:
     make = _make_recorder or _plain_recorder
     rec = make(cfg["out"], steps=cfg.get("steps"), max_entries=int(cfg.get("max_entries", DEFAULT_MAX_ENTRIES)),
                stacks=cfg.get("stacks", "python"), free_stacks=bool(cfg.get("free_stacks")),
-               stack_steps=cfg.get("stack_steps", DEFAULT_STACK_STEPS),
+               stack_steps=cfg.get("stack_steps", ALL_STEPS),
                summarize=bool(cfg.get("summarize")), summary_timeout_s=float(cfg.get("summary_timeout_s", 120.0)),
                print_summary=bool(cfg.get("print_summary", False)))
     rec.start()
