@@ -323,6 +323,25 @@ def framework(fid: str) -> Framework:
     raise KeyError(fid)
 
 
+IMPORT_FRAME_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+"""CPython's import machinery (``Lib/importlib/_bootstrap.py``, frozen into the interpreter): a stack through
+these frames is a module being imported (its body runs, or the garbage collector frees something meanwhile),
+not the module's code being used."""
+
+
+def running_files(stacks) -> set[str]:
+    """The file names of the frames of ``stacks`` (a :class:`~oomdoctor.trace.model.StackTable`: ``frames`` of
+    ``(file, line, name)`` and ``stacks`` of frame ids) that appear in at least one stack outside an import
+    (:data:`IMPORT_FRAME_FILES`). An import of ``transformers.generation`` while ``torch.compile`` loads its
+    dependencies is no ``generate()`` call."""
+    importing = {i for i, (f, _line, _name) in enumerate(stacks.frames) if f in IMPORT_FRAME_FILES}
+    used: set[int] = set()
+    for st in stacks.stacks:
+        if importing.isdisjoint(st):
+            used.update(st)
+    return {stacks.frames[i][0] for i in used}
+
+
 def detect_frameworks(filenames) -> list[Framework]:
     """The frameworks whose files appear among ``filenames`` (frame file names), in table order."""
     names = [normalize_path(f) for f in filenames]

@@ -128,7 +128,8 @@ def test_sniff_names_checkpoints_without_reading_them_whole(tmp_path, snapshots)
     assert "zip archive" in sniff(str(d / "model.pt.json"))
     assert "STACK_GLOBAL" in sniff(str(d / "optimizer.pkl"))
     assert "pickle of Python objects" in sniff(str(d / "state.pkl.gz"))  # through gzip
-    assert sniff(str(d / "rank0.pickle")) is None and sniff(str(d / "metrics.json")) is None
+    assert sniff(str(d / "rank0.pickle")) is None
+    assert sniff(str(d / "metrics.json")) == "is not a memory snapshot: no 'segments' key (keys: epoch, train_loss)"
     assert sniff(str(snapshots / "large" / "fsdp2-gpt2-60steps-rank0.pickle.xz")) is None  # xz: the first MiB
     assert sniff(str(d / "optimizer.pkl"), walk=False) is None  # small files: the full load refuses them
     assert "zip archive" in sniff(str(d / "model.pt.json"), walk=False)
@@ -154,6 +155,19 @@ def test_cli_diagnoses_a_mixed_directory_and_names_what_it_skipped(tmp_path, sna
     assert [r["rank"] for r in json.loads(out)["ranks"]] == [0, 1]
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("oomdoctor: skipped 7 files") and "metrics.json" in lines[0]
+
+
+def test_a_json_file_beside_one_snapshot_takes_no_rank_from_it(tmp_path, snapshots, capsys):
+    # a job's own ground_truth.json sorted before snapshot.pickle made the snapshot "rank 1" (path order)
+    d = tmp_path / "job"
+    d.mkdir()
+    shutil.copy(snapshots / "ddp-clean" / "rank0.pickle", d / "snapshot.pickle")
+    (d / "ground_truth.json").write_text('{"parameters_bytes": 1, "oom": null}')
+    assert main(["diagnose", "--format", "json", str(d)]) == 0
+    out, err = capsys.readouterr()
+    assert [r["rank"] for r in json.loads(out)["ranks"]] == [0]
+    assert "ground_truth.json (is not a memory snapshot: no 'segments' key (keys: oom, parameters_bytes))" in err
+    assert [t.rank for t in load_ranks([d], skipped=[])] == [0]
 
 
 def test_cli_fails_only_when_no_snapshot_is_found(tmp_path, snapshots, capsys):

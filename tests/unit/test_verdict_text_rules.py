@@ -131,8 +131,9 @@ def bd(outputs=0, kv=None, allocated=ALLOCATED, step=None, phase="forward"):
 
 
 def fake(*files: str):
-    """What ``_actions`` reads of an analysis: the frames of its stacks, ``(file, line, name)``."""
-    return SimpleNamespace(trace=SimpleNamespace(stacks=SimpleNamespace(frames=[(f, 1, "f") for f in files])))
+    """What ``_actions`` reads of an analysis: the frames of its stacks, ``(file, line, name)``, in one stack."""
+    return SimpleNamespace(trace=SimpleNamespace(stacks=SimpleNamespace(frames=[(f, 1, "f") for f in files],
+                                                                        stacks=[tuple(range(len(files)))])))
 
 
 # --------------------------------------------------------------------------- the traces

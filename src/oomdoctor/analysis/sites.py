@@ -45,6 +45,23 @@ def is_internal(frame: Frame) -> bool:
     return bool(_INTERNAL.search(filename))
 
 
+CPP_SITE_PREFIXES = ("torch::autograd::generated::", "at::_ops::")
+"""For a stack of C++ frames only, the frame that names what asked for the memory, in this order: the autograd
+node that ran (``torch/csrc/autograd/generated/Functions.cpp``, e.g. ``NllLossBackward0::apply``), else the
+ATen operator (``at::_ops::<op>``, ``build/aten/src/ATen/Operators_*.cpp``). The frames above them are the
+recorder's own (``torch::unwind``, ``CapturedTraceback::gather``) and the allocator's."""
+
+
+def cpp_site(stacks: StackTable, fids: tuple[int, ...]) -> int:
+    """The site frame of a stack of C++ frames only (:data:`CPP_SITE_PREFIXES`); its outermost frame when none
+    matches (the thread's entry, e.g. the autograd engine's ``thread_main``), never the unwinder's."""
+    for prefix in CPP_SITE_PREFIXES:
+        for f in fids:
+            if stacks.frames[f][2].startswith(prefix):
+                return f
+    return fids[-1]
+
+
 class SiteIndex:
     """Maps stack ids to site frame ids (cached per trace)."""
 
@@ -64,7 +81,9 @@ class SiteIndex:
                     got = fid
                     break
             else:  # only internal frames: the innermost Python frame is the best we have
-                got = next((f for f in fids if self.stacks.frames[f][0].endswith(".py")), fids[0] if fids else NO_STACK)
+                got = next((f for f in fids if self.stacks.frames[f][0].endswith(".py")), NO_STACK)
+                if got == NO_STACK and fids:  # C++ frames only (stacks="all": the autograd engine's threads)
+                    got = cpp_site(self.stacks, fids)
             self._cache[stack_id] = got
         return got
 

@@ -24,7 +24,7 @@ from ..analysis.accounting import OUTPUTS
 from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import GENERATION_PHASE, role_index
 from ..analysis.sites import group_sites
-from ..frameworks import GRAPH_KEPT_FIX, detect_frameworks
+from ..frameworks import GRAPH_KEPT_FIX, detect_frameworks, running_files
 from .common import rows_with, site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
@@ -79,7 +79,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "phase": phase,
         "sites_per_pass": per_pass,
     }
-    frameworks = detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
+    frameworks = detect_frameworks(running_files(a.trace.stacks))
     graph = per_pass >= GRAPH_SITES and passes.size >= MIN_PASSES
     if graph:
         # every layer's saved tensors of every batch: what a Python sum of losses keeps alive through

@@ -20,7 +20,7 @@ from ..detectors.context import Context, applies, torch_version
 from ..detectors.finding import Finding
 from ..detectors.fragmentation import split_mb
 from ..detectors.registry import run_all
-from ..frameworks import detect_frameworks
+from ..frameworks import detect_frameworks, running_files
 from ..trace.model import Trace
 from .fits import Fits, device_room, fits
 from .groups import with_groups
@@ -113,7 +113,7 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
         warnings=list(a.trace.warnings) + _stack_notes(a) + _device_notes(a),
         trace_kind=(a.phases.kind + (", then the OOM" if a.oom_events.size else "")) if a.num_events
         else "final state only (no history)",
-        frameworks=[fw.name for fw in detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)],
+        frameworks=[fw.name for fw in detect_frameworks(running_files(a.trace.stacks))],
         job_peak_allocated_bytes=jp.job_peak_allocated_bytes, job_peak_reserved_bytes=jp.job_peak_reserved_bytes,
         peak_source=jp.source, allocated_peak_missed=jp.allocated_missed,
         reserved_peak_missed=jp.reserved_missed, alloc_retries=jp.alloc_retries,

@@ -45,7 +45,7 @@ from ..analysis.jobpeak import JobPeak, job_peak
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight
 from ..detectors.finding import Finding, SiteRef
-from ..frameworks import PIPELINE_KNOB, detect_frameworks, framework
+from ..frameworks import PIPELINE_KNOB, detect_frameworks, framework, running_files
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
 from .fits import Fits, Room
@@ -192,9 +192,7 @@ def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     caller re-reads it against the findings (:func:`with_findings`)."""
     jp = job_peak(a)
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
-          "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes}
-    if jp.source in ("sidecar", "memory_stats_file"):  # the final state alone cannot say the job's peak
-        ev |= peak_evidence(jp)
+          "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes} | peak_evidence(jp)
     if not a.device.segments:
         return Verdict("empty", "nothing recorded: the snapshot holds no segment and no event (taken before any "
                                 "CUDA allocation, or on a device the job did not use).", 0, [a.rank], room.bytes,
@@ -422,7 +420,7 @@ def _literal(text: str) -> str:
 
 
 def _frameworks(a: DeviceAnalysis):
-    return detect_frameworks(f for f, _l, _n in a.trace.stacks.frames)
+    return detect_frameworks(running_files(a.trace.stacks))
 
 
 SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")

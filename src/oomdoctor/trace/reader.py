@@ -227,6 +227,14 @@ def sniff(path: str, walk: bool = True) -> str | None:
         raise SnapshotError(path, f"cannot be read ({e.strerror or e})") from None
     if head.startswith(b"PK\x03\x04"):
         return "a zip archive (a torch.save checkpoint?)"
+    if len(head) < _SNIFF_BYTES and head.lstrip()[:1] == b"{":  # a small JSON file, read whole: is it one?
+        try:
+            obj = json.loads(head)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return None  # the load says what is wrong with it
+        if isinstance(obj, dict) and "segments" not in obj:  # as trace/build.py refuses it
+            keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+            return f"is not a memory snapshot: no 'segments' key (keys: {keys})"
     if not walk:
         return None
     data = _head_decompressed(head)
