@@ -537,6 +537,14 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
             ends = np.searchsorted(t, np.array(opt_end), side="right")
             s = np.unique(np.concatenate(([0], ends)))
             return Steps(s[s < n], "annotations", len(opt_end))
+        # no step scope (a torch.compile-d step() runs without Optimizer.step#, PyTorch's recipe), but zero_grad's
+        # scope is still recorded: one per iteration, before or after the update, so each one ends a step
+        zero_end = sorted(a.time_us for a in dt.annotations
+                          if a.stage == "END" and a.name.startswith(OPTIMIZER_ZERO_GRAD))
+        if zero_end:
+            ends = np.searchsorted(t, np.array(zero_end), side="right")
+            s = np.unique(np.concatenate(([0], ends)))
+            return Steps(s[s < n], "annotations", len(zero_end))
     if allocs.size == 0:
         return None
     o = smoothed == OPTIMIZER_PHASE
