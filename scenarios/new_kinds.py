@@ -125,6 +125,9 @@ def main() -> None:
     p.add_argument("--snapshot")
     p.add_argument("--ground-truth")
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--keep-logits-rank", type=int, default=None,
+                   help="fsdp2-tp: this rank keeps every step's logits (a debug list, the fault of issue 39: one "
+                        "data-parallel replica holding extra tensors, growing step after step)")
     a = p.parse_args()
     if a.kind == "late-record":
         a.record = "late"
@@ -292,9 +295,14 @@ def _fsdp2_tp(a, shape, dev, amp, truth, record, tokens) -> None:
     truth.model = model
     dp_rank = mesh["dp"].get_local_rank()
     gen = torch.Generator().manual_seed(dp_rank)
+    kept: list[torch.Tensor] = []
+    faulty = a.keep_logits_rank is not None and a.keep_logits_rank == torch.distributed.get_rank()
     for _ in range(a.steps):
         ids = torch.randint(0, VOCAB, (a.batch, a.seq), generator=gen).to(dev)
         logits = model(ids)
+        if faulty:
+            kept.append(logits.detach())
+            truth.note(kept_logits_bytes=_bytes(kept))
         loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
         loss.backward()
         opt.step()
