@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sixth GPU round (4 GPUs): what issue 39 asks, on the largest kind lent (4 GPUs, not 8): a 2-D job (FSDP2 x TP,
+# Prepared for issue 39, NOT RUN: the 4-GPU kinds were withdrawn before it could run (status listed 2 GPUs at most). What issue 39 asks, on the largest kind lent (4 GPUs, not 8): a 2-D job (FSDP2 x TP,
 # scenarios/new_kinds.py --kind fsdp2-tp, large) run twice under `oomdoctor run --summarize` at default settings:
 # healthy, and with one data-parallel replica (rank 2) keeping every step's logits. Each rank measures itself
 # (truth_rank{R}.json). The offline diagnoses (default executor here; dask on the CPU machine) come back with the
