@@ -1,7 +1,7 @@
 """A micro-batch sweep of five new kinds of job (``scenarios/new_kinds.py``), with one recorded snapshot each, on
 one GPU, for what-fits (issue 35, item 6a). Run it on a bare GPU machine (torch 2.11, no network)::
 
-    python3 scenarios/sweep_new_kinds.py --out $OUT                  # all five kinds, about 6-9 minutes
+    python3 scenarios/sweep_new_kinds.py --out $OUT                  # all five kinds, at most 9 minutes
     python3 scenarios/sweep_new_kinds.py --out $OUT --kinds ema,teacher --budget-s 280
     python3 scenarios/sweep_new_kinds.py --selftest                  # the search on a stand-in, no GPU
 
@@ -154,8 +154,9 @@ class Sweep:
                                                                      ("run", "exit_code", "log_tail")}}
 
 
-def gpu_trial(kind: str, size: str, seq: int, steps: int, work: str, timeout: float):
+def gpu_trial(kind: str, size: str, seq: int, steps: int, work: str, timeout: float, hard_end: float):
     def trial(batch: int, record: bool) -> dict:
+        limit = max(20.0, min(timeout, hard_end - time.time()))  # the whole call stays under its 10 minutes
         name = f"new-kinds-sweep-{kind}-b{batch}"
         run_dir = os.path.join(work, name + ("" if record else "-trial"))
         os.makedirs(run_dir, exist_ok=True)
@@ -167,11 +168,11 @@ def gpu_trial(kind: str, size: str, seq: int, steps: int, work: str, timeout: fl
             cmd += ["--snapshot", os.path.join(run_dir, "rank0.pickle")]
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE,
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=HERE,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
             rc, log = p.returncode, p.stdout + p.stderr
         except subprocess.TimeoutExpired as e:
-            rc, log = 124, f"timeout after {timeout}s: {e}"
+            rc, log = 124, f"timeout after {limit:.0f}s: {e}"
         wall = round(time.time() - t0, 1)
         with open(os.path.join(run_dir, "job.log"), "w") as f:
             f.write(log)
@@ -217,7 +218,7 @@ def pack(out: str, work: str, kind: str) -> str | None:
     with tarfile.open(path, "w") as tar:
         for name in recorded:
             arc = os.path.join(work, name + ".tar.xz")
-            with tarfile.open(arc, "w:xz") as inner:
+            with tarfile.open(arc, "w:xz", preset=3) as inner:
                 inner.add(os.path.join(work, name), arcname=name)
             tar.add(arc, arcname=os.path.basename(arc))
     return path
@@ -231,7 +232,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--record-batch", type=int, default=16)
-    p.add_argument("--budget-s", type=float, default=500, help="stop starting trials after this many seconds")
+    p.add_argument("--budget-s", type=float, default=480, help="stop starting trials after this many seconds (a trial then ends within 60 s more)")
     p.add_argument("--trial-timeout", type=float, default=150)
     p.add_argument("--selftest", action="store_true")
     a = p.parse_args()
@@ -273,7 +274,8 @@ def main() -> None:
     for i, kind in enumerate(kinds):
         left = a.budget_s - (time.time() - t0)
         share = max(per_kind, left * 0.8 / (len(kinds) - i))
-        s = Sweep(kind, gpu_trial(kind, a.size, a.seq, a.steps, work, a.trial_timeout), total, a.record_batch,
+        s = Sweep(kind, gpu_trial(kind, a.size, a.seq, a.steps, work, a.trial_timeout, t0 + a.budget_s + 60), total,
+                  a.record_batch,
                   min(time.time() + share, t0 + a.budget_s))
         sweeps.append(s)
         s.search()
@@ -288,8 +290,10 @@ def main() -> None:
             s._run(b, record=True)
             dump()
     dump()
-    for s in sweeps:
-        pack(a.out, work, s.kind)
+    from concurrent.futures import ThreadPoolExecutor  # lzma releases the GIL: the kinds pack side by side
+
+    with ThreadPoolExecutor(len(sweeps) or 1) as pool:
+        list(pool.map(lambda s: pack(a.out, work, s.kind), sweeps))
     print("done in", round(time.time() - t0, 1), "s", flush=True)
 
 
