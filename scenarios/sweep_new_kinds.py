@@ -30,7 +30,9 @@ Written to ``--out`` (at most 8 files, as the device returns):
   the granularity, the trials and seconds, whether it finished, and any trial that broke the monotone order
   (a batch that ran above one that ran out);
 - ``new-kinds-sweep-<kind>.tar``: per recorded run ``new-kinds-sweep-<kind>-b<B>.tar.xz``, a directory holding
-  ``rank0.pickle``, ``ground_truth.json`` and ``job.log`` (the corpus' layout; copy into ``docs/corpus/``).
+  ``rank0.pickle``, ``ground_truth.json``, ``job.log`` and ``rank0.meta.json`` (written here from the job's own
+  measurements: the GPU's total and free bytes, the snapshot's reserved bytes, the peaks, the OOM message; so that
+  what fits has its room) (the corpus' layout; copy into ``docs/corpus/``).
 
 A trial that neither ran nor ran out of memory (a crash, a timeout) stops that kind's search and is written as it
 is, with its log tail.
@@ -185,10 +187,39 @@ def gpu_trial(kind: str, size: str, seq: int, steps: int, work: str, timeout: fl
             line["log_tail"] = log[-1500:]
         if rc == 1 and not line.get("oom") and "out of memory" in log:
             line["oom"] = next(x for x in log.splitlines() if "out of memory" in x)[:400]
+        if record:
+            write_sidecar(run_dir, line)
         print(json.dumps({k: line.get(k) for k in ("run", "half", "exit_code", "max_memory_reserved", "wall_s")}),
               flush=True)
         return line
     return trial
+
+
+def write_sidecar(run_dir: str, truth: dict) -> None:
+    """A sidecar beside the plain recording (``rank0.meta.json``), from what the job measured itself, so that
+    ``diagnose`` knows the room of a run that did not run out (an OOM's trace entry has its own): the GPU's
+    total, the free bytes (``cudaMemGetInfo``, read by ``_truth.py`` just before the dump) plus the reserved bytes
+    of the snapshot (the sum of its segments) and the job's peaks."""
+    import pickle
+
+    snap = os.path.join(run_dir, "rank0.pickle")
+    if not os.path.exists(snap) or truth.get("gpu_total_memory_bytes") is None:
+        return
+    with open(snap, "rb") as f:
+        segments = pickle.load(f).get("segments", [])
+    reserved = sum(int(sg.get("total_size", 0)) for sg in segments if sg.get("device", 0) == 0)
+    meta = {"format": "oomdoctor.sidecar/1", "kind": "oom" if truth.get("oom") else "final", "rank": 0,
+            "world_size": 1, "gpu_total_memory_bytes": truth["gpu_total_memory_bytes"],
+            "device_free_bytes": truth.get("device_free_at_end_bytes"),
+            "memory_stats": {"reserved_bytes.all.current": reserved,
+                             "reserved_bytes.all.peak": truth.get("max_memory_reserved"),
+                             "allocated_bytes.all.peak": truth.get("max_memory_allocated")},
+            "torch_version": truth.get("torch"), "micro_batch": truth.get("batch"),
+            "written_by": "scenarios/sweep_new_kinds.py, from the job's ground_truth.json and the snapshot"}
+    if truth.get("oom"):
+        meta["oom"] = {"message": truth["oom"]}
+    with open(os.path.join(run_dir, "rank0.meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
 
 
 def selftest() -> None:
