@@ -206,9 +206,9 @@ def test_an_oom_in_the_first_forward_pass_holds_activations(where):
                                                   - bd.categories["communication"])
     report = build_report(traces, micro_batch=truth["batch"])
     f = report.ranks[0].fits
-    # an estimate, said as one, never a replayed answer
+    # a lower bound, said as one, never a replayed answer
     assert f.largest_micro_batch is None and f.estimated_largest_micro_batch is not None and f.assumptions
-    assert "An estimate, not a replay" in report.verdict.summary
+    assert f.bound == "lower" and "A lower bound, not a replay" in report.verdict.summary
 
 
 def test_torch_compile_is_named_only_when_compiled_code_ran(where):

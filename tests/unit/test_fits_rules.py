@@ -6,8 +6,10 @@ parameter gets a gradient of its size; the optimizer state to come is the one se
 per parameter; the backward frees what the forward saved, last first, making a gradient of the same size for
 each; then the next step's forward runs again as recorded. The micro-batch's blocks are scaled and the result
 replayed under the room, keeping free 512 bytes per block that grows (the allocator's rounding: no complete
-step, so no spread of peaks, ``job_margin``), searching at most up to the recorded micro-batch (it ran out of
-memory).
+step, so no spread of peaks, ``job_margin``), searching at most up to one less than the recorded micro-batch (it ran out
+of memory). The answer is a lower bound (``bound == "lower"``): the blocks that grow are replayed
+``1 + UNSEEN_FRAGMENTATION`` larger; the tests of the replay's arithmetic set that allowance to 0 (``exact``,
+autouse), the tests at the end check it.
 
 The traces are small and built in code so that the answer can be worked out by hand: every size is a multiple
 of 2 MiB and at least 10 MiB at the scales that decide, so each block the caching allocator cannot take from
@@ -23,9 +25,10 @@ plus free bytes, else the sidecar's at the dump, else the GPU's memory less the 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
-from builder import SnapBuilder
+from builder import SnapBuilder, frames
 from test_accounting import OPT_STATE, SETUP, model
 
 from oomdoctor import load
@@ -38,8 +41,20 @@ GiB = 1 << 30
 MB = 16  # the recorded micro-batch: its blocks scale by m / 16
 
 
+@pytest.fixture(autouse=True)
+def exact(monkeypatch, request):
+    """The replay's arithmetic without the allowance for unseen fragmentation (tests named ``*allowance*`` keep it)."""
+    if "allowance" not in request.node.name:
+        monkeypatch.setattr(fits_module, "UNSEEN_FRAGMENTATION", 0.0)
+
+
+TF = "/venv/lib/python3.12/site-packages/transformers"
+CACHE = frames((f"{TF}/cache_utils.py", 500, "update"), ("/w/model.py", 30, "forward"),
+               ("/w/train.py", 30, "main"))  # a DynamicCache's update: a forward with use_cache=True
+
+
 def first_forward(tmp_path, *, params=(100,), state=(), acts=(32,), request=32, expandable=False,
-                  params_before_trace=False):
+                  params_before_trace=False, cache=()):
     """Parameters (Module._apply), optimizer state (Adam's _init_group: a resumed optimizer), then the first
     forward pass: activations (model code), and an OOM for ``request`` MiB. Sizes in MiB."""
     b = SnapBuilder()
@@ -59,6 +74,8 @@ def first_forward(tmp_path, *, params=(100,), state=(), acts=(32,), request=32, 
         alloc(s, OPT_STATE)
     for i, x in enumerate(acts):
         alloc(x, model(20 + i))
+    for x in cache:
+        alloc(x, CACHE)
     b.oom(request * MiB, device_free=0)
     return analyze(load(b.write(tmp_path / "rank0.pickle")))
 
@@ -71,14 +88,15 @@ def fraction(mib: int) -> Room:
     return Room(mib * MiB, "fraction", "test: a memory fraction")
 
 
-ESTIMATE_NOTE_START = "the trace ends inside its first forward pass: what fits is an estimate"
+ESTIMATE_NOTE_START = "the trace ends inside its first forward pass: what fits is a lower bound"
 NOT_REPLAYED = "cannot be replayed"
 
 
 def assert_said_as_an_estimate(f: Fits, *, state_seen: bool) -> None:
     """The assumptions are the docstring's, in its order, and one note says the answer is an estimate."""
-    assert len(f.assumptions) == 4
-    loss, grads, opt, backward = f.assumptions
+    assert len(f.assumptions) == 5 and f.bound == "lower"
+    loss, grads, opt, backward, unseen = f.assumptions
+    assert unseen.startswith("the blocks that grow with the micro-batch take") and "% more room than replayed" in unseen
     assert loss.startswith("the failed request is the pass's output")
     assert f"the loss keeps {LOSS_COPIES} more blocks of its size" in loss
     assert grads.startswith("every parameter is trained") and grads.endswith("its gradient has its size")
@@ -98,9 +116,9 @@ def assert_said_as_an_estimate(f: Fits, *, state_seen: bool) -> None:
 
 
 def assert_micro_batches(f: Fits, m: int) -> None:
-    """``m`` sixteenths of the micro-batch fit, the scale given to three decimals (as ``batch_scale`` is)."""
+    """``m`` sixteenths of the micro-batch fit, the scale given to three decimals, rounded down (a lower bound)."""
     assert f.estimated_largest_micro_batch == m
-    assert f.estimated_batch_scale == round(m / MB, 3)
+    assert f.estimated_batch_scale == math.floor(m / MB * 1000 + 1e-6) / 1000
 
 
 def test_without_optimizer_state_adams_two_moments_are_made_and_the_next_forward_decides(tmp_path):
@@ -174,13 +192,13 @@ def test_an_activation_made_by_the_traces_first_event_is_saved(tmp_path):
     assert not any(NOT_REPLAYED in n for n in f.notes)
 
 
-def test_the_search_stops_at_the_recorded_micro_batch(tmp_path):
-    """The recorded micro-batch ran out of memory: the estimate never says more than it fits, however large
-    the room (16 GiB: the whole step at 16/16 needs under 1 GiB). Two replays: the bounds."""
+def test_the_search_stops_below_the_recorded_micro_batch(tmp_path):
+    """The recorded micro-batch ran out of memory: the lower bound is at most one less, however large the room
+    (16 GiB: the whole step at 16/16 needs under 1 GiB). Two replays: the bounds."""
     a = first_forward(tmp_path)
     f = fits(a, device(16 * 1024), MB)
-    assert_micro_batches(f, MB)
-    assert f.estimated_batch_scale == 1.0 and f.replays == 2
+    assert_micro_batches(f, MB - 1)
+    assert f.estimated_batch_scale == 0.937 and f.replays == 2
 
 
 def test_nothing_fits_when_the_recorded_part_alone_exceeds_the_room(tmp_path):
@@ -309,3 +327,31 @@ def test_the_gpus_memory_less_what_lives_outside_the_allocator_is_an_estimate(tm
 def test_no_oom_and_no_sidecar_leave_the_room_unknown(tmp_path):
     r = room_of(tmp_path, None, oom_free=None)
     assert r.bytes is None and r.kind == "none"
+
+
+# -- what the pass holds, and the lower bound's allowance --------------------------------------------------------
+
+def test_a_kv_cache_the_pass_made_is_freed_by_the_mirrored_backward_like_an_activation(tmp_path):
+    """A forward with use_cache=True (training a Llama with transformers' default) holds a DynamicCache's blocks
+    at the OOM: categorised kv_cache, not activations. The backward frees them too; kept, the next step's forward
+    would make them a second time (the accelerate Llama b128 run: 16 GiB of cache counted twice, 66 where 72
+    ran). One activation and one cache block of 32 MiB: the arithmetic of two saved activations, 7 of 16."""
+    from oomdoctor.analysis.accounting import KV_CACHE
+    a = first_forward(tmp_path, acts=(32,), cache=(32,))
+    assert int((a.accounting.category == KV_CACHE).sum()) == 1
+    f = fits(a, device(420), MB)
+    assert_said_as_an_estimate(f, state_seen=False)
+    assert_micro_batches(f, 7)
+
+
+@pytest.mark.parametrize("allowance, m", [(0.0, 9), (0.25, 7)])
+def test_the_allowance_replays_the_growing_blocks_larger_and_answers_below(tmp_path, monkeypatch, allowance, m):
+    """The first test's trace (room 440 MiB: 18 MiB blocks fit, 20 MiB do not, m = 9 exactly). With a 25%
+    allowance for unseen fragmentation, micro-batch m replays blocks of 2.5 m MiB: m = 7 (17.5 MiB, under the
+    18 that fit) fits, m = 8 (20 MiB) does not: 7, a lower bound under the exact 9."""
+    monkeypatch.setattr(fits_module, "UNSEEN_FRAGMENTATION", allowance)
+    a = first_forward(tmp_path)
+    f = fits(a, device(440), MB)
+    assert f.bound == "lower" and f.estimated_largest_micro_batch == m
+    assert f"take {round(100 * allowance)}% more room than replayed" in f.assumptions[-1]
+

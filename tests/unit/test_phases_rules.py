@@ -466,6 +466,23 @@ def test_trailing_evaluation():
     assert _trailing_evaluation(fwd, np.arange(3), np.array([0, 1, 2])).tolist() == [F, F, F]
 
 
+def test_a_pipeline_schedules_warm_up_forwards_are_not_evaluation():
+    """1F1B on the first of two stages: F0 F1 B0 F2 B1 B2, update; two forwards ran before the step's first
+    backward, so two forwards after the last update are the next step's warm-up (a stage that ran out in its
+    second warm-up forward, issue 35), not evaluation; a third is. GPipe (every forward first) likewise."""
+    sm = np.array([F, F, B, F, B, B, OP, F, F], np.int8)
+    starts = np.array([0, 1, 3, 7, 8])
+    assert _trailing_evaluation(sm, np.arange(9), starts).tolist() == sm.tolist()
+    sm3 = np.append(sm, F).astype(np.int8)
+    assert _trailing_evaluation(sm3, np.arange(10), np.append(starts, 9)).tolist() == [F, F, B, F, B, B, OP, E, E, E]
+    # the warm-up depth is read between backwards too: a trace that begins mid-step (B, then a step of F F B)
+    mid = np.array([B, OP, F, F, B, OP, F, F], np.int8)
+    assert _trailing_evaluation(mid, np.arange(8), np.array([2, 3, 6, 7])).tolist() == mid.tolist()
+    gpipe = np.array([F, F, F, F, B, B, B, B, OP, F, F, F, F], np.int8)
+    assert _trailing_evaluation(gpipe, np.arange(13), np.array([0, 1, 2, 3, 9, 10, 11, 12])).tolist() == \
+        gpipe.tolist()
+
+
 # ------------------------------------------------------------------------------------------------------ _steps
 
 

@@ -474,6 +474,21 @@ def test_a_1f1b_stage_out_of_memory_with_two_micro_batches_in_flight_is_capacity
     assert v.kind == "capacity" and v.evidence["in_flight"] == 2
 
 
+def test_a_1f1b_stage_out_of_memory_in_its_second_warm_up_forward_is_training_not_evaluation(tmp_path):
+    """The stage ran out in F1, its second forward before the step's first backward (each step ran F0 F1 before
+    B0): that is the step's warm-up, not a validation loop after training, so what fits is sized (issue 35: such a
+    stage gave no answer, "inside an inference loop")."""
+    from oomdoctor.analysis.phases import FORWARD_PHASE
+    from oomdoctor.report.fits import device_room, fits
+
+    j, _ = one_f_one_b_job(oom=True)
+    a = analysed(tmp_path, j.b, ROOM_META)
+    k = int(a.oom_events[-1])
+    assert int(a.phases.phase[k]) == FORWARD_PHASE
+    f = fits(a, device_room(a), 3)
+    assert not any("inference loop" in n for n in f.notes)
+
+
 # --------------------------------------------------------------------------- 10. generate(): the cache's growth per token
 
 GEN = [("/venv/site-packages/transformers/generation/utils.py", 2500, "_sample"),

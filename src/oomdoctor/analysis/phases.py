@@ -471,10 +471,20 @@ def _smooth(roles: np.ndarray, thread: np.ndarray, times_us: np.ndarray, windows
 
 def _trailing_evaluation(smoothed: np.ndarray, allocs: np.ndarray, pass_starts: np.ndarray) -> np.ndarray:
     """Forward passes after the last backward of a trace that trains are evaluation (a validation loop
-    after training), when no evaluation frame said so and there are at least two of them (one forward
-    after the last update is the next step's, cut short by an OOM or the dump)."""
+    after training), when no evaluation frame said so and there are more of them than the next step's own
+    forwards before its first backward can be: one in a plain loop (one forward after the last update is the
+    next step's, cut short by an OOM or the dump); in a pipeline schedule, as many as the trace's steps ran
+    before a backward (1F1B's warm-up, GPipe's every micro-batch: the largest count of passes between two
+    backwards, or before the first). Issue 35: a 1F1B stage that ran out in its second warm-up forward was
+    read as evaluation, and what fits was not sized."""
     b = np.flatnonzero((smoothed == BACKWARD_PHASE) | (smoothed == OPTIMIZER_PHASE))
-    if b.size == 0 or np.count_nonzero(pass_starts > allocs[int(b[-1])]) < 2:
+    if b.size == 0:
+        return smoothed
+    bw = allocs[b]
+    # passes between consecutive backward/optimizer allocations (and before the first): the warm-up depth
+    cuts = np.searchsorted(pass_starts, bw)
+    depth = int(max(np.max(np.diff(cuts)) if cuts.size > 1 else 0, cuts[0]))
+    if np.count_nonzero(pass_starts > allocs[int(b[-1])]) < max(2, depth + 1):
         return smoothed
     tail = slice(int(b[-1]) + 1, None)
     out = smoothed.copy()

@@ -22,7 +22,8 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
      "step_markers": [{"step", "time_us", "event_index"}],  # start of each step
      "phase_markers": [{"phase", "time_us", "event_index"}],  # from then on: train | optimizer | evaluation
      "micro_batch": null | samples per device per forward pass (set by the framework callbacks),
-     "oom": null | {"device", "alloc_bytes", "device_limit_bytes", "device_free_bytes"},
+     "oom": null | {"device", "alloc_bytes", "device_limit_bytes", "device_free_bytes",
+                    "message"?},  # PyTorch's OOM message, added when the job dies of it (Recorder.note_oom_message)
      "written_time_us"}
 
 ``trace.load`` merges these keys into ``Trace.meta``; the detectors read ``torch_version``,

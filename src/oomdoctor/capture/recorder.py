@@ -314,7 +314,26 @@ class Recorder:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
+        if len(exc) > 1 and isinstance(exc[1], BaseException):
+            self.note_oom_message(exc[1])
         self.stop()
+
+    @_guarded("noting the out-of-memory message")
+    def note_oom_message(self, exc: BaseException | None) -> None:
+        """Add the message of ``exc``, when it is the CUDA out-of-memory error this recorder dumped at, to the OOM
+        sidecar (``oom.message``: the observer runs before PyTorch builds the message; its "this process has X
+        memory in use" gives the memory outside the allocator, :mod:`oomdoctor.trace.oommessage`). Never raises."""
+        if exc is None or not self.oom_dumped or not (type(exc).__name__ == "OutOfMemoryError"
+                                                       or "CUDA out of memory" in str(exc)):
+            return
+        import json
+
+        path = sidecar_for(os.path.join(self.out_dir or ".", snapshot_name(self.rank, oom=True)))
+        with open(path) as f:
+            meta = json.load(f)
+        if isinstance(meta.get("oom"), dict) and "message" not in meta["oom"]:
+            meta["oom"]["message"] = str(exc)[:4000]
+            atomic_write_json(path, meta)
 
     @_guarded("step()")
     def step(self) -> None:
@@ -351,6 +370,7 @@ class Recorder:
                 self.finished = True
                 return
             self.finished = True
+        self.note_oom_message(getattr(sys, "last_value", None))  # at exit after an uncaught OOM
         self._remove_hook()
         self._refresh_dist()
         snap = meta = None

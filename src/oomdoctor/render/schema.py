@@ -324,6 +324,8 @@ def fits_schema() -> Schema:
         "estimated_batch_scale": null(f("an estimate, not a replay (a trace cut in its first forward pass)")),
         "estimated_largest_micro_batch": null(i("the estimate as a whole micro-batch")),
         "assumptions": arr(s(""), "what the estimate assumes"),
+        "bound": null(s("lower: the estimate is a lower bound, what surely fits (a trace cut in its first forward "
+                        "pass); null: no estimate", ("lower",))),
         "job_peak_reserved_bytes": null(b("the job's own peak reserved the answer is held to (see the rank's)")),
         "peak_source": s("where that peak comes from (see the rank's peak_source)", PEAK_SOURCES),
         "job_peak_scale_bound": null(f("where the recorded window missed the job's peak (reserved or allocated): "

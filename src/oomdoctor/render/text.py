@@ -143,8 +143,9 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
         tail.append("  what fits: ", style="bold")
         if f.estimated_batch_scale is not None:
             n = f.estimated_largest_micro_batch
-            tail.append(f"an estimate, not a replay: about {f'micro-batch {n}' if n else f'{f.estimated_batch_scale}x'}"
-                        " if " + "; ".join(f.assumptions))
+            what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x"
+            tail.append((f"a lower bound, not a replay: {what} fits" if f.bound == "lower" else
+                         f"an estimate, not a replay: about {what}") + " if " + "; ".join(f.assumptions))
         else:
             tail.append("not said: " + f.notes[-1])
     return Group(*(x for x in (text, holders, tail) if x is not None and (not isinstance(x, Text) or x.plain)))

@@ -23,7 +23,9 @@ difference, in bytes, read from the job itself (:func:`margin`), as the sum of:
   workspaces and kernels loaded lazily. The room was read once (at the OOM: reserved + ``cudaMemGetInfo``'s
   free bytes, ``CUDACachingAllocator.cpp`` ``malloc``); that memory is allocated lazily and differs from run to
   run, so as much again is kept free. Read, in order: given by the caller (a sidecar with the process's own
-  usage, the OOM message's "this process has X memory in use" less the reserved bytes then); the GPU's total
+  usage); the OOM message's "this process has X memory in use" less what PyTorch reserved then (the message's
+  allocated plus reserved-but-unallocated bytes; :mod:`oomdoctor.trace.oommessage`, from the sidecar's
+  ``oom.message``: within three times the message's rounding, at most 16 MiB in GiB); the GPU's total
   memory less the room read at the OOM or at the dump (sidecar ``device_free_bytes`` + ``memory_stats``'
   reserved bytes); the planner's constants when the room is estimated from them
   (:data:`oomdoctor.plan.terms.CUDA_CONTEXT_BYTES`, ``NCCL_FIRST_COMMUNICATOR_BYTES``). Under a memory-fraction
@@ -44,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analysis.device import DeviceAnalysis
+from ..trace.oommessage import sidecar_oom_message
 
 
 @dataclass
@@ -125,6 +128,10 @@ def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tu
         return 0, "a memory-fraction cap: the allocator's own limit, below what lives outside it"
     if outside_bytes is not None:
         return max(int(outside_bytes), 0), "given: the process's memory in use less the allocator's reserved bytes"
+    msg = sidecar_oom_message(meta)
+    if msg is not None and msg.outside_bytes is not None:
+        return msg.outside_bytes, ("the OOM message: this process's memory in use less what PyTorch reserved "
+                                   "(allocated plus reserved but unallocated)")
     total = meta.get("gpu_total_memory_bytes")
     if not isinstance(total, int) or total <= 0:
         return 0, "unknown: the GPU's total memory is not recorded"

@@ -377,6 +377,9 @@ def _fit_sentence(fits: Fits | None, ev: dict[str, Any], whole: str, scale: str)
         ev["estimated_fit"] = (fits.estimated_largest_micro_batch if fits.estimated_largest_micro_batch is not None
                                else f"{fits.estimated_batch_scale}x the current micro-batch")
         ev["estimate_assumptions"] = "; ".join(fits.assumptions)
+        if fits.bound == "lower":
+            return (" A lower bound, not a replay (the trace ends inside its first forward pass): {estimated_fit} "
+                    "fits, and likely a little more, if {estimate_assumptions}.")
         return (" An estimate, not a replay (the trace ends inside its first forward pass): about {estimated_fit} "
                 "would fit if {estimate_assumptions}; the fragmentation of the steps that were not recorded is not "
                 "in it, so take less.")
