@@ -11,6 +11,7 @@ Unknown keys are ignored; unknown trace actions are skipped with a warning.
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 from itertools import chain, count, repeat
 from operator import itemgetter
@@ -438,26 +439,87 @@ def _hashable(v: Any) -> bool:
 def _stack_col(path: str, entries: list, t: _Tables, refs: bool = False) -> np.ndarray:
     """Intern each entry's frames. Pickled snapshots share frame dicts through the pickle memo, so a
     key made of the frame dicts' identities finds repeated stacks without hashing their text; each key
-    maps to the index of its first entry (``setdefault`` with a counter, all in C). ``refs``: a frames
-    list shrunk by :meth:`Drained.drain` stands for the frames its ``_StackRef`` holds."""
+    maps to the index of its first entry, and stacks are interned in the order of their first entries.
+    ``refs``: a frames list shrunk by :meth:`Drained.drain` stands for the frames its ``_StackRef`` holds.
+
+    The keys are compared in NumPy (:func:`_first_of_identical`); where that cannot be used (a ``frames``
+    that is not a sequence), one key tuple per entry (``setdefault`` with a counter, in C). Both give the
+    same stack ids: stacks are interned by content, in the order of their first entries."""
     n = len(entries)
     frame_lists = list(map(dict.get, entries, repeat("frames"), repeat(())))
     if refs:
         frame_lists = [f[0].frames if f.__class__ is list and len(f) == 1 and f[0].__class__ is _StackRef else f
                        for f in frame_lists]
     try:
-        keys: dict[tuple[int, ...], int] = {}
-        first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
-                               dtype=np.int64, count=n)
-    except TypeError:  # 'frames' of the wrong type on some entries: those get no stack, counted in a warning
-        t.bad_frames += sum(1 for f in frame_lists if f is not None and not isinstance(f, (list, tuple)))
-        frame_lists = [f if isinstance(f, (list, tuple)) else () for f in frame_lists]
-        keys = {}
-        first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
-                               dtype=np.int64, count=n)
-    firsts = np.fromiter(keys.values(), dtype=np.int64, count=len(keys))
+        first_of = _first_of_identical(frame_lists)
+    except TypeError:  # a 'frames' that is not a sequence (None, a number): keyed one by one below
+        first_of = None
+    if first_of is not None:
+        firsts = np.flatnonzero(first_of == np.arange(n))
+    else:
+        try:
+            keys: dict[tuple[int, ...], int] = {}
+            first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
+                                   dtype=np.int64, count=n)
+        except TypeError:  # 'frames' of the wrong type on some entries: those get no stack, counted in a warning
+            t.bad_frames += sum(1 for f in frame_lists if f is not None and not isinstance(f, (list, tuple)))
+            frame_lists = [f if isinstance(f, (list, tuple)) else () for f in frame_lists]
+            keys = {}
+            first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
+                                   dtype=np.int64, count=n)
+        firsts = np.fromiter(keys.values(), dtype=np.int64, count=len(keys))
     sid_of_first = np.full(n, -1, dtype=np.int32)
     for i in firsts.tolist():
         f = frame_lists[i]
         sid_of_first[i] = t.stack(path, list(f) if f else None)
     return sid_of_first[first_of] if n else np.zeros(0, dtype=np.int32)
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd: multiplying by it permutes uint64
+
+
+def _addresses(objs: np.ndarray) -> np.ndarray | None:
+    """``id()`` of every element of the object array ``objs``, read from its buffer of object pointers
+    (CPython's ``id`` is the object's address); None where that does not hold (another interpreter)."""
+    if not objs.size:
+        return np.zeros(0, dtype=np.int64)
+    buf = (ctypes.c_int64 * objs.size).from_address(objs.__array_interface__["data"][0])
+    ptr = np.frombuffer(buf, dtype=np.int64).copy()
+    return ptr if int(ptr[0]) == id(objs[0]) and int(ptr[-1]) == id(objs[-1]) else None
+
+
+def _first_of_identical(frame_lists: list) -> np.ndarray | None:
+    """For each list, the index of the first list holding the same objects (by identity) in the same
+    order, as :func:`_stack_col`'s key tuples group them; None when it cannot be told this way.
+
+    Each list's objects are hashed from their addresses and positions (a sum of mixed 64-bit words,
+    wrapping), lists are grouped by (hash, length) with :func:`numpy.unique`, and every list is then
+    compared object by object with its group's first: on any mismatch (a hash collision) None is returned
+    and the caller keys the lists one by one. Raises TypeError when an element of ``frame_lists`` has no
+    length or cannot be iterated. About 4x fewer CPU seconds than one key tuple per list on the
+    271,109 entries (2,159,444 frames) of ``shared/snapshots/large`` (docs/benchmarks.md)."""
+    n = len(frame_lists)
+    lens = np.fromiter(map(len, frame_lists), dtype=np.int64, count=n)
+    total = int(lens.sum())
+    objs = np.fromiter(chain.from_iterable(frame_lists), dtype=object, count=total)
+    ptr = _addresses(objs)
+    del objs
+    if ptr is None:
+        return None
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    off = np.arange(total, dtype=np.int64) - np.repeat(starts, lens)  # each object's position in its list
+    with np.errstate(over="ignore"):
+        h = (ptr.view(np.uint64) + off.view(np.uint64)) * _MIX
+        h ^= h >> np.uint64(29)
+        h *= _MIX
+        csum = np.zeros(total + 1, dtype=np.uint64)
+        np.cumsum(h, out=csum[1:])
+        key = (csum[ends] - csum[starts]) ^ (lens.view(np.uint64) * _MIX)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    first_of = first[inverse.reshape(-1)]
+    if not np.array_equal(lens[first_of], lens):
+        return None
+    if total and not np.array_equal(ptr[np.repeat(starts[first_of], lens) + off], ptr):
+        return None
+    return first_of
