@@ -344,30 +344,14 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     """Columns for one device's trace (``entries``, which start at index ``offset`` of it). Every pass
     over the entries runs in C (``map`` with ``itemgetter``/``dict.get``), which keeps a 271k-event trace
     at a fraction of its unpickling time. ``refs``: frames lists may be ``[_StackRef]`` (streamed in)."""
-    try:  # an entry that is not a dict raises TypeError here: the checks below say which
-        names = list(map(_get_action, entries))
-    except (KeyError, TypeError):
-        if set(map(type, entries)) - {dict}:
-            bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
-            raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
-                                      "expected a dict") from None
-        bad = next(i for i, e in enumerate(entries) if "action" not in e)
-        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] has no 'action'") from None
     codes_map = ACTION_CODES
-    try:
-        distinct = set(names)
-    except TypeError:
-        raise SnapshotError(path, f"device_traces[{dev}]: an 'action' is not a string") from None
-    if distinct - codes_map.keys():
-        counts = Counter(n for n in names if n not in codes_map)
-        warnings.append("skipped trace actions this version does not know: "
-                        + ", ".join(f"{n!r} x{c}" for n, c in sorted(counts.items(), key=lambda kv: str(kv[0]))))
-        keep = [i for i, n in enumerate(names) if n in codes_map]
-        entries = [entries[i] for i in keep]
-        names = [names[i] for i in keep]
-    n = len(entries)
     cols: dict[str, np.ndarray] = {}
-    cols["action"] = np.fromiter(map(codes_map.__getitem__, names), dtype=np.int8, count=n)
+    try:  # the usual case, every entry a dict with a known action: one pass
+        cols["action"] = np.fromiter(map(codes_map.__getitem__, map(_get_action, entries)), dtype=np.int8,
+                                     count=len(entries))
+    except (KeyError, TypeError):
+        entries, cols["action"] = _checked_actions(path, dev, entries, warnings, offset)
+    n = len(entries)
 
     def int_col(key: str, default: int) -> np.ndarray:
         try:
@@ -400,26 +384,81 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
                                   "no allocation or segment reaches 2**48 bytes (256 TiB)")
     cols["stream"] = np.ascontiguousarray(four[:, 2]) if four is not None else int_col("stream", 0)
     cols["time_us"] = np.ascontiguousarray(four[:, 3]) if four is not None else int_col("time_us", 0)
-    cols["device_free"] = int_col("device_free", -1)
-    cols["stack"] = _stack_col(path, entries, t, refs)
-    cols["pool"] = _table_col(path, entries, "pool_id", t.pool, lambda v: v is None)
-    cols["user_metadata"] = _table_col(path, entries, "user_metadata", t.string, lambda v: v in _NO_STRING)
-    cols["compile_context"] = _table_col(path, entries, "compile_context", t.string, lambda v: v in _NO_STRING)
+    # A key read from every entry is "present"; when every entry has as many keys as the first and each of the
+    # first's keys is present, all entries have the same keys, and one the first lacks (``device_free`` and
+    # ``pool_id`` on most traces) is absent from all: its column is the default, without a pass over the entries.
+    present = {"action"} | ({"addr", "size", "stream", "time_us"} if four is not None else set())
+    frame_lists = _field(entries, "frames", (), present)
+    user_metadata = _table_col(_field(entries, "user_metadata", None, present), t.string, lambda v: v in _NO_STRING)
+    compile_context = _table_col(_field(entries, "compile_context", None, present), t.string,
+                                 lambda v: v in _NO_STRING)
+    first = entries[0].keys() if n else ()
+    alike = bool(n) and first <= present and set(map(len, entries)) == {len(first)}
+
+    def absent(key: str) -> bool:
+        return alike and key not in first
+
+    cols["device_free"] = np.full(n, -1, dtype=np.int64) if absent("device_free") else int_col("device_free", -1)
+    cols["stack"] = _stack_col(path, frame_lists, t, refs)
+    cols["pool"] = (np.full(n, -1, dtype=np.int32) if absent("pool_id")
+                    else _table_col(_field(entries, "pool_id", None, present), t.pool, lambda v: v is None))
+    cols["user_metadata"] = user_metadata
+    cols["compile_context"] = compile_context
     return cols
 
 
-def _table_col(path: str, entries: list, key: str, intern: Any, is_default: Any) -> np.ndarray:
-    """Interned ids of an entry field that holds no bytes (pool id, metadata strings); -1 for none. A value
-    that cannot be a key (a dict, a nested list) counts as none: the field is labels, not memory."""
-    n = len(entries)
-    values = map(dict.get, entries, repeat(key))
+def _field(entries: list, key: str, default: Any, present: set[str]) -> list:
+    """``key`` of every entry (all dicts), ``default`` where absent; ``key`` is added to ``present`` when no entry
+    lacks it."""
+    try:
+        got = list(map(itemgetter(key), entries))
+    except KeyError:
+        return list(map(dict.get, entries, repeat(key), repeat(default)))
+    present.add(key)
+    return got
+
+
+def _checked_actions(path: str, dev: int | str, entries: list, warnings: list[str], offset: int
+                     ) -> tuple[list, np.ndarray]:
+    """``entries`` without those whose action this version does not know (named in a warning), and their action
+    codes. Raises :class:`SnapshotError` for an entry that is not a dict, has no ``action``, or whose action is
+    not a string."""
+    try:  # an entry that is not a dict raises TypeError here: the checks below say which
+        names = list(map(_get_action, entries))
+    except (KeyError, TypeError):
+        if set(map(type, entries)) - {dict}:
+            bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
+            raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
+                                      "expected a dict") from None
+        bad = next(i for i, e in enumerate(entries) if "action" not in e)
+        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] has no 'action'") from None
+    codes_map = ACTION_CODES
+    try:
+        distinct = set(names)
+    except TypeError:
+        raise SnapshotError(path, f"device_traces[{dev}]: an 'action' is not a string") from None
+    if distinct - codes_map.keys():
+        counts = Counter(n for n in names if n not in codes_map)
+        warnings.append("skipped trace actions this version does not know: "
+                        + ", ".join(f"{n!r} x{c}" for n, c in sorted(counts.items(), key=lambda kv: str(kv[0]))))
+        keep = [i for i, n in enumerate(names) if n in codes_map]
+        entries = [entries[i] for i in keep]
+        names = [names[i] for i in keep]
+    return entries, np.fromiter(map(codes_map.__getitem__, names), dtype=np.int8, count=len(entries))
+
+
+def _table_col(values: list, intern: Any, is_default: Any) -> np.ndarray:
+    """Interned ids of an entry field that holds no bytes (pool id, metadata strings), given its ``values`` (one
+    per entry); -1 for none. A value that cannot be a key (a dict, a nested list) counts as none: the field is
+    labels, not memory."""
+    n = len(values)
     try:
         distinct = set(values)
     except TypeError:  # unhashable values (lists for pool ids in JSON)
         distinct = None
     if distinct is not None and all(is_default(v) for v in distinct):
         return np.full(n, -1, dtype=np.int32)
-    vals = [tuple(v) if isinstance(v, list) else v for v in map(dict.get, entries, repeat(key))]
+    vals = [tuple(v) if isinstance(v, list) else v for v in values]
     try:
         ids = {v: intern(v) for v in set(vals)}
     except TypeError:
@@ -436,8 +475,8 @@ def _hashable(v: Any) -> bool:
     return True
 
 
-def _stack_col(path: str, entries: list, t: _Tables, refs: bool = False) -> np.ndarray:
-    """Intern each entry's frames. Pickled snapshots share frame dicts through the pickle memo, so a
+def _stack_col(path: str, frame_lists: list, t: _Tables, refs: bool = False) -> np.ndarray:
+    """Intern each entry's frames (``frame_lists``: its ``frames``, ``()`` when absent). Pickled snapshots share frame dicts through the pickle memo, so a
     key made of the frame dicts' identities finds repeated stacks without hashing their text; each key
     maps to the index of its first entry, and stacks are interned in the order of their first entries.
     ``refs``: a frames list shrunk by :meth:`Drained.drain` stands for the frames its ``_StackRef`` holds.
@@ -445,8 +484,7 @@ def _stack_col(path: str, entries: list, t: _Tables, refs: bool = False) -> np.n
     The keys are compared in NumPy (:func:`_first_of_identical`); where that cannot be used (a ``frames``
     that is not a sequence), one key tuple per entry (``setdefault`` with a counter, in C). Both give the
     same stack ids: stacks are interned by content, in the order of their first entries."""
-    n = len(entries)
-    frame_lists = list(map(dict.get, entries, repeat("frames"), repeat(())))
+    n = len(frame_lists)
     if refs:
         frame_lists = [f[0].frames if f.__class__ is list and len(f) == 1 and f[0].__class__ is _StackRef else f
                        for f in frame_lists]
