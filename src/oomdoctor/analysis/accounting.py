@@ -152,8 +152,7 @@ def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], exact
     def hit(fids) -> bool:
         return any((frames[f][2] in names) if exact else any(x in frames[f][2] for x in names) for f in fids)
 
-    ids = {s for s, fids in enumerate(trace.stacks.stacks) if hit(fids)}
-    return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
+    return _rows_of(trace, stacks, [s for s, fids in enumerate(trace.stacks.stacks) if hit(fids)])
 
 
 _INSTALLED = ("site-packages/", "dist-packages/")
@@ -171,8 +170,16 @@ def _library_init(trace: Trace, stacks: np.ndarray) -> np.ndarray:
         f = next((f for f in fids if frames[f][2] == "__init__"), None)
         return f is not None and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
 
-    ids = {s for s, fids in enumerate(trace.stacks.stacks) if library(fids)}
-    return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
+    return _rows_of(trace, stacks, [s for s, fids in enumerate(trace.stacks.stacks) if library(fids)])
+
+
+def _rows_of(trace: Trace, stacks: np.ndarray, ids: list[int]) -> np.ndarray:
+    """Per row: is its stack id (``stacks``; -1 for none) one of ``ids``? A lookup in a table of the trace's
+    stacks (the row-by-row set test took 30 ms of the 271,109 events of ``large``)."""
+    n = len(trace.stacks.stacks)
+    table = np.zeros(n + 1, dtype=bool)  # the last entry answers a row without a stack (-1)
+    table[ids] = True
+    return table[np.where(stacks >= 0, stacks, n)]
 
 
 def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stacks: bool = False) -> Accounting:
