@@ -71,6 +71,7 @@ from ..frameworks import (
 )
 from ..trace.model import ALLOC, DeviceTrace, StackTable, Trace
 from ..trace.stackmatch import unmatched_allocations
+from .arrays import distinct
 from .sites import per_table
 
 # role / phase codes
@@ -505,7 +506,7 @@ def _passes(allocs: np.ndarray, model: np.ndarray, smoothed: np.ndarray, stack: 
         # a run opening with the batch's transfer: its first entry is that pass's, and its repeats begin the next
         # ones; a run opening with model code (a trace that begins mid-batch): the first entry is the next batch's
         starts.extend((same[same > rs] if model[rs] else same[1:]).tolist())
-    return np.unique(allocs[np.array(starts, dtype=np.int64)])
+    return distinct(allocs[np.array(starts, dtype=np.int64)])
 
 
 def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarray) -> Steps | None:
@@ -520,7 +521,7 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
             times = np.zeros(0, np.int64)
         if times.size:
             at = np.searchsorted(t, times, side="left")
-            starts = np.unique(at)
+            starts = distinct(at)
             starts = starts[starts < n]
             if starts.size:
                 ends_in_trace = int(np.count_nonzero((times > t[0]) & (times <= t[-1])))
@@ -530,12 +531,12 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
     if dt.annotations and n:
         prof = sorted(a.time_us for a in dt.annotations if a.stage == "START" and _PROFILER_STEP.match(a.name))
         if len(prof) >= 2:
-            s = np.unique(np.searchsorted(t, np.array(prof), side="left"))
+            s = distinct(np.searchsorted(t, np.array(prof), side="left"))
             return Steps(s[s < n], "annotations", len(s) - 1)
         opt_end = sorted(a.time_us for a in dt.annotations if a.stage == "END" and a.name.startswith(OPTIMIZER_STEP))
         if opt_end:
             ends = np.searchsorted(t, np.array(opt_end), side="right")
-            s = np.unique(np.concatenate(([0], ends)))
+            s = distinct(np.concatenate(([0], ends)))
             return Steps(s[s < n], "annotations", len(opt_end))
     if allocs.size == 0:
         return None
@@ -545,5 +546,5 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
     last_open = bool(o[-1])
     if ends.size == 0 and not last_open:
         return None
-    starts = np.unique(np.concatenate(([0], allocs[ends])))
+    starts = distinct(np.concatenate(([0], allocs[ends])))
     return Steps(starts[starts < n], "optimizer frames", int(ends.size + last_open))
