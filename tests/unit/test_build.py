@@ -249,3 +249,28 @@ def test_stack_column_is_the_same_when_keyed_one_by_one(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "_first_of_identical", lambda frame_lists: None)
     slow = load(str(path)).primary.events["stack"]
     assert np.array_equal(fast, slow)
+
+
+@pytest.mark.parametrize("raw", [
+    [{"device": d, "stage": s, "name": f"n{i % 3}", "time_us": 10 * i} for i, (d, s) in
+     enumerate([(0, "START"), (1, "START"), (0, "END"), (1, "END"), (0, "START")])],
+    [{"device": 0, "stage": "START", "time_us": 5}, {"device": 0, "stage": "END", "name": "x", "time_us": -(1 << 63)}],
+    [{"device": 0, "stage": "START", "name": ["x"], "time_us": 1}, {"device": True, "stage": "END", "time_us": 2}],
+    [{"device": 0, "stage": "STOP", "name": "x", "time_us": 1 << 63}, "not a dict"],
+    [],
+])
+def test_annotations_read_in_c_passes_as_one_by_one(raw, monkeypatch):
+    """The C-pass reading of ``external_annotations`` appends what the per-record loop appends, in the same order,
+    and leaves the malformed cases to it (the same records kept, the same warning)."""
+    from oomdoctor.trace import build
+
+    def read(alike: bool):
+        devices = {d: build.DeviceTrace(d, build._empty_events(), []) for d in (0, 1)}
+        warnings: list[str] = []
+        if not alike:
+            monkeypatch.setattr(build, "_annotations_alike", lambda raw, devices: False)
+        build._annotations(raw, devices, warnings)
+        monkeypatch.undo()
+        return {d: dt.annotations for d, dt in devices.items()}, warnings
+
+    assert read(True) == read(False)
