@@ -552,6 +552,8 @@ def _addresses(objs: np.ndarray) -> np.ndarray | None:
     (CPython's ``id`` is the object's address); None where that does not hold (another interpreter)."""
     if not objs.size:
         return np.zeros(0, dtype=np.int64)
+    if objs.itemsize != 8:  # pointers of another width (a 32-bit build): read nothing
+        return None
     buf = (ctypes.c_int64 * objs.size).from_address(objs.__array_interface__["data"][0])
     ptr = np.frombuffer(buf, dtype=np.int64).copy()
     return ptr if int(ptr[0]) == id(objs[0]) and int(ptr[-1]) == id(objs[-1]) else None
