@@ -1,6 +1,8 @@
 """``oomdoctor diagnose`` of one snapshot with two source trees side by side, beside ``pickle.load``, in fresh
 processes, alternated; CPU seconds of each child (``wait4``: user + sys) and wall, best and median. On a machine
-shared with other work, CPU time is the steadier measure (docs/benchmarks.md). Usage::
+shared with other work, CPU time is the steadier measure (docs/benchmarks.md). Both trees are byte-compiled first
+(``compileall``), as an installed package is: where ``PYTHONDONTWRITEBYTECODE`` is set and no ``__pycache__`` exists,
+every run would compile oomdoctor's sources again (0.2-0.5 s). Usage::
 
     python benchmarks/diagnose_ab.py SNAPSHOT.pickle N BEFORE_SRC AFTER_SRC   # e.g. a git archive's src/, ./src
 """
@@ -27,6 +29,8 @@ def run(argv: list[str], env: dict | None) -> tuple[float, float]:
 def main() -> None:
     plain, n = sys.argv[1], int(sys.argv[2])
     trees = {"before": sys.argv[3], "after": sys.argv[4]}
+    for src in trees.values():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", src], check=True, stdout=subprocess.DEVNULL)
     cmds = {"pickle_load": ([sys.executable, "-c", f"import pickle; pickle.load(open({plain!r}, 'rb'))"], None)}
     for k, src in trees.items():
         env = dict(os.environ, PYTHONPATH=os.path.abspath(src))

@@ -3,7 +3,7 @@
 import pickle
 
 import pytest
-from builder import MiB, SnapBuilder
+from builder import Job, MiB, SnapBuilder, frames
 
 from oomdoctor import SnapshotError, load
 from oomdoctor.trace.model import ACTION_CODES
@@ -194,3 +194,83 @@ def test_an_oom_request_of_any_size_is_read_and_replayed_as_an_oom(tmp_path):
     assert int(t.primary.size[-1]) == 2**62
     r = simulate(t).self_replay
     assert r.oom is not None and r.oom.requested_bytes == 2**62 and r.oom.event_index == 2
+
+
+def _tuple_key_first_of(frame_lists):
+    """The reference grouping: one key tuple of identities per list, each mapped to its first index."""
+    keys: dict = {}
+    return [keys.setdefault(tuple(map(id, f)), i) for i, f in enumerate(frame_lists)]
+
+
+def test_stack_grouping_in_numpy_matches_one_key_per_entry():
+    """`_first_of_identical` groups frames lists exactly as the key tuples do: same objects in the same order,
+    by identity (equal-looking frames that are distinct objects are distinct), on shared and unshared lists."""
+    import random
+
+    import numpy as np
+
+    from oomdoctor.trace.build import _first_of_identical
+
+    rng = random.Random(7)
+    frames = [{"filename": f"f{i % 5}.py", "line": i % 3, "name": "g"} for i in range(40)]  # look-alikes too
+    shared = [[rng.choice(frames) for _ in range(rng.randint(0, 6))] for _ in range(50)]
+    lists = []
+    for _ in range(3000):
+        r = rng.random()
+        lists.append(rng.choice(shared) if r < 0.4 else list(rng.choice(shared)) if r < 0.8
+                     else [rng.choice(frames) for _ in range(rng.randint(0, 9))])
+    got = _first_of_identical(lists)
+    assert got is not None and got.tolist() == _tuple_key_first_of(lists)
+    # two lists that differ only in order, or in one look-alike object, are not grouped
+    a, b = frames[0], dict(frames[0])
+    assert _first_of_identical([[a, frames[1]], [frames[1], a], [b, frames[1]], [a, frames[1]]]).tolist() == \
+        [0, 1, 2, 0]
+    assert _first_of_identical([]).tolist() == [] and _first_of_identical([[], ()]).tolist() == [0, 0]
+    with pytest.raises(TypeError):
+        _first_of_identical([[a], None])
+    assert isinstance(got, np.ndarray)
+
+
+def test_stack_column_is_the_same_when_keyed_one_by_one(tmp_path, monkeypatch):
+    """Where the NumPy grouping cannot be used (a hash collision, another interpreter), the entries are keyed
+    one by one, with the same stack ids."""
+    import numpy as np
+
+    from oomdoctor.trace import build
+
+    job = Job()
+    specs = [[("a.py", i % 4, "f"), ("b.py", 1, "g")][: 1 + i % 2] for i in range(30)]
+    for spec in specs:
+        job.alloc(MiB, fr=frames(*spec))  # new dicts each time: equal stacks, distinct objects
+    path = job.b.write(tmp_path / "s.pickle")
+    t = load(str(path))
+    fast = t.primary.events["stack"].copy()
+    assert [t.stacks.stack_frames(int(s)) for s in fast[1:]] == specs  # after the segment_alloc
+    monkeypatch.setattr(build, "_first_of_identical", lambda frame_lists: None)
+    slow = load(str(path)).primary.events["stack"]
+    assert np.array_equal(fast, slow)
+
+
+@pytest.mark.parametrize("raw", [
+    [{"device": d, "stage": s, "name": f"n{i % 3}", "time_us": 10 * i} for i, (d, s) in
+     enumerate([(0, "START"), (1, "START"), (0, "END"), (1, "END"), (0, "START")])],
+    [{"device": 0, "stage": "START", "time_us": 5}, {"device": 0, "stage": "END", "name": "x", "time_us": -(1 << 63)}],
+    [{"device": 0, "stage": "START", "name": ["x"], "time_us": 1}, {"device": True, "stage": "END", "time_us": 2}],
+    [{"device": 0, "stage": "STOP", "name": "x", "time_us": 1 << 63}, "not a dict"],
+    [],
+])
+def test_annotations_read_in_c_passes_as_one_by_one(raw, monkeypatch):
+    """The C-pass reading of ``external_annotations`` appends what the per-record loop appends, in the same order,
+    and leaves the malformed cases to it (the same records kept, the same warning)."""
+    from oomdoctor.trace import build
+
+    def read(alike: bool):
+        devices = {d: build.DeviceTrace(d, build._empty_events(), []) for d in (0, 1)}
+        warnings: list[str] = []
+        if not alike:
+            monkeypatch.setattr(build, "_annotations_alike", lambda raw, devices: False)
+        build._annotations(raw, devices, warnings)
+        monkeypatch.undo()
+        return {d: dt.annotations for d, dt in devices.items()}, warnings
+
+    assert read(True) == read(False)

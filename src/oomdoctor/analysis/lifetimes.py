@@ -158,7 +158,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
                    ci, np.full(ci.size, PENDING_AT_START), ev_stack[ci]))
 
     # rows 4: ghosts: active final blocks whose address never appears in the trace
-    seen = set(np.unique(sa).tolist())
+    seen = set(sa[new_group].tolist())  # the distinct addresses: sa is sorted
     final_active = {}
     ghosts = []
     for seg, blk in dt.blocks():

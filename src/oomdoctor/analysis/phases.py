@@ -43,6 +43,8 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter
 
 import numpy as np
 
@@ -69,8 +71,9 @@ from ..frameworks import (
     matches,
     normalize_path,
 )
-from ..trace.model import ALLOC, DeviceTrace, StackTable, Trace
+from ..trace.model import ALLOC, Annotation, DeviceTrace, StackTable, Trace
 from ..trace.stackmatch import unmatched_allocations
+from .arrays import distinct
 from .sites import per_table
 
 # role / phase codes
@@ -296,6 +299,17 @@ OPTIMIZER_ZERO_GRAD = "Optimizer.zero_grad#"
 """Prefix of the scope of every ``torch.optim.Optimizer.zero_grad`` (``_zero_grad_profile_name``)."""
 
 
+def annotations_named(dt: DeviceTrace, prefix: str | tuple[str, ...]) -> list[Annotation]:
+    """The annotations of ``dt`` whose name starts with ``prefix``, in their order. Filtered in C passes
+    (``map``/``compress``), not one Python test per record: a trace holds tens of thousands (23,520 on
+    ``large``), and the phases, steps and detectors ask for a few of them several times."""
+    anns = dt.annotations
+    return list(compress(anns, map(str.startswith, map(_NAME, anns), repeat(prefix))))
+
+
+_NAME = attrgetter("name")
+
+
 def annotation_windows(dt: DeviceTrace, prefix: str | tuple[str, ...]) -> np.ndarray:
     """``(start_us, end_us)`` rows of the annotated scopes whose name starts with ``prefix``, START and END
     paired in order per name (a scope still open at the end closes at the last event). Shape ``(n, 2)``."""
@@ -303,7 +317,7 @@ def annotation_windows(dt: DeviceTrace, prefix: str | tuple[str, ...]) -> np.nda
     out: list[tuple[int, int]] = []
     # filtered, then sorted (stable: the same order as sorting all of them first), so the sort sees only the
     # scopes asked for, not every annotation of the trace (23,520 on `large`, docs/benchmarks.md)
-    for a in sorted([a for a in dt.annotations if a.name.startswith(prefix)], key=lambda x: x.time_us):
+    for a in sorted(annotations_named(dt, prefix), key=lambda x: x.time_us):
         if a.stage == "START":
             opened.setdefault(a.name, []).append(a.time_us)
         elif a.stage == "END" and opened.get(a.name):
@@ -515,7 +529,7 @@ def _passes(allocs: np.ndarray, model: np.ndarray, smoothed: np.ndarray, stack: 
         # a run opening with the batch's transfer: its first entry is that pass's, and its repeats begin the next
         # ones; a run opening with model code (a trace that begins mid-batch): the first entry is the next batch's
         starts.extend((same[same > rs] if model[rs] else same[1:]).tolist())
-    return np.unique(allocs[np.array(starts, dtype=np.int64)])
+    return distinct(allocs[np.array(starts, dtype=np.int64)])
 
 
 def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarray) -> Steps | None:
@@ -530,7 +544,7 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
             times = np.zeros(0, np.int64)
         if times.size:
             at = np.searchsorted(t, times, side="left")
-            starts = np.unique(at)
+            starts = distinct(at)
             starts = starts[starts < n]
             if starts.size:
                 ends_in_trace = int(np.count_nonzero((times > t[0]) & (times <= t[-1])))
@@ -538,14 +552,15 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
                 first = number if isinstance(number, int) and not isinstance(number, bool) and number >= 0 else 0
                 return Steps(starts, "markers", ends_in_trace, first)
     if dt.annotations and n:
-        prof = sorted(a.time_us for a in dt.annotations if a.stage == "START" and _PROFILER_STEP.match(a.name))
+        prof = sorted(a.time_us for a in annotations_named(dt, "ProfilerStep#")
+                      if a.stage == "START" and _PROFILER_STEP.match(a.name))
         if len(prof) >= 2:
-            s = np.unique(np.searchsorted(t, np.array(prof), side="left"))
+            s = distinct(np.searchsorted(t, np.array(prof), side="left"))
             return Steps(s[s < n], "annotations", len(s) - 1)
-        opt_end = sorted(a.time_us for a in dt.annotations if a.stage == "END" and a.name.startswith(OPTIMIZER_STEP))
+        opt_end = sorted(a.time_us for a in annotations_named(dt, OPTIMIZER_STEP) if a.stage == "END")
         if opt_end:
             ends = np.searchsorted(t, np.array(opt_end), side="right")
-            s = np.unique(np.concatenate(([0], ends)))
+            s = distinct(np.concatenate(([0], ends)))
             return Steps(s[s < n], "annotations", len(opt_end))
         # no step scope (a torch.compile-d step() runs without Optimizer.step#, PyTorch's recipe), but zero_grad's
         # scope is still recorded: one per iteration, before or after the update, so each one ends a step
@@ -563,5 +578,5 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
     last_open = bool(o[-1])
     if ends.size == 0 and not last_open:
         return None
-    starts = np.unique(np.concatenate(([0], allocs[ends])))
+    starts = distinct(np.concatenate(([0], allocs[ends])))
     return Steps(starts[starts < n], "optimizer frames", int(ends.size + last_open))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .accounting import ACTIVATIONS, Accounting
+from .arrays import distinct
 from .lifetimes import Lifetimes
 from .phases import FORWARD_PHASE, Phases, table_roles
 
@@ -33,7 +34,7 @@ def in_flight(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> int
     rows = np.flatnonzero(lt.allocated_mask(k) & (acc.category == ACTIVATIONS) & (lt.alloc >= 0))
     if rows.size == 0:
         return 0
-    passes = int(np.unique(ph.pass_of(lt.alloc[rows])).size)
+    passes = int(distinct(ph.pass_of(lt.alloc[rows])).size)
     loss = {s for s, fids in enumerate(stacks.stacks)
             if fids and any(stacks.frames[f][2] in LOSS_NAMES for f in fids[:4])}
     if not loss:

@@ -6,7 +6,12 @@ The only part of oomdoctor that imports torch, and only inside functions: import
 works without torch.
 """
 
+from .._lazy import lazy_attributes
 from .files import CaptureError
-from .recorder import DEFAULT_MAX_ENTRIES, Recorder, parse_steps
+
+# the recorder (and the sidecar's modules: socket, ...) only where it is used: `oomdoctor diagnose` imports
+# capture.files to write its output, and nothing else of this package (start-up: docs/benchmarks.md)
+__getattr__ = lazy_attributes(__name__, {"DEFAULT_MAX_ENTRIES": "recorder", "Recorder": "recorder",
+                                         "parse_steps": "recorder"})
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "CaptureError", "Recorder", "parse_steps"]

@@ -26,7 +26,6 @@ import errno
 import json
 import os
 import re
-import secrets
 import stat
 from typing import Any
 
@@ -208,7 +207,7 @@ def _write_all(fd: int, data: bytes, sync: bool = False) -> None:
 def _replace(final: str, data: bytes, st: os.stat_result | None) -> None:
     d, base = os.path.split(final)
     # os.open with 0o666 honours the umask like open() does (mkstemp would force 0o600)
-    tmp = os.path.join(d, f".{base[:_MAX_NAME]}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(d, f".{base[:_MAX_NAME]}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:

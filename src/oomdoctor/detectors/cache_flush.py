@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis.arrays import distinct
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import counters
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, OPTIMIZER_PHASE
@@ -152,7 +153,7 @@ def _flush_cost(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray) -> t
     t, act = ev["time_us"], ev["action"]
     n = t.shape[0]
     total = 0
-    for b in np.unique(burst_id).tolist():
+    for b in distinct(burst_id).tolist():
         members = frees[burst_id == b]
         total += int(t[int(members.max())] - t[max(int(members.min()) - 1, 0)])
     later = np.flatnonzero(((act == SEGMENT_ALLOC) | (act == SEGMENT_MAP)) & (np.arange(n) > int(frees.min())))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
+from ..analysis.phases import annotations_named
 from ..analysis.sites import group_sites
 from ..trace.model import SEGMENT_ALLOC
 from ..units import MiB
@@ -56,8 +57,8 @@ def _owners(a: DeviceAnalysis, rows: np.ndarray) -> np.ndarray:
     before = lt.free_requested[rows] < 0
     owner[before] = "unknown"
     # collectives: an nccl:* scope starts while the block is allocated
-    starts = np.array(sorted(x.time_us for x in a.device.annotations
-                             if x.stage == "START" and x.name.startswith("nccl:")), dtype=np.int64)
+    starts = np.array(sorted(x.time_us for x in annotations_named(a.device, "nccl:") if x.stage == "START"),
+                      dtype=np.int64)
     if starts.size:
         tu = a.device.events["time_us"]
         t0 = np.where(lt.alloc[rows] >= 0, tu[np.maximum(lt.alloc[rows], 0)], tu[0])
@@ -70,7 +71,7 @@ def _owners(a: DeviceAnalysis, rows: np.ndarray) -> np.ndarray:
 
 
 def _collective_names(a: DeviceAnalysis) -> list[str]:
-    names = sorted({x.name[len("nccl:"):] for x in a.device.annotations if x.name.startswith("nccl:")})
+    names = sorted({x.name[len("nccl:"):] for x in annotations_named(a.device, "nccl:")})
     return names
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.accounting import OUTPUTS
+from ..analysis.arrays import distinct, distinct_columns
 from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import GENERATION_PHASE, role_index
 from ..analysis.sites import group_sites
@@ -54,7 +55,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     rows = rows[~rows_with(pp, lt.stack[rows])]
     if rows.size == 0:
         return None
-    passes = np.unique(ph.pass_of(lt.alloc[rows][lt.alloc[rows] >= 0]))  # the passes the trace shows
+    passes = distinct(ph.pass_of(lt.alloc[rows][lt.alloc[rows] >= 0]))  # the passes the trace shows
     regrown = _regrown(a, rows)
     if passes.size < MIN_PASSES and not regrown:
         return None  # one batch's outputs held while the next runs (a variable reassigned late) do not grow
@@ -67,7 +68,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     # model code's sites kept per batch: a graph keeps the saved tensors of every layer, outputs one or two
     ri = role_index(a.trace)
     in_model = rows[(lt.alloc[rows] >= 0) & ri.lookup(ri.model, lt.stack[rows])]
-    sites = np.unique(np.stack([ph.pass_of(lt.alloc[in_model]), lt.stack[in_model]]), axis=1)
+    sites = distinct_columns(np.stack([ph.pass_of(lt.alloc[in_model]), lt.stack[in_model]]))
     per_pass = int(np.median(np.unique(sites[0], return_counts=True)[1])) if in_model.size else 0
     evidence = {
         "kept_bytes": kept,
@@ -128,7 +129,7 @@ def _regrown(a: DeviceAnalysis, rows: np.ndarray) -> int:
         return 0
     best = 0
     born = np.where(lt.alloc >= 0, ph.phase[np.clip(lt.alloc, 0, max(a.num_events - 1, 0))], -1)
-    for s in np.unique(lt.stack[rows]).tolist():
+    for s in distinct(lt.stack[rows]).tolist():
         # inside generate() the token ids, mask and cache grow with every token by design
         mine = np.flatnonzero((lt.stack == s) & (a.accounting.category == OUTPUTS) & (lt.alloc >= 0)
                               & (born != GENERATION_PHASE))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis.arrays import distinct
 from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import live_segments
 from ..analysis.rounding import K_MIN_LARGE_ALLOC
@@ -44,7 +45,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     an = a.anatomy_at(k)
     segs = live_segments(a.device, k)
     starts = np.array([s.address for s in segs], dtype=np.int64)
-    si = np.unique(np.searchsorted(starts, lt.addr[rows], side="right") - 1)
+    si = distinct(np.searchsorted(starts, lt.addr[rows], side="right") - 1)
     pinned_segments = {int(i) for i in si if i >= 0}
     # free bytes in the segments these blocks pin, from the final state
     final = {s.address: s for s in a.device.segments}

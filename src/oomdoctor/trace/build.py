@@ -11,6 +11,7 @@ Unknown keys are ignored; unknown trace actions are skipped with a warning.
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 from itertools import chain, count, repeat
 from operator import itemgetter
@@ -132,6 +133,8 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
         warnings.append(f"'external_annotations' is a {type(raw).__name__}, not a list: skipped "
                         "(annotations hold no bytes)")
         return
+    if _annotations_alike(raw, devices):
+        return
     bad = 0
     for a in raw:
         if not isinstance(a, dict):
@@ -147,6 +150,35 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
         warnings.append(f"{bad} malformed external annotations were skipped (a device, stage, name or time_us "
                         "of the wrong type or out of range); they hold no bytes")
 
+
+
+def _annotations_alike(raw: list, devices: dict[int, DeviceTrace]) -> bool:
+    """The usual case of :func:`_annotations`, checked and read in C passes (``map``, ``set``, ``min``/``max``)
+    instead of one Python iteration per record: every record a dict with an ``int`` device of the snapshot, a
+    ``START``/``END`` stage, a ``str`` name (absent: ``""``) and an ``int`` time in the signed 64-bit range. Appends
+    them and returns True; returns False, appending nothing, when any record is otherwise (the loop then skips
+    and counts the bad ones)."""
+    if not raw or set(map(type, raw)) != {dict}:
+        return not raw
+    devs = list(map(dict.get, raw, repeat("device")))
+    stages = list(map(dict.get, raw, repeat("stage")))
+    names = list(map(dict.get, raw, repeat("name"), repeat("")))
+    times = list(map(dict.get, raw, repeat("time_us")))
+    try:
+        distinct_devs = set(devs)
+        if (set(map(type, devs)) != {int} or not distinct_devs <= devices.keys()
+                or not set(stages) <= {"START", "END"} or not all(isinstance(n, str) for n in set(names))
+                or set(map(type, times)) != {int} or not (-_I63 <= min(times) and max(times) < _I63)):
+            return False
+    except TypeError:  # an unhashable device, stage or name
+        return False
+    anns = list(map(Annotation, names, stages, times))
+    if len(distinct_devs) == 1:
+        devices[devs[0]].annotations.extend(anns)
+    else:
+        for d, a in zip(devs, anns):
+            devices[d].annotations.append(a)
+    return True
 
 class _StackRef:
     """What a drained entry's ``frames`` list is shrunk to: ``[_StackRef]`` holding one shared copy of
@@ -343,30 +375,14 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     """Columns for one device's trace (``entries``, which start at index ``offset`` of it). Every pass
     over the entries runs in C (``map`` with ``itemgetter``/``dict.get``), which keeps a 271k-event trace
     at a fraction of its unpickling time. ``refs``: frames lists may be ``[_StackRef]`` (streamed in)."""
-    try:  # an entry that is not a dict raises TypeError here: the checks below say which
-        names = list(map(_get_action, entries))
-    except (KeyError, TypeError):
-        if set(map(type, entries)) - {dict}:
-            bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
-            raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
-                                      "expected a dict") from None
-        bad = next(i for i, e in enumerate(entries) if "action" not in e)
-        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] has no 'action'") from None
     codes_map = ACTION_CODES
-    try:
-        distinct = set(names)
-    except TypeError:
-        raise SnapshotError(path, f"device_traces[{dev}]: an 'action' is not a string") from None
-    if distinct - codes_map.keys():
-        counts = Counter(n for n in names if n not in codes_map)
-        warnings.append("skipped trace actions this version does not know: "
-                        + ", ".join(f"{n!r} x{c}" for n, c in sorted(counts.items(), key=lambda kv: str(kv[0]))))
-        keep = [i for i, n in enumerate(names) if n in codes_map]
-        entries = [entries[i] for i in keep]
-        names = [names[i] for i in keep]
-    n = len(entries)
     cols: dict[str, np.ndarray] = {}
-    cols["action"] = np.fromiter(map(codes_map.__getitem__, names), dtype=np.int8, count=n)
+    try:  # the usual case, every entry a dict with a known action: one pass
+        cols["action"] = np.fromiter(map(codes_map.__getitem__, map(_get_action, entries)), dtype=np.int8,
+                                     count=len(entries))
+    except (KeyError, TypeError):
+        entries, cols["action"] = _checked_actions(path, dev, entries, warnings, offset)
+    n = len(entries)
 
     def int_col(key: str, default: int) -> np.ndarray:
         try:
@@ -399,26 +415,81 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
                                   "no allocation or segment reaches 2**48 bytes (256 TiB)")
     cols["stream"] = np.ascontiguousarray(four[:, 2]) if four is not None else int_col("stream", 0)
     cols["time_us"] = np.ascontiguousarray(four[:, 3]) if four is not None else int_col("time_us", 0)
-    cols["device_free"] = int_col("device_free", -1)
-    cols["stack"] = _stack_col(path, entries, t, refs)
-    cols["pool"] = _table_col(path, entries, "pool_id", t.pool, lambda v: v is None)
-    cols["user_metadata"] = _table_col(path, entries, "user_metadata", t.string, lambda v: v in _NO_STRING)
-    cols["compile_context"] = _table_col(path, entries, "compile_context", t.string, lambda v: v in _NO_STRING)
+    # A key read from every entry is "present"; when every entry has as many keys as the first and each of the
+    # first's keys is present, all entries have the same keys, and one the first lacks (``device_free`` and
+    # ``pool_id`` on most traces) is absent from all: its column is the default, without a pass over the entries.
+    present = {"action"} | ({"addr", "size", "stream", "time_us"} if four is not None else set())
+    frame_lists = _field(entries, "frames", (), present)
+    user_metadata = _table_col(_field(entries, "user_metadata", None, present), t.string, lambda v: v in _NO_STRING)
+    compile_context = _table_col(_field(entries, "compile_context", None, present), t.string,
+                                 lambda v: v in _NO_STRING)
+    first = entries[0].keys() if n else ()
+    alike = bool(n) and first <= present and set(map(len, entries)) == {len(first)}
+
+    def absent(key: str) -> bool:
+        return alike and key not in first
+
+    cols["device_free"] = np.full(n, -1, dtype=np.int64) if absent("device_free") else int_col("device_free", -1)
+    cols["stack"] = _stack_col(path, frame_lists, t, refs)
+    cols["pool"] = (np.full(n, -1, dtype=np.int32) if absent("pool_id")
+                    else _table_col(_field(entries, "pool_id", None, present), t.pool, lambda v: v is None))
+    cols["user_metadata"] = user_metadata
+    cols["compile_context"] = compile_context
     return cols
 
 
-def _table_col(path: str, entries: list, key: str, intern: Any, is_default: Any) -> np.ndarray:
-    """Interned ids of an entry field that holds no bytes (pool id, metadata strings); -1 for none. A value
-    that cannot be a key (a dict, a nested list) counts as none: the field is labels, not memory."""
-    n = len(entries)
-    values = map(dict.get, entries, repeat(key))
+def _field(entries: list, key: str, default: Any, present: set[str]) -> list:
+    """``key`` of every entry (all dicts), ``default`` where absent; ``key`` is added to ``present`` when no entry
+    lacks it."""
+    try:
+        got = list(map(itemgetter(key), entries))
+    except KeyError:
+        return list(map(dict.get, entries, repeat(key), repeat(default)))
+    present.add(key)
+    return got
+
+
+def _checked_actions(path: str, dev: int | str, entries: list, warnings: list[str], offset: int
+                     ) -> tuple[list, np.ndarray]:
+    """``entries`` without those whose action this version does not know (named in a warning), and their action
+    codes. Raises :class:`SnapshotError` for an entry that is not a dict, has no ``action``, or whose action is
+    not a string."""
+    try:  # an entry that is not a dict raises TypeError here: the checks below say which
+        names = list(map(_get_action, entries))
+    except (KeyError, TypeError):
+        if set(map(type, entries)) - {dict}:
+            bad = next(i for i, e in enumerate(entries) if not isinstance(e, dict))
+            raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] is a {type(entries[bad]).__name__}, "
+                                      "expected a dict") from None
+        bad = next(i for i, e in enumerate(entries) if "action" not in e)
+        raise SnapshotError(path, f"device_traces[{dev}][{offset + bad}] has no 'action'") from None
+    codes_map = ACTION_CODES
+    try:
+        distinct = set(names)
+    except TypeError:
+        raise SnapshotError(path, f"device_traces[{dev}]: an 'action' is not a string") from None
+    if distinct - codes_map.keys():
+        counts = Counter(n for n in names if n not in codes_map)
+        warnings.append("skipped trace actions this version does not know: "
+                        + ", ".join(f"{n!r} x{c}" for n, c in sorted(counts.items(), key=lambda kv: str(kv[0]))))
+        keep = [i for i, n in enumerate(names) if n in codes_map]
+        entries = [entries[i] for i in keep]
+        names = [names[i] for i in keep]
+    return entries, np.fromiter(map(codes_map.__getitem__, names), dtype=np.int8, count=len(entries))
+
+
+def _table_col(values: list, intern: Any, is_default: Any) -> np.ndarray:
+    """Interned ids of an entry field that holds no bytes (pool id, metadata strings), given its ``values`` (one
+    per entry); -1 for none. A value that cannot be a key (a dict, a nested list) counts as none: the field is
+    labels, not memory."""
+    n = len(values)
     try:
         distinct = set(values)
     except TypeError:  # unhashable values (lists for pool ids in JSON)
         distinct = None
     if distinct is not None and all(is_default(v) for v in distinct):
         return np.full(n, -1, dtype=np.int32)
-    vals = [tuple(v) if isinstance(v, list) else v for v in map(dict.get, entries, repeat(key))]
+    vals = [tuple(v) if isinstance(v, list) else v for v in values]
     try:
         ids = {v: intern(v) for v in set(vals)}
     except TypeError:
@@ -435,29 +506,91 @@ def _hashable(v: Any) -> bool:
     return True
 
 
-def _stack_col(path: str, entries: list, t: _Tables, refs: bool = False) -> np.ndarray:
-    """Intern each entry's frames. Pickled snapshots share frame dicts through the pickle memo, so a
+def _stack_col(path: str, frame_lists: list, t: _Tables, refs: bool = False) -> np.ndarray:
+    """Intern each entry's frames (``frame_lists``: its ``frames``, ``()`` when absent). Pickled snapshots share frame dicts through the pickle memo, so a
     key made of the frame dicts' identities finds repeated stacks without hashing their text; each key
-    maps to the index of its first entry (``setdefault`` with a counter, all in C). ``refs``: a frames
-    list shrunk by :meth:`Drained.drain` stands for the frames its ``_StackRef`` holds."""
-    n = len(entries)
-    frame_lists = list(map(dict.get, entries, repeat("frames"), repeat(())))
+    maps to the index of its first entry, and stacks are interned in the order of their first entries.
+    ``refs``: a frames list shrunk by :meth:`Drained.drain` stands for the frames its ``_StackRef`` holds.
+
+    The keys are compared in NumPy (:func:`_first_of_identical`); where that cannot be used (a ``frames``
+    that is not a sequence), one key tuple per entry (``setdefault`` with a counter, in C). Both give the
+    same stack ids: stacks are interned by content, in the order of their first entries."""
+    n = len(frame_lists)
     if refs:
         frame_lists = [f[0].frames if f.__class__ is list and len(f) == 1 and f[0].__class__ is _StackRef else f
                        for f in frame_lists]
     try:
-        keys: dict[tuple[int, ...], int] = {}
-        first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
-                               dtype=np.int64, count=n)
-    except TypeError:  # 'frames' of the wrong type on some entries: those get no stack, counted in a warning
-        t.bad_frames += sum(1 for f in frame_lists if f is not None and not isinstance(f, (list, tuple)))
-        frame_lists = [f if isinstance(f, (list, tuple)) else () for f in frame_lists]
-        keys = {}
-        first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
-                               dtype=np.int64, count=n)
-    firsts = np.fromiter(keys.values(), dtype=np.int64, count=len(keys))
+        first_of = _first_of_identical(frame_lists)
+    except TypeError:  # a 'frames' that is not a sequence (None, a number): keyed one by one below
+        first_of = None
+    if first_of is not None:
+        firsts = np.flatnonzero(first_of == np.arange(n))
+    else:
+        try:
+            keys: dict[tuple[int, ...], int] = {}
+            first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
+                                   dtype=np.int64, count=n)
+        except TypeError:  # 'frames' of the wrong type on some entries: those get no stack, counted in a warning
+            t.bad_frames += sum(1 for f in frame_lists if f is not None and not isinstance(f, (list, tuple)))
+            frame_lists = [f if isinstance(f, (list, tuple)) else () for f in frame_lists]
+            keys = {}
+            first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
+                                   dtype=np.int64, count=n)
+        firsts = np.fromiter(keys.values(), dtype=np.int64, count=len(keys))
     sid_of_first = np.full(n, -1, dtype=np.int32)
     for i in firsts.tolist():
         f = frame_lists[i]
         sid_of_first[i] = t.stack(path, list(f) if f else None)
     return sid_of_first[first_of] if n else np.zeros(0, dtype=np.int32)
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd: multiplying by it permutes uint64
+
+
+def _addresses(objs: np.ndarray) -> np.ndarray | None:
+    """``id()`` of every element of the object array ``objs``, read from its buffer of object pointers
+    (CPython's ``id`` is the object's address); None where that does not hold (another interpreter)."""
+    if not objs.size:
+        return np.zeros(0, dtype=np.int64)
+    if objs.itemsize != 8:  # pointers of another width (a 32-bit build): read nothing
+        return None
+    buf = (ctypes.c_int64 * objs.size).from_address(objs.__array_interface__["data"][0])
+    ptr = np.frombuffer(buf, dtype=np.int64).copy()
+    return ptr if int(ptr[0]) == id(objs[0]) and int(ptr[-1]) == id(objs[-1]) else None
+
+
+def _first_of_identical(frame_lists: list) -> np.ndarray | None:
+    """For each list, the index of the first list holding the same objects (by identity) in the same
+    order, as :func:`_stack_col`'s key tuples group them; None when it cannot be told this way.
+
+    Each list's objects are hashed from their addresses and positions (a sum of mixed 64-bit words,
+    wrapping), lists are grouped by (hash, length) with :func:`numpy.unique`, and every list is then
+    compared object by object with its group's first: on any mismatch (a hash collision) None is returned
+    and the caller keys the lists one by one. Raises TypeError when an element of ``frame_lists`` has no
+    length or cannot be iterated. About 4x fewer CPU seconds than one key tuple per list on the
+    271,109 entries (2,159,444 frames) of ``shared/snapshots/large`` (docs/benchmarks.md)."""
+    n = len(frame_lists)
+    lens = np.fromiter(map(len, frame_lists), dtype=np.int64, count=n)
+    total = int(lens.sum())
+    objs = np.fromiter(chain.from_iterable(frame_lists), dtype=object, count=total)
+    ptr = _addresses(objs)
+    del objs
+    if ptr is None:
+        return None
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    off = np.arange(total, dtype=np.int64) - np.repeat(starts, lens)  # each object's position in its list
+    with np.errstate(over="ignore"):
+        h = (ptr.view(np.uint64) + off.view(np.uint64)) * _MIX
+        h ^= h >> np.uint64(29)
+        h *= _MIX
+        csum = np.zeros(total + 1, dtype=np.uint64)
+        np.cumsum(h, out=csum[1:])
+        key = (csum[ends] - csum[starts]) ^ (lens.view(np.uint64) * _MIX)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    first_of = first[inverse.reshape(-1)]
+    if not np.array_equal(lens[first_of], lens):
+        return None
+    if total and not np.array_equal(ptr[np.repeat(starts[first_of], lens) + off], ptr):
+        return None
+    return first_of

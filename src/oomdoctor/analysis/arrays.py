@@ -1,0 +1,35 @@
+"""Array helpers the analyses share.
+
+:func:`distinct` and :func:`distinct_columns` give what ``np.unique(a)`` and ``np.unique(a, axis=1)`` give for
+integer arrays, by sorting. NumPy 2.x's ``np.unique`` without ``return_index``/``return_inverse``/``return_counts``
+asks ``np.ma.is_masked`` first, which imports ``numpy.ma`` (about 30 ms of a diagnosis's start-up,
+``numpy/lib/_arraysetops_impl.py``: ``_unique1d``); these never do (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def distinct(a: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of the integer array ``a`` (flattened), as ``np.unique(a)``."""
+    s = np.sort(np.asarray(a).ravel())
+    if s.size < 2:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def distinct_columns(a: np.ndarray) -> np.ndarray:
+    """The distinct columns of the 2-D integer array ``a``, sorted by the first row, then the next, as
+    ``np.unique(a, axis=1)``. Shape ``(a.shape[0], k)``."""
+    a = np.asarray(a)
+    if a.shape[1] < 2:
+        return a.copy()
+    s = a[:, np.lexsort(a[::-1])]
+    keep = np.empty(s.shape[1], dtype=bool)
+    keep[0] = True
+    np.any(s[:, 1:] != s[:, :-1], axis=0, out=keep[1:])
+    return s[:, keep]
