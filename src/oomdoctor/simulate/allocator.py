@@ -261,11 +261,12 @@ class CachingAllocator:
             size = b.size
         b.allocated = True
         b.requested = requested
-        self.allocated += size
+        allocated = self.allocated + size
+        self.allocated = allocated
         self.requested += requested
         self.active += size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
+        if allocated > self.peak_allocated:
+            self.peak_allocated = allocated
         return b
 
     def get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
