@@ -577,7 +577,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             if sync is not None and not immediate:
                 syncing = [b for fa in sync if (b := pend.pop(fa, None)) is not None]
             size = rounded[j]
-            b = malloc(size, requests[j] if kind == _MALLOC else size, st)
+            b = malloc(size, size if kind == _OOM else requests[j], st)
             if syncing:
                 for sb in syncing:
                     complete(sb)  # done by now if the fallback did not already sync
