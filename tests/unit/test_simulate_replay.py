@@ -170,3 +170,16 @@ def test_fallback_rule_tells_fallbacks_from_empty_cache():
     assert rule(high, **no_fraction)(1, 2)  # 77 GiB > 95% of 80: the device's own limit may have been hit
     assert not rule(peak10, memory_stats={"num_alloc_retries": 0})(2, 4)  # release_cached_blocks never ran
     assert rule(peak10, {"max_split_size": 256 << 20}, memory_stats={"num_alloc_retries": 0})(2, 4)
+
+
+def test_a_malloc_after_a_new_segment_counts_what_was_requested(tmp_path):
+    # the alloc right after its segment_alloc is replayed as that run's op, the next one from the cache as a
+    # plain malloc; both must count the bytes the program asked for, not the rounded block (issue 38: the
+    # faster loop once passed the rounded size for the first kind)
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    b.alloc(s1, 0, 12 * MiB, requested=12 * MiB - 100)        # right after its segment_alloc
+    b.alloc(s1, 12 * MiB, 8 * MiB, requested=8 * MiB - 300)   # from the split's remainder
+    r = replay(prepare(load(b.write(tmp_path / "requested.pickle"))))
+    assert r.model.allocated == 20 * MiB
+    assert r.model.requested == 20 * MiB - 400

@@ -198,11 +198,29 @@ class CachingAllocator:
     # ---- allocation -------------------------------------------------------------------------------
 
     def malloc(self, size: int, requested: int, stream: int) -> Block | None:
-        """``DeviceCachingAllocator::malloc`` for a request already rounded by ``round_size``."""
+        """``DeviceCachingAllocator::malloc`` for a request already rounded by ``round_size``.
+
+        The replay calls this once per ``alloc`` event, so the common case is written out here
+        (issue 38: per-event Python work): ``get_free_block``'s best fit when the candidate is not in an
+        expandable segment and no ``max_split_size`` is set (the oversize rules and the expandable walk
+        stay in :meth:`get_free_block`), and ``insert_into_blocks`` of the split's remainder."""
         if self.done:
             self.process_events()
         pool = self.small if size <= K_SMALL_SIZE else self.large
-        b = self.get_free_block(pool, size, stream)
+        if self.gc_active:
+            pool.gc_calls += 1
+        lst = pool.lists.get(stream)
+        b = None
+        if lst:
+            i = bisect_left(lst, size << KEY_SHIFT)
+            if i < len(lst):
+                key = lst[i]
+                b = pool.by_key[key]
+                if b.segment is None and self.mss is None:
+                    del lst[i]
+                    del pool.by_key[key]
+                else:
+                    b = self._best_fit(pool, lst, i, b, size)
         if b is None:
             alloc_size = allocation_size(size)
             if self.gc_active:
@@ -219,24 +237,36 @@ class CachingAllocator:
         remaining = b.size - size
         if (remaining >= K_MIN_BLOCK_SIZE) if (pool.is_small or self.expandable) else (
                 remaining > K_SMALL_SIZE and (self.mss is None or size < self.mss)):
-            front = Block(b.ptr, size, stream, pool, b.segment)  # the front part is allocated
+            ptr = b.ptr
+            front = Block(ptr, size, stream, pool, b.segment)  # the front part is allocated
             prev = b.prev
             front.prev = prev
             front.next = b
             if prev is not None:
                 prev.next = front
             b.prev = front
-            b.ptr += size
+            ptr += size
+            b.ptr = ptr
             b.size = remaining
-            pool.insert(b)
+            # pool.insert(b), written out
+            key = (remaining << KEY_SHIFT) | ptr
+            lst = pool.lists.get(b.stream)
+            if lst is None:
+                lst = pool.lists[b.stream] = []
+            insort(lst, key)
+            pool.by_key[key] = b
+            b.gc_base = pool.gc_calls
             b = front
+        else:
+            size = b.size
         b.allocated = True
         b.requested = requested
-        self.allocated += b.size
+        allocated = self.allocated + size
+        self.allocated = allocated
         self.requested += requested
-        self.active += b.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
+        self.active += size
+        if allocated > self.peak_allocated:
+            self.peak_allocated = allocated
         return b
 
     def get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
@@ -248,11 +278,15 @@ class CachingAllocator:
         if not lst:
             return None
         i = bisect_left(lst, size << KEY_SHIFT)
-        n = len(lst)
-        if i == n:
+        if i == len(lst):
             return None
+        return self._best_fit(pool, lst, i, pool.by_key[lst[i]], size)
+
+    def _best_fit(self, pool: BlockPool, lst: list[int], i: int, b: Block, size: int) -> Block | None:
+        """The rest of :meth:`get_free_block` from the smallest candidate ``b`` = ``lst[i]`` (>= ``size``):
+        the expandable walk, the oversize rules; removes the block it returns from the pool."""
+        n = len(lst)
         by_key = pool.by_key
-        b = by_key[lst[i]]
         if b.segment is not None:
             if self.expandable:
                 # best fit by the size a block can grow to: a free block followed by unmapped pages
@@ -356,13 +390,54 @@ class CachingAllocator:
             self.free_block(b)
 
     def free_block(self, b: Block) -> None:
-        """``free_block``: merge with free neighbours of the same mapped state, return to the pool."""
-        self.active -= b.size
+        """``free_block``: merge with free neighbours of the same mapped state, return to the pool.
+
+        Called once per ``free_requested`` event of a replay, so ``try_merge_blocks`` of two mapped
+        blocks and ``insert_into_blocks`` are written out here (issue 38); :meth:`_merge` does the rest."""
+        size = b.size
+        self.active -= size
         self.requested -= b.requested
         pool = b.pool
-        self._merge(b, b.prev, pool)
-        self._merge(b, b.next, pool)
-        pool.insert(b)
+        mapped = b.mapped
+        src = b.prev
+        if src is not None and not src.allocated and not src.event_count:
+            if mapped and src.mapped:
+                key = (src.size << KEY_SHIFT) | src.ptr
+                lst = pool.lists[src.stream]
+                del lst[bisect_left(lst, key)]
+                del pool.by_key[key]
+                b.ptr = src.ptr
+                p = b.prev = src.prev
+                if p is not None:
+                    p.next = b
+                size += src.size
+                b.size = size
+            elif src.mapped == mapped:
+                self._merge(b, src, pool)
+                size = b.size
+        src = b.next
+        if src is not None and not src.allocated and not src.event_count:
+            if mapped and src.mapped:
+                key = (src.size << KEY_SHIFT) | src.ptr
+                lst = pool.lists[src.stream]
+                del lst[bisect_left(lst, key)]
+                del pool.by_key[key]
+                nx = b.next = src.next
+                if nx is not None:
+                    nx.prev = b
+                size += src.size
+                b.size = size
+            elif src.mapped == mapped:
+                self._merge(b, src, pool)
+                size = b.size
+        # pool.insert(b), written out
+        key = (size << KEY_SHIFT) | b.ptr
+        lst = pool.lists.get(b.stream)
+        if lst is None:
+            lst = pool.lists[b.stream] = []
+        insort(lst, key)
+        pool.by_key[key] = b
+        b.gc_base = pool.gc_calls
 
     @staticmethod
     def _merge(dst: Block, src: Block | None, pool: BlockPool) -> int:

@@ -27,8 +27,11 @@ allocated afresh, in address order, so the what-if layout is that config's own.
 
 from __future__ import annotations
 
+import gc
 import time
 from bisect import bisect_left, insort
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,8 +61,11 @@ from .pools import private_pools
 RECORDED = "recorded"
 IMMEDIATE = "immediate"
 
-# replay operations
-_MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE, _EXTERNAL = range(7)
+# replay operations: (_MALLOC, event, stream, addr) is a malloc with nothing around it;
+# (_MALLOC_RUN | _OOM, event, stream, addr, process_events addrs, synced addrs, released) one after a run of
+# segment / free_completed entries; (_FREE | _FREE_DEFERRED, event, addr); (_EMPTY_CACHE, event);
+# (_DONE, event, addrs); (_EXTERNAL, event, bytes)
+_MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE, _EXTERNAL, _MALLOC_RUN = range(8)
 _SEG = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 _RELEASE = (SEGMENT_FREE, SEGMENT_UNMAP)
 _NEW = (SEGMENT_ALLOC, SEGMENT_MAP)
@@ -169,9 +175,30 @@ class Prepared:
     external_start: int = 0  # bytes of private-pool segments alive at the trace's start
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector waits while a replay is prepared or runs: both create objects by
+    the hundred thousand (ops, blocks) while the trace's own objects are alive, and the collections this
+    triggers scanned all of them again (on ``large``, 271k events: 0.3-0.6 s of a 0.4 s ``prepare``,
+    a gen-2 collection among them; issue 38). Nothing they create needs collecting before they return
+    (the model's blocks form cycles, prev <-> next, collected once the replay's result is dropped)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | None = None) -> Prepared:
     """Classify the events of ``device`` (default: the trace's primary device) into replay operations.
     ``lt``: its lifetimes when already computed. Pure; O(events)."""
+    with _gc_paused():
+        return _prepare(trace, device, lt)
+
+
+def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> Prepared:
     dt = device if device is not None else trace.primary
     lt = lt if lt is not None else lifetimes(trace, dt)
     recorded = config_from_settings(trace.allocator_settings)
@@ -210,6 +237,21 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
     warnings: list[str] = []
     grouped_l = grouped.tolist()
     fr_def_l = fr_deferred.tolist()
+    # The ops of the events outside runs, built at once (issue 38: the per-event loop below took 0.2-0.4 s
+    # on 271k events); a run's next alloc/oom is the run's own op, so it is left out here.
+    act_o = action[order]
+    simple = np.isin(act_o, (ALLOC, OOM, FREE_REQUESTED)) & ~grouped
+    if m > 1:
+        simple[1:] &= ~(grouped[:-1] & ~grouped[1:] & np.isin(act_o[1:], (ALLOC, OOM)))
+    sel = np.flatnonzero(simple)
+    simple_ops = [(_MALLOC, j, st, ad) if k == ALLOC else (k2, j, ad) if k == FREE_REQUESTED
+                  else (_OOM, j, st, ad, None, None, False)
+                  for k, k2, j, st, ad in zip(act_o[sel].tolist(), np.where(fr_deferred[sel], _FREE_DEFERRED,
+                                                                               _FREE).tolist(),
+                                              order[sel].tolist(), dt.events["stream"][order[sel]].tolist(),
+                                              addr_np[order[sel]].tolist())]
+    sel_l = sel.tolist()
+    run_starts = np.flatnonzero(grouped).tolist()  # the next grouped position at or after q: bisect in this
 
     def flush(before: int) -> None:
         """Private-pool segment entries before event ``before``, as recorded."""
@@ -256,7 +298,7 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
                 marks[len(ops)] = (idx[cut] if cut < m else n, g1)
                 # releases read as this malloc's fallback: without a cap no fallback can happen, so a
                 # replay without one runs them as the empty_cache() they then were
-                ops.append((_OOM if nxt == OOM else _MALLOC, g1, stream[q1], addr[q1],
+                ops.append((_OOM if nxt == OOM else _MALLOC_RUN, g1, stream[q1], addr[q1],
                             [addr[k] for k in pe] or None, [addr[k] for k in sync] or None, bool(rel)))
                 q = q1 + 1
                 continue
@@ -268,10 +310,15 @@ def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | Non
             if fcs:
                 ops.append((_DONE, g0, fcs))
             continue
+        qg = run_starts[r] if (r := bisect_left(run_starts, q)) < len(run_starts) else m  # the stretch [q, qg)
+        if ext_i >= len(external) or external[ext_i][0] >= idx[qg - 1]:  # no private entry inside it
+            ops.extend(simple_ops[bisect_left(sel_l, q):bisect_left(sel_l, qg)])
+            q = qg
+            continue
         j = idx[q]
         flush(j)
         if a == ALLOC:
-            ops.append((_MALLOC, j, stream[q], addr[q], None, None, False))
+            ops.append((_MALLOC, j, stream[q], addr[q]))
         elif a == OOM:
             ops.append((_OOM, j, stream[q], addr[q], None, None, False))
         elif a == FREE_REQUESTED:
@@ -443,6 +490,12 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
     compares the simulated segment entries and reserved bytes with the recording.
     Raises :class:`SimulationError` for the ``cudaMallocAsync`` backend or an unknown mode.
     """
+    with _gc_paused():
+        return _replay(prepared, config, deferred_frees, capacity, validate)
+
+
+def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: str, capacity: Capacity | None,
+            validate: bool | None) -> ReplayResult:
     if deferred_frees not in (RECORDED, IMMEDIATE):
         raise SimulationError(f"unknown deferred-free mode {deferred_frees!r} (recorded or immediate)")
     config = config if config is not None else prepared.recorded_config
@@ -491,7 +544,25 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
     last_event = prepared.device.num_events - 1
     for pos, op in enumerate(prepared.ops):
         kind = op[0]
-        if kind == _MALLOC or kind == _OOM:
+        if kind == _MALLOC:  # the common case, alone (issue 38)
+            j = op[1]
+            n0 = len(seg_events)
+            b = malloc(rounded[j], requests[j], op[2])
+            if len(seg_events) != n0:
+                seg_marks.append((j, j, n0, len(seg_events)))
+            if b is None:
+                req, alloc_size = sim.oom_request
+                oom = SimulatedOom(j, req, alloc_size)
+                last_event = j
+                break
+            live[op[3]] = b
+        elif kind == _FREE:
+            b = live.pop(op[2], None)
+            if b is None:
+                missing += 1
+            else:
+                free(b)
+        elif kind == _MALLOC_RUN or kind == _OOM:
             j, st, a, pe, sync = op[1], op[2], op[3], op[4], op[5]
             n0 = len(seg_events)
             if op[6] and uncapped:
@@ -506,7 +577,7 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
             if sync is not None and not immediate:
                 syncing = [b for fa in sync if (b := pend.pop(fa, None)) is not None]
             size = rounded[j]
-            b = malloc(size, requests[j] if kind == _MALLOC else size, st)
+            b = malloc(size, size if kind == _OOM else requests[j], st)
             if syncing:
                 for sb in syncing:
                     complete(sb)  # done by now if the fallback did not already sync
@@ -522,12 +593,6 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
                 free(b)  # the program never got this block: the recorded run raised here
             else:
                 live[a] = b
-        elif kind == _FREE:
-            b = live.pop(op[2], None)
-            if b is None:
-                missing += 1
-            else:
-                free(b)
         elif kind == _FREE_DEFERRED:
             b = live.pop(op[2], None)
             if b is None:

@@ -131,12 +131,14 @@ def run_many(prepared: Prepared, whatifs: list[WhatIf], capacity: Capacity, work
     """Replay every what-if, in worker processes (forked, sharing ``prepared``) when the work is large
     enough to pay for them; results in the order given."""
     global _WORKER_PREPARED
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     workers = workers if workers is not None else (os.cpu_count() or 1)
     work = prepared.device.num_events * len(whatifs)
-    if workers <= 1 or len(whatifs) <= 1 or work < PARALLEL_MIN_WORK or "fork" not in multiprocessing.get_all_start_methods():
+    if workers <= 1 or len(whatifs) <= 1 or work < PARALLEL_MIN_WORK:
+        return [_strip(replay(prepared, w.config, deferred_frees=w.deferred_frees, capacity=capacity)) for w in whatifs]
+    import multiprocessing  # only for a pool: one config (plain ``simulate``) imports neither
+    from concurrent.futures import ProcessPoolExecutor
+
+    if "fork" not in multiprocessing.get_all_start_methods():
         return [_strip(replay(prepared, w.config, deferred_frees=w.deferred_frees, capacity=capacity)) for w in whatifs]
     _WORKER_PREPARED = prepared
     try:
