@@ -15,6 +15,7 @@ Prints one line per problem and a count; exit 1 when any is found. ``--out DIR``
 - no internal word (:data:`INTERNAL_WORDS`): ``reach:``, ``device's room``, ``from inferred``, ``rank(s)``,
   a raw byte count of 11 digits or more written without thousands separators;
 - no nested parentheses within one paragraph (inside a box, the box's border is read past);
+- no number on one line and its unit on the next;
 - a wrapped line keeps its indent: a line that starts at the paragraph's left edge right after a line of
   that paragraph indented deeper and filled to within :data:`FULL` columns of the width is a wrap that
   went back to column 0;
@@ -50,6 +51,8 @@ _BOX_LEFT = re.compile(r"^[│┃║] ?")
 _BOX_RIGHT = re.compile(r" ?[│┃║]$")
 _BOX_EDGE = re.compile(r"^[╭┏╔╰┗╚┌└]")
 _RULE = re.compile(r"^\s*─[─ ]*$")
+_NUMBER_END = re.compile(r"(?<![:\w])\d+(?:\.\d+)?$")
+_UNIT_START = re.compile(r"^\s*(?:[KMGT]iB|B|GB|µs|ms|s)\b")
 
 
 def _inner(line: str) -> str:
@@ -137,9 +140,13 @@ def problems(text: str, width: int = WIDTH) -> list[str]:
         left = min(_indent(s) for _n, s in para)
         for (_a, prev), (n, s) in zip(para, para[1:]):
             inner_width = width - 4 if _BOX_LEFT.match(lines[n]) else width
-            if (_indent(s) == left and _indent(prev) > left and len(prev) >= inner_width - FULL
+            cells = "   " in prev.strip()  # a table row, not a wrapped paragraph
+            if (_indent(s) == left and _indent(prev) > left and len(prev) >= inner_width - FULL and not cells
                     and not _RULE.match(prev) and not s.lstrip().startswith(("─", "note", "rank"))):
                 out.append(f"line {n + 1}: a wrapped line lost its indent: {s.strip()!r}")
+    for n, (prev, ln) in enumerate(zip(lines, lines[1:]), 2):
+        if _NUMBER_END.search(_inner(prev)) and _UNIT_START.match(_inner(ln)):
+            out.append(f"line {n}: a number and its unit on two lines: {prev.strip()[-20:]!r} / {ln.strip()[:12]!r}")
     out += _table_problems(lines)
     return out
 

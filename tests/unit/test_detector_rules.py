@@ -914,8 +914,8 @@ def _frag_fixes(env: str, split: int, expandable: bool, capped: bool, varies: bo
     out = []
     if expandable:
         out.append(Fix(
-            f"Set {env}=expandable_segments:True (PYTORCH_ALLOC_CONF (PyTorch >= 2.9; PYTORCH_CUDA_ALLOC_CONF is still "
-            "read as an alias there and is the name before 2.9)): segments grow by mapping pages, so free space is not "
+            f"Set {env}=expandable_segments:True (PYTORCH_ALLOC_CONF from PyTorch 2.9, where PYTORCH_CUDA_ALLOC_CONF is "
+            "still read as its alias; PYTORCH_CUDA_ALLOC_CONF before 2.9): segments grow by mapping pages, so free space is not "
             "stranded between fixed-size segments. Not compatible with CUDA IPC of those tensors (issue #130330), NCCL "
             "user-buffer registration (--use-nccl-ub, NVIDIA/nccl#1584); with CUDA graphs and NCCL set "
             "NCCL_GRAPH_REGISTER=0 (issue #158029).", versions=">=2.1",

@@ -17,6 +17,7 @@ from ..plan.estimate import Estimate
 from ..plan.search import SearchResult, alloc_conf_env
 from ..plan.validate import Validation
 from ..units import GiB
+from .console import plain_console
 
 
 def _gb(n: int) -> str:
@@ -140,7 +141,7 @@ def render_plan_json(obj: dict[str, Any]) -> str:
 def render_validation_text(v: Validation) -> str:
     d = validation_dict(v)["summary"]
     buf = io.StringIO()
-    c = Console(file=buf, width=80, no_color=True, highlight=False)
+    c = plain_console(buf, 80)
     c.print(f"GPT rows: {d['gpt_rows']}, estimated: {d['covered']} ({100 * d['coverage']:.1f}%)")
     if d["median_abs_rel_error"] is not None:
         c.print(f"absolute relative error of peak allocated on the last rank: median "

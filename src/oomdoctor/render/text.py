@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .console import plain_console
 from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
@@ -23,6 +24,22 @@ _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
 _APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
+
+
+def hang(text: Text | str, indent: int = 2, lead: str = "", style: str = "") -> Table:
+    """``text`` after ``indent`` spaces and ``lead`` (a list number, a label), wrapped so that every line keeps
+    the indent: rich wraps a Text back to column 0, which reads as a new paragraph (issue 37)."""
+    body = text if isinstance(text, Text) else Text(text, style=style)
+    grid = Table.grid(padding=0)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row(Text(" " * indent + lead, style=style), body)
+    return grid
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def sparkline(values: list[int], top: int) -> str:
@@ -42,6 +59,10 @@ _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimi
                    "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
                    "weight_copy": "frozen weights",
                    "unknown": "unknown", "rounding": "allocator rounding"}
+_PHASE_SOURCE = {"markers": "marked by the framework", "annotations": "from PyTorch's annotations",
+                 "autograd engine thread": "from the autograd engine's thread", "frames": "from the call stacks",
+                 "inferred": "guessed from the blocks' lifetimes"}
+"""How the phase was told (``Breakdown.phase_source``), in words."""
 _AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated memory",
              "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step",
              "backward_end": "at the end of a backward"}
@@ -61,11 +82,12 @@ def _verdict_panel(report: Report) -> Panel | None:
     v = report.verdict
     if v is None:
         return None
-    body = Text(fill(v.summary, v.evidence) + "\n")
+    parts: list = [Text(fill(v.summary, v.evidence))]
     if v.actions:
-        body.append("\nWhat to do:\n", style="bold")
+        parts.append(Text("\nWhat to do:", style="bold"))
         for i, act in enumerate(v.actions, 1):
-            body.append(f"  {i}. {fill(act, v.evidence)}\n")
+            parts.append(hang(fill(act, v.evidence), 2, f"{i}. "))
+    body = Group(*parts)
     ranks = span(v.ranks)
     title = Text.assemble(Text(f" {v.kind.upper()} ", style=_VERDICT_STYLE.get(v.kind, "bold")),
                           f" rank{'s' if len(v.ranks) > 1 else ''} {ranks} ")
@@ -106,28 +128,28 @@ def _rank_table(report: Report) -> Table:
 
 def _breakdown_text(r: RankSummary, width: int) -> Group:
     bd = r.breakdown
-    text = Text()
     if bd is None:
-        return Group(text)
+        return Group()
     where = _AT_LABEL.get(bd.at, bd.at)
     step = f"step {bd.step}, " if bd.step is not None else ""
-    text.append(f"\n  {where} ({step}{bd.phase} phase, from {bd.phase_source}): {format_bytes(bd.allocated_bytes)} "
-                "allocated = ", style="bold")
+    text = Text(f"{where} ({step}{bd.phase} phase, {_PHASE_SOURCE.get(bd.phase_source, bd.phase_source)}): "
+                f"{format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
     parts = _by_size(bd)
     text.append(" + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) or "nothing")
     recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
-    text.append("\n  (" + ("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
-                          if recorded else "") + "the rest read from the trace)", style="dim")
-    holders = None
+    source = Text(("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
+                   if recorded else "") + "the rest read from the trace", style="dim")
+    out: list = [Text(), hang(text), hang(source)]
     if r.holders:
-        text.append("\n  largest holders:", style="bold")
+        out.append(Text("  largest holders:", style="bold"))
         rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}", h.label)
                 for h in r.holders[:6]]
-        holders = _fitted_table(rows, width, justify=("right", "right", "left", "left"))
+        out.append(_fitted_table(rows, width, justify=("right", "right", "left", "left"),
+                                 headers=("  bytes", "blocks", "what, phase", "allocated at")))
     tail = Text()
     f = r.fits
     if f is not None and (f.batch_scale is not None or f.expandable_batch_scale is not None):
-        tail.append("  fits on this GPU (replayed): ", style="bold")
+        tail.append("fits on this GPU (replayed): ", style="bold")
         bits = []
         if f.batch_scale is not None:
             bits.append(f"{_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch with the recorded settings"
@@ -137,17 +159,18 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
                         + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None else ""))
         tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
                     f"{format_bytes(f.margin_bytes)} kept free")
-        for n in f.notes:
-            tail.append(f"\n  note: {n}", style="dim")
+        out.append(hang(tail))
+        out += [hang(n, 2, "note: ", style="dim") for n in f.notes]
     elif f is not None and (f.estimated_batch_scale is not None or f.notes):
-        tail.append("  what fits: ", style="bold")
+        tail.append("what fits: ", style="bold")
         if f.estimated_batch_scale is not None:
             n = f.estimated_largest_micro_batch
             tail.append(f"an estimate, not a replay: about {f'micro-batch {n}' if n else f'{f.estimated_batch_scale}x'}"
                         " if " + "; ".join(f.assumptions))
         else:
             tail.append("not said: " + f.notes[-1])
-    return Group(*(x for x in (text, holders, tail) if x is not None and (not isinstance(x, Text) or x.plain)))
+        out.append(hang(tail))
+    return Group(*out)
 
 
 def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
@@ -159,7 +182,7 @@ def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
             "missed it")
 
 
-def _timeline(r: RankSummary) -> Text:
+def _timeline(r: RankSummary) -> Group:
     top = max(r.series.get("reserved") or [0])
     text = Text()
     text.append(f"rank {r.rank}", style="bold")
@@ -171,7 +194,7 @@ def _timeline(r: RankSummary) -> Text:
     if not r.has_history:
         text.append(f"final state only: {format_bytes(r.peak_reserved_bytes)} reserved, "
                     f"{format_bytes(r.peak_allocated_bytes)} allocated")
-        return text
+        return Group(text)
     text.append(f"over {r.events:,} events, {format_us(r.duration_us)}")
     if r.steps:
         text.append(f", {r.steps} step{'s' if r.steps > 1 else ''} ({r.step_source})")
@@ -183,18 +206,19 @@ def _timeline(r: RankSummary) -> Text:
     text.append(sparkline(r.series.get("allocated", []), top), style="green")
     text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
     text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed), style="bold")
+    out: list = [text]
     if r.peak_source == "unknown-before-window":
-        text.append("\n  peaks before the recorded window are not known: the trace starts after the job's first "
-                    "allocation and no sidecar holds PyTorch's counters (oomdoctor run's sidecars hold them)",
-                    style="yellow")
+        out.append(hang("peaks before the recorded window are not known: the trace starts after the job's first "
+                        "allocation and no sidecar holds PyTorch's counters; the sidecars of oomdoctor run hold them",
+                        style="yellow"))
     an = r.anatomy_at_peak
     if an is not None:
         parts = [("requested", an.requested_bytes), ("rounding", an.rounding_waste_bytes),
                  ("pending free", an.pending_free_bytes), ("free in used segments", an.free_in_used_segments_bytes),
                  ("free segments", an.free_segments_bytes)]
-        text.append("\n  at the peak of reserved: ")
-        text.append(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved")
-    return text
+        out.append(hang(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved",
+                        2, "at the peak of reserved: "))
+    return Group(*out)
 
 
 
@@ -204,41 +228,38 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {fill(p['outcome'], p)} "
-            f"(recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {fill(p['outcome'], p)}. "
+            f"Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"
-    text += f"; reach: {p['reach']})"
+    text += "."
     if not p["self_replay_exact"]:
-        text += " [the replay of the recorded run was not exact: approximate]"
+        text += " Approximate: the replay of the recorded run was not exact."
     return text
 
 
 def _finding_panel(i: int, f) -> Panel:
-    body = Text()
     ranks = ",".join(str(r) for r in f.ranks)
     head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
         head += f" · PyTorch {f.evidence['torch_version']}"
-    body.append(head + "\n", style="dim")
-    body.append(fill(f.summary, f.evidence) + "\n")
+    parts: list = [Text(head, style="dim"), Text(fill(f.summary, f.evidence))]
     if f.sites:
-        body.append("\nWhere:\n", style="bold")
+        parts.append(Text("\nWhere:", style="bold"))
         for s in f.sites[:3]:
-            body.append(f"  {format_bytes(s.bytes):>10}  {s.count:>5} blocks  {s.label}\n")
+            parts.append(hang(s.label, 2, f"{format_bytes(s.bytes):>10}  {s.count:>5} blocks  "))
             if s.user_frame and s.user_frame not in s.label:
-                body.append(f"{'':30}called from {s.user_frame}\n", style="dim")
+                parts.append(hang(s.user_frame, 30, "called from ", style="dim"))
     if f.fixes:
-        body.append("\nFix:\n", style="bold")
+        parts.append(Text("\nFix:", style="bold"))
         for n, fx in enumerate(f.fixes, 1):
             mark, style = _APPLIES[fx.applies]
-            body.append(f"  {n}. ")
-            body.append(f"[{fx.versions}] ", style="dim")
-            body.append(fx.text)
-            body.append(f"  {mark}\n", style=style)
+            line = Text.assemble((f"[{fx.versions}] ", "dim"), fx.text, (f"  {mark}", style))
+            parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:
-                body.append(f"     simulated: {_prediction_text(fx.prediction)}\n", style="cyan")
-            body.append(f"     source: {fx.source}\n", style="dim")
+                parts.append(hang(_prediction_text(fx.prediction), 5, "simulated: ", style="cyan"))
+            parts.append(hang(fx.source, 5, "source: ", style="dim"))
+    body = Group(*parts)
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
     title = Text.assemble(sev, f" {i}. {fill(f.title, f.evidence)} ")
     return Panel(body, title=title, title_align="left", box=box.ROUNDED)
@@ -278,11 +299,11 @@ def _rank_section(r: RankSummary, console: Console) -> None:
     console.print(_timeline(r))
     console.print(_breakdown_text(r, console.width))
     for w in r.warnings:
-        console.print(Text(f"  note: {w}", style="yellow"))
+        console.print(hang(w, 2, "note: ", style="yellow"))
     if r.truncated and r.has_history:
-        console.print(Text(f"  note: the trace starts after some blocks were allocated ({r.unmatched_frees} "
-                           f"frees without their alloc, {r.ghost_blocks} blocks never seen): their state at "
-                           "the start was reconstructed from the final segments", style="dim"))
+        console.print(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
+                           f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
+                           "reconstructed from the final segments", 2, "note: ", style="dim"))
 
 
 def _render_grouped(report: Report, console: Console) -> None:
@@ -298,7 +319,7 @@ def _render_grouped(report: Report, console: Console) -> None:
     for n in report.notes[:3]:
         console.print(Text(f"note: {n}", style="yellow"))
     shown = report.findings[:MAX_FINDING_LINES]
-    console.print(Text(f"{len(report.findings)} finding(s), most severe first:" if shown else "No finding.",
+    console.print(Text(f"{_count(len(report.findings), 'finding')}, most severe first:" if shown else "No finding.",
                        style="bold"))
     for f in shown:
         console.print(Text(f"  {f.severity.upper()} [{f.id}] rank{'s' if len(f.ranks) > 1 else ''} "
@@ -318,13 +339,13 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
     v = report.verdict
     head = Text(f"oomdoctor {report.oomdoctor_version}: ", style="bold")
     if v is not None:
-        edge = (f", at the edge ({v.evidence['headroom_percent']}% headroom)" if "headroom_percent" in v.evidence
+        edge = (f", at the edge with {v.evidence['headroom_percent']}% headroom," if "headroom_percent" in v.evidence
                 else "")
         head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {span(v.ranks)}",
                     style="bold")
-        head.append(f" ({len(report.ranks)} rank(s) read)")
+        head.append(f"; {_count(len(report.ranks), 'rank')} read")
     else:
-        head.append(f"{len(report.ranks)} rank(s)")
+        head.append(_count(len(report.ranks), "rank"))
     console.print(head)
     if grouped:
         odd = [x for x in report.groups.groups if x.odd]
@@ -348,7 +369,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
     if not material:
         console.print(Text("No material finding.", style="bold green"))
     else:
-        console.print(Text(f"{len(material)} finding(s), most severe first:", style="bold"))
+        console.print(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
         for i, f in enumerate(material, 1):
             console.print(_finding_panel(i, f))
     if minor:
@@ -420,7 +441,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
                ("no OOM, as recorded" if v.oom_matches else "an OOM the recording does not have")), style=style))
     for r in sim.results:
         for w in r.warnings:
-            console.print(Text(f"  note ({r.config}, {r.deferred_frees} frees): {w}", style="yellow"))
+            console.print(hang(w, 2, f"note on {r.config}, {r.deferred_frees} frees: ", style="yellow"))
     for n in sim.notes:
         console.print(Text(f"note: {n}", style="dim"))
     rec = sim.recommendation
@@ -445,14 +466,14 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
 def render_text_plain(report: Report, width: int = 120, *, all_ranks: bool = False) -> str:
     """The text report as a string without colour (for files and logs)."""
     buf = io.StringIO()
-    render_text(report, Console(file=buf, width=width, no_color=True, highlight=False), all_ranks=all_ranks)
+    render_text(report, plain_console(buf, width), all_ranks=all_ranks)
     return buf.getvalue()
 
 
 def render_simulation_text_plain(sim: Simulation, width: int = 120) -> str:
     """The simulation's text as a string without colour."""
     buf = io.StringIO()
-    render_simulation_text(sim, Console(file=buf, width=width, no_color=True, highlight=False))
+    render_simulation_text(sim, plain_console(buf, width))
     return buf.getvalue()
 
 
@@ -461,7 +482,7 @@ _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow
 
 def render_diff_text(diff: Diff, console: Console) -> None:
     """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
-    console.print(Text(f"oomdoctor diff: {len(diff.ranks)} rank pair(s); peaks in bytes, saved = before - after",
+    console.print(Text(f"oomdoctor diff: {_count(len(diff.ranks), 'rank pair')}; peaks in bytes, saved = before - after",
                        style="bold"))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "peak", "before", "after", "saved", "OOM"):
@@ -477,11 +498,12 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         for side, an in (("before", r.before_anatomy), ("after", r.after_anatomy)):
             if an is None:
                 continue
-            console.print(Text(
-                f"  rank {r.rank} {side:>6} at peak reserved: requested {format_bytes(an.requested_bytes)}, "
+            console.print(hang(
+                f"requested {format_bytes(an.requested_bytes)}, "
                 f"rounding {format_bytes(an.rounding_waste_bytes)}, pending free {format_bytes(an.pending_free_bytes)}, "
                 f"free in used segments {format_bytes(an.free_in_used_segments_bytes)}, "
-                f"free segments {format_bytes(an.free_segments_bytes)}"))
+                f"free segments {format_bytes(an.free_segments_bytes)}", 2,
+                f"rank {r.rank} {side:>6} at peak reserved: "))
     for n in diff.notes:
         console.print(Text(f"note: {n}", style="yellow"))
     console.print()
@@ -493,9 +515,9 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         line.append(f"[{f.id}] ")
         if f.status == "resolved":
             line.append(f"{format_bytes(f.before_bytes)} at stake before; its share of the peak reserved saved on "
-                        f"rank(s) {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+                        f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         elif f.status == "new":
-            line.append(f"{format_bytes(f.after_bytes)} at stake on rank(s) {','.join(map(str, f.after_ranks))}")
+            line.append(f"{format_bytes(f.after_bytes)} at stake on rank{'s' if len(f.after_ranks) > 1 else ''} {','.join(map(str, f.after_ranks))}")
         else:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
@@ -514,7 +536,7 @@ def render_diff_text(diff: Diff, console: Console) -> None:
 
 def render_diff_text_plain(diff: Diff, width: int = 120) -> str:
     buf = io.StringIO()
-    render_diff_text(diff, Console(file=buf, width=width, no_color=True, highlight=False))
+    render_diff_text(diff, plain_console(buf, width))
     return buf.getvalue()
 
 
@@ -570,6 +592,6 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
              + " + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts)]
     if r.holders:
         lines.append("largest holders:")
-        lines += [f"  {format_bytes(h.bytes):>10}  {h.count:>5} block(s)  {_CATEGORY_LABEL[h.category]}  {h.label}"
+        lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {_CATEGORY_LABEL[h.category]}  {h.label}"
                   for h in r.holders[:holders]]
     return "\n".join(lines)
