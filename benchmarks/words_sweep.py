@@ -81,6 +81,20 @@ def _paragraphs(lines: list[str]) -> list[list[tuple[int, str]]]:
     return out
 
 
+_CALL = re.compile(r"([\w.\]])\([^()]*\)")
+_ITEM = re.compile(r"^\s*(?:\d+\. |- |simulated: |source: |note)")
+
+
+def _prose(s: str) -> str:
+    """``s`` without the arguments of code calls (``t.detach().cpu()``, ``argmax(-1)``): their parentheses are code,
+    not a parenthesis in a parenthesis."""
+    while True:
+        t = _CALL.sub(r"\1", s)
+        if t == s:
+            return s
+        s = t
+
+
 def _indent(s: str) -> int:
     return len(s) - len(s.lstrip(" "))
 
@@ -131,6 +145,9 @@ def problems(text: str, width: int = WIDTH) -> list[str]:
     for para in _paragraphs(lines):
         depth = 0
         for n, s in para:
+            if _ITEM.match(s):
+                depth = 0  # a new item of a list
+            s = _prose(s)
             for ch in s:
                 depth += ch == "("
                 if depth > 1 and ch == "(":
@@ -177,23 +194,27 @@ def commands(snapshots: Path | None, demo: str, tmp: str, *, quick: bool = False
         ["plan", "validate", str(root / "tests" / "data" / "golden_memory_sample.csv")],
     ]
     files = [demo]
-    dirs: list[str] = []
+    runs: list[list[str]] = []  # the files of one run of several ranks
     if snapshots is not None and snapshots.is_dir():
         for folder in sorted(p for p in snapshots.iterdir() if p.is_dir()):
             pickles = sorted(str(p) for p in folder.glob("*.pickle"))
             files += pickles[:1] if quick else pickles
-            if any(re.search(r"rank1\b", Path(p).stem) for p in pickles):
-                dirs.append(str(folder))
+            by_run: dict[str, list[str]] = {}
+            for p in pickles:
+                by_run.setdefault(re.sub(r"rank\d+$", "", Path(p).stem), []).append(p)
+            runs += [group for group in by_run.values() if len(group) > 1]
     for i, f in enumerate(files):
         cmds += [["diagnose", f], ["simulate", f], ["simulate", f, "--search", "-j", "1"],
                  ["simulate", f, "--config", "expandable_segments:True"],
                  ["report", f, "-o", f"{tmp}/r{i}.html", "-j", "1"],
                  ["slice", f, "--end", "100", "-o", f"{tmp}/s{i}.pickle"],
                  ["export", f, "-o", f"{tmp}/e{i}.json", "-j", "1"]]
-    for d in dirs:
-        cmds += [["diagnose", d, "-j", "1"]]
-    if len(dirs) >= 2:
-        cmds += [["diff", dirs[0], dirs[1], "-j", "1"]]
+    for group in runs[:2] if quick else runs:
+        cmds += [["diagnose", *group, "-j", "1"]]
+    clean = [g for g in runs if "ddp-clean" in g[0]]
+    bug = [g for g in runs if "ddp-imbalance" in g[0]]
+    if clean and bug:
+        cmds += [["diff", str(Path(bug[0][0]).parent), str(Path(clean[0][0]).parent), "-j", "1"]]
     return cmds
 
 

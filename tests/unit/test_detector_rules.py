@@ -1305,8 +1305,8 @@ def test_allocator_retries_from_memory_stats_alone():
     assert f.evidence == evidence
     assert (f.title, f.severity, f.bytes) == ("Allocator retries: the job runs at the edge of its memory", "low", 0)
     assert fill(f.summary, f.evidence) == (
-        "The allocator ran out of room 1 time(s) without failing (num_alloc_retries, PyTorch's own count): it freed "
-        "its cache and retried cudaMalloc, synchronising every stream each time. The job runs at the edge of the "
+        "The allocator ran out of room without failing and retried: num_alloc_retries, PyTorch's own count, is 1. "
+        "Each time it freed its cache and retried cudaMalloc, synchronising every stream. The job runs at the edge of the "
         "device's memory; the cost is time, not memory.")
     assert f.fixes == [RETRY_FIX]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -391,6 +392,41 @@ def _matches_text(m: bool | None) -> Text:
     return {True: Text("exact", style="green"), False: Text("differs", style="bold red"), None: Text("")}[m]
 
 
+def _one_a_line(config: str) -> str:
+    """A ``PYTORCH_CUDA_ALLOC_CONF`` string with one option a line (the commas between options; those inside a
+    ``[...]`` list stay), so that a table cell of settings never cuts one."""
+    out, depth = [], 0
+    for ch in config:
+        depth += (ch == "[") - (ch == "]")
+        out.append(",\n  " if ch == "," and depth == 0 else ch)
+    return "".join(out)
+
+
+def capacity_words(cap, oom_event: int | None = None) -> str:
+    """The limit a replay ran under (:class:`oomdoctor.simulate.capacity.Capacity`), in words and binary units:
+    what set it and, for a bounded cap, its bounds."""
+    if cap.limit_bytes is None:
+        return re.sub(r"\b\d{7,}\b", lambda m: format_bytes(int(m.group())), cap.source)
+    limit = format_bytes(cap.limit_bytes)
+    bounds = (f"the lower end of a cap between {format_bytes(cap.lower_bytes)} and {format_bytes(cap.upper_bytes)}"
+              if cap.lower_bytes is not None and cap.upper_bytes is not None and cap.lower_bytes != cap.upper_bytes
+              else "")
+    at = f", event {oom_event}" if oom_event is not None else ""
+    if cap.evidence == "sidecar":
+        return f"{limit}, the memory-fraction cap the sidecar states"
+    if cap.evidence == "given":
+        return f"{limit}, given with --cap as a {cap.kind} limit"
+    if cap.evidence == "oom" and cap.kind == "device":
+        return f"{limit}, the device's memory at the OOM{at}: its free bytes then plus the reserved bytes"
+    if cap.evidence == "oom":
+        return (f"{limit}, {bounds}: a memory-fraction cap, since the device still had memory free at the "
+                f"OOM{at}")
+    if cap.evidence == "fallbacks":
+        return (f"{limit}, {bounds}, read from the allocator's fallbacks: cached segments freed before a new "
+                "segment")
+    return f"{limit}, a {cap.kind} limit"
+
+
 def render_simulation_text(sim: Simulation, console: Console) -> None:
     """Print an ``oomdoctor simulate`` result: the replays side by side, the self-replay check, and the
     recommendation."""
@@ -403,12 +439,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
                   f"{format_bytes(sim.recorded_peak_reserved_bytes)}, peak allocated "
                   f"{format_bytes(sim.recorded_peak_allocated_bytes)}{oom}")
-    if sim.capacity.limit_bytes is None:
-        cap = sim.capacity.source
-    else:
-        cap = (f"{format_bytes(sim.capacity.limit_bytes)} ({sim.capacity.limit_bytes} bytes, {sim.capacity.kind} "
-               f"limit, {sim.capacity.certainty}); {sim.capacity.source}")
-    console.print(Text(f"capacity: {cap}", style="dim"))
+    console.print(hang(capacity_words(sim.capacity, sim.recorded_oom_event), 0, "capacity: ", style="dim"))
     rec_id = id(sim.recommendation.result) if sim.recommendation else None
     for mode, title in (("recorded", "frees as recorded (held for other streams where the job record_stream-ed)"),
                         ("immediate", "frees made immediate (no record_stream)")):
@@ -418,11 +449,11 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         checked = any(r.matches_recorded is not None for r in rows)
         console.print(Text(title + ":", style="italic"))
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        table.add_column("PYTORCH_CUDA_ALLOC_CONF", no_wrap=True)
-        for col in ("peak reserved", "peak allocated", "OOM") + (("check",) if checked else ()):
+        table.add_column("PYTORCH_CUDA_ALLOC_CONF", overflow="fold")  # words: one setting a line, folded if need be
+        for col in ("peak\nreserved", "peak\nallocated", "OOM") + (("check",) if checked else ()):
             table.add_column(col, justify="right" if col.startswith("peak") else "left", no_wrap=True)
         for r in rows:
-            cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", str(r.config)),
+            cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", _one_a_line(str(r.config))),
                      format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes), _oom_text(r.oom)]
             table.add_row(*cells, *((_matches_text(r.matches_recorded),) if checked else ()))
         console.print(table)
@@ -451,14 +482,14 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
         body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. "
-                    f"{rec.reason[:1].upper()}{rec.reason[1:]}.\n")
+                    f"{rec.reason[:1].upper()}{rec.reason[1:]}.")
+        parts: list = [body]
         if sim.search_wall_s is not None:
-            body.append(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s\n", style="dim")
+            parts.append(Text(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s", style="dim"))
         if rec.incompatibilities:
-            body.append("Before you set it:\n", style="bold")
-            for line in rec.incompatibilities:
-                body.append(f"  - {line}\n")
-        console.print(Panel(body, title="recommendation", title_align="left", box=box.ROUNDED))
+            parts.append(Text("Before you set it:", style="bold"))
+            parts += [hang(line, 2, "- ") for line in rec.incompatibilities]
+        console.print(Panel(Group(*parts), title="recommendation", title_align="left", box=box.ROUNDED))
     elif sim.search_wall_s is not None:
         console.print(Text("No setting tried avoids the OOM under this capacity.", style="bold red"))
 

@@ -124,9 +124,15 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
     reserved_words, allocated_words, unknown_words = _peak_words(jp)
+    # a material finding that decides no verdict of its own (report/verdict.py with_findings) is said, not denied
+    opening = "no OOM and no material finding; " if not mine else "no OOM; "
+    if mine:
+        ev["material_findings"] = len(mine)
+        unknown_words += (" The finding below is worth fixing, but it decides no other verdict." if len(mine) == 1
+                          else " The findings below are worth fixing, but none decides another verdict.")
     if headroom is not None:
         ev["headroom_bytes"] = headroom
-        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}" + reserved_words
+        summary = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved_words
                    + " of the {room_bytes:bytes} the allocator could use on this GPU ({headroom_bytes:bytes} headroom), "
                    "peak allocated {peak_allocated_bytes:bytes}" + allocated_words + "." + unknown_words)
         if headroom < EDGE_FRACTION * room.bytes:
@@ -136,7 +142,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
                 summary += (" The KV cache holds {kv_cache_bytes:bytes}: it grows with the batch and with every "
                             "generated token.")
     else:
-        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}" + reserved_words
+        summary = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved_words
                    + ", peak allocated {peak_allocated_bytes:bytes}" + allocated_words
                    + " (the GPU's size is not recorded)." + unknown_words)
     return with_findings(Verdict("healthy", summary, peak_reserved, [rank], headroom, None, ev), findings)
@@ -319,7 +325,10 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         return Verdict("deferred-free", "{pending_free_bytes:bytes} freed by Python were still held for other streams "
                                         "(record_stream) at the OOM; without them the request fits.",
                        an.pending_free_bytes, [rank], None, "deferred-free", ev)
-    summary = ("{free_bytes:bytes} were free (cached or on the device) for a request of {request_bytes:bytes}, but not "
+    ev["room_kind"] = room.kind
+    where = ("under the memory-fraction cap of {room_bytes:bytes}, cached or not yet reserved," if room.kind == "fraction"
+             else "(cached or on the device)")
+    summary = ("{free_bytes:bytes} were free " + where + " for a request of {request_bytes:bytes}, but not "
                "in one piece (largest free block {largest_free_block_bytes:bytes}).")
     graph = sum(p.reserved_bytes for p in an.pools if p.pool_id != DEFAULT_POOL)
     if graph:
