@@ -20,6 +20,9 @@ Prints one line per problem and a count; exit 1 when any is found. ``--out DIR``
   that paragraph indented deeper and filled to within :data:`FULL` columns of the width is a wrap that
   went back to column 0;
 - every column of a table under a header rule (``───``) has a header over it.
+
+:func:`headline_problems` checks that the headline of each ``diagnose`` (its ``--format json`` verdict) agrees
+with the body of its report.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ INTERNAL_WORDS = {
     "reach:": re.compile(r"\breach: "),
     "device's room": re.compile(r"device's room"),
     "from inferred": re.compile(r"\bfrom inferred\b"),
-    "rank(s)": re.compile(r"\(s\)"),
+    "rank(s)": re.compile(r"\b(?:rank|finding|time|block|pair|option|column|file|step|segment|event|byte)\(s\)"),
     "raw byte count": re.compile(r"(?<![\d,.\w])\d{11,}(?![\d,.])"),
 }
 """Words a newcomer has to decode (issue 37): internal terms, ``(s)`` plurals and raw 11+-digit byte counts."""
@@ -168,6 +171,74 @@ def problems(text: str, width: int = WIDTH) -> list[str]:
     return out
 
 
+_SIZE = re.compile(r"-?\d+\.\d\d [KMG]iB")
+_MATERIAL = ("medium", "high", "critical")
+
+
+def _ints(x) -> set[int]:
+    if isinstance(x, bool):
+        return set()
+    if isinstance(x, int):
+        return {x}
+    if isinstance(x, dict):
+        return set().union(*map(_ints, x.values())) if x else set()
+    if isinstance(x, (list, tuple)):
+        return set().union(*map(_ints, x)) if x else set()
+    return set()
+
+
+def headline_problems(doc: dict) -> list[str]:
+    """Where the headline (``diagnose --format json``'s verdict) disagrees with the body of its own report:
+
+    - it says "no material finding" while a finding is MEDIUM or above;
+    - it is ``healthy`` on a rank that ran out of memory;
+    - it quotes a size (``7.99 GiB``) that no number of its evidence, the findings or the ranks' peaks formats to;
+    - under a memory-fraction cap (``room_kind`` ``fraction``) it counts the device's free memory;
+    - it says what fits is not said because the allocator model does not reproduce the recording, where the
+      prediction it quotes says the self-replay was exact;
+    - a prediction's outcome quotes a peak reserved other than its own ``peak_reserved_bytes`` (the number
+      ``oomdoctor simulate`` prints for the setting) or its extended step's.
+    """
+    from oomdoctor.render.format import fill, format_bytes
+
+    v = doc.get("verdict")
+    if not v:
+        return []
+    out = []
+    ev = v.get("evidence") or {}
+    summary = fill(v["summary"], ev) if "{" in v["summary"] else v["summary"]
+    material = [f for f in doc.get("findings", []) if f["severity"] in _MATERIAL]
+    if "no material finding" in summary and material:
+        out.append(f"headline says no material finding; the report has {material[0]['severity'].upper()} "
+                   f"{material[0]['id']}")
+    if v["kind"] == "healthy" and any(r.get("oom") for r in doc.get("ranks", []) if r["rank"] in v["ranks"]):
+        out.append("headline healthy on a rank that ran out of memory")
+    known = {format_bytes(n) for n in _ints(ev) | _ints(doc.get("findings", []))
+             | _ints([{k: r.get(k) for k in ("peak_reserved_bytes", "peak_allocated_bytes")} for r in doc["ranks"]])}
+    for size in _SIZE.findall(summary):
+        if size not in known:
+            out.append(f"headline quotes {size}, which no number of its report formats to")
+    predictions = [fx["prediction"] for f in doc.get("findings", []) for fx in f.get("fixes", []) if fx.get("prediction")]
+    capped = (ev.get("room_kind") == "fraction" or ev.get("fix_capacity_kind") == "fraction"
+              or any(p.get("capacity_kind") == "fraction" for p in predictions if v["ranks"] == [p.get("rank")]))
+    if capped and "on the device" in summary:
+        out.append("headline counts the device's free memory under a memory-fraction cap")
+    if "does not reproduce this recording" in summary and ev.get("fix_self_replay_exact"):
+        out.append("headline says the model does not reproduce the recording; its prediction's self-replay is exact")
+    for f in doc.get("findings", []):
+        for fx in f.get("fixes", []):
+            p = fx.get("prediction")
+            if not p:
+                continue
+            said = re.findall(r"peak reserved (?:of )?(-?\d+\.\d\d [KMG]iB)", fill(p["outcome"], p))
+            own = {format_bytes(p["peak_reserved_bytes"])}
+            if p.get("extended_peak_reserved_bytes") is not None:
+                own.add(format_bytes(p["extended_peak_reserved_bytes"]))
+            out += [f"{f['id']} with {p['config'] or 'the recorded settings'}: quotes peak reserved {x}, its replay's "
+                    f"is {format_bytes(p['peak_reserved_bytes'])}" for x in said if x not in own]
+    return out
+
+
 def _oomdoctor(args: list[str], cwd: str) -> tuple[int, str, str, float]:
     env = {**os.environ, "COLUMNS": str(WIDTH)}
     env.pop("OOMDOCTOR_STRICT_TEMPLATES", None)
@@ -227,6 +298,10 @@ def sweep(snapshots: Path | None, *, quick: bool = False) -> list[dict]:
         for args in commands(snapshots, demo_path(), tmp, quick=quick):
             rc, stdout, stderr, wall = _oomdoctor(args, tmp)
             found = problems(stdout)
+            if args[0] == "diagnose" and "--help" not in args:
+                rc2, js, _err, wall2 = _oomdoctor([*args, "--format", "json"], tmp)
+                wall += wall2
+                found += headline_problems(json.loads(js)) if rc2 in (0, 1) else [f"--format json: exit {rc2}"]
             if rc not in (0, 1):  # 1: a gate or an OOM found; 2 and up: a failure
                 found.append(f"exit {rc}: {stderr.strip()[-300:]}")
             out.append({"args": args, "rc": rc, "seconds": round(wall, 2), "lines": len(stdout.splitlines()),

@@ -7,6 +7,8 @@ from typing import IO
 
 import rich._wrap
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 _TRAILING = re.compile(r"[ ]+((?:\x1b\[[0-9;]*m)*)(?=\n|$)")
 
@@ -30,3 +32,14 @@ class TidyConsole(Console):
 def plain_console(file: IO[str], width: int) -> TidyConsole:
     """A console writing plain text (no colour, no highlighting) at ``width`` columns into ``file``."""
     return TidyConsole(file=file, width=width, no_color=True, highlight=False)
+
+
+def hang(text: Text | str, indent: int = 2, lead: str = "", style: str = "") -> Table:
+    """``text`` after ``indent`` spaces and ``lead`` (a list number, a label), wrapped so that every line keeps
+    the indent: rich wraps a Text back to column 0, which reads as a new paragraph (issue 37)."""
+    body = text if isinstance(text, Text) else Text(text, style=style)
+    grid = Table.grid(padding=0)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row(Text(" " * indent + lead, style=style), body)
+    return grid

@@ -17,7 +17,7 @@ from ..plan.estimate import Estimate
 from ..plan.search import SearchResult, alloc_conf_env
 from ..plan.validate import Validation
 from ..units import GiB
-from .console import plain_console
+from .console import hang, plain_console
 
 
 def _gb(n: int) -> str:
@@ -105,13 +105,13 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
     console.print(t)
     for i, c in enumerate(shown, 1):
         if c.why:
-            console.print(f"  {i}. {'; '.join(c.why)}")
+            console.print(hang("; ".join(c.why), 2, f"{i:>2}. "))
     console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL), under the setting "
                        f"that makes the plan fit; expandable: fits with {alloc_conf_env()}=expandable_segments:True "
                        "(its peak is shown with it); GiB = 2^30 bytes", style="dim"))
     console.print(Text("Decision rules:", style="bold"))
     for i, rule in enumerate(r.rules, 1):
-        console.print(f"  {i}. {rule}")
+        console.print(hang(rule, 2, f"{i}. "))
 
 
 def validation_dict(v: Validation) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .console import plain_console
+from .console import hang, plain_console
 from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
@@ -25,17 +25,6 @@ _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
 _APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
-
-
-def hang(text: Text | str, indent: int = 2, lead: str = "", style: str = "") -> Table:
-    """``text`` after ``indent`` spaces and ``lead`` (a list number, a label), wrapped so that every line keeps
-    the indent: rich wraps a Text back to column 0, which reads as a new paragraph (issue 37)."""
-    body = text if isinstance(text, Text) else Text(text, style=style)
-    grid = Table.grid(padding=0)
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
-    grid.add_row(Text(" " * indent + lead, style=style), body)
-    return grid
 
 
 def _count(n: int, noun: str) -> str:
