@@ -251,8 +251,16 @@ def _finding_panel(i: int, f) -> Panel:
             parts.append(hang(fx.source, 5, "source: ", style="dim"))
     body = Group(*parts)
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-    title = Text.assemble(sev, f" {i}. {fill(f.title, f.evidence)} ")
+    words = fill(f.title, f.evidence)
+    if len(words) > TITLE_ROOM:  # rich cuts a long box title with an ellipsis: it goes in the box, whole
+        body = Group(Text(words, style="bold"), body)
+        words = f.id
+    title = Text.assemble(sev, f" {i}. {words} ")
     return Panel(body, title=title, title_align="left", box=box.ROUNDED)
+
+
+TITLE_ROOM = 56
+"""The longest finding title a box's top edge shows whole at 80 columns (after the severity and the number)."""
 
 
 GROUPED_RANKS = 4
@@ -302,7 +310,7 @@ def _render_grouped(report: Report, console: Console) -> None:
     console.print(Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, peaks within "
                        "1%):", style="bold"))
     for line in _group_lines(report, console.width):
-        console.print(line)
+        console.print(hang(Text(line.plain.lstrip(), style=line.style), 2))
     odd = next((x for x in report.groups.groups if x.odd), None)
     first = odd.ranks[0] if odd else report.ranks[0].rank
     _rank_section(next(x for x in report.ranks if x.rank == first), console)
@@ -312,8 +320,8 @@ def _render_grouped(report: Report, console: Console) -> None:
     console.print(Text(f"{_count(len(report.findings), 'finding')}, most severe first:" if shown else "No finding.",
                        style="bold"))
     for f in shown:
-        console.print(Text(f"  {f.severity.upper()} [{f.id}] rank{'s' if len(f.ranks) > 1 else ''} "
-                           f"{span(sorted(f.ranks))} · {format_bytes(f.bytes)} · {fill(f.title, f.evidence)}"))
+        console.print(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
+                           f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"{f.severity.upper()} [{f.id}] "))
     if len(report.findings) > MAX_FINDING_LINES:
         console.print(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
     console.print(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
@@ -368,7 +376,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 if m else "")
         console.print(Text(f"Also noted, not material{rule}:", style="dim"))
         for f in minor:
-            console.print(Text(f"  [{f.id}] {format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", style="dim"))
+            console.print(hang(f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"[{f.id}] ", style="dim"))
 
 
 def _oom_text(oom) -> Text:
