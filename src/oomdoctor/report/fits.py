@@ -372,8 +372,8 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     reproduced, model_error = _reproduced(a, prepared, cap)
     margin = _with_prediction_margin(out, a, margin, model_error, inputs)
     if not reproduced:
-        out.notes.append("the allocator model does not reproduce this recording under the device's room: what fits "
-                         "is not replayed")
+        out.notes.append("the allocator model does not reproduce this recording in the memory the allocator could "
+                         "use on this GPU: what fits is not replayed")
         return out
     unit = 1.0 / micro_batch if micro_batch else None
     # a run that finished at this micro-batch fits it: search above it
