@@ -34,12 +34,13 @@ def plain_console(file: IO[str], width: int) -> TidyConsole:
     return TidyConsole(file=file, width=width, no_color=True, highlight=False)
 
 
-def hang(text: Text | str, indent: int = 2, lead: str = "", style: str = "") -> Table:
+def hang(text: Text | str, indent: int = 2, lead: Text | str = "", style: str = "") -> Table:
     """``text`` after ``indent`` spaces and ``lead`` (a list number, a label), wrapped so that every line keeps
     the indent: rich wraps a Text back to column 0, which reads as a new paragraph (issue 37)."""
     body = text if isinstance(text, Text) else Text(text, style=style)
     grid = Table.grid(padding=0)
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
-    grid.add_row(Text(" " * indent + lead, style=style), body)
+    head = Text(" " * indent, style=style) + (lead if isinstance(lead, Text) else Text(lead, style=style))
+    grid.add_row(head, body)
     return grid

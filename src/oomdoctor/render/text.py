@@ -539,8 +539,6 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         console.print(Text("No finding in either run.", style="green"))
     for f in diff.findings:
         line = Text()
-        line.append(f"{f.status:>9} ", style=_STATUS_STYLE[f.status])
-        line.append(f"[{f.id}] ")
         if f.status == "resolved":
             line.append(f"{format_bytes(f.before_bytes)} at stake before; its share of the peak reserved saved on "
                         f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
@@ -550,7 +548,7 @@ def render_diff_text(diff: Diff, console: Console) -> None:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
                 line.append(f"; its share of the peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
-        console.print(line)
+        console.print(hang(line, 0, Text.assemble((f"{f.status:>9} ", _STATUS_STYLE[f.status]), f"[{f.id}] ")))
     for r in diff.ranks:
         if not r.sites:
             continue
