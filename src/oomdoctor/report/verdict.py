@@ -34,7 +34,7 @@ The job's verdict is its worst rank's: ranks that ran out of memory first, then 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -124,12 +124,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
     reserved_words, allocated_words, unknown_words = _peak_words(jp)
-    # a material finding that decides no verdict of its own (report/verdict.py with_findings) is said, not denied
-    opening = "no OOM and no material finding; " if not mine else "no OOM; "
-    if mine:
-        ev["material_findings"] = len(mine)
-        unknown_words += (" The finding below is worth fixing, but it decides no other verdict." if len(mine) == 1
-                          else " The findings below are worth fixing, but none decides another verdict.")
+    opening = NO_MATERIAL  # with_findings says the material findings that decide no verdict
     if headroom is not None:
         ev["headroom_bytes"] = headroom
         summary = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved_words
@@ -221,7 +216,7 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     mine = [f for f in _material(findings, rank) if f.id in FINDING_KIND and FINDING_KIND[f.id] != "fragmentation"
             and (FINDING_KIND[f.id] == "growth" or _rank_bytes(f, rank) >= VERDICT_FRACTION * peak)]
     if not mine:
-        return v
+        return _say_material(v, findings)
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
     ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title}
     out = Verdict(FINDING_KIND[f.id], "{title}: {finding_bytes:bytes} at stake (no OOM in this trace; peak reserved "
@@ -231,6 +226,24 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     if fx is not None:
         out.actions = [_literal(fx.text)]
     return out
+
+
+NO_MATERIAL = "no OOM and no material finding; "
+_ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
+_MATERIAL = " The findings below are worth fixing, but none decides another verdict."
+
+
+def _say_material(v: Verdict, findings: list[Finding]) -> Verdict:
+    """A healthy ``v`` whose rank has material findings that decide no verdict of their own: it says them
+    (``material_findings``: how many) instead of "no material finding" (issue 37: "HEALTHY ... no material
+    finding" above a MEDIUM finding). Idempotent, so that the in-job summary, which re-reads a rank's verdict
+    against the cross-rank findings (report/merge.py), says what ``diagnose`` says."""
+    n = len(_material(findings, v.ranks[0])) if v.kind == "healthy" and v.ranks else 0
+    if not n:
+        return v
+    summary = v.summary.replace(NO_MATERIAL, "no OOM; ", 1).removesuffix(_ONE_MATERIAL).removesuffix(_MATERIAL)
+    return replace(v, summary=summary + (_ONE_MATERIAL if n == 1 else _MATERIAL),
+                   evidence={**v.evidence, "material_findings": n})
 
 
 def _own_imbalance(mine: list[Finding], rank: int) -> Finding | None:
