@@ -145,4 +145,4 @@ def test_summary_names_a_dead_rank(tmp_path):
     assert codes == [0, 3] and time.time() - t0 < 60
     summary = json.loads((out / "summary.json").read_text())
     assert [r["rank"] for r in summary["ranks"]] == [0]
-    assert any("rank(s) 1" in n for n in summary["notes"])
+    assert any("rank 1" in n for n in summary["notes"])

@@ -914,8 +914,8 @@ def _frag_fixes(env: str, split: int, expandable: bool, capped: bool, varies: bo
     out = []
     if expandable:
         out.append(Fix(
-            f"Set {env}=expandable_segments:True (PYTORCH_ALLOC_CONF (PyTorch >= 2.9; PYTORCH_CUDA_ALLOC_CONF is still "
-            "read as an alias there and is the name before 2.9)): segments grow by mapping pages, so free space is not "
+            f"Set {env}=expandable_segments:True (PYTORCH_ALLOC_CONF from PyTorch 2.9, where PYTORCH_CUDA_ALLOC_CONF is "
+            "still read as its alias; PYTORCH_CUDA_ALLOC_CONF before 2.9): segments grow by mapping pages, so free space is not "
             "stranded between fixed-size segments. Not compatible with CUDA IPC of those tensors (issue #130330), NCCL "
             "user-buffer registration (--use-nccl-ub, NVIDIA/nccl#1584); with CUDA graphs and NCCL set "
             "NCCL_GRAPH_REGISTER=0 (issue #158029).", versions=">=2.1",
@@ -1305,8 +1305,8 @@ def test_allocator_retries_from_memory_stats_alone():
     assert f.evidence == evidence
     assert (f.title, f.severity, f.bytes) == ("Allocator retries: the job runs at the edge of its memory", "low", 0)
     assert fill(f.summary, f.evidence) == (
-        "The allocator ran out of room 1 time(s) without failing (num_alloc_retries, PyTorch's own count): it freed "
-        "its cache and retried cudaMalloc, synchronising every stream each time. The job runs at the edge of the "
+        "The allocator ran out of room without failing and retried: num_alloc_retries, PyTorch's own count, is 1. "
+        "Each time it freed its cache and retried cudaMalloc, synchronising every stream. The job runs at the edge of the "
         "device's memory; the cost is time, not memory.")
     assert f.fixes == [RETRY_FIX]
 

@@ -23,7 +23,7 @@ def test_the_demo_fails_at_its_findings_severity_and_passes_above(demo_report):
     assert gate(demo_report, "low") and gate(demo_report, "medium") and gate(demo_report, "high")
     assert "deferred-free HIGH" in gate(demo_report, "high")
     assert gate(demo_report, "critical") is None
-    assert gate(demo_report, "unhealthy") == "the verdict is deferred-free (rank(s) 0)"
+    assert gate(demo_report, "unhealthy") == "the verdict is deferred-free (rank 0)"
 
 
 def test_a_healthy_job_passes_every_level(snapshots):
@@ -37,8 +37,8 @@ def test_a_medium_finding_on_a_healthy_rank_fails_up_to_medium_and_not_unhealthy
     r = build_report(load_ranks([str(snapshots / "allgather" / "list-rank0.pickle")], skipped=[]))
     assert [(f.id, f.severity) for f in r.findings] == [("allgather-list", "medium")]
     assert r.verdict.kind == "healthy"
-    assert gate(r, "medium") == "1 finding(s) at or above medium: allgather-list MEDIUM"
-    assert gate(r, "low") == "1 finding(s) at or above low: allgather-list MEDIUM"
+    assert gate(r, "medium") == "1 finding at or above medium: allgather-list MEDIUM"
+    assert gate(r, "low") == "1 finding at or above low: allgather-list MEDIUM"
     assert gate(r, "high") is None and gate(r, "unhealthy") is None
 
 

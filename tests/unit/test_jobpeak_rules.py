@@ -143,11 +143,14 @@ def test_the_verdicts_headroom_and_edge_use_the_jobs_peak():
     assert (v.evidence["window_peak_reserved_bytes"], v.evidence["job_peak_reserved_bytes"],
             v.evidence["peak_source"]) == (5 * GiB, 5 * GiB + 200 * MiB, "sidecar")
     assert "headroom_percent" not in v.evidence  # 13.3% left: not at the edge
+    # the trace's one material finding decides no verdict: said, not denied (issue 37)
+    material = [f.id for f in _report(meta).findings if f.severity in ("medium", "high", "critical")]
+    assert v.evidence["material_findings"] == len(material) == 1
     assert fill(v.summary, v.evidence) == (
-        "no OOM and no material finding; peak reserved 5.20 GiB (the job's, PyTorch's counters, from the sidecar; the "
+        "no OOM; peak reserved 5.20 GiB (the job's, PyTorch's counters, from the sidecar; the "
         "recorded window's peak was 5.00 GiB: the window missed it) of the 6.00 GiB the allocator could use on this "
         "GPU (824.00 MiB headroom), peak allocated 5.00 GiB (the job's; the recorded window's peak was 1.02 GiB: the "
-        "window missed it).")
+        "window missed it). The finding below is worth fixing, but it decides no other verdict.")
     # with less room the job's peak is at the edge where the window's is not
     meta["device_free_bytes"] = GiB // 2 + 100 * MiB  # room 5.6 GiB: 7.2% left by the job, 10.7% by the window
     v = _report(meta).ranks[0].verdict
@@ -159,9 +162,9 @@ def test_without_counters_the_verdict_and_the_text_say_peaks_before_the_window_a
     rep = _report(None)
     r = rep.ranks[0]
     assert (r.peak_source, r.job_peak_allocated_bytes) == ("unknown-before-window", None)
-    assert r.verdict.summary.endswith("Peaks before the recorded window are not known (the trace starts after the "
-                                      "job's first allocation and no sidecar holds PyTorch's counters): these are "
-                                      "the window's, and the job's may be higher.")
+    assert ("Peaks before the recorded window are not known (the trace starts after the "
+            "job's first allocation and no sidecar holds PyTorch's counters): these are "
+            "the window's, and the job's may be higher.") in r.verdict.summary
     text = render_text_plain(rep, width=200)
     assert "peaks before the recorded window are not known: the trace starts after the job's first allocation" in text
     js = json.loads(render_json(rep))["ranks"][0]
@@ -237,14 +240,14 @@ def test_bursts_without_counters_are_not_called_retries():
     f = cf.detect_rank(a, Context([a]))
     assert (f.evidence["alloc_retries"], f.evidence["alloc_retries_source"], f.evidence["allocator_retry_bursts"]) \
         == (3, "inferred from segment-free bursts", 3)
-    assert fill(f.title, f.evidence) == ("Cached segments released 3 time(s): allocator retries or garbage "
+    assert fill(f.title, f.evidence) == ("Cached segments released in 3 bursts: allocator retries or garbage "
                                          "collection")
     assert fill(f.summary, f.evidence) == (
-        "The allocator released cached segments 3 time(s) during training without empty_cache() (1.50 GiB in all): "
+        "The allocator released cached segments during training without empty_cache(), in 3 bursts of 1.50 GiB in all: "
         "retries after cudaMalloc failed, or the garbage collector (garbage_collection_threshold) releasing old "
         "blocks; this trace has no num_alloc_retries to tell them apart (record with oomdoctor: its sidecar has it). "
         "Either costs time, not memory.")
-    assert "0 time(s)" not in fill(f.summary, f.evidence)
+    assert "(s)" not in fill(f.summary, f.evidence) and "retried" not in fill(f.summary, f.evidence)
 
 
 def test_the_allocators_own_count_decides_garbage_collection_is_no_retry():
@@ -257,8 +260,8 @@ def test_the_allocators_own_count_decides_garbage_collection_is_no_retry():
     f = cf.detect_rank(a, Context([a]))
     assert (f.evidence["alloc_retries"], f.evidence["alloc_retries_source"], f.evidence["num_alloc_retries"]) == (
         2, "sidecar", 2)
-    assert fill(f.summary, f.evidence).startswith("The allocator ran out of room 2 time(s) without failing "
-                                                  "(num_alloc_retries, PyTorch's own count)")
+    assert fill(f.summary, f.evidence).startswith("The allocator ran out of room without failing and retried: "
+                                                  "num_alloc_retries, PyTorch's own count, is 2.")
 
 
 def test_a_slice_does_not_carry_the_jobs_counters():

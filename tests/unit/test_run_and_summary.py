@@ -139,5 +139,5 @@ def test_in_job_summary_names_missing_and_unreadable_ranks(snapshots):
     report = merge_payloads(got, world_size=4)
     assert [r.rank for r in report.ranks] == [0]
     assert report.extra["missing_ranks"] == [1, 2, 3]
-    assert any("rank(s) 1–3 within 120 s" in n for n in report.notes)  # spans as every rank list (units.span)
+    assert any("ranks 1–3 within 120 s" in n for n in report.notes)  # spans as every rank list (units.span)
     assert os.path.basename(report.inputs[0]) == "rank0.pickle"

@@ -402,6 +402,12 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
         kind = "evaluation only"
     elif np.any(smoothed == FORWARD_PHASE):
         kind = "forward only" if pass_starts.size <= 1 else f"{pass_starts.size} forward passes, no backward"
+    elif (comms := annotation_windows(dt, "nccl:")).shape[0]:
+        # PyTorch's own nccl:* scopes (ProcessGroupNCCL's record_function) over a job with no model pass: its
+        # collectives are its work, not its setup (issue 37: a loop of 20 all-gathers read "setup only")
+        names = sorted({x.name[len("nccl:"):] for x in dt.annotations if x.name.startswith("nccl:")})
+        kind = (f"{comms.shape[0]} collective{'s' if comms.shape[0] > 1 else ''} ({', '.join(names[:3])}), "
+                "no forward or backward")
     else:
         kind = "setup only"
     return Phases(phase, pass_starts, steps, kind, recorded, python, has_b, source, opt_starts.astype(np.int64),

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from ..render.console import TidyConsole
 from .pipes import silence_stdout
 
 
-class Terminal(Console):
+class Terminal(TidyConsole):
     """A :class:`rich.console.Console` that reports a closed pipe instead of exiting."""
 
     def on_broken_pipe(self) -> None:

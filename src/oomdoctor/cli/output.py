@@ -25,6 +25,7 @@ from rich.console import Console
 
 from ..capture.files import FILE, STREAM, OutputError, resolve_target, write_target
 from ..errors import UsageError
+from ..render.console import plain_console
 from .console import terminal as stdout_console
 from .pipes import silence_stdout
 
@@ -84,7 +85,7 @@ def write_rendered(output: str | None, draw: Callable[[Console], None], *, width
         draw(terminal or stdout_console())
         return
     buf = io.StringIO()
-    draw(Console(file=buf, width=width, no_color=True, highlight=False))
+    draw(plain_console(buf, width))
     write_text(output, buf.getvalue())
 
 

@@ -111,19 +111,19 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         title = ("torch.cuda.empty_cache() churn: about {flush_time_us:us} of flushing and allocating again over "
                  "{empty_cache_bursts} flushes (a speed cost)")
     elif known:
-        summary = ("The allocator ran out of room {alloc_retries} time(s) without failing (num_alloc_retries, PyTorch's "
-                   "own count): it freed its cache and retried cudaMalloc, synchronising every stream each time. The "
+        summary = ("The allocator ran out of room without failing and retried: num_alloc_retries, PyTorch's own count, "
+                   "is {alloc_retries}. Each time it freed its cache and retried cudaMalloc, synchronising every stream. The "
                    "job runs at the edge of the device's memory; the cost is time, not memory.")
         title = "Allocator retries: the job runs at the edge of its memory"
     else:
         # without PyTorch's counters a burst of segment frees may be a retry or the garbage collector
         # (garbage_collection_threshold, release_available_cached_blocks under max_split_size_mb): both free cached
         # segments and allocate on; only num_alloc_retries tells them apart
-        summary = ("The allocator released cached segments {allocator_retry_bursts} time(s) during training without "
-                   "empty_cache() ({freed_bytes:bytes} in all): retries after cudaMalloc failed, or the garbage "
+        summary = ("The allocator released cached segments during training without empty_cache(), in "
+                   "{allocator_retry_bursts} bursts of {freed_bytes:bytes} in all: retries after cudaMalloc failed, or the garbage "
                    "collector (garbage_collection_threshold) releasing old blocks; this trace has no num_alloc_retries "
                    "to tell them apart (record with oomdoctor: its sidecar has it). Either costs time, not memory.")
-        title = "Cached segments released {allocator_retry_bursts} time(s): allocator retries or garbage collection"
+        title = "Cached segments released in {allocator_retry_bursts} bursts: allocator retries or garbage collection"
     sev = "low"
     fixes = []
     if churn:

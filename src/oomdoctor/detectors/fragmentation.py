@@ -143,8 +143,8 @@ def shapes_vary(a: DeviceAnalysis) -> bool:
 
 def _fixes(v, expandable_on: bool, request: int, capped: bool, varies: bool = False) -> list[Fix]:
     env = "PYTORCH_ALLOC_CONF" if v.at_least((2, 9)) else "PYTORCH_CUDA_ALLOC_CONF"
-    env_note = ("PYTORCH_ALLOC_CONF (PyTorch >= 2.9; PYTORCH_CUDA_ALLOC_CONF is still read as an alias there "
-                "and is the name before 2.9)")
+    env_note = ("PYTORCH_ALLOC_CONF from PyTorch 2.9, where PYTORCH_CUDA_ALLOC_CONF is still read as its alias; "
+                "PYTORCH_CUDA_ALLOC_CONF before 2.9")
     split = split_mb(request)
     fixes = []
     if not expandable_on:

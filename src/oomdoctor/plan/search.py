@@ -228,7 +228,7 @@ RULES = [
     "set that before changing the parallelism (it costs no throughput); such a plan's peak is given with it.",
     "Tensor parallelism is kept inside one node (NVLink); its all-reduces are on the critical path, so a larger TP "
     "costs throughput in proportion to the all-reduce volume.",
-    "More pipeline stages cut memory per rank but lower DP and add bubble ((p-1)/(v*M)); interleaving (VPP) shrinks "
+    "More pipeline stages cut memory per rank but lower DP and add a bubble of (p-1)/(v*M); interleaving (VPP) shrinks "
     "the bubble but the last stage then holds about p-(p-1)/v micro-batches, not 1.",
     "Recompute is the last resort: full recompute adds a forward pass (+33% compute), selective about 3%.",
     "Plans are ranked by modelled throughput among those that fit; the worst pipeline stage decides whether a plan fits.",

@@ -17,6 +17,7 @@ from ..plan.estimate import Estimate
 from ..plan.search import SearchResult, alloc_conf_env
 from ..plan.validate import Validation
 from ..units import GiB
+from .console import hang, plain_console
 
 
 def _gb(n: int) -> str:
@@ -104,13 +105,13 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
     console.print(t)
     for i, c in enumerate(shown, 1):
         if c.why:
-            console.print(f"  {i}. {'; '.join(c.why)}")
+            console.print(hang("; ".join(c.why), 2, f"{i:>2}. "))
     console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL), under the setting "
                        f"that makes the plan fit; expandable: fits with {alloc_conf_env()}=expandable_segments:True "
                        "(its peak is shown with it); GiB = 2^30 bytes", style="dim"))
     console.print(Text("Decision rules:", style="bold"))
     for i, rule in enumerate(r.rules, 1):
-        console.print(f"  {i}. {rule}")
+        console.print(hang(rule, 2, f"{i}. "))
 
 
 def validation_dict(v: Validation) -> dict[str, Any]:
@@ -140,7 +141,7 @@ def render_plan_json(obj: dict[str, Any]) -> str:
 def render_validation_text(v: Validation) -> str:
     d = validation_dict(v)["summary"]
     buf = io.StringIO()
-    c = Console(file=buf, width=80, no_color=True, highlight=False)
+    c = plain_console(buf, 80)
     c.print(f"GPT rows: {d['gpt_rows']}, estimated: {d['covered']} ({100 * d['coverage']:.1f}%)")
     if d["median_abs_rel_error"] is not None:
         c.print(f"absolute relative error of peak allocated on the last rank: median "

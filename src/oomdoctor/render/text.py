@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .console import hang, plain_console
 from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
@@ -23,6 +25,11 @@ _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
 _APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def sparkline(values: list[int], top: int) -> str:
@@ -42,6 +49,10 @@ _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimi
                    "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
                    "weight_copy": "frozen weights",
                    "unknown": "unknown", "rounding": "allocator rounding"}
+_PHASE_SOURCE = {"markers": "marked by the framework", "annotations": "from PyTorch's annotations",
+                 "autograd engine thread": "from the autograd engine's thread", "frames": "from the call stacks",
+                 "inferred": "guessed from the blocks' lifetimes"}
+"""How the phase was told (``Breakdown.phase_source``), in words."""
 _AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated memory",
              "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step",
              "backward_end": "at the end of a backward"}
@@ -61,11 +72,12 @@ def _verdict_panel(report: Report) -> Panel | None:
     v = report.verdict
     if v is None:
         return None
-    body = Text(fill(v.summary, v.evidence) + "\n")
+    parts: list = [Text(fill(v.summary, v.evidence))]
     if v.actions:
-        body.append("\nWhat to do:\n", style="bold")
+        parts.append(Text("\nWhat to do:", style="bold"))
         for i, act in enumerate(v.actions, 1):
-            body.append(f"  {i}. {fill(act, v.evidence)}\n")
+            parts.append(hang(fill(act, v.evidence), 2, f"{i}. "))
+    body = Group(*parts)
     ranks = span(v.ranks)
     title = Text.assemble(Text(f" {v.kind.upper()} ", style=_VERDICT_STYLE.get(v.kind, "bold")),
                           f" rank{'s' if len(v.ranks) > 1 else ''} {ranks} ")
@@ -106,28 +118,28 @@ def _rank_table(report: Report) -> Table:
 
 def _breakdown_text(r: RankSummary, width: int) -> Group:
     bd = r.breakdown
-    text = Text()
     if bd is None:
-        return Group(text)
+        return Group()
     where = _AT_LABEL.get(bd.at, bd.at)
     step = f"step {bd.step}, " if bd.step is not None else ""
-    text.append(f"\n  {where} ({step}{bd.phase} phase, from {bd.phase_source}): {format_bytes(bd.allocated_bytes)} "
-                "allocated = ", style="bold")
+    text = Text(f"{where} ({step}{bd.phase} phase, {_PHASE_SOURCE.get(bd.phase_source, bd.phase_source)}): "
+                f"{format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
     parts = _by_size(bd)
     text.append(" + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) or "nothing")
     recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
-    text.append("\n  (" + ("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
-                          if recorded else "") + "the rest read from the trace)", style="dim")
-    holders = None
+    source = Text(("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
+                   if recorded else "") + "the rest read from the trace", style="dim")
+    out: list = [Text(), hang(text), hang(source)]
     if r.holders:
-        text.append("\n  largest holders:", style="bold")
+        out.append(Text("  largest holders:", style="bold"))
         rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}", h.label)
                 for h in r.holders[:6]]
-        holders = _fitted_table(rows, width, justify=("right", "right", "left", "left"))
+        out.append(_fitted_table(rows, width, justify=("right", "right", "left", "left"),
+                                 headers=("  bytes", "blocks", "what, phase", "allocated at")))
     tail = Text()
     f = r.fits
     if f is not None and (f.batch_scale is not None or f.expandable_batch_scale is not None):
-        tail.append("  fits on this GPU (replayed): ", style="bold")
+        tail.append("fits on this GPU (replayed): ", style="bold")
         bits = []
         if f.batch_scale is not None:
             bits.append(f"{_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch with the recorded settings"
@@ -137,10 +149,10 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
                         + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None else ""))
         tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
                     f"{format_bytes(f.margin_bytes)} kept free")
-        for n in f.notes:
-            tail.append(f"\n  note: {n}", style="dim")
+        out.append(hang(tail))
+        out += [hang(n, 2, "note: ", style="dim") for n in f.notes]
     elif f is not None and (f.estimated_batch_scale is not None or f.notes):
-        tail.append("  what fits: ", style="bold")
+        tail.append("what fits: ", style="bold")
         if f.estimated_batch_scale is not None:
             n = f.estimated_largest_micro_batch
             what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x"
@@ -148,7 +160,8 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
                          f"an estimate, not a replay: about {what}") + " if " + "; ".join(f.assumptions))
         else:
             tail.append("not said: " + f.notes[-1])
-    return Group(*(x for x in (text, holders, tail) if x is not None and (not isinstance(x, Text) or x.plain)))
+        out.append(hang(tail))
+    return Group(*out)
 
 
 def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
@@ -160,7 +173,7 @@ def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
             "missed it")
 
 
-def _timeline(r: RankSummary) -> Text:
+def _timeline(r: RankSummary) -> Group:
     top = max(r.series.get("reserved") or [0])
     text = Text()
     text.append(f"rank {r.rank}", style="bold")
@@ -172,7 +185,7 @@ def _timeline(r: RankSummary) -> Text:
     if not r.has_history:
         text.append(f"final state only: {format_bytes(r.peak_reserved_bytes)} reserved, "
                     f"{format_bytes(r.peak_allocated_bytes)} allocated")
-        return text
+        return Group(text)
     text.append(f"over {r.events:,} events, {format_us(r.duration_us)}")
     if r.steps:
         text.append(f", {r.steps} step{'s' if r.steps > 1 else ''} ({r.step_source})")
@@ -184,18 +197,19 @@ def _timeline(r: RankSummary) -> Text:
     text.append(sparkline(r.series.get("allocated", []), top), style="green")
     text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
     text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed), style="bold")
+    out: list = [text]
     if r.peak_source == "unknown-before-window":
-        text.append("\n  peaks before the recorded window are not known: the trace starts after the job's first "
-                    "allocation and no sidecar holds PyTorch's counters (oomdoctor run's sidecars hold them)",
-                    style="yellow")
+        out.append(hang("peaks before the recorded window are not known: the trace starts after the job's first "
+                        "allocation and no sidecar holds PyTorch's counters; the sidecars of oomdoctor run hold them",
+                        style="yellow"))
     an = r.anatomy_at_peak
     if an is not None:
         parts = [("requested", an.requested_bytes), ("rounding", an.rounding_waste_bytes),
                  ("pending free", an.pending_free_bytes), ("free in used segments", an.free_in_used_segments_bytes),
                  ("free segments", an.free_segments_bytes)]
-        text.append("\n  at the peak of reserved: ")
-        text.append(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved")
-    return text
+        out.append(hang(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved",
+                        2, "at the peak of reserved: "))
+    return Group(*out)
 
 
 
@@ -205,44 +219,49 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {fill(p['outcome'], p)} "
-            f"(recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {fill(p['outcome'], p)}. "
+            f"Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"
-    text += f"; reach: {p['reach']})"
+    text += "."
     if not p["self_replay_exact"]:
-        text += " [the replay of the recorded run was not exact: approximate]"
+        text += " Approximate: the replay of the recorded run was not exact."
     return text
 
 
 def _finding_panel(i: int, f) -> Panel:
-    body = Text()
     ranks = ",".join(str(r) for r in f.ranks)
     head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
         head += f" · PyTorch {f.evidence['torch_version']}"
-    body.append(head + "\n", style="dim")
-    body.append(fill(f.summary, f.evidence) + "\n")
+    parts: list = [Text(head, style="dim"), Text(fill(f.summary, f.evidence))]
     if f.sites:
-        body.append("\nWhere:\n", style="bold")
+        parts.append(Text("\nWhere:", style="bold"))
         for s in f.sites[:3]:
-            body.append(f"  {format_bytes(s.bytes):>10}  {s.count:>5} blocks  {s.label}\n")
+            parts.append(hang(s.label, 2, f"{format_bytes(s.bytes):>10}  {s.count:>5} blocks  "))
             if s.user_frame and s.user_frame not in s.label:
-                body.append(f"{'':30}called from {s.user_frame}\n", style="dim")
+                parts.append(hang(s.user_frame, 30, "called from ", style="dim"))
     if f.fixes:
-        body.append("\nFix:\n", style="bold")
+        parts.append(Text("\nFix:", style="bold"))
         for n, fx in enumerate(f.fixes, 1):
             mark, style = _APPLIES[fx.applies]
-            body.append(f"  {n}. ")
-            body.append(f"[{fx.versions}] ", style="dim")
-            body.append(fx.text)
-            body.append(f"  {mark}\n", style=style)
+            line = Text.assemble((f"[{fx.versions}] ", "dim"), fx.text, (f"  {mark}", style))
+            parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:
-                body.append(f"     simulated: {_prediction_text(fx.prediction)}\n", style="cyan")
-            body.append(f"     source: {fx.source}\n", style="dim")
+                parts.append(hang(_prediction_text(fx.prediction), 5, "simulated: ", style="cyan"))
+            parts.append(hang(fx.source, 5, "source: ", style="dim"))
+    body = Group(*parts)
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-    title = Text.assemble(sev, f" {i}. {fill(f.title, f.evidence)} ")
+    words = fill(f.title, f.evidence)
+    if len(words) > TITLE_ROOM:  # rich cuts a long box title with an ellipsis: it goes in the box, whole
+        body = Group(Text(words, style="bold"), body)
+        words = f.id
+    title = Text.assemble(sev, f" {i}. {words} ")
     return Panel(body, title=title, title_align="left", box=box.ROUNDED)
+
+
+TITLE_ROOM = 56
+"""The longest finding title a box's top edge shows whole at 80 columns (after the severity and the number)."""
 
 
 GROUPED_RANKS = 4
@@ -279,11 +298,11 @@ def _rank_section(r: RankSummary, console: Console) -> None:
     console.print(_timeline(r))
     console.print(_breakdown_text(r, console.width))
     for w in r.warnings:
-        console.print(Text(f"  note: {w}", style="yellow"))
+        console.print(hang(w, 2, "note: ", style="yellow"))
     if r.truncated and r.has_history:
-        console.print(Text(f"  note: the trace starts after some blocks were allocated ({r.unmatched_frees} "
-                           f"frees without their alloc, {r.ghost_blocks} blocks never seen): their state at "
-                           "the start was reconstructed from the final segments", style="dim"))
+        console.print(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
+                           f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
+                           "reconstructed from the final segments", 2, "note: ", style="dim"))
 
 
 def _render_grouped(report: Report, console: Console) -> None:
@@ -292,18 +311,18 @@ def _render_grouped(report: Report, console: Console) -> None:
     console.print(Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, peaks within "
                        "1%):", style="bold"))
     for line in _group_lines(report, console.width):
-        console.print(line)
+        console.print(hang(Text(line.plain.lstrip(), style=line.style), 2))
     odd = next((x for x in report.groups.groups if x.odd), None)
     first = odd.ranks[0] if odd else report.ranks[0].rank
     _rank_section(next(x for x in report.ranks if x.rank == first), console)
     for n in report.notes[:3]:
         console.print(Text(f"note: {n}", style="yellow"))
     shown = report.findings[:MAX_FINDING_LINES]
-    console.print(Text(f"{len(report.findings)} finding(s), most severe first:" if shown else "No finding.",
+    console.print(Text(f"{_count(len(report.findings), 'finding')}, most severe first:" if shown else "No finding.",
                        style="bold"))
     for f in shown:
-        console.print(Text(f"  {f.severity.upper()} [{f.id}] rank{'s' if len(f.ranks) > 1 else ''} "
-                           f"{span(sorted(f.ranks))} · {format_bytes(f.bytes)} · {fill(f.title, f.evidence)}"))
+        console.print(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
+                           f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"{f.severity.upper()} [{f.id}] "))
     if len(report.findings) > MAX_FINDING_LINES:
         console.print(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
     console.print(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
@@ -319,13 +338,13 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
     v = report.verdict
     head = Text(f"oomdoctor {report.oomdoctor_version}: ", style="bold")
     if v is not None:
-        edge = (f", at the edge ({v.evidence['headroom_percent']}% headroom)" if "headroom_percent" in v.evidence
+        edge = (f", at the edge with {v.evidence['headroom_percent']}% headroom," if "headroom_percent" in v.evidence
                 else "")
         head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {span(v.ranks)}",
                     style="bold")
-        head.append(f" ({len(report.ranks)} rank(s) read)")
+        head.append(f"; {_count(len(report.ranks), 'rank')} read")
     else:
-        head.append(f"{len(report.ranks)} rank(s)")
+        head.append(_count(len(report.ranks), "rank"))
     console.print(head)
     if grouped:
         odd = [x for x in report.groups.groups if x.odd]
@@ -349,7 +368,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
     if not material:
         console.print(Text("No material finding.", style="bold green"))
     else:
-        console.print(Text(f"{len(material)} finding(s), most severe first:", style="bold"))
+        console.print(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
         for i, f in enumerate(material, 1):
             console.print(_finding_panel(i, f))
     if minor:
@@ -358,7 +377,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 if m else "")
         console.print(Text(f"Also noted, not material{rule}:", style="dim"))
         for f in minor:
-            console.print(Text(f"  [{f.id}] {format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", style="dim"))
+            console.print(hang(f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"[{f.id}] ", style="dim"))
 
 
 def _oom_text(oom) -> Text:
@@ -369,6 +388,41 @@ def _oom_text(oom) -> Text:
 
 def _matches_text(m: bool | None) -> Text:
     return {True: Text("exact", style="green"), False: Text("differs", style="bold red"), None: Text("")}[m]
+
+
+def _one_a_line(config: str) -> str:
+    """A ``PYTORCH_CUDA_ALLOC_CONF`` string with one option a line (the commas between options; those inside a
+    ``[...]`` list stay), so that a table cell of settings never cuts one."""
+    out, depth = [], 0
+    for ch in config:
+        depth += (ch == "[") - (ch == "]")
+        out.append(",\n  " if ch == "," and depth == 0 else ch)
+    return "".join(out)
+
+
+def capacity_words(cap, oom_event: int | None = None) -> str:
+    """The limit a replay ran under (:class:`oomdoctor.simulate.capacity.Capacity`), in words and binary units:
+    what set it and, for a bounded cap, its bounds."""
+    if cap.limit_bytes is None:
+        return re.sub(r"\b\d{7,}\b", lambda m: format_bytes(int(m.group())), cap.source)
+    limit = format_bytes(cap.limit_bytes)
+    bounds = (f"the lower end of a cap between {format_bytes(cap.lower_bytes)} and {format_bytes(cap.upper_bytes)}"
+              if cap.lower_bytes is not None and cap.upper_bytes is not None and cap.lower_bytes != cap.upper_bytes
+              else "")
+    at = f", event {oom_event}" if oom_event is not None else ""
+    if cap.evidence == "sidecar":
+        return f"{limit}, the memory-fraction cap the sidecar states"
+    if cap.evidence == "given":
+        return f"{limit}, given with --cap as a {cap.kind} limit"
+    if cap.evidence == "oom" and cap.kind == "device":
+        return f"{limit}, the device's memory at the OOM{at}: its free bytes then plus the reserved bytes"
+    if cap.evidence == "oom":
+        return (f"{limit}, {bounds}: a memory-fraction cap, since the device still had memory free at the "
+                f"OOM{at}")
+    if cap.evidence == "fallbacks":
+        return (f"{limit}, {bounds}, read from the allocator's fallbacks: cached segments freed before a new "
+                "segment")
+    return f"{limit}, a {cap.kind} limit"
 
 
 def render_simulation_text(sim: Simulation, console: Console) -> None:
@@ -383,12 +437,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
                   f"{format_bytes(sim.recorded_peak_reserved_bytes)}, peak allocated "
                   f"{format_bytes(sim.recorded_peak_allocated_bytes)}{oom}")
-    if sim.capacity.limit_bytes is None:
-        cap = sim.capacity.source
-    else:
-        cap = (f"{format_bytes(sim.capacity.limit_bytes)} ({sim.capacity.limit_bytes} bytes, {sim.capacity.kind} "
-               f"limit, {sim.capacity.certainty}); {sim.capacity.source}")
-    console.print(Text(f"capacity: {cap}", style="dim"))
+    console.print(hang(capacity_words(sim.capacity, sim.recorded_oom_event), 0, "capacity: ", style="dim"))
     rec_id = id(sim.recommendation.result) if sim.recommendation else None
     for mode, title in (("recorded", "frees as recorded (held for other streams where the job record_stream-ed)"),
                         ("immediate", "frees made immediate (no record_stream)")):
@@ -398,11 +447,11 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         checked = any(r.matches_recorded is not None for r in rows)
         console.print(Text(title + ":", style="italic"))
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        table.add_column("PYTORCH_CUDA_ALLOC_CONF", no_wrap=True)
-        for col in ("peak reserved", "peak allocated", "OOM") + (("check",) if checked else ()):
+        table.add_column("PYTORCH_CUDA_ALLOC_CONF", overflow="fold")  # words: one setting a line, folded if need be
+        for col in ("peak\nreserved", "peak\nallocated", "OOM") + (("check",) if checked else ()):
             table.add_column(col, justify="right" if col.startswith("peak") else "left", no_wrap=True)
         for r in rows:
-            cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", str(r.config)),
+            cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", _one_a_line(str(r.config))),
                      format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes), _oom_text(r.oom)]
             table.add_row(*cells, *((_matches_text(r.matches_recorded),) if checked else ()))
         console.print(table)
@@ -421,7 +470,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
                ("no OOM, as recorded" if v.oom_matches else "an OOM the recording does not have")), style=style))
     for r in sim.results:
         for w in r.warnings:
-            console.print(Text(f"  note ({r.config}, {r.deferred_frees} frees): {w}", style="yellow"))
+            console.print(hang(w, 2, f"note on {r.config}, {r.deferred_frees} frees: ", style="yellow"))
     for n in sim.notes:
         console.print(Text(f"note: {n}", style="dim"))
     rec = sim.recommendation
@@ -431,14 +480,14 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
         body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. "
-                    f"{rec.reason[:1].upper()}{rec.reason[1:]}.\n")
+                    f"{rec.reason[:1].upper()}{rec.reason[1:]}.")
+        parts: list = [body]
         if sim.search_wall_s is not None:
-            body.append(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s\n", style="dim")
+            parts.append(Text(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s", style="dim"))
         if rec.incompatibilities:
-            body.append("Before you set it:\n", style="bold")
-            for line in rec.incompatibilities:
-                body.append(f"  - {line}\n")
-        console.print(Panel(body, title="recommendation", title_align="left", box=box.ROUNDED))
+            parts.append(Text("Before you set it:", style="bold"))
+            parts += [hang(line, 2, "- ") for line in rec.incompatibilities]
+        console.print(Panel(Group(*parts), title="recommendation", title_align="left", box=box.ROUNDED))
     elif sim.search_wall_s is not None:
         console.print(Text("No setting tried avoids the OOM under this capacity.", style="bold red"))
 
@@ -446,14 +495,14 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
 def render_text_plain(report: Report, width: int = 120, *, all_ranks: bool = False) -> str:
     """The text report as a string without colour (for files and logs)."""
     buf = io.StringIO()
-    render_text(report, Console(file=buf, width=width, no_color=True, highlight=False), all_ranks=all_ranks)
+    render_text(report, plain_console(buf, width), all_ranks=all_ranks)
     return buf.getvalue()
 
 
 def render_simulation_text_plain(sim: Simulation, width: int = 120) -> str:
     """The simulation's text as a string without colour."""
     buf = io.StringIO()
-    render_simulation_text(sim, Console(file=buf, width=width, no_color=True, highlight=False))
+    render_simulation_text(sim, plain_console(buf, width))
     return buf.getvalue()
 
 
@@ -462,7 +511,7 @@ _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow
 
 def render_diff_text(diff: Diff, console: Console) -> None:
     """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
-    console.print(Text(f"oomdoctor diff: {len(diff.ranks)} rank pair(s); peaks in bytes, saved = before - after",
+    console.print(Text(f"oomdoctor diff: {_count(len(diff.ranks), 'rank pair')}; peaks in bytes, saved = before - after",
                        style="bold"))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "peak", "before", "after", "saved", "OOM"):
@@ -478,11 +527,12 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         for side, an in (("before", r.before_anatomy), ("after", r.after_anatomy)):
             if an is None:
                 continue
-            console.print(Text(
-                f"  rank {r.rank} {side:>6} at peak reserved: requested {format_bytes(an.requested_bytes)}, "
+            console.print(hang(
+                f"requested {format_bytes(an.requested_bytes)}, "
                 f"rounding {format_bytes(an.rounding_waste_bytes)}, pending free {format_bytes(an.pending_free_bytes)}, "
                 f"free in used segments {format_bytes(an.free_in_used_segments_bytes)}, "
-                f"free segments {format_bytes(an.free_segments_bytes)}"))
+                f"free segments {format_bytes(an.free_segments_bytes)}", 2,
+                f"rank {r.rank} {side:>6} at peak reserved: "))
     for n in diff.notes:
         console.print(Text(f"note: {n}", style="yellow"))
     console.print()
@@ -490,18 +540,16 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         console.print(Text("No finding in either run.", style="green"))
     for f in diff.findings:
         line = Text()
-        line.append(f"{f.status:>9} ", style=_STATUS_STYLE[f.status])
-        line.append(f"[{f.id}] ")
         if f.status == "resolved":
             line.append(f"{format_bytes(f.before_bytes)} at stake before; its share of the peak reserved saved on "
-                        f"rank(s) {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+                        f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         elif f.status == "new":
-            line.append(f"{format_bytes(f.after_bytes)} at stake on rank(s) {','.join(map(str, f.after_ranks))}")
+            line.append(f"{format_bytes(f.after_bytes)} at stake on rank{'s' if len(f.after_ranks) > 1 else ''} {','.join(map(str, f.after_ranks))}")
         else:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
                 line.append(f"; its share of the peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
-        console.print(line)
+        console.print(hang(line, 0, Text.assemble((f"{f.status:>9} ", _STATUS_STYLE[f.status]), f"[{f.id}] ")))
     for r in diff.ranks:
         if not r.sites:
             continue
@@ -515,7 +563,7 @@ def render_diff_text(diff: Diff, console: Console) -> None:
 
 def render_diff_text_plain(diff: Diff, width: int = 120) -> str:
     buf = io.StringIO()
-    render_diff_text(diff, Console(file=buf, width=width, no_color=True, highlight=False))
+    render_diff_text(diff, plain_console(buf, width))
     return buf.getvalue()
 
 
@@ -571,6 +619,6 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
              + " + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts)]
     if r.holders:
         lines.append("largest holders:")
-        lines += [f"  {format_bytes(h.bytes):>10}  {h.count:>5} block(s)  {_CATEGORY_LABEL[h.category]}  {h.label}"
+        lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {_CATEGORY_LABEL[h.category]}  {h.label}"
                   for h in r.holders[:holders]]
     return "\n".join(lines)

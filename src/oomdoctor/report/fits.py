@@ -5,7 +5,10 @@ the best evidence, in order:
 
 1. a memory cap (``set_per_process_memory_fraction``) in the sidecar: the allocator refuses beyond it;
 2. an ``oom`` trace entry: the reserved bytes then plus ``device_free`` (``cudaMemGetInfo`` at the
-   failure, ``CUDACachingAllocator.cpp`` ``malloc``): exactly what was there to take;
+   failure, ``CUDACachingAllocator.cpp`` ``malloc``): exactly what was there to take; unless the device
+   still had the failed segment's bytes free, where a memory-fraction cap failed the request: the cap's
+   lower end (:func:`oomdoctor.simulate.capacity.infer_capacity`, the peak reserved before the OOM), as
+   ``oomdoctor simulate`` replays it;
 3. the sidecar's ``device_free_bytes`` at the dump plus ``memory_stats``' reserved bytes then;
 4. the GPU's total memory less what lives outside the allocator, estimated with the planner's measured
    constants (CUDA context, and NCCL's first communicator when the job is distributed:
@@ -77,6 +80,14 @@ def device_room(a: DeviceAnalysis) -> Room:
     if cap is not None:
         return Room(cap, "fraction", f"set_per_process_memory_fraction: {source}")
     if a.oom_events.size:
+        from ..simulate.capacity import infer_capacity
+
+        inferred = infer_capacity(a.trace, a.device)
+        if inferred.kind == "fraction" and inferred.limit_bytes is not None:
+            # the device still had the segment's bytes free at the OOM: a memory-fraction cap failed it, not the
+            # device (simulate/capacity.py, rule 3); its lower end is the peak reserved before the OOM
+            return Room(inferred.limit_bytes, "fraction", "a memory-fraction cap: the device still had memory free "
+                                                          "at the OOM; the cap's lower end, the peak reserved before it")
         k = int(a.oom_events[-1])
         free = int(a.device.events["device_free"][k])
         if free >= 0:
@@ -388,8 +399,8 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     reproduced, model_error = _reproduced(a, prepared, cap)
     margin = _with_prediction_margin(out, a, margin, model_error, inputs)
     if not reproduced:
-        out.notes.append("the allocator model does not reproduce this recording under the device's room: what fits "
-                         "is not replayed")
+        out.notes.append("the allocator model does not reproduce this recording in the memory the allocator could "
+                         "use on this GPU: what fits is not replayed")
         return out
     unit = 1.0 / micro_batch if micro_batch else None
     # a run that finished at this micro-batch fits it: search above it

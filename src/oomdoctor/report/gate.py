@@ -26,10 +26,10 @@ def gate(report: Report, level: str) -> str | None:
         v = report.verdict
         if v is None or v.kind == "healthy":
             return None
-        return f"the verdict is {v.kind} (rank(s) {', '.join(str(r) for r in v.ranks)})"
+        return f"the verdict is {v.kind} (rank{'s' if len(v.ranks) > 1 else ''} {', '.join(str(r) for r in v.ranks)})"
     floor = SEVERITY_ORDER.index(level)
     hit = [f for f in report.findings if f.severity in SEVERITY_ORDER and SEVERITY_ORDER.index(f.severity) >= floor]
     if not hit:
         return None
     listed = ", ".join(f"{f.id} {f.severity.upper()}" for f in hit[:4]) + (", ..." if len(hit) > 4 else "")
-    return f"{len(hit)} finding(s) at or above {level}: {listed}"
+    return f"{len(hit)} finding{'s' if len(hit) > 1 else ''} at or above {level}: {listed}"

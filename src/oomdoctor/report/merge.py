@@ -49,7 +49,8 @@ def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing
         notes.extend(n for n in rep.notes if n not in notes)
     if missing_ranks:
         wait = f" within {waited_s:.0f} s" if waited_s is not None else ""
-        notes.append(f"No result from rank(s) {span(sorted(missing_ranks))}{wait} (the process died or was still "
+        notes.append(f"No result from rank{'s' if len(missing_ranks) > 1 else ''} {span(sorted(missing_ranks))}{wait} "
+                     "(the process died or was still "
                      "busy): this summary covers the other ranks only.")
     version = reports[0].oomdoctor_version if reports else ""
     extra = {"in_job_summary": True, "world_size": world_size, "missing_ranks": sorted(missing_ranks)} if in_job else {}

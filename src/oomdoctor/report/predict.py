@@ -15,7 +15,9 @@ replayed, which it says (``reach``, :data:`REACHES`):
 
 Every prediction also carries its margin (:mod:`.margin`: ``margin_bytes``, the parts in ``margin``) and,
 where the room is known and the replay does not run out, ``spare_bytes`` (room - the claim's peak reserved:
-the extended replay's for an extended step) and ``at_edge``: the spare room is inside the margin, so the claim
+for an extended step that completes, the higher of the recorded events' peak, ``peak_reserved_bytes``,
+which ``oomdoctor simulate`` prints for the same setting, and the extended replay's,
+``extended_peak_reserved_bytes``) and ``at_edge``: the spare room is inside the margin, so the claim
 may still run out and is never counted as a fix.
 
 ``outcome`` is the sentence a renderer shows, a template over the prediction's own fields.
@@ -152,11 +154,16 @@ class Predictor:
         out["extension"] = {"previous_step_events": list(ext.previous_step), "appended_events": ext.appended}
         out["margin_bytes"] = self.margin.for_claim(True)
         if e.oom is None:
+            # the claim's peak is the higher of the recorded events' (what `simulate` says of the setting) and the
+            # completed step's: one number, one meaning in both commands (issue 37)
             out["reach"] = "step-completed"
-            out["outcome"] = ("gets past the recorded OOM, and the rest of the step, replayed as the previous step ran "
-                              "it, completes (peak reserved {extended_peak_reserved_bytes:bytes})"
+            claim = max(r.peak_reserved_bytes, e.peak_reserved_bytes)
+            out["outcome"] = ("gets past the recorded OOM with a peak reserved of {peak_reserved_bytes:bytes}, and the "
+                              "rest of the step, replayed as the previous step ran it, completes"
+                              + (", peaking at {extended_peak_reserved_bytes:bytes}"
+                                 if e.peak_reserved_bytes > r.peak_reserved_bytes else "")
                               + (SPARE if limit is not None else ""))
-            return _edge(out, limit, e.peak_reserved_bytes, out["margin_bytes"])
+            return _edge(out, limit, claim, out["margin_bytes"])
         out["reach"] = "step-ran-out"
         out["extended_oom_requested_bytes"] = e.oom.requested_bytes
         out["outcome"] = ("gets past the recorded OOM, but the rest of the step, replayed as the previous step ran "

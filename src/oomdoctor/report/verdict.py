@@ -34,7 +34,7 @@ The job's verdict is its worst rank's: ranks that ran out of memory first, then 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -124,9 +124,10 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
     reserved_words, allocated_words, unknown_words = _peak_words(jp)
+    opening = NO_MATERIAL  # with_findings says the material findings that decide no verdict
     if headroom is not None:
         ev["headroom_bytes"] = headroom
-        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}" + reserved_words
+        summary = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved_words
                    + " of the {room_bytes:bytes} the allocator could use on this GPU ({headroom_bytes:bytes} headroom), "
                    "peak allocated {peak_allocated_bytes:bytes}" + allocated_words + "." + unknown_words)
         if headroom < EDGE_FRACTION * room.bytes:
@@ -136,7 +137,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
                 summary += (" The KV cache holds {kv_cache_bytes:bytes}: it grows with the batch and with every "
                             "generated token.")
     else:
-        summary = ("no OOM and no material finding; peak reserved {peak_reserved_bytes:bytes}" + reserved_words
+        summary = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved_words
                    + ", peak allocated {peak_allocated_bytes:bytes}" + allocated_words
                    + " (the GPU's size is not recorded)." + unknown_words)
     return with_findings(Verdict("healthy", summary, peak_reserved, [rank], headroom, None, ev), findings)
@@ -213,7 +214,7 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     mine = [f for f in _material(findings, rank) if f.id in FINDING_KIND and FINDING_KIND[f.id] != "fragmentation"
             and (FINDING_KIND[f.id] == "growth" or _rank_bytes(f, rank) >= VERDICT_FRACTION * peak)]
     if not mine:
-        return v
+        return _say_material(v, findings)
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
     ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title}
     out = Verdict(FINDING_KIND[f.id], "{title}: {finding_bytes:bytes} at stake (no OOM in this trace; peak reserved "
@@ -223,6 +224,24 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     if fx is not None:
         out.actions = [_literal(fx.text)]
     return out
+
+
+NO_MATERIAL = "no OOM and no material finding; "
+_ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
+_MATERIAL = " The findings below are worth fixing, but none decides another verdict."
+
+
+def _say_material(v: Verdict, findings: list[Finding]) -> Verdict:
+    """A healthy ``v`` whose rank has material findings that decide no verdict of their own: it says them
+    (``material_findings``: how many) instead of "no material finding" (issue 37: "HEALTHY ... no material
+    finding" above a MEDIUM finding). Idempotent, so that the in-job summary, which re-reads a rank's verdict
+    against the cross-rank findings (report/merge.py), says what ``diagnose`` says."""
+    n = len(_material(findings, v.ranks[0])) if v.kind == "healthy" and v.ranks else 0
+    if not n:
+        return v
+    summary = v.summary.replace(NO_MATERIAL, "no OOM; ", 1).removesuffix(_ONE_MATERIAL).removesuffix(_MATERIAL)
+    return replace(v, summary=summary + (_ONE_MATERIAL if n == 1 else _MATERIAL),
+                   evidence={**v.evidence, "material_findings": n})
 
 
 def _own_imbalance(mine: list[Finding], rank: int) -> Finding | None:
@@ -317,7 +336,10 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         return Verdict("deferred-free", "{pending_free_bytes:bytes} freed by Python were still held for other streams "
                                         "(record_stream) at the OOM; without them the request fits.",
                        an.pending_free_bytes, [rank], None, "deferred-free", ev)
-    summary = ("{free_bytes:bytes} were free (cached or on the device) for a request of {request_bytes:bytes}, but not "
+    ev["room_kind"] = room.kind
+    where = ("under the memory-fraction cap of {room_bytes:bytes}, cached or not yet reserved," if room.kind == "fraction"
+             else "(cached or on the device)")
+    summary = ("{free_bytes:bytes} were free " + where + " for a request of {request_bytes:bytes}, but not "
                "in one piece (largest free block {largest_free_block_bytes:bytes}).")
     graph = sum(p.reserved_bytes for p in an.pools if p.pool_id != DEFAULT_POOL)
     if graph:

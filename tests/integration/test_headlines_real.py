@@ -1,0 +1,98 @@
+"""Issue 37 on the shared snapshots: the headline agrees with its report, and ``diagnose`` and ``simulate`` print the
+same peak for the same setting on the same trace. Facts first (the verdict's evidence, the predictions' bytes),
+then the words the two commands print."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oomdoctor import load
+from oomdoctor.cli.main import main
+from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.simulate.whatif import simulate
+
+FRAG = "fragmentation-oom/default-oom.pickle"
+EXPANDABLE = "expandable_segments:True"
+
+
+def _out(args, capsys, monkeypatch) -> str:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(args) in (0, 1)
+    return capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def frag(snapshots):
+    import oomdoctor
+
+    return oomdoctor.diagnose(str(snapshots / FRAG)).report
+
+
+def _prediction(report, config: str) -> dict:
+    return next(fx.prediction for f in report.findings for fx in f.fixes
+                if fx.prediction and fx.prediction["config"] == config)
+
+
+def test_diagnose_and_simulate_give_one_peak_for_expandable_segments(snapshots, frag, capsys, monkeypatch):
+    """The real run with expandable segments peaked at 34.82 GiB reserved (stats.jsonl); the replay of the
+    recorded events says 37,339,791,360 bytes (34.78 GiB) in both commands. diagnose once quoted the extended
+    step's 31.06 GiB (later 34.36 GiB), a number simulate never prints."""
+    p = _prediction(frag, EXPANDABLE)
+    sim = simulate(load(snapshots / FRAG), configs=[EXPANDABLE])
+    replayed = next(r for r in sim.results if str(r.config) == EXPANDABLE)
+    assert p["peak_reserved_bytes"] == replayed.peak_reserved_bytes == 37_339_791_360
+    assert p["reach"] == "step-completed"
+    # the spare room is the cap less the higher of the recorded events' peak and the completed step's
+    claim = max(p["peak_reserved_bytes"], p["extended_peak_reserved_bytes"])
+    assert p["spare_bytes"] == p["capacity_bytes"] - claim
+    # the words: the same 34.78 GiB in both commands' text and in the verdict's sentence
+    said = format_bytes(37_339_791_360)
+    assert said == "34.78 GiB"
+    assert f"with a peak reserved of {said}" in fill(p["outcome"], p)
+    assert said in _out(["simulate", str(snapshots / FRAG), "--config", EXPANDABLE], capsys, monkeypatch)
+    text = " ".join(_out(["diagnose", str(snapshots / FRAG)], capsys, monkeypatch).split())
+    assert f"peak reserved of {said}" in text
+    assert format_bytes(p["extended_peak_reserved_bytes"]) not in text  # below the recorded events' peak: not quoted
+    doc = json.loads(_out(["simulate", str(snapshots / FRAG), "--config", EXPANDABLE, "--format", "json"], capsys,
+                          monkeypatch))
+    assert [r["peak_reserved_bytes"] for r in doc["results"] if r["config"] == EXPANDABLE] == [37_339_791_360]
+
+
+def test_fragmentation_under_a_memory_fraction_cap_quotes_the_cap(snapshots, frag):
+    """The OOM came from set_per_process_memory_fraction (the device still had 100 GiB free): the room is the cap,
+    as simulate infers it (its lower end, 41,269,854,208 bytes), not the device's 139 GiB; what was free is the cap
+    less the allocated bytes; what fits is replayed, since under the cap the replay reproduces the recording."""
+    v = frag.verdict
+    ev = v.evidence
+    sim = simulate(load(snapshots / FRAG))
+    assert sim.capacity.kind == "fraction" and sim.self_replay.matches_recorded
+    assert (ev["room_kind"], ev["room_bytes"]) == ("fraction", sim.capacity.limit_bytes) == ("fraction", 41_269_854_208)
+    assert ev["free_bytes"] == ev["room_bytes"] - ev["allocated_bytes"] - ev["pending_free_bytes"]
+    words = fill(v.summary, ev)
+    assert words.startswith(f"{format_bytes(ev['free_bytes'])} were free under the memory-fraction cap of 38.44 GiB")
+    assert "on the device" not in words and "does not reproduce" not in words
+    fits = frag.ranks[0].fits
+    assert fits.batch_scale is not None and fits.room_bytes == 41_269_854_208
+    assert not any("does not reproduce" in n for n in fits.notes)
+
+
+def test_a_healthy_verdict_beside_a_medium_finding_says_so(snapshots):
+    """allgather/list: 20 all_gathers into a list; the allgather-list finding is MEDIUM and decides no verdict of its
+    own, so the headline is healthy without saying "no material finding"; the trace is a loop of collectives,
+    PyTorch's nccl:all_gather scopes, not "setup only"."""
+    import oomdoctor
+
+    report = oomdoctor.diagnose(str(snapshots / "allgather" / "list-rank0.pickle")).report
+    v = report.verdict
+    assert v.kind == "healthy"
+    assert [(f.id, f.severity) for f in report.findings] == [("allgather-list", "medium")]
+    assert v.evidence["material_findings"] == 1
+    words = fill(v.summary, v.evidence)
+    assert "no material finding" not in words
+    assert words.endswith("The finding below is worth fixing, but it decides no other verdict.")
+    assert report.ranks[0].trace_kind == "20 collectives (all_gather), no forward or backward"
+    clean = oomdoctor.diagnose(str(snapshots / "allgather" / "tensor-rank0.pickle")).report
+    assert clean.verdict.kind == "healthy" and "material_findings" not in clean.verdict.evidence
+    assert fill(clean.verdict.summary, clean.verdict.evidence).startswith("no OOM and no material finding; ")

@@ -1,0 +1,83 @@
+"""The renderer's words and layout (issue 37): no trailing spaces, wrapped lines keep their indent, a number never
+leaves its unit, settings one a line, the capacity in words and binary units, counts without ``(s)``."""
+
+from __future__ import annotations
+
+import io
+
+from rich.text import Text
+
+from oomdoctor.render.console import TidyConsole, hang, plain_console
+from oomdoctor.render.text import _count, _one_a_line, _prediction_text, capacity_words
+from oomdoctor.simulate.capacity import BOUNDED, EXACT, GIVEN, Capacity
+
+GiB = 1 << 30
+
+
+def _draw(renderable, width: int = 40) -> str:
+    buf = io.StringIO()
+    plain_console(buf, width).print(renderable)
+    return buf.getvalue()
+
+
+def test_lines_end_without_trailing_spaces_even_with_colour():
+    out = _draw(Text("word " * 20))
+    assert all(ln == ln.rstrip() for ln in out.splitlines())
+    buf = io.StringIO()
+    TidyConsole(file=buf, width=30, force_terminal=True, color_system="standard").print(Text("x " * 30, style="red"))
+    assert all(not ln.replace("\x1b[0m", "").endswith(" ") for ln in buf.getvalue().splitlines())
+
+
+def test_a_hung_paragraph_keeps_its_indent_and_its_lead():
+    out = _draw(hang("alpha beta gamma delta epsilon zeta eta theta iota kappa", 2, "1. "))
+    lines = out.splitlines()
+    assert lines[0].startswith("  1. alpha") and len(lines) > 1
+    assert all(ln.startswith("     ") and ln[5] != " " for ln in lines[1:])
+
+
+def test_a_size_and_its_unit_wrap_as_one_word():
+    for width in range(20, 40):
+        out = _draw(Text("the replay completes with a peak reserved of 34.78 GiB and 4.07 GiB to spare"), width)
+        lines = out.splitlines()
+        assert not any(ln.rstrip().endswith(("34.78", "4.07")) for ln in lines), (width, lines)
+        assert not any(ln.lstrip().startswith("GiB") for ln in lines), (width, lines)
+
+
+def test_settings_one_a_line_keep_a_list_whole():
+    assert _one_a_line("") == ""
+    assert _one_a_line("max_split_size_mb:512,garbage_collection_threshold:0.8") == (
+        "max_split_size_mb:512,\n  garbage_collection_threshold:0.8")
+    assert _one_a_line("roundup_power2_divisions:[256:1,>:4],expandable_segments:True") == (
+        "roundup_power2_divisions:[256:1,>:4],\n  expandable_segments:True")
+
+
+def test_capacity_in_words_and_binary_units():
+    oom = Capacity(41_269_854_208, "fraction", "raw", BOUNDED, 41_269_854_208, 44_988_104_703, "oom")
+    assert capacity_words(oom, 13760) == (
+        "38.44 GiB, the lower end of a cap between 38.44 GiB and 41.90 GiB: a memory-fraction cap, since the device "
+        "still had memory free at the OOM, event 13760")
+    device = Capacity(80 * GiB, "device", "raw", EXACT, 80 * GiB, 80 * GiB, "oom")
+    assert capacity_words(device, 5) == ("80.00 GiB, the device's memory at the OOM, event 5: its free bytes then plus "
+                                        "the reserved bytes")
+    assert capacity_words(Capacity(2 * GiB, "fraction", "raw", EXACT, 2 * GiB, 2 * GiB, "sidecar")) == (
+        "2.00 GiB, the memory-fraction cap the sidecar states")
+    assert capacity_words(Capacity(GiB, "device", "raw", GIVEN, GiB, GiB, "given")) == (
+        "1.00 GiB, given with --cap as a device limit")
+    unlimited = Capacity(None, "none", "unlimited: the 2 fallbacks do not agree (upper bound 41269854208 below "
+                                       "44988104703)")
+    assert capacity_words(unlimited) == "unlimited: the 2 fallbacks do not agree (upper bound 38.44 GiB below 41.90 GiB)"
+
+
+def test_counts_say_their_noun_once():
+    assert (_count(1, "rank"), _count(2, "rank"), _count(0, "finding")) == ("1 rank", "2 ranks", "0 findings")
+
+
+def test_a_prediction_reads_without_internal_words_or_nested_parentheses():
+    p = {"config": "expandable_segments:True", "deferred_frees": "recorded", "rank": 0,
+         "outcome": "gets past the recorded OOM with a peak reserved of {peak_reserved_bytes:bytes}",
+         "peak_reserved_bytes": 37_339_791_360, "recorded_peak_reserved_bytes": 41_269_854_208,
+         "recorded_oom_event_index": 13760, "reach": "step-completed", "self_replay_exact": False}
+    assert _prediction_text(p) == (
+        "with expandable_segments:True on rank 0: gets past the recorded OOM with a peak reserved of 34.78 GiB. "
+        "Recorded: peak reserved 38.44 GiB, OOM at event 13760. Approximate: the replay of the recorded run was not "
+        "exact.")
