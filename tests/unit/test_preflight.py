@@ -280,3 +280,59 @@ def test_python_api_answers_for_any_module():
     assert n is not None and n > 64
     traced = {t["micro_batch"]: t["oom"] for t in a.micro_batch_traces}
     assert traced[n] is False and traced[n + 1] is True
+
+
+def _ops_traced(monkeypatch, job):
+    """The aten ops the tracer saw while tracing ``job`` (a :class:`HfJob`)."""
+    from oomdoctor.preflight.steps import trace_hf
+
+    seen: list = []
+    orig = AllocationTracer.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return orig(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(AllocationTracer, "__torch_dispatch__", spy)
+    rec = trace_hf(job)
+    return seen, rec
+
+
+def test_checkpoint_recomputation_runs_cudas_attention(tiny_gpt2, monkeypatch):
+    """Gradient checkpointing (non-reentrant, transformers 5's default): the autograd engine recomputes the
+    blocks without the caller's TorchFunctionMode, so without ``checkpoint_kwargs``'s ``context_fn`` the
+    recomputation ran CPU's math attention (``bmm`` of the b x h x s x s scores, ``_safe_softmax``) and
+    CPU's dropout (``bernoulli_``). With it, every attention is flash (forward and recomputation) and no
+    score matrix is built."""
+    from oomdoctor.preflight.steps import HfJob
+
+    aten = torch.ops.aten
+    seen, rec = _ops_traced(monkeypatch, HfJob(str(tiny_gpt2["dir"] / "config.json"), 2, 64,
+                                               gradient_checkpointing=True, steps=1))
+    flash = seen.count(aten._scaled_dot_product_flash_attention.default)
+    assert flash == 2 * 2  # 2 layers: the checkpointed forward and the recomputation
+    assert aten._safe_softmax.default not in seen and aten.bernoulli_.float not in seen
+    assert rec.backward_events > 0
+
+
+def test_accelerate_loop_accumulates_without_an_output_clone(tmp_path):
+    """accelerate's loop (``--loop accelerate --grad-accum 2``): two forward/backward passes per optimizer
+    step, the second adding into the gradients of the first (one gradient per parameter, traced once), no
+    clipping, AdamW at its defaults (foreach: two states per parameter and a step counter each)."""
+    transformers = pytest.importorskip("transformers")
+    from oomdoctor.preflight.steps import HfJob, trace_hf
+
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4)
+    f = tmp_path / "config.json"
+    cfg.to_json_file(str(f))
+    with torch.device("meta"):
+        params = list(transformers.GPT2LMHeadModel(cfg).parameters())
+    P = sum(p.numel() for p in params) * 4
+    acc = trace_hf(HfJob(str(f), 2, 64, steps=1, world_size=2, loop="accelerate", grad_accum=2))
+    one = trace_hf(HfJob(str(f), 2, 64, steps=1, world_size=2, loop="accelerate", grad_accum=1))
+    last = acc.tensors[-1]
+    assert sum(n for _, n in last["gradients"]) == P
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * P + 4 * len(params)
+    # the markers: one step, two forward passes (train phases) before the optimizer's
+    assert [m["phase"] for m in acc.phase_markers].count("train") == 1 + 2
+    assert _peak(acc.events)[0] >= _peak(one.events)[0]

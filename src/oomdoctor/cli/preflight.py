@@ -18,6 +18,10 @@ from .inputs import write_output
               help="Autocast dtype, as Trainer's bf16=True / fp16=True (fp32: no autocast).")
 @click.option("--optimizer", type=click.Choice(["adamw", "adamw8bit", "sgd"]), default="adamw", show_default=True)
 @click.option("--gradient-checkpointing", is_flag=True)
+@click.option("--loop", type=click.Choice(["trainer", "accelerate"]), default="trainer", show_default=True,
+              help="transformers.Trainer's step, or accelerate's README loop (no clipping, AdamW's defaults).")
+@click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Micro-batches per optimizer step (gradient accumulation).")
 @click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True, help="Training steps traced.")
 @click.option("--ddp", "world_size", type=click.IntRange(min=1), default=1, metavar="WORLD_SIZE",
               help="DistributedDataParallel over this many GPUs (torchrun): one rank traced, with DDP's gradient "
@@ -29,7 +33,7 @@ from .inputs import write_output
 @click.option("-o", "--output", "snapshot", type=click.Path(dir_okay=False, path_type=str),
               help="Write the traced snapshot here (and its .meta.json beside it).")
 def command(hf_config: str, micro_batch: int, seq_len: int, dtype: str, optimizer: str, gradient_checkpointing: bool,
-            steps: int, world_size: int, gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str,
+            loop: str, grad_accum: int, steps: int, world_size: int, gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str,
             snapshot: str | None) -> None:
     """Trace a Hugging Face Trainer step on the CPU (no GPU, no memory for tensors) and predict, for a GPU:
     peak allocated and reserved, OOM or not, the largest micro-batch that fits, what allocator settings do,
@@ -64,7 +68,7 @@ def command(hf_config: str, micro_batch: int, seq_len: int, dtype: str, optimize
             raise UsageError(f"--gpu {name!r}: unknown; one of {', '.join(GPUS)} (or give --gpu-memory)") from None
         sm = next(v[1] for k, v in GPUS.items() if k.lower() == name.lower())
     job = HfJob(hf_config, micro_batch, seq_len, dtype, optimizer, gradient_checkpointing, steps,
-                world_size=world_size)
+                world_size=world_size, loop=loop, grad_accum=grad_accum)
     outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if world_size > 1 else 0)
     source = ("CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11"
               + ("; NCCL's world communicator, 883 MB measured (same run)" if world_size > 1 else ""))
