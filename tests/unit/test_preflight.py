@@ -336,3 +336,78 @@ def test_accelerate_loop_accumulates_without_an_output_clone(tmp_path):
     # the markers: one step, two forward passes (train phases) before the optimizer's
     assert [m["phase"] for m in acc.phase_markers].count("train") == 1 + 2
     assert _peak(acc.events)[0] >= _peak(one.events)[0]
+
+
+# -- a user's script: oomdoctor preflight -- python train.py ------------------------------------------------
+
+_SCRIPT = '''
+import argparse
+import torch
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch", type=int, default=64)
+p.add_argument("--steps", type=int, default=100)
+p.add_argument("--item", action="store_true")
+a = p.parse_args()
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.randn(1000, 1024)  # a host dataset: not the GPU's
+for step in range(a.steps):
+    x = data[:a.batch].to(device)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if a.item:
+        print(loss.item())
+'''
+
+
+@pytest.fixture(scope="module")
+def train_py(tmp_path_factory):
+    f = tmp_path_factory.mktemp("script") / "train.py"
+    f.write_text(_SCRIPT)
+    return f
+
+
+def test_a_script_is_traced_with_only_its_gpu_tensors(train_py, tmp_path, capsys):
+    """``oomdoctor preflight -- python train.py``: the model built on the host and moved with ``.to("cuda")``,
+    a host dataset sliced and moved per step, ``torch.autocast("cuda")``. Recorded: the parameters once (the
+    host copies are not the GPU's), the gradients, AdamW's two states (its foreach ``step`` counters stay
+    on the host, as on CUDA), and the host dataset (1000 x 1024 fp32) never; the script is stopped after
+    ``--steps`` optimizer steps (it asks for 100)."""
+    snap = tmp_path / "s.pickle"
+    rc = main(["preflight", "--gpu", "H100-80GB", "--format", "json", "-o", str(snap), "--",
+               "python", str(train_py), "--batch", "64"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["oom"] is False
+    P = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4
+    meta = json.loads(snap.with_name("s.meta.json").read_text())
+    assert [t["step"] for t in meta["tensors"]] == [0, 1]
+    last = meta["tensors"][-1]
+    assert sum(n for _, n in last["parameters"]) == P
+    assert sum(n for _, n in last["gradients"]) == P
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * P
+    sizes = [e["size"] for e in pickle.loads(snap.read_bytes())["device_traces"][0] if e["action"] == "alloc"]
+    assert 1000 * 1024 * 4 not in sizes
+    assert sizes.count(64 * 1024 * 4) >= 2  # the batch moved in each step
+    assert out["breakdown"]["parameters"] == P and out["job"]["script"][0] == str(train_py)
+    # bf16 autocast applied (CUDA's): the first Linear's output is bf16, 64 x 4096 x 2 bytes
+    assert 64 * 4096 * 2 in sizes
+
+
+def test_a_script_reading_a_value_is_one_line_and_exit_2(train_py, capsys):
+    """``.item()`` on a fake tensor has no value: one line naming the script's line, exit 2."""
+    rc = main(["preflight", "--no-search", "--", "python", str(train_py), "--item"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    line = _SCRIPT.splitlines().index("        print(loss.item())") + 1
+    assert f"{train_py}:{line}:" in err and "value" in err
+
+
+def test_a_missing_script_is_one_line_and_exit_2(tmp_path, capsys):
+    rc = main(["preflight", "--", "python", str(tmp_path / "nope.py")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nope.py" in err and len(err.strip().splitlines()) == 1

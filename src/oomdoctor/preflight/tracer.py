@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_leaves
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
 #: files whose frames are the tracer's or the fake mode's own, dropped from stacks
-_SKIP = ("oomdoctor/preflight/tracer.py", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
+_SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
          "torch/overrides.py", "torch/_ops.py", "torch/utils/_stats.py", "contextlib.py",
          "torch/_dynamo/", "torch/_compile.py")
 #: the frame through which Python enters the autograd engine (``torch/autograd/graph.py``)
@@ -100,8 +100,14 @@ class AllocationTracer(TorchDispatchMode):
     ``cublas_workspace_bytes``: allocated (and kept, as PyTorch keeps it for the handle and stream) at the
     first matrix multiply of each thread (the main thread and the autograd engine's), 0 to leave out."""
 
-    def __init__(self, *, start_us: int | None = None, cublas_workspace_bytes: int = 0) -> None:
+    def __init__(self, *, start_us: int | None = None, cublas_workspace_bytes: int = 0,
+                 gpu_only: bool = False) -> None:
         super().__init__()
+        #: record only the storages on the GPU (a user's script, :mod:`.script`): those made while
+        #: :meth:`on_gpu` is active (``.cuda()``, ``device="cuda"``), and the outputs of ops that read one
+        self.gpu_only = gpu_only
+        self._gpu_depth = 0
+        self._host_depth = 0
         self.record = TraceRecord()
         self._live: dict[int, _Live] = {}
         self._weak: dict[int, int] = {}  # storage key -> weak reference handle, for collect()
@@ -179,6 +185,26 @@ class AllocationTracer(TorchDispatchMode):
             self._free(addr, size)
         return addr
 
+    # -- GPU or host (gpu_only)
+    @contextlib.contextmanager
+    def on_gpu(self, gpu: bool = True) -> Iterator[None]:
+        """While active, the storages ops make are on the GPU (``gpu``) or on the host (not recorded)."""
+        if gpu:
+            self._gpu_depth += 1
+        else:
+            self._host_depth += 1
+        try:
+            yield
+        finally:
+            if gpu:
+                self._gpu_depth -= 1
+            else:
+                self._host_depth -= 1
+
+    def is_gpu(self, t: Any) -> bool:
+        """Whether ``t``'s storage is a live one on the GPU (always, unless ``gpu_only``)."""
+        return not self.gpu_only or (isinstance(t, torch.Tensor) and self.addr_of(t) is not None)
+
     # -- markers and facts
     def mark_step(self, step: int) -> None:
         self.collect()
@@ -200,6 +226,9 @@ class AllocationTracer(TorchDispatchMode):
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.collect()
+        if self.gpu_only and not self._gpu_depth:
+            if self._host_depth or not any(self.is_gpu(t) for t in tree_leaves((args, kwargs))):
+                return func(*args, **(kwargs or {}))  # the host's: not the caching allocator's
         backward = torch._C._current_autograd_node() is not None
         if self._cublas and backward not in self._cublas_threads and func in _MATMULS:
             self._cublas_threads.add(backward)
