@@ -411,3 +411,55 @@ def test_a_missing_script_is_one_line_and_exit_2(tmp_path, capsys):
     rc = main(["preflight", "--", "python", str(tmp_path / "nope.py")])
     err = capsys.readouterr().err
     assert rc == 2 and "nope.py" in err and len(err.strip().splitlines()) == 1
+
+
+_FSDP2 = '''
+import os
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+if os.environ.get("WRAP") == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+else:
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(10):
+    x = torch.randn(64, 1024, device="cuda")
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+'''
+
+
+@pytest.mark.parametrize("wrap", ["fsdp2", "ddp"])
+def test_a_distributed_script_traces_rank_0_with_collectives_faked(wrap, tmp_path, monkeypatch, capsys):
+    """``--nproc-per-node 2``: ``init_process_group("nccl")`` joins a fake process group as rank 0 of 2 and the
+    output says so. FSDP2 (``fully_shard`` per Linear): parameters, gradients and AdamW state are this
+    rank's shards, half of each, exactly. DDP (the stand-in): whole parameters and gradients, plus the
+    gradient buckets (the parameters' bytes) listed in the sidecar."""
+    f = tmp_path / "train.py"
+    f.write_text(_FSDP2)
+    monkeypatch.setenv("WRAP", wrap)
+    snap = tmp_path / "s.pickle"
+    rc = main(["preflight", "--nproc-per-node", "2", "--format", "json", "-o", str(snap), "--", "python", str(f)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["job"]["world_size"] == 2 and out["job"]["ranks_traced"] == [0]
+    assert out["job"]["collectives"].startswith("faked")
+    P = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4
+    meta = json.loads(snap.with_name("s.meta.json").read_text())
+    last = meta["tensors"][-1]
+    share = P // 2 if wrap == "fsdp2" else P
+    assert sum(n for _, n in last["parameters"]) == share
+    assert sum(n for _, n in last["gradients"]) == share
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * share
+    buckets = [k["bytes"] for k in meta["preflight"]["kernel_buffers"] if k["what"] == "ddp_gradient_bucket"]
+    assert sum(buckets) == (P if wrap == "ddp" else 0)

@@ -59,6 +59,8 @@ class ScriptJob:
     def as_dict(self) -> dict[str, Any]:
         return {"script": list(self.argv), "max_steps": self.max_steps, "world_size": self.world_size,
                 "ranks_traced": [0], "collectives": "faked (fake process group)" if self.world_size > 1 else None,
+                "ddp_if_used": "modelled: gradient buckets from construction, output clones with find_unused_parameters; "
+                       "the all-reduces not traced",
                 "step": "the script's own, to its optimizer's step number max_steps"}
 
 
@@ -163,6 +165,78 @@ def _swap_or_set(orig: Any) -> Any:
             t1.data = t2.data
 
     return swap
+
+
+def ddp_stand_in(tracer: AllocationTracer) -> type:
+    """A stand-in for ``DistributedDataParallel`` (DDP's C++ side reads tensor data, which fake tensors do
+    not have: ``_verify_params_across_processes`` fails with "The tensor has a non-zero number of elements,
+    but its data is not allocated yet", measured with torch 2.13). It keeps DDP's memory, as the Hugging
+    Face path models it (:func:`.steps.ddp_buckets`, :func:`.steps._ddp_sink`): the gradient buckets
+    (every parameter's bytes once, 25 MiB buckets) on the GPU from construction, and a clone of the outputs
+    when ``find_unused_parameters`` is set; the all-reduces (in place on the buckets) are not traced. With
+    ``gradient_as_bucket_view=True`` the gradients are views of the buckets: the buckets are then not
+    added (the gradients the engine makes are their bytes)."""
+    from .steps import _ddp_sink, ddp_buckets
+
+    class DistributedDataParallel(torch.nn.Module):
+        def __init__(self, module: torch.nn.Module, device_ids: Any = None, output_device: Any = None, dim: int = 0,
+                     broadcast_buffers: bool = True, process_group: Any = None, bucket_cap_mb: Any = None,
+                     find_unused_parameters: bool = False, check_reduction: bool = False,
+                     gradient_as_bucket_view: bool = False, static_graph: bool = False, **kwargs: Any) -> None:
+            super().__init__()
+            self.module = module
+            self.find_unused_parameters = find_unused_parameters
+            params = [p for p in module.parameters() if p.requires_grad]
+            with tracer.on_gpu(True):
+                self._oomdoctor_buckets = [] if gradient_as_bucket_view else [
+                    torch.empty(n, dtype=torch.uint8) for n in ddp_buckets(params)]
+            for b in self._oomdoctor_buckets:
+                a = tracer.addr_of(b)
+                tracer.record.extra_allocations.append({"what": "ddp_gradient_bucket", "addr": a[0] if a else None,
+                                                        "bytes": b.numel(), "backward": False})
+
+        def forward(self, *a: Any, **k: Any) -> Any:
+            out = self.module(*a, **k)
+            return _ddp_sink(out) if self.find_unused_parameters else out
+
+        @contextlib.contextmanager
+        def no_sync(self) -> Iterator[None]:
+            yield
+
+    return DistributedDataParallel
+
+
+def _real_mesh(orig: Any) -> Any:
+    """``DeviceMesh.__init__`` outside the fake mode, its mesh of ranks a real tensor: it reads the rank map's
+    values (``tolist()``), which a fake tensor has none of (measured: FSDP2's ``fully_shard`` failed there)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    def real(x: Any) -> Any:
+        # the mesh of ranks: init_device_mesh's torch.arange(world).view(shape), made under the fake mode
+        return torch.arange(x.numel(), dtype=x.dtype).view(tuple(x.shape)) if isinstance(x, FakeTensor) else x
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        with unset_fake_temporarily():
+            orig(self, *[real(x) for x in a], **{n: real(x) for n, x in k.items()})
+
+    return init
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's shard on this rank (FSDP2's parameters, gradients and optimizer state), else ``t``."""
+    return getattr(t, "_local_tensor", t)
+
+
+def _backward_on_gpu(orig: Any, tracer: AllocationTracer) -> Any:
+    """The autograd engine's entry (``torch/autograd/graph.py`` ``_engine_run_backward``) with every
+    allocation on the GPU: backward, its hooks and the engine's final callbacks (FSDP2's last
+    reduce-scatter) run where no ``TorchFunctionMode`` does, and make their tensors on the module's
+    device, which is the fake CPU one here."""
+    def run(*a: Any, **k: Any) -> Any:
+        with tracer.on_gpu(True):
+            return orig(*a, **k)
+
+    return run
 
 
 def _none(*a: Any, **k: Any) -> None:
@@ -304,15 +378,20 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             params = [p for g in opt.param_groups for p in g["params"]]
             state = [v for s in opt.state.values() if isinstance(s, dict) for v in s.values()
                      if isinstance(v, torch.Tensor)]
-            tracer.note_facts(steps["n"], {"parameters": params,
-                                           "gradients": [p.grad for p in params if p.grad is not None],
-                                           "optimizer_state": state})
+            tracer.note_facts(steps["n"], {"parameters": [_local(p) for p in params],
+                                           "gradients": [_local(p.grad) for p in params if p.grad is not None],
+                                           "optimizer_state": [_local(v) for v in state]})
             steps["n"] += 1
             if steps["n"] >= job.max_steps:
                 raise _Stop
             tracer.mark_step(steps["n"])
             tracer.mark_phase("train")
 
+        import torch.nn.parallel as parallel
+        import torch.nn.parallel.distributed as ddp_mod
+        from torch.distributed.device_mesh import DeviceMesh
+
+        ddp_cls = ddp_stand_in(tracer)
         tracer.mark_step(0)
         tracer.mark_phase("train")
         autocast = torch.amp.autocast_mode.autocast
@@ -320,6 +399,11 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (autocast, "__init__", _autocast_init(autocast.__init__)),
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
+            (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
+            (torch.autograd, "_engine_run_backward", _backward_on_gpu(torch.autograd._engine_run_backward, tracer)),
+            (torch.autograd.graph, "_engine_run_backward",
+             _backward_on_gpu(torch.autograd.graph._engine_run_backward, tracer)),
+            (ddp_mod, "DistributedDataParallel", ddp_cls), (parallel, "DistributedDataParallel", ddp_cls),
             (sys, "argv", sys_argv),
             (sys, "path", [str(Path(script).resolve().parent) if module is None else os.getcwd(), *sys.path]),
         ]

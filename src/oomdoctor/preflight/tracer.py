@@ -203,7 +203,12 @@ class AllocationTracer(TorchDispatchMode):
 
     def is_gpu(self, t: Any) -> bool:
         """Whether ``t``'s storage is a live one on the GPU (always, unless ``gpu_only``)."""
-        return not self.gpu_only or (isinstance(t, torch.Tensor) and self.addr_of(t) is not None)
+        t = getattr(t, "_local_tensor", t)  # a DTensor (FSDP2, tensor parallel): its shard on this rank
+        if not self.gpu_only:
+            return True
+        if isinstance(t, torch.device):  # a factory's device=: a fake CUDA tensor (made where no
+            return t.type == "cuda"      # TorchFunctionMode runs: hooks in the autograd engine)
+        return isinstance(t, torch.Tensor) and (t.device.type == "cuda" or self.addr_of(t) is not None)
 
     # -- markers and facts
     def mark_step(self, step: int) -> None:
@@ -226,10 +231,10 @@ class AllocationTracer(TorchDispatchMode):
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.collect()
+        backward = torch._C._current_autograd_node() is not None
         if self.gpu_only and not self._gpu_depth:
             if self._host_depth or not any(self.is_gpu(t) for t in tree_leaves((args, kwargs))):
                 return func(*args, **(kwargs or {}))  # the host's: not the caching allocator's
-        backward = torch._C._current_autograd_node() is not None
         if self._cublas and backward not in self._cublas_threads and func in _MATMULS:
             self._cublas_threads.add(backward)
             addr = self.temporary(self._cublas, backward, keep=True)
@@ -245,7 +250,8 @@ class AllocationTracer(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self.see(t, backward)
+                # a DTensor's shard is made by its own dispatch, below this mode: seen here
+                self.see(getattr(t, "_local_tensor", t), backward)
         for a, n in zip(addrs, extra):
             self._free(a, n)
         return out
