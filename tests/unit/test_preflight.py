@@ -463,3 +463,20 @@ def test_a_distributed_script_traces_rank_0_with_collectives_faked(wrap, tmp_pat
     assert sum(n for _, n in last["optimizer_state"]) == 2 * share
     buckets = [k["bytes"] for k in meta["preflight"]["kernel_buffers"] if k["what"] == "ddp_gradient_bucket"]
     assert sum(buckets) == (P if wrap == "ddp" else 0)
+
+
+def test_preflight_json_validates_against_its_schema(tiny_gpt2, train_py, capsys):
+    """``oomdoctor schema preflight``: the --hf-config output and a script's validate; a field the schema does
+    not know does not."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from oomdoctor.render.schema import schema
+
+    v = jsonschema.Draft202012Validator(schema("preflight"))
+    opts = ["preflight", "--no-search", "--format", "json"]
+    for argv in (opts + ["--hf-config", str(tiny_gpt2["dir"] / "config.json"), "--micro-batch", "2", "--seq-len", "64"],
+                 opts + ["--", "python", str(train_py), "--batch", "8"]):
+        assert main(argv) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert list(v.iter_errors(doc)) == []
+    doc["surprise_bytes"] = 1
+    assert any("surprise_bytes" in e.message for e in v.iter_errors(doc))

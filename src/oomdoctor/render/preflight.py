@@ -21,8 +21,11 @@ NOT_TRACED_TEXT = {
 
 
 def preflight_dict(a: Any) -> dict[str, Any]:
-    """The ``--format json`` contract: :meth:`PreflightAnswer.as_dict` (bytes, seconds)."""
-    return a.as_dict()
+    """The ``--format json`` contract (``oomdoctor schema preflight``): :meth:`PreflightAnswer.as_dict` (bytes,
+    seconds) with ``schema_version`` and ``oomdoctor_version``, as every command's."""
+    from .._version import SCHEMA_VERSION, __version__
+
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **a.as_dict()}
 
 
 def render_preflight_json(a: Any) -> str:
