@@ -353,8 +353,9 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = torch.randn(1000, 1024)  # a host dataset: not the GPU's
-for step in range(a.steps):
-    x = data[:a.batch].to(device)
+loader = torch.utils.data.DataLoader(data, batch_size=a.batch)  # its iterator draws a seed (.item())
+for step, x in zip(range(a.steps), loader):
+    x = x.to(device)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = model(x).float().pow(2).mean()
     loss.backward()
@@ -374,7 +375,7 @@ def train_py(tmp_path_factory):
 
 def test_a_script_is_traced_with_only_its_gpu_tensors(train_py, tmp_path, capsys):
     """``oomdoctor preflight -- python train.py``: the model built on the host and moved with ``.to("cuda")``,
-    a host dataset sliced and moved per step, ``torch.autocast("cuda")``. Recorded: the parameters once (the
+    a host dataset batched by a ``DataLoader`` and moved per step, ``torch.autocast("cuda")``. Recorded: the parameters once (the
     host copies are not the GPU's), the gradients, AdamW's two states (its foreach ``step`` counters stay
     on the host, as on CUDA), and the host dataset (1000 x 1024 fp32) never; the script is stopped after
     ``--steps`` optimizer steps (it asks for 100)."""

@@ -239,6 +239,20 @@ def _backward_on_gpu(orig: Any, tracer: AllocationTracer) -> Any:
     return run
 
 
+def _loader_iter_init(orig: Any) -> Any:
+    """``torch.utils.data``'s ``_BaseDataLoaderIter.__init__`` outside the fake mode: it draws the loader's
+    seed with ``torch.empty((), dtype=torch.int64).random_().item()`` (and shares it over the process group,
+    ``_share_dist_seed``), which a fake tensor cannot answer (measured: every ``for batch in loader`` failed
+    there). The batches (``__next__``) stay fake."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        with unset_fake_temporarily():
+            orig(self, *a, **k)
+
+    return init
+
+
 def _none(*a: Any, **k: Any) -> None:
     return None
 
@@ -390,6 +404,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         import torch.nn.parallel as parallel
         import torch.nn.parallel.distributed as ddp_mod
         from torch.distributed.device_mesh import DeviceMesh
+        from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
 
         ddp_cls = ddp_stand_in(tracer)
         tracer.mark_step(0)
@@ -400,6 +415,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
+            (loader_iter, "__init__", _loader_iter_init(loader_iter.__init__)),
             (torch.autograd, "_engine_run_backward", _backward_on_gpu(torch.autograd._engine_run_backward, tracer)),
             (torch.autograd.graph, "_engine_run_backward",
              _backward_on_gpu(torch.autograd.graph._engine_run_backward, tracer)),
