@@ -359,7 +359,8 @@ def _reason(exc: BaseException) -> str:
         return ("reads a value from a tensor (.item(), bool(), print of a tensor, a data-dependent shape): "
                 "fake tensors have no values")
     first = (str(exc).strip().splitlines() or [""])[0][:160]
-    return f"{type(exc).__name__}: {first}"
+    hint = " (a torchrun script: give --nproc-per-node N)" if "rendezvous" in first or "RANK" in first else ""
+    return f"{type(exc).__name__}: {first}{hint}"
 
 
 def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_major: int = 9,
