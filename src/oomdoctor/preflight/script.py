@@ -35,7 +35,7 @@ import runpy
 import sys
 import traceback
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -54,7 +54,6 @@ class ScriptJob:
     argv: tuple[str, ...]
     max_steps: int = 2
     world_size: int = 1
-    env: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"script": list(self.argv), "max_steps": self.max_steps, "world_size": self.world_size,
@@ -276,7 +275,7 @@ def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
                 delattr(obj, name)
 
 
-def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, world_size: int) -> list[tuple[Any, str, Any]]:
+def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tuple[Any, str, Any]]:
     """The ``torch.cuda`` functions a script sees while traced (the module doc)."""
     import torch.cuda.memory as mem
 
@@ -368,8 +367,6 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
     """Run the script of ``job`` traced (the module doc). Raises :class:`PreflightError` (one line: the
     script's file and line, and what could not be traced) when the script fails, exits non-zero, or runs
     no optimizer step; a script that ends by itself before ``max_steps`` is traced to its end."""
-    from .tracer import CudaAutocastPolicy  # noqa: F401 - active through traced(), named in the doc
-
     argv = list(job.argv)
     if not argv:
         raise PreflightError("preflight --: give the script to run (python train.py ...)")
@@ -411,7 +408,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         tracer.mark_step(0)
         tracer.mark_phase("train")
         autocast = torch.amp.autocast_mode.autocast
-        patches = cuda_patches(gpu_name, gpu_total_bytes, sm_major, job.world_size) + [
+        patches = cuda_patches(gpu_name, gpu_total_bytes, sm_major) + [
             (autocast, "__init__", _autocast_init(autocast.__init__)),
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
