@@ -280,3 +280,204 @@ def test_python_api_answers_for_any_module():
     assert n is not None and n > 64
     traced = {t["micro_batch"]: t["oom"] for t in a.micro_batch_traces}
     assert traced[n] is False and traced[n + 1] is True
+
+
+def _ops_traced(monkeypatch, job):
+    """The aten ops the tracer saw while tracing ``job`` (a :class:`HfJob`)."""
+    from oomdoctor.preflight.steps import trace_hf
+
+    seen: list = []
+    orig = AllocationTracer.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return orig(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(AllocationTracer, "__torch_dispatch__", spy)
+    rec = trace_hf(job)
+    return seen, rec
+
+
+def test_checkpoint_recomputation_runs_cudas_attention(tiny_gpt2, monkeypatch):
+    """Gradient checkpointing (non-reentrant, transformers 5's default): the autograd engine recomputes the
+    blocks without the caller's TorchFunctionMode, so without ``checkpoint_kwargs``'s ``context_fn`` the
+    recomputation ran CPU's math attention (``bmm`` of the b x h x s x s scores, ``_safe_softmax``) and
+    CPU's dropout (``bernoulli_``). With it, every attention is flash (forward and recomputation) and no
+    score matrix is built."""
+    from oomdoctor.preflight.steps import HfJob
+
+    aten = torch.ops.aten
+    seen, rec = _ops_traced(monkeypatch, HfJob(str(tiny_gpt2["dir"] / "config.json"), 2, 64,
+                                               gradient_checkpointing=True, steps=1))
+    flash = seen.count(aten._scaled_dot_product_flash_attention.default)
+    assert flash == 2 * 2  # 2 layers: the checkpointed forward and the recomputation
+    assert aten._safe_softmax.default not in seen and aten.bernoulli_.float not in seen
+    assert rec.backward_events > 0
+
+
+def test_accelerate_loop_accumulates_without_an_output_clone(tmp_path):
+    """accelerate's loop (``--loop accelerate --grad-accum 2``): two forward/backward passes per optimizer
+    step, the second adding into the gradients of the first (one gradient per parameter, traced once), no
+    clipping, AdamW at its defaults (foreach: two states per parameter and a step counter each)."""
+    transformers = pytest.importorskip("transformers")
+    from oomdoctor.preflight.steps import HfJob, trace_hf
+
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4)
+    f = tmp_path / "config.json"
+    cfg.to_json_file(str(f))
+    with torch.device("meta"):
+        params = list(transformers.GPT2LMHeadModel(cfg).parameters())
+    P = sum(p.numel() for p in params) * 4
+    acc = trace_hf(HfJob(str(f), 2, 64, steps=1, world_size=2, loop="accelerate", grad_accum=2))
+    one = trace_hf(HfJob(str(f), 2, 64, steps=1, world_size=2, loop="accelerate", grad_accum=1))
+    last = acc.tensors[-1]
+    assert sum(n for _, n in last["gradients"]) == P
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * P + 4 * len(params)
+    # the markers: one step, two forward passes (train phases) before the optimizer's
+    assert [m["phase"] for m in acc.phase_markers].count("train") == 1 + 2
+    assert _peak(acc.events)[0] >= _peak(one.events)[0]
+
+
+# -- a user's script: oomdoctor preflight -- python train.py ------------------------------------------------
+
+_SCRIPT = '''
+import argparse
+import torch
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch", type=int, default=64)
+p.add_argument("--steps", type=int, default=100)
+p.add_argument("--item", action="store_true")
+a = p.parse_args()
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.randn(1000, 1024)  # a host dataset: not the GPU's
+loader = torch.utils.data.DataLoader(data, batch_size=a.batch)  # its iterator draws a seed (.item())
+for step, x in zip(range(a.steps), loader):
+    x = x.to(device)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if a.item:
+        print(loss.item())
+'''
+
+
+@pytest.fixture(scope="module")
+def train_py(tmp_path_factory):
+    f = tmp_path_factory.mktemp("script") / "train.py"
+    f.write_text(_SCRIPT)
+    return f
+
+
+def test_a_script_is_traced_with_only_its_gpu_tensors(train_py, tmp_path, capsys):
+    """``oomdoctor preflight -- python train.py``: the model built on the host and moved with ``.to("cuda")``,
+    a host dataset batched by a ``DataLoader`` and moved per step, ``torch.autocast("cuda")``. Recorded: the parameters once (the
+    host copies are not the GPU's), the gradients, AdamW's two states (its foreach ``step`` counters stay
+    on the host, as on CUDA), and the host dataset (1000 x 1024 fp32) never; the script is stopped after
+    ``--steps`` optimizer steps (it asks for 100)."""
+    snap = tmp_path / "s.pickle"
+    rc = main(["preflight", "--gpu", "H100-80GB", "--format", "json", "-o", str(snap), "--",
+               "python", str(train_py), "--batch", "64"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["oom"] is False
+    P = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4
+    meta = json.loads(snap.with_name("s.meta.json").read_text())
+    assert [t["step"] for t in meta["tensors"]] == [0, 1]
+    last = meta["tensors"][-1]
+    assert sum(n for _, n in last["parameters"]) == P
+    assert sum(n for _, n in last["gradients"]) == P
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * P
+    sizes = [e["size"] for e in pickle.loads(snap.read_bytes())["device_traces"][0] if e["action"] == "alloc"]
+    assert 1000 * 1024 * 4 not in sizes
+    assert sizes.count(64 * 1024 * 4) >= 2  # the batch moved in each step
+    assert out["breakdown"]["parameters"] == P and out["job"]["script"][0] == str(train_py)
+    # bf16 autocast applied (CUDA's): the first Linear's output is bf16, 64 x 4096 x 2 bytes
+    assert 64 * 4096 * 2 in sizes
+
+
+def test_a_script_reading_a_value_is_one_line_and_exit_2(train_py, capsys):
+    """``.item()`` on a fake tensor has no value: one line naming the script's line, exit 2."""
+    rc = main(["preflight", "--no-search", "--", "python", str(train_py), "--item"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    line = _SCRIPT.splitlines().index("        print(loss.item())") + 1
+    assert f"{train_py}:{line}:" in err and "value" in err
+
+
+def test_a_missing_script_is_one_line_and_exit_2(tmp_path, capsys):
+    rc = main(["preflight", "--", "python", str(tmp_path / "nope.py")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nope.py" in err and len(err.strip().splitlines()) == 1
+
+
+_FSDP2 = '''
+import os
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+if os.environ.get("WRAP") == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+else:
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(10):
+    x = torch.randn(64, 1024, device="cuda")
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+'''
+
+
+@pytest.mark.parametrize("wrap", ["fsdp2", "ddp"])
+def test_a_distributed_script_traces_rank_0_with_collectives_faked(wrap, tmp_path, monkeypatch, capsys):
+    """``--nproc-per-node 2``: ``init_process_group("nccl")`` joins a fake process group as rank 0 of 2 and the
+    output says so. FSDP2 (``fully_shard`` per Linear): parameters, gradients and AdamW state are this
+    rank's shards, half of each, exactly. DDP (the stand-in): whole parameters and gradients, plus the
+    gradient buckets (the parameters' bytes) listed in the sidecar."""
+    f = tmp_path / "train.py"
+    f.write_text(_FSDP2)
+    monkeypatch.setenv("WRAP", wrap)
+    snap = tmp_path / "s.pickle"
+    rc = main(["preflight", "--nproc-per-node", "2", "--format", "json", "-o", str(snap), "--", "python", str(f)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["job"]["world_size"] == 2 and out["job"]["ranks_traced"] == [0]
+    assert out["job"]["collectives"].startswith("faked")
+    P = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4
+    meta = json.loads(snap.with_name("s.meta.json").read_text())
+    last = meta["tensors"][-1]
+    share = P // 2 if wrap == "fsdp2" else P
+    assert sum(n for _, n in last["parameters"]) == share
+    assert sum(n for _, n in last["gradients"]) == share
+    assert sum(n for _, n in last["optimizer_state"]) == 2 * share
+    buckets = [k["bytes"] for k in meta["preflight"]["kernel_buffers"] if k["what"] == "ddp_gradient_bucket"]
+    assert sum(buckets) == (P if wrap == "ddp" else 0)
+
+
+def test_preflight_json_validates_against_its_schema(tiny_gpt2, train_py, capsys):
+    """``oomdoctor schema preflight``: the --hf-config output and a script's validate; a field the schema does
+    not know does not."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from oomdoctor.render.schema import schema
+
+    v = jsonschema.Draft202012Validator(schema("preflight"))
+    opts = ["preflight", "--no-search", "--format", "json"]
+    for argv in (opts + ["--hf-config", str(tiny_gpt2["dir"] / "config.json"), "--micro-batch", "2", "--seq-len", "64"],
+                 opts + ["--", "python", str(train_py), "--batch", "8"]):
+        assert main(argv) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert list(v.iter_errors(doc)) == []
+    doc["surprise_bytes"] = 1
+    assert any("surprise_bytes" in e.message for e in v.iter_errors(doc))

@@ -9,16 +9,24 @@ from ..units import parse_bytes
 from .inputs import write_output
 
 
-@click.command("preflight")
-@click.option("--hf-config", "hf_config", metavar="PATH", required=True,
+@click.command("preflight", context_settings={"allow_interspersed_args": False})
+@click.option("--hf-config", "hf_config", metavar="PATH",
               help="A Hugging Face config.json (or a directory holding one): a causal LM built with random weights.")
-@click.option("--micro-batch", type=click.IntRange(min=1), required=True, help="Samples per forward pass.")
-@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Tokens per sample.")
+@click.option("--micro-batch", type=click.IntRange(min=1), help="Samples per forward pass (--hf-config).")
+@click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sample (--hf-config).")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
               help="Autocast dtype, as Trainer's bf16=True / fp16=True (fp32: no autocast).")
 @click.option("--optimizer", type=click.Choice(["adamw", "adamw8bit", "sgd"]), default="adamw", show_default=True)
 @click.option("--gradient-checkpointing", is_flag=True)
-@click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True, help="Training steps traced.")
+@click.option("--loop", type=click.Choice(["trainer", "accelerate"]), default="trainer", show_default=True,
+              help="transformers.Trainer's step, or accelerate's README loop (no clipping, AdamW's defaults).")
+@click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Micro-batches per optimizer step (gradient accumulation).")
+@click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Training steps traced (a script: its optimizer steps; it is stopped after the last).")
+@click.option("--nproc-per-node", "nproc", type=click.IntRange(min=1), default=1, metavar="N",
+              help="A script launched by torchrun on N GPUs: rank 0 traced, in a fake process group (every "
+                   "collective faked); NCCL's buffers counted outside the allocator.")
 @click.option("--ddp", "world_size", type=click.IntRange(min=1), default=1, metavar="WORLD_SIZE",
               help="DistributedDataParallel over this many GPUs (torchrun): one rank traced, with DDP's gradient "
                    "buckets and output clones; NCCL's buffers counted outside the allocator.")
@@ -28,12 +36,20 @@ from .inputs import write_output
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", "snapshot", type=click.Path(dir_okay=False, path_type=str),
               help="Write the traced snapshot here (and its .meta.json beside it).")
-def command(hf_config: str, micro_batch: int, seq_len: int, dtype: str, optimizer: str, gradient_checkpointing: bool,
-            steps: int, world_size: int, gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str,
-            snapshot: str | None) -> None:
-    """Trace a Hugging Face Trainer step on the CPU (no GPU, no memory for tensors) and predict, for a GPU:
-    peak allocated and reserved, OOM or not, the largest micro-batch that fits, what allocator settings do,
-    and the breakdown. Needs torch and transformers (pip install 'oomdoctor[preflight]')."""
+@click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- python train.py ARGS...]")
+def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None, dtype: str, optimizer: str,
+            gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, world_size: int,
+            gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str, snapshot: str | None,
+            script: tuple[str, ...]) -> None:
+    """Trace a Hugging Face Trainer step (--hf-config), or your own script (-- python train.py ...), on the
+    CPU (no GPU, no memory for tensors) and predict, for a GPU: peak allocated and reserved, OOM or not, the
+    largest micro-batch that fits (--hf-config), what allocator settings do, and the breakdown. Needs torch
+    (and transformers for --hf-config): pip install 'oomdoctor[preflight]'."""
+    if script:
+        return _script(script, steps=steps, nproc=nproc, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt, snapshot=snapshot,
+                       hf_config=hf_config)
+    if not hf_config or not micro_batch or not seq_len:
+        raise UsageError("preflight: give --hf-config with --micro-batch and --seq-len, or a script after --")
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -41,30 +57,15 @@ def command(hf_config: str, micro_batch: int, seq_len: int, dtype: str, optimize
         raise UsageError(f"preflight needs torch and transformers ({e.name} is missing): "
                          "pip install 'oomdoctor[preflight]'") from None
     from ..preflight import hf_tracer
-    from ..preflight.snapshot import CUDA_CONTEXT_BYTES, GPUS, NCCL_FIRST_COMMUNICATOR_BYTES
-    from ..preflight.snapshot import gpu_memory as gpu_by_name
+    from ..preflight.snapshot import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
     from ..preflight.snapshot import write as write_snapshot
     from ..preflight.steps import HfJob, PreflightError
     from ..render.preflight import render_preflight_json, render_preflight_text
     from ..report.preflight import answer
 
-    if gpu and gpu_memory:
-        raise UsageError("give --gpu or --gpu-memory, not both")
-    name = gpu or ("H100-80GB" if not gpu_memory else None)
-    sm = 9
-    if gpu_memory:
-        try:
-            total = parse_bytes(gpu_memory)
-        except Exception:  # noqa: BLE001 - any parse failure is the user's input
-            raise UsageError(f"--gpu-memory {gpu_memory!r}: not a size (80GiB, 80GB or bytes)") from None
-    else:
-        try:
-            total = gpu_by_name(name)
-        except KeyError:
-            raise UsageError(f"--gpu {name!r}: unknown; one of {', '.join(GPUS)} (or give --gpu-memory)") from None
-        sm = next(v[1] for k, v in GPUS.items() if k.lower() == name.lower())
+    name, total, sm = _gpu(gpu, gpu_memory)
     job = HfJob(hf_config, micro_batch, seq_len, dtype, optimizer, gradient_checkpointing, steps,
-                world_size=world_size)
+                world_size=world_size, loop=loop, grad_accum=grad_accum)
     outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if world_size > 1 else 0)
     source = ("CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11"
               + ("; NCCL's world communicator, 883 MB measured (same run)" if world_size > 1 else ""))
@@ -75,4 +76,78 @@ def command(hf_config: str, micro_batch: int, seq_len: int, dtype: str, optimize
                    snapshot_path=snapshot, search=not no_search)
     except PreflightError as e:
         raise UsageError(str(e)) from None
+    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))
+
+
+def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]:
+    """``(name, total bytes, compute capability major)`` of ``--gpu`` / ``--gpu-memory``."""
+    from ..preflight.snapshot import GPUS
+    from ..preflight.snapshot import gpu_memory as gpu_by_name
+
+    if gpu and gpu_memory:
+        raise UsageError("give --gpu or --gpu-memory, not both")
+    name = gpu or ("H100-80GB" if not gpu_memory else None)
+    if gpu_memory:
+        try:
+            return name, parse_bytes(gpu_memory), 9
+        except Exception:  # noqa: BLE001 - any parse failure is the user's input
+            raise UsageError(f"--gpu-memory {gpu_memory!r}: not a size (80GiB, 80GB or bytes)") from None
+    try:
+        total = gpu_by_name(name)
+    except KeyError:
+        raise UsageError(f"--gpu {name!r}: unknown; one of {', '.join(GPUS)} (or give --gpu-memory)") from None
+    return name, total, next(v[1] for k, v in GPUS.items() if k.lower() == name.lower())
+
+
+def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, gpu_memory: str | None, fmt: str,
+            snapshot: str | None, hf_config: str | None) -> None:
+    """``oomdoctor preflight -- python train.py ...``: the script traced (:mod:`oomdoctor.preflight.script`)."""
+    import os
+
+    if hf_config:
+        raise UsageError("give --hf-config or a script after --, not both")
+    args = list(argv)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+    if not args or (not args[0].endswith(".py") and args[0] != "-m"):
+        raise UsageError(f"preflight -- {' '.join(argv)}: give a Python script (python train.py ARGS...) "
+                         "or python -m MODULE")
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("preflight needs torch: pip install 'oomdoctor[preflight]'") from None
+    from ..preflight.script import ScriptJob, trace_script
+    from ..preflight.snapshot import (
+        CUDA_CONTEXT_BYTES,
+        NCCL_FIRST_COMMUNICATOR_BYTES,
+        cublas_workspace_bytes,
+        sidecar,
+        snapshot_dict,
+    )
+    from ..preflight.snapshot import write as write_snapshot
+    from ..preflight.steps import PreflightError
+    from ..render.preflight import render_preflight_json, render_preflight_text
+    from ..report.preflight import answer
+
+    name, total, sm = _gpu(gpu, gpu_memory)
+    job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc)
+    outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nproc > 1 else 0)
+    source = ("CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11"
+              + ("; NCCL's world communicator, 883 MB measured (same run)" if nproc > 1 else ""))
+
+    def f(n: int | None) -> tuple[dict, dict, object]:
+        rec = trace_script(job, gpu_name=name or "GPU", gpu_total_bytes=total, sm_major=sm,
+                           cublas_workspace_bytes=cublas_workspace_bytes(sm))
+        meta = sidecar(rec, gpu_name=name, gpu_total_bytes=total, torch_version=torch.__version__, micro_batch=None,
+                       job=job.as_dict())
+        meta["world_size"] = nproc
+        return snapshot_dict(rec), meta, rec
+
+    try:
+        a = answer(f, write=write_snapshot, micro_batch=None, gpu_name=name, gpu_total_bytes=total,
+                   outside_bytes=outside, outside_source=source, snapshot_path=snapshot, search=False)
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
+    # a script's foreach step counters are made on the host, as on CUDA: not recorded, nothing left out
+    a.not_traced = [k for k in a.not_traced if k != "cpu_resident_optimizer_steps"]
     write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))

@@ -31,10 +31,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .tracer import AllocationTracer, TraceRecord, run_traced
+from .tracer import AllocationTracer, CudaAutocastPolicy, TraceRecord, run_traced
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
+#: the training loops traced, and the step each runs
+LOOPS = {
+    "trainer": "transformers.Trainer.training_step + clip_grad_norm_ + optimizer.step + zero_grad",
+    "accelerate": "accelerate's README loop: accumulate(model), model(input_ids, labels).loss, "
+                  "accelerator.backward (loss / grad_accum), optimizer.step, zero_grad",
+}
 
 
 class PreflightError(ValueError):
@@ -90,14 +96,16 @@ class HfJob:
     steps: int = 2
     max_grad_norm: float = 1.0
     world_size: int = 1  # > 1: DistributedDataParallel under torchrun (one rank traced)
+    loop: str = "trainer"  # "trainer" | "accelerate" (LOOPS)
+    grad_accum: int = 1  # micro-batches per optimizer step
 
     def as_dict(self) -> dict[str, Any]:
         return {"hf_config": self.config, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
                 "dtype": self.dtype, "optimizer": self.optimizer,
                 "gradient_checkpointing": self.gradient_checkpointing, "steps": self.steps,
-                "max_grad_norm": self.max_grad_norm, "world_size": self.world_size,
-                "ddp": self.world_size > 1, "step": "transformers.Trainer.training_step + "
-                                                             "clip_grad_norm_ + optimizer.step + zero_grad"}
+                "max_grad_norm": self.max_grad_norm if self.loop == "trainer" else None,
+                "world_size": self.world_size, "ddp": self.world_size > 1, "loop": self.loop,
+                "grad_accum": self.grad_accum, "use_reentrant": False, "step": LOOPS[self.loop]}
 
 
 def load_config(path: str) -> Any:
@@ -267,17 +275,40 @@ def _to_fp32(out: Any) -> Any:
     return out
 
 
+def checkpoint_kwargs(tracer: AllocationTracer) -> dict[str, Any]:
+    """``gradient_checkpointing_kwargs`` for the trace: non-reentrant (transformers 5's default), with CUDA's
+    policies (:class:`.tracer.CudaAutocastPolicy`) active in the recomputation too. The autograd engine
+    runs the recomputation without the caller's ``TorchFunctionMode`` (measured: without this, the
+    recomputed blocks ran CPU's math attention, a ``b × h × s × s`` matrix, and CPU's dropout), so it is
+    entered again through ``torch.utils.checkpoint``'s ``context_fn`` (``(forward, recompute)`` contexts,
+    non-reentrant only)."""
+    return {"use_reentrant": False,
+            "context_fn": lambda: (contextlib.nullcontext(), CudaAutocastPolicy(tracer))}
+
+
 def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0) -> TraceRecord:
-    """Trace ``job`` as Trainer runs it (the module doc). ``config``: a ready ``transformers`` config
-    (else read from ``job.config``). Raises PreflightError for an unknown dtype or optimizer."""
+    """Trace ``job`` as its loop runs it (the module doc). ``config``: a ready ``transformers`` config
+    (else read from ``job.config``). Raises PreflightError for an unknown dtype, optimizer or loop.
+
+    ``loop="accelerate"`` is accelerate's README loop (``Accelerator(mixed_precision=...,
+    gradient_accumulation_steps=K)``, ``accelerate/accelerator.py``): the config's ``use_cache`` as given (the
+    loop does not set it), ``torch.optim.AdamW`` at its defaults (foreach on CUDA), no gradient clipping, DDP
+    without ``find_unused_parameters`` (accelerate's ``DistributedDataParallelKwargs`` default: no output
+    clone), ``K`` micro-batches per optimizer step (``accumulate``: the loss divided by ``K``, the gradients
+    summed into ``.grad``, the optimizer's step and ``zero_grad`` skipped until the last), the batch one
+    int64 tensor given as ``input_ids`` and ``labels``. ``job.steps`` counts optimizer steps."""
     from transformers import AutoModelForCausalLM
 
     if job.dtype not in DTYPES:
         raise PreflightError(f"unknown dtype {job.dtype!r}: one of {', '.join(DTYPES)}")
     if job.optimizer not in OPTIMIZERS:
         raise PreflightError(f"unknown optimizer {job.optimizer!r}: one of {', '.join(OPTIMIZERS)}")
+    if job.loop not in LOOPS:
+        raise PreflightError(f"unknown loop {job.loop!r}: one of {', '.join(LOOPS)}")
+    trainer = job.loop == "trainer"
     cfg = config if config is not None else load_config(job.config)
-    cfg.use_cache = False  # Trainer sets model.config.use_cache = args.use_cache, False by default ("Finalize")
+    if trainer:
+        cfg.use_cache = False  # Trainer sets model.config.use_cache = args.use_cache, False by default ("Finalize")
     low = DTYPES[job.dtype]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
@@ -289,9 +320,9 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
 
     def steps(tracer: AllocationTracer) -> Any:
         tracer.mark_phase("train")
-        m = materialize(model)  # Trainer moves the model to the GPU: one block per tensor
+        m = materialize(model)  # Trainer / accelerate move the model to the GPU: one block per tensor
         if job.gradient_checkpointing:
-            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(tracer))
         m.train()
         params = [p for p in m.parameters() if p.requires_grad]
         buckets = [torch.empty(n, dtype=torch.uint8) for n in ddp_buckets(params)] if job.world_size > 1 else []
@@ -299,27 +330,32 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
             opt = torch.optim.SGD(params, lr=1e-3)
         elif job.optimizer == "adamw8bit":
             opt = AdamW8bitState(params, lr=5e-5)
-        else:
+        elif trainer:
             opt = torch.optim.AdamW(params, lr=5e-5, fused=True)
+        else:
+            opt = torch.optim.AdamW(params, lr=3e-4)
         for step in range(job.steps):
             tracer.mark_step(step)
-            tracer.mark_phase("train")
-            ids = torch.randint(0, vocab, (job.micro_batch, job.seq_len))
-            inputs = {"input_ids": ids, "labels": ids.clone()}
-            if low is not torch.float32:
-                with torch.autocast("cpu", dtype=low):
+            for k in range(job.grad_accum):
+                tracer.mark_phase("train")
+                ids = torch.randint(0, vocab, (job.micro_batch, job.seq_len))
+                inputs = {"input_ids": ids, "labels": ids.clone() if trainer else ids}
+                if low is not torch.float32:
+                    with torch.autocast("cpu", dtype=low):
+                        out = m(**inputs)
+                    out = _to_fp32(out)
+                else:
                     out = m(**inputs)
-                out = _to_fp32(out)
-            else:
-                out = m(**inputs)
-            if job.world_size > 1 and not job.gradient_checkpointing:
-                out = _ddp_sink(out)
-            loss = out["loss"]
-            del out, inputs, ids
-            loss.backward()
-            del loss
+                if trainer and job.world_size > 1 and not job.gradient_checkpointing:
+                    out = _ddp_sink(out)
+                loss = out["loss"]
+                del out, inputs, ids
+                if job.grad_accum > 1:
+                    loss = loss / job.grad_accum
+                loss.backward()
+                del loss
             tracer.mark_phase("optimizer")
-            if job.max_grad_norm:
+            if trainer and job.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(params, job.max_grad_norm)
             opt.step()
             _facts(tracer, step, m, opt)

@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_leaves
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
 #: files whose frames are the tracer's or the fake mode's own, dropped from stacks
-_SKIP = ("oomdoctor/preflight/tracer.py", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
+_SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
          "torch/overrides.py", "torch/_ops.py", "torch/utils/_stats.py", "contextlib.py",
          "torch/_dynamo/", "torch/_compile.py")
 #: the frame through which Python enters the autograd engine (``torch/autograd/graph.py``)
@@ -100,8 +100,14 @@ class AllocationTracer(TorchDispatchMode):
     ``cublas_workspace_bytes``: allocated (and kept, as PyTorch keeps it for the handle and stream) at the
     first matrix multiply of each thread (the main thread and the autograd engine's), 0 to leave out."""
 
-    def __init__(self, *, start_us: int | None = None, cublas_workspace_bytes: int = 0) -> None:
+    def __init__(self, *, start_us: int | None = None, cublas_workspace_bytes: int = 0,
+                 gpu_only: bool = False) -> None:
         super().__init__()
+        #: record only the storages on the GPU (a user's script, :mod:`.script`): those made while
+        #: :meth:`on_gpu` is active (``.cuda()``, ``device="cuda"``), and the outputs of ops that read one
+        self.gpu_only = gpu_only
+        self._gpu_depth = 0
+        self._host_depth = 0
         self.record = TraceRecord()
         self._live: dict[int, _Live] = {}
         self._weak: dict[int, int] = {}  # storage key -> weak reference handle, for collect()
@@ -179,6 +185,31 @@ class AllocationTracer(TorchDispatchMode):
             self._free(addr, size)
         return addr
 
+    # -- GPU or host (gpu_only)
+    @contextlib.contextmanager
+    def on_gpu(self, gpu: bool = True) -> Iterator[None]:
+        """While active, the storages ops make are on the GPU (``gpu``) or on the host (not recorded)."""
+        if gpu:
+            self._gpu_depth += 1
+        else:
+            self._host_depth += 1
+        try:
+            yield
+        finally:
+            if gpu:
+                self._gpu_depth -= 1
+            else:
+                self._host_depth -= 1
+
+    def is_gpu(self, t: Any) -> bool:
+        """Whether ``t``'s storage is a live one on the GPU (always, unless ``gpu_only``)."""
+        t = getattr(t, "_local_tensor", t)  # a DTensor (FSDP2, tensor parallel): its shard on this rank
+        if not self.gpu_only:
+            return True
+        if isinstance(t, torch.device):  # a factory's device=: a fake CUDA tensor (made where no
+            return t.type == "cuda"      # TorchFunctionMode runs: hooks in the autograd engine)
+        return isinstance(t, torch.Tensor) and (t.device.type == "cuda" or self.addr_of(t) is not None)
+
     # -- markers and facts
     def mark_step(self, step: int) -> None:
         self.collect()
@@ -201,6 +232,9 @@ class AllocationTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.collect()
         backward = torch._C._current_autograd_node() is not None
+        if self.gpu_only and not self._gpu_depth:
+            if self._host_depth or not any(self.is_gpu(t) for t in tree_leaves((args, kwargs))):
+                return func(*args, **(kwargs or {}))  # the host's: not the caching allocator's
         if self._cublas and backward not in self._cublas_threads and func in _MATMULS:
             self._cublas_threads.add(backward)
             addr = self.temporary(self._cublas, backward, keep=True)
@@ -216,7 +250,8 @@ class AllocationTracer(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self.see(t, backward)
+                # a DTensor's shard is made by its own dispatch, below this mode: seen here
+                self.see(getattr(t, "_local_tensor", t), backward)
         for a, n in zip(addrs, extra):
             self._free(a, n)
         return out

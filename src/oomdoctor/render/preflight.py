@@ -21,8 +21,11 @@ NOT_TRACED_TEXT = {
 
 
 def preflight_dict(a: Any) -> dict[str, Any]:
-    """The ``--format json`` contract: :meth:`PreflightAnswer.as_dict` (bytes, seconds)."""
-    return a.as_dict()
+    """The ``--format json`` contract (``oomdoctor schema preflight``): :meth:`PreflightAnswer.as_dict` (bytes,
+    seconds) with ``schema_version`` and ``oomdoctor_version``, as every command's."""
+    from .._version import SCHEMA_VERSION, __version__
+
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **a.as_dict()}
 
 
 def render_preflight_json(a: Any) -> str:
@@ -32,11 +35,15 @@ def render_preflight_json(a: Any) -> str:
 def render_preflight_text(a: Any) -> str:
     job = a.job
     gpu = a.gpu_name or "the GPU"
-    lines = [f"oomdoctor preflight: {job.get('hf_config') or job.get('model_fn', 'the job')}, "
-             f"micro-batch {a.micro_batch}" + (f" x {job['seq_len']} tokens" if job.get("seq_len") else "")
+    what = job.get("hf_config") or (" ".join(job["script"]) if job.get("script") else job.get("model_fn", "the job"))
+    lines = [f"oomdoctor preflight: {what}"
+             + (f", micro-batch {a.micro_batch}" if a.micro_batch is not None else "")
+             + (f" x {job['seq_len']} tokens" if job.get("seq_len") else "")
              + (f", {job['dtype']}" if job.get("dtype") else "") + (f", {job['optimizer']}" if job.get("optimizer") else "")
              + (", gradient checkpointing" if job.get("gradient_checkpointing") else ""),
-             f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events} events)",
+             f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events} events)"
+             + (f"; rank 0 of {job['world_size']}, collectives {job['collectives']}" if job.get("collectives") else "")
+             + (f"; {job['max_steps']} optimizer steps, then stopped" if job.get("max_steps") else ""),
              f"on {gpu} ({format_bytes(a.gpu_total_bytes)}; {format_bytes(a.room_bytes)} for the caching allocator "
              f"after {format_bytes(a.outside_allocator_bytes)} outside it: {a.outside_allocator_source})", ""]
     if a.oom:

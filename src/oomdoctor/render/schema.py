@@ -679,9 +679,57 @@ def verify_schema() -> Schema:
     }, "each setting's predicted and measured peak reserved and OOM, confirmed or refuted by a rerun"))
 
 
+# ------------------------------------------------------------------------------------------ preflight
+
+_PREFLIGHT_FIELDS = {
+    "job": "the job traced: --hf-config's (hf_config, micro_batch, seq_len, dtype, optimizer, loop, world_size, "
+           "...), a script's (script, max_steps, world_size, ranks_traced, collectives), or the Python API's "
+           "(model_fn, steps)",
+    "gpu_name": "the GPU assumed (--gpu), null with --gpu-memory",
+    "gpu_total_bytes": "the GPU's total memory (bytes)",
+    "outside_allocator_bytes": "memory outside the caching allocator: the CUDA context and kernels, and NCCL's "
+                               "communicator for more than one rank (bytes, measured constants)",
+    "outside_allocator_source": "where outside_allocator_bytes comes from",
+    "room_bytes": "the allocator's room: gpu_total_bytes less outside_allocator_bytes (bytes)",
+    "peak_allocated_bytes": "the replay's peak allocated, blocks rounded as the allocator does "
+                            "(torch.cuda.max_memory_allocated's meaning; bytes)",
+    "peak_reserved_bytes": "the replay's peak reserved (max_memory_reserved's meaning; bytes)",
+    "peak_requested_bytes": "the trace's peak of requested bytes, before rounding (bytes)",
+    "oom": "the replay ran out of the room",
+    "oom_request_bytes": "the request that did not fit (bytes), null without an OOM",
+    "micro_batch": "the micro-batch traced (null: a script's or a batch_fn's own)",
+    "largest_micro_batch": "the largest traced micro-batch that replays without OOM, the next traced one "
+                           "running out (null: not searched)",
+    "largest_micro_batch_method": "'traced' or 'not searched'",
+    "micro_batch_traces": "every trace: micro_batch, peak_allocated_bytes, peak_reserved_bytes, oom, trace_wall_s",
+    "breakdown": "bytes per category at the peak allocated (parameters, gradients, optimizer_state, activations, "
+                 "temporaries, ...); they add up to breakdown_at.allocated_bytes",
+    "breakdown_sources": "per category, where its bytes come from ('recorded': the tracer's facts; 'trace': the "
+                         "accounting's rules)",
+    "breakdown_at": "the moment of the breakdown: event_index, step, phase, allocated_bytes",
+    "settings": "the same trace replayed per allocator setting: config, peak_reserved_bytes, peak_allocated_bytes, "
+                "oom, oom_request_bytes",
+    "snapshot": "the traced snapshot written (-o), laid out by the allocator model; null without -o",
+    "trace_wall_s": "wall time of the traces (s)",
+    "events": "allocation and free events traced",
+    "not_traced": "ids of what the trace leaves out (kernel_workspaces_chosen_at_run_time, torch_compile, "
+                  "cpu_resident_optimizer_steps, collectives)",
+}
+
+
+def preflight_schema() -> Schema:
+    from ..report.preflight import PreflightAnswer
+
+    body = from_dataclass(PreflightAnswer, _PREFLIGHT_FIELDS)
+    body["description"] = ("a training step traced on the CPU under fake tensors, replayed for a GPU: the peaks, the "
+                           "OOM, the largest micro-batch, each allocator setting and the breakdown")
+    return document("preflight", body)
+
+
 COMMANDS = {"diagnose": diagnose_schema, "diff": diff_schema, "simulate": simulate_schema,
             "plan estimate": plan_estimate_schema, "plan search": plan_search_schema,
-            "plan validate": plan_validate_schema, "fit": fit_schema, "verify": verify_schema}
+            "plan validate": plan_validate_schema, "fit": fit_schema, "verify": verify_schema,
+            "preflight": preflight_schema}
 """command -> the function building its schema."""
 
 

@@ -1,0 +1,452 @@
+"""``oomdoctor preflight -- python train.py ...``: the user's own script, run in this process under fake
+tensors on the CPU, its GPU allocations traced (issue 42; ``docs/preflight.md``, "A script").
+
+What changes for the script while it runs (:func:`trace_script`), and nothing else:
+
+- ``torch.cuda`` says a GPU is there (:data:`CUDA_PATCHES`: ``is_available()`` True, one device with the
+  GPU's name, total memory and compute capability; ``set_device``, ``synchronize``, ``empty_cache``,
+  ``manual_seed``, the memory counters and ``_record_memory_history`` do nothing or answer 0);
+- ``.cuda()``, ``.to("cuda")``, ``Module.cuda()`` / ``.to("cuda")`` and factories given ``device="cuda"``
+  (also through ``with torch.device("cuda")``) make **fake CPU tensors that are on the GPU** for the
+  tracer (:class:`CudaDevices`): the tracer records only those and the outputs of ops that read one
+  (``AllocationTracer(gpu_only=True)``); ``.cpu()`` / ``.to("cpu")`` of one makes a host copy;
+- ``torch.autocast("cuda", ...)`` (and ``torch.cuda.amp.autocast``) runs as CPU autocast with CUDA's lists
+  (:class:`.tracer.CudaAutocastPolicy`), dtype fp16 when none is given, as on CUDA;
+- every ``torch.optim`` optimizer's step is a step marker (global step hooks,
+  ``torch/optim/optimizer.py`` ``register_optimizer_step_post_hook``): after it the parameters, gradients
+  and optimizer state it holds are noted, and after ``max_steps`` steps the script is stopped (the trace
+  ends there, as a snapshot dumped then does: the script's objects still alive);
+- with ``world_size > 1``, ``torch.distributed.init_process_group`` joins a fake process group
+  (``torch.testing._internal.distributed.fake_pg``: every collective returns at once, nothing moves) as
+  rank 0 of ``world_size``, and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` are set as ``torchrun`` sets them:
+  one rank is traced, its collectives faked.
+
+What cannot be traced ends with :class:`~.steps.PreflightError`, one line naming the script's line and
+the reason: a value read from a tensor (``.item()``, ``bool(tensor)``, ``print`` of one, a data-dependent
+shape), a collective's result used as data, data loader workers (fake tensors do not pickle), a CUDA
+API not listed here (streams, events, CUDA graphs), ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import sys
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .steps import PreflightError
+from .tracer import AllocationTracer, TraceRecord, run_traced
+
+
+@dataclass(frozen=True)
+class ScriptJob:
+    """A script and its arguments (``argv[0]`` the ``.py`` file, or ``-m`` and a module), the optimizer steps
+    traced, and the world size (> 1: rank 0 of a fake process group)."""
+
+    argv: tuple[str, ...]
+    max_steps: int = 2
+    world_size: int = 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"script": list(self.argv), "max_steps": self.max_steps, "world_size": self.world_size,
+                "ranks_traced": [0], "collectives": "faked (fake process group)" if self.world_size > 1 else None,
+                "ddp_if_used": "modelled: gradient buckets from construction, output clones with find_unused_parameters; "
+                       "the all-reduces not traced",
+                "step": "the script's own, to its optimizer's step number max_steps"}
+
+
+class _Stop(BaseException):
+    """Raised from the optimizer's step hook after the last traced step (not an Exception: the script's
+    ``except Exception`` does not catch it)."""
+
+
+def _is_cuda(d: Any) -> bool:
+    if isinstance(d, str):
+        return d == "cuda" or d.startswith("cuda:")
+    if isinstance(d, torch.device):
+        return d.type == "cuda"
+    return False
+
+
+def _is_cpu(d: Any) -> bool:
+    if isinstance(d, str):
+        return d == "cpu" or d.startswith("cpu:")
+    if isinstance(d, torch.device):
+        return d.type == "cpu"
+    return False
+
+
+def _storage(t: Any) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return None
+
+
+class CudaDevices(TorchFunctionMode):
+    """``device="cuda"`` as the fake CPU device, the tensors made so on the GPU for ``tracer``."""
+
+    def __init__(self, tracer: AllocationTracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def _target(self, func: Any, args: tuple, kwargs: dict) -> tuple[str | None, tuple, dict]:
+        """``("cuda" | "cpu" | None, args, kwargs)`` with every device argument the CPU."""
+        where = None
+        if func in (torch.Tensor.cuda,):
+            return "cuda", args[:1], {}
+        if func in (torch.Tensor.cpu,):
+            return "cpu", args[:1], {}
+        new_args = list(args)
+        for i, a in enumerate(args):
+            if i == 0 or func is not torch.Tensor.to:  # positional devices: Tensor.to's only
+                continue
+            if _is_cuda(a) or (isinstance(a, int) and not isinstance(a, bool) and i == 1):
+                where, new_args[i] = "cuda", "cpu"
+            elif _is_cpu(a):
+                where = "cpu"
+            elif i == 1 and isinstance(a, torch.Tensor):
+                where = "cuda" if self.tracer.is_gpu(a) else "cpu"
+                new_args[i] = a.dtype
+        kw = dict(kwargs)
+        d = kw.get("device")
+        if _is_cuda(d):
+            where, kw["device"] = "cuda", "cpu"
+        elif _is_cpu(d) and func in (torch.Tensor.to,):
+            where = "cpu"
+        return where, tuple(new_args), kw
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.pin_memory:
+            return args[0]
+        where, args, kwargs = self._target(func, args, kwargs)
+        if where is None:
+            return func(*args, **kwargs)
+        src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        moving = func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
+        if moving and src is not None and self.tracer.is_gpu(src) == (where == "cuda"):
+            if func in (torch.Tensor.cuda, torch.Tensor.cpu):
+                return src
+            return func(*args, **kwargs)  # already there: a dtype change at most
+        with self.tracer.on_gpu(where == "cuda"):
+            if func in (torch.Tensor.cuda, torch.Tensor.cpu):
+                return src.clone()
+            out = func(*args, **kwargs)
+            if moving and src is not None and _storage(out) == _storage(src):
+                out = out.clone()  # a copy to the other device, never an alias
+            return out
+
+
+def _device_properties(name: str, total: int, sm_major: int) -> Any:
+    return types.SimpleNamespace(name=name, total_memory=total, major=sm_major, minor=0, multi_processor_count=132,
+                                 is_integrated=False, is_multi_gpu_board=False, L2_cache_size=50 << 20,
+                                 gcnArchName="", uuid="preflight")
+
+
+def _swap_or_set(orig: Any) -> Any:
+    """``torch.utils.swap_tensors``, which ``Module._apply`` uses for every FakeTensor parameter
+    (``module.to("cuda")``), refuses a tensor with a weak reference, which fake tensors made under the
+    fake mode have (measured); then the new data is set in place (``param.data = new``), which is what
+    ``_apply`` does for real tensors."""
+    def swap(t1: Any, t2: Any) -> None:
+        try:
+            orig(t1, t2)
+        except RuntimeError:
+            t1.data = t2.data
+
+    return swap
+
+
+def ddp_stand_in(tracer: AllocationTracer) -> type:
+    """A stand-in for ``DistributedDataParallel`` (DDP's C++ side reads tensor data, which fake tensors do
+    not have: ``_verify_params_across_processes`` fails with "The tensor has a non-zero number of elements,
+    but its data is not allocated yet", measured with torch 2.13). It keeps DDP's memory, as the Hugging
+    Face path models it (:func:`.steps.ddp_buckets`, :func:`.steps._ddp_sink`): the gradient buckets
+    (every parameter's bytes once, 25 MiB buckets) on the GPU from construction, and a clone of the outputs
+    when ``find_unused_parameters`` is set; the all-reduces (in place on the buckets) are not traced. With
+    ``gradient_as_bucket_view=True`` the gradients are views of the buckets: the buckets are then not
+    added (the gradients the engine makes are their bytes)."""
+    from .steps import _ddp_sink, ddp_buckets
+
+    class DistributedDataParallel(torch.nn.Module):
+        def __init__(self, module: torch.nn.Module, device_ids: Any = None, output_device: Any = None, dim: int = 0,
+                     broadcast_buffers: bool = True, process_group: Any = None, bucket_cap_mb: Any = None,
+                     find_unused_parameters: bool = False, check_reduction: bool = False,
+                     gradient_as_bucket_view: bool = False, static_graph: bool = False, **kwargs: Any) -> None:
+            super().__init__()
+            self.module = module
+            self.find_unused_parameters = find_unused_parameters
+            params = [p for p in module.parameters() if p.requires_grad]
+            with tracer.on_gpu(True):
+                self._oomdoctor_buckets = [] if gradient_as_bucket_view else [
+                    torch.empty(n, dtype=torch.uint8) for n in ddp_buckets(params)]
+            for b in self._oomdoctor_buckets:
+                a = tracer.addr_of(b)
+                tracer.record.extra_allocations.append({"what": "ddp_gradient_bucket", "addr": a[0] if a else None,
+                                                        "bytes": b.numel(), "backward": False})
+
+        def forward(self, *a: Any, **k: Any) -> Any:
+            out = self.module(*a, **k)
+            return _ddp_sink(out) if self.find_unused_parameters else out
+
+        @contextlib.contextmanager
+        def no_sync(self) -> Iterator[None]:
+            yield
+
+    return DistributedDataParallel
+
+
+def _real_mesh(orig: Any) -> Any:
+    """``DeviceMesh.__init__`` outside the fake mode, its mesh of ranks a real tensor: it reads the rank map's
+    values (``tolist()``), which a fake tensor has none of (measured: FSDP2's ``fully_shard`` failed there)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    def real(x: Any) -> Any:
+        # the mesh of ranks: init_device_mesh's torch.arange(world).view(shape), made under the fake mode
+        return torch.arange(x.numel(), dtype=x.dtype).view(tuple(x.shape)) if isinstance(x, FakeTensor) else x
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        with unset_fake_temporarily():
+            orig(self, *[real(x) for x in a], **{n: real(x) for n, x in k.items()})
+
+    return init
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's shard on this rank (FSDP2's parameters, gradients and optimizer state), else ``t``."""
+    return getattr(t, "_local_tensor", t)
+
+
+def _backward_on_gpu(orig: Any, tracer: AllocationTracer) -> Any:
+    """The autograd engine's entry (``torch/autograd/graph.py`` ``_engine_run_backward``) with every
+    allocation on the GPU: backward, its hooks and the engine's final callbacks (FSDP2's last
+    reduce-scatter) run where no ``TorchFunctionMode`` does, and make their tensors on the module's
+    device, which is the fake CPU one here."""
+    def run(*a: Any, **k: Any) -> Any:
+        with tracer.on_gpu(True):
+            return orig(*a, **k)
+
+    return run
+
+
+def _loader_iter_init(orig: Any) -> Any:
+    """``torch.utils.data``'s ``_BaseDataLoaderIter.__init__`` outside the fake mode: it draws the loader's
+    seed with ``torch.empty((), dtype=torch.int64).random_().item()`` (and shares it over the process group,
+    ``_share_dist_seed``), which a fake tensor cannot answer (measured: every ``for batch in loader`` failed
+    there). The batches (``__next__``) stay fake."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        with unset_fake_temporarily():
+            orig(self, *a, **k)
+
+    return init
+
+
+def _none(*a: Any, **k: Any) -> None:
+    return None
+
+
+def _zero(*a: Any, **k: Any) -> int:
+    return 0
+
+
+@contextlib.contextmanager
+def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    saved = [(obj, name, getattr(obj, name, None), hasattr(obj, name)) for obj, name, _ in targets]
+    for obj, name, value in targets:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value, had in reversed(saved):
+            if had:
+                setattr(obj, name, value)
+            else:
+                delattr(obj, name)
+
+
+def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tuple[Any, str, Any]]:
+    """The ``torch.cuda`` functions a script sees while traced (the module doc)."""
+    import torch.cuda.memory as mem
+
+    props = _device_properties(gpu_name, gpu_total_bytes, sm_major)
+    c = torch.cuda
+    out: list[tuple[Any, str, Any]] = [
+        (c, "is_available", lambda: True), (c, "device_count", lambda: 1), (c, "current_device", lambda: 0),
+        (c, "is_initialized", lambda: True), (c, "init", _none), (c, "_lazy_init", _none),
+        (c, "set_device", _none), (c, "synchronize", _none), (c, "empty_cache", _none),
+        (c, "manual_seed", _none), (c, "manual_seed_all", _none), (c, "seed", _none), (c, "seed_all", _none),
+        (c, "get_device_name", lambda *a, **k: gpu_name), (c, "get_device_properties", lambda *a, **k: props),
+        (c, "get_device_capability", lambda *a, **k: (sm_major, 0)), (c, "is_bf16_supported", lambda *a, **k: True),
+        (c, "mem_get_info", lambda *a, **k: (gpu_total_bytes, gpu_total_bytes)),
+        (c, "memory_stats", lambda *a, **k: {}), (c, "reset_peak_memory_stats", _none),
+        (c, "reset_max_memory_allocated", _none), (c, "reset_accumulated_memory_stats", _none),
+    ]
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        out.append((c, name, _zero))
+    out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
+            (mem, "empty_cache", _none)]
+    return out
+
+
+def _autocast_init(orig: Any) -> Any:
+    def init(self: Any, device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None) -> None:
+        if device_type == "cuda":  # CPU autocast, CUDA's lists (CudaAutocastPolicy) and CUDA's default dtype
+            device_type, dtype = "cpu", dtype if dtype is not None else torch.float16
+        orig(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    return init
+
+
+def _cuda_amp_autocast_init(self: Any, enabled: bool = True, dtype: Any = torch.float16,
+                            cache_enabled: bool = True) -> None:
+    torch.amp.autocast_mode.autocast.__init__(self, "cpu", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int) -> Iterator[None]:
+    """``init_process_group`` joins a fake process group as rank 0 of ``world_size`` (the module doc)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    orig = dist.init_process_group
+
+    def init_process_group(*a: Any, **k: Any) -> None:
+        orig(backend="fake", store=FakeStore(), rank=0, world_size=world_size)
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    dist.init_process_group = init_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group = orig
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _where(exc: BaseException, script: str) -> str:
+    """``file:line`` of the innermost frame of the script (else of the innermost frame outside torch)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(script)]
+    f = (mine or [f for f in frames if "/torch/" not in f.filename] or frames or [None])[-1]
+    return f"{f.filename}:{f.lineno}" if f is not None else script
+
+
+def _reason(exc: BaseException) -> str:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException)) or "data-dependent" in str(exc) \
+            or "item()" in str(exc):
+        return ("reads a value from a tensor (.item(), bool(), print of a tensor, a data-dependent shape): "
+                "fake tensors have no values")
+    first = (str(exc).strip().splitlines() or [""])[0][:160]
+    hint = " (a torchrun script: give --nproc-per-node N)" if "rendezvous" in first or "RANK" in first else ""
+    return f"{type(exc).__name__}: {first}{hint}"
+
+
+def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_major: int = 9,
+                 cublas_workspace_bytes: int = 0) -> TraceRecord:
+    """Run the script of ``job`` traced (the module doc). Raises :class:`PreflightError` (one line: the
+    script's file and line, and what could not be traced) when the script fails, exits non-zero, or runs
+    no optimizer step; a script that ends by itself before ``max_steps`` is traced to its end."""
+    argv = list(job.argv)
+    if not argv:
+        raise PreflightError("preflight --: give the script to run (python train.py ...)")
+    module = argv[1] if argv[0] == "-m" and len(argv) > 1 else None
+    script = argv[0]
+    if module is None:
+        if not Path(script).is_file():
+            raise PreflightError(f"{script}: no such script")
+        sys_argv = [script, *argv[1:]]
+    else:
+        sys_argv = [module, *argv[2:]]
+    steps = {"n": 0}
+
+    def run(tracer: AllocationTracer) -> Any:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            tracer.mark_phase("optimizer")
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            params = [p for g in opt.param_groups for p in g["params"]]
+            state = [v for s in opt.state.values() if isinstance(s, dict) for v in s.values()
+                     if isinstance(v, torch.Tensor)]
+            tracer.note_facts(steps["n"], {"parameters": [_local(p) for p in params],
+                                           "gradients": [_local(p.grad) for p in params if p.grad is not None],
+                                           "optimizer_state": [_local(v) for v in state]})
+            steps["n"] += 1
+            if steps["n"] >= job.max_steps:
+                raise _Stop
+            tracer.mark_step(steps["n"])
+            tracer.mark_phase("train")
+
+        import torch.nn.parallel as parallel
+        import torch.nn.parallel.distributed as ddp_mod
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
+
+        ddp_cls = ddp_stand_in(tracer)
+        tracer.mark_step(0)
+        tracer.mark_phase("train")
+        autocast = torch.amp.autocast_mode.autocast
+        patches = cuda_patches(gpu_name, gpu_total_bytes, sm_major) + [
+            (autocast, "__init__", _autocast_init(autocast.__init__)),
+            (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
+            (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
+            (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
+            (loader_iter, "__init__", _loader_iter_init(loader_iter.__init__)),
+            (torch.autograd, "_engine_run_backward", _backward_on_gpu(torch.autograd._engine_run_backward, tracer)),
+            (torch.autograd.graph, "_engine_run_backward",
+             _backward_on_gpu(torch.autograd.graph._engine_run_backward, tracer)),
+            (ddp_mod, "DistributedDataParallel", ddp_cls), (parallel, "DistributedDataParallel", ddp_cls),
+            (sys, "argv", sys_argv),
+            (sys, "path", [str(Path(script).resolve().parent) if module is None else os.getcwd(), *sys.path]),
+        ]
+        h1, h2 = register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)
+        kept: Any = None
+        try:
+            with _patched(patches), (_fake_process_group(job.world_size) if job.world_size > 1
+                                     else contextlib.nullcontext()), CudaDevices(tracer):
+                try:
+                    if module is None:
+                        kept = runpy.run_path(script, run_name="__main__")
+                    else:
+                        kept = runpy.run_module(module, run_name="__main__", alter_sys=True)
+                except _Stop as e:
+                    kept = e  # its traceback holds the script's frames: its objects live to the trace's end
+                except SystemExit as e:
+                    if e.code not in (None, 0):
+                        raise PreflightError(f"{script}: exited with {e.code!r} while traced") from None
+                except PreflightError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - any failure of the user's script: one line
+                    raise PreflightError(f"{_where(e, script)}: cannot be traced under fake tensors: "
+                                         f"{_reason(e)}") from None
+        finally:
+            h1.remove()
+            h2.remove()
+        if steps["n"] == 0:
+            raise PreflightError(f"{script}: ran no optimizer step (torch.optim) while traced: nothing to "
+                                 "measure a training step by")
+        return kept
+
+    return run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
