@@ -52,7 +52,7 @@ def diagnose(paths, *, micro_batch=None, progress=None):
     """
     from .analysis.device import analyze
     from .notebook import Diagnosis
-    from .report.build import report_of
+    from .report.pipeline import report_of
     from .report.visual import build_visual
     from .trace import load_ranks
 
@@ -70,9 +70,9 @@ def diff(before, after):
     """
     from .analysis.device import analyze
     from .notebook import Comparison
-    from .report.build import report_of
     from .report.diff import diff_runs
     from .report.overlay import build_diff_visual
+    from .report.pipeline import report_of
     from .trace import load_ranks
 
     skipped: list = []

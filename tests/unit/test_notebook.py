@@ -14,7 +14,7 @@ from oomdoctor.analysis.device import analyze
 from oomdoctor.render.html import render_html
 from oomdoctor.render.json import render_json
 from oomdoctor.render.text import render_text_plain
-from oomdoctor.report.build import report_of
+from oomdoctor.report.pipeline import report_of
 from oomdoctor.report.visual import build_visual
 from oomdoctor.trace import load_ranks
 

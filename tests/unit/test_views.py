@@ -14,9 +14,9 @@ from oomdoctor.analysis.slicing import event_window, slice_snapshot
 from oomdoctor.errors import UsageError
 from oomdoctor.render.html import render_diff_html, render_html
 from oomdoctor.render.perfetto import PID_BASE, trace_events
-from oomdoctor.report.build import report_of
 from oomdoctor.report.diff import diff_runs
 from oomdoctor.report.overlay import build_diff_visual
+from oomdoctor.report.pipeline import report_of
 from oomdoctor.report.tracks import rank_tracks
 from oomdoctor.report.visual import build_visual, segment_map, timeline_view
 from oomdoctor.trace.load import from_snapshot
