@@ -137,11 +137,11 @@ def rank_result(task: RankTask, want: Want) -> RankResult:
     got = summarize_analysis(a, RankContext(want.micro_batch, want.rule))
     out = RankResult(task, rank=got.rank, report=got.report, profile=got.profile)
     if want.view_moments:
-        from .visual import rank_view
+        from ..views.visual import rank_view
 
         out.view = rank_view(a, want.view_moments)
     if want.tracks:
-        from .tracks import rank_tracks
+        from ..views.tracks import rank_tracks
 
         out.tracks = rank_tracks(a)
     if want.heat_buckets:
@@ -207,7 +207,7 @@ def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
            for t, got in zip(tasks, (summarize_analysis(x, RankContext(rule=want.rule)) for x in analyses))]
     got = PairResult(res[0], res[1], diff=rank_diff(b, a))
     if want.view_moments:
-        from .overlay import pair_view
+        from ..views.overlay import pair_view
 
         got.view = pair_view(b.rank, b, a)
     return got
