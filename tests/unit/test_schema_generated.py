@@ -2,8 +2,10 @@
 ``TypeAdapter(...).json_schema``) against the hand-written one of :mod:`oomdoctor.render.schema`, for every document
 kind built from dataclasses: the same keys, the same required keys (``dataclasses.asdict`` writes every field), the
 same JSON types and nullability, at every depth. What the renderers add to a dataclass's fields (a derived byte count)
-or leave free-form is listed in :data:`RENDERED`; any other difference fails. The hand-written schema stays the
-contract until its descriptions live with the dataclasses."""
+or leave free-form is listed in :data:`RENDERED`; any other difference fails. ``fits`` is generated already
+(:func:`oomdoctor.render.schema.generated`: its descriptions are the docstrings under ``Fits``' fields; ``oomdoctor
+schema`` wrote the same bytes before and after, for every command, and docs/json.md did not change); the other objects'
+descriptions are still written in render/schema.py."""
 
 from __future__ import annotations
 
@@ -111,3 +113,28 @@ def test_every_rendered_exception_is_still_needed():
         gen = pydantic.TypeAdapter(cls).json_schema(mode="serialization")
         seen |= differences(hand(), gen, gen.get("$defs", {}))
     assert set(RENDERED) <= seen
+
+
+def test_fits_schema_is_generated_from_the_dataclass_with_every_unit():
+    from dataclasses import fields
+
+    from oomdoctor.report.fits import Fits
+
+    got = S.fits_schema()
+    assert list(got["properties"]) == [f.name for f in fields(Fits)] == got["required"]
+    assert got["additionalProperties"] is False
+    for name, x in got["properties"].items():
+        assert x["description"] and "\n" not in x["description"]
+        assert ("_bytes" in name) == x["description"].endswith("(bytes)"), name
+    assert got["properties"]["room_bytes"]["type"] == ["integer", "null"]
+    assert got["properties"]["batch_scale"]["type"] == ["number", "null"]
+    assert got["properties"]["margin"]["additionalProperties"]["type"] == "integer"
+    assert "unknown-before-window" in got["properties"]["peak_source"]["enum"]
+
+
+def test_a_field_without_its_docstring_is_refused():
+    from dataclasses import make_dataclass
+
+    cls = make_dataclass("Y", [("a_bytes", int)], namespace={"__pydantic_config__": {"use_attribute_docstrings": True}})
+    with pytest.raises(KeyError, match="Y.a_bytes has no docstring"):
+        S.generated(cls, "y")
