@@ -2,8 +2,9 @@
 ``TypeAdapter(...).json_schema``) against the hand-written one of :mod:`oomdoctor.render.schema`, for every document
 kind built from dataclasses: the same keys, the same required keys (``dataclasses.asdict`` writes every field), the
 same JSON types and nullability, at every depth. What the renderers add to a dataclass's fields (a derived byte count)
-or leave free-form is listed in :data:`RENDERED`; any other difference fails. ``fits`` is generated already
-(:func:`oomdoctor.render.schema.generated`: its descriptions are the docstrings under ``Fits``' fields; ``oomdoctor
+or leave free-form is listed in :data:`RENDERED`; any other difference fails. ``fits`` and a rank's ``oom`` are
+generated already (:func:`oomdoctor.render.schema.generated`: their descriptions are the docstrings under the fields
+of ``Fits`` and ``OomInfo``; ``oomdoctor
 schema`` wrote the same bytes before and after, for every command, and docs/json.md did not change); the other objects'
 descriptions are still written in render/schema.py."""
 
@@ -138,3 +139,16 @@ def test_a_field_without_its_docstring_is_refused():
     cls = make_dataclass("Y", [("a_bytes", int)], namespace={"__pydantic_config__": {"use_attribute_docstrings": True}})
     with pytest.raises(KeyError, match="Y.a_bytes has no docstring"):
         S.generated(cls, "y")
+
+
+def test_the_oom_object_is_generated_from_oominfo():
+    from dataclasses import fields
+
+    from oomdoctor.report.model import OomInfo
+
+    oom = S.rank_schema()["properties"]["oom"]
+    assert oom["type"] == ["object", "null"] or "anyOf" in oom
+    got = oom["anyOf"][0] if "anyOf" in oom else oom
+    assert list(got["properties"]) == [f.name for f in fields(OomInfo)] == got["required"]
+    assert got["properties"]["cuda_malloc_bytes"] == {
+        "type": "integer", "description": "the rounded size the allocator tried to cudaMalloc (bytes)"}

@@ -341,12 +341,9 @@ def fits_schema() -> Schema:
 
 
 def rank_schema() -> Schema:
-    oom = obj({"event_index": i("the OOM event"), "requested_bytes": b("the request that failed"),
-               "cuda_malloc_bytes": b("the rounded size the allocator tried to cudaMalloc"),
-               "device_free_bytes": b("what CUDA said was free on the device then"),
-               "reserved_bytes": b("reserved then"), "allocated_bytes": b("allocated then"),
-               "largest_free_block_bytes": b("the largest cached free block then"),
-               "stream": i("the request's CUDA stream")}, "the last OOM of the rank")
+    from ..report.model import OomInfo
+
+    oom = generated(OomInfo, "the last OOM of the rank")
     return obj({
         "rank": i("the rank"), "path": s("the snapshot file"), "device": i("the CUDA device index analysed"),
         "events": i("trace events"), "has_history": yes("the snapshot has an allocation history (not state only)"),

@@ -14,16 +14,28 @@ from .verdict import Verdict
 
 @dataclass
 class OomInfo:
-    """An ``oom`` entry of the trace: the rounded request, CUDA's free bytes then, and the state."""
+    """An ``oom`` entry of the trace: the rounded request, CUDA's free bytes then, and the state.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     event_index: int
+    """the OOM event"""
     requested_bytes: int
+    """the request that failed (bytes)"""
     cuda_malloc_bytes: int
+    """the rounded size the allocator tried to cudaMalloc (bytes)"""
     device_free_bytes: int
+    """what CUDA said was free on the device then (bytes)"""
     reserved_bytes: int
+    """reserved then (bytes)"""
     allocated_bytes: int
+    """allocated then (bytes)"""
     largest_free_block_bytes: int
+    """the largest cached free block then (bytes)"""
     stream: int
+    """the request's CUDA stream"""
 
 
 @dataclass
