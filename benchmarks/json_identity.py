@@ -7,12 +7,12 @@ of two such directories.
     # DIR: the snapshots (default: $OOMDOCTOR_SHARED/snapshots, else ../shared/snapshots)
     python benchmarks/json_identity.py compare BEFORE_DIR AFTER_DIR
 
-``record`` writes, per input, ``<label>.json`` (``diagnose --format json -j 1``, its exit status and stderr in
-``<label>.rc``) and, for the shared snapshots, ``<label>.html`` (``--format html``); the multi-rank shared directories
-also through a pool of two processes (``.j2.json``) and Dask (``.dask.json``, where ``distributed`` is installed), so
-that every executor is held to the same bytes. The only edit made to an output: the temporary directory a corpus run
-was unpacked into reads ``RUN``. No output holds a timing (``extra.waited_s`` is the in-job summary's only, which no
-command here writes): nothing else is excluded (:data:`EXCLUDED`).
+``record`` writes, per input, ``<label>.json`` (``diagnose --format json -j 1``; its exit status and stderr in
+``<label>.json.rc``) and, for the shared snapshots, ``<label>.html`` (``--format html``); the multi-rank shared
+directories also through a pool of two processes (``.j2.json``) and Dask (``.dask.json``, where ``distributed`` is
+installed), so that every executor is held to the same bytes. The only edit made to an output: the temporary
+directory a corpus run was unpacked into reads ``RUN``. No output holds a timing (``extra.waited_s`` is the in-job
+summary's only, which no command here writes): nothing else is excluded (:data:`EXCLUDED`).
 
 ``compare`` lists every file that differs or is in one directory only and exits 1 if any does.
 """
@@ -46,7 +46,7 @@ def _run(env: dict, args: list[str], out: Path, unpacked: str | None = None) -> 
             doc.pop(k, None)
         body = json.dumps(doc, indent=2).encode()
     out.write_bytes(body)
-    out.with_suffix(".rc").write_bytes(f"{p.returncode}\n".encode() + err)
+    out.with_name(out.name + ".rc").write_bytes(f"{p.returncode}\n".encode() + err)
 
 
 def _shared_inputs(shared: Path) -> list[tuple[str, Path]]:
