@@ -428,13 +428,9 @@ def diff_schema() -> Schema:
         "peak_reserved_saved_bytes": b("before minus after (negative: the after run needs more)"),
         "peak_allocated_saved_bytes": b("before minus after"),
     }, "one rank in both runs")
-    finding = obj({
-        "id": s("the finding"), "status": s("in the after run against the before run", ("resolved", "new", "changed", "unchanged")),
-        "title": s("one line"), "before_bytes": b("at stake before"), "after_bytes": b("at stake after"),
-        "before_ranks": arr(i(""), "ranks before"), "after_ranks": arr(i(""), "ranks after"),
-        "peak_reserved_saved_bytes": b("the peak reserved saved on the finding's ranks that this finding's own "
-                                       "bytes account for (a share of each rank's saving, never more than it)"),
-    }, "a finding in either run")
+    from ..report.diff import STATUSES, FindingChange
+
+    finding = generated(FindingChange, "a finding in either run", enums={"status": STATUSES})
     return document("diff", obj({
         "before": arr(s(""), "the before inputs"), "after": arr(s(""), "the after inputs"),
         "peak_reserved_saved_bytes": b("summed over the ranks: before minus after"),

@@ -70,16 +70,33 @@ class FindingChange:
     """A finding id across the two runs. ``peak_reserved_saved_bytes`` is, for a resolved or changed finding,
     the part of its ranks' drop of peak reserved that its own bytes account for (:func:`_shares`: each rank's
     drop is shared among the findings that changed there in proportion to their own drop of bytes at stake,
-    never more than that own drop; negative: grew). The shares of one rank add up to at most its drop."""
+    never more than that own drop; negative: grew). The shares of one rank add up to at most its drop.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diff``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     id: str
-    status: str  # resolved | new | changed | unchanged
+    """the finding"""
+    status: str  # one of STATUSES
+    """in the after run against the before run"""
     title: str
+    """one line"""
     before_bytes: int
+    """at stake before (bytes)"""
     after_bytes: int
+    """at stake after (bytes)"""
     before_ranks: list[int]
+    """ranks before"""
     after_ranks: list[int]
+    """ranks after"""
     peak_reserved_saved_bytes: int
+    """the peak reserved saved on the finding's ranks that this finding's own bytes account for (a share of each
+    rank's saving, never more than it) (bytes)"""
+
+
+STATUSES = ("resolved", "new", "changed", "unchanged")
+"""A :class:`FindingChange`'s ``status``."""
 
 
 @dataclass
