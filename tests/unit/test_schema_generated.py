@@ -152,3 +152,18 @@ def test_the_oom_object_is_generated_from_oominfo():
     assert list(got["properties"]) == [f.name for f in fields(OomInfo)] == got["required"]
     assert got["properties"]["cuda_malloc_bytes"] == {
         "type": "integer", "description": "the rounded size the allocator tried to cudaMalloc (bytes)"}
+
+
+def test_a_derived_property_is_typed_by_its_annotation_and_described_by_its_docstring():
+    from oomdoctor.report.diff import RankDiff, SiteDelta
+
+    site = S.generated(SiteDelta, "a site", derived=("delta_bytes",))
+    assert site["properties"]["delta_bytes"] == {"type": "integer", "description": "after minus before (bytes)"}
+    assert site["required"][-1] == "delta_bytes" and site["additionalProperties"] is False
+    rank = S.diff_schema()["properties"]["ranks"]["items"]
+    assert list(rank["properties"])[-2:] == ["peak_reserved_saved_bytes", "peak_allocated_saved_bytes"]
+    assert rank["properties"]["sites"]["items"] == site | {"description": "an allocation site at each run's peak reserved"}
+    with pytest.raises(AttributeError):
+        S.generated(SiteDelta, "x", derived=("no_such_property",))
+    with pytest.raises(KeyError, match="Anatomy.pool_id has no docstring"):
+        S.generated(RankDiff, "x")  # its anatomies are not generated yet: made by anatomy_schema
