@@ -1,6 +1,6 @@
 """Reading folded stacks as the tools that draw them do, for the tests.
 
-The grammar the readers share (``report/flame.py`` says where each rule comes from): flamegraph.pl's line regex
+The grammar the readers share (``views/flame.py`` says where each rule comes from): flamegraph.pl's line regex
 ``^(.*)\\s+?(\\d+(?:\\.\\d*)?)$``, applied again to the stack to find a differential second count; inferno's count
 after the last space of the trimmed line; speedscope's ``^(.*) (\\d+)$``; frames split at ``;``.
 """

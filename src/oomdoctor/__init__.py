@@ -52,9 +52,9 @@ def diagnose(paths, *, micro_batch=None, progress=None):
     """
     from .analysis.device import analyze
     from .notebook import Diagnosis
-    from .report.build import report_of
-    from .report.visual import build_visual
+    from .report.pipeline import report_of
     from .trace import load_ranks
+    from .views.visual import build_visual
 
     skipped: list = []
     analyses = [analyze(t) for t in load_ranks(_paths(paths), progress=progress, skipped=skipped)]
@@ -70,10 +70,10 @@ def diff(before, after):
     """
     from .analysis.device import analyze
     from .notebook import Comparison
-    from .report.build import report_of
     from .report.diff import diff_runs
-    from .report.overlay import build_diff_visual
+    from .report.pipeline import report_of
     from .trace import load_ranks
+    from .views.overlay import build_diff_visual
 
     skipped: list = []
     b = [analyze(t) for t in load_ranks(_paths(before), skipped=skipped)]

@@ -15,16 +15,14 @@ import json
 import os
 from typing import Any
 
-from .analysis.device import analyze
 from .capture.files import atomic_write_bytes
 from .capture.gather import DirectoryStore, Gathered, gather_payloads
 from .capture.recorder import Recorder, warn
-from .detectors import rank_imbalance
 from .render.json import json_default, render_json
 from .render.text import render_text_plain
-from .report.build import report_of
 from .report.merge import merge_reports
 from .report.model import Report
+from .report.pipeline import summarize_rank as summarize_one_rank
 from .report.serial import profile_from_plain, profile_to_plain, report_from_plain, report_to_plain
 from .trace.load import from_snapshot
 
@@ -34,9 +32,8 @@ SUMMARY_TEXT = "summary.txt"
 
 def rank_payload(snapshot: dict, meta: dict[str, Any], path: str) -> bytes:
     """This rank's report and profile as JSON bytes (what it sends to rank 0)."""
-    a = analyze(from_snapshot(snapshot, path, meta))
-    report = report_of([a])
-    return json.dumps({"report": report_to_plain(report), "profile": profile_to_plain(rank_imbalance.profile(a))},
+    got = summarize_one_rank(from_snapshot(snapshot, path, meta))
+    return json.dumps({"report": report_to_plain(got.report), "profile": profile_to_plain(got.profile)},
                       default=json_default).encode("utf-8")
 
 

@@ -2,7 +2,7 @@
 :func:`oomdoctor.replay` return these.
 
 Each wraps what the CLI renders (a :class:`~oomdoctor.report.model.Report` with its
-:class:`~oomdoctor.report.visual.Visual`, a :class:`~oomdoctor.report.diff.Diff`, a
+:class:`~oomdoctor.views.visual.Visual`, a :class:`~oomdoctor.report.diff.Diff`, a
 :class:`~oomdoctor.simulate.whatif.Simulation`), all computed when the object is made. In a notebook
 ``_repr_html_`` shows the same page as ``oomdoctor report`` / ``diff --format html`` inside an
 ``<iframe srcdoc>`` (its scripts and styles stay in the frame); ``str()`` is the terminal text; the
@@ -21,9 +21,9 @@ from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
 from .report.diff import Diff
 from .report.model import Report
-from .report.overlay import DiffVisual
-from .report.visual import Visual
 from .simulate.whatif import Simulation
+from .views.overlay import DiffVisual
+from .views.visual import Visual
 
 
 class _Result:

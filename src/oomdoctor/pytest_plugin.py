@@ -196,7 +196,7 @@ def _holders(path: str) -> str:
     try:
         from . import load
         from .render.text import render_peak_holders
-        from .report.build import build_report
+        from .report.pipeline import build_report
 
         return render_peak_holders(build_report([load(path)]))
     except Exception as e:  # noqa: BLE001 - the message must still say the test failed

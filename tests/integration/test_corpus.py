@@ -289,7 +289,7 @@ def test_the_search_covers_the_whole_room(corpus_dir, tmp_path):
     """Trainer DDP at micro-batch 88 on a device said to hold 4x the H200's memory: the search is no longer
     stopped at 4x (352): it covers the room and answers a number, never "at least"."""
     from oomdoctor.render.text import render_paragraph
-    from oomdoctor.report.build import build_report
+    from oomdoctor.report.pipeline import build_report
     from oomdoctor.simulate.scale import SEARCH_MAX
 
     real = diagnosed(corpus_dir, "trainer-ddp-gpt2-b88", micro_batch=88)[0].ranks[0].fits

@@ -8,8 +8,8 @@ from folded import parse_folded
 from oomdoctor import load
 from oomdoctor.analysis import analyze
 from oomdoctor.cli.main import main
-from oomdoctor.report.flame import flame_view
-from oomdoctor.report.overlay import pair_view
+from oomdoctor.views.flame import flame_view
+from oomdoctor.views.overlay import pair_view
 
 # Files whose peak of allocated bytes PyTorch's own counter saw too (stats.jsonl's max_allocated, read at the
 # end of the run that recorded them): (file, tag, rank).

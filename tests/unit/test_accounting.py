@@ -26,7 +26,7 @@ from oomdoctor.detectors.context import Context, TorchVersion, applies
 from oomdoctor.detectors.finding import Finding
 from oomdoctor.detectors.materiality import Materiality, apply
 from oomdoctor.render.text import render_text_plain
-from oomdoctor.report.build import build_report
+from oomdoctor.report.pipeline import build_report
 from oomdoctor.simulate.capacity import Capacity
 from oomdoctor.simulate.replay import prepare
 from oomdoctor.simulate.scale import largest_scale
@@ -177,7 +177,7 @@ def oom_job(tmp_path, *, allocated: int, gap: int, request: int, device_free: in
 
 
 def verdict_of(a) -> str:
-    from oomdoctor.report.build import report_of
+    from oomdoctor.report.pipeline import report_of
     return report_of([a]).verdict
 
 

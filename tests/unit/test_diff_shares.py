@@ -30,8 +30,8 @@ def test_ranks_add_up_separately():
 
 def test_a_real_pair_never_credits_more_than_the_rank_saved(snapshots):
     from oomdoctor.analysis.device import analyze
-    from oomdoctor.report.build import report_of
     from oomdoctor.report.diff import diff_runs
+    from oomdoctor.report.pipeline import report_of
     from oomdoctor.trace import load_ranks
 
     b = [analyze(t) for t in load_ranks([str(snapshots / "ddp-imbalance")], skipped=[])]

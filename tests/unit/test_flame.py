@@ -13,7 +13,8 @@ from oomdoctor.analysis.accounting import CATEGORIES
 from oomdoctor.cli.main import main
 from oomdoctor.errors import UsageError
 from oomdoctor.render.folded import render_folded
-from oomdoctor.report.flame import (
+from oomdoctor.trace.load import from_snapshot
+from oomdoctor.views.flame import (
     DIFF_COLORS,
     FrameTable,
     diff_tree,
@@ -22,9 +23,8 @@ from oomdoctor.report.flame import (
     folded_at,
     frame_label,
 )
-from oomdoctor.report.moments import moment_at, moments_per_rank, page_moments
-from oomdoctor.report.overlay import pair_view, warp
-from oomdoctor.trace.load import from_snapshot
+from oomdoctor.views.moments import moment_at, moments_per_rank, page_moments
+from oomdoctor.views.overlay import pair_view, warp
 
 MAIN = ("/work/train.py", 40, "main")
 FWD = ("/venv/lib/python3.11/site-packages/model/net.py", 12, "forward")
@@ -243,7 +243,7 @@ def test_export_folded_cli(tmp_path, capsys):
 
 
 def test_every_category_has_its_colour_and_a_new_one_the_neutral_one(monkeypatch):
-    import oomdoctor.report.flame as fl
+    import oomdoctor.views.flame as fl
 
     assert set(CATEGORIES) <= set(fl.CATEGORY_COLORS)
     assert len(set(fl.CATEGORY_COLORS.values()) | {fl.OTHER_COLOR}) == len(fl.CATEGORY_COLORS) + 1  # all distinct

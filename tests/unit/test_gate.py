@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from oomdoctor.cli.main import main
-from oomdoctor.report.build import build_report
 from oomdoctor.report.gate import gate
+from oomdoctor.report.pipeline import build_report
 from oomdoctor.trace import load_ranks
 
 

@@ -11,8 +11,8 @@ from builder import MiB, SnapBuilder
 from oomdoctor.analysis.device import analyze
 from oomdoctor.cli.main import main
 from oomdoctor.render.json import render_json
-from oomdoctor.report.build import report_of
 from oomdoctor.report.job import Want, job_report, read_ranks
+from oomdoctor.report.pipeline import report_of
 from oomdoctor.trace import load_ranks
 
 

@@ -21,6 +21,7 @@ LAYERS = [
     {"simulate"},
     {"detectors"},
     {"plan"},
+    {"views"},  # what the page draws of a rank's analysis: below report, whose per-rank work draws it
     {"report"},
     {"render"},
     {"cli", "jobsummary", "notebook", "integrations", "pytest_plugin", "__main__", "<root>"},

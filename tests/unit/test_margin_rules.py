@@ -17,9 +17,9 @@ from builder import MiB, SnapBuilder
 from oomdoctor import load
 from oomdoctor.analysis import analyze
 from oomdoctor.render.format import fill
-from oomdoctor.report.build import report_of
 from oomdoctor.report.fits import fits
 from oomdoctor.report.margin import Margin, at_edge, margin, outside_allocator
+from oomdoctor.report.pipeline import report_of
 from oomdoctor.report.predict import Predictor
 
 GiB = 1024 * MiB

@@ -14,9 +14,9 @@ from oomdoctor.analysis.device import analyze
 from oomdoctor.render.html import render_html
 from oomdoctor.render.json import render_json
 from oomdoctor.render.text import render_text_plain
-from oomdoctor.report.build import report_of
-from oomdoctor.report.visual import build_visual
+from oomdoctor.report.pipeline import report_of
 from oomdoctor.trace import load_ranks
+from oomdoctor.views.visual import build_visual
 
 
 def frame_page(markup: str) -> str:

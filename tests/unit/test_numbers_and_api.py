@@ -13,7 +13,7 @@ import oomdoctor
 from oomdoctor.analysis.device import analyze
 from oomdoctor.cli.main import main
 from oomdoctor.render.perfetto import trace_events
-from oomdoctor.report.tracks import extremes_per_us, rank_tracks
+from oomdoctor.views.tracks import extremes_per_us, rank_tracks
 
 
 def _write(tmp_path, snap, name="rank0.pickle"):

@@ -145,7 +145,7 @@ def test_every_lazy_command_is_the_command_it_names():
 def test_lazy_package_names_resolve_once_and_unknown_ones_raise():
     import oomdoctor
     import oomdoctor.report as report
-    from oomdoctor.report.build import build_report
+    from oomdoctor.report.pipeline import build_report
     assert report.build_report is build_report and "build_report" in vars(report)  # cached in the package
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         oomdoctor.nope  # noqa: B018

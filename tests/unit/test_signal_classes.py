@@ -48,7 +48,7 @@ def analysed(tmp_path, b: SnapBuilder, meta: dict | None = None, name: str = "ra
 
 
 def report_of(a):
-    from oomdoctor.report.build import report_of as r
+    from oomdoctor.report.pipeline import report_of as r
     return r([a])
 
 

@@ -21,7 +21,7 @@ with contextlib.redirect_stdout(out):
     rc = main(sys.argv[1:])
 print(json.dumps({"rc": rc, "first": out.getvalue().splitlines()[0], "modules": sorted(sys.modules)}))
 """
-HEAVY = ("oomdoctor.plan", "oomdoctor.simulate", "oomdoctor.report.visual", "multiprocessing", "concurrent.futures",
+HEAVY = ("oomdoctor.plan", "oomdoctor.simulate", "oomdoctor.views.visual", "multiprocessing", "concurrent.futures",
          "zipfile", "pickletools", "lzma", "bz2", "gzip", "jinja2", "rich.progress", "oomdoctor.capture.recorder",
          "oomdoctor.capture.metadata", "socket", "secrets", "hashlib", "numpy.ma.core")
 

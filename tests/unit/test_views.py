@@ -14,12 +14,12 @@ from oomdoctor.analysis.slicing import event_window, slice_snapshot
 from oomdoctor.errors import UsageError
 from oomdoctor.render.html import render_diff_html, render_html
 from oomdoctor.render.perfetto import PID_BASE, trace_events
-from oomdoctor.report.build import report_of
 from oomdoctor.report.diff import diff_runs
-from oomdoctor.report.overlay import build_diff_visual
-from oomdoctor.report.tracks import rank_tracks
-from oomdoctor.report.visual import build_visual, segment_map, timeline_view
+from oomdoctor.report.pipeline import report_of
 from oomdoctor.trace.load import from_snapshot
+from oomdoctor.views.overlay import build_diff_visual
+from oomdoctor.views.tracks import rank_tracks
+from oomdoctor.views.visual import build_visual, segment_map, timeline_view
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "data" / "trace_event_format.schema.json").read_text())
 A = frames(("/work/model.py", 5, "forward"))

@@ -12,8 +12,8 @@ from ..render.json import render_diff_json
 from ..render.text import render_diff_text, render_diff_text_plain
 from ..report.diff import diff_of
 from ..report.job import Want, gather, job_report, map_pairs, pair_tasks, plan_tasks
-from ..report.overlay import DiffVisual
 from ..trace import Skipped
+from ..views.overlay import DiffVisual
 from .console import terminal
 from .inputs import parallel_options, skipped_line
 from .output import OUTPUT, write_output

@@ -7,9 +7,9 @@ import click
 from ..errors import UsageError
 from ..render.folded import render_folded
 from ..render.perfetto import render_perfetto
-from ..report.flame import folded_at
 from ..report.job import Want
-from ..report.moments import moment_at
+from ..views.flame import folded_at
+from ..views.moments import moment_at
 from .inputs import analyze_inputs, parallel_options, read_job
 from .output import OUTPUT, write_output
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..detectors.materiality import Materiality
 from ..report.job import PAGE_RANKS, Want, job_report, map_ranks, page_ranks
-from ..report.moments import moments_per_rank
-from ..report.visual import HEAT_READ, Visual, heatmap
+from ..views.moments import moments_per_rank
+from ..views.visual import HEAT_READ, Visual, heatmap
 from .inputs import read_job
 
 

@@ -91,7 +91,7 @@ def _diagnose(out_dir: str):
     except OomdoctorError:
         return [], None
     from ..analysis.device import analyze
-    from ..report.build import report_of
+    from ..report.pipeline import report_of
     from .inputs import load_with_progress
     try:
         analyses = [analyze(t) for t in load_with_progress(files)]

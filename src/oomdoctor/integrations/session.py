@@ -143,7 +143,7 @@ class MemorySession:
             return
         from .. import load
         from ..render.text import render_paragraph
-        from ..report.build import build_report
+        from ..report.pipeline import build_report
 
         self.report = build_report([load(path)])
         self.paragraph = render_paragraph(self.report, snapshot=path)

@@ -1,9 +1,9 @@
 """Folded stacks as text: ``frame;frame;frame BYTES``, one line per stack, root first (the format of
-:mod:`oomdoctor.report.flame`, read by ``flamegraph.pl``, inferno and speedscope)."""
+:mod:`oomdoctor.views.flame`, read by ``flamegraph.pl``, inferno and speedscope)."""
 
 from __future__ import annotations
 
-from ..report.flame import Folded
+from ..views.flame import Folded
 
 
 def render_folded(folded: Folded) -> str:

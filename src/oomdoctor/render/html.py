@@ -18,11 +18,11 @@ import jinja2
 
 from .._version import __version__
 from ..report.diff import Diff
-from ..report.flame import DIFF_COLORS, FlameView, category_colors
 from ..report.model import Report
-from ..report.overlay import DiffVisual, PairView
-from ..report.visual import RankView, Visual
 from ..simulate.whatif import Simulation
+from ..views.flame import DIFF_COLORS, FlameView, category_colors
+from ..views.overlay import DiffVisual, PairView
+from ..views.visual import RankView, Visual
 from .format import format_bytes, format_signed_bytes, format_us, span
 from .json import diff_dict, report_dict, simulation_dict
 

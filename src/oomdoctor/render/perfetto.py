@@ -5,7 +5,7 @@ and chrome://tracing open.
 One process per rank (``pid`` = :data:`PID_BASE` + rank, named ``oomdoctor rank R (cuda:D)`` by a
 ``process_name`` metadata event), one counter track per name (``ph: "C"``, ``args: {"bytes": n}``), and
 process-scoped instants (``ph: "i"``, ``s: "p"``) for OOMs, step starts and peaks. ``ts`` is in µs, fractional
-where one µs holds several samples (its maximum, minimum and last value: :mod:`oomdoctor.report.tracks`).
+where one µs holds several samples (its maximum, minimum and last value: :mod:`oomdoctor.views.tracks`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from .._version import __version__
-from ..report.tracks import COUNTERS, RankTracks
+from ..views.tracks import COUNTERS, RankTracks
 
 PID_BASE = 1_000_000
 """Far from real process ids, so the tracks never merge with a profiler trace's processes."""

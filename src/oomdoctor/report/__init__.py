@@ -4,7 +4,7 @@ from .._lazy import lazy_attributes
 
 # Names load their module on first use (PEP 562), so importing one submodule does not import them all.
 __getattr__ = lazy_attributes(__name__, {
-    "build_report": "build",
+    "build_report": "pipeline",
     "OomInfo": "model",
     "RankSummary": "model",
     "Report": "model",

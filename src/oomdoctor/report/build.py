@@ -1,32 +1,21 @@
-"""Building a :class:`Report` from traces: analyses, detectors, the materiality rule, the accounting, what
-fits, the verdict, and the series the renderers draw. The order matters and is fixed here: detectors,
-then the simulator's predictions for their fixes, then version applicability, then materiality (which
-ranks them), then per rank the breakdown, holders and fits, then the verdicts."""
+"""A rank's facts for its :class:`~.model.RankSummary` (stage 1 of :mod:`.pipeline`, which builds the report): its
+peaks, series, OOM, top sites and notes, its breakdowns (:func:`breakdowns`) and the holders at the main one
+(:func:`holder_refs`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._version import __version__
 from ..analysis.accounting import Breakdown
-from ..analysis.device import DeviceAnalysis, analyze
+from ..analysis.device import DeviceAnalysis
 from ..analysis.holders import holders_at
 from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, OPTIMIZER_PHASE, Phases
 from ..analysis.rounding import allocation_size
-from ..detectors import materiality
 from ..detectors.common import site_refs
-from ..detectors.context import Context, applies, torch_version
-from ..detectors.finding import Finding
-from ..detectors.fragmentation import split_mb
-from ..detectors.registry import run_all
+from ..detectors.context import torch_version
 from ..frameworks import detect_frameworks, running_files
-from ..trace.model import Trace
-from .fits import Fits, device_room, fits
-from .groups import with_groups
-from .model import HolderRef, OomInfo, RankSummary, Report
-from .predict import Predictor, attach_predictions, predictor
-from .verdict import job_verdict, rank_verdict, state_verdict, with_findings, with_tightest_rank
+from .model import HolderRef, OomInfo, RankSummary
 
 SERIES_POINTS = 48
 TOP_SITES = 5
@@ -167,90 +156,3 @@ def _stack_notes(a: DeviceAnalysis) -> list[str]:
                    f"stacked step ({', '.join(map(str, refs)) or 'none'}); {m['unmatched']} matched none and have "
                    "no site")
     return out
-
-
-def build_report(traces: list[Trace], *, micro_batch: int | None = None,
-                 rule: materiality.Materiality = materiality.Materiality()) -> Report:
-    """Analyse every trace (its primary device), run the detectors, and assemble the report."""
-    return report_of([analyze(t) for t in traces], micro_batch=micro_batch, rule=rule)
-
-
-def defragmenting_setting(a: DeviceAnalysis) -> str:
-    """The allocator setting that undoes fragmentation at ``a``'s OOM: ``expandable_segments:True``, or, where
-    segments are expandable already, ``max_split_size_mb`` at half the failed request (as the fragmentation
-    detector proposes it)."""
-    if a.trace.allocator_settings.get("expandable_segments") or any(s.is_expandable for s in a.device.segments):
-        request = int(a.device.events["size"][int(a.oom_events[-1])]) if a.oom_events.size else 0
-        return f"max_split_size_mb:{split_mb(request)}"
-    return "expandable_segments:True"
-
-
-def _versions(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
-    """Fill ``Fix.applies`` where the detector left it open, from the version of the finding's ranks."""
-    by_rank = {a.rank: a for a in analyses}
-    for f in findings:
-        a = next((by_rank[r] for r in f.ranks if r in by_rank), None)
-        if a is None:
-            continue
-        v = torch_version(a)
-        for fx in f.fixes:
-            if fx.applies is None:
-                fx.applies = applies(fx.versions, v)
-
-
-def _recorded_micro_batch(a: DeviceAnalysis) -> int | None:
-    """The sidecar's ``micro_batch`` (an integer, checked at load), when positive."""
-    mb = a.trace.meta.get("micro_batch")
-    return mb if isinstance(mb, int) and mb > 0 else None
-
-
-def report_of(analyses: list[DeviceAnalysis], *, micro_batch: int | None = None,
-              rule: materiality.Materiality = materiality.Materiality()) -> Report:
-    """The report of analyses already made (one per rank). ``micro_batch``: the per-device micro-batch
-    of the recorded run, to say the largest that fits (default: the sidecar's ``micro_batch``, which
-    the framework callbacks write); ``rule``: the materiality rule."""
-    ctx = Context(analyses)
-    findings = run_all(ctx)
-    predictors: dict[int, Predictor | None] = {}
-    attach_predictions(findings, analyses, predictors)
-    _versions(findings, analyses)
-    findings = materiality.apply(findings, {a.rank: a.peak_reserved[0] for a in analyses}, rule)
-    notes = []
-    if any(not a.trace.has_history for a in analyses):
-        notes.append("Some snapshots hold no allocation history (recorded with enabled='state'): peaks are the "
-                     "final state only; record with torch.cuda.memory._record_memory_history(max_entries=100000).")
-    ranks = []
-    for a in analyses:
-        r = summarize(a)
-        r.breakdown, r.breakdowns = breakdowns(a)
-        if r.breakdown is not None:
-            r.holders = holder_refs(a, r.breakdown.event_index)
-        room = device_room(a)
-        done: list[Fits] = []
-        mb = micro_batch or _recorded_micro_batch(a)
-
-        def get_fits(a=a, room=room, done=done, mb=mb) -> Fits:
-            if not done:
-                done.append(fits(a, room, mb))
-            return done[0]
-
-        def defragmented(a=a) -> dict | None:
-            if a.rank not in predictors:
-                predictors[a.rank] = predictor(a)
-            p = predictors[a.rank]
-            return None if p is None or not p.reproduces else p.run({"config": defragmenting_setting(a)})
-
-        if r.breakdown is not None:
-            r.verdict = rank_verdict(a, findings, room, r.breakdown, r.holders, get_fits, defragmented)
-        else:
-            r.verdict = with_findings(state_verdict(a, room), findings)
-        if mb and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):
-            get_fits()  # for growth the micro-batch is not the cause: nothing to size
-        r.fits = done[0] if done else Fits(room.bytes, room.source)
-        ranks.append(r)
-    oom_ranks = {a.rank for a in analyses if a.oom_events.size}
-    return with_groups(Report(ranks=ranks, findings=findings, inputs=[a.trace.path for a in analyses],
-                              oomdoctor_version=__version__, notes=notes,
-                              verdict=with_tightest_rank(job_verdict([r.verdict for r in ranks if r.verdict is not None],
-                                                                     oom_ranks), {r.rank: r.fits for r in ranks}),
-                              materiality={"fraction": rule.fraction, "min_bytes": rule.min_bytes}))

@@ -26,42 +26,72 @@ TOP_SITE_DELTAS = 15
 
 @dataclass
 class SiteDelta:
-    """Bytes one site held at peak reserved, before and after (0 where absent)."""
+    """Bytes one site held at peak reserved, before and after (0 where absent).
+
+    The docstring under each field (and of ``delta_bytes``) is its description in the JSON schema (``oomdoctor
+    schema diff``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     label: str
+    """the allocation site"""
     before_bytes: int
+    """held before (bytes)"""
     after_bytes: int
+    """held after (bytes)"""
     before_count: int
+    """blocks before"""
     after_count: int
+    """blocks after"""
 
     @property
     def delta_bytes(self) -> int:
+        """after minus before (bytes)"""
         return self.after_bytes - self.before_bytes
 
 
 @dataclass
 class RankDiff:
-    """One pair of ranks. Bytes; ``anatomy_*`` at each side's peak reserved."""
+    """One pair of ranks. Bytes; ``anatomy_*`` at each side's peak reserved.
+
+    The docstring under each field (and of the ``*_saved_bytes`` properties) is its description in the JSON schema
+    (``oomdoctor schema diff``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     rank: int
+    """the rank"""
     before_path: str
+    """the before snapshot"""
     after_path: str
+    """the after snapshot"""
     before_peak_reserved_bytes: int
+    """peak reserved before (bytes)"""
     after_peak_reserved_bytes: int
+    """after (bytes)"""
     before_peak_allocated_bytes: int
+    """peak allocated before (bytes)"""
     after_peak_allocated_bytes: int
+    """after (bytes)"""
     before_oom: bool
+    """the before run ran out of memory"""
     after_oom: bool
+    """the after run did"""
     before_anatomy: Anatomy | None
+    """before, at its peak reserved"""
     after_anatomy: Anatomy | None
+    """after, at its peak reserved"""
     sites: list[SiteDelta] = field(default_factory=list)
+    """the sites that grew or shrank most"""
 
     @property
     def peak_reserved_saved_bytes(self) -> int:
+        """before minus after (negative: the after run needs more) (bytes)"""
         return self.before_peak_reserved_bytes - self.after_peak_reserved_bytes
 
     @property
     def peak_allocated_saved_bytes(self) -> int:
+        """before minus after (bytes)"""
         return self.before_peak_allocated_bytes - self.after_peak_allocated_bytes
 
 
@@ -70,16 +100,33 @@ class FindingChange:
     """A finding id across the two runs. ``peak_reserved_saved_bytes`` is, for a resolved or changed finding,
     the part of its ranks' drop of peak reserved that its own bytes account for (:func:`_shares`: each rank's
     drop is shared among the findings that changed there in proportion to their own drop of bytes at stake,
-    never more than that own drop; negative: grew). The shares of one rank add up to at most its drop."""
+    never more than that own drop; negative: grew). The shares of one rank add up to at most its drop.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diff``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     id: str
-    status: str  # resolved | new | changed | unchanged
+    """the finding"""
+    status: str  # one of STATUSES
+    """in the after run against the before run"""
     title: str
+    """one line"""
     before_bytes: int
+    """at stake before (bytes)"""
     after_bytes: int
+    """at stake after (bytes)"""
     before_ranks: list[int]
+    """ranks before"""
     after_ranks: list[int]
+    """ranks after"""
     peak_reserved_saved_bytes: int
+    """the peak reserved saved on the finding's ranks that this finding's own bytes account for (a share of each
+    rank's saving, never more than it) (bytes)"""
+
+
+STATUSES = ("resolved", "new", "changed", "unchanged")
+"""A :class:`FindingChange`'s ``status``."""
 
 
 @dataclass

@@ -111,40 +111,72 @@ def device_room(a: DeviceAnalysis) -> Room:
 @dataclass
 class Fits:
     """What fits on this rank's device. Scales multiply the recorded micro-batch; None where the trace
-    cannot say. Bytes."""
+    cannot say. Bytes.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``), which
+    :func:`oomdoctor.render.schema.generated` makes from this dataclass."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     room_bytes: int | None
+    """what the allocator could use on this GPU (bytes)"""
     room_source: str
+    """where the room comes from (the OOM message, the sidecar's device size, a memory fraction)"""
     batch_scale: float | None = None
+    """the largest multiple of the recorded micro-batch whose replay fits (recorded settings)"""
     largest_micro_batch: int | None = None
+    """the largest whole micro-batch that fits, replayed (when the micro-batch is known)"""
     micro_batch: int | None = None
+    """the recorded per-device micro-batch"""
     expandable_batch_scale: float | None = None
+    """the same with expandable_segments:True"""
     expandable_largest_micro_batch: int | None = None
+    """the same with expandable_segments:True"""
     batch_scaled_bytes_at_peak: int = 0
+    """bytes at the peak that grow with the micro-batch (bytes)"""
     margin_bytes: int = 0
+    """kept free in the replay: the prediction margin (margin) plus the rounding of the blocks that grow, and on a
+    trace cut by its OOM the state still to come (bytes)"""
     #: the prediction margin's parts (:mod:`.margin`, bytes), included in ``margin_bytes``
     margin: dict[str, int] = field(default_factory=dict)
+    """the prediction margin's parts (report/margin.py; the keys of a prediction's margin; all but extension_bytes are
+    in margin_bytes), empty where no replay was tried"""
     checkpointing_frees_at_most_bytes: int = 0
+    """activations saved for backward at the peak (what activation checkpointing frees at most) (bytes)"""
     sharding_optimizer_frees_bytes: int = 0
+    """what sharding the optimizer state over the data-parallel ranks frees (bytes)"""
     replays: int = 0
+    """allocator replays run to find the answer"""
     notes: list[str] = field(default_factory=list)
+    """why an answer is missing, or what it assumes"""
     #: the scale reached the top of the search (the room less the margin, filled with the blocks that grow alone):
     #: at least that much fits
     batch_scale_at_limit: bool = False
+    """the search stopped at its upper limit: at least batch_scale fits"""
     expandable_at_limit: bool = False
+    """the same for the expandable search"""
     #: a trace cut in its first forward pass: what fits estimated from the recorded part completed by the
     #: ``assumptions`` (never a replay of the whole step, so never in ``largest_micro_batch``)
     estimated_batch_scale: float | None = None
+    """an estimate, not a replay (a trace cut in its first forward pass)"""
     estimated_largest_micro_batch: int | None = None
+    """the estimate as a whole micro-batch"""
     assumptions: list[str] = field(default_factory=list)
-    #: ``"lower"``: the estimate is a lower bound (what surely fits, issue 35); None: no estimate
+    """what the estimate assumes"""
     bound: str | None = None
+    """lower: the estimate is a lower bound, what surely fits (a trace cut in its first forward pass, issue 35);
+    null: no estimate"""
     #: the peak the answer is held to: the job's own (PyTorch's counters) when above the recorded window's
     #: (:func:`job_peak_bound`), with its source (:data:`oomdoctor.analysis.jobpeak.PEAK_SOURCES`)
     job_peak_reserved_bytes: int | None = None
+    """the job's own peak reserved the answer is held to (see the rank's) (bytes)"""
     peak_source: str = "trace"
+    """where that peak comes from (see the rank's peak_source)"""
     #: the largest scale the job's peak allows, where the window missed it (None: not bounded by it)
     job_peak_scale_bound: float | None = None
+    """where the recorded window missed the job's peak (reserved or allocated): the largest multiple of the
+    micro-batch that peak allows, taking the job's bytes above the window's fixed ones to grow with the micro-batch;
+    batch scales above it are cut to it"""
 
 
 def _scale_events(a: DeviceAnalysis) -> np.ndarray:

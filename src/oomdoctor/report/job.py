@@ -1,9 +1,9 @@
 """A job's ranks, analysed independently and merged: one pure function per rank, run by an executor.
 
 ``diagnose``, ``report``, ``diff`` and ``export`` read a job rank by rank: :func:`rank_result` loads one snapshot
-file, analyses it, reduces it to its summary (the report of that rank alone, its
-:class:`~oomdoctor.analysis.ranks.RankProfile` for the cross-rank comparison, and what the command draws) and drops
-the trace. Only these summaries cross process boundaries; :func:`job_report` merges them as the in-job summary does
+file and takes it down the per-rank pipeline (:func:`oomdoctor.report.pipeline.summarize_rank`: analysis, predictions,
+decisions) to its summary (the report of that rank alone, its :class:`~oomdoctor.analysis.ranks.RankProfile` for the
+cross-rank comparison, and what the command draws) and drops the trace. Only these summaries cross process boundaries; :func:`job_report` merges them as the in-job summary does
 (:func:`~oomdoctor.report.merge.merge_reports`), so the parent never holds a trace and ``--jobs 1`` runs the very same
 functions one after another.
 
@@ -120,9 +120,7 @@ def _rank_hint(path: str) -> int | None:
 def rank_result(task: RankTask, want: Want) -> RankResult:
     """Load, analyse and summarise one rank; the trace is dropped on return. Never raises for a file that does
     not load: the result carries the problem (``error``), and the caller decides (:func:`gather`)."""
-    from ..analysis.device import analyze
-    from ..detectors import rank_imbalance
-    from .build import report_of
+    from .pipeline import RankContext, analyse, summarize_analysis
 
     try:
         trace = load(task.path)
@@ -135,15 +133,15 @@ def rank_result(task: RankTask, want: Want) -> RankResult:
             trace.meta["rank"] = task.fallback_rank
             trace.warnings.append(f"rank not found in the file name or a sidecar: numbered {task.fallback_rank} "
                                   "by path order")
-    a = analyze(trace)
-    out = RankResult(task, rank=a.rank, report=report_of([a], micro_batch=want.micro_batch, rule=want.rule),
-                     profile=rank_imbalance.profile(a))
+    a = analyse(trace)
+    got = summarize_analysis(a, RankContext(want.micro_batch, want.rule))
+    out = RankResult(task, rank=got.rank, report=got.report, profile=got.profile)
     if want.view_moments:
-        from .visual import rank_view
+        from ..views.visual import rank_view
 
         out.view = rank_view(a, want.view_moments)
     if want.tracks:
-        from .tracks import rank_tracks
+        from ..views.tracks import rank_tracks
 
         out.tracks = rank_tracks(a)
     if want.heat_buckets:
@@ -186,10 +184,8 @@ class PairResult:
 
 def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
     """Load, analyse and compare one rank of two runs; the traces are dropped on return."""
-    from ..analysis.device import analyze
-    from ..detectors import rank_imbalance
-    from .build import report_of
     from .diff import rank_diff
+    from .pipeline import RankContext, analyse, summarize_analysis
 
     out, errors = [], []
     for task in tasks:
@@ -205,13 +201,13 @@ def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
     for task, trace in zip(tasks, out):
         if trace.rank is None:
             trace.meta["rank"] = task.fallback_rank if task.fallback_rank is not None else 0
-        analyses.append(analyze(trace))
+        analyses.append(analyse(trace))
     b, a = analyses
-    res = [RankResult(t, rank=x.rank, report=report_of([x], rule=want.rule), profile=rank_imbalance.profile(x))
-           for t, x in zip(tasks, analyses)]
+    res = [RankResult(t, rank=got.rank, report=got.report, profile=got.profile)
+           for t, got in zip(tasks, (summarize_analysis(x, RankContext(rule=want.rule)) for x in analyses))]
     got = PairResult(res[0], res[1], diff=rank_diff(b, a))
     if want.view_moments:
-        from .overlay import pair_view
+        from ..views.overlay import pair_view
 
         got.view = pair_view(b.rank, b, a)
     return got

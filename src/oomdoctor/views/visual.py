@@ -3,7 +3,7 @@
 Per rank: the memory timeline downsampled for drawing (each bucket keeps its maximum, so every peak is
 exact), the peak / OOM / step markers, the fragmentation anatomy and the segment map at the peak and at
 the OOM, the top allocation sites at the peak with their stacks and lifetimes, and the flame graphs of live
-memory at a bounded set of moments (:mod:`oomdoctor.report.flame`). Bytes are ints,
+memory at a bounded set of moments (:mod:`oomdoctor.views.flame`). Bytes are ints,
 times are µs. Definitions of the counters: :mod:`oomdoctor.analysis.timeline`; of the anatomy:
 :mod:`oomdoctor.analysis.fragmentation`.
 """
@@ -248,7 +248,7 @@ def site_views(a: DeviceAnalysis, k: int, limit: int = TOP_SITES) -> list[SiteVi
 
 def rank_view(a: DeviceAnalysis, flame_moments: int = RANK_MOMENTS[1]) -> RankView:
     """The :class:`RankView` of one analysed rank: moments at the peak reserved and at the last OOM, and the
-    flame graphs of live memory at up to ``flame_moments`` moments (:func:`~oomdoctor.report.flame.flame_view`)."""
+    flame graphs of live memory at up to ``flame_moments`` moments (:func:`~oomdoctor.views.flame.flame_view`)."""
     moments = []
     pr_k = a.peak_reserved[1]
     wanted = [("peak reserved", pr_k)]

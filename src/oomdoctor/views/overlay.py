@@ -9,7 +9,7 @@ The mapping is monotonic, so the order of each run's points is kept.
 
 **Difference tree.** The blocks alive (allocated, or pending a deferred free) at each run's peak of reserved
 bytes, the moment and blocks whose allocation sites ``diff`` compares (:mod:`oomdoctor.report.diff`), merged by
-frame path (:func:`oomdoctor.report.flame.diff_tree`).
+frame path (:func:`oomdoctor.views.flame.diff_tree`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
-from .diff import Diff
 from .flame import DiffTree, FrameTable, alive_by_path, diff_tree
 from .visual import Marker, markers, timeline_view
 
@@ -142,8 +141,9 @@ def pair_view(rank: int, b: DeviceAnalysis, a: DeviceAnalysis) -> PairView:
     return PairView(rank, b.trace.path, a.trace.path, int(src_b.size), event, time, tree, frames.labels, kb, ka)
 
 
-def build_diff_visual(diff: Diff, before: list[DeviceAnalysis], after: list[DeviceAnalysis]) -> DiffVisual:
-    """The :class:`DiffVisual` of ``diff``, made from the analyses it compared (matched by file)."""
+def build_diff_visual(diff, before: list[DeviceAnalysis], after: list[DeviceAnalysis]) -> DiffVisual:
+    """The :class:`DiffVisual` of ``diff`` (a :class:`oomdoctor.report.diff.Diff`, a layer above: read through its
+    ``ranks``' ``rank``, ``before_path`` and ``after_path``), made from the analyses it compared (matched by file)."""
     b_by = {x.trace.path: x for x in before}
     a_by = {x.trace.path: x for x in after}
     return DiffVisual([pair_view(r.rank, b_by[r.before_path], a_by[r.after_path]) for r in diff.ranks])

@@ -265,7 +265,7 @@ class FlameMoment:
 
 @dataclass
 class FlameView:
-    """A rank's flame graphs at :func:`~oomdoctor.report.moments.page_moments`: ``frames`` is the label table
+    """A rank's flame graphs at :func:`~oomdoctor.views.moments.page_moments`: ``frames`` is the label table
     of all its trees; ``shown`` are the indices of the moments offered as buttons (OOMs and peaks), the first one
     drawn when the page opens (the last OOM where there is one, else the peak of allocated bytes); ``categories``
     the categories any tree holds, in :data:`CATEGORIES` order, for the legend."""

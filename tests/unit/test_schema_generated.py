@@ -1,0 +1,169 @@
+"""Issue 37 (item 1, first part): the JSON schema's shape generated from the dataclasses (pydantic's
+``TypeAdapter(...).json_schema``) against the hand-written one of :mod:`oomdoctor.render.schema`, for every document
+kind built from dataclasses: the same keys, the same required keys (``dataclasses.asdict`` writes every field), the
+same JSON types and nullability, at every depth. What the renderers add to a dataclass's fields (a derived byte count)
+or leave free-form is listed in :data:`RENDERED`; any other difference fails. ``fits`` and a rank's ``oom`` are
+generated already (:func:`oomdoctor.render.schema.generated`: their descriptions are the docstrings under the fields
+of ``Fits`` and ``OomInfo``; ``oomdoctor
+schema`` wrote the same bytes before and after, for every command, and docs/json.md did not change); the other objects'
+descriptions are still written in render/schema.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomdoctor.detectors.finding import Finding
+from oomdoctor.render import schema as S
+from oomdoctor.report.diff import FindingChange, RankDiff
+from oomdoctor.report.groups import RankGroups
+from oomdoctor.report.model import RankSummary
+from oomdoctor.report.verdict import Verdict
+
+pydantic = pytest.importorskip("pydantic", reason="pydantic (the test extra) generates the schema from dataclasses")
+
+#: what render/json.py writes beyond a dataclass's fields, or as a free-form map: path -> why
+RENDERED = {
+    "$.anatomy_at_peak+allocated_bytes": "render/json.py anatomy_dict: requested + rounding waste (a property)",
+    "$.before_anatomy+allocated_bytes": "the same, diff",
+    "$.after_anatomy+allocated_bytes": "the same, diff",
+    "$+peak_reserved_saved_bytes": "render/json.py diff_dict: before - after (a property of RankDiff)",
+    "$+peak_allocated_saved_bytes": "the same",
+    "$.sites[]+delta_bytes": "render/json.py diff_dict: after - before (a property of SiteDelta)",
+    "$.stack_matches~free": "a plain dict (trace.meta's stack_matches) the hand-written schema spells out",
+    "$.prediction~free": "a finding's prediction: a dict the hand-written schema spells out",
+    "$.fixes[].prediction~free": "the same, per fix",
+}
+
+KINDS = {  # document kind: (the hand-written schema of the object, the dataclass asdict writes it from)
+    "diagnose.ranks[]": (S.rank_schema, RankSummary),
+    "diagnose.findings[]": (S.finding_schema, Finding),
+    "diagnose.verdict": (lambda: S.verdict_schema(""), Verdict),
+    "diagnose.groups": (lambda: S.diagnose_schema()["properties"]["groups"], RankGroups),
+    "diff.ranks[]": (lambda: S.diff_schema()["properties"]["ranks"]["items"], RankDiff),
+    "diff.findings[]": (lambda: S.diff_schema()["properties"]["findings"]["items"], FindingChange),
+}
+
+
+def _resolve(x: dict, defs: dict) -> dict:
+    while "$ref" in x:
+        x = defs[x["$ref"].split("/")[-1]]
+    return x
+
+
+def _types(x: dict, defs: dict) -> set[str]:
+    x = _resolve(x, defs)
+    if "anyOf" in x:
+        return set().union(*(_types(y, defs) for y in x["anyOf"]))
+    t = x.get("type")
+    if t is None:
+        return {"object"} if "properties" in x else set()
+    return set(t) if isinstance(t, list) else {t}
+
+
+def _branch(x: dict, defs: dict, kind: str) -> dict:
+    x = _resolve(x, defs)
+    return next((_resolve(y, defs) for y in x.get("anyOf", [x]) if kind in _types(y, defs)), x)
+
+
+def differences(hand: dict, gen: dict, defs: dict, path: str = "$") -> set[str]:
+    """Where ``gen`` (pydantic's) and ``hand`` differ: ``path+key`` (a key only hand has), ``path-key`` (only gen),
+    ``path!required``, ``path:types``, ``path~free`` (hand spells out what gen leaves free-form)."""
+    out = set()
+    th, tg = _types(hand, defs), _types(gen, defs)
+    if th and tg and th != tg and not (th == {"number"} and tg == {"number", "integer"}):
+        out.add(f"{path}:{'|'.join(sorted(th))} vs {'|'.join(sorted(tg))}")
+    h, g = _branch(hand, defs, "object"), _branch(gen, defs, "object")
+    if "properties" in h:
+        if "properties" not in g:
+            return out | {f"{path}~free"}
+        hk, gk = set(h["properties"]), set(g["properties"])
+        out |= {f"{path}+{k}" for k in hk - gk} | {f"{path}-{k}" for k in gk - hk}
+        if set(h.get("required", [])) != hk:  # asdict writes every field: all are required
+            out |= {f"{path}!{k}" for k in hk - set(h.get("required", [])) if k in gk}
+        for k in sorted(hk & gk):
+            out |= differences(h["properties"][k], g["properties"][k], defs, f"{path}.{k}")
+    h, g = _branch(hand, defs, "array"), _branch(gen, defs, "array")
+    if "items" in h and "items" in g:
+        out |= differences(h["items"], g["items"], defs, f"{path}[]")
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_generated_shape_is_the_hand_written_one(kind):
+    hand, cls = KINDS[kind]
+    gen = pydantic.TypeAdapter(cls).json_schema(mode="serialization")
+    got = differences(hand(), gen, gen.get("$defs", {}))
+    # a verdict is nullable where it sits (a rank's, the job's); the dataclass is not
+    got.discard("$:null|object vs object")
+    assert got <= set(RENDERED), sorted(got - set(RENDERED))
+
+
+def test_the_comparison_sees_a_field_the_schema_lacks():
+    from dataclasses import make_dataclass
+
+    cls = make_dataclass("X", [("a_bytes", int), ("b", "str | None")])
+    gen = pydantic.TypeAdapter(cls).json_schema(mode="serialization")
+    hand = S.obj({"a_bytes": S.b("a")}, "x")
+    assert differences(hand, gen, {}) == {"$-b"}
+    assert differences(S.obj({"a_bytes": S.s("a"), "b": S.null(S.s(""))}, "x"), gen, {}) == {"$.a_bytes:string vs integer"}
+
+
+def test_every_rendered_exception_is_still_needed():
+    seen = set()
+    for hand, cls in KINDS.values():
+        gen = pydantic.TypeAdapter(cls).json_schema(mode="serialization")
+        seen |= differences(hand(), gen, gen.get("$defs", {}))
+    assert set(RENDERED) <= seen
+
+
+def test_fits_schema_is_generated_from_the_dataclass_with_every_unit():
+    from dataclasses import fields
+
+    from oomdoctor.report.fits import Fits
+
+    got = S.fits_schema()
+    assert list(got["properties"]) == [f.name for f in fields(Fits)] == got["required"]
+    assert got["additionalProperties"] is False
+    for name, x in got["properties"].items():
+        assert x["description"] and "\n" not in x["description"]
+        assert ("_bytes" in name) == x["description"].endswith("(bytes)"), name
+    assert got["properties"]["room_bytes"]["type"] == ["integer", "null"]
+    assert got["properties"]["batch_scale"]["type"] == ["number", "null"]
+    assert got["properties"]["margin"]["additionalProperties"]["type"] == "integer"
+    assert "unknown-before-window" in got["properties"]["peak_source"]["enum"]
+
+
+def test_a_field_without_its_docstring_is_refused():
+    from dataclasses import make_dataclass
+
+    cls = make_dataclass("Y", [("a_bytes", int)], namespace={"__pydantic_config__": {"use_attribute_docstrings": True}})
+    with pytest.raises(KeyError, match="Y.a_bytes has no docstring"):
+        S.generated(cls, "y")
+
+
+def test_the_oom_object_is_generated_from_oominfo():
+    from dataclasses import fields
+
+    from oomdoctor.report.model import OomInfo
+
+    oom = S.rank_schema()["properties"]["oom"]
+    assert oom["type"] == ["object", "null"] or "anyOf" in oom
+    got = oom["anyOf"][0] if "anyOf" in oom else oom
+    assert list(got["properties"]) == [f.name for f in fields(OomInfo)] == got["required"]
+    assert got["properties"]["cuda_malloc_bytes"] == {
+        "type": "integer", "description": "the rounded size the allocator tried to cudaMalloc (bytes)"}
+
+
+def test_a_derived_property_is_typed_by_its_annotation_and_described_by_its_docstring():
+    from oomdoctor.report.diff import RankDiff, SiteDelta
+
+    site = S.generated(SiteDelta, "a site", derived=("delta_bytes",))
+    assert site["properties"]["delta_bytes"] == {"type": "integer", "description": "after minus before (bytes)"}
+    assert site["required"][-1] == "delta_bytes" and site["additionalProperties"] is False
+    rank = S.diff_schema()["properties"]["ranks"]["items"]
+    assert list(rank["properties"])[-2:] == ["peak_reserved_saved_bytes", "peak_allocated_saved_bytes"]
+    assert rank["properties"]["sites"]["items"] == site | {"description": "an allocation site at each run's peak reserved"}
+    with pytest.raises(AttributeError):
+        S.generated(SiteDelta, "x", derived=("no_such_property",))
+    with pytest.raises(KeyError, match="Anatomy.pool_id has no docstring"):
+        S.generated(RankDiff, "x")  # its anatomies are not generated yet: made by anatomy_schema
