@@ -164,7 +164,7 @@ class Fits:
     assumptions: list[str] = field(default_factory=list)
     """what the estimate assumes"""
     bound: str | None = None
-    """lower: the estimate is a lower bound, what surely fits (a trace cut in its first forward pass, issue 35);
+    """lower: the estimate is a lower bound, what surely fits (a trace cut in its first forward pass);
     null: no estimate"""
     #: the peak the answer is held to: the job's own (PyTorch's counters) when above the recorded window's
     #: (:func:`job_peak_bound`), with its source (:data:`oomdoctor.analysis.jobpeak.PEAK_SOURCES`)
