@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..frameworks import WORKSPACE_CPP
+from ..frameworks import WORKSPACE_CPP, cpp_function
 from ..trace.model import DeviceTrace, Trace
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import (
@@ -145,12 +145,13 @@ def _runs(phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts[rid], ends[rid]
 
 
-def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], exact: bool = True) -> np.ndarray:
-    """Per row: does its stack have a frame whose function is one of ``names`` (``exact``) or contains one?"""
+def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], cpp: bool = False) -> np.ndarray:
+    """Per row: does its stack have a frame whose function is one of ``names`` (exactly; ``cpp``: a C++ frame's
+    qualified name, :func:`~oomdoctor.frameworks.cpp_function`)?"""
     frames = trace.stacks.frames
 
     def hit(fids) -> bool:
-        return any((frames[f][2] in names) if exact else any(x in frames[f][2] for x in names) for f in fids)
+        return any((cpp_function(frames[f][2]) if cpp else frames[f][2]) in names for f in fids)
 
     ids = {s for s, fids in enumerate(trace.stacks.stacks) if hit(fids)}
     return np.array([s in ids for s in stacks.tolist()], dtype=bool) if ids else np.zeros(stacks.shape, bool)
@@ -227,7 +228,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
 
     # the libraries' workspaces, where C++ frames name them
     if ph.stacks_recorded:
-        put(_stacks_with(trace, lt.stack, WORKSPACE_CPP, exact=False), WORKSPACES)
+        put(_stacks_with(trace, lt.stack, WORKSPACE_CPP, cpp=True), WORKSPACES)
     # KV caches by name (transformers' Cache classes), in inference; in training a backward frees them
     cache = ri.lookup(ri.cache, lt.stack) & (dp != BACKWARD_PHASE)
     put(cache & (np.isin(bp, (GENERATION_PHASE, EVALUATION_PHASE)) | (not ph.has_backward)), KV_CACHE)
@@ -397,13 +398,17 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     ws = _lazy_workspaces(rest & persistent & closed, stack, persistent, lt.requested, bpass)
     cat[ws] = WORKSPACES
     rest &= ~ws
-    # born before the trace by pass code: its lifetime says what it was
+    # born before the trace by pass code: its lifetime says what it was; a collective's buffer is communication
+    # (DDP's buckets, rebuilt in _pre_forward before the ring buffer wrapped); one never freed is an output only
+    # where its site keeps outputs across the passes the trace shows (decided below), else unknown (a cuBLAS
+    # workspace made by the forward's first matmul is no output)
     pr = rest & pre
-    cat[pr & persistent] = np.where(model_code[pr & persistent], OUTPUTS, UNKNOWN)
+    pre_kept = pr & persistent & ~comm
+    cat[pr & persistent] = np.where(comm[pr & persistent], COMMUNICATION, UNKNOWN)
     early = pr & ~persistent & (d < first_pass)
     cat[early] = TEMPORARIES
     late = pr & ~persistent & ~early
-    cat[late] = np.where(model_code[late], OUTPUTS, TEMPORARIES)
+    cat[late] = np.where(comm[late], COMMUNICATION, np.where(model_code[late], OUTPUTS, TEMPORARIES))
     rest &= ~pre
     # a cache written by hand: model code whose block of each pass is replaced by a larger one in the next
     grown = _grown(rest & model & alive_next & ~persistent, stack, bpass, lt.requested)
@@ -441,6 +446,10 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     if n:
         inference = np.isin(ph.phase[np.clip(b, 0, n - 1)], (EVALUATION_PHASE, GENERATION_PHASE))
     cat[out & comm & ~inference] = COMMUNICATION
+    # a block born before the trace by model code and never freed: an output where the trace shows its site
+    # keeping outputs across passes
+    pre_out = pre_kept & model_code & np.isin(stack, np.unique(stack[cat == OUTPUTS]))
+    cat[pre_out] = OUTPUTS
     open_ = rest & persistent & ~alive_next
     here = rest & ~alive_next & ~open_
     cat[here] = np.where(comm[here], COMMUNICATION, TEMPORARIES)
