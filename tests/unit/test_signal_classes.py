@@ -613,3 +613,60 @@ def test_a_cublas_workspace_is_a_workspace_or_unknown_never_outputs_kept(tmp_pat
     assert last["outputs"] == 0, last
     assert last["workspaces"] + last["unknown"] == sum(sizes), last
     assert report_of(a).verdict.kind == "healthy"
+
+
+# --------------------------------------------------------------------------- 8. an EMA copy of the weights
+
+def ema_job(steps: int = 3, deepcopy: bool = False):
+    """Training with an exponential moving average of the weights (timm's ModelEmaV3, scenarios/new_kinds.py):
+    the model's parameters (64, 64 and 32 MiB, moved by ``Module._apply``), AdamW, then a copy of each weight
+    made by the job's own code (``[p.detach().clone() for p in model.parameters()]``; with ``deepcopy``,
+    ``copy.deepcopy(model)`` as ``torch.optim.swa_utils.AveragedModel`` does: ``Parameter.__deepcopy__``), alive
+    to the end; each step a forward, a backward (the engine's thread makes one gradient per parameter),
+    ``Optimizer.step#`` (Adam's state at the first), ``zero_grad``, then ``torch._foreach_lerp_`` in place (no
+    allocation)."""
+    j = Job()
+    sizes = [64 * MiB, 64 * MiB, 32 * MiB]
+    for s in sizes:
+        j.alloc(s, SETUP)
+    copy = (frames((f"{TORCH}/nn/parameter.py", 70, "__deepcopy__"), ("/usr/lib/python3.12/copy.py", 153, "deepcopy"),
+                   ("/w/train.py", 14, "main"), MAIN) if deepcopy
+            else frames(("/w/train.py", 14, "<listcomp>"), ("/w/train.py", 14, "main"), MAIN))
+    for s in sizes:
+        j.alloc(s, copy)
+    marks: dict = {"end_of_step": [], "optimizer_start": []}
+    for step in range(steps):
+        x = j.alloc(MiB, INPUT)
+        acts = [j.alloc(32 * MiB, model(20 + i)) for i in range(3)]
+        grads = [j.alloc(s, BACKWARD) for s in sizes]
+        for t in acts:
+            j.b.free(t)
+        j.b.free(x)
+        marks["optimizer_start"].append(len(j.b.events) - 1)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        if step == 0:
+            for s in sizes * 2:
+                j.alloc(s, OPT_STATE)
+        t = j.alloc(8 * MiB, OPT_TMP)
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "START")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "END")
+        marks["end_of_step"].append(len(j.b.events) - 1)
+    return j, marks
+
+
+def test_an_ema_copy_of_the_weights_is_a_weight_copy_never_gradients_or_optimizer_state(tmp_path):
+    for deepcopy in (False, True):
+        j, m = ema_job(deepcopy=deepcopy)
+        (tmp_path / str(deepcopy)).mkdir()
+        a = analysed(tmp_path / str(deepcopy), j.b)
+        for k in m["end_of_step"]:
+            c = state_at(a, k)
+            assert c["parameters"] == 160 * MiB and c["weight_copy"] == 160 * MiB, (deepcopy, str(c))
+            assert c["unknown"] == 0
+        c = state_at(a, m["optimizer_start"][2])
+        assert c["gradients"] == 160 * MiB and c["optimizer_state"] == 320 * MiB, str(c)
+        assert report_of(a).verdict.kind == "healthy"

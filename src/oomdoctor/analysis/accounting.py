@@ -258,7 +258,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # the autograd engine's own: no collective ran in a backward (FSDP's and DeepSpeed's gradients are a
     # reduce-scatter's shards, DDP's may be views of its buckets)
     per_param = s_opt.size > 0 and not ((bp == BACKWARD_PHASE) & comm).any()
-    put(_frozen(setup & lives & construct & todo, lt.requested, b, trained, s, per_param), WEIGHT_COPY)
+    put(_frozen(setup & lives & todo, construct, lt.stack, lt.requested, b, trained, s, per_param), WEIGHT_COPY)
     put(setup & lives & construct, PARAMETERS)
     put(setup & lives, UNKNOWN)
     put(setup, TEMPORARIES)
@@ -343,38 +343,51 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled)
 
 
-def _frozen(params: np.ndarray, requested: np.ndarray, born: np.ndarray, trained: np.ndarray, step_of: np.ndarray,
-            per_param: bool) -> np.ndarray:
-    """Per row: module state no gradient reaches, in a training job whose other parameters get theirs: a frozen
-    model's weights (a teacher or reference model kept on the GPU, ``requires_grad_(False)``) and buffers
-    (BatchNorm's running statistics). ``params``: the set-up blocks module construction made that live through
-    the training passes; ``requested``: their sizes (bytes); ``born``: their birth (event index); ``trained``:
-    the blocks the autograd engine's thread made in a backward that lived to a step (``AccumulateGrad``,
+def _frozen(cand: np.ndarray, construct: np.ndarray, stack: np.ndarray, requested: np.ndarray, born: np.ndarray,
+            trained: np.ndarray, step_of: np.ndarray, per_param: bool) -> np.ndarray:
+    """Per row: a copy of the weights no gradient reaches, in a training job whose other parameters get theirs: a
+    frozen model's weights (a teacher or reference model kept on the GPU, ``requires_grad_(False)``) and buffers
+    (BatchNorm's running statistics), and a copy of the trained weights kept beside them (an EMA or SWA copy:
+    ``p.detach().clone()``, ``copy.deepcopy(model)``). ``cand``: the set-up blocks that live through the training
+    passes and nothing placed yet; ``construct``: those module construction, loading or moving made;
+    ``requested``: their sizes (bytes); ``born``: their birth (event index); ``trained``: the blocks the autograd
+    engine's thread made in a backward that lived to a step (``AccumulateGrad``,
     ``torch/csrc/autograd/functions/accumulate_grad.h``, makes each parameter's gradient of its shape there);
-    ``step_of``: the step each row was born before; ``per_param``: a torch optimizer step was seen and the
-    engine made every gradient (no collective in a backward). Per size, the blocks beyond the most gradients of
-    that size one step had are frozen; where some blocks of that size have a gradient, the frozen ones are those
-    born nearest the blocks no gradient matches at all (module construction runs one module at a time). No step,
-    a collective in a backward, or no such block with a gradient (inference): none are. Pure; O(rows log rows)."""
-    out = np.zeros(params.shape, bool)
-    if not per_param or not params.any() or not trained.any():
+    ``step_of``: the step each row was born before; ``per_param``: a torch optimizer step was seen and the engine
+    made every gradient (no collective in a backward). Per size, the blocks beyond the most gradients of that size
+    one step had are copies: a block of a size no gradient has is one only where construction made it (a frozen
+    module; else a GPU dataset, a static KV cache: unknown); of a size some gradients have, the copies are first
+    the blocks construction did not make where their stack (``stack``: one line copying every weight) made at least
+    two such blocks (a model has more than one parameter; one block of a weight's size, a batch preloaded, is no
+    copy of the weights: unknown), then those born nearest the blocks
+    no gradient matches at all (module construction runs one module at a time), else the last born (a copy is
+    made from the model, after it). No step, a collective in a backward, or no such block with a gradient
+    (inference): none are. Pure; O(rows log rows)."""
+    out = np.zeros(cand.shape, bool)
+    if not per_param or not cand.any() or not trained.any():
         return out
     grads: dict[int, int] = {}
     pairs, counts = np.unique(np.stack([requested[trained], step_of[trained]]), axis=1, return_counts=True)
     for size, k in zip(pairs[0].tolist(), counts.tolist()):
         grads[size] = max(grads.get(size, 0), k)
-    rows = np.flatnonzero(params)
+    rows = np.flatnonzero(cand)
     if not any(int(requested[r]) in grads for r in rows):
         return out
-    sure = [r for r in rows if int(requested[r]) not in grads]
+    shaped = np.isin(requested[rows], np.array(list(grads), dtype=np.int64))
+    own = rows[shaped & ~construct[rows]]
+    site, n = np.unique(stack[own], return_counts=True)
+    lone = own[np.isin(stack[own], site[n < 2]) | (stack[own] < 0)]
+    rows = rows[~np.isin(rows, lone)]
+    sure = [r for r in rows if int(requested[r]) not in grads and construct[r]]
     out[sure] = True
     lo, hi = (int(born[sure].min()), int(born[sure].max())) if sure else (0, -1)
     for size, k in grads.items():
         same = rows[requested[rows] == size]
         extra = same.size - k
-        if extra > 0 and sure:
-            far = np.maximum(lo - born[same], born[same] - hi).clip(min=0)
-            out[same[np.argsort(far, kind="stable")[:extra]]] = True
+        if extra > 0:
+            near = np.maximum(lo - born[same], born[same] - hi).clip(min=0) if sure else -born[same]
+            order = np.lexsort((near, construct[same]))  # not made by construction first, then nearest / last born
+            out[same[order[:extra]]] = True
     return out
 
 

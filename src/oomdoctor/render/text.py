@@ -40,7 +40,7 @@ _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black 
 _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
                    "activations": "activations", "temporaries": "temporaries", "communication": "communication",
                    "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
-                   "weight_copy": "frozen weights",
+                   "weight_copy": "weight copies (frozen, EMA)",
                    "unknown": "unknown", "rounding": "allocator rounding"}
 _AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated memory",
              "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step",
