@@ -670,3 +670,31 @@ def test_an_ema_copy_of_the_weights_is_a_weight_copy_never_gradients_or_optimize
         c = state_at(a, m["optimizer_start"][2])
         assert c["gradients"] == 160 * MiB and c["optimizer_state"] == 320 * MiB, str(c)
         assert report_of(a).verdict.kind == "healthy"
+
+
+# --------------------------------------------------------------------------- static-kv-large: unknown, and why
+
+def test_unknown_bytes_say_why_no_signal_placed_them(tmp_path):
+    """gpt-fast-style inference whose model and static cache were made before the trace (the ring buffer dropped
+    their allocations; no stack of theirs survives: they are freed when the script's function returns, before the
+    dump) and a block the trace made that no rule places (the loop's own code, alive to the end): unknown, with
+    the reason of each byte, adding up to the line."""
+    j = Job()
+    for size in (64 * MiB, 64 * MiB, 96 * MiB):
+        j.b.alloc(j.seg, j.off, size, fr=[], record=False)
+        j.off += size
+    before = list(j.b.segments[j.seg].blocks)
+    kept = j.alloc(3 * MiB, INPUT)
+    for _ in range(4):
+        t = [j.alloc(4 * MiB, model(20 + i)) for i in range(3)]
+        for y in t:
+            j.b.free(y)
+    last = len(j.b.events) - 1
+    for addr in before:
+        j.b.free(addr, fr=frames(("/w/gen.py", 9, "main"), MAIN))
+    j.b.free(kept)
+    a = analysed(tmp_path, j.b)
+    bd = a.breakdown_at(last, "x")
+    assert bd.categories["parameters"] == 0 and bd.categories["unknown"] == 224 * MiB + 3 * MiB
+    assert bd.unknown_why == {"before_trace_no_stack": 224 * MiB, "in_trace": 3 * MiB}
+    assert sum(bd.unknown_why.values()) == bd.categories["unknown"]

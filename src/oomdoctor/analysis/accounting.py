@@ -94,6 +94,8 @@ ROUNDING = "rounding"
 LINES: tuple[str, ...] = CATEGORIES + (ROUNDING,)
 """The lines of a breakdown: the categories' requested bytes, then the allocator's rounding of them."""
 RECORDED, TRACE = 1, 0
+UNKNOWN_WHY: tuple[str, ...] = ("before_trace_no_stack", "before_trace", "in_trace")
+"""Why blocks are ``unknown`` (:attr:`Breakdown.unknown_why`)."""
 
 #: Categories whose bytes grow with the micro-batch (used by what fits): tensors of the batch's passes.
 BATCH_SCALED = (ACTIVATIONS, TEMPORARIES, OUTPUTS, KV_CACHE)
@@ -129,6 +131,12 @@ class Breakdown:
     allocated_bytes: int
     counts: dict[str, int] = field(default_factory=dict)
     phase_source: str = "inferred"
+    unknown_why: dict[str, int] = field(default_factory=dict)
+    """The ``unknown`` line's requested bytes by why no signal placed them (:data:`UNKNOWN_WHY`; only reasons
+    with bytes): the blocks were born before the trace and no allocation stack of theirs survives
+    (``before_trace_no_stack``: the ring buffer dropped their allocation, and neither the final segments nor a free
+    event keeps its frames), born before the trace with a stack that no rule places (``before_trace``), or born
+    in the trace (``in_trace``: no lifetime, gradient or frame says what they are)."""
 
     def check(self) -> None:
         """Assert the identity: the lines add up to the allocated bytes."""
@@ -682,7 +690,13 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
     categories = {c: int(total[i]) for i, c in enumerate(CATEGORIES)}
     categories[ROUNDING] = int(sizes.sum() - req.sum())
     sources = {c: ("recorded" if rec[i] * 2 > whole[i] else "trace") for i, c in enumerate(CATEGORIES) if total[i]}
+    unk = rows[cats == UNKNOWN]
+    born_before = (lt.alloc[unk] < 0) | (lt.start_state[unk] != IN_TRACE)
+    why = np.where(born_before, np.where(lt.stack[unk] < 0, 0, 1), 2)
+    per_why = np.bincount(why, weights=np.minimum(lt.requested[unk], lt.size[unk]), minlength=3).astype(np.int64)
     out = Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes),
-                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k))
+                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k),
+                    {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]})
+    assert sum(out.unknown_why.values()) == categories["unknown"]
     out.check()
     return out

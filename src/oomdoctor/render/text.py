@@ -104,6 +104,11 @@ def _rank_table(report: Report) -> Table:
     return t
 
 
+_UNKNOWN_WHY = {"before_trace_no_stack": "born before the trace, no stack of their allocation left (the ring buffer "
+                                        "dropped it, or recording began after it): nothing says what they are",
+                "before_trace": "born before the trace; their stack places nothing"}
+
+
 def _breakdown_text(r: RankSummary, width: int) -> Group:
     bd = r.breakdown
     text = Text()
@@ -118,6 +123,10 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
     recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
     text.append("\n  (" + ("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
                           if recorded else "") + "the rest read from the trace)", style="dim")
+    why = {k: v for k, v in bd.unknown_why.items() if k in _UNKNOWN_WHY}
+    if why:
+        text.append("\n  (unknown: " + "; ".join(f"{format_bytes(v)} {_UNKNOWN_WHY[k]}" for k, v in why.items())
+                    + ")", style="dim")
     holders = None
     if r.holders:
         text.append("\n  largest holders:", style="bold")
