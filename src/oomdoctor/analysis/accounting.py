@@ -10,7 +10,8 @@ of micro-batches in flight), ``temporaries`` (short-lived tensors, one-off cache
 backward frees: logits or predictions gathered across batches), ``kv_cache`` (keys and values kept for
 generation), ``workspaces`` (the per-process buffers cuBLAS, cuBLASLt and cuDNN allocate through the
 caching allocator), ``weight_copy`` (module state no gradient reaches in a training job: a frozen teacher's
-or reference model's weights, BatchNorm's running statistics; never gradients nor optimizer state) and
+or reference model's weights, BatchNorm's running statistics, a copy of the trained weights kept beside them (an
+EMA or SWA copy); never gradients nor optimizer state) and
 ``unknown``. A breakdown counts each block's requested bytes (the tensor's) in its
 category and the allocator's rounding of them apart, on the line ``rounding``: allocated = requested +
 rounding.
@@ -32,7 +33,8 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
      or moving made it (the ``setup`` frames, an installed package's constructor ``__init__``; a constructor
      of the job's own code only where a gradient of the block's size shows: a GPU dataset or a static KV
      cache made in ``__init__`` is unknown), ``weight_copy`` where no gradient of the autograd engine's
-     matches them in a job whose other parameters get theirs (:func:`_frozen`), optimizer state when optimizer
+     matches them in a job whose other parameters get theirs, or where they copy every weight beside the
+     parameters (an EMA copy: :func:`_frozen`), optimizer state when optimizer
      code did, communication when a collective's (DDP's buckets); any other such block is unknown (a
      batch preloaded on the GPU is not a parameter); freed at setup: temporaries;
    - born in the optimizer's work (an ``Optimizer.step#`` window, optimizer frames, or the main thread
@@ -262,7 +264,8 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         _stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
     put(setup & lives & comm, COMMUNICATION)
     put(setup & lives & optim, OPTIMIZER_STATE)
-    # module state no gradient reaches (a frozen teacher, BatchNorm's running statistics), where every gradient is
+    # module state no gradient reaches (a frozen teacher, BatchNorm's running statistics, an EMA copy of the
+    # weights: blocks of the gradients' sizes beyond one step's gradients), where every gradient is
     # the autograd engine's own: no collective ran in a backward (FSDP's and DeepSpeed's gradients are a
     # reduce-scatter's shards, DDP's may be views of its buckets)
     per_param = s_opt.size > 0 and not ((bp == BACKWARD_PHASE) & comm).any()
