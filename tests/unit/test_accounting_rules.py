@@ -35,6 +35,7 @@ from oomdoctor.analysis.accounting import (
     TEMPORARIES,
     TRACE,
     UNKNOWN,
+    UNKNOWN_WHY,
     Accounting,
     _apply_facts,
     _grown,
@@ -325,10 +326,11 @@ def test_breakdown_counts_requested_bytes_rounding_apart_and_the_source_of_most_
     req = A([500, 512, 1000, 512, 200, 300, 3000, 4000])
     acc = Accounting(cat, src, np.zeros(8, np.int8), np.zeros(8, bool))
     lt = SimpleNamespace(allocated_mask=lambda k: bools("11111110") if k == 5 else bools("00000000"), size=size,
-                         requested=req)
+                         requested=req, alloc=A([0] * 8), start_state=np.full(8, IN_TRACE, np.int8), stack=A([0] * 8))
     ph = SimpleNamespace(step_of=lambda k: k + 2, phase_name=lambda k: "forward", source_name=lambda k: "frames")
     allocated = 512 + 512 + 1024 + 512 + 200 + 300 + 2048
     bd = breakdown(acc, lt, ph, 5, "peak_allocated", allocated)
+    assert bd.unknown_why == {}
     assert bd.categories == {"parameters": 500 + 512, "gradients": 200 + 300, "optimizer_state": 1000 + 512,
                              "activations": 2048, "temporaries": 0, "communication": 0, "outputs": 0,
                              "kv_cache": 0, "workspaces": 0, "weight_copy": 0, "unknown": 0, "rounding": 12 + 24}
@@ -342,6 +344,26 @@ def test_breakdown_counts_requested_bytes_rounding_apart_and_the_source_of_most_
     assert all(type(v) is int for v in bd.categories.values())
     with pytest.raises(AssertionError):
         breakdown(acc, lt, ph, 5, "x", allocated + 1)
+
+
+def test_breakdown_says_why_unknown_bytes_are_unknown():
+    """Each unknown block's requested bytes (rounding apart) under why: born before the trace with no stack (the
+    ring buffer dropped its allocation), born before it with a stack, born in the trace; they add up to the line."""
+    cat = A([UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN, PARAMETERS], np.int8)
+    acc = Accounting(cat, np.zeros(6, np.int8), np.zeros(6, np.int8), np.zeros(6, bool))
+    lt = SimpleNamespace(allocated_mask=lambda k: bools("111110" if k == 3 else "000000"),
+                         size=A([1024, 2048, 512, 4096, 512, 512]), requested=A([1000, 2048, 500, 4000, 512, 512]),
+                         alloc=A([-1, 2, -1, 1, 0, 0]),  # the second: allocated at event 2, but alive at the start
+                         start_state=np.array([ALLOCATED_AT_START, ALLOCATED_AT_START, ALLOCATED_AT_START, IN_TRACE,
+                                               IN_TRACE, IN_TRACE], np.int8),
+                         stack=A([-1, -1, 7, 3, -1, 0]))
+    ph = SimpleNamespace(step_of=lambda k: None, phase_name=lambda k: "other", source_name=lambda k: "inferred")
+    bd = breakdown(acc, lt, ph, 3, "x", 1024 + 2048 + 512 + 4096 + 512)
+    assert bd.unknown_why == {"before_trace_no_stack": 1000 + 2048, "before_trace": 500, "in_trace": 4000 + 512}
+    assert sum(bd.unknown_why.values()) == bd.categories["unknown"]
+    assert list(bd.unknown_why) == [w for w in UNKNOWN_WHY if w in bd.unknown_why]
+    bd = breakdown(acc, lt, ph, 0, "x", 0)  # nothing alive: no reason
+    assert bd.unknown_why == {}
 
 
 # --------------------------------------------------------------------------- account, on hand-laid traces
