@@ -65,10 +65,37 @@ ENGINE_CPP: tuple[str, ...] = ("torch::autograd::Engine::", "torch::autograd::Ac
 """C++ frames (``stacks="all"``) of the autograd engine's threads."""
 
 WORKSPACE_CPP: tuple[str, ...] = ("at::cuda::setWorkspaceForHandle", "at::cuda::getCUDABlasLtWorkspace",
-                                  "getNewWorkspace", "Workspace::Workspace")
-"""C++ frames (``stacks="all"``) that allocate a library's workspace through the caching allocator:
-cuBLAS's per handle and stream and cuBLASLt's (``aten/src/ATen/cuda/CublasHandlePool.cpp``), cuDNN's
-per convolution (``aten/src/ATen/native/cudnn/Conv_v7.cpp`` ``Workspace``)."""
+                                  "at::cuda::getCurrentCUDABlasHandle",
+                                  "at::cuda::getNewWorkspace", "at::cuda::(anonymous namespace)::getNewWorkspace",
+                                  "at::native::(anonymous namespace)::Workspace::Workspace")
+"""C++ functions (``stacks="all"``; qualified names as :func:`cpp_function` gives them, compared exactly) that
+allocate a library's workspace through the caching allocator and nothing else: cuBLAS's per handle and stream
+(``getCurrentCUDABlasHandle`` calls ``setWorkspaceForHandle``, which release builds may inline, so the getter is
+the frame symbolized) and cuBLASLt's (``aten/src/ATen/cuda/CublasHandlePool.cpp``), cuDNN's per convolution
+(``aten/src/ATen/native/cudnn/Conv_v7.cpp`` ``Workspace``)."""
+
+
+def cpp_function(name: str) -> str:
+    """The qualified name of a symbolized C++ frame, without its return type, argument list and ``const``:
+    ``at::cuda::setWorkspaceForHandle(cublasContext*, c10::cuda::CUDAStream)`` ->
+    ``at::cuda::setWorkspaceForHandle``; ``(anonymous namespace)`` and template arguments stay."""
+    s = name.strip()
+    if s.endswith(" const"):
+        s = s[:-6]
+    if s.endswith(")"):
+        depth = 0
+        for i in range(len(s) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(s[i], 0)
+            if depth == 0:
+                s = s[:i]
+                break
+    depth, cut = 0, 0
+    for i, c in enumerate(s):  # a return type ends at a space outside <...> and (...)
+        depth += {"<": 1, "(": 1, ">": -1, ")": -1}.get(c, 0)
+        if c == " " and depth == 0:
+            cut = i + 1
+    return s[cut:]
+
 
 OPTIMIZER: tuple[Pattern, ...] = (
     ("torch/optim/", None),

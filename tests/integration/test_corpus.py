@@ -127,7 +127,8 @@ def pytorch_size(n: int) -> str:
 # the test pass, and the mark must then go.
 KNOWN_MODEL_STATE = {"new-kinds-static-kv-large": "the ring buffer (max_entries=100000) wrapped before the decode "
                      "ended: the model's construction is not in the trace; its weights and the cache, born before "
-                     "it with no stack and no gradient, are unknown"}
+                     "it with no stack and no gradient, are unknown (breakdown unknown_why: before_trace_no_stack; "
+                     "test_static_kv_large_says_why_its_model_and_cache_are_unknown)"}
 KNOWN_VERDICT: dict[str, str] = {}
 
 
@@ -175,6 +176,18 @@ def test_model_state_bytes_match_what_the_job_counted(corpus_dir, name, facts):
     if facts and r0.breakdown is not None and HALVES[name] == "in-sample" and sidecar.exists() and json.loads(
             sidecar.read_text()).get("tensors"):
         assert r0.breakdowns[-1].sources.get("parameters") == "recorded"
+
+
+def test_static_kv_large_says_why_its_model_and_cache_are_unknown(corpus_dir):
+    """Its ring buffer wrapped before the decode ended and the model and cache were freed before the dump: no
+    stack of their allocation survives, no sidecar, no gradient (inference), no annotation. Nothing places them
+    (KNOWN_MODEL_STATE), and every unknown byte says so: born before the trace with no stack left, at least the
+    job's own weights and cache (557,163,520 + 2,097,152,000 bytes)."""
+    report, truth = diagnosed(corpus_dir, "new-kinds-static-kv-large")
+    bd = report.ranks[0].breakdown
+    assert bd.unknown_why["before_trace_no_stack"] >= truth["parameters_bytes"] + truth["kv_cache_bytes"]
+    assert sum(bd.unknown_why.values()) == bd.categories["unknown"]
+    assert bd.categories["parameters"] == 0  # never a guess
 
 
 def sweep(job: str) -> tuple[int, int, int]:

@@ -547,3 +547,179 @@ def test_a_last_stage_that_keeps_its_outputs_until_step_ends_is_healthy_with_a_f
                                      skipped=[]))
     assert "pipeline-output-cache" in {f.id for f in report.findings}
     assert report.verdict.kind == "healthy"
+
+
+# --------------------------------------------------------------------------- 9. DDP's buckets and cuBLAS's workspace
+
+DDP = f"{TORCH}/nn/parallel/distributed.py"
+DDP_INIT = frames((DDP, 1437, "_ddp_init_helper"), (DDP, 880, "__init__"), ("/w/train.py", 12, "main"), MAIN)
+DDP_REBUILD = frames((DDP, 1775, "_pre_forward"), (DDP, 1890, "forward"), (f"{TORCH}/nn/modules/module.py", 1790,
+                                                                             "_call_impl"), ("/w/train.py", 30, "main"),
+                     MAIN)
+BUCKETS = [MiB] + [25 * MiB] * 3  # DDP's bucket caps: bucket_cap_mb=25, the first bucket 1 MiB (_DEFAULT_FIRST_BUCKET_BYTES)
+
+
+def ddp_job(steps: int = 4, workspace: list[dict] | None = None, workspace_sizes: tuple[int, ...] = ()):
+    """A DDP rank that keeps nothing: parameters, the reducer's buckets made in ``_ddp_init_helper``, freed and
+    made again in the order the gradients came by ``_rebuild_buckets`` in the second forward's ``_pre_forward``,
+    alive to the end; each step a forward (3 activations), a backward (the engine's thread makes the gradients),
+    ``Optimizer.step#`` and ``zero_grad``. ``workspace``: a stack that makes blocks of ``workspace_sizes`` once,
+    at the first matmul of the first forward, never freed (cuBLAS's workspace for the handle)."""
+    j = Job()
+    marks: dict = {"end_of_step": []}
+    for _ in range(2):
+        j.alloc(64 * MiB, SETUP)
+    old = [j.alloc(s, DDP_INIT) for s in BUCKETS]
+    marks["buckets_born"] = len(j.b.events)
+    for step in range(steps):
+        x = j.alloc(MiB, INPUT)
+        if step == 1:
+            for o in old:
+                j.b.free(o, fr=DDP_REBUILD)
+            for s in BUCKETS:
+                j.alloc(s, DDP_REBUILD)
+        if step == 0 and workspace is not None:
+            for s in workspace_sizes:
+                j.alloc(s, workspace)
+        acts = [j.alloc(MiB if i == 0 else 32 * MiB, model(20 + i)) for i in range(3)]
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "END")
+        grads = [j.alloc(64 * MiB, BACKWARD) for _ in range(2)]
+        for t in acts:
+            j.b.free(t)
+        j.b.free(x)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        t = j.alloc(8 * MiB, OPT_TMP)
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "START")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+        marks["end_of_step"].append(len(j.b.events) - 1)
+    return j, marks
+
+
+def test_ddp_buckets_are_communication_never_outputs_kept(tmp_path):
+    """In the trace, and born before it (the ring buffer wrapped after the rebuild: the final segments keep the
+    buckets' ``_pre_forward`` stack): communication; the rank keeps nothing, so no output is kept."""
+    j, m = ddp_job()
+    for name, drop in (("whole", 0), ("wrapped", m["end_of_step"][1] + 1)):
+        (tmp_path / name).mkdir()
+        b = j.b
+        a = analyze(load(b.write(tmp_path / name / "rank0.pickle", drop_first=drop)))
+        last = a.breakdown_at(a.device.num_events - 1, "x").categories
+        assert last["communication"] == sum(BUCKETS), (name, str(last))
+        assert last["outputs"] == 0 and last["unknown"] == 0, (name, last)
+        assert report_of(a).verdict.kind == "healthy"
+
+
+CUBLAS_CPP = [("", 0, "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)"),
+              ("??", 0, "at::cuda::getCurrentCUDABlasHandle()"),
+              ("", 0, "void at::cuda::blas::gemm_internal_cublas_bfloat16_helper<c10::BFloat16>(char, char, long)"),
+              ("Blas.cpp", 0, "at::native::(anonymous namespace)::addmm_out_cuda_impl(at::Tensor&, at::Tensor const&)")]
+
+
+def test_a_cublas_workspace_is_a_workspace_or_unknown_never_outputs_kept(tmp_path):
+    """cuBLAS's workspace (32 MiB) and cuBLASLt's (1 MiB), made at the first matmul and alive for good.
+    With C++ stacks (``stacks="all"``; ``setWorkspaceForHandle`` inlined into ``getCurrentCUDABlasHandle``, as
+    release builds symbolize it): workspaces. With Python stacks only, born before the trace (the ring buffer
+    wrapped) from the forward's stack that makes 1 MiB activations too: never outputs (no output of that site is
+    kept across passes in the trace); what no signal places is unknown."""
+    sizes = (32 * MiB, MiB)
+    j, m = ddp_job(workspace=frames(*CUBLAS_CPP, ("/w/model.py", 20, "forward"),
+                                    (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"), ("/w/train.py", 30, "main"),
+                                    MAIN), workspace_sizes=sizes)
+    a = analysed(tmp_path, j.b)
+    last = a.breakdown_at(a.device.num_events - 1, "x").categories
+    assert last["workspaces"] == sum(sizes) and last["outputs"] == 0, str(last)
+    j, m = ddp_job(workspace=model(20), workspace_sizes=sizes)
+    (tmp_path / "py").mkdir()
+    a = analyze(load(j.b.write(tmp_path / "py" / "rank0.pickle", drop_first=m["end_of_step"][1] + 1)))
+    last = a.breakdown_at(a.device.num_events - 1, "x").categories
+    assert last["outputs"] == 0, last
+    assert last["workspaces"] + last["unknown"] == sum(sizes), last
+    assert report_of(a).verdict.kind == "healthy"
+
+
+# --------------------------------------------------------------------------- 8. an EMA copy of the weights
+
+def ema_job(steps: int = 3, deepcopy: bool = False):
+    """Training with an exponential moving average of the weights (timm's ModelEmaV3, scenarios/new_kinds.py):
+    the model's parameters (64, 64 and 32 MiB, moved by ``Module._apply``), AdamW, then a copy of each weight
+    made by the job's own code (``[p.detach().clone() for p in model.parameters()]``; with ``deepcopy``,
+    ``copy.deepcopy(model)`` as ``torch.optim.swa_utils.AveragedModel`` does: ``Parameter.__deepcopy__``), alive
+    to the end; each step a forward, a backward (the engine's thread makes one gradient per parameter),
+    ``Optimizer.step#`` (Adam's state at the first), ``zero_grad``, then ``torch._foreach_lerp_`` in place (no
+    allocation)."""
+    j = Job()
+    sizes = [64 * MiB, 64 * MiB, 32 * MiB]
+    for s in sizes:
+        j.alloc(s, SETUP)
+    copy = (frames((f"{TORCH}/nn/parameter.py", 70, "__deepcopy__"), ("/usr/lib/python3.12/copy.py", 153, "deepcopy"),
+                   ("/w/train.py", 14, "main"), MAIN) if deepcopy
+            else frames(("/w/train.py", 14, "<listcomp>"), ("/w/train.py", 14, "main"), MAIN))
+    for s in sizes:
+        j.alloc(s, copy)
+    marks: dict = {"end_of_step": [], "optimizer_start": []}
+    for step in range(steps):
+        x = j.alloc(MiB, INPUT)
+        acts = [j.alloc(32 * MiB, model(20 + i)) for i in range(3)]
+        grads = [j.alloc(s, BACKWARD) for s in sizes]
+        for t in acts:
+            j.b.free(t)
+        j.b.free(x)
+        marks["optimizer_start"].append(len(j.b.events) - 1)
+        j.b.annotate("Optimizer.step#AdamW.step", "START")
+        if step == 0:
+            for s in sizes * 2:
+                j.alloc(s, OPT_STATE)
+        t = j.alloc(8 * MiB, OPT_TMP)
+        j.b.free(t)
+        j.b.annotate("Optimizer.step#AdamW.step", "END")
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "START")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+        j.b.annotate("Optimizer.zero_grad#AdamW.zero_grad", "END")
+        marks["end_of_step"].append(len(j.b.events) - 1)
+    return j, marks
+
+
+def test_an_ema_copy_of_the_weights_is_a_weight_copy_never_gradients_or_optimizer_state(tmp_path):
+    for deepcopy in (False, True):
+        j, m = ema_job(deepcopy=deepcopy)
+        (tmp_path / str(deepcopy)).mkdir()
+        a = analysed(tmp_path / str(deepcopy), j.b)
+        for k in m["end_of_step"]:
+            c = state_at(a, k)
+            assert c["parameters"] == 160 * MiB and c["weight_copy"] == 160 * MiB, (deepcopy, str(c))
+            assert c["unknown"] == 0
+        c = state_at(a, m["optimizer_start"][2])
+        assert c["gradients"] == 160 * MiB and c["optimizer_state"] == 320 * MiB, str(c)
+        assert report_of(a).verdict.kind == "healthy"
+
+
+# --------------------------------------------------------------------------- static-kv-large: unknown, and why
+
+def test_unknown_bytes_say_why_no_signal_placed_them(tmp_path):
+    """gpt-fast-style inference whose model and static cache were made before the trace (the ring buffer dropped
+    their allocations; no stack of theirs survives: they are freed when the script's function returns, before the
+    dump) and a block the trace made that no rule places (the loop's own code, alive to the end): unknown, with
+    the reason of each byte, adding up to the line."""
+    j = Job()
+    for size in (64 * MiB, 64 * MiB, 96 * MiB):
+        j.b.alloc(j.seg, j.off, size, fr=[], record=False)
+        j.off += size
+    before = list(j.b.segments[j.seg].blocks)
+    kept = j.alloc(3 * MiB, INPUT)
+    for _ in range(4):
+        t = [j.alloc(4 * MiB, model(20 + i)) for i in range(3)]
+        for y in t:
+            j.b.free(y)
+    last = len(j.b.events) - 1
+    for addr in before:
+        j.b.free(addr, fr=frames(("/w/gen.py", 9, "main"), MAIN))
+    j.b.free(kept)
+    a = analysed(tmp_path, j.b)
+    bd = a.breakdown_at(last, "x")
+    assert bd.categories["parameters"] == 0 and bd.categories["unknown"] == 224 * MiB + 3 * MiB
+    assert bd.unknown_why == {"before_trace_no_stack": 224 * MiB, "in_trace": 3 * MiB}
+    assert sum(bd.unknown_why.values()) == bd.categories["unknown"]

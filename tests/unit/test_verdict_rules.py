@@ -561,3 +561,37 @@ def test_no_burst_with_free_stacks_is_classified_by_them(tmp_path):
     empty = np.zeros(0, dtype=np.int64)
     got = cache_flush._empty_cache_bursts(a, empty, empty, 0, 2, {"num_alloc_retries": 2})
     assert got == (0, "free stacks")
+
+
+# --------------------------------------------------------------------------- generate(): capacity unless the fix carries on
+
+def test_an_oom_inside_generate_is_capacity_unless_the_fix_leaves_a_tokens_growth(tmp_path):
+    """Issue 36 class 10. 512 MiB allocated (448 MiB of it the KV cache), 1 GiB reserved, the largest free block
+    256 MiB: a 384 MiB request fails although it fits the room (need 896 MiB). Expandable segments get past the
+    recorded OOM; the cache then grows by G per generated token. With 96 MiB left beyond the request and the
+    margin (32 MiB), G = 256 MiB is not one more token: capacity, with what fits as data; G = 32 MiB carries on
+    (3 more tokens): fragmentation, with the same data."""
+    a = oom_rank(tmp_path, 384 * MiB)
+    fixed = {"config": "expandable_segments:True", "reach": "recorded", "oom": None, "at_edge": False,
+             "outcome": "gets past the recorded OOM with {spare_bytes:bytes} to spare", "spare_bytes": 100 * MiB,
+             "margin_bytes": 32 * MiB}
+    room = RESERVED
+    for growth, kind, more in ((256 * MiB, "capacity", 0), (32 * MiB, "fragmentation", 3)):
+        ev = {"rank": a.rank, "phase": "generation", "room_bytes": room, "kv_cache_growth_per_token_bytes": growth}
+        bd = SimpleNamespace(categories={"outputs": 0, "kv_cache": 448 * MiB}, phase="generation")
+        v = _oom_verdict(a, [], Room(room, "device", "test"), bd, Calls(None), lambda: fixed, ev)
+        assert v.kind == kind, growth
+        e = v.evidence
+        assert e["kv_room_after_fix_bytes"] == room - (ALLOCATED + 384 * MiB) - 32 * MiB == 96 * MiB
+        assert e["kv_tokens_more"] == more and e["kv_cache_tokens"] == 448 * MiB // growth
+        # the cache's length that fits: room - margin - the rest of what was needed (64 MiB + the request)
+        assert e["kv_cache_tokens_fit"] == (room - 32 * MiB - (64 * MiB + 384 * MiB)) // growth
+        assert e["kv_margin_bytes"] == 32 * MiB
+        if kind == "capacity":
+            assert v.bytes == growth - 96 * MiB and v.finding is None
+        said(v)  # every field of the sentence is in the evidence
+    # no growth (a static cache, or no cache): the fix's outcome decides as before
+    ev = {"rank": a.rank, "phase": "generation", "room_bytes": room}
+    bd = SimpleNamespace(categories={"outputs": 0, "kv_cache": 448 * MiB}, phase="generation")
+    v = _oom_verdict(a, [], Room(room, "device", "test"), bd, Calls(None), lambda: fixed, ev)
+    assert v.kind == "fragmentation" and "kv_tokens_more" not in v.evidence

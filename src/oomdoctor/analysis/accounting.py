@@ -10,7 +10,8 @@ of micro-batches in flight), ``temporaries`` (short-lived tensors, one-off cache
 backward frees: logits or predictions gathered across batches), ``kv_cache`` (keys and values kept for
 generation), ``workspaces`` (the per-process buffers cuBLAS, cuBLASLt and cuDNN allocate through the
 caching allocator), ``weight_copy`` (module state no gradient reaches in a training job: a frozen teacher's
-or reference model's weights, BatchNorm's running statistics; never gradients nor optimizer state) and
+or reference model's weights, BatchNorm's running statistics, a copy of the trained weights kept beside them (an
+EMA or SWA copy); never gradients nor optimizer state) and
 ``unknown``. A breakdown counts each block's requested bytes (the tensor's) in its
 category and the allocator's rounding of them apart, on the line ``rounding``: allocated = requested +
 rounding.
@@ -32,7 +33,8 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
      or moving made it (the ``setup`` frames, an installed package's constructor ``__init__``; a constructor
      of the job's own code only where a gradient of the block's size shows: a GPU dataset or a static KV
      cache made in ``__init__`` is unknown), ``weight_copy`` where no gradient of the autograd engine's
-     matches them in a job whose other parameters get theirs (:func:`_frozen`), optimizer state when optimizer
+     matches them in a job whose other parameters get theirs, or where they copy every weight beside the
+     parameters (an EMA copy: :func:`_frozen`), optimizer state when optimizer
      code did, communication when a collective's (DDP's buckets); any other such block is unknown (a
      batch preloaded on the GPU is not a parameter); freed at setup: temporaries;
    - born in the optimizer's work (an ``Optimizer.step#`` window, optimizer frames, or the main thread
@@ -70,7 +72,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..frameworks import WORKSPACE_CPP
+from ..frameworks import WORKSPACE_CPP, cpp_function
 from ..trace.model import DeviceTrace, Trace
 from .arrays import distinct, distinct_columns
 from .lifetimes import IN_TRACE, Lifetimes
@@ -95,6 +97,8 @@ ROUNDING = "rounding"
 LINES: tuple[str, ...] = CATEGORIES + (ROUNDING,)
 """The lines of a breakdown: the categories' requested bytes, then the allocator's rounding of them."""
 RECORDED, TRACE = 1, 0
+UNKNOWN_WHY: tuple[str, ...] = ("before_trace_no_stack", "before_trace", "in_trace")
+"""Why blocks are ``unknown`` (:attr:`Breakdown.unknown_why`)."""
 
 #: Categories whose bytes grow with the micro-batch (used by what fits): tensors of the batch's passes.
 BATCH_SCALED = (ACTIVATIONS, TEMPORARIES, OUTPUTS, KV_CACHE)
@@ -130,6 +134,12 @@ class Breakdown:
     allocated_bytes: int
     counts: dict[str, int] = field(default_factory=dict)
     phase_source: str = "inferred"
+    unknown_why: dict[str, int] = field(default_factory=dict)
+    """The ``unknown`` line's requested bytes by why no signal placed them (:data:`UNKNOWN_WHY`; only reasons
+    with bytes): the blocks were born before the trace and no allocation stack of theirs survives
+    (``before_trace_no_stack``: the ring buffer dropped their allocation, and neither the final segments nor a free
+    event keeps its frames), born before the trace with a stack that no rule places (``before_trace``), or born
+    in the trace (``in_trace``: no lifetime, gradient or frame says what they are)."""
 
     def check(self) -> None:
         """Assert the identity: the lines add up to the allocated bytes."""
@@ -146,12 +156,13 @@ def _runs(phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts[rid], ends[rid]
 
 
-def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], exact: bool = True) -> np.ndarray:
-    """Per row: does its stack have a frame whose function is one of ``names`` (``exact``) or contains one?"""
+def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], cpp: bool = False) -> np.ndarray:
+    """Per row: does its stack have a frame whose function is one of ``names`` (exactly; ``cpp``: a C++ frame's
+    qualified name, :func:`~oomdoctor.frameworks.cpp_function`)?"""
     frames = trace.stacks.frames
 
     def hit(fids) -> bool:
-        return any((frames[f][2] in names) if exact else any(x in frames[f][2] for x in names) for f in fids)
+        return any((cpp_function(frames[f][2]) if cpp else frames[f][2]) in names for f in fids)
 
     return _rows_of(trace, stacks, [s for s, fids in enumerate(trace.stacks.stacks) if hit(fids)])
 
@@ -235,7 +246,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
 
     # the libraries' workspaces, where C++ frames name them
     if ph.stacks_recorded:
-        put(_stacks_with(trace, lt.stack, WORKSPACE_CPP, exact=False), WORKSPACES)
+        put(_stacks_with(trace, lt.stack, WORKSPACE_CPP, cpp=True), WORKSPACES)
     # KV caches by name (transformers' Cache classes), in inference; in training a backward frees them
     cache = ri.lookup(ri.cache, lt.stack) & (dp != BACKWARD_PHASE)
     put(cache & (np.isin(bp, (GENERATION_PHASE, EVALUATION_PHASE)) | (not ph.has_backward)), KV_CACHE)
@@ -261,11 +272,12 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         _stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
     put(setup & lives & comm, COMMUNICATION)
     put(setup & lives & optim, OPTIMIZER_STATE)
-    # module state no gradient reaches (a frozen teacher, BatchNorm's running statistics), where every gradient is
+    # module state no gradient reaches (a frozen teacher, BatchNorm's running statistics, an EMA copy of the
+    # weights: blocks of the gradients' sizes beyond one step's gradients), where every gradient is
     # the autograd engine's own: no collective ran in a backward (FSDP's and DeepSpeed's gradients are a
     # reduce-scatter's shards, DDP's may be views of its buckets)
     per_param = s_opt.size > 0 and not ((bp == BACKWARD_PHASE) & comm).any()
-    put(_frozen(setup & lives & construct & todo, lt.requested, b, trained, s, per_param), WEIGHT_COPY)
+    put(_frozen(setup & lives & todo, construct, lt.stack, lt.requested, b, trained, s, per_param), WEIGHT_COPY)
     put(setup & lives & construct, PARAMETERS)
     put(setup & lives, UNKNOWN)
     put(setup, TEMPORARIES)
@@ -350,38 +362,51 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled)
 
 
-def _frozen(params: np.ndarray, requested: np.ndarray, born: np.ndarray, trained: np.ndarray, step_of: np.ndarray,
-            per_param: bool) -> np.ndarray:
-    """Per row: module state no gradient reaches, in a training job whose other parameters get theirs: a frozen
-    model's weights (a teacher or reference model kept on the GPU, ``requires_grad_(False)``) and buffers
-    (BatchNorm's running statistics). ``params``: the set-up blocks module construction made that live through
-    the training passes; ``requested``: their sizes (bytes); ``born``: their birth (event index); ``trained``:
-    the blocks the autograd engine's thread made in a backward that lived to a step (``AccumulateGrad``,
+def _frozen(cand: np.ndarray, construct: np.ndarray, stack: np.ndarray, requested: np.ndarray, born: np.ndarray,
+            trained: np.ndarray, step_of: np.ndarray, per_param: bool) -> np.ndarray:
+    """Per row: a copy of the weights no gradient reaches, in a training job whose other parameters get theirs: a
+    frozen model's weights (a teacher or reference model kept on the GPU, ``requires_grad_(False)``) and buffers
+    (BatchNorm's running statistics), and a copy of the trained weights kept beside them (an EMA or SWA copy:
+    ``p.detach().clone()``, ``copy.deepcopy(model)``). ``cand``: the set-up blocks that live through the training
+    passes and nothing placed yet; ``construct``: those module construction, loading or moving made;
+    ``requested``: their sizes (bytes); ``born``: their birth (event index); ``trained``: the blocks the autograd
+    engine's thread made in a backward that lived to a step (``AccumulateGrad``,
     ``torch/csrc/autograd/functions/accumulate_grad.h``, makes each parameter's gradient of its shape there);
-    ``step_of``: the step each row was born before; ``per_param``: a torch optimizer step was seen and the
-    engine made every gradient (no collective in a backward). Per size, the blocks beyond the most gradients of
-    that size one step had are frozen; where some blocks of that size have a gradient, the frozen ones are those
-    born nearest the blocks no gradient matches at all (module construction runs one module at a time). No step,
-    a collective in a backward, or no such block with a gradient (inference): none are. Pure; O(rows log rows)."""
-    out = np.zeros(params.shape, bool)
-    if not per_param or not params.any() or not trained.any():
+    ``step_of``: the step each row was born before; ``per_param``: a torch optimizer step was seen and the engine
+    made every gradient (no collective in a backward). Per size, the blocks beyond the most gradients of that size
+    one step had are copies: a block of a size no gradient has is one only where construction made it (a frozen
+    module; else a GPU dataset, a static KV cache: unknown); of a size some gradients have, the copies are first
+    the blocks construction did not make where their stack (``stack``: one line copying every weight) made at least
+    two such blocks (a model has more than one parameter; one block of a weight's size, a batch preloaded, is no
+    copy of the weights: unknown), then those born nearest the blocks
+    no gradient matches at all (module construction runs one module at a time), else the last born (a copy is
+    made from the model, after it). No step, a collective in a backward, or no such block with a gradient
+    (inference): none are. Pure; O(rows log rows)."""
+    out = np.zeros(cand.shape, bool)
+    if not per_param or not cand.any() or not trained.any():
         return out
     grads: dict[int, int] = {}
     pairs, counts = np.unique(np.stack([requested[trained], step_of[trained]]), axis=1, return_counts=True)
     for size, k in zip(pairs[0].tolist(), counts.tolist()):
         grads[size] = max(grads.get(size, 0), k)
-    rows = np.flatnonzero(params)
+    rows = np.flatnonzero(cand)
     if not any(int(requested[r]) in grads for r in rows):
         return out
-    sure = [r for r in rows if int(requested[r]) not in grads]
+    shaped = np.isin(requested[rows], np.array(list(grads), dtype=np.int64))
+    own = rows[shaped & ~construct[rows]]
+    site, n = np.unique(stack[own], return_counts=True)
+    lone = own[np.isin(stack[own], site[n < 2]) | (stack[own] < 0)]
+    rows = rows[~np.isin(rows, lone)]
+    sure = [r for r in rows if int(requested[r]) not in grads and construct[r]]
     out[sure] = True
     lo, hi = (int(born[sure].min()), int(born[sure].max())) if sure else (0, -1)
     for size, k in grads.items():
         same = rows[requested[rows] == size]
         extra = same.size - k
-        if extra > 0 and sure:
-            far = np.maximum(lo - born[same], born[same] - hi).clip(min=0)
-            out[same[np.argsort(far, kind="stable")[:extra]]] = True
+        if extra > 0:
+            near = np.maximum(lo - born[same], born[same] - hi).clip(min=0) if sure else -born[same]
+            order = np.lexsort((near, construct[same]))  # not made by construction first, then nearest / last born
+            out[same[order[:extra]]] = True
     return out
 
 
@@ -405,13 +430,17 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     ws = _lazy_workspaces(rest & persistent & closed, stack, persistent, lt.requested, bpass)
     cat[ws] = WORKSPACES
     rest &= ~ws
-    # born before the trace by pass code: its lifetime says what it was
+    # born before the trace by pass code: its lifetime says what it was; a collective's buffer is communication
+    # (DDP's buckets, rebuilt in _pre_forward before the ring buffer wrapped); one never freed is an output only
+    # where its site keeps outputs across the passes the trace shows (decided below), else unknown (a cuBLAS
+    # workspace made by the forward's first matmul is no output)
     pr = rest & pre
-    cat[pr & persistent] = np.where(model_code[pr & persistent], OUTPUTS, UNKNOWN)
+    pre_kept = pr & persistent & ~comm
+    cat[pr & persistent] = np.where(comm[pr & persistent], COMMUNICATION, UNKNOWN)
     early = pr & ~persistent & (d < first_pass)
     cat[early] = TEMPORARIES
     late = pr & ~persistent & ~early
-    cat[late] = np.where(model_code[late], OUTPUTS, TEMPORARIES)
+    cat[late] = np.where(comm[late], COMMUNICATION, np.where(model_code[late], OUTPUTS, TEMPORARIES))
     rest &= ~pre
     # a cache written by hand: model code whose block of each pass is replaced by a larger one in the next
     grown = _grown(rest & model & alive_next & ~persistent, stack, bpass, lt.requested)
@@ -449,6 +478,10 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     if n:
         inference = np.isin(ph.phase[np.clip(b, 0, n - 1)], (EVALUATION_PHASE, GENERATION_PHASE))
     cat[out & comm & ~inference] = COMMUNICATION
+    # a block born before the trace by model code and never freed: an output where the trace shows its site
+    # keeping outputs across passes
+    pre_out = pre_kept & model_code & np.isin(stack, np.unique(stack[cat == OUTPUTS]))
+    cat[pre_out] = OUTPUTS
     open_ = rest & persistent & ~alive_next
     here = rest & ~alive_next & ~open_
     cat[here] = np.where(comm[here], COMMUNICATION, TEMPORARIES)
@@ -668,7 +701,13 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
     categories = {c: int(total[i]) for i, c in enumerate(CATEGORIES)}
     categories[ROUNDING] = int(sizes.sum() - req.sum())
     sources = {c: ("recorded" if rec[i] * 2 > whole[i] else "trace") for i, c in enumerate(CATEGORIES) if total[i]}
+    unk = rows[cats == UNKNOWN]
+    born_before = (lt.alloc[unk] < 0) | (lt.start_state[unk] != IN_TRACE)
+    why = np.where(born_before, np.where(lt.stack[unk] < 0, 0, 1), 2)
+    per_why = np.bincount(why, weights=np.minimum(lt.requested[unk], lt.size[unk]), minlength=3).astype(np.int64)
     out = Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes),
-                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k))
+                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k),
+                    {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]})
+    assert sum(out.unknown_why.values()) == categories["unknown"]
     out.check()
     return out

@@ -355,6 +355,9 @@ def breakdown_schema(d: str) -> Schema:
                                                           "storages) or read from the trace"),
         "counts": mapping(i(""), "live blocks per category"),
         "allocated_bytes": b("allocated after that event (requested + rounding)"),
+        "unknown_why": mapping(b(""), "the unknown bytes by why no signal placed them: before_trace_no_stack (born "
+                                      "before the trace, no allocation stack survives), before_trace (born before "
+                                      "it, its stack places nothing), in_trace; they add up to categories.unknown"),
     }, d)
 
 

@@ -47,7 +47,7 @@ _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black 
 _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
                    "activations": "activations", "temporaries": "temporaries", "communication": "communication",
                    "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
-                   "weight_copy": "frozen weights",
+                   "weight_copy": "weight copies (frozen, EMA)",
                    "unknown": "unknown", "rounding": "allocator rounding"}
 _PHASE_SOURCE = {"markers": "marked by the framework", "annotations": "from PyTorch's annotations",
                  "autograd engine thread": "from the autograd engine's thread", "frames": "from the call stacks",
@@ -116,6 +116,11 @@ def _rank_table(report: Report) -> Table:
     return t
 
 
+_UNKNOWN_WHY = {"before_trace_no_stack": "born before the trace, no stack of their allocation left (the ring buffer "
+                                        "dropped it, or recording began after it): nothing says what they are",
+                "before_trace": "born before the trace; their stack places nothing"}
+
+
 def _breakdown_text(r: RankSummary, width: int) -> Group:
     bd = r.breakdown
     if bd is None:
@@ -130,6 +135,10 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
     source = Text(("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
                    if recorded else "") + "the rest read from the trace", style="dim")
     out: list = [Text(), hang(text), hang(source)]
+    why = {k: v for k, v in bd.unknown_why.items() if k in _UNKNOWN_WHY}
+    if why:
+        out.append(hang("unknown: " + "; ".join(f"{format_bytes(v)} {_UNKNOWN_WHY[k]}" for k, v in why.items()),
+                        style="dim"))
     if r.holders:
         out.append(Text("  largest holders:", style="bold"))
         rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}", h.label)

@@ -49,6 +49,7 @@ from ..frameworks import PIPELINE_KNOB, detect_frameworks, framework, running_fi
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
 from .fits import Fits, Room
+from .margin import margin as prediction_margin
 
 KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy", "empty")
 EDGE_FRACTION = 0.10
@@ -329,6 +330,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             summary += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
         summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
                                  " What fits: {batch_scale}x the current micro-batch.")
+        _kv_fit(a, bd, ev, room_b, need, None)
         return Verdict("capacity", summary, short, [rank], None, None, ev)
     # need <= room < need + pending: the blocks freed by Python but held for other streams made the
     # difference, however few bytes they are (a small GPU or a MIG slice runs out by little)
@@ -376,13 +378,51 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
                        else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
             return Verdict("capacity", summary, decides, [rank], None, None, ev)
+        left = _kv_fit(a, bd, ev, room_b, need, fixed.get("margin_bytes"))
+        if left is not None and left < ev["kv_cache_growth_per_token_bytes"]:
+            # generate(): the cache grows by the same bytes every token to come; a fix that leaves less than one
+            # token's growth beyond the failed request and the margin does not carry the generation on
+            summary += (" Simulated with {defragmented_config}, it " + outcome + ": fragmentation hit first, but the "
+                        "KV cache grows {kv_cache_growth_per_token_bytes:bytes} per generated token and the fix leaves "
+                        "{kv_room_after_fix_bytes:bytes} beyond the request and the margin: the generation is at "
+                        "capacity. The cache fits {kv_cache_tokens_fit} tokens per sequence at this batch (it holds "
+                        "{kv_cache_tokens} now).")
+            return Verdict("capacity", summary, ev["kv_cache_growth_per_token_bytes"] - left, [rank], None, None, ev)
         summary += " Simulated with {defragmented_config}, it " + outcome + "."
+        if left is not None:
+            summary += (" With it the KV cache fits {kv_cache_tokens_fit} tokens per sequence at this batch "
+                        "({kv_tokens_more} more than the {kv_cache_tokens} it holds).")
         ev["defragmented_outcome_template"] = outcome
     fits = get_fits()
     summary += _fit_sentence(fits, ev, " With the recorded settings the largest micro-batch that fits is "
                                        "{largest_micro_batch}.",
                              " With the recorded settings {batch_scale}x the current micro-batch fits.")
     return Verdict("fragmentation", summary, room_b - allocated, [rank], None, "fragmentation", ev)
+
+
+def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, need: int,
+            margin_bytes: int | None) -> int | None:
+    """At an OOM inside ``generate()`` whose KV cache grows by ``kv_cache_growth_per_token_bytes`` (G) every
+    token (:func:`kv_growth_per_token`): what fits, as data in ``ev``. ``kv_room_after_fix_bytes``: room - need -
+    margin (bytes left beyond the failed request once fragmentation is gone; the margin is the fix's replay's,
+    else :func:`.margin.margin`'s); ``kv_tokens_more``: that over G (more tokens at this batch);
+    ``kv_cache_tokens``: the cache's length now (its bytes over G); ``kv_cache_tokens_fit``: the length that
+    fits at this batch, (room - margin - everything but the cache) over G; batch x tokens scale together (the
+    cache is batch x tokens x bytes per token per sequence). Returns room - need - margin, or None where G is
+    unknown or 0 (a static cache)."""
+    growth = ev.get("kv_cache_growth_per_token_bytes")
+    kv = int(bd.categories.get("kv_cache", 0))
+    if not growth or not kv:
+        return None
+    if margin_bytes is None:
+        margin_bytes = prediction_margin(a).bytes
+    ev["kv_margin_bytes"] = int(margin_bytes)
+    left = room - need - int(margin_bytes)
+    ev["kv_room_after_fix_bytes"] = max(left, 0)
+    ev["kv_tokens_more"] = max(left, 0) // growth
+    ev["kv_cache_tokens"] = kv // growth
+    ev["kv_cache_tokens_fit"] = max(room - int(margin_bytes) - (need - kv), 0) // growth
+    return left
 
 
 def _fit_sentence(fits: Fits | None, ev: dict[str, Any], whole: str, scale: str) -> str:
