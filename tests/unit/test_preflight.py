@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from oomdoctor.cli.main import main  # noqa: E402
 from oomdoctor.preflight.steps import trace_module  # noqa: E402
 from oomdoctor.preflight.tracer import AllocationTracer, run_traced  # noqa: E402
-from oomdoctor.report.preflight import Replayed, largest_micro_batch  # noqa: E402
+from oomdoctor.report.preflight import Replayed, largest_micro_batch, margin_bytes  # noqa: E402
 
 
 def _peak(events):
@@ -223,11 +223,13 @@ def _linear_job(room, fixed, per_sample, overhead, calls):
 
 
 @pytest.mark.parametrize("room,fixed,per,first,want", [
-    (1000, 100, 10, 8, 89), (1000, 100, 10, 200, 89), (1000, 950, 10, 1, 4), (1000, 1000, 10, 3, None)])
+    # the room keeps margin_bytes(1000) = 35 free: 100 + 10 n + 5 <= 965 up to n = 86 (89 replays without OOM)
+    (1000, 100, 10, 8, 86), (1000, 100, 10, 200, 86), (1000, 950, 10, 1, 1), (1000, 1000, 10, 3, None)])
 def test_largest_micro_batch_is_traced_and_the_next_is_not(room, fixed, per, first, want):
     calls: list[int] = []
     at = _linear_job(room, fixed, per, 5, calls)
     got, seen = largest_micro_batch(at, at(first), room)
+    assert margin_bytes(room) == 35
     assert got == want
     if want is not None:
         assert want in calls and want + 1 in calls  # both sides traced, never a fit above what replays
@@ -260,7 +262,7 @@ def test_ddp_adds_its_buckets_and_output_clones(tiny_gpt2, capsys):
 
 def test_python_api_answers_for_any_module():
     """``oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)``: the package is callable; the largest
-    micro-batch is a traced size that replays, and the next size was traced and runs out."""
+    micro-batch is a traced size that replays with the margin free, and the next size was traced and does not."""
     import oomdoctor
     from oomdoctor.preflight.snapshot import CUDA_CONTEXT_BYTES
 
@@ -278,8 +280,11 @@ def test_python_api_answers_for_any_module():
     assert a.oom is False and a.breakdown["parameters"] == (512 * 512 + 512) * 2 * 4
     n = a.largest_micro_batch
     assert n is not None and n > 64
-    traced = {t["micro_batch"]: t["oom"] for t in a.micro_batch_traces}
-    assert traced[n] is False and traced[n + 1] is True
+    traced = {t["micro_batch"]: t for t in a.micro_batch_traces}
+    limit = a.room_bytes - a.largest_micro_batch_margin_bytes  # the size that fits keeps the margin free
+    assert a.largest_micro_batch_margin_bytes == margin_bytes(a.room_bytes) > 0
+    assert not traced[n]["oom"] and traced[n]["peak_reserved_bytes"] <= limit
+    assert traced[n + 1]["oom"] or traced[n + 1]["peak_reserved_bytes"] > limit
 
 
 def _ops_traced(monkeypatch, job):

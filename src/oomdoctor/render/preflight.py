@@ -56,6 +56,7 @@ def render_preflight_text(a: Any) -> str:
     if a.largest_micro_batch_method == "traced":
         lines.append("largest micro-batch that fits: " + (str(a.largest_micro_batch) if a.largest_micro_batch
                                                           else "none found within the traces spent")
+                     + f", keeping {format_bytes(a.largest_micro_batch_margin_bytes)} free for the trace's error"
                      + " (traced at " + ", ".join(str(t["micro_batch"]) + (" OOM" if t["oom"] else "")
                                                   for t in a.micro_batch_traces) + ")")
     lines += ["", f"at the peak allocated ({a.breakdown_at.get('phase')}, step {a.breakdown_at.get('step')}):"]

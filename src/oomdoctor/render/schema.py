@@ -686,9 +686,12 @@ _PREFLIGHT_FIELDS = {
     "oom": "the replay ran out of the room",
     "oom_request_bytes": "the request that did not fit (bytes), null without an OOM",
     "micro_batch": "the micro-batch traced (null: a script's or a batch_fn's own)",
-    "largest_micro_batch": "the largest traced micro-batch that replays without OOM, the next traced one "
-                           "running out (null: not searched)",
+    "largest_micro_batch": "the largest traced micro-batch that replays without OOM and with "
+                           "largest_micro_batch_margin_bytes to spare, the next traced one not (null: not searched)",
     "largest_micro_batch_method": "'traced' or 'not searched'",
+    "largest_micro_batch_margin_bytes": "what largest_micro_batch keeps free of the room: its replay's peak reserved "
+                                        "is at most room_bytes less this (3.5% of the room, preflight's largest "
+                                        "measured error on peak reserved; bytes; 0: not searched)",
     "micro_batch_traces": "every trace: micro_batch, peak_allocated_bytes, peak_reserved_bytes, oom, trace_wall_s",
     "breakdown": "bytes per category at the peak allocated (parameters, gradients, optimizer_state, activations, "
                  "temporaries, ...); they add up to breakdown_at.allocated_bytes",
