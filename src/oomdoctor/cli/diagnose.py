@@ -44,6 +44,9 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
 @click.option("--demo", is_flag=True, help=f"Diagnose a real snapshot shipped with oomdoctor ({DEMO_SNAPSHOT}).")
 @click.option("--micro-batch", type=click.IntRange(min=1), default=None,
               help="The per-device micro-batch of the recorded run: say the largest that fits (replayed).")
+@click.option("--gpu-memory", default=None,
+              help="The GPU's total memory (bytes, or with a unit: 80GiB), for a snapshot that does not say it "
+                   "(recorded without oomdoctor run, and no OOM): what fits is then replayed in it.")
 @click.option("--material-fraction", type=click.FloatRange(min=0, max=1), default=DEFAULT_FRACTION, show_default=True,
               help="Findings under this fraction of peak reserved (and under --material-bytes) are shown as LOW.")
 @click.option("--material-bytes", default="64MiB", show_default=True,
@@ -56,20 +59,21 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
                    f"{GROUPED_RANKS} ranks, alike ranks are grouped by default).")
 @parallel_options
 def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, micro_batch: int | None,
-            material_fraction: float, material_bytes: str, fail_on: str | None, all_ranks: bool, jobs: int | None,
+            gpu_memory: str | None, material_fraction: float, material_bytes: str, fail_on: str | None, all_ranks: bool, jobs: int | None,
             executor: str, scheduler: str | None) -> int:
     """Diagnose snapshot files or directories (one file per rank) of a failing or bloated run."""
     rule = Materiality(material_fraction, parse_bytes(material_bytes))
+    gpu_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
     inputs = inputs_or_demo(paths, demo, "diagnose")
     if fmt == "html":
         from ..render.html import render_html  # jinja2 and the page's views: only for --format html
         from .page import job_page
 
         report, visual = job_page(inputs, micro_batch=micro_batch, rule=rule, jobs=jobs, executor=executor,
-                                  scheduler=scheduler)
+                                  scheduler=scheduler, gpu_memory_bytes=gpu_bytes)
         text = render_html(report, visual)
     else:
-        results = read_job(inputs, lambda n: Want(micro_batch, rule), jobs=jobs, executor=executor,
+        results = read_job(inputs, lambda n: Want(micro_batch, rule, gpu_memory_bytes=gpu_bytes), jobs=jobs, executor=executor,
                            scheduler=scheduler)
         report = job_report(results)
         if fmt == "json":

@@ -11,12 +11,12 @@ from .inputs import read_job
 
 
 def job_page(inputs: list[str], *, micro_batch: int | None = None, rule: Materiality = Materiality(),
-             jobs: int | None, executor: str, scheduler: str | None):
+             jobs: int | None, executor: str, scheduler: str | None, gpu_memory_bytes: int | None = None):
     """``(report, visual)`` of ``inputs`` for :func:`~oomdoctor.render.html.render_html`."""
     def want(n: int) -> Want:
         if n <= PAGE_RANKS:
-            return Want(micro_batch, rule, view_moments=moments_per_rank(n))
-        return Want(micro_batch, rule, heat_buckets=HEAT_READ)
+            return Want(micro_batch, rule, view_moments=moments_per_rank(n), gpu_memory_bytes=gpu_memory_bytes)
+        return Want(micro_batch, rule, heat_buckets=HEAT_READ, gpu_memory_bytes=gpu_memory_bytes)
 
     results = read_job(inputs, want, jobs=jobs, executor=executor, scheduler=scheduler)
     report = job_report(results)
@@ -24,7 +24,8 @@ def job_page(inputs: list[str], *, micro_batch: int | None = None, rule: Materia
         return report, Visual(ranks=[r.view for r in results])
     shown = set(page_ranks(report))
     tasks = [r.task for r in results if r.rank in shown]
-    again = map_ranks(tasks, Want(micro_batch, rule, view_moments=moments_per_rank(len(tasks))), jobs=jobs,
+    again = map_ranks(tasks, Want(micro_batch, rule, view_moments=moments_per_rank(len(tasks)),
+                                  gpu_memory_bytes=gpu_memory_bytes), jobs=jobs,
                       executor=executor, scheduler=scheduler)
     rank_of = {r.task.path: r.rank for r in results}
     views = []

@@ -103,7 +103,8 @@ def device_room(a: DeviceAnalysis) -> Room:
         from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 
         outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if (meta.get("world_size") or 1) > 1 else 0)
-        return Room(total - outside, "estimated", "the GPU's total memory less the CUDA context"
+        given = " (given with --gpu-memory)" if meta.get("gpu_total_memory_given") else ""
+        return Room(total - outside, "estimated", f"the GPU's total memory{given} less the CUDA context"
                     + (" and NCCL's buffers" if outside > CUDA_CONTEXT_BYTES else "") + " (planner constants)")
     return Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")
 

@@ -58,6 +58,8 @@ class Want:
         view_moments: the moments of the HTML flame graph per rank (0: no view).
         tracks: Perfetto counter tracks.
         heat_buckets: allocated bytes over the rank's own time in this many buckets, each its maximum (0: none).
+        gpu_memory_bytes: the GPU's total memory (bytes), given by the user for a snapshot that does not say it
+            (no sidecar, no OOM): what fits is then replayed in it (:func:`oomdoctor.report.fits.device_room`).
     """
 
     micro_batch: int | None = None
@@ -65,6 +67,7 @@ class Want:
     view_moments: int = 0
     tracks: bool = False
     heat_buckets: int = 0
+    gpu_memory_bytes: int | None = None
 
 
 @dataclass
@@ -133,6 +136,9 @@ def rank_result(task: RankTask, want: Want) -> RankResult:
             trace.meta["rank"] = task.fallback_rank
             trace.warnings.append(f"rank not found in the file name or a sidecar: numbered {task.fallback_rank} "
                                   "by path order")
+    if want.gpu_memory_bytes is not None and not isinstance(trace.meta.get("gpu_total_memory_bytes"), int):
+        trace.meta["gpu_total_memory_bytes"] = want.gpu_memory_bytes  # the sidecar's fact, given by the user
+        trace.meta["gpu_total_memory_given"] = True
     a = analyse(trace)
     got = summarize_analysis(a, RankContext(want.micro_batch, want.rule))
     out = RankResult(task, rank=got.rank, report=got.report, profile=got.profile)
