@@ -27,11 +27,8 @@ allocated afresh, in address order, so the what-if layout is that config's own.
 
 from __future__ import annotations
 
-import gc
 import time
 from bisect import bisect_left, insort
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +38,7 @@ from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START,
 from ..analysis.rounding import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, round_size
 from ..analysis.timeline import reserved_series
 from ..errors import OomdoctorError
+from ..trace.load import gc_paused
 from ..trace.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -175,26 +173,10 @@ class Prepared:
     external_start: int = 0  # bytes of private-pool segments alive at the trace's start
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector waits while a replay is prepared or runs: both create objects by
-    the hundred thousand (ops, blocks) while the trace's own objects are alive, and the collections this
-    triggers scanned all of them again (on ``large``, 271k events: 0.3-0.6 s of a 0.4 s ``prepare``,
-    a gen-2 collection among them; issue 38). Nothing they create needs collecting before they return
-    (the model's blocks form cycles, prev <-> next, collected once the replay's result is dropped)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def prepare(trace: Trace, device: DeviceTrace | None = None, lt: Lifetimes | None = None) -> Prepared:
     """Classify the events of ``device`` (default: the trace's primary device) into replay operations.
     ``lt``: its lifetimes when already computed. Pure; O(events)."""
-    with _gc_paused():
+    with gc_paused():  # objects by the hundred thousand (ops, blocks) beside the trace's: issue 38
         return _prepare(trace, device, lt)
 
 
@@ -490,7 +472,7 @@ def replay(prepared: Prepared, config: AllocatorConfig | None = None, *, deferre
     compares the simulated segment entries and reserved bytes with the recording.
     Raises :class:`SimulationError` for the ``cudaMallocAsync`` backend or an unknown mode.
     """
-    with _gc_paused():
+    with gc_paused():
         return _replay(prepared, config, deferred_frees, capacity, validate)
 
 

@@ -157,7 +157,7 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
     # The collector stays paused from the first entry unpickled to the last column built, and the decoded
     # entries are dropped before it resumes: resuming with them alive made the first young collection
     # scan all of them (about 0.15 s of the 28 MB `large` snapshot's 1.5 s, docs/benchmarks.md).
-    with _gc_paused():
+    with gc_paused():
         drained = None
         if should_stream(p):  # a large framed pickle: its entries are turned into columns as they arrive
             obj, drained = load_streaming(p, progress)
@@ -178,7 +178,7 @@ def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
     Raises:
         SnapshotError: as :func:`load`.
     """
-    with _gc_paused():
+    with gc_paused():
         trace = build_trace(path, obj, drained)
     if meta:
         trace.meta.update(meta)
@@ -195,10 +195,12 @@ def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Unpickling a snapshot creates millions of small dicts and lists; the cyclic garbage collector
-    would scan them again and again while they are created (more than doubling the time). None of
-    them can form a cycle worth collecting here, so collection waits until the trace is built."""
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector waits inside the block, and is enabled again after it if it was before.
+    Unpickling a snapshot creates millions of small dicts and lists; the collector would scan them again and
+    again while they are created (more than doubling the time). None of them can form a cycle worth
+    collecting here, so collection waits until the trace is built. The replay's ``prepare`` and loop use it
+    for the same reason (:mod:`oomdoctor.simulate.replay`)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
