@@ -35,6 +35,7 @@ from .model import (
     StackTable,
     Trace,
 )
+from .reader import no_segments
 
 _STATES = {
     "active_allocated": BLOCK_ALLOCATED,
@@ -69,8 +70,7 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
         raise SnapshotError(path, f"is a {type(obj).__name__}, not a memory snapshot (expected a dict with "
                                   "'segments' and 'device_traces')")
     if "segments" not in raw:
-        keys = ", ".join(sorted(map(str, raw))[:8]) or "none"
-        raise SnapshotError(path, f"is not a memory snapshot: no 'segments' key (keys: {keys})")
+        raise SnapshotError(path, no_segments(raw))
     segs, traces = raw.get("segments"), raw.get("device_traces", [])
     if not isinstance(segs, list):
         raise SnapshotError(path, f"'segments' is a {type(segs).__name__}, expected a list")

@@ -208,6 +208,12 @@ def _head_decompressed(head: bytes) -> bytes | None:
 SNIFF_WALK_MIN_BYTES = 64 << 20
 
 
+def no_segments(obj: dict) -> str:
+    """Why a dict without ``segments`` is no snapshot, naming its first keys (a metrics or ground-truth JSON)."""
+    keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+    return f"is not a memory snapshot: no 'segments' key (keys: {keys})"
+
+
 def sniff(path: str, walk: bool = True) -> str | None:
     """Why ``path`` is plainly not a snapshot, read from its first MiB only (after decompression), or None
     when it may be one. Used on the files a directory holds beside the snapshots (checkpoints, metrics,
@@ -233,8 +239,7 @@ def sniff(path: str, walk: bool = True) -> str | None:
         except (UnicodeDecodeError, ValueError, RecursionError):
             return None  # the load says what is wrong with it
         if isinstance(obj, dict) and "segments" not in obj:  # as trace/build.py refuses it
-            keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
-            return f"is not a memory snapshot: no 'segments' key (keys: {keys})"
+            return no_segments(obj)
     if not walk:
         return None
     data = _head_decompressed(head)
