@@ -563,19 +563,14 @@ def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarr
         if len(prof) >= 2:
             s = distinct(np.searchsorted(t, np.array(prof), side="left"))
             return Steps(s[s < n], "annotations", len(s) - 1)
-        opt_end = sorted(a.time_us for a in annotations_named(dt, OPTIMIZER_STEP) if a.stage == "END")
-        if opt_end:
-            ends = np.searchsorted(t, np.array(opt_end), side="right")
+        # each Optimizer.step# scope ends a step; without any (a torch.compile-d step() runs without it, PyTorch's
+        # recipe), zero_grad's scopes do: one per iteration, before or after the update
+        scope_end = (sorted(a.time_us for a in annotations_named(dt, OPTIMIZER_STEP) if a.stage == "END")
+                     or sorted(a.time_us for a in annotations_named(dt, OPTIMIZER_ZERO_GRAD) if a.stage == "END"))
+        if scope_end:
+            ends = np.searchsorted(t, np.array(scope_end), side="right")
             s = distinct(np.concatenate(([0], ends)))
-            return Steps(s[s < n], "annotations", len(opt_end))
-        # no step scope (a torch.compile-d step() runs without Optimizer.step#, PyTorch's recipe), but zero_grad's
-        # scope is still recorded: one per iteration, before or after the update, so each one ends a step
-        zero_end = sorted(a.time_us for a in dt.annotations
-                          if a.stage == "END" and a.name.startswith(OPTIMIZER_ZERO_GRAD))
-        if zero_end:
-            ends = np.searchsorted(t, np.array(zero_end), side="right")
-            s = np.unique(np.concatenate(([0], ends)))
-            return Steps(s[s < n], "annotations", len(zero_end))
+            return Steps(s[s < n], "annotations", len(scope_end))
     if allocs.size == 0:
         return None
     o = smoothed == OPTIMIZER_PHASE
