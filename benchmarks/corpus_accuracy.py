@@ -57,6 +57,8 @@ def sweep(job: str, run: str = "") -> tuple[int, int] | None:
 # Runs whose settings differ from their job's sweep: the sweep says nothing of their answer.
 NOT_THE_SWEPT_SETTING = {
     "trainer-ddp-gpt2-checkpointing-b88": "gradient checkpointing on; the sweep ran without it",
+    "trainer-ddp-gpt2-eval-accumulate": "an evaluation that keeps every batch's logits runs out at any training "
+                                        "micro-batch; the sweep trained without evaluation",
 }
 
 
