@@ -26,20 +26,69 @@ from oomdoctor.trace import load_ranks
 CORPUS = Path(__file__).resolve().parents[1] / "docs" / "corpus"
 
 
-def sweep(job: str) -> tuple[int, int] | None:
+def sweep_rows(job: str, run: str) -> list[dict]:
+    """The job's sweep records (``<job>-sweep.jsonl`` and ``-sweep-extra.jsonl``; the new kinds' sweeps, of their
+    ``small`` size only, are the rows of ``new-kinds-small-sweep.jsonl`` with the job's kind). Empty when none."""
     rows = []
     for name in (f"{job}-sweep.jsonl", f"{job}-sweep-extra.jsonl"):
         p = CORPUS / name
         if p.exists():
             rows += [json.loads(ln) for ln in p.read_text().splitlines()]
+    if job.startswith("new-kinds-") and run.endswith("-small"):
+        kind = job.removeprefix("new-kinds-")
+        rows += [r for r in (json.loads(ln) for ln in (CORPUS / "new-kinds-small-sweep.jsonl").read_text().splitlines())
+                 if r.get("kind") == kind]
     for r in rows:  # a run whose rank 0 was stopped before writing its truth: the batch is in the run's name
         if "batch" not in r:
             r["batch"] = int(re.search(r"-b(\d+)$", r["run"]).group(1))
+    return rows
+
+
+def sweep(job: str, run: str = "") -> tuple[int, int] | None:
+    """(largest micro-batch that ran below the first that ran out, first that ran out), or None."""
+    rows = sweep_rows(job, run)
     bad = [r["batch"] for r in rows if r["exit_code"] != 0]
     if not rows or not bad:
         return None
     first = min(bad)
     return max(r["batch"] for r in rows if r["exit_code"] == 0 and r["batch"] < first), first
+
+
+# Runs whose settings differ from their job's sweep: the sweep says nothing of their answer.
+NOT_THE_SWEPT_SETTING = {
+    "trainer-ddp-gpt2-checkpointing-b88": "gradient checkpointing on; the sweep ran without it",
+    "trainer-ddp-gpt2-eval-accumulate": "an evaluation that keeps every batch's logits runs out at any training "
+                                        "micro-batch; the sweep trained without evaluation",
+}
+
+
+def answer(rep) -> tuple[int | None, str]:
+    """The job's answer to what fits and its kind: ``replayed`` (the tightest rank's replayed largest micro-batch),
+    ``lower bound`` / ``estimate`` (rank 0's estimated one, by its ``bound``), ``none``."""
+    fits = [r.fits.largest_micro_batch for r in rep.ranks if r.fits and r.fits.largest_micro_batch]
+    if fits:
+        return min(fits), "replayed"
+    est = [(r.fits.estimated_largest_micro_batch, r.fits.bound) for r in rep.ranks
+           if r.fits and getattr(r.fits, "estimated_largest_micro_batch", None)]
+    if est:
+        got, bound = min(est)
+        return got, "lower bound" if bound == "lower" else "estimate"
+    return None, "none"
+
+
+def within_target(got: int | None, largest: int | None, first_oom: int | None, step: int | None) -> str:
+    """Issue 35's target: never above the largest micro-batch that ran, at most 5% below it, or one sweep step
+    below where the sweep is coarser (``step``: docs/corpus/sweeps.json). ``yes``, ``no (above)``,
+    ``no (N% low)``, ``unproven`` (between the largest that ran and the first OOM, not run), ``no answer``,
+    ``-`` (no sweep of this job and setting)."""
+    if largest is None:
+        return "-"
+    if got is None:
+        return "no answer"
+    if got > largest:
+        return "unproven (not run)" if first_oom is not None and got < first_oom else "no (above)"
+    low = min(0.95 * largest, largest - (step or 0))
+    return "yes" if got >= low - 1e-9 else f"no ({100 * (largest - got) / largest:.1f}% low)"
 
 
 def main() -> None:
@@ -54,6 +103,7 @@ def main() -> None:
         runs = {k: v for k, v in runs.items() if v.get("half", "in-sample") in a.half}
     if a.only:
         runs = {k: v for k, v in runs.items() if k.startswith(a.only)}
+    steps = json.loads((CORPUS / "sweeps.json").read_text())
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in runs.items():
@@ -64,10 +114,15 @@ def main() -> None:
             rank, tpath = next((r, run / f) for r, f in ((0, "ground_truth.json"), (1, "ground_truth.rank1.json"))
                                if (run / f).exists())
             truth = json.loads(tpath.read_text())
+            rows = sweep_rows(spec["job"], name)
+            gpu = next((r["gpu_total_memory_bytes"] for r in rows if r.get("gpu_total_memory_bytes")), None)
             row = {"run": name, "half": spec.get("half", "in-sample"), "expected": spec["verdict"],
                    "batch": truth["batch"], "rank": rank}
             for mode in ("trace", "recorded"):
                 traces = load_ranks([run], skipped=[])
+                for t in traces:  # a plain recording does not say the GPU's size: given as --gpu-memory would be
+                    if gpu and not isinstance(t.meta.get("gpu_total_memory_bytes"), int):
+                        t.meta["gpu_total_memory_bytes"], t.meta["gpu_total_memory_given"] = gpu, True
                 if mode == "trace":
                     for t in traces:
                         t.meta.pop("tensors", None)
@@ -92,10 +147,17 @@ def main() -> None:
                     # the job's answer: its tightest rank's (a pipeline's stages differ)
                     fits = [r.fits.largest_micro_batch for r in rep.ranks if r.fits and r.fits.largest_micro_batch]
                     row["largest_micro_batch"] = min(fits) if fits else None
+                    row["answer"], row["answer_kind"] = answer(rep)
                     row["estimated_largest_micro_batch"] = getattr(r0.fits, "estimated_largest_micro_batch", None)
                     row["expandable_largest_micro_batch"] = r0.fits.expandable_largest_micro_batch if r0.fits else None
-            sw = sweep(spec["job"])
+            sw = None if name in NOT_THE_SWEPT_SETTING or name.endswith("-expandable") else sweep(spec["job"], name)
             row["measured_largest"], row["measured_first_oom"] = sw if sw else (None, None)
+            row["sweep_step"] = steps.get(spec["job"]) if sw else None
+            row["within_target"] = within_target(row["answer"], row["measured_largest"], row["measured_first_oom"],
+                                                 row["sweep_step"])
+            if name in NOT_THE_SWEPT_SETTING or name.endswith("-expandable"):
+                row["within_target_note"] = NOT_THE_SWEPT_SETTING.get(name, "expandable_segments:True; the sweep ran "
+                                                                                "with the default allocator")
             out.append(row)
     print("| run | half | verdict (expected) | params | grads | optimizer | largest micro-batch (measured: largest, "
           "first OOM) |")
@@ -112,6 +174,18 @@ def main() -> None:
               f"{pct(r['trace_optimizer_state_error'])} | {fit}{meas} |")
     right = sum(r["verdict"] == r["expected"] for r in out)
     print(f"\nverdicts right: {right} of {len(out)}")
+    print("\nWhat fits against the sweeps (issue 35's target: never above the largest that ran, at most 5% or one "
+          "sweep step below it)\n")
+    print("| run | half | answer | kind | largest ran | first OOM | within target |")
+    print("|---|---|---|---|---|---|---|")
+    swept = [r for r in out if r["measured_largest"] is not None]
+    for r in swept:
+        print(f"| {r['run']} | {r['half']} | {'-' if r['answer'] is None else r['answer']} | {r['answer_kind']} | "
+              f"{r['measured_largest']} | {r['measured_first_oom']} | {r['within_target']} |")
+    for half in ("in-sample", "tuning", "held-out"):
+        h = [r for r in swept if r["half"] == half]
+        print(f"{half}: {sum(r['within_target'] == 'yes' for r in h)} of {len(h)} swept runs within target, "
+              f"{sum(r['within_target'] == 'no (above)' for r in h)} above what ran")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
 

@@ -62,7 +62,7 @@ def main() -> None:
     torch.manual_seed(0)
     mod = Stage(a.vocab, a.width, a.layers, rank == 0).to(dev, torch.bfloat16)
     opt = torch.optim.AdamW(mod.parameters(), lr=1e-4)
-    path = a.ground_truth if rank == 0 or not a.ground_truth else a.ground_truth.replace(".json", ".rank{rank}.json")
+    path = a.ground_truth if rank == 0 or not a.ground_truth else a.ground_truth.replace(".json", f".rank{rank}.json")
     truth = GroundTruth(path, batch=a.batch, micro_batches=a.micro_batches, schedule="1F1B", seq=a.seq,
                         stage=rank, framework="torch.distributed.pipelining").install()
     stage = PipelineStage(mod, stage_index=rank, num_stages=2, device=dev)

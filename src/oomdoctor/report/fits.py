@@ -29,7 +29,8 @@ replayed as it is (the pass's peak is not in it: replaying such a trace once sai
 out of memory); it gets a lower bound, said as one (``bound``: ``"lower"``), with its assumptions
 (:func:`_first_forward_estimate`): what surely fits, never the recorded micro-batch or more.
 An OOM inside ``generate()`` or evaluation is not sized (what the loop would still have made is not in
-the trace).
+the trace); a run that generates and finished gets a lower bound from its peak reserved scaled with the batch
+(:func:`_generation_estimate`), not a replay.
 Where PyTorch's counters say the job's peak was above the recorded window's (a ring buffer dropped it), the
 answer is held to the job's peak (:func:`job_peak_bound`); a trace starting mid-job without counters says that
 the peaks before it are not known.
@@ -323,6 +324,56 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     return True
 
 
+def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits,
+                         inputs: dict[str, int | None]) -> bool:
+    """What fits for a run that generates (``generate()``) and finished: a lower bound, not a replay (issue 35).
+
+    A replay of one batch's generation scaled to another does not reproduce where the concatenated KV cache
+    fragments (see :func:`fits`), but the job's own peak reserved ``P`` (the job's counters where the window
+    missed it, :func:`oomdoctor.analysis.jobpeak.job_peak`) holds that fragmentation at the recorded batch. At a
+    fixed prompt and ``max_new_tokens`` every byte of it above the blocks that do not grow with the batch
+    (``fixed``: alive at the peak allocated and not ``batch_scaled``: parameters, buffers) is taken to grow in
+    proportion to the batch: the cache is batch x tokens x bytes per token, and the cached-but-free blocks at
+    the peak are that cache's earlier, one token shorter, copies (``torch.cat`` in ``DynamicLayer.update``), so
+    the fragmentation is charged to the batch too. Scale ``s = (room - margin - fixed) / (P - fixed)``, floored
+    to a whole micro-batch; ``margin``: the prediction margin (:mod:`.margin`). Measured on the corpus's
+    ``generate-mha`` / ``generate-gqa`` runs that finished (docs/diagnose.md): 3310 where 3328 ran and 3584 ran out,
+    10714 and 10745 where 10752 ran and 11264 ran out; their reserved / allocated ratio at the peak is 1.48 at
+    8704, 10752 and 11264 alike. Not for a trace cut by an OOM (the tokens still to come are not in it) or
+    one starting mid-job without PyTorch's counters (its peak may be missing). Fills ``out``'s estimate
+    (``bound``: ``"lower"``); returns False where it says nothing."""
+    if a.oom_events.size or room.bytes is None:
+        return False
+    jp = job_peak(a)
+    if jp.source == "unknown-before-window":
+        return False
+    lt, acc = a.lifetimes, a.accounting
+    alive = lt.allocated_mask(a.peak_allocated[1])
+    fixed = int(lt.size[alive & ~acc.batch_scaled].sum())
+    peak = max(a.peak_reserved[0], jp.job_peak_reserved_bytes or 0)
+    if peak <= fixed:
+        return False
+    margin = _with_prediction_margin(out, a, job_margin(a)[0], inputs=inputs)
+    s = (room.bytes - margin - fixed) / (peak - fixed)
+    if s <= 0:
+        return False
+    if micro_batch:  # a whole micro-batch, never rounded up
+        out.estimated_largest_micro_batch = int(math.floor(s * micro_batch + 1e-6)) or None
+        s = (out.estimated_largest_micro_batch or 0) / micro_batch
+    if s <= 0:
+        return False
+    out.estimated_batch_scale = math.floor(s * 1000 + 1e-6) / 1000
+    out.bound = "lower"
+    out.assumptions = [
+        "the prompt length and max_new_tokens stay as recorded",
+        "every reserved byte of the peak above the blocks that do not grow with the batch grows in proportion to "
+        "the batch: the KV cache, the logits, and the cache's cached earlier copies (its fragmentation)",
+    ]
+    out.notes.append("generate() is not replayed (where its concatenated KV cache fragments decides where a larger "
+                     "batch runs out): what fits is a lower bound from the job's peak reserved, scaled with the batch")
+    return True
+
+
 def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> tuple[bool, int]:
     """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
     (the same OOM, or none)? Predictions are only as good as that. Also the replay's largest reserved
@@ -401,6 +452,8 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
                          "replayed; diagnose a run that finished, with --micro-batch")
         return out
     if np.any(a.phases.phase == GENERATION_PHASE):
+        if _generation_estimate(a, room, micro_batch, out, inputs):
+            return out
         out.notes.append("generate() grows its KV cache one token at a time by concatenation, and the caching "
                          "allocator's fragmentation of those caches decides where a larger batch runs out; a replay "
                          "of one batch's generation scaled to another does not reproduce it, so "
