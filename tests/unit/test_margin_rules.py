@@ -118,7 +118,7 @@ def test_the_verdict_is_fragmentation_only_when_the_fix_gets_through_with_margin
     assert v.evidence["fix_at_edge"] is (kind == "capacity")
     if kind == "capacity":  # what the spare room lacks of the margin; fragmentation hit first
         assert v.bytes == 1 and v.evidence["margin_bytes"] == outside
-        assert "fragmentation hit first" in fill(v.summary, v.evidence)
+        assert "fragmentation-hit-first" in v.reasons and "at-edge-without-it" in v.reasons
 
 
 def test_the_jobs_answer_to_what_fits_is_its_tightest_rank():
@@ -126,14 +126,14 @@ def test_the_jobs_answer_to_what_fits_is_its_tightest_rank():
     from oomdoctor.report.verdict import Verdict, with_tightest_rank
 
     def v():
-        return Verdict("capacity", "s", 1, [1], evidence={"largest_micro_batch": 30})
+        return Verdict("capacity", 1, [1], evidence={"largest_micro_batch": 30})
 
     stages = {0: Fits(1, "t", largest_micro_batch=26), 1: Fits(1, "t", largest_micro_batch=30), 2: None}
     got = with_tightest_rank(v(), stages)
     assert got.evidence["largest_micro_batch"] == 26 and got.evidence["largest_micro_batch_rank"] == 0
     got = with_tightest_rank(v(), {1: Fits(1, "t", largest_micro_batch=30), 0: Fits(1, "t", largest_micro_batch=31)})
     assert got.evidence == {"largest_micro_batch": 30}  # its own rank is the tightest: unchanged
-    healthy = Verdict("healthy", "s", 1, [0])
+    healthy = Verdict("healthy", 1, [0])
     assert with_tightest_rank(healthy, stages).evidence == {}  # says nothing of what fits: nothing added
 
 

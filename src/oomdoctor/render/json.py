@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
 from .format import fill
+from .words import verdict as words
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..analysis.fragmentation import Anatomy
@@ -26,13 +27,14 @@ def anatomy_dict(an: Anatomy | None) -> dict[str, Any] | None:
 
 
 def verdict_dict(v) -> dict[str, Any] | None:
-    """A verdict with its summary and actions filled in."""
+    """A verdict with its summary and actions in words (:mod:`.words.verdict`), then its ``reasons`` and ``to_do``
+    (the ids they are said from)."""
     if v is None:
         return None
     d = asdict(v)
-    d["summary"] = fill(v.summary, v.evidence)
-    d["actions"] = [fill(x, v.evidence) for x in v.actions]
-    return d
+    return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
+            "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": d["evidence"],
+            "actions": words.actions(v), "reasons": d["reasons"], "to_do": d["to_do"]}
 
 
 def report_dict(report: Report) -> dict[str, Any]:
