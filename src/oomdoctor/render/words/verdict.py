@@ -40,14 +40,6 @@ def _peak_words(r: set[str], ev: dict[str, Any]) -> tuple[str, str, str]:
     return reserved, allocated, unknown
 
 
-def _healthy(r: set[str]) -> str:
-    if "final-state-only" in r:
-        return ("final state only, without allocation history: {allocated_bytes:bytes} allocated, "
-                "{reserved_bytes:bytes} reserved, no OOM recorded; record with "
-                "torch.cuda.memory._record_memory_history(max_entries=100000) to see what happened.")
-    return ""
-
-
 def _fit(r: set[str], kind: str) -> str:
     """What fits (reasons ``fit-*``); a fragmentation verdict says it is with the recorded settings."""
     if "fit-micro-batch" in r:
@@ -133,7 +125,9 @@ def summary_template(v: Verdict) -> str:
         return ("out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} allocated; the GPU's room "
                 "is unknown, so capacity cannot be told from fragmentation.")
     if "final-state-only" in r:
-        out = _healthy(r)
+        out = ("final state only, without allocation history: {allocated_bytes:bytes} allocated, "
+               "{reserved_bytes:bytes} reserved, no OOM recorded; record with "
+               "torch.cuda.memory._record_memory_history(max_entries=100000) to see what happened.")
     else:
         opening = "no OOM; " if "material-findings" in r else NO_MATERIAL
         reserved, allocated, unknown = _peak_words(r, ev)
