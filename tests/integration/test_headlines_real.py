@@ -10,7 +10,8 @@ import pytest
 
 from oomdoctor import load
 from oomdoctor.cli.main import main
-from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.render.format import format_bytes
+from oomdoctor.render.words import predict as predict_words
 from oomdoctor.render.words import verdict as verdict_words
 from oomdoctor.simulate.whatif import simulate
 
@@ -51,7 +52,8 @@ def test_diagnose_and_simulate_give_one_peak_for_expandable_segments(snapshots, 
     # the words: the same 34.78 GiB in both commands' text and in the verdict's sentence
     said = format_bytes(37_339_791_360)
     assert said == "34.78 GiB"
-    assert f"with a peak reserved of {said}" in fill(p["outcome"], p)
+    assert p["outcome"] == "step-completed"
+    assert f"with a peak reserved of {said}" in predict_words.outcome(p)
     assert said in _out(["simulate", str(snapshots / FRAG), "--config", EXPANDABLE], capsys, monkeypatch)
     text = " ".join(_out(["diagnose", str(snapshots / FRAG)], capsys, monkeypatch).split())
     assert f"peak reserved of {said}" in text

@@ -16,7 +16,7 @@ from builder import MiB, SnapBuilder
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
-from oomdoctor.render.format import fill
+from oomdoctor.render.words import predict as predict_words
 from oomdoctor.report.fits import fits
 from oomdoctor.report.margin import Margin, at_edge, margin, outside_allocator
 from oomdoctor.report.pipeline import report_of
@@ -105,7 +105,8 @@ def test_a_fix_that_gets_through_inside_the_margin_is_at_the_edge(tmp_path, outs
     assert pred["margin"] == {"step_variation_bytes": 0, "model_error_bytes": 0, "extension_bytes": 0,
                               "outside_bytes": outside, "unrecorded_bytes": 0}
     assert pred["at_edge"] is edge
-    said = fill(pred["outcome"], pred)
+    assert pred["outcome"] == "past-recorded-oom"
+    said = predict_words.outcome(pred)
     assert ("inside its margin of" in said and "(at the edge: it may still run out)" in said) is edge
     assert ("to spare (margin" in said) is not edge
 

@@ -331,23 +331,24 @@ def test_fragmentation_names_the_bytes_of_cuda_graph_pools(tmp_path):
 
 
 def test_fragmentation_says_what_the_defragmented_replay_did(tmp_path):
-    fixed = {"config": "expandable_segments:True", "reach": "step-completed",
-             "outcome": "runs with {spare:bytes} to spare", "spare": 77 * MiB}
+    fixed = {"config": "expandable_segments:True", "reach": "step-completed", "outcome": "step-completed",
+             "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB, "spare_bytes": 77 * MiB,
+             "margin_bytes": 10 * MiB, "at_edge": False}
     v, _ = judge(oom_rank(tmp_path, 384 * MiB), RESERVED + 128 * MiB, defragmented=fixed)
     assert v.kind == "fragmentation"
     ev = v.evidence
     assert ev["defragmented_config"] == "expandable_segments:True"
     assert ev["defragmented_reach"] == "step-completed"
-    # every field of the prediction is kept under fix_, and the outcome's template points at them
+    # every field of the prediction is kept under fix_; its outcome is the prediction's id
     assert all(ev[f"fix_{k}"] == x for k, x in fixed.items())
-    assert ev["defragmented_outcome_template"] == "runs with {fix_spare:bytes} to spare"
+    assert ev["defragmented_outcome_template"] == "step-completed" and "fix-simulated" in v.reasons
     text = said(v)
     assert "expandable_segments:True" in text and format_bytes(77 * MiB) in text
 
 
 def test_capacity_when_the_defragmented_step_still_runs_out(tmp_path):
-    fixed = {"config": "expandable_segments:True", "reach": "step-ran-out", "outcome": "runs out asking for "
-             "{extended_oom_requested_bytes:bytes}", "extended_oom_requested_bytes": 900 * MiB}
+    fixed = {"config": "expandable_segments:True", "reach": "step-ran-out", "outcome": "step-ran-out",
+             "extended_oom_requested_bytes": 900 * MiB}
     fits = Fits(None, "test", largest_micro_batch=2)
     v, calls = judge(oom_rank(tmp_path, 384 * MiB), RESERVED + 128 * MiB, defragmented=fixed, fits=fits)
     assert (v.kind, v.bytes, v.ranks, v.finding) == ("capacity", 900 * MiB, [RANK], None)
@@ -558,7 +559,7 @@ def test_an_oom_inside_generate_is_capacity_unless_the_fix_leaves_a_tokens_growt
     (3 more tokens): fragmentation, with the same data."""
     a = oom_rank(tmp_path, 384 * MiB)
     fixed = {"config": "expandable_segments:True", "reach": "recorded", "oom": None, "at_edge": False,
-             "outcome": "gets past the recorded OOM with {spare_bytes:bytes} to spare", "spare_bytes": 100 * MiB,
+             "outcome": "past-recorded-oom", "spare_bytes": 100 * MiB,
              "margin_bytes": 32 * MiB}
     room = RESERVED
     for growth, kind, more in ((256 * MiB, "capacity", 0), (32 * MiB, "fragmentation", 3)):

@@ -93,6 +93,15 @@ def not_simulated(setting) -> str:
             "stranded between segments (not simulated: the allocator model cannot replay this recording).")
 
 
+PAST = "gets past the recorded OOM; the rest of the step was not recorded (no complete step before it to replay)"
+
+
+def completes(peak: int, extended: int) -> str:
+    """The words of a ``step-completed`` prediction without a known room (render/words/predict.py)."""
+    return (f"gets past the recorded OOM with a peak reserved of {B(peak)}, and the rest of the step, replayed as the "
+            "previous step ran it, completes" + (f", peaking at {B(extended)}" if extended > peak else ""))
+
+
 def simulated(setting, outcome) -> str:
     return f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): simulated, it {outcome}."
 
@@ -245,16 +254,15 @@ def test_fragmentation_sentence_whole(a384, fits, tail):
 
 def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp_path):
     a = oom_rank(tmp_path, 384 * MiB, graph_pool=128 * MiB)
-    pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None,
-            "outcome": "completes (peak reserved {extended_peak_reserved_bytes:bytes})",
-            "extended_peak_reserved_bytes": 900 * MiB}
+    pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None, "outcome": "step-completed",
+            "peak_reserved_bytes": 800 * MiB, "extended_peak_reserved_bytes": 900 * MiB}
     v, _ = judge(a, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", largest_micro_batch=4))
     assert v.kind == "fragmentation"
     assert words.summary(v) == (
         FRAGMENTATION + f" {B(128 * MiB)} were reserved by CUDA graph private pools (torch.compile "
         "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot release "
-        "cached segments while a graph is being captured. Simulated with expandable_segments:True, it completes "
-        f"(peak reserved {B(900 * MiB)}). With the recorded settings the largest micro-batch that fits is 4.")
+        "cached segments while a graph is being captured. Simulated with expandable_segments:True, it "
+        + completes(800 * MiB, 900 * MiB) + ". With the recorded settings the largest micro-batch that fits is 4.")
 
 
 @pytest.mark.parametrize("fits, tail", [
@@ -262,13 +270,13 @@ def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp
     (Fits(1, "t", batch_scale=0.25), " What fits: 0.25x the current micro-batch."),
 ], ids=["whole", "scale"])
 def test_step_ran_out_sentence_whole(a384, fits, tail):
-    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None,
-            "outcome": "runs out asking for {extended_oom_requested_bytes:bytes}",
+    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None, "outcome": "step-ran-out",
             "extended_oom_requested_bytes": 900 * MiB}
     v, _ = judge(a384, FRAG_ROOM, defragmented=pred, fits=fits)
     assert v.kind == "capacity"
     assert words.summary(v) == (
-        FRAGMENTATION + f" Simulated with expandable_segments:True, it runs out asking for {B(900 * MiB)}: "
+        FRAGMENTATION + " Simulated with expandable_segments:True, it gets past the recorded OOM, but the rest of the "
+        f"step, replayed as the previous step ran it, runs out of memory asking for {B(900 * MiB)}: "
         "fragmentation hit first, but the step does not fit even without it." + tail)
 
 
@@ -422,13 +430,11 @@ def test_fragmentation_actions_through_rank_verdict(a384):
 
 
 @pytest.mark.parametrize("pred, action", [
-    ({"config": "max_split_size_mb:128", "reach": "step-completed", "oom": None,
-      "outcome": "completes (peak reserved {extended_peak_reserved_bytes:bytes})",
-      "extended_peak_reserved_bytes": 900 * MiB},
-     simulated("max_split_size_mb:128", f"completes (peak reserved {B(900 * MiB)})")),
-    ({"config": "expandable_segments:True", "reach": "recorded", "oom": None,
-      "outcome": "gets past the recorded OOM"},
-     simulated("expandable_segments:True", "gets past the recorded OOM")),
+    ({"config": "max_split_size_mb:128", "reach": "step-completed", "oom": None, "outcome": "step-completed",
+      "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB},
+     simulated("max_split_size_mb:128", completes(900 * MiB, 900 * MiB))),
+    ({"config": "expandable_segments:True", "reach": "recorded", "oom": None, "outcome": "past-recorded-oom"},
+     simulated("expandable_segments:True", PAST)),
 ], ids=["step-completed", "recorded-past"])
 def test_fragmentation_action_says_what_the_replay_did(a384, pred, action):
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred)
@@ -438,7 +444,7 @@ def test_fragmentation_action_says_what_the_replay_did(a384, pred, action):
 def test_a_fix_whose_replay_still_runs_out_is_capacity_fragmentation_hit_first(a384):
     pred = {"config": "expandable_segments:True", "reach": "recorded", "margin_bytes": 0,
             "oom": {"event_index": 5, "requested_bytes": 384 * MiB},
-            "outcome": "still out of memory, at event {oom[event_index]} of the recording"}
+            "outcome": "still-oom"}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
     assert (v.kind, v.bytes) == ("capacity", 384 * MiB) and rendered(v) == [cut(0.5)]
     assert "fragmentation hit first, but the job runs out even without it" in words.summary(v)
@@ -447,7 +453,8 @@ def test_a_fix_whose_replay_still_runs_out_is_capacity_fragmentation_hit_first(a
 @pytest.mark.parametrize("spare, kind", [(99 * MiB, "capacity"), (100 * MiB, "fragmentation")])
 def test_a_fix_that_gets_through_inside_its_margin_is_at_the_edge_and_capacity(a384, spare, kind):
     pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None,
-            "outcome": "completes", "margin_bytes": 100 * MiB, "spare_bytes": spare,
+            "outcome": "step-completed", "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB,
+            "margin_bytes": 100 * MiB, "spare_bytes": spare,
             "at_edge": spare < 100 * MiB}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
     assert v.kind == kind
@@ -457,8 +464,7 @@ def test_a_fix_that_gets_through_inside_its_margin_is_at_the_edge_and_capacity(a
 
 
 def test_step_ran_out_is_capacity_with_its_actions(a384):
-    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None,
-            "outcome": "runs out asking for {extended_oom_requested_bytes:bytes}",
+    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None, "outcome": "step-ran-out",
             "extended_oom_requested_bytes": 900 * MiB}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
     assert v.kind == "capacity" and rendered(v) == [cut(0.5)]
@@ -617,19 +623,20 @@ def test_logits_action_with_the_framework_knob_else_the_generic_advice(kind, fil
     ({}, [not_simulated("expandable_segments:True")]),
     ({"defragmented_config": "max_split_size_mb:64"}, [not_simulated("max_split_size_mb:64")]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "complete",
-      "defragmented_outcome_template": "no OOM"},  # a replay to the end, whatever else it holds
-     [simulated("expandable_segments:True", "no OOM")]),
+      "fix_outcome": "no-oom", "fix_peak_reserved_bytes": GiB},  # a replay to the end, whatever else it holds
+     [simulated("expandable_segments:True", f"no OOM, peak reserved {B(GiB)}")]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "step-completed",
-      "fix_oom": {"event_index": 3}, "defragmented_outcome_template": "completes"},
-     [simulated("expandable_segments:True", "completes")]),
+      "fix_oom": {"event_index": 3}, "fix_outcome": "step-completed", "fix_peak_reserved_bytes": GiB,
+      "fix_extended_peak_reserved_bytes": GiB},
+     [simulated("expandable_segments:True", completes(GiB, GiB))]),
     ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded", "fix_oom": None,
-      "defragmented_outcome_template": "gets past the recorded OOM"},
-     [simulated("max_split_size_mb:64", "gets past the recorded OOM")]),
+      "fix_outcome": "past-recorded-oom"},
+     [simulated("max_split_size_mb:64", PAST)]),
     ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded",
-      "fix_oom": {"event_index": 3}, "defragmented_outcome_template": "still out of memory"},
+      "fix_oom": {"event_index": 3}, "fix_outcome": "still-oom"},
      [not_enough("max_split_size_mb:64")]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "recorded",
-      "defragmented_outcome_template": "?"},  # no oom field: not said to get past
+      "fix_outcome": "past-recorded-oom"},  # no oom field: not said to get past
      [not_enough("expandable_segments:True")]),
     ({"largest_micro_batch": 2}, [not_simulated("expandable_segments:True"), or_keep(2)]),
 ], ids=["not-simulated", "not-simulated-config", "complete", "step-completed", "recorded-past", "recorded-oom",

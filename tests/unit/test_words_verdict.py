@@ -24,8 +24,8 @@ OOM_EV = {"request_bytes": 256 * MiB, "allocated_bytes": GiB, "need_bytes": GiB 
           "estimated_fit": 5, "estimate_assumptions": "a1; a2", "no_fit_reason": "the OOM is inside generate()",
           "kept_bytes": 512 * MiB, "excess_bytes": 640 * MiB, "pending_free_bytes": 96 * MiB,
           "graph_pool_bytes": 32 * MiB, "defragmented_config": "expandable_segments:True",
-          "fix_outcome": "runs with {spare:bytes} to spare", "fix_spare": 77 * MiB,
-          "defragmented_outcome_template": "runs with {fix_spare:bytes} to spare",
+          "fix_outcome": "no-oom", "fix_peak_reserved_bytes": GiB, "fix_spare_bytes": 77 * MiB,
+          "fix_margin_bytes": 20 * MiB, "fix_at_edge": False, "defragmented_outcome_template": "no-oom",
           "kv_cache_growth_per_token_bytes": 2 * MiB, "kv_room_after_fix_bytes": MiB, "kv_cache_tokens_fit": 160,
           "kv_cache_tokens": 150, "kv_tokens_more": 10, "checkpointing_frees_bytes": 300 * MiB,
           "sharding_frees_bytes": GiB, "logits_bytes": 400 * MiB, "logits_sites": "loss.py:3 in cross_entropy"}
@@ -124,7 +124,8 @@ def test_capacity(reasons, tail):
 
 FRAGMENTATION = (f"{B(192 * MiB)} were free (cached or on the device) for a request of {B(256 * MiB)}, but not in one "
                  f"piece (largest free block {B(128 * MiB)}).")
-SIMULATED = f" Simulated with expandable_segments:True, it runs with {B(77 * MiB)} to spare"
+SIMULATED = (f" Simulated with expandable_segments:True, it no OOM, peak reserved {B(GiB)} with {B(77 * MiB)} to spare "
+             f"(margin {B(20 * MiB)})")
 
 
 @pytest.mark.parametrize("kind, reasons, tail", [
@@ -193,7 +194,8 @@ ALLOC = "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CON
                                 f"{B(GiB)}."),
     (Action("alloc-conf-not-simulated"), ALLOC + " so that free memory is not stranded between segments (not "
                                                  "simulated: the allocator model cannot replay this recording)."),
-    (Action("alloc-conf-simulated"), ALLOC + f": simulated, it runs with {B(77 * MiB)} to spare."),
+    (Action("alloc-conf-simulated"), ALLOC + f": simulated, it no OOM, peak reserved {B(GiB)} with {B(77 * MiB)} to "
+                                             f"spare (margin {B(20 * MiB)})."),
     (Action("alloc-conf-not-enough"), ALLOC + " to stop stranding free memory; simulated, it is not enough here: "
                                               "lower the micro-batch too."),
     (Action("or-micro-batch-at-most"), "Or keep the default allocator with a per-device micro-batch of at most 4."),

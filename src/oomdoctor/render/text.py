@@ -15,6 +15,7 @@ from rich.text import Text
 
 from .console import hang, plain_console
 from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
+from .words import predict as predict_words
 from .words import verdict as verdict_words
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
@@ -229,7 +230,7 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {fill(p['outcome'], p)}. "
+    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {predict_words.outcome(p)}. "
             f"Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"

@@ -33,7 +33,6 @@ The job's verdict is its worst rank's: ranks that ran out of memory first, then 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -389,15 +388,9 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             return Verdict("capacity", ev["kv_cache_growth_per_token_bytes"] - left, [rank], None, None, ev, reasons)
         if left is not None:
             reasons.append("kv-fits-with-fix")
-        ev["defragmented_outcome_template"] = fix_outcome(fixed["outcome"])
+        ev["defragmented_outcome_template"] = fixed["outcome"]  # the JSON writes the words' template here
     reasons += _fit_reason(get_fits(), ev)
     return Verdict("fragmentation", room_b - allocated, [rank], None, "fragmentation", ev, reasons)
-
-
-def fix_outcome(outcome: str) -> str:
-    """A prediction's ``outcome`` template (:mod:`.predict`) over the verdict's evidence, where the prediction's
-    keys are prefixed ``fix_``."""
-    return re.sub(r"\{(\w)", r"{fix_\1", outcome)
 
 
 def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, need: int,

@@ -5,11 +5,12 @@ and ``evidence``, its actions from its ``to_do``; both are templates over the ev
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from ...frameworks import PIPELINE_KNOB, framework
-from ...report.verdict import fix_outcome
 from ..format import fill
+from . import predict as predict_words
 
 if TYPE_CHECKING:
     from ...report.verdict import Action, Verdict
@@ -18,6 +19,16 @@ NO_MATERIAL = "no OOM and no material finding; "
 ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
 MATERIAL = " The findings below are worth fixing, but none decides another verdict."
 ALLOC_CONF = "Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9)"
+
+
+def fix_prediction(ev: dict[str, Any]) -> dict[str, Any]:
+    """The prediction of the fragmentation fix a verdict's evidence holds under ``fix_`` (report/verdict.py)."""
+    return {k[4:]: x for k, x in ev.items() if k.startswith("fix_")}
+
+
+def fix_outcome_template(ev: dict[str, Any]) -> str:
+    """How the fix's replay ended (:func:`.predict.outcome_template`), as a template over the verdict's evidence."""
+    return re.sub(r"\{(\w)", r"{fix_\1", predict_words.outcome_template(fix_prediction(ev)))
 
 
 def literal(text: str) -> str:
@@ -72,7 +83,7 @@ def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
                 "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot "
                 "release cached segments while a graph is being captured.")
     if "fix-simulated" in r:
-        out += " Simulated with {defragmented_config}, it " + fix_outcome(ev.get("fix_outcome", ""))
+        out += " Simulated with {defragmented_config}, it " + fix_outcome_template(ev)
         if "step-does-not-fit" in r:
             out += ": fragmentation hit first, but the step does not fit even without it."
         elif "runs-out-without-it" in r:
@@ -175,7 +186,7 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
         return (ALLOC_CONF.format(setting=setting) + " so that free memory is not stranded between segments (not "
                 "simulated: the allocator model cannot replay this recording).")
     if a.id == "alloc-conf-simulated":
-        return ALLOC_CONF.format(setting=setting) + ": simulated, it " + ev["defragmented_outcome_template"] + "."
+        return ALLOC_CONF.format(setting=setting) + ": simulated, it " + fix_outcome_template(ev) + "."
     if a.id == "alloc-conf-not-enough":
         return (ALLOC_CONF.format(setting=setting) + " to stop stranding free memory; simulated, it is not enough "
                 "here: lower the micro-batch too.")
