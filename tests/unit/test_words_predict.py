@@ -53,3 +53,14 @@ def test_every_outcome_has_its_words():
     assert len(got) == len(OUTCOMES)
     with pytest.raises(KeyError):
         outcome({**P, "outcome": "no-such-outcome"})
+
+
+def test_every_margin_source_has_its_words():
+    from oomdoctor.render.words.margin import source
+    from oomdoctor.report.margin import SOURCES
+
+    said = [source(x) for x in SOURCES]
+    assert len(set(said)) == len(SOURCES) and all(said)
+    assert source("oom-message").startswith("the OOM message: this process's memory in use less what PyTorch reserved")
+    with pytest.raises(KeyError):
+        source("no-such-source")
