@@ -5,7 +5,8 @@ of two such directories.
 
     python benchmarks/json_identity.py record SRC OUT_DIR [--shared DIR] [--no-html]   # SRC: a checkout's src/;
     # DIR: the snapshots (default: $OOMDOCTOR_SHARED/snapshots, else ../shared/snapshots)
-    python benchmarks/json_identity.py compare BEFORE_DIR AFTER_DIR
+    python benchmarks/json_identity.py compare BEFORE_DIR AFTER_DIR [--ignore-key KEY ...]   # KEY: a JSON key the
+    # change added (removed from AFTER at every depth before comparing)
 
 ``record`` writes, per input, ``<label>.json`` (``diagnose --format json -j 1``; its exit status and stderr in
 ``<label>.json.rc``) and, for the shared snapshots, ``<label>.html`` (``--format html``); the multi-rank shared
@@ -87,7 +88,32 @@ def record(src: str, out_dir: str, shared: Path = SHARED, html: bool = True) -> 
             print(name, flush=True)
 
 
-def compare(before: str, after: str) -> int:
+def _without(x, keys: tuple[str, ...]):
+    """``x`` (parsed JSON) with every dict key in ``keys`` removed, at every depth."""
+    if isinstance(x, dict):
+        return {k: _without(v, keys) for k, v in x.items() if k not in keys}
+    if isinstance(x, list):
+        return [_without(v, keys) for v in x]
+    return x
+
+
+def _same(b: Path, a: Path, ignore: tuple[str, ...]) -> bool:
+    """Byte-identical; or, with ``ignore`` (keys a change added to the JSON), a ``.json`` output identical once those
+    keys are removed from the after side, re-written as the CLI writes it (``indent=2`` and a newline)."""
+    if filecmp.cmp(b, a, shallow=False):
+        return True
+    if not ignore or not a.name.endswith(".json"):
+        return False
+    try:
+        doc = json.loads(a.read_bytes())
+    except ValueError:
+        return False
+    return json.dumps(_without(doc, ignore), indent=2).encode() + b"\n" == b.read_bytes()
+
+
+def compare(before: str, after: str, ignore: tuple[str, ...] = ()) -> int:
+    """Every file that differs or is in one directory only; ``ignore``: JSON keys added by the change, removed from
+    the after side before comparing (``--ignore-key KEY``, repeatable)."""
     b, a = Path(before), Path(after)
     names = sorted({p.name for p in b.iterdir()} | {p.name for p in a.iterdir()})
     bad = 0
@@ -95,10 +121,11 @@ def compare(before: str, after: str) -> int:
         if not (b / n).exists() or not (a / n).exists():
             print(f"only in {'after' if not (b / n).exists() else 'before'}: {n}")
             bad += 1
-        elif not filecmp.cmp(b / n, a / n, shallow=False):
+        elif not _same(b / n, a / n, ignore):
             print(f"differs: {n}")
             bad += 1
-    print(f"{len(names) - bad} of {len(names)} files identical")
+    print(f"{len(names) - bad} of {len(names)} files identical" + (f" (ignoring keys {', '.join(ignore)})" if ignore
+                                                                    else ""))
     return 1 if bad else 0
 
 
@@ -107,7 +134,9 @@ if __name__ == "__main__":
     if len(args) >= 3 and args[0] == "record":
         shared = Path(args[args.index("--shared") + 1]) if "--shared" in args else SHARED
         record(args[1], args[2], shared, html="--no-html" not in args)
-    elif len(args) == 3 and args[0] == "compare":
-        sys.exit(compare(args[1], args[2]))
+    elif len(args) >= 3 and args[0] == "compare":
+        ignore = tuple(args[i + 1] for i, x in enumerate(args) if x == "--ignore-key" and i + 1 < len(args))
+        sys.exit(compare(args[1], args[2], ignore))
     else:
-        sys.exit("usage: json_identity.py record SRC OUT_DIR [--shared DIR] [--no-html] | compare BEFORE AFTER")
+        sys.exit("usage: json_identity.py record SRC OUT_DIR [--shared DIR] [--no-html] | compare BEFORE AFTER "
+                 "[--ignore-key KEY ...]")

@@ -12,13 +12,14 @@ wrapped object's fields read through (``diagnosis.ranks``), and the texts a user
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .render.format import fill
 from .render.html import embed, render_diff_html, render_html, render_simulation_html
 from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
+from .render.words import verdict as verdict_words
 from .report.diff import Diff
 from .report.model import Report
 from .simulate.whatif import Simulation
@@ -38,10 +39,28 @@ class _Result:
         return str(self)
 
 
+@dataclass
+class SaidVerdict:
+    """A verdict (:class:`~oomdoctor.report.verdict.Verdict`) with its ``summary`` and ``actions`` in words, as the
+    CLI prints them; the other fields are the verdict's."""
+
+    kind: str
+    summary: str
+    bytes: int
+    ranks: list[int]
+    headroom_bytes: int | None
+    finding: str | None
+    evidence: dict[str, Any]
+    actions: list[str]
+    reasons: list[str]
+    to_do: list[Any]
+
+
 def _filled_verdict(v):
     if v is None:
         return None
-    return replace(v, summary=fill(v.summary, v.evidence), actions=[fill(x, v.evidence) for x in v.actions])
+    return SaidVerdict(v.kind, verdict_words.summary(v), v.bytes, v.ranks, v.headroom_bytes, v.finding, v.evidence,
+                       verdict_words.actions(v), v.reasons, v.to_do)
 
 
 def _filled_finding(f):
@@ -60,7 +79,8 @@ class Diagnosis(_Result):
 
     @property
     def verdict(self):
-        """The job's verdict, its ``summary`` and ``actions`` rendered (a copy; ``report.verdict`` is the template)."""
+        """The job's verdict with its ``summary`` and ``actions`` in words (:class:`SaidVerdict`; ``report.verdict`` holds
+        the facts they are said from)."""
         return _filled_verdict(self.report.verdict)
 
     @property

@@ -10,7 +10,9 @@ import pytest
 
 from oomdoctor import load
 from oomdoctor.cli.main import main
-from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.render.format import format_bytes
+from oomdoctor.render.words import predict as predict_words
+from oomdoctor.render.words import verdict as verdict_words
 from oomdoctor.simulate.whatif import simulate
 
 FRAG = "fragmentation-oom/default-oom.pickle"
@@ -50,7 +52,8 @@ def test_diagnose_and_simulate_give_one_peak_for_expandable_segments(snapshots, 
     # the words: the same 34.78 GiB in both commands' text and in the verdict's sentence
     said = format_bytes(37_339_791_360)
     assert said == "34.78 GiB"
-    assert f"with a peak reserved of {said}" in fill(p["outcome"], p)
+    assert p["outcome"] == "step-completed"
+    assert f"with a peak reserved of {said}" in predict_words.outcome(p)
     assert said in _out(["simulate", str(snapshots / FRAG), "--config", EXPANDABLE], capsys, monkeypatch)
     text = " ".join(_out(["diagnose", str(snapshots / FRAG)], capsys, monkeypatch).split())
     assert f"peak reserved of {said}" in text
@@ -70,7 +73,8 @@ def test_fragmentation_under_a_memory_fraction_cap_quotes_the_cap(snapshots, fra
     assert sim.capacity.kind == "fraction" and sim.self_replay.matches_recorded
     assert (ev["room_kind"], ev["room_bytes"]) == ("fraction", sim.capacity.limit_bytes) == ("fraction", 41_269_854_208)
     assert ev["free_bytes"] == ev["room_bytes"] - ev["allocated_bytes"] - ev["pending_free_bytes"]
-    words = fill(v.summary, ev)
+    words = verdict_words.summary(v)
+    assert "fraction-cap" in v.reasons
     assert words.startswith(f"{format_bytes(ev['free_bytes'])} were free under the memory-fraction cap of 38.44 GiB")
     assert "on the device" not in words and "does not reproduce" not in words
     fits = frag.ranks[0].fits
@@ -89,10 +93,11 @@ def test_a_healthy_verdict_beside_a_medium_finding_says_so(snapshots):
     assert v.kind == "healthy"
     assert [(f.id, f.severity) for f in report.findings] == [("allgather-list", "medium")]
     assert v.evidence["material_findings"] == 1
-    words = fill(v.summary, v.evidence)
+    words = verdict_words.summary(v)
+    assert "material-findings" in v.reasons
     assert "no material finding" not in words
     assert words.endswith("The finding below is worth fixing, but it decides no other verdict.")
     assert report.ranks[0].trace_kind == "20 collectives (all_gather), no forward or backward"
     clean = oomdoctor.diagnose(str(snapshots / "allgather" / "tensor-rank0.pickle")).report
     assert clean.verdict.kind == "healthy" and "material_findings" not in clean.verdict.evidence
-    assert fill(clean.verdict.summary, clean.verdict.evidence).startswith("no OOM and no material finding; ")
+    assert verdict_words.summary(clean.verdict).startswith("no OOM and no material finding; ")

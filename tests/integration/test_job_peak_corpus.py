@@ -20,6 +20,7 @@ import pytest
 
 from oomdoctor.render.json import render_json
 from oomdoctor.render.text import render_text_plain
+from oomdoctor.render.words import verdict as verdict_words
 from oomdoctor.report import build_report
 from oomdoctor.trace import load_ranks
 
@@ -106,7 +107,8 @@ def test_the_jobs_peak_exact_with_a_sidecar_and_unknown_without(tmp_path, name, 
             assert (jr["job_peak_allocated_bytes"], jr["peak_source"]) == (None, "unknown-before-window")
             assert r.alloc_retries is None and r.alloc_retries_source == "unknown"
             assert not r.allocated_peak_missed and not r.reserved_peak_missed
-            assert "Peaks before the recorded window are not known" in r.verdict.summary
+            assert "peaks-before-window-unknown" in r.verdict.reasons
+            assert "Peaks before the recorded window are not known" in verdict_words.summary(r.verdict)
             if how == "old":  # the room is the sidecar's; without one, the GPU's size is not known
                 assert r.verdict.headroom_bytes == r.fits.room_bytes - r.peak_reserved_bytes
                 if r.fits.batch_scale is not None:

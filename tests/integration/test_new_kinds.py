@@ -31,6 +31,7 @@ from oomdoctor.analysis.schedule import in_flight
 from oomdoctor.analysis.slicing import event_window, slice_snapshot
 from oomdoctor.render.json import report_dict
 from oomdoctor.render.text import render_text_plain
+from oomdoctor.render.words import verdict as verdict_words
 from oomdoctor.report import build_report
 from oomdoctor.trace import load_ranks
 
@@ -195,7 +196,9 @@ def test_a_pipelines_micro_batches_in_flight_are_activations(where):
     assert bd.categories["outputs"] == 0 and bd.categories["activations"] > 0.95 * bd.allocated_bytes
     report = build_report(traces, micro_batch=truth["batch"])
     assert report.verdict.kind == "capacity" and report.verdict.evidence["in_flight"] == 8
-    assert any("micro-batches in flight" in x for x in report.verdict.actions)
+    assert "pipeline-in-flight" in report.verdict.reasons
+    assert report.verdict.to_do[0].id == "pipeline-schedule"
+    assert any("micro-batches in flight" in x for x in verdict_words.actions(report.verdict))
 
 
 def test_an_oom_in_the_first_forward_pass_holds_activations(where):
@@ -208,7 +211,8 @@ def test_an_oom_in_the_first_forward_pass_holds_activations(where):
     f = report.ranks[0].fits
     # a lower bound, said as one, never a replayed answer
     assert f.largest_micro_batch is None and f.estimated_largest_micro_batch is not None and f.assumptions
-    assert f.bound == "lower" and "A lower bound, not a replay" in report.verdict.summary
+    assert f.bound == "lower" and "fit-lower-bound" in report.verdict.reasons
+    assert "A lower bound, not a replay" in verdict_words.summary(report.verdict)
 
 
 def test_torch_compile_is_named_only_when_compiled_code_ran(where):
@@ -276,7 +280,7 @@ def test_a_claim_never_reaches_past_what_was_replayed(where):
     and says so; with a complete step before it, the rest of the step is replayed as that step ran."""
     _, truth, traces = analysis_of(where, "generate-mha-b3584")
     v = build_report(traces, micro_batch=truth["batch"]).verdict
-    assert v.evidence["defragmented_reach"] == "recorded" and "the rest of the step was not recorded" in v.summary
+    assert v.evidence["defragmented_reach"] == "recorded" and "the rest of the step was not recorded" in verdict_words.summary(v)
     _, truth, traces = analysis_of(where, "deepspeed-z1-gpt2-b120")
     v = build_report(traces, micro_batch=truth["batch"]).verdict
     assert v.kind == "fragmentation" and v.evidence["defragmented_reach"] == "step-completed"

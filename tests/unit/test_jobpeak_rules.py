@@ -17,6 +17,7 @@ from oomdoctor.detectors import cache_flush as cf
 from oomdoctor.render.format import fill
 from oomdoctor.render.json import render_json
 from oomdoctor.render.text import render_text_plain
+from oomdoctor.render.words import verdict as words
 from oomdoctor.report import build_report
 from oomdoctor.report.fits import Fits, job_peak_bound
 from oomdoctor.trace.load import from_snapshot
@@ -146,7 +147,8 @@ def test_the_verdicts_headroom_and_edge_use_the_jobs_peak():
     # the trace's one material finding decides no verdict: said, not denied (issue 37)
     material = [f.id for f in _report(meta).findings if f.severity in ("medium", "high", "critical")]
     assert v.evidence["material_findings"] == len(material) == 1
-    assert fill(v.summary, v.evidence) == (
+    assert v.reasons == ["room-known", "reserved-window-missed", "allocated-window-missed", "material-findings"]
+    assert words.summary(v) == (
         "no OOM; peak reserved 5.20 GiB (the job's, PyTorch's counters, from the sidecar; the "
         "recorded window's peak was 5.00 GiB: the window missed it) of the 6.00 GiB the allocator could use on this "
         "GPU (824.00 MiB headroom), peak allocated 5.00 GiB (the job's; the recorded window's peak was 1.02 GiB: the "
@@ -154,7 +156,7 @@ def test_the_verdicts_headroom_and_edge_use_the_jobs_peak():
     # with less room the job's peak is at the edge where the window's is not
     meta["device_free_bytes"] = GiB // 2 + 100 * MiB  # room 5.6 GiB: 7.2% left by the job, 10.7% by the window
     v = _report(meta).ranks[0].verdict
-    assert v.summary.startswith("at the edge: ") and v.evidence["headroom_percent"] == round(
+    assert "at-edge" in v.reasons and v.evidence["headroom_percent"] == round(
         100 * (412 * MiB) / (5 * GiB + 612 * MiB), 1)
 
 
@@ -164,7 +166,8 @@ def test_without_counters_the_verdict_and_the_text_say_peaks_before_the_window_a
     assert (r.peak_source, r.job_peak_allocated_bytes) == ("unknown-before-window", None)
     assert ("Peaks before the recorded window are not known (the trace starts after the "
             "job's first allocation and no sidecar holds PyTorch's counters): these are "
-            "the window's, and the job's may be higher.") in r.verdict.summary
+            "the window's, and the job's may be higher.") in words.summary(r.verdict)
+    assert "peaks-before-window-unknown" in r.verdict.reasons
     text = render_text_plain(rep, width=200)
     assert "peaks before the recorded window are not known: the trace starts after the job's first allocation" in text
     js = json.loads(render_json(rep))["ranks"][0]

@@ -16,7 +16,7 @@ from builder import MiB, SnapBuilder
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
-from oomdoctor.render.format import fill
+from oomdoctor.render.words import predict as predict_words
 from oomdoctor.report.fits import fits
 from oomdoctor.report.margin import Margin, at_edge, margin, outside_allocator
 from oomdoctor.report.pipeline import report_of
@@ -56,13 +56,13 @@ SPARE = ROOM - EXPANDABLE_PEAK
 def test_outside_the_allocator_is_the_gpus_total_less_the_room_read_at_the_oom(tmp_path):
     a = fragmented(tmp_path, outside=300 * MiB)
     got, how = outside_allocator(a)
-    assert got == 300 * MiB and "at the OOM" in how
+    assert got == 300 * MiB and how == "device-free-at-oom"
     assert outside_allocator(a, outside_bytes=77)[0] == 77  # a sidecar's own count wins
 
 
 def test_a_memory_fraction_cap_leaves_nothing_outside(tmp_path):
     a = fragmented(tmp_path, outside=300 * MiB, meta={"memory_cap_bytes": ROOM})
-    assert outside_allocator(a) == (0, "a memory-fraction cap: the allocator's own limit, below what lives outside it")
+    assert outside_allocator(a) == (0, "fraction-cap")
 
 
 def test_without_the_gpus_size_nothing_is_read_outside(tmp_path):
@@ -105,7 +105,8 @@ def test_a_fix_that_gets_through_inside_the_margin_is_at_the_edge(tmp_path, outs
     assert pred["margin"] == {"step_variation_bytes": 0, "model_error_bytes": 0, "extension_bytes": 0,
                               "outside_bytes": outside, "unrecorded_bytes": 0}
     assert pred["at_edge"] is edge
-    said = fill(pred["outcome"], pred)
+    assert pred["outcome"] == "past-recorded-oom"
+    said = predict_words.outcome(pred)
     assert ("inside its margin of" in said and "(at the edge: it may still run out)" in said) is edge
     assert ("to spare (margin" in said) is not edge
 
@@ -118,7 +119,7 @@ def test_the_verdict_is_fragmentation_only_when_the_fix_gets_through_with_margin
     assert v.evidence["fix_at_edge"] is (kind == "capacity")
     if kind == "capacity":  # what the spare room lacks of the margin; fragmentation hit first
         assert v.bytes == 1 and v.evidence["margin_bytes"] == outside
-        assert "fragmentation hit first" in fill(v.summary, v.evidence)
+        assert "fragmentation-hit-first" in v.reasons and "at-edge-without-it" in v.reasons
 
 
 def test_the_jobs_answer_to_what_fits_is_its_tightest_rank():
@@ -126,14 +127,14 @@ def test_the_jobs_answer_to_what_fits_is_its_tightest_rank():
     from oomdoctor.report.verdict import Verdict, with_tightest_rank
 
     def v():
-        return Verdict("capacity", "s", 1, [1], evidence={"largest_micro_batch": 30})
+        return Verdict("capacity", 1, [1], evidence={"largest_micro_batch": 30})
 
     stages = {0: Fits(1, "t", largest_micro_batch=26), 1: Fits(1, "t", largest_micro_batch=30), 2: None}
     got = with_tightest_rank(v(), stages)
     assert got.evidence["largest_micro_batch"] == 26 and got.evidence["largest_micro_batch_rank"] == 0
     got = with_tightest_rank(v(), {1: Fits(1, "t", largest_micro_batch=30), 0: Fits(1, "t", largest_micro_batch=31)})
     assert got.evidence == {"largest_micro_batch": 30}  # its own rank is the tightest: unchanged
-    healthy = Verdict("healthy", "s", 1, [0])
+    healthy = Verdict("healthy", 1, [0])
     assert with_tightest_rank(healthy, stages).evidence == {}  # says nothing of what fits: nothing added
 
 

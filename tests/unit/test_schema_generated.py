@@ -32,6 +32,10 @@ RENDERED = {
     "$.stack_matches~free": "a plain dict (trace.meta's stack_matches) the hand-written schema spells out",
     "$.prediction~free": "a finding's prediction: a dict the hand-written schema spells out",
     "$.fixes[].prediction~free": "the same, per fix",
+    "$+summary": "render/json.py verdict_dict: a verdict's summary in words (render/words/verdict.py)",
+    "$+actions": "the same, its actions in words",
+    "$.verdict+summary": "the same, a rank's verdict",
+    "$.verdict+actions": "the same",
 }
 
 KINDS = {  # document kind: (the hand-written schema of the object, the dataclass asdict writes it from)

@@ -306,12 +306,10 @@ ROOM_META = {"rank": 0, "gpu_total_memory_bytes": 4 * GiB, "world_size": 1}
 
 
 def test_a_chunked_loss_names_no_micro_batches_in_flight_and_no_pipeline(tmp_path):
-    from oomdoctor.frameworks import PIPELINE_KNOB
-
     a = analysed(tmp_path, chunked_loss_job().b, ROOM_META)
     v = report_of(a).verdict
     assert v.kind == "capacity" and v.evidence["in_flight"] == 1
-    assert PIPELINE_KNOB[1:] + "." not in [x[1:] for x in v.actions]
+    assert "pipeline-in-flight" not in v.reasons and "pipeline-schedule" not in [x.id for x in v.to_do]
 
 
 def test_gpipe_on_one_gpu_still_counts_its_micro_batches(tmp_path):

@@ -30,9 +30,9 @@ from oomdoctor.detectors import fragmentation
 from oomdoctor.detectors import pipeline_output_cache as poc
 from oomdoctor.detectors.context import TorchVersion, applies, version_from_text
 from oomdoctor.detectors.finding import Finding, Fix
-from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.render.words import verdict as words
 from oomdoctor.report.fits import Room
-from oomdoctor.report.verdict import Verdict, _rank_bytes, oom_with_findings, state_verdict
+from oomdoctor.report.verdict import Action, Verdict, _rank_bytes, oom_with_findings, state_verdict
 from oomdoctor.trace.load import from_snapshot
 
 GiB = 1024 * MiB
@@ -367,7 +367,7 @@ def _capacity(rank=2, shortfall=100 * MiB, kind="capacity"):
     ev = {"rank": rank, "shortfall_bytes": shortfall, "need_bytes": 900 * MiB, "batch_scale": 0.5,
           "estimated_fit": "x", "largest_micro_batch": 3, "no_fit_reason": "r", "estimate_assumptions": "a",
           "checkpointing_frees_bytes": 1, "sharding_frees_bytes": 2}
-    return Verdict(kind, "out of memory", 900 * MiB, [rank], None, None, ev, ["add GPUs"])
+    return Verdict(kind, 900 * MiB, [rank], None, None, ev, ["live-tensors-exceed-room"], [Action("pipeline-schedule")])
 
 
 @pytest.mark.parametrize("findings, shortfall, kind, imbalance", [
@@ -396,20 +396,19 @@ def test_oom_with_findings_turns_capacity_into_imbalance_when_the_excess_covers_
     assert (out.kind, out.bytes, out.ranks, out.finding) == ("imbalance", excess, [2], "rank-imbalance")
     # the capacity verdict's what-fits evidence is dropped; the rest is kept, with the excess
     assert out.evidence == {"rank": 2, "shortfall_bytes": shortfall, "need_bytes": 900 * MiB, "excess_bytes": excess}
-    # the verdict's sentence (the first line a user reads) names the excess
-    assert fill(out.summary, out.evidence) == (f"out of memory on this rank, which holds {format_bytes(excess)} more "
-                                               "than the others: without the excess it would fit.")
+    # the verdict's sentence (the first line a user reads) names the excess (its words: test_words_verdict)
+    assert out.reasons == ["rank-excess"]
 
 
 @pytest.mark.parametrize("fixes, actions", [
-    ([Fix("Shard the {Block} layers evenly", "all", "s", applies=None)], ["Shard the {{Block}} layers evenly"]),
+    ([Fix("Shard the {Block} layers evenly", "all", "s", applies=None)], ["Shard the {Block} layers evenly"]),
     ([Fix("a", "<2.0", "s", applies=False), Fix("b", "all", "s", applies=True)], ["b"]),  # first that may apply
     ([Fix("a", "<2.0", "s", applies=False)], []),  # none applies: no action
     ([], []),
 ], ids=["braces-literal", "skips-known-not-to-apply", "none-applies", "no-fixes"])
 def test_oom_with_findings_takes_its_action_from_the_first_fix_that_may_apply(fixes, actions):
     out = oom_with_findings(_capacity(), [_finding(per_rank={2: 150 * MiB}, fixes=fixes)])
-    assert out.kind == "imbalance" and out.actions == actions
+    assert out.kind == "imbalance" and out.to_do == [Action("finding-fix", fix=x) for x in actions]
 
 
 def test_oom_with_findings_takes_its_action_from_the_finding_it_rests_on():
@@ -418,7 +417,7 @@ def test_oom_with_findings_takes_its_action_from_the_finding_it_rests_on():
     shared = _finding(ranks=(1, 2), per_rank={2: 150 * MiB}, fixes=[Fix("rebalance 1 and 2", "all", "s")])
     own = _finding(per_rank={2: 150 * MiB}, fixes=[Fix("move the extra embedding off rank 2", "all", "s")])
     out = oom_with_findings(_capacity(), [shared, own])
-    assert out.kind == "imbalance" and out.actions == ["move the extra embedding off rank 2"]
+    assert out.kind == "imbalance" and out.to_do == [Action("finding-fix", fix="move the extra embedding off rank 2")]
 
 
 def _state(b: SnapBuilder | None, room_bytes: int | None, name="rank5.pickle"):
@@ -440,8 +439,9 @@ def test_an_empty_state_verdict_holds_nothing_and_the_whole_room(room_bytes):
                           "job_peak_reserved_bytes": None, "job_peak_allocated_bytes": None,
                           "peak_source": "unknown-before-window"}
     # the docstring's two reasons: taken before any CUDA allocation, or nothing recorded on this device
-    assert v.summary.startswith("nothing recorded") and "before any CUDA allocation" in v.summary
-    assert v.actions == []
+    assert v.reasons == ["nothing-recorded"]
+    assert words.summary(v).startswith("nothing recorded") and "before any CUDA allocation" in words.summary(v)
+    assert v.to_do == []
 
 
 @pytest.mark.parametrize("room_bytes, headroom", [(4 * GiB, 4 * GiB - 1536 * MiB), (1536 * MiB, 0), (None, None)])
@@ -460,5 +460,7 @@ def test_a_final_state_verdict_reports_allocated_reserved_and_room(room_bytes, h
                           "job_peak_reserved_bytes": None, "job_peak_allocated_bytes": None,
                           "peak_source": "unknown-before-window"}
     # it tells how to record the history: PyTorch's call, as written in its memory docs
-    assert re.search(r"(^|\s)torch\.cuda\.memory\._record_memory_history\(max_entries=\d+\) ", v.summary), v.summary
-    assert v.summary.endswith(".")
+    assert v.reasons == ["final-state-only"]
+    text = words.summary(v)
+    assert re.search(r"(^|\s)torch\.cuda\.memory\._record_memory_history\(max_entries=\d+\) ", text), text
+    assert text.endswith(".")

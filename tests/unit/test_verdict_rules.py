@@ -30,9 +30,10 @@ from oomdoctor.analysis import analyze
 from oomdoctor.detectors import cache_flush
 from oomdoctor.detectors.context import Context
 from oomdoctor.detectors.finding import Finding
-from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.render.format import format_bytes
+from oomdoctor.render.words import verdict as words
 from oomdoctor.report.fits import Fits, Room
-from oomdoctor.report.verdict import MIN_DECISIVE_BYTES, _fit_sentence, _oom_verdict
+from oomdoctor.report.verdict import MIN_DECISIVE_BYTES, _fit_reason, _oom_verdict
 from oomdoctor.trace.model import SEGMENT_FREE
 
 GiB = 1024 * MiB
@@ -106,7 +107,7 @@ def judge(a, room: int | None, mine=(), outputs: int = 0, fits: Fits | None = No
 
 def said(v) -> str:
     """The summary as the user reads it (strict: every field must be in the evidence, see conftest)."""
-    return fill(v.summary, v.evidence)
+    return words.summary(v)
 
 
 def test_oom_evidence_is_the_arithmetic_of_the_state_at_the_failure(tmp_path):
@@ -330,86 +331,71 @@ def test_fragmentation_names_the_bytes_of_cuda_graph_pools(tmp_path):
 
 
 def test_fragmentation_says_what_the_defragmented_replay_did(tmp_path):
-    fixed = {"config": "expandable_segments:True", "reach": "step-completed",
-             "outcome": "runs with {spare:bytes} to spare", "spare": 77 * MiB}
+    fixed = {"config": "expandable_segments:True", "reach": "step-completed", "outcome": "step-completed",
+             "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB, "spare_bytes": 77 * MiB,
+             "margin_bytes": 10 * MiB, "at_edge": False}
     v, _ = judge(oom_rank(tmp_path, 384 * MiB), RESERVED + 128 * MiB, defragmented=fixed)
     assert v.kind == "fragmentation"
     ev = v.evidence
     assert ev["defragmented_config"] == "expandable_segments:True"
     assert ev["defragmented_reach"] == "step-completed"
-    # every field of the prediction is kept under fix_, and the outcome's template points at them
+    # every field of the prediction is kept under fix_; its outcome is the prediction's id
     assert all(ev[f"fix_{k}"] == x for k, x in fixed.items())
-    assert ev["defragmented_outcome_template"] == "runs with {fix_spare:bytes} to spare"
+    assert ev["defragmented_outcome_template"] == "step-completed" and "fix-simulated" in v.reasons
     text = said(v)
     assert "expandable_segments:True" in text and format_bytes(77 * MiB) in text
 
 
 def test_capacity_when_the_defragmented_step_still_runs_out(tmp_path):
-    fixed = {"config": "expandable_segments:True", "reach": "step-ran-out", "outcome": "runs out asking for "
-             "{extended_oom_requested_bytes:bytes}", "extended_oom_requested_bytes": 900 * MiB}
+    fixed = {"config": "expandable_segments:True", "reach": "step-ran-out", "outcome": "step-ran-out",
+             "extended_oom_requested_bytes": 900 * MiB}
     fits = Fits(None, "test", largest_micro_batch=2)
     v, calls = judge(oom_rank(tmp_path, 384 * MiB), RESERVED + 128 * MiB, defragmented=fixed, fits=fits)
     assert (v.kind, v.bytes, v.ranks, v.finding) == ("capacity", 900 * MiB, [RANK], None)
     assert v.evidence["extended_request_bytes"] == 900 * MiB and v.evidence["largest_micro_batch"] == 2
     assert calls.n == 1
     text = said(v)
-    assert format_bytes(900 * MiB) in text and "{largest_micro_batch}" in v.summary
+    assert format_bytes(900 * MiB) in text and "fit-micro-batch" in v.reasons
 
 
-# --------------------------------------------------------------------------- _fit_sentence
-
-WHOLE = " Whole: {largest_micro_batch}."
-SCALE = " Scale: {batch_scale}x."
+# --------------------------------------------------------------------------- _fit_reason (its words: test_words_verdict)
 
 
-@pytest.mark.parametrize("fits, sentence, ev", [
-    (Fits(1, "t", largest_micro_batch=3), WHOLE, {"largest_micro_batch": 3}),
+@pytest.mark.parametrize("fits, reason, ev", [
+    (Fits(1, "t", largest_micro_batch=3), "fit-micro-batch", {"largest_micro_batch": 3}),
     # the whole micro-batch wins over the scale, and only its number is kept
-    (Fits(1, "t", largest_micro_batch=3, batch_scale=0.75, notes=["n"]), WHOLE, {"largest_micro_batch": 3}),
-    (Fits(1, "t", batch_scale=0.75, notes=["n"]), SCALE, {"batch_scale": 0.75}),
-    (Fits(1, "t", largest_micro_batch=0), WHOLE, {"largest_micro_batch": 0}),  # none fits is an answer
-    (Fits(1, "t", batch_scale=0.0), SCALE, {"batch_scale": 0.0}),
+    (Fits(1, "t", largest_micro_batch=3, batch_scale=0.75, notes=["n"]), "fit-micro-batch", {"largest_micro_batch": 3}),
+    (Fits(1, "t", batch_scale=0.75, notes=["n"]), "fit-batch-scale", {"batch_scale": 0.75}),
+    (Fits(1, "t", largest_micro_batch=0), "fit-micro-batch", {"largest_micro_batch": 0}),  # none fits is an answer
+    (Fits(1, "t", batch_scale=0.0), "fit-batch-scale", {"batch_scale": 0.0}),
 ], ids=["whole", "whole-over-scale", "scale", "whole-zero", "scale-zero"])
-def test_fit_sentence_says_the_whole_micro_batch_else_the_scale(fits, sentence, ev):
+def test_fit_reason_is_the_whole_micro_batch_else_the_scale(fits, reason, ev):
     got = {}
-    assert _fit_sentence(fits, got, WHOLE, SCALE) == sentence
+    assert _fit_reason(fits, got) == [reason]
     assert got == ev
 
 
-def test_fit_sentence_says_an_estimate_as_one_with_its_assumptions():
+def test_fit_reason_is_an_estimate_with_its_assumptions():
     assumptions = ["the optimizer state is twice the parameters", "the pass ends as its first layers ran"]
     got = {}
     fits = Fits(1, "t", estimated_largest_micro_batch=5, assumptions=assumptions, notes=["n"])
-    s = _fit_sentence(fits, got, WHOLE, SCALE)
+    assert _fit_reason(fits, got) == ["fit-estimate"]
     assert got["estimated_fit"] == 5
     assert all(x in got["estimate_assumptions"] for x in assumptions)
-    text = fill(s, got)
-    assert "estimate" in text and "not a replay" in text and re.search(r"\b5\b", text)
+    assert _fit_reason(Fits(1, "t", estimated_largest_micro_batch=5, bound="lower"), {}) == ["fit-lower-bound"]
     # only a scale estimated: the scale, said of the current micro-batch
     got = {}
-    s = _fit_sentence(Fits(1, "t", estimated_batch_scale=0.5, assumptions=["a"]), got, WHOLE, SCALE)
-    assert re.fullmatch(r"0\.5x\b.*micro-batch", got["estimated_fit"]) and "0.5x" in fill(s, got)
+    assert _fit_reason(Fits(1, "t", estimated_batch_scale=0.5, assumptions=["a"]), got) == ["fit-estimate"]
+    assert re.fullmatch(r"0\.5x\b.*micro-batch", got["estimated_fit"])
 
 
-def test_fit_sentence_without_an_answer_gives_the_last_reason_else_nothing():
+def test_fit_reason_without_an_answer_gives_the_last_reason_else_nothing():
     got = {}
-    s = _fit_sentence(Fits(1, "t", notes=["first", "the OOM is inside generate()"]), got, WHOLE, SCALE)
+    assert _fit_reason(Fits(1, "t", notes=["first", "the OOM is inside generate()"]), got) == ["fit-not-said"]
     assert got == {"no_fit_reason": "the OOM is inside generate()"}
-    assert fill(s, got).endswith("the OOM is inside generate().")
     for fits in (None, Fits(1, "t")):
         got = {}
-        assert _fit_sentence(fits, got, WHOLE, SCALE) == "" and got == {}
-
-
-@pytest.mark.parametrize("fits", [
-    Fits(1, "t", estimated_largest_micro_batch=5, assumptions=["a"]),
-    Fits(1, "t", estimated_batch_scale=0.5, assumptions=["a"]),
-    Fits(1, "t", notes=["why"]),
-], ids=["estimate", "estimated-scale", "reason"])
-def test_fit_sentence_is_a_sentence_to_append(fits):
-    # appended to a summary: a space, a capital letter, a full stop
-    s = _fit_sentence(fits, {}, WHOLE, SCALE)
-    assert re.fullmatch(r" [A-Z].*\.", s, flags=re.S), s
+        assert _fit_reason(fits, got) == [] and got == {}
 
 
 # --------------------------------------------------------------------------- cache-flush
@@ -573,7 +559,7 @@ def test_an_oom_inside_generate_is_capacity_unless_the_fix_leaves_a_tokens_growt
     (3 more tokens): fragmentation, with the same data."""
     a = oom_rank(tmp_path, 384 * MiB)
     fixed = {"config": "expandable_segments:True", "reach": "recorded", "oom": None, "at_edge": False,
-             "outcome": "gets past the recorded OOM with {spare_bytes:bytes} to spare", "spare_bytes": 100 * MiB,
+             "outcome": "past-recorded-oom", "spare_bytes": 100 * MiB,
              "margin_bytes": 32 * MiB}
     room = RESERVED
     for growth, kind, more in ((256 * MiB, "capacity", 0), (32 * MiB, "fragmentation", 3)):

@@ -37,7 +37,8 @@ from oomdoctor import load
 from oomdoctor.analysis import analyze
 from oomdoctor.detectors.finding import Finding, Fix, SiteRef
 from oomdoctor.frameworks import framework
-from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.render.format import format_bytes
+from oomdoctor.render.words import verdict as words
 from oomdoctor.report.fits import Fits, Room
 from oomdoctor.report.verdict import (
     EDGE_FRACTION,
@@ -46,7 +47,7 @@ from oomdoctor.report.verdict import (
     VERDICT_FRACTION,
     Verdict,
     _actions,
-    _fit_sentence,
+    _fit_reason,
     _logits,
     _oom_verdict,
     rank_verdict,
@@ -92,6 +93,15 @@ def not_simulated(setting) -> str:
             "stranded between segments (not simulated: the allocator model cannot replay this recording).")
 
 
+PAST = "gets past the recorded OOM; the rest of the step was not recorded (no complete step before it to replay)"
+
+
+def completes(peak: int, extended: int) -> str:
+    """The words of a ``step-completed`` prediction without a known room (render/words/predict.py)."""
+    return (f"gets past the recorded OOM with a peak reserved of {B(peak)}, and the rest of the step, replayed as the "
+            "previous step ran it, completes" + (f", peaking at {B(extended)}" if extended > peak else ""))
+
+
 def simulated(setting, outcome) -> str:
     return f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): simulated, it {outcome}."
 
@@ -120,7 +130,7 @@ def finding(id: str, bytes_: int, per_rank: dict | None = None, ranks=(RANK,), s
 
 
 def rendered(v: Verdict) -> list[str]:
-    return [fill(t, v.evidence) for t in v.actions]
+    return words.actions(v)
 
 
 def bd(outputs=0, kv=None, allocated=ALLOCATED, step=None, phase="forward"):
@@ -182,7 +192,7 @@ FRAGMENTATION = (f"{B(FRAG_ROOM - ALLOCATED)} were free (cached or on the device
 
 def test_capacity_sentence_whole(a768):
     v, _ = judge(a768, CAP_ROOM)
-    assert v.kind == "capacity" and fill(v.summary, v.evidence) == CAPACITY
+    assert v.kind == "capacity" and words.summary(v) == CAPACITY
 
 
 @pytest.mark.parametrize("in_flight, kv, fits, tail", [
@@ -203,12 +213,12 @@ def test_capacity_sentence_with_its_additions(a768, in_flight, kv, fits, tail):
         extra["kv_cache_bytes"] = kv
     v, calls = judge(a768, CAP_ROOM, extra, fits=fits)
     assert v.kind == "capacity" and calls.n == 1
-    assert fill(v.summary, v.evidence) == CAPACITY + tail
+    assert words.summary(v) == CAPACITY + tail
 
 
 def test_capacity_with_an_unknown_room_sentence_whole(a768):
     v, _ = judge(a768, None)
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"out of memory asking for {B(768 * MiB)} with {B(ALLOCATED)} allocated; the GPU's room is unknown, so "
         "capacity cannot be told from fragmentation.")
 
@@ -217,7 +227,7 @@ def test_growth_sentence_whole_and_a_shortfall_of_one_byte_is_enough(a768):
     need = ALLOCATED + 768 * MiB
     v, _ = judge(a768, need - 1, outputs=64 * MiB)  # short == 1: kept 64 MiB covers it
     assert (v.kind, v.bytes) == ("growth", 64 * MiB) and v.evidence["shortfall_bytes"] == 1
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"out of memory after {B(64 * MiB)} were kept across micro-batches (outputs gathered or cached, forward "
         "phase): the job accumulates; a larger GPU only delays it.")
 
@@ -226,7 +236,7 @@ def test_deferred_free_sentence_whole(tmp_path):
     a = oom_rank(tmp_path, 384 * MiB, pending=128 * MiB)
     v, _ = judge(a, ALLOCATED + 384 * MiB)
     assert v.kind == "deferred-free"
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"{B(128 * MiB)} freed by Python were still held for other streams (record_stream) at the OOM; without them "
         "the request fits.")
 
@@ -239,21 +249,20 @@ def test_deferred_free_sentence_whole(tmp_path):
 def test_fragmentation_sentence_whole(a384, fits, tail):
     v, calls = judge(a384, FRAG_ROOM, fits=fits)
     assert v.kind == "fragmentation" and calls.n == 1
-    assert fill(v.summary, v.evidence) == FRAGMENTATION + tail
+    assert words.summary(v) == FRAGMENTATION + tail
 
 
 def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp_path):
     a = oom_rank(tmp_path, 384 * MiB, graph_pool=128 * MiB)
-    pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None,
-            "outcome": "completes (peak reserved {extended_peak_reserved_bytes:bytes})",
-            "extended_peak_reserved_bytes": 900 * MiB}
+    pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None, "outcome": "step-completed",
+            "peak_reserved_bytes": 800 * MiB, "extended_peak_reserved_bytes": 900 * MiB}
     v, _ = judge(a, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", largest_micro_batch=4))
     assert v.kind == "fragmentation"
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         FRAGMENTATION + f" {B(128 * MiB)} were reserved by CUDA graph private pools (torch.compile "
         "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot release "
-        "cached segments while a graph is being captured. Simulated with expandable_segments:True, it completes "
-        f"(peak reserved {B(900 * MiB)}). With the recorded settings the largest micro-batch that fits is 4.")
+        "cached segments while a graph is being captured. Simulated with expandable_segments:True, it "
+        + completes(800 * MiB, 900 * MiB) + ". With the recorded settings the largest micro-batch that fits is 4.")
 
 
 @pytest.mark.parametrize("fits, tail", [
@@ -261,25 +270,22 @@ def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp
     (Fits(1, "t", batch_scale=0.25), " What fits: 0.25x the current micro-batch."),
 ], ids=["whole", "scale"])
 def test_step_ran_out_sentence_whole(a384, fits, tail):
-    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None,
-            "outcome": "runs out asking for {extended_oom_requested_bytes:bytes}",
+    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None, "outcome": "step-ran-out",
             "extended_oom_requested_bytes": 900 * MiB}
     v, _ = judge(a384, FRAG_ROOM, defragmented=pred, fits=fits)
     assert v.kind == "capacity"
-    assert fill(v.summary, v.evidence) == (
-        FRAGMENTATION + f" Simulated with expandable_segments:True, it runs out asking for {B(900 * MiB)}: "
+    assert words.summary(v) == (
+        FRAGMENTATION + " Simulated with expandable_segments:True, it gets past the recorded OOM, but the rest of the "
+        f"step, replayed as the previous step ran it, runs out of memory asking for {B(900 * MiB)}: "
         "fragmentation hit first, but the step does not fit even without it." + tail)
 
 
-# --------------------------------------------------------------------------- _fit_sentence: the estimate
+# --------------------------------------------------------------------------- _fit_reason: the estimate
 
-def test_fit_sentence_estimate_whole():
+def test_fit_reason_estimate_whole():
     ev = {}
-    s = _fit_sentence(Fits(1, "t", estimated_largest_micro_batch=5, assumptions=["a1", "a2"]), ev, "W", "S")
-    assert ev == {"estimated_fit": 5, "estimate_assumptions": "a1; a2"}
-    assert fill(s, ev) == (" An estimate, not a replay (the trace ends inside its first forward pass): about 5 would "
-                           "fit if a1; a2; the fragmentation of the steps that were not recorded is not in it, so "
-                           "take less.")
+    assert _fit_reason(Fits(1, "t", estimated_largest_micro_batch=5, assumptions=["a1", "a2"]), ev) == ["fit-estimate"]
+    assert ev == {"estimated_fit": 5, "estimate_assumptions": "a1; a2"}  # its words: test_words_verdict
 
 
 # --------------------------------------------------------------------------- rank_verdict: healthy
@@ -307,7 +313,7 @@ PEAK_ALLOC = 768 * MiB
 def test_healthy_evidence_and_sentence_with_the_room(h900):
     room = 2 * GiB
     v, calls = verdict(h900, room, b=bd(outputs=5 * MiB, step=7, allocated=PEAK_ALLOC))
-    assert (v.kind, v.bytes, v.ranks, v.headroom_bytes, v.finding, v.actions) == (
+    assert (v.kind, v.bytes, v.ranks, v.headroom_bytes, v.finding, v.to_do) == (
         "healthy", PEAK, [RANK], room - PEAK, None, [])
     assert v.evidence == {"rank": RANK, "peak_reserved_bytes": PEAK, "peak_allocated_bytes": PEAK_ALLOC,
                           "room_bytes": room, "room_source": "the test", "phase": "forward", "step": 7,
@@ -315,7 +321,7 @@ def test_healthy_evidence_and_sentence_with_the_room(h900):
                           "window_peak_allocated_bytes": PEAK_ALLOC, "job_peak_reserved_bytes": PEAK,
                           "job_peak_allocated_bytes": PEAK_ALLOC, "peak_source": "trace",
                           "headroom_bytes": room - PEAK}
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room)} the allocator could use on this "
         f"GPU ({B(room - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
     assert calls.n == 0
@@ -325,7 +331,7 @@ def test_healthy_without_the_room(h900):
     v, _ = verdict(h900, None, b=bd(step=None, phase="backward"))
     assert v.headroom_bytes is None and "headroom_bytes" not in v.evidence and v.evidence["step"] == "-"
     assert v.evidence["room_bytes"] is None and v.evidence["room_source"] == "the test"
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"no OOM and no material finding; peak reserved {B(PEAK)}, peak allocated {B(PEAK_ALLOC)} in the backward "
         "phase (the GPU's size is not recorded).")
 
@@ -335,10 +341,10 @@ def test_headroom_of_exactly_a_tenth_of_the_room_is_not_the_edge(h900):
     assert room - PEAK == EDGE_FRACTION * room
     v, _ = verdict(h900, room)
     assert "headroom_percent" not in v.evidence
-    assert fill(v.summary, v.evidence).startswith("no OOM and no material finding; ")
+    assert words.summary(v).startswith("no OOM and no material finding; ")
     v, _ = verdict(h900, room - 1)  # one byte less room: under a tenth
     assert v.evidence["headroom_percent"] == 10.0
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room - 1)} the allocator "
         f"could use on this GPU ({B(room - 1 - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
 
@@ -363,12 +369,12 @@ def test_kv_cache_named_at_the_edge_only(h900):
     kv = 200 * MiB
     v, _ = verdict(h900, 950 * MiB, b=bd(kv=kv, allocated=PEAK_ALLOC))
     assert v.evidence["kv_cache_bytes"] == kv
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(950 * MiB)} the allocator "
         f"could use on this GPU ({B(50 * MiB)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase. The KV "
         f"cache holds {B(kv)}: it grows with the batch and with every generated token.")
     v, _ = verdict(h900, 2 * GiB, b=bd(kv=kv, allocated=kv))
-    assert v.evidence["kv_cache_bytes"] == kv and "KV cache" not in fill(v.summary, v.evidence)
+    assert v.evidence["kv_cache_bytes"] == kv and "KV cache" not in words.summary(v)
 
 
 @pytest.mark.parametrize("kv, allocated, named", [
@@ -412,7 +418,7 @@ def test_capacity_actions_through_rank_verdict(a768):
 
 def test_growth_asks_nothing_of_fits(a768):
     v, calls = verdict(a768, CAP_ROOM, b=bd(outputs=200 * MiB), fits=Fits(1, "t", largest_micro_batch=3))
-    assert v.kind == "growth" and calls.n == 0 and v.actions == []
+    assert v.kind == "growth" and calls.n == 0 and v.to_do == []
 
 
 def test_fragmentation_actions_through_rank_verdict(a384):
@@ -424,13 +430,11 @@ def test_fragmentation_actions_through_rank_verdict(a384):
 
 
 @pytest.mark.parametrize("pred, action", [
-    ({"config": "max_split_size_mb:128", "reach": "step-completed", "oom": None,
-      "outcome": "completes (peak reserved {extended_peak_reserved_bytes:bytes})",
-      "extended_peak_reserved_bytes": 900 * MiB},
-     simulated("max_split_size_mb:128", f"completes (peak reserved {B(900 * MiB)})")),
-    ({"config": "expandable_segments:True", "reach": "recorded", "oom": None,
-      "outcome": "gets past the recorded OOM"},
-     simulated("expandable_segments:True", "gets past the recorded OOM")),
+    ({"config": "max_split_size_mb:128", "reach": "step-completed", "oom": None, "outcome": "step-completed",
+      "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB},
+     simulated("max_split_size_mb:128", completes(900 * MiB, 900 * MiB))),
+    ({"config": "expandable_segments:True", "reach": "recorded", "oom": None, "outcome": "past-recorded-oom"},
+     simulated("expandable_segments:True", PAST)),
 ], ids=["step-completed", "recorded-past"])
 def test_fragmentation_action_says_what_the_replay_did(a384, pred, action):
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred)
@@ -440,27 +444,27 @@ def test_fragmentation_action_says_what_the_replay_did(a384, pred, action):
 def test_a_fix_whose_replay_still_runs_out_is_capacity_fragmentation_hit_first(a384):
     pred = {"config": "expandable_segments:True", "reach": "recorded", "margin_bytes": 0,
             "oom": {"event_index": 5, "requested_bytes": 384 * MiB},
-            "outcome": "still out of memory, at event {oom[event_index]} of the recording"}
+            "outcome": "still-oom"}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
     assert (v.kind, v.bytes) == ("capacity", 384 * MiB) and rendered(v) == [cut(0.5)]
-    assert "fragmentation hit first, but the job runs out even without it" in v.summary
+    assert "fragmentation hit first, but the job runs out even without it" in words.summary(v)
 
 
 @pytest.mark.parametrize("spare, kind", [(99 * MiB, "capacity"), (100 * MiB, "fragmentation")])
 def test_a_fix_that_gets_through_inside_its_margin_is_at_the_edge_and_capacity(a384, spare, kind):
     pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None,
-            "outcome": "completes", "margin_bytes": 100 * MiB, "spare_bytes": spare,
+            "outcome": "step-completed", "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB,
+            "margin_bytes": 100 * MiB, "spare_bytes": spare,
             "at_edge": spare < 100 * MiB}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
     assert v.kind == kind
     if kind == "capacity":  # what the spare room lacks of the margin decides it
         assert v.bytes == 1 * MiB and v.evidence["margin_bytes"] == 100 * MiB and rendered(v) == [cut(0.5)]
-        assert "the job is at the edge of the GPU even without it" in v.summary
+        assert "the job is at the edge of the GPU even without it" in words.summary(v)
 
 
 def test_step_ran_out_is_capacity_with_its_actions(a384):
-    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None,
-            "outcome": "runs out asking for {extended_oom_requested_bytes:bytes}",
+    pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None, "outcome": "step-ran-out",
             "extended_oom_requested_bytes": 900 * MiB}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
     assert v.kind == "capacity" and rendered(v) == [cut(0.5)]
@@ -487,10 +491,10 @@ def test_growth_action_is_the_fix_of_its_finding(a768):
 def test_no_action_without_an_applicable_fix_or_the_finding(a768, tmp_path):
     grow = finding("memory-growth", 300 * MiB, fixes=fixed(("no", False)))
     v, _ = verdict(a768, CAP_ROOM, findings=[grow])
-    assert (v.kind, v.actions) == ("growth", [])
+    assert (v.kind, v.to_do) == ("growth", [])
     a = oom_rank(tmp_path, 384 * MiB, pending=128 * MiB)
     v, _ = verdict(a, ALLOCATED + 384 * MiB)  # deferred-free from the anatomy, no finding in hand
-    assert (v.kind, v.finding, v.actions) == ("deferred-free", "deferred-free", [])
+    assert (v.kind, v.finding, v.to_do) == ("deferred-free", "deferred-free", [])
     df = finding("deferred-free", 128 * MiB, fixes=fixed(("x", False), ("record_stream less", None)))
     v, _ = verdict(a, ALLOCATED + 384 * MiB, findings=[df])
     assert rendered(v) == ["record_stream less"]
@@ -508,15 +512,15 @@ def test_logits_named_in_the_evidence_and_the_actions(a768, a384):
     assert rendered(v) == [not_simulated("expandable_segments:True"),
                            logits(200 * MiB, "torch/nn/functional.py:3104 in cross_entropy")]
     v, _ = verdict(a768, CAP_ROOM, b=bd(outputs=200 * MiB, allocated=ALLOCATED), holders=holders)
-    assert v.kind == "growth" and "logits_bytes" in v.evidence and v.actions == []
+    assert v.kind == "growth" and "logits_bytes" in v.evidence and v.to_do == []
 
 
 # --------------------------------------------------------------------------- _actions, kind by kind
 
 def actions(kind, ev=None, fits=None, files=(TRAIN,), mine=(), finding_id=None):
-    v = Verdict(kind, "", 0, [RANK], None, finding_id, dict(ev or {}))
-    out = _actions(v, fake(*files), list(mine), fits)
-    return [fill(t, v.evidence) for t in out], v.evidence
+    v = Verdict(kind, 0, [RANK], None, finding_id, dict(ev or {}))
+    v.to_do = _actions(v, fake(*files), list(mine), fits)
+    return words.actions(v), v.evidence
 
 
 @pytest.mark.parametrize("kind, in_flight, expected", [
@@ -557,7 +561,7 @@ def test_kv_cache_action_for_capacity_and_fragmentation(kind, expected):
         "sharding-under-64MiB", "all"])
 def test_capacity_actions_from_what_fits(fits, expected):
     ev = {}
-    _fit_sentence(fits, ev, "", "")  # the summary puts the number what fits into the evidence, as _oom_verdict does
+    _fit_reason(fits, ev)  # the summary puts the number what fits into the evidence, as _oom_verdict does
     got, ev = actions("capacity", ev, fits=fits, files=(TRAIN, DDP))  # DDP: data-parallel, unsharded
     assert got == expected
     cp = fits.checkpointing_frees_at_most_bytes if fits is not None else 0
@@ -619,19 +623,20 @@ def test_logits_action_with_the_framework_knob_else_the_generic_advice(kind, fil
     ({}, [not_simulated("expandable_segments:True")]),
     ({"defragmented_config": "max_split_size_mb:64"}, [not_simulated("max_split_size_mb:64")]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "complete",
-      "defragmented_outcome_template": "no OOM"},  # a replay to the end, whatever else it holds
-     [simulated("expandable_segments:True", "no OOM")]),
+      "fix_outcome": "no-oom", "fix_peak_reserved_bytes": GiB},  # a replay to the end, whatever else it holds
+     [simulated("expandable_segments:True", f"no OOM, peak reserved {B(GiB)}")]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "step-completed",
-      "fix_oom": {"event_index": 3}, "defragmented_outcome_template": "completes"},
-     [simulated("expandable_segments:True", "completes")]),
+      "fix_oom": {"event_index": 3}, "fix_outcome": "step-completed", "fix_peak_reserved_bytes": GiB,
+      "fix_extended_peak_reserved_bytes": GiB},
+     [simulated("expandable_segments:True", completes(GiB, GiB))]),
     ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded", "fix_oom": None,
-      "defragmented_outcome_template": "gets past the recorded OOM"},
-     [simulated("max_split_size_mb:64", "gets past the recorded OOM")]),
+      "fix_outcome": "past-recorded-oom"},
+     [simulated("max_split_size_mb:64", PAST)]),
     ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded",
-      "fix_oom": {"event_index": 3}, "defragmented_outcome_template": "still out of memory"},
+      "fix_oom": {"event_index": 3}, "fix_outcome": "still-oom"},
      [not_enough("max_split_size_mb:64")]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "recorded",
-      "defragmented_outcome_template": "?"},  # no oom field: not said to get past
+      "fix_outcome": "past-recorded-oom"},  # no oom field: not said to get past
      [not_enough("expandable_segments:True")]),
     ({"largest_micro_batch": 2}, [not_simulated("expandable_segments:True"), or_keep(2)]),
 ], ids=["not-simulated", "not-simulated-config", "complete", "step-completed", "recorded-past", "recorded-oom",
@@ -662,7 +667,7 @@ def test_finding_kinds_take_the_fix_of_their_finding():
 # --------------------------------------------------------------------------- with_findings
 
 def healthy(peak: int, headroom: int | None = 7 * MiB) -> Verdict:
-    return Verdict("healthy", "s", peak, [RANK], headroom, None, {"peak_reserved_bytes": peak, "rank": RANK})
+    return Verdict("healthy", peak, [RANK], headroom, None, {"peak_reserved_bytes": peak, "rank": RANK})
 
 
 def test_with_findings_sentence_evidence_and_action():
@@ -674,14 +679,14 @@ def test_with_findings_sentence_evidence_and_action():
         "deferred-free", 150 * MiB, [RANK], 7 * MiB, "deferred-free")
     assert v.evidence == {"peak_reserved_bytes": peak, "rank": RANK, "finding": "deferred-free",
                           "finding_bytes": 150 * MiB, "title": "Deferred frees"}
-    assert fill(v.summary, v.evidence) == (
+    assert words.summary(v) == (
         f"Deferred frees: {B(150 * MiB)} at stake (no OOM in this trace; peak reserved {B(peak)}).")
     assert rendered(v) == ["sync {s}"]
 
 
 def test_with_findings_no_applicable_fix_no_action():
     v = with_findings(healthy(1000 * MiB), [finding("deferred-free", 500 * MiB, fixes=fixed(("a", False)))])
-    assert v.kind == "deferred-free" and v.actions == []
+    assert v.kind == "deferred-free" and v.to_do == []
 
 
 def test_with_findings_from_a_tenth_of_the_peak_on_this_ranks_share():
@@ -703,7 +708,7 @@ def test_with_findings_growth_decides_at_any_size():
 
 
 def test_with_findings_without_a_peak_every_material_finding_counts():
-    v = Verdict("empty", "s", 0, [RANK], None, None, {"rank": RANK})
+    v = Verdict("empty", 0, [RANK], None, None, {"rank": RANK})
     got = with_findings(v, [finding("deferred-free", 0)])
     assert (got.kind, got.bytes) == ("deferred-free", 0)
 

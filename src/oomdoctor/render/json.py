@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
 from .format import fill
+from .words import predict as predict_words
+from .words import verdict as words
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..analysis.fragmentation import Anatomy
@@ -26,13 +28,19 @@ def anatomy_dict(an: Anatomy | None) -> dict[str, Any] | None:
 
 
 def verdict_dict(v) -> dict[str, Any] | None:
-    """A verdict with its summary and actions filled in."""
+    """A verdict with its summary and actions in words (:mod:`.words.verdict`), then its ``reasons`` and ``to_do``
+    (the ids they are said from)."""
     if v is None:
         return None
     d = asdict(v)
-    d["summary"] = fill(v.summary, v.evidence)
-    d["actions"] = [fill(x, v.evidence) for x in v.actions]
-    return d
+    ev = d["evidence"]
+    if "fix_outcome" in ev:  # the fix's prediction: its outcome's words where the id is, as the JSON has them
+        ev["fix_outcome"] = predict_words.outcome_template(words.fix_prediction(v.evidence))
+    if "defragmented_outcome_template" in ev:
+        ev["defragmented_outcome_template"] = words.fix_outcome_template(v.evidence)
+    return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
+            "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": d["evidence"],
+            "actions": words.actions(v), "reasons": d["reasons"], "to_do": d["to_do"]}
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -51,7 +59,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         d["per_rank_bytes"] = {str(k): v for k, v in f.per_rank_bytes.items()}
         for fx, pred in [(x, x.get("prediction")) for x in d["fixes"]] + [(d, d.get("prediction"))]:
             if pred and "outcome" in pred:
-                fx["prediction"] = {**pred, "outcome": fill(pred["outcome"], pred)}
+                fx["prediction"] = {**pred, "outcome": predict_words.outcome(pred)}
         findings.append(d)
     out = {"schema_version": SCHEMA_VERSION, "oomdoctor_version": report.oomdoctor_version,
            "verdict": verdict_dict(report.verdict),

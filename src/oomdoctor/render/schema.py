@@ -20,7 +20,7 @@ from typing import Any
 
 from .._version import SCHEMA_VERSION
 from ..analysis.jobpeak import PEAK_SOURCES
-from ..report.verdict import KINDS
+from ..report.verdict import ACTIONS, KINDS, REASONS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 Schema = dict[str, Any]
@@ -338,6 +338,12 @@ def verdict_schema(d: str) -> Schema:
         "finding": null(s("the id of the finding behind it")),
         "evidence": free("the numbers behind it (keys ending _bytes are bytes)"),
         "actions": arr(s(""), "what to do, in order, filled in"),
+        "reasons": arr(s("a reason", tuple(REASONS)), "the ids of the wording choices the summary is said from, in the order "
+                                              "they were made (report/verdict.py REASONS)"),
+        "to_do": arr(obj({"id": s("the action (report/verdict.py ACTIONS)", ACTIONS),
+                          "framework": null(s("the id of the framework whose knob it names")),
+                          "fix": null(s("finding-fix: the fix's text as its detector gives it"))}, "an action"),
+                     "the ids the actions are said from, in order"),
     }, d))
 
 

@@ -15,6 +15,8 @@ from rich.text import Text
 
 from .console import hang, plain_console
 from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
+from .words import predict as predict_words
+from .words import verdict as verdict_words
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..report.diff import Diff
@@ -72,11 +74,11 @@ def _verdict_panel(report: Report) -> Panel | None:
     v = report.verdict
     if v is None:
         return None
-    parts: list = [Text(fill(v.summary, v.evidence))]
-    if v.actions:
+    parts: list = [Text(verdict_words.summary(v))]
+    if v.to_do:
         parts.append(Text("\nWhat to do:", style="bold"))
-        for i, act in enumerate(v.actions, 1):
-            parts.append(hang(fill(act, v.evidence), 2, f"{i}. "))
+        for i, act in enumerate(verdict_words.actions(v), 1):
+            parts.append(hang(act, 2, f"{i}. "))
     body = Group(*parts)
     ranks = span(v.ranks)
     title = Text.assemble(Text(f" {v.kind.upper()} ", style=_VERDICT_STYLE.get(v.kind, "bold")),
@@ -228,7 +230,7 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {fill(p['outcome'], p)}. "
+    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {predict_words.outcome(p)}. "
             f"Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"
@@ -589,7 +591,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     r = by_rank.get(v.ranks[0] if v.ranks else -1, report.ranks[0])
     many = len(v.ranks) > 1
     lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {span(v.ranks)}. "
-             f"{fill(v.summary, v.evidence)}"]
+             f"{verdict_words.summary(v)}"]
     bd = r.breakdown
     if bd is not None:
         step = f"step {bd.step}, " if bd.step is not None else ""
@@ -608,8 +610,8 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
         exp = (f", {_scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
                if f.expandable_batch_scale is not None else "")
         lines.append(f"Fits on this GPU (replayed): {_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch{mb}{exp}.")
-    if v.actions:
-        lines.append("What to do: " + " ".join(f"({i}) {fill(a, v.evidence)}" for i, a in enumerate(v.actions, 1)))
+    if v.to_do:
+        lines.append("What to do: " + " ".join(f"({i}) {a}" for i, a in enumerate(verdict_words.actions(v), 1)))
     if snapshot:
         lines.append(f"Snapshot: {snapshot} (full report: oomdoctor diagnose {snapshot}).")
     return "\n".join(textwrap.fill(x, width, subsequent_indent="  ", break_on_hyphens=False,

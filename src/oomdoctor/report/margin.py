@@ -48,11 +48,21 @@ from dataclasses import dataclass, field
 from ..analysis.device import DeviceAnalysis
 from ..trace.oommessage import sidecar_oom_message
 
+SOURCES = ("fewer-than-two-steps", "steps-spread", "steps-rise", "self-replay-difference", "self-replay-exact",
+           "fraction-cap", "given", "oom-message", "gpu-size-unknown", "device-free-at-oom", "device-free-at-dump",
+           "cuda-context", "cuda-context-and-nccl", "job-peak-above-trace")
+"""How a part of the margin was read (the module doc says each): too few complete steps; the spread (max - min)
+of the steps' peaks, or the largest rise of the peak reserved from one step to the next; the self-replay's
+difference from the recording, or none; outside the allocator: nothing under a memory-fraction cap, the caller's
+count, the OOM message's, unknown without the GPU's size, the GPU's total less the free and reserved bytes at the
+OOM or at the dump, the planner's constants (the CUDA context, and NCCL's first communicator with several ranks);
+the job's own peak reserved above the trace's."""
+
 
 @dataclass
 class Margin:
     """The margin of one rank's predictions (bytes; see the module doc), and how each part was read
-    (``sources``: component name -> words)."""
+    (``sources``: component name -> the id of how, :data:`SOURCES`; their words: :mod:`oomdoctor.render.words.margin`)."""
 
     step_variation_bytes: int = 0
     model_error_bytes: int = 0
@@ -101,18 +111,18 @@ def step_variation(a: DeviceAnalysis) -> tuple[int, str]:
     complete steps."""
     alloc, res = step_peaks(a)
     if len(alloc) < 2:
-        return 0, "fewer than two complete steps: no step-to-step variation to read"
+        return 0, "fewer-than-two-steps"
     v = max(max(alloc) - min(alloc), max(res) - min(res))
-    return v, f"max - min of the peak allocated and reserved over {len(alloc)} complete steps (the larger)"
+    return v, "steps-spread"
 
 
 def extension_error(a: DeviceAnalysis) -> tuple[int, str]:
     """The largest rise of the peak reserved from one complete step to the next (bytes; module doc)."""
     _alloc, res = step_peaks(a)
     if len(res) < 2:
-        return 0, "fewer than two complete steps: consecutive steps cannot be compared"
+        return 0, "fewer-than-two-steps"
     rise = max(max(y - x for x, y in zip(res, res[1:])), 0)
-    return rise, f"largest rise of the peak reserved between consecutive complete steps ({len(res)} steps)"
+    return rise, "steps-rise"
 
 
 def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tuple[int, str]:
@@ -125,29 +135,27 @@ def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tu
 
     meta = a.trace.meta
     if sidecar_cap(meta)[0] is not None:
-        return 0, "a memory-fraction cap: the allocator's own limit, below what lives outside it"
+        return 0, "fraction-cap"
     if outside_bytes is not None:
-        return max(int(outside_bytes), 0), "given: the process's memory in use less the allocator's reserved bytes"
+        return max(int(outside_bytes), 0), "given"
     msg = sidecar_oom_message(meta)
     if msg is not None and msg.outside_bytes is not None:
-        return msg.outside_bytes, ("the OOM message: this process's memory in use less what PyTorch reserved "
-                                   "(allocated plus reserved but unallocated)")
+        return msg.outside_bytes, "oom-message"
     total = meta.get("gpu_total_memory_bytes")
     if not isinstance(total, int) or total <= 0:
-        return 0, "unknown: the GPU's total memory is not recorded"
+        return 0, "gpu-size-unknown"
     if a.oom_events.size:
         k = int(a.oom_events[-1])
         free = int(a.device.events["device_free"][k])
         if free >= 0:
-            return max(total - free - int(a.timeline.reserved[k]), 0), ("the GPU's total memory less the free "
-                                                                        "bytes and reserved bytes at the OOM")
+            return max(total - free - int(a.timeline.reserved[k]), 0), "device-free-at-oom"
     free = meta.get("device_free_bytes")
     reserved = (meta.get("memory_stats") or {}).get("reserved_bytes.all.current")
     if isinstance(free, int) and isinstance(reserved, int):
-        return max(total - free - reserved, 0), "the GPU's total memory less the free and reserved bytes at the dump"
-    outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if (meta.get("world_size") or 1) > 1 else 0)
-    return outside, "the planner's constants: the CUDA context" + (" and NCCL's first communicator"
-                                                                   if outside > CUDA_CONTEXT_BYTES else "")
+        return max(total - free - reserved, 0), "device-free-at-dump"
+    nccl = (meta.get("world_size") or 1) > 1
+    return (CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nccl else 0),
+            "cuda-context-and-nccl" if nccl else "cuda-context")
 
 
 def margin(a: DeviceAnalysis, *, model_error_bytes: int = 0, outside_bytes: int | None = None,
@@ -159,8 +167,7 @@ def margin(a: DeviceAnalysis, *, model_error_bytes: int = 0, outside_bytes: int 
     m = Margin()
     m.step_variation_bytes, m.sources["step_variation_bytes"] = step_variation(a)
     m.model_error_bytes = max(int(model_error_bytes), 0)
-    m.sources["model_error_bytes"] = ("the self-replay's largest reserved difference from the recording"
-                                      if m.model_error_bytes else "the self-replay reproduces the reserved bytes")
+    m.sources["model_error_bytes"] = "self-replay-difference" if m.model_error_bytes else "self-replay-exact"
     m.extension_bytes, m.sources["extension_bytes"] = extension_error(a)
     m.outside_bytes, m.sources["outside_bytes"] = outside_allocator(a, outside_bytes)
     if job_peak_reserved_bytes is None:
@@ -168,7 +175,7 @@ def margin(a: DeviceAnalysis, *, model_error_bytes: int = 0, outside_bytes: int 
         job_peak_reserved_bytes = peak if isinstance(peak, int) else None
     if job_peak_reserved_bytes is not None and a.num_events:
         m.unrecorded_bytes = max(int(job_peak_reserved_bytes) - int(a.peak_reserved[0]), 0)
-        m.sources["unrecorded_bytes"] = "the job's own peak reserved (memory_stats) above the trace's"
+        m.sources["unrecorded_bytes"] = "job-peak-above-trace"
     return m
 
 

@@ -20,7 +20,7 @@ which ``oomdoctor simulate`` prints for the same setting, and the extended repla
 ``extended_peak_reserved_bytes``) and ``at_edge``: the spare room is inside the margin, so the claim
 may still run out and is never counted as a fix.
 
-``outcome`` is the sentence a renderer shows, a template over the prediction's own fields.
+``outcome`` is the id of how the replay ended (:data:`OUTCOMES`); :mod:`oomdoctor.render.words.predict` says it.
 """
 
 from __future__ import annotations
@@ -133,18 +133,17 @@ class Predictor:
         if recorded_oom is None:
             out["reach"] = "complete"
             if r.oom is not None:
-                out["outcome"] = "out of memory at event {oom[event_index]}"
+                out["outcome"] = "oom"
                 return out
-            out["outcome"] = "no OOM, peak reserved {peak_reserved_bytes:bytes}" + (SPARE if limit is not None else "")
+            out["outcome"] = "no-oom"
             return _edge(out, limit, r.peak_reserved_bytes, self.margin.bytes)
         if r.oom is not None:
             out["reach"] = "recorded"
-            out["outcome"] = "still out of memory, at event {oom[event_index]} of the recording"
+            out["outcome"] = "still-oom"
             return out
         if self.extended is None:
             out["reach"] = "recorded"
-            out["outcome"] = ("gets past the recorded OOM" + (SPARE if limit is not None else "") +
-                              "; the rest of the step was not recorded (no complete step before it to replay)")
+            out["outcome"] = "past-recorded-oom"
             return _edge(out, limit, r.peak_reserved_bytes, self.margin.bytes)
         if limit is not None:  # the recorded events' spare room; a step that completes says its own (_edge)
             out["spare_bytes"] = max(limit - r.peak_reserved_bytes, 0)
@@ -158,33 +157,28 @@ class Predictor:
             # completed step's: one number, one meaning in both commands (issue 37)
             out["reach"] = "step-completed"
             claim = max(r.peak_reserved_bytes, e.peak_reserved_bytes)
-            out["outcome"] = ("gets past the recorded OOM with a peak reserved of {peak_reserved_bytes:bytes}, and the "
-                              "rest of the step, replayed as the previous step ran it, completes"
-                              + (", peaking at {extended_peak_reserved_bytes:bytes}"
-                                 if e.peak_reserved_bytes > r.peak_reserved_bytes else "")
-                              + (SPARE if limit is not None else ""))
+            out["outcome"] = "step-completed"
             return _edge(out, limit, claim, out["margin_bytes"])
         out["reach"] = "step-ran-out"
         out["extended_oom_requested_bytes"] = e.oom.requested_bytes
-        out["outcome"] = ("gets past the recorded OOM, but the rest of the step, replayed as the previous step ran "
-                          "it, runs out of memory asking for {extended_oom_requested_bytes:bytes}")
+        out["outcome"] = "step-ran-out"
         return out
 
 
-SPARE = "{spare}"
-"""Where an outcome says its spare room and margin (:func:`_edge` fills it in)."""
+OUTCOMES = ("oom", "no-oom", "still-oom", "past-recorded-oom", "step-completed", "step-ran-out")
+"""A prediction's ``outcome``: the replay of a trace without OOM runs out (``oom``) or not (``no-oom``); of a trace
+with one, it runs out again (``still-oom``), gets past it with no complete step before it to replay the rest of
+the step from (``past-recorded-oom``), or gets past it and the rest of the step, replayed as the previous step ran
+it, completes (``step-completed``) or runs out (``step-ran-out``). Its words: :mod:`oomdoctor.render.words.predict`."""
 
 
 def _edge(out: dict[str, Any], limit: int | None, peak: int, margin_bytes: int) -> dict[str, Any]:
     """``out`` with the claim's ``spare_bytes`` (room - ``peak``, 0 at least) and ``at_edge`` (the spare room is
-    inside the margin), its outcome saying both; unchanged when the room is unknown."""
+    inside the margin); unchanged when the room is unknown."""
     if limit is None:
         return out
     out["spare_bytes"] = max(limit - peak, 0)
     out["at_edge"] = bool(at_edge(limit - peak, margin_bytes))
-    said = (" with {spare_bytes:bytes} to spare, inside its margin of {margin_bytes:bytes} (at the edge: it may "
-            "still run out)" if out["at_edge"] else " with {spare_bytes:bytes} to spare (margin {margin_bytes:bytes})")
-    out["outcome"] = out["outcome"].replace(SPARE, said)
     return out
 
 

@@ -33,7 +33,6 @@ The job's verdict is its worst rank's: ranks that ran out of memory first, then 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -45,7 +44,7 @@ from ..analysis.jobpeak import JobPeak, job_peak
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight
 from ..detectors.finding import Finding, SiteRef
-from ..frameworks import PIPELINE_KNOB, detect_frameworks, framework, running_files
+from ..frameworks import detect_frameworks, running_files
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
 from .fits import Fits, Room
@@ -70,21 +69,79 @@ FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentatio
 MIN_DECISIVE_BYTES = 64 * MiB
 
 
+REASONS = {
+    # healthy, with history
+    "room-known": "the room the allocator could use is known: the headroom is stated",
+    "room-unknown": "the GPU's size is not recorded (healthy), or at an OOM capacity cannot be told from fragmentation",
+    "reserved-window-missed": "the job's peak reserved (PyTorch's counters) is above the recorded window's",
+    "allocated-window-missed": "the job's peak allocated is above the recorded window's",
+    "peaks-before-window-unknown": "the trace starts after the job's first allocation and nothing says the peaks before",
+    "at-edge": "healthy with less than EDGE_FRACTION of the room left",
+    "kv-cache-named": "the KV cache holds at least KV_CACHE_FRACTION of the allocated bytes",
+    "material-findings": "healthy, with material findings that decide no verdict (evidence material_findings)",
+    # healthy or empty, without history
+    "final-state-only": "a snapshot without allocation history: the final state is judged",
+    "nothing-recorded": "a snapshot without segments or events",
+    # without an OOM, a finding decides
+    "finding-decides": "a material finding decides the verdict of a rank without OOM (evidence finding, title)",
+    # at an OOM
+    "kept-across-micro-batches": "growth: memory kept across micro-batches covers the shortfall",
+    "rank-excess": "imbalance: this rank's excess over the others covers the shortfall",
+    "live-tensors-exceed-room": "capacity: the live tensors plus the failed request need more than the room",
+    "pipeline-in-flight": "two or more micro-batches were in flight at the OOM (a pipeline schedule)",
+    "pending-frees": "deferred-free: blocks held for other streams made the difference",
+    "not-in-one-piece": "fragmentation: enough was free, but not in one piece",
+    "fraction-cap": "the room is a memory-fraction cap (evidence room_kind)",
+    "graph-pools": "CUDA graph private pools reserved memory (evidence graph_pool_bytes)",
+    "fix-simulated": "the fragmentation fix was replayed (evidence defragmented_config, fix_*)",
+    "fragmentation-hit-first": "the fix was replayed and fragmentation hit first, but the job is at capacity",
+    "step-does-not-fit": "... the step does not fit even without fragmentation",
+    "runs-out-without-it": "... the replay with the fix runs out too",
+    "at-edge-without-it": "... the replay with the fix gets through with less spare room than the margin",
+    "kv-generation-at-capacity": "... the fix leaves less than one token's KV-cache growth",
+    "kv-fits-with-fix": "the fix lets the KV cache grow by kv_tokens_more tokens",
+    # what fits (:func:`_fit_reason`)
+    "fit-micro-batch": "the largest whole micro-batch that fits (evidence largest_micro_batch)",
+    "fit-batch-scale": "the batch scale that fits (evidence batch_scale)",
+    "fit-lower-bound": "an estimate from a trace cut in its first forward pass, a lower bound",
+    "fit-estimate": "an estimate from a trace cut in its first forward pass",
+    "fit-not-said": "what fits is not said (evidence no_fit_reason)",
+}
+"""The ids a verdict's ``reasons`` may hold: each wording choice its summary makes, in the order they are made
+(the words: :mod:`oomdoctor.render.words.verdict`)."""
+
+ACTIONS = ("pipeline-schedule", "kv-cache-smaller", "micro-batch-at-most", "micro-batch-scale",
+           "activation-checkpointing", "shard-optimizer", "framework-activations", "alloc-conf-not-simulated",
+           "alloc-conf-simulated", "alloc-conf-not-enough", "or-micro-batch-at-most", "finding-fix", "logits")
+"""The ids of a verdict's actions (:class:`Action`); their numbers are in the verdict's ``evidence``."""
+
+
+@dataclass
+class Action:
+    """One thing to do: ``id`` (:data:`ACTIONS`); ``framework``: the id of the framework whose knob it names
+    (:mod:`oomdoctor.frameworks`), if one; ``fix``: for ``finding-fix``, the fix's text as its detector gives it."""
+
+    id: str
+    framework: str | None = None
+    fix: str | None = None
+
+
 @dataclass
 class Verdict:
-    """``kind`` (:data:`KINDS`), a one-sentence ``summary`` (a template over ``evidence``, filled by
-    renderers like a finding's), the ``bytes`` that decide it, the ``headroom_bytes`` left on the
-    device at the peak of reserved memory (None when the device's room is unknown), the ``ranks``
-    it concerns and the finding behind it, if one."""
+    """``kind`` (:data:`KINDS`), the ``bytes`` that decide it, the ``ranks`` it concerns, the ``headroom_bytes``
+    left on the device at the peak of reserved memory (None when the device's room is unknown), the finding behind
+    it, if one, the numbers behind it (``evidence``), the ids of the wording choices its summary makes
+    (``reasons``, :data:`REASONS`) and what to do, in order (``to_do``, :class:`Action`). Facts only: the
+    renderers say them (:mod:`oomdoctor.render.words.verdict`)."""
 
     kind: str
-    summary: str
     bytes: int
     ranks: list[int]
     headroom_bytes: int | None = None
     finding: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
-    actions: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    to_do: list[Action] = field(default_factory=list)
 
 
 def _material(findings: list[Finding], rank: int) -> list[Finding]:
@@ -122,26 +179,17 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     if a.oom_events.size:
         ev["in_flight"] = in_flight(a.trace.stacks, a.lifetimes, a.accounting, a.phases, int(a.oom_events[-1]))
         v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
-        v.actions = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
+        v.to_do = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
-    reserved_words, allocated_words, unknown_words = _peak_words(jp)
-    opening = NO_MATERIAL  # with_findings says the material findings that decide no verdict
+    reasons = ["room-known" if headroom is not None else "room-unknown", *_peak_reasons(jp)]
     if headroom is not None:
         ev["headroom_bytes"] = headroom
-        summary = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved_words
-                   + " of the {room_bytes:bytes} the allocator could use on this GPU ({headroom_bytes:bytes} headroom), "
-                   "peak allocated {peak_allocated_bytes:bytes}" + allocated_words + "." + unknown_words)
         if headroom < EDGE_FRACTION * room.bytes:
             ev["headroom_percent"] = round(100 * max(headroom, 0) / room.bytes, 1)
-            summary = "at the edge: " + summary
+            reasons.append("at-edge")
             if "kv_cache_bytes" in ev:
-                summary += (" The KV cache holds {kv_cache_bytes:bytes}: it grows with the batch and with every "
-                            "generated token.")
-    else:
-        summary = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved_words
-                   + ", peak allocated {peak_allocated_bytes:bytes}" + allocated_words
-                   + " (the GPU's size is not recorded)." + unknown_words)
-    return with_findings(Verdict("healthy", summary, peak_reserved, [rank], headroom, None, ev), findings)
+                reasons.append("kv-cache-named")
+    return with_findings(Verdict("healthy", peak_reserved, [rank], headroom, None, ev, reasons), findings)
 
 
 def peak_evidence(jp: JobPeak) -> dict[str, Any]:
@@ -153,20 +201,12 @@ def peak_evidence(jp: JobPeak) -> dict[str, Any]:
             "job_peak_allocated_bytes": jp.job_peak_allocated_bytes, "peak_source": jp.source}
 
 
-def _peak_words(jp: JobPeak) -> tuple[str, str, str]:
-    """Template pieces for a healthy verdict: after the peak reserved, after the peak allocated, and a last
-    sentence; the window's peak is named where the job's is above it, and peaks before the window are said to
-    be unknown where nothing says them (issue 41)."""
-    counters = "PyTorch's counters" + (", from the sidecar" if jp.source == "sidecar" else
-                                       ", from the memory_stats file")
-    reserved = (f" (the job's, {counters}; the recorded window's peak was {{window_peak_reserved_bytes:bytes}}: "
-                "the window missed it)") if jp.reserved_missed else ""
-    allocated = (" (the job's; the recorded window's peak was {window_peak_allocated_bytes:bytes}: the window missed "
-                 "it)") if jp.allocated_missed else " in the {phase} phase"
-    unknown = (" Peaks before the recorded window are not known (the trace starts after the job's first allocation "
-               "and no sidecar holds PyTorch's counters): these are the window's, and the job's may be higher."
-               if jp.source == "unknown-before-window" else "")
-    return reserved, allocated, unknown
+def _peak_reasons(jp: JobPeak) -> list[str]:
+    """The reasons of a healthy verdict about its peaks: the window's peak is named where the job's is above it, and
+    peaks before the window are said to be unknown where nothing says them (issue 41)."""
+    return ([*(["reserved-window-missed"] if jp.reserved_missed else []),
+             *(["allocated-window-missed"] if jp.allocated_missed else []),
+             *(["peaks-before-window-unknown"] if jp.source == "unknown-before-window" else [])])
 
 
 def kv_growth_per_token(a: DeviceAnalysis, k: int) -> int | None:
@@ -196,14 +236,10 @@ def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
           "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes} | peak_evidence(jp)
     if not a.device.segments:
-        return Verdict("empty", "nothing recorded: the snapshot holds no segment and no event (taken before any "
-                                "CUDA allocation, or on a device the job did not use).", 0, [a.rank], room.bytes,
-                       None, ev)
-    return Verdict("healthy", "final state only, without allocation history: {allocated_bytes:bytes} allocated, "
-                              "{reserved_bytes:bytes} reserved, no OOM recorded; record with "
-                              "torch.cuda.memory._record_memory_history(max_entries=100000) to see what happened.",
-                   jp.peak_reserved_bytes, [a.rank],
-                   room.bytes - jp.peak_reserved_bytes if room.bytes is not None else None, None, ev)
+        return Verdict("empty", 0, [a.rank], room.bytes, None, ev, ["nothing-recorded"])
+    return Verdict("healthy", jp.peak_reserved_bytes, [a.rank],
+                   room.bytes - jp.peak_reserved_bytes if room.bytes is not None else None, None, ev,
+                   ["final-state-only"])
 
 
 def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
@@ -218,31 +254,21 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
         return _say_material(v, findings)
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
     ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title}
-    out = Verdict(FINDING_KIND[f.id], "{title}: {finding_bytes:bytes} at stake (no OOM in this trace; peak reserved "
-                                      "{peak_reserved_bytes:bytes}).", _rank_bytes(f, rank), [rank], v.headroom_bytes,
-                  f.id, ev)
+    out = Verdict(FINDING_KIND[f.id], _rank_bytes(f, rank), [rank], v.headroom_bytes, f.id, ev, ["finding-decides"])
     fx = next((x for x in f.fixes if x.applies is not False), None)
     if fx is not None:
-        out.actions = [_literal(fx.text)]
+        out.to_do = [Action("finding-fix", fix=fx.text)]
     return out
 
 
-NO_MATERIAL = "no OOM and no material finding; "
-_ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
-_MATERIAL = " The findings below are worth fixing, but none decides another verdict."
-
-
 def _say_material(v: Verdict, findings: list[Finding]) -> Verdict:
-    """A healthy ``v`` whose rank has material findings that decide no verdict of their own: it says them
-    (``material_findings``: how many) instead of "no material finding" (issue 37: "HEALTHY ... no material
-    finding" above a MEDIUM finding). Idempotent, so that the in-job summary, which re-reads a rank's verdict
-    against the cross-rank findings (report/merge.py), says what ``diagnose`` says."""
+    """A healthy ``v`` whose rank has material findings that decide no verdict of their own says how many
+    (``material_findings``, reason ``material-findings``): the report lists them under it."""
     n = len(_material(findings, v.ranks[0])) if v.kind == "healthy" and v.ranks else 0
     if not n:
         return v
-    summary = v.summary.replace(NO_MATERIAL, "no OOM; ", 1).removesuffix(_ONE_MATERIAL).removesuffix(_MATERIAL)
-    return replace(v, summary=summary + (_ONE_MATERIAL if n == 1 else _MATERIAL),
-                   evidence={**v.evidence, "material_findings": n})
+    reasons = v.reasons if "material-findings" in v.reasons else [*v.reasons, "material-findings"]
+    return replace(v, reasons=reasons, evidence={**v.evidence, "material_findings": n})
 
 
 def _own_imbalance(mine: list[Finding], rank: int) -> Finding | None:
@@ -257,9 +283,7 @@ def _imbalance(mine: list[Finding], rank: int, short: int | None, ev: dict[str, 
     if f is None or short is None or short <= 0 or _rank_bytes(f, rank) < short:
         return None
     ev = {**ev, "excess_bytes": _rank_bytes(f, rank)}
-    return Verdict("imbalance", "out of memory on this rank, which holds {excess_bytes:bytes} more than the "
-                                "others: without the excess it would fit.", ev["excess_bytes"], [rank], None,
-                   "rank-imbalance", ev)
+    return Verdict("imbalance", ev["excess_bytes"], [rank], None, "rank-imbalance", ev, ["rank-excess"])
 
 
 _CAPACITY_EVIDENCE = ("largest_micro_batch", "batch_scale", "estimated_fit", "estimate_assumptions", "no_fit_reason",
@@ -281,7 +305,7 @@ def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
         return v
     f = _own_imbalance(mine, rank)
     fx = next((x for x in f.fixes if x.applies is not False), None)
-    out.actions = [_literal(fx.text)] if fx is not None else []
+    out.to_do = [Action("finding-fix", fix=fx.text)] if fx is not None else []
     return out
 
 
@@ -308,96 +332,65 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     if kept >= decisive and (short is None or short > 0 or growth):
         ev["kept_bytes"] = kept
         f = max(growth, key=lambda x: _rank_bytes(x, rank)) if growth else None
-        return Verdict("growth", "out of memory after {kept_bytes:bytes} were kept across micro-batches (outputs "
-                                 "gathered or cached, {phase} phase): the job accumulates; a larger GPU only delays it.",
-                       kept, [rank], None, f.id if f else None, ev)
+        return Verdict("growth", kept, [rank], None, f.id if f else None, ev, ["kept-across-micro-batches"])
     got = _imbalance(mine, rank, short, ev)
     if got is not None:
         return got
     if short is None:
-        return Verdict("capacity", "out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} "
-                                   "allocated; the GPU's room is unknown, so capacity cannot be told from "
-                                   "fragmentation.", request, [rank], None, None, ev)
+        return Verdict("capacity", request, [rank], None, None, ev, ["room-unknown"])
     if short > 0:
         fits = get_fits()
-        summary = ("the live tensors ({allocated_bytes:bytes}) plus the failed request ({request_bytes:bytes}) need "
-                   "{need_bytes:bytes}, {shortfall_bytes:bytes} more than the {room_bytes:bytes} the allocator could "
-                   "use on this GPU: no allocator setting helps.")
+        reasons = ["live-tensors-exceed-room"]
         if ev.get("in_flight", 0) >= 2:
-            summary += (" {in_flight} micro-batches were in flight, their activations awaiting their backward: the "
-                        "pipeline schedule holds them at once.")
+            reasons.append("pipeline-in-flight")
         if "kv_cache_bytes" in ev:
-            summary += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
-        summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
-                                 " What fits: {batch_scale}x the current micro-batch.")
+            reasons.append("kv-cache-named")
+        reasons += _fit_reason(fits, ev)
         _kv_fit(a, bd, ev, room_b, need, None)
-        return Verdict("capacity", summary, short, [rank], None, None, ev)
+        return Verdict("capacity", short, [rank], None, None, ev, reasons)
     # need <= room < need + pending: the blocks freed by Python but held for other streams made the
     # difference, however few bytes they are (a small GPU or a MIG slice runs out by little)
     if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b:
-        return Verdict("deferred-free", "{pending_free_bytes:bytes} freed by Python were still held for other streams "
-                                        "(record_stream) at the OOM; without them the request fits.",
-                       an.pending_free_bytes, [rank], None, "deferred-free", ev)
+        return Verdict("deferred-free", an.pending_free_bytes, [rank], None, "deferred-free", ev, ["pending-frees"])
     ev["room_kind"] = room.kind
-    where = ("under the memory-fraction cap of {room_bytes:bytes}, cached or not yet reserved," if room.kind == "fraction"
-             else "(cached or on the device)")
-    summary = ("{free_bytes:bytes} were free " + where + " for a request of {request_bytes:bytes}, but not "
-               "in one piece (largest free block {largest_free_block_bytes:bytes}).")
+    reasons = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else [])]
     graph = sum(p.reserved_bytes for p in an.pools if p.pool_id != DEFAULT_POOL)
     if graph:
         ev["graph_pool_bytes"] = graph
-        summary += (" {graph_pool_bytes:bytes} were reserved by CUDA graph private pools (torch.compile "
-                    "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot "
-                    "release cached segments while a graph is being captured.")
+        reasons.append("graph-pools")
     fixed = defragmented()
     if fixed is not None:
         ev["defragmented_config"] = fixed["config"]
         ev["defragmented_reach"] = fixed["reach"]
         ev.update({f"fix_{k}": val for k, val in fixed.items()})
-        outcome = re.sub(r"\{(\w)", r"{fix_\1", fixed["outcome"])
+        reasons.append("fix-simulated")
         if fixed["reach"] == "step-ran-out":
             # fragmentation hit first, but without it the step still does not fit: capacity
             ev["extended_request_bytes"] = fixed["extended_oom_requested_bytes"]
-            summary += (" Simulated with {defragmented_config}, it " + outcome + ": fragmentation hit first, but "
-                        "the step does not fit even without it.")
-            fits = get_fits()
-            summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
-                                     " What fits: {batch_scale}x the current micro-batch.")
-            return Verdict("capacity", summary, fixed["extended_oom_requested_bytes"], [rank], None, None, ev)
+            reasons += ["fragmentation-hit-first", "step-does-not-fit", *_fit_reason(get_fits(), ev)]
+            return Verdict("capacity", fixed["extended_oom_requested_bytes"], [rank], None, None, ev, reasons)
         if fixed.get("oom") is not None or fixed.get("at_edge"):
             # the fix does not get through with margin (report/margin.py): fragmentation hit first, but the job is
             # at capacity; never counted as a fix
             ev["margin_bytes"] = fixed.get("margin_bytes", 0)
-            summary += (" Simulated with {defragmented_config}, it " + outcome + ": fragmentation hit first, but "
-                        + ("the job runs out even without it." if fixed.get("oom") is not None else
-                           "the job is at the edge of the GPU even without it."))
-            fits = get_fits()
-            summary += _fit_sentence(fits, ev, " The largest micro-batch that fits: {largest_micro_batch}.",
-                                     " What fits: {batch_scale}x the current micro-batch.")
+            reasons += ["fragmentation-hit-first",
+                        "runs-out-without-it" if fixed.get("oom") is not None else "at-edge-without-it",
+                        *_fit_reason(get_fits(), ev)]
             # the bytes that decide it: the failed request, or what the spare room lacks of the margin
             decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
                        else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
-            return Verdict("capacity", summary, decides, [rank], None, None, ev)
+            return Verdict("capacity", decides, [rank], None, None, ev, reasons)
         left = _kv_fit(a, bd, ev, room_b, need, fixed.get("margin_bytes"))
         if left is not None and left < ev["kv_cache_growth_per_token_bytes"]:
             # generate(): the cache grows by the same bytes every token to come; a fix that leaves less than one
             # token's growth beyond the failed request and the margin does not carry the generation on
-            summary += (" Simulated with {defragmented_config}, it " + outcome + ": fragmentation hit first, but the "
-                        "KV cache grows {kv_cache_growth_per_token_bytes:bytes} per generated token and the fix leaves "
-                        "{kv_room_after_fix_bytes:bytes} beyond the request and the margin: the generation is at "
-                        "capacity. The cache fits {kv_cache_tokens_fit} tokens per sequence at this batch (it holds "
-                        "{kv_cache_tokens} now).")
-            return Verdict("capacity", summary, ev["kv_cache_growth_per_token_bytes"] - left, [rank], None, None, ev)
-        summary += " Simulated with {defragmented_config}, it " + outcome + "."
+            reasons += ["fragmentation-hit-first", "kv-generation-at-capacity"]
+            return Verdict("capacity", ev["kv_cache_growth_per_token_bytes"] - left, [rank], None, None, ev, reasons)
         if left is not None:
-            summary += (" With it the KV cache fits {kv_cache_tokens_fit} tokens per sequence at this batch "
-                        "({kv_tokens_more} more than the {kv_cache_tokens} it holds).")
-        ev["defragmented_outcome_template"] = outcome
-    fits = get_fits()
-    summary += _fit_sentence(fits, ev, " With the recorded settings the largest micro-batch that fits is "
-                                       "{largest_micro_batch}.",
-                             " With the recorded settings {batch_scale}x the current micro-batch fits.")
-    return Verdict("fragmentation", summary, room_b - allocated, [rank], None, "fragmentation", ev)
+            reasons.append("kv-fits-with-fix")
+        ev["defragmented_outcome_template"] = fixed["outcome"]  # the JSON writes the words' template here
+    reasons += _fit_reason(get_fits(), ev)
+    return Verdict("fragmentation", room_b - allocated, [rank], None, "fragmentation", ev, reasons)
 
 
 def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, need: int,
@@ -425,30 +418,25 @@ def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, nee
     return left
 
 
-def _fit_sentence(fits: Fits | None, ev: dict[str, Any], whole: str, scale: str) -> str:
-    """``whole`` when the largest whole micro-batch is known, else ``scale`` when the scale is; the number
-    goes into ``ev``. A trace cut in its first forward pass has only an estimate, said as one; with no
-    answer at all, the reason."""
+def _fit_reason(fits: Fits | None, ev: dict[str, Any]) -> list[str]:
+    """What fits, as a reason and its numbers in ``ev``: ``fit-micro-batch`` when the largest whole micro-batch is
+    known, else ``fit-batch-scale`` when the scale is; a trace cut in its first forward pass has only an estimate
+    (``fit-lower-bound``, ``fit-estimate``); with no answer at all, ``fit-not-said`` and the reason; else none."""
     if fits is not None and fits.largest_micro_batch is not None:
         ev["largest_micro_batch"] = fits.largest_micro_batch
-        return whole
+        return ["fit-micro-batch"]
     if fits is not None and fits.batch_scale is not None:
         ev["batch_scale"] = fits.batch_scale
-        return scale
+        return ["fit-batch-scale"]
     if fits is not None and (fits.estimated_largest_micro_batch or fits.estimated_batch_scale):
         ev["estimated_fit"] = (fits.estimated_largest_micro_batch if fits.estimated_largest_micro_batch is not None
                                else f"{fits.estimated_batch_scale}x the current micro-batch")
         ev["estimate_assumptions"] = "; ".join(fits.assumptions)
-        if fits.bound == "lower":
-            return (" A lower bound, not a replay (the trace ends inside its first forward pass): {estimated_fit} "
-                    "fits, and likely a little more, if {estimate_assumptions}.")
-        return (" An estimate, not a replay (the trace ends inside its first forward pass): about {estimated_fit} "
-                "would fit if {estimate_assumptions}; the fragmentation of the steps that were not recorded is not "
-                "in it, so take less.")
+        return ["fit-lower-bound" if fits.bound == "lower" else "fit-estimate"]
     if fits is not None and fits.notes:
         ev["no_fit_reason"] = fits.notes[-1]
-        return " What fits is not said: {no_fit_reason}."
-    return ""
+        return ["fit-not-said"]
+    return []
 
 
 LOGITS_NAMES = ("cross_entropy", "log_softmax", "nll_loss", "_convert_to_fp32", "convert_to_fp32", "ForCausalLMLoss",
@@ -478,12 +466,6 @@ def _logits(holders: list[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> None:
         ev["logits_sites"] = ", ".join(h.label for h in hit[:3])
 
 
-def _literal(text: str) -> str:
-    """``text`` as a template that renders as itself (an action is a template over the evidence; a fix's or a
-    framework's text may hold braces: ``auto_wrap_policy={Block}``)."""
-    return text.replace("{", "{{").replace("}", "}}")
-
-
 def _frameworks(a: DeviceAnalysis):
     return detect_frameworks(running_files(a.trace.stacks))
 
@@ -501,60 +483,47 @@ def _unsharded_data_parallel(fws) -> bool:
     return "ddp" in ids and not ids & set(SHARDING_FRAMEWORKS)
 
 
-def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | None) -> list[str]:
-    """What to do, in order, as templates over ``v.evidence`` (filled by the renderers)."""
+def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | None) -> list[Action]:
+    """What to do, in order (:data:`ACTIONS`); the numbers they name go into ``v.evidence``."""
     ev, out = v.evidence, []
     fws = _frameworks(a)
     if v.kind == "capacity" and ev.get("in_flight", 0) >= 2:
-        out.append(PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + ".")
+        out.append(Action("pipeline-schedule"))
     if v.kind in ("capacity", "fragmentation") and "kv_cache_bytes" in ev:
-        knob = framework("generate").knobs["kv-cache"]
-        out.append("Make the KV cache smaller or steadier: " + _literal(knob) + ".")
+        out.append(Action("kv-cache-smaller", framework="generate"))
     if v.kind == "capacity":
         if fits is not None and fits.largest_micro_batch is not None:
-            out.append("Use a per-device micro-batch of at most {largest_micro_batch} and more gradient accumulation "
-                       "steps to keep the global batch.")
+            out.append(Action("micro-batch-at-most"))
         elif fits is not None and fits.batch_scale is not None:
-            out.append("Cut the per-device micro-batch to {batch_scale}x the current one (give --micro-batch N to get "
-                       "the number) and accumulate gradients to keep the global batch.")
+            out.append(Action("micro-batch-scale"))
         if fits is not None and fits.checkpointing_frees_at_most_bytes:
             ev["checkpointing_frees_bytes"] = fits.checkpointing_frees_at_most_bytes
-            out.append("Activation checkpointing frees at most {checkpointing_frees_bytes:bytes} (the activations "
-                       "saved for backward at the peak; recomputation adds back one layer's).")
+            out.append(Action("activation-checkpointing"))
         if (fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES
                 and _unsharded_data_parallel(fws)):
             ev["sharding_frees_bytes"] = fits.sharding_optimizer_frees_bytes
-            out.append("Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees "
-                       "{sharding_frees_bytes:bytes}.")
+            out.append(Action("shard-optimizer"))
         for fw in fws:
             if "activations" in fw.knobs:
-                out.append(_literal(f"{fw.name}: {fw.knobs['activations']}."))
+                out.append(Action("framework-activations", framework=fw.id))
                 break
     elif v.kind == "fragmentation":
-        setting = ev.get("defragmented_config") or "expandable_segments:True"
         if "defragmented_reach" not in ev:
-            out.append(f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) so "
-                       "that free memory is not stranded between segments (not simulated: the allocator model cannot "
-                       "replay this recording).")
+            out.append(Action("alloc-conf-not-simulated"))
         elif ev["defragmented_reach"] in ("step-completed", "complete") or ev.get("fix_oom", True) is None:
-            out.append(f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9): simulated, "
-                       "it " + ev["defragmented_outcome_template"] + ".")
+            out.append(Action("alloc-conf-simulated"))
         else:
-            out.append(f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) to "
-                       "stop stranding free memory; simulated, it is not enough here: lower the micro-batch too.")
+            out.append(Action("alloc-conf-not-enough"))
         if "largest_micro_batch" in ev:
-            out.append("Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}.")
+            out.append(Action("or-micro-batch-at-most"))
     elif v.finding is not None:
         f = (_own_imbalance(mine, v.ranks[0]) if v.kind == "imbalance"
              else next((x for x in mine if x.id == v.finding), None))
         fx = next((x for x in f.fixes if x.applies is not False), None) if f is not None else None
         if fx is not None:
-            out.append(_literal(fx.text))
+            out.append(Action("finding-fix", fix=fx.text))
     if "logits_bytes" in ev and v.kind in ("capacity", "fragmentation"):
-        knob = next((fw.knobs["logits"] for fw in fws if "logits" in fw.knobs), None)
-        out.append("The loss's logits hold {logits_bytes:bytes} ({logits_sites}): "
-                   + (_literal(knob) if knob else
-                      "compute the loss in chunks or fuse the LM head with the cross-entropy") + ".")
+        out.append(Action("logits", framework=next((fw.id for fw in fws if "logits" in fw.knobs), None)))
     return out
 
 
@@ -571,8 +540,8 @@ def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:
         return None
     worst = min(verdicts, key=lambda v: (v.ranks[0] not in oom_ranks, _ORDER.get(v.kind, 5), -v.bytes))
     ranks = sorted({r for v in verdicts if v.kind == worst.kind for r in v.ranks})
-    return Verdict(worst.kind, worst.summary, worst.bytes, ranks, worst.headroom_bytes, worst.finding, worst.evidence,
-                   worst.actions)
+    return Verdict(worst.kind, worst.bytes, ranks, worst.headroom_bytes, worst.finding, worst.evidence,
+                   worst.reasons, worst.to_do)
 
 
 def with_tightest_rank(v: Verdict | None, fits_by_rank: dict[int, Fits | None]) -> Verdict | None:

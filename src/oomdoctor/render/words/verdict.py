@@ -1,0 +1,212 @@
+"""The words of a verdict (:class:`oomdoctor.report.verdict.Verdict`): its summary from its ``kind``, ``reasons``
+and ``evidence``, its actions from its ``to_do``; both are templates over the evidence (``{key:bytes}``), filled by
+:func:`oomdoctor.render.format.fill` (:func:`summary` and :func:`actions` fill them). The decisions are made in
+``report/verdict.py``; every sentence is here (issue 37)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from ...frameworks import PIPELINE_KNOB, framework
+from ..format import fill
+from . import predict as predict_words
+
+if TYPE_CHECKING:
+    from ...report.verdict import Action, Verdict
+
+NO_MATERIAL = "no OOM and no material finding; "
+ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
+MATERIAL = " The findings below are worth fixing, but none decides another verdict."
+ALLOC_CONF = "Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9)"
+
+
+def fix_prediction(ev: dict[str, Any]) -> dict[str, Any]:
+    """The prediction of the fragmentation fix a verdict's evidence holds under ``fix_`` (report/verdict.py)."""
+    return {k[4:]: x for k, x in ev.items() if k.startswith("fix_")}
+
+
+def fix_outcome_template(ev: dict[str, Any]) -> str:
+    """How the fix's replay ended (:func:`.predict.outcome_template`), as a template over the verdict's evidence."""
+    return re.sub(r"\{(\w)", r"{fix_\1", predict_words.outcome_template(fix_prediction(ev)))
+
+
+def literal(text: str) -> str:
+    """``text`` as a template that renders as itself (a fix's or a framework's text may hold braces:
+    ``auto_wrap_policy={Block}``)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _peak_words(r: set[str], ev: dict[str, Any]) -> tuple[str, str, str]:
+    """A healthy verdict's pieces: after the peak reserved, after the peak allocated, and a last sentence."""
+    counters = "PyTorch's counters" + (", from the sidecar" if ev.get("peak_source") == "sidecar" else
+                                       ", from the memory_stats file")
+    reserved = (f" (the job's, {counters}; the recorded window's peak was {{window_peak_reserved_bytes:bytes}}: "
+                "the window missed it)") if "reserved-window-missed" in r else ""
+    allocated = (" (the job's; the recorded window's peak was {window_peak_allocated_bytes:bytes}: the window missed "
+                 "it)") if "allocated-window-missed" in r else " in the {phase} phase"
+    unknown = (" Peaks before the recorded window are not known (the trace starts after the job's first allocation "
+               "and no sidecar holds PyTorch's counters): these are the window's, and the job's may be higher."
+               if "peaks-before-window-unknown" in r else "")
+    return reserved, allocated, unknown
+
+
+def _fit(r: set[str], kind: str) -> str:
+    """What fits (reasons ``fit-*``); a fragmentation verdict says it is with the recorded settings."""
+    if "fit-micro-batch" in r:
+        return (" With the recorded settings the largest micro-batch that fits is {largest_micro_batch}."
+                if kind == "fragmentation" else " The largest micro-batch that fits: {largest_micro_batch}.")
+    if "fit-batch-scale" in r:
+        return (" With the recorded settings {batch_scale}x the current micro-batch fits."
+                if kind == "fragmentation" else " What fits: {batch_scale}x the current micro-batch.")
+    if "fit-lower-bound" in r:
+        return (" A lower bound, not a replay (the trace ends inside its first forward pass): {estimated_fit} "
+                "fits, and likely a little more, if {estimate_assumptions}.")
+    if "fit-estimate" in r:
+        return (" An estimate, not a replay (the trace ends inside its first forward pass): about {estimated_fit} "
+                "would fit if {estimate_assumptions}; the fragmentation of the steps that were not recorded is not "
+                "in it, so take less.")
+    if "fit-not-said" in r:
+        return " What fits is not said: {no_fit_reason}."
+    return ""
+
+
+def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
+    """An OOM where enough was free but not in one piece, with what the fix's replay says (the verdict is
+    ``capacity`` where fragmentation hit first but the job does not fit without it)."""
+    where = ("under the memory-fraction cap of {room_bytes:bytes}, cached or not yet reserved," if "fraction-cap" in r
+             else "(cached or on the device)")
+    out = ("{free_bytes:bytes} were free " + where + " for a request of {request_bytes:bytes}, but not "
+           "in one piece (largest free block {largest_free_block_bytes:bytes}).")
+    if "graph-pools" in r:
+        out += (" {graph_pool_bytes:bytes} were reserved by CUDA graph private pools (torch.compile "
+                "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot "
+                "release cached segments while a graph is being captured.")
+    if "fix-simulated" in r:
+        out += " Simulated with {defragmented_config}, it " + fix_outcome_template(ev)
+        if "step-does-not-fit" in r:
+            out += ": fragmentation hit first, but the step does not fit even without it."
+        elif "runs-out-without-it" in r:
+            out += ": fragmentation hit first, but the job runs out even without it."
+        elif "at-edge-without-it" in r:
+            out += ": fragmentation hit first, but the job is at the edge of the GPU even without it."
+        elif "kv-generation-at-capacity" in r:
+            out += (": fragmentation hit first, but the KV cache grows {kv_cache_growth_per_token_bytes:bytes} per "
+                    "generated token and the fix leaves {kv_room_after_fix_bytes:bytes} beyond the request and the "
+                    "margin: the generation is at capacity. The cache fits {kv_cache_tokens_fit} tokens per sequence "
+                    "at this batch (it holds {kv_cache_tokens} now).")
+        else:
+            out += "."
+            if "kv-fits-with-fix" in r:
+                out += (" With it the KV cache fits {kv_cache_tokens_fit} tokens per sequence at this batch "
+                        "({kv_tokens_more} more than the {kv_cache_tokens} it holds).")
+    return out + _fit(r, kind)
+
+
+def summary_template(v: Verdict) -> str:
+    """The one-paragraph summary of ``v`` as a template over ``v.evidence``."""
+    r, ev = set(v.reasons), v.evidence
+    if "nothing-recorded" in r:
+        return ("nothing recorded: the snapshot holds no segment and no event (taken before any CUDA allocation, or "
+                "on a device the job did not use).")
+    if "finding-decides" in r:
+        return "{title}: {finding_bytes:bytes} at stake (no OOM in this trace; peak reserved {peak_reserved_bytes:bytes})."
+    if "kept-across-micro-batches" in r:
+        return ("out of memory after {kept_bytes:bytes} were kept across micro-batches (outputs gathered or cached, "
+                "{phase} phase): the job accumulates; a larger GPU only delays it.")
+    if "rank-excess" in r:
+        return ("out of memory on this rank, which holds {excess_bytes:bytes} more than the others: without the excess "
+                "it would fit.")
+    if "pending-frees" in r:
+        return ("{pending_free_bytes:bytes} freed by Python were still held for other streams (record_stream) at the "
+                "OOM; without them the request fits.")
+    if "not-in-one-piece" in r:
+        return _fragmentation(r, ev, v.kind)
+    if "live-tensors-exceed-room" in r:
+        out = ("the live tensors ({allocated_bytes:bytes}) plus the failed request ({request_bytes:bytes}) need "
+               "{need_bytes:bytes}, {shortfall_bytes:bytes} more than the {room_bytes:bytes} the allocator could "
+               "use on this GPU: no allocator setting helps.")
+        if "pipeline-in-flight" in r:
+            out += (" {in_flight} micro-batches were in flight, their activations awaiting their backward: the "
+                    "pipeline schedule holds them at once.")
+        if "kv-cache-named" in r:
+            out += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
+        return out + _fit(r, v.kind)
+    if v.kind == "capacity" and "room-unknown" in r:
+        return ("out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} allocated; the GPU's room "
+                "is unknown, so capacity cannot be told from fragmentation.")
+    if "final-state-only" in r:
+        out = ("final state only, without allocation history: {allocated_bytes:bytes} allocated, "
+               "{reserved_bytes:bytes} reserved, no OOM recorded; record with "
+               "torch.cuda.memory._record_memory_history(max_entries=100000) to see what happened.")
+    else:
+        opening = "no OOM; " if "material-findings" in r else NO_MATERIAL
+        reserved, allocated, unknown = _peak_words(r, ev)
+        if "room-known" in r:
+            out = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved
+                   + " of the {room_bytes:bytes} the allocator could use on this GPU ({headroom_bytes:bytes} headroom), "
+                   "peak allocated {peak_allocated_bytes:bytes}" + allocated + "." + unknown)
+            if "at-edge" in r:
+                out = "at the edge: " + out
+                if "kv-cache-named" in r:
+                    out += (" The KV cache holds {kv_cache_bytes:bytes}: it grows with the batch and with every "
+                            "generated token.")
+        else:
+            out = (opening + "peak reserved {peak_reserved_bytes:bytes}" + reserved
+                   + ", peak allocated {peak_allocated_bytes:bytes}" + allocated
+                   + " (the GPU's size is not recorded)." + unknown)
+    if "material-findings" in r:
+        out += ONE_MATERIAL if ev.get("material_findings") == 1 else MATERIAL
+    return out
+
+
+def action_template(a: Action, ev: dict[str, Any]) -> str:
+    """One action (:data:`oomdoctor.report.verdict.ACTIONS`) as a template over the verdict's evidence."""
+    setting = ev.get("defragmented_config") or "expandable_segments:True"
+    if a.id == "pipeline-schedule":
+        return PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + "."
+    if a.id == "kv-cache-smaller":
+        return "Make the KV cache smaller or steadier: " + literal(framework(a.framework or "generate").knobs["kv-cache"]) + "."
+    if a.id == "micro-batch-at-most":
+        return ("Use a per-device micro-batch of at most {largest_micro_batch} and more gradient accumulation steps to "
+                "keep the global batch.")
+    if a.id == "micro-batch-scale":
+        return ("Cut the per-device micro-batch to {batch_scale}x the current one (give --micro-batch N to get the "
+                "number) and accumulate gradients to keep the global batch.")
+    if a.id == "activation-checkpointing":
+        return ("Activation checkpointing frees at most {checkpointing_frees_bytes:bytes} (the activations saved for "
+                "backward at the peak; recomputation adds back one layer's).")
+    if a.id == "shard-optimizer":
+        return ("Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees "
+                "{sharding_frees_bytes:bytes}.")
+    if a.id == "framework-activations":
+        fw = framework(a.framework or "")
+        return literal(f"{fw.name}: {fw.knobs['activations']}.")
+    if a.id == "alloc-conf-not-simulated":
+        return (ALLOC_CONF.format(setting=setting) + " so that free memory is not stranded between segments (not "
+                "simulated: the allocator model cannot replay this recording).")
+    if a.id == "alloc-conf-simulated":
+        return ALLOC_CONF.format(setting=setting) + ": simulated, it " + fix_outcome_template(ev) + "."
+    if a.id == "alloc-conf-not-enough":
+        return (ALLOC_CONF.format(setting=setting) + " to stop stranding free memory; simulated, it is not enough "
+                "here: lower the micro-batch too.")
+    if a.id == "or-micro-batch-at-most":
+        return "Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}."
+    if a.id == "finding-fix":
+        return literal(a.fix or "")
+    if a.id == "logits":
+        knob = framework(a.framework).knobs["logits"] if a.framework else None
+        return ("The loss's logits hold {logits_bytes:bytes} ({logits_sites}): "
+                + (literal(knob) if knob else "compute the loss in chunks or fuse the LM head with the cross-entropy")
+                + ".")
+    raise KeyError(a.id)
+
+
+def summary(v: Verdict) -> str:
+    """The summary of ``v``, filled in."""
+    return fill(summary_template(v), v.evidence)
+
+
+def actions(v: Verdict) -> list[str]:
+    """What to do, in order, filled in."""
+    return [fill(action_template(a, v.evidence), v.evidence) for a in v.to_do]
