@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .render.format import fill
 from .render.html import embed, render_diff_html, render_html, render_simulation_html
 from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
+from .render.words import findings as finding_words
 from .report.diff import Diff
 from .report.model import Report
 from .simulate.whatif import Simulation
@@ -41,11 +41,26 @@ class _Result:
 def _filled_verdict(v):
     if v is None:
         return None
-    return replace(v, summary=fill(v.summary, v.evidence), actions=[fill(x, v.evidence) for x in v.actions])
+    return replace(v, summary=finding_words.verdict_summary(v.summary, v.evidence),
+                   actions=[finding_words.action(x, v.evidence) for x in v.actions],
+                   evidence=finding_words.verdict_evidence(v.evidence))
+
+
+class _Worded(_Result):
+    """A finding or fix (data) with its words: ``title`` and ``summary``, or ``text`` (as the CLI prints them);
+    every other field reads through."""
+
+    def __init__(self, wrapped: Any, **words: Any) -> None:
+        self._wrapped = wrapped
+        self.__dict__.update(words)
+
+    def __repr__(self) -> str:
+        return repr(self._wrapped)
 
 
 def _filled_finding(f):
-    return replace(f, title=fill(f.title, f.evidence), summary=fill(f.summary, f.evidence))
+    return _Worded(f, title=finding_words.title(f), summary=finding_words.summary(f),
+                   fixes=[_Worded(fx, text=finding_words.fix_text(fx)) for fx in f.fixes])
 
 
 class Diagnosis(_Result):

@@ -9,10 +9,13 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
+from ..detectors.finding import FindingTitle
 from .format import fill
+from .words.findings import action, fix_text, resolve_title, summary, title, verdict_summary
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..analysis.fragmentation import Anatomy
+    from ..detectors.finding import Finding
     from ..report.diff import Diff
     from ..report.model import Report
     from ..simulate.whatif import Simulation
@@ -30,8 +33,10 @@ def verdict_dict(v) -> dict[str, Any] | None:
     if v is None:
         return None
     d = asdict(v)
-    d["summary"] = fill(v.summary, v.evidence)
-    d["actions"] = [fill(x, v.evidence) for x in v.actions]
+    d["evidence"] = {k: resolve_title(x) if isinstance(x, FindingTitle) else d["evidence"][k]
+                     for k, x in v.evidence.items()}
+    d["summary"] = verdict_summary(v.summary, v.evidence)
+    d["actions"] = [action(x, v.evidence) for x in v.actions]
     return d
 
 
@@ -45,10 +50,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         ranks.append(d)
     findings = []
     for f in report.findings:
-        d = asdict(f)
-        d["summary"] = fill(f.summary, f.evidence)
-        d["title"] = fill(f.title, f.evidence)
-        d["per_rank_bytes"] = {str(k): v for k, v in f.per_rank_bytes.items()}
+        d = finding_dict(f)
         for fx, pred in [(x, x.get("prediction")) for x in d["fixes"]] + [(d, d.get("prediction"))]:
             if pred and "outcome" in pred:
                 fx["prediction"] = {**pred, "outcome": fill(pred["outcome"], pred)}
@@ -62,6 +64,17 @@ def report_dict(report: Report) -> dict[str, Any]:
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}
         out["extra"] = report.extra
     return out
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    """A finding as the JSON contract has it: its title, summary and each fix's text in words
+    (:mod:`.words.findings`), in the contract's order of keys."""
+    d = asdict(f)
+    fixes = [{"text": fix_text(fx), **{k: x for k, x in fd.items() if k not in ("id", "framework")}}
+             for fx, fd in zip(f.fixes, d["fixes"])]
+    return {"id": f.id, "severity": f.severity, "title": title(f), "ranks": d["ranks"], "bytes": f.bytes,
+            "summary": summary(f), "evidence": d["evidence"], "sites": d["sites"], "fixes": fixes,
+            "prediction": d["prediction"], "per_rank_bytes": {str(k): v for k, v in f.per_rank_bytes.items()}}
 
 
 def render_json(report: Report) -> str:
@@ -156,7 +169,7 @@ def diff_dict(diff: Diff) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "before": diff.before_inputs,
             "after": diff.after_inputs,
             "peak_reserved_saved_bytes": diff.peak_reserved_saved_bytes, "ranks": ranks,
-            "findings": [asdict(f) for f in diff.findings], "notes": diff.notes}
+            "findings": [{**asdict(f), "title": resolve_title(f.title)} for f in diff.findings], "notes": diff.notes}
 
 
 def render_diff_json(diff: Diff) -> str:

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from .console import hang, plain_console
 from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
+from .words import findings as finding_words
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..report.diff import Diff
@@ -72,11 +73,11 @@ def _verdict_panel(report: Report) -> Panel | None:
     v = report.verdict
     if v is None:
         return None
-    parts: list = [Text(fill(v.summary, v.evidence))]
+    parts: list = [Text(finding_words.verdict_summary(v.summary, v.evidence))]
     if v.actions:
         parts.append(Text("\nWhat to do:", style="bold"))
         for i, act in enumerate(v.actions, 1):
-            parts.append(hang(fill(act, v.evidence), 2, f"{i}. "))
+            parts.append(hang(finding_words.action(act, v.evidence), 2, f"{i}. "))
     body = Group(*parts)
     ranks = span(v.ranks)
     title = Text.assemble(Text(f" {v.kind.upper()} ", style=_VERDICT_STYLE.get(v.kind, "bold")),
@@ -243,7 +244,7 @@ def _finding_panel(i: int, f) -> Panel:
     head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
         head += f" · PyTorch {f.evidence['torch_version']}"
-    parts: list = [Text(head, style="dim"), Text(fill(f.summary, f.evidence))]
+    parts: list = [Text(head, style="dim"), Text(finding_words.summary(f))]
     if f.sites:
         parts.append(Text("\nWhere:", style="bold"))
         for s in f.sites[:3]:
@@ -254,14 +255,14 @@ def _finding_panel(i: int, f) -> Panel:
         parts.append(Text("\nFix:", style="bold"))
         for n, fx in enumerate(f.fixes, 1):
             mark, style = _APPLIES[fx.applies]
-            line = Text.assemble((f"[{fx.versions}] ", "dim"), fx.text, (f"  {mark}", style))
+            line = Text.assemble((f"[{fx.versions}] ", "dim"), finding_words.fix_text(fx), (f"  {mark}", style))
             parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:
                 parts.append(hang(_prediction_text(fx.prediction), 5, "simulated: ", style="cyan"))
             parts.append(hang(fx.source, 5, "source: ", style="dim"))
     body = Group(*parts)
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-    words = fill(f.title, f.evidence)
+    words = finding_words.title(f)
     if len(words) > TITLE_ROOM:  # rich cuts a long box title with an ellipsis: it goes in the box, whole
         body = Group(Text(words, style="bold"), body)
         words = f.id
@@ -331,7 +332,7 @@ def _render_grouped(report: Report, console: Console) -> None:
                        style="bold"))
     for f in shown:
         console.print(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
-                           f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"{f.severity.upper()} [{f.id}] "))
+                           f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"{f.severity.upper()} [{f.id}] "))
     if len(report.findings) > MAX_FINDING_LINES:
         console.print(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
     console.print(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
@@ -386,7 +387,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 if m else "")
         console.print(Text(f"Also noted, not material{rule}:", style="dim"))
         for f in minor:
-            console.print(hang(f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"[{f.id}] ", style="dim"))
+            console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
 
 
 def _oom_text(oom) -> Text:
@@ -589,7 +590,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     r = by_rank.get(v.ranks[0] if v.ranks else -1, report.ranks[0])
     many = len(v.ranks) > 1
     lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {span(v.ranks)}. "
-             f"{fill(v.summary, v.evidence)}"]
+             f"{finding_words.verdict_summary(v.summary, v.evidence)}"]
     bd = r.breakdown
     if bd is not None:
         step = f"step {bd.step}, " if bd.step is not None else ""
@@ -609,7 +610,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
                if f.expandable_batch_scale is not None else "")
         lines.append(f"Fits on this GPU (replayed): {_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch{mb}{exp}.")
     if v.actions:
-        lines.append("What to do: " + " ".join(f"({i}) {fill(a, v.evidence)}" for i, a in enumerate(v.actions, 1)))
+        lines.append("What to do: " + " ".join(f"({i}) {finding_words.action(a, v.evidence)}" for i, a in enumerate(v.actions, 1)))
     if snapshot:
         lines.append(f"Snapshot: {snapshot} (full report: oomdoctor diagnose {snapshot}).")
     return "\n".join(textwrap.fill(x, width, subsequent_indent="  ", break_on_hyphens=False,

@@ -217,13 +217,13 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     if not mine:
         return _say_material(v, findings)
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
-    ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title}
+    ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title_ref()}
     out = Verdict(FINDING_KIND[f.id], "{title}: {finding_bytes:bytes} at stake (no OOM in this trace; peak reserved "
                                       "{peak_reserved_bytes:bytes}).", _rank_bytes(f, rank), [rank], v.headroom_bytes,
                   f.id, ev)
     fx = next((x for x in f.fixes if x.applies is not False), None)
     if fx is not None:
-        out.actions = [_literal(fx.text)]
+        out.actions = [fx]  # the fix itself: its words are the renderers' (render/words/findings.py)
     return out
 
 
@@ -281,7 +281,7 @@ def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
         return v
     f = _own_imbalance(mine, rank)
     fx = next((x for x in f.fixes if x.applies is not False), None)
-    out.actions = [_literal(fx.text)] if fx is not None else []
+    out.actions = [fx] if fx is not None else []
     return out
 
 
@@ -549,7 +549,7 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
              else next((x for x in mine if x.id == v.finding), None))
         fx = next((x for x in f.fixes if x.applies is not False), None) if f is not None else None
         if fx is not None:
-            out.append(_literal(fx.text))
+            out.append(fx)
     if "logits_bytes" in ev and v.kind in ("capacity", "fragmentation"):
         knob = next((fw.knobs["logits"] for fw in fws if "logits" in fw.knobs), None)
         out.append("The loss's logits hold {logits_bytes:bytes} ({logits_sites}): "
