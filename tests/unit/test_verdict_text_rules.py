@@ -35,9 +35,10 @@ from test_verdict_rules import ALLOCATED, RANK, RESERVED, Calls, oom_rank
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
-from oomdoctor.detectors.finding import Finding, Fix, SiteRef
+from oomdoctor.detectors.finding import Finding, FindingTitle, Fix, SiteRef
 from oomdoctor.frameworks import framework
 from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.render.words import findings as finding_words
 from oomdoctor.report.fits import Fits, Room
 from oomdoctor.report.verdict import (
     EDGE_FRACTION,
@@ -110,17 +111,19 @@ def logits(n, sites, knob=CHUNKS) -> str:
 
 
 def fixed(*fixes: tuple[str, bool | None]) -> list[Fix]:
-    return [Fix(text, "any", "test", applies=applies) for text, applies in fixes]
+    """Fixes by id (the words of a fix id are render/words/findings.py's, tested in test_words_findings)."""
+    return [Fix(fix_id, "any", "test", applies=applies) for fix_id, applies in fixes]
 
 
 def finding(id: str, bytes_: int, per_rank: dict | None = None, ranks=(RANK,), severity="high", fixes=(),
-            title=None) -> Finding:
-    return Finding(id, severity, title or f"{id} title", list(ranks), bytes_, "s",
-                   per_rank_bytes=dict(per_rank or {}), fixes=list(fixes))
+            variant="") -> Finding:
+    return Finding(id, severity, list(ranks), bytes_, per_rank_bytes=dict(per_rank or {}), fixes=list(fixes),
+                   variant=variant)
 
 
 def rendered(v: Verdict) -> list[str]:
-    return [fill(t, v.evidence) for t in v.actions]
+    """The actions: a finding's fix by its id (the fix itself is the action), the others filled."""
+    return [t.id if isinstance(t, Fix) else fill(t, v.evidence) for t in v.actions]
 
 
 def bd(outputs=0, kv=None, allocated=ALLOCATED, step=None, phase="forward"):
@@ -516,7 +519,7 @@ def test_logits_named_in_the_evidence_and_the_actions(a768, a384):
 def actions(kind, ev=None, fits=None, files=(TRAIN,), mine=(), finding_id=None):
     v = Verdict(kind, "", 0, [RANK], None, finding_id, dict(ev or {}))
     out = _actions(v, fake(*files), list(mine), fits)
-    return [fill(t, v.evidence) for t in out], v.evidence
+    return [t.id if isinstance(t, Fix) else fill(t, v.evidence) for t in out], v.evidence
 
 
 @pytest.mark.parametrize("kind, in_flight, expected", [
@@ -668,15 +671,17 @@ def healthy(peak: int, headroom: int | None = 7 * MiB) -> Verdict:
 def test_with_findings_sentence_evidence_and_action():
     peak = 1000 * MiB
     f = finding("deferred-free", 900 * MiB, per_rank={RANK: 150 * MiB, 0: 750 * MiB}, ranks=(0, RANK),
-                title="Deferred frees", fixes=fixed(("a", False), ("sync {s}", None)))
+                variant="at-peak", fixes=fixed(("a", False), ("sync {s}", None)))
     v = with_findings(healthy(peak), [f])
     assert (v.kind, v.bytes, v.ranks, v.headroom_bytes, v.finding) == (
         "deferred-free", 150 * MiB, [RANK], 7 * MiB, "deferred-free")
+    # the finding's title as data (its id and variant): the renderers put its words in
     assert v.evidence == {"peak_reserved_bytes": peak, "rank": RANK, "finding": "deferred-free",
-                          "finding_bytes": 150 * MiB, "title": "Deferred frees"}
-    assert fill(v.summary, v.evidence) == (
-        f"Deferred frees: {B(150 * MiB)} at stake (no OOM in this trace; peak reserved {B(peak)}).")
-    assert rendered(v) == ["sync {s}"]
+                          "finding_bytes": 150 * MiB, "title": FindingTitle("deferred-free", "at-peak", f.evidence)}
+    assert finding_words.verdict_summary(v.summary, v.evidence) == (
+        f"Frees deferred by record_stream hold memory across layers and steps: {B(150 * MiB)} at stake (no OOM in "
+        f"this trace; peak reserved {B(peak)}).")
+    assert rendered(v) == ["sync {s}"] and v.actions == [f.fixes[1]]
 
 
 def test_with_findings_no_applicable_fix_no_action():
