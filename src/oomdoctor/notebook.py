@@ -12,9 +12,10 @@ wrapped object's fields read through (``diagnosis.ranks``), and the texts a user
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .detectors.finding import Finding, Fix
 from .render.html import embed, render_diff_html, render_html, render_simulation_html
 from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
@@ -46,21 +47,26 @@ def _filled_verdict(v):
                    evidence=finding_words.verdict_evidence(v.evidence))
 
 
-class _Worded(_Result):
-    """A finding or fix (data) with its words: ``title`` and ``summary``, or ``text`` (as the CLI prints them);
-    every other field reads through."""
+@dataclass
+class WordedFix(Fix):
+    """A fix with its ``text`` as the CLI prints it (:mod:`oomdoctor.render.words.findings`)."""
 
-    def __init__(self, wrapped: Any, **words: Any) -> None:
-        self._wrapped = wrapped
-        self.__dict__.update(words)
-
-    def __repr__(self) -> str:
-        return repr(self._wrapped)
+    text: str = ""
 
 
-def _filled_finding(f):
-    return _Worded(f, title=finding_words.title(f), summary=finding_words.summary(f),
-                   fixes=[_Worded(fx, text=finding_words.fix_text(fx)) for fx in f.fixes])
+@dataclass
+class WordedFinding(Finding):
+    """A finding with its ``title`` and ``summary`` as the CLI prints them, and its fixes worded."""
+
+    title: str = ""
+    summary: str = ""
+
+
+def _filled_finding(f: Finding) -> WordedFinding:
+    fixes = [WordedFix(**{k.name: getattr(fx, k.name) for k in fields(fx)}, text=finding_words.fix_text(fx))
+             for fx in f.fixes]
+    return WordedFinding(**{k.name: getattr(f, k.name) for k in fields(f)} | {"fixes": fixes},
+                         title=finding_words.title(f), summary=finding_words.summary(f))
 
 
 class Diagnosis(_Result):

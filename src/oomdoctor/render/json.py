@@ -66,12 +66,15 @@ def report_dict(report: Report) -> dict[str, Any]:
     return out
 
 
+_FIX_KEYS = ("versions", "source", "kind", "setting", "applies", "what_if", "prediction")
+"""A fix's keys in the JSON contract after its ``text``."""
+
+
 def finding_dict(f: Finding) -> dict[str, Any]:
     """A finding as the JSON contract has it: its title, summary and each fix's text in words
     (:mod:`.words.findings`), in the contract's order of keys."""
     d = asdict(f)
-    fixes = [{"text": fix_text(fx), **{k: x for k, x in fd.items() if k not in ("id", "framework")}}
-             for fx, fd in zip(f.fixes, d["fixes"])]
+    fixes = [{"text": fix_text(fx), **{k: fd[k] for k in _FIX_KEYS}} for fx, fd in zip(f.fixes, d["fixes"])]
     return {"id": f.id, "severity": f.severity, "title": title(f), "ranks": d["ranks"], "bytes": f.bytes,
             "summary": summary(f), "evidence": d["evidence"], "sites": d["sites"], "fixes": fixes,
             "prediction": d["prediction"], "per_rank_bytes": {str(k): v for k, v in f.per_rank_bytes.items()}}

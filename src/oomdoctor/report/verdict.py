@@ -44,7 +44,7 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import JobPeak, job_peak
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight
-from ..detectors.finding import Finding, SiteRef
+from ..detectors.finding import Finding, Fix, SiteRef
 from ..frameworks import PIPELINE_KNOB, detect_frameworks, framework, running_files
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
@@ -84,7 +84,7 @@ class Verdict:
     headroom_bytes: int | None = None
     finding: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
-    actions: list[str] = field(default_factory=list)
+    actions: list[str | Fix] = field(default_factory=list)  # a finding's fix is named as data: the Fix itself
 
 
 def _material(findings: list[Finding], rank: int) -> list[Finding]:
