@@ -32,6 +32,15 @@ RENDERED = {
     "$.stack_matches~free": "a plain dict (trace.meta's stack_matches) the hand-written schema spells out",
     "$.prediction~free": "a finding's prediction: a dict the hand-written schema spells out",
     "$.fixes[].prediction~free": "the same, per fix",
+    "$+title": "render/json.py finding_dict: the finding's title in words (render/words/findings.py, id + variant)",
+    "$+summary": "the same: its summary",
+    "$.fixes[]+text": "the same: the fix's text (render/words/findings.py, by fix id)",
+    "$-variant": "the finding's wording, in the JSON as its title and summary (the contract is unchanged)",
+    "$.fixes[]-id": "the fix's id, in the JSON as its text (the contract is unchanged)",
+    "$.fixes[]-framework": "the framework whose knob a fix names, in the JSON as its text",
+    "$.actions[]:string vs object|string": "a verdict's action may be a finding's Fix (data): rendered as its text",
+    "$.verdict.actions[]:string vs object|string": "the same, a rank's verdict",
+    "$.title:string vs array": "diff: a finding's title as data (FindingTitle), rendered in words",
 }
 
 KINDS = {  # document kind: (the hand-written schema of the object, the dataclass asdict writes it from)

@@ -438,7 +438,7 @@ def diff_schema() -> Schema:
                            "after_anatomy": null(anatomy_schema("after, at its peak reserved")),
                            "sites": arr(site, "the sites that grew or shrank most")})
     finding = generated(FindingChange, "a finding in either run", enums={"status": STATUSES},
-                        made={"title": s("one line: the finding's title in words (render/words/findings.py)")})
+                        made={"title": s("one line")})  # a FindingTitle, in words
     return document("diff", obj({
         "before": arr(s(""), "the before inputs"), "after": arr(s(""), "the after inputs"),
         "peak_reserved_saved_bytes": b("summed over the ranks: before minus after"),
