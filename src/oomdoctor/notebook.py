@@ -12,13 +12,14 @@ wrapped object's fields read through (``diagnosis.ranks``), and the texts a user
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .render.format import fill
+from .detectors.finding import Finding, Fix
 from .render.html import embed, render_diff_html, render_html, render_simulation_html
 from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
+from .render.words import findings as finding_words
 from .render.words import verdict as verdict_words
 from .report.diff import Diff
 from .report.model import Report
@@ -59,12 +60,30 @@ class SaidVerdict:
 def _filled_verdict(v):
     if v is None:
         return None
-    return SaidVerdict(v.kind, verdict_words.summary(v), v.bytes, v.ranks, v.headroom_bytes, v.finding, v.evidence,
-                       verdict_words.actions(v), v.reasons, v.to_do)
+    return SaidVerdict(v.kind, verdict_words.summary(v), v.bytes, v.ranks, v.headroom_bytes, v.finding,
+                       finding_words.verdict_evidence(v.evidence), verdict_words.actions(v), v.reasons, v.to_do)
 
 
-def _filled_finding(f):
-    return replace(f, title=fill(f.title, f.evidence), summary=fill(f.summary, f.evidence))
+@dataclass
+class WordedFix(Fix):
+    """A fix with its ``text`` as the CLI prints it (:mod:`oomdoctor.render.words.findings`)."""
+
+    text: str = ""
+
+
+@dataclass
+class WordedFinding(Finding):
+    """A finding with its ``title`` and ``summary`` as the CLI prints them, and its fixes worded."""
+
+    title: str = ""
+    summary: str = ""
+
+
+def _filled_finding(f: Finding) -> WordedFinding:
+    fixes = [WordedFix(**{k.name: getattr(fx, k.name) for k in fields(fx)}, text=finding_words.fix_text(fx))
+             for fx in f.fixes]
+    return WordedFinding(**{k.name: getattr(f, k.name) for k in fields(f)} | {"fixes": fixes},
+                         title=finding_words.title(f), summary=finding_words.summary(f))
 
 
 class Diagnosis(_Result):

@@ -245,15 +245,15 @@ def test_largest_scale_replays_to_the_limit(tmp_path):
 
 
 def test_materiality_demotes_and_caps_to_the_simulated_saving():
-    small = Finding("allgather-list", "medium", "t", [0], 512, "s")
-    big = Finding("deferred-free", "high", "t", [0], 634 * MiB, "s",
+    small = Finding("allgather-list", "medium", [0], 512)
+    big = Finding("deferred-free", "high", [0], 634 * MiB,
                   prediction={"oom": None, "recorded_oom_event_index": None, "self_replay_exact": True,
                               "recorded_peak_reserved_bytes": 100 * GiB, "peak_reserved_bytes": 100 * GiB})
     out = apply([small, big], {0: 100 * GiB}, Materiality())
     assert [f.severity for f in out] == ["low", "low"]
     assert big.bytes == 0 and big.evidence["claimed_bytes"] == 634 * MiB
     assert small.evidence["materiality_threshold_bytes"] == GiB  # 1% of 100 GiB beats 64 MiB
-    keep = Finding("fragmentation", "high", "t", [0], 2 * GiB, "s")
+    keep = Finding("fragmentation", "high", [0], 2 * GiB)
     assert apply([keep], {0: 100 * GiB})[0].severity == "high"
 
 

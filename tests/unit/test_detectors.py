@@ -217,7 +217,7 @@ def test_cache_flush_churn_and_retries(tmp_path):
         b.free_segment(s, fr=EMPTY_CACHE)
     (f,) = cache_flush.detect(ctx_of(tmp_path, b))
     assert f.evidence["empty_cache_bursts"] == 3 and f.evidence["freed_bytes"] == 3 * 256 * MiB
-    assert "empty_cache" in f.title
+    assert f.variant == "empty-cache"
     b2 = SnapBuilder()
     s = b2.segment(256 * MiB)
     x = b2.alloc(s, 0, 200 * MiB)

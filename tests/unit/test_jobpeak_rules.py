@@ -14,7 +14,6 @@ from oomdoctor.analysis import analyze
 from oomdoctor.analysis.jobpeak import MISS_TOLERANCE_BYTES, JobPeak, counters, job_peak, starts_mid_job
 from oomdoctor.detectors import Context
 from oomdoctor.detectors import cache_flush as cf
-from oomdoctor.render.format import fill
 from oomdoctor.render.json import render_json
 from oomdoctor.render.text import render_text_plain
 from oomdoctor.render.words import verdict as words
@@ -243,14 +242,8 @@ def test_bursts_without_counters_are_not_called_retries():
     f = cf.detect_rank(a, Context([a]))
     assert (f.evidence["alloc_retries"], f.evidence["alloc_retries_source"], f.evidence["allocator_retry_bursts"]) \
         == (3, "inferred from segment-free bursts", 3)
-    assert fill(f.title, f.evidence) == ("Cached segments released in 3 bursts: allocator retries or garbage "
-                                         "collection")
-    assert fill(f.summary, f.evidence) == (
-        "The allocator released cached segments during training without empty_cache(), in 3 bursts of 1.50 GiB in all: "
-        "retries after cudaMalloc failed, or the garbage collector (garbage_collection_threshold) releasing old "
-        "blocks; this trace has no num_alloc_retries to tell them apart (record with oomdoctor: its sidecar has it). "
-        "Either costs time, not memory.")
-    assert "(s)" not in fill(f.summary, f.evidence) and "retried" not in fill(f.summary, f.evidence)
+    # bursts that may be retries or the collector, not "retries" (their words: test_words_findings)
+    assert (f.variant, f.evidence["freed_bytes"]) == ("retries-or-gc", 1536 * MiB)
 
 
 def test_the_allocators_own_count_decides_garbage_collection_is_no_retry():
@@ -263,8 +256,7 @@ def test_the_allocators_own_count_decides_garbage_collection_is_no_retry():
     f = cf.detect_rank(a, Context([a]))
     assert (f.evidence["alloc_retries"], f.evidence["alloc_retries_source"], f.evidence["num_alloc_retries"]) == (
         2, "sidecar", 2)
-    assert fill(f.summary, f.evidence).startswith("The allocator ran out of room without failing and retried: "
-                                                  "num_alloc_retries, PyTorch's own count, is 2.")
+    assert f.variant == "retries"
 
 
 def test_a_slice_does_not_carry_the_jobs_counters():

@@ -22,7 +22,7 @@ from oomdoctor.units import GiB, MiB
 
 
 def finding(bytes_: int, severity: str = "high", ranks=(0,), per_rank=None, prediction=None) -> Finding:
-    return Finding("fragmentation", severity, "t", list(ranks), bytes_, "s", per_rank_bytes=dict(per_rank or {}),
+    return Finding("fragmentation", severity, list(ranks), bytes_, per_rank_bytes=dict(per_rank or {}),
                    prediction=prediction)
 
 

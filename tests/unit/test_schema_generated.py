@@ -32,10 +32,19 @@ RENDERED = {
     "$.stack_matches~free": "a plain dict (trace.meta's stack_matches) the hand-written schema spells out",
     "$.prediction~free": "a finding's prediction: a dict the hand-written schema spells out",
     "$.fixes[].prediction~free": "the same, per fix",
-    "$+summary": "render/json.py verdict_dict: a verdict's summary in words (render/words/verdict.py)",
+    "$+summary": "render/json.py verdict_dict / finding_dict: a verdict's or a finding's summary in words (render/words/)",
     "$+actions": "the same, its actions in words",
     "$.verdict+summary": "the same, a rank's verdict",
     "$.verdict+actions": "the same",
+    "$+title": "render/json.py finding_dict: the finding's title in words (render/words/findings.py, id + variant)",
+    "$.fixes[]+text": "the same: the fix's text (render/words/findings.py, by fix id)",
+    "$-variant": "the finding's wording, in the JSON as its title and summary (the contract is unchanged)",
+    "$.fixes[]-id": "the fix's id, in the JSON as its text (the contract is unchanged)",
+    "$.fixes[]-framework": "the framework whose knob a fix names, in the JSON as its text",
+    "$.title:string vs array": "diff: a finding's title as data (FindingTitle), rendered in words",
+    "$.to_do[].fix:null|string vs null|object": "render/json.py verdict_dict: a finding-fix action's Fix, in the JSON "
+                                                "as the fix's id",
+    "$.verdict.to_do[].fix:null|string vs null|object": "the same, a rank's verdict",
 }
 
 KINDS = {  # document kind: (the hand-written schema of the object, the dataclass asdict writes it from)

@@ -78,7 +78,7 @@ RESERVED = GiB
 
 
 def _finding(id: str, bytes_: int, per_rank: dict | None = None, ranks=(RANK,), severity="high") -> Finding:
-    return Finding(id, severity, f"{id} title", list(ranks), bytes_, "s", per_rank_bytes=dict(per_rank or {}))
+    return Finding(id, severity, list(ranks), bytes_, per_rank_bytes=dict(per_rank or {}))
 
 
 class Calls:

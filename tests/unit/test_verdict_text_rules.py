@@ -35,9 +35,10 @@ from test_verdict_rules import ALLOCATED, RANK, RESERVED, Calls, oom_rank
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
-from oomdoctor.detectors.finding import Finding, Fix, SiteRef
+from oomdoctor.detectors.finding import Finding, FindingTitle, Fix, SiteRef
 from oomdoctor.frameworks import framework
-from oomdoctor.render.format import format_bytes
+from oomdoctor.render.format import fill, format_bytes
+from oomdoctor.render.words import findings as finding_words
 from oomdoctor.render.words import verdict as words
 from oomdoctor.report.fits import Fits, Room
 from oomdoctor.report.verdict import (
@@ -45,6 +46,7 @@ from oomdoctor.report.verdict import (
     KV_CACHE_FRACTION,
     LOGITS_FRACTION,
     VERDICT_FRACTION,
+    Action,
     Verdict,
     _actions,
     _fit_reason,
@@ -120,17 +122,20 @@ def logits(n, sites, knob=CHUNKS) -> str:
 
 
 def fixed(*fixes: tuple[str, bool | None]) -> list[Fix]:
-    return [Fix(text, "any", "test", applies=applies) for text, applies in fixes]
+    """Fixes by id (the words of a fix id are render/words/findings.py's, tested in test_words_findings)."""
+    return [Fix(fix_id, "any", "test", applies=applies) for fix_id, applies in fixes]
 
 
 def finding(id: str, bytes_: int, per_rank: dict | None = None, ranks=(RANK,), severity="high", fixes=(),
-            title=None) -> Finding:
-    return Finding(id, severity, title or f"{id} title", list(ranks), bytes_, "s",
-                   per_rank_bytes=dict(per_rank or {}), fixes=list(fixes))
+            variant="") -> Finding:
+    return Finding(id, severity, list(ranks), bytes_, per_rank_bytes=dict(per_rank or {}), fixes=list(fixes),
+                   variant=variant)
 
 
 def rendered(v: Verdict) -> list[str]:
-    return words.actions(v)
+    """The actions: a finding's fix by its id (the fix itself is the action), the others in words."""
+    ev = finding_words.verdict_evidence(v.evidence)
+    return [a.fix.id if a.fix is not None else fill(words.action_template(a, v.evidence), ev) for a in v.to_do]
 
 
 def bd(outputs=0, kv=None, allocated=ALLOCATED, step=None, phase="forward"):
@@ -394,7 +399,7 @@ def test_kv_cache_from_a_fifth_of_the_allocated_bytes(h900, kv, allocated, named
 
 
 def test_healthy_rank_re_read_against_its_findings(h900):
-    f = finding("deferred-free", PEAK // 10 + 1, fixes=fixed(("free earlier", None)))
+    f = finding("deferred-free", PEAK // 10 + 1, fixes=fixed(("free earlier", None)), variant="at-peak")
     v, _ = verdict(h900, 2 * GiB, findings=[f])
     assert (v.kind, v.finding, v.headroom_bytes) == ("deferred-free", "deferred-free", 2 * GiB - PEAK)
     assert rendered(v) == ["free earlier"]
@@ -520,7 +525,7 @@ def test_logits_named_in_the_evidence_and_the_actions(a768, a384):
 def actions(kind, ev=None, fits=None, files=(TRAIN,), mine=(), finding_id=None):
     v = Verdict(kind, 0, [RANK], None, finding_id, dict(ev or {}))
     v.to_do = _actions(v, fake(*files), list(mine), fits)
-    return words.actions(v), v.evidence
+    return rendered(v), v.evidence
 
 
 @pytest.mark.parametrize("kind, in_flight, expected", [
@@ -673,15 +678,17 @@ def healthy(peak: int, headroom: int | None = 7 * MiB) -> Verdict:
 def test_with_findings_sentence_evidence_and_action():
     peak = 1000 * MiB
     f = finding("deferred-free", 900 * MiB, per_rank={RANK: 150 * MiB, 0: 750 * MiB}, ranks=(0, RANK),
-                title="Deferred frees", fixes=fixed(("a", False), ("sync {s}", None)))
+                variant="at-peak", fixes=fixed(("a", False), ("sync {s}", None)))
     v = with_findings(healthy(peak), [f])
     assert (v.kind, v.bytes, v.ranks, v.headroom_bytes, v.finding) == (
         "deferred-free", 150 * MiB, [RANK], 7 * MiB, "deferred-free")
+    # the finding's title as data (its id and variant): the renderers put its words in
     assert v.evidence == {"peak_reserved_bytes": peak, "rank": RANK, "finding": "deferred-free",
-                          "finding_bytes": 150 * MiB, "title": "Deferred frees"}
+                          "finding_bytes": 150 * MiB, "title": FindingTitle("deferred-free", "at-peak", f.evidence)}
     assert words.summary(v) == (
-        f"Deferred frees: {B(150 * MiB)} at stake (no OOM in this trace; peak reserved {B(peak)}).")
-    assert rendered(v) == ["sync {s}"]
+        f"Frees deferred by record_stream hold memory across layers and steps: {B(150 * MiB)} at stake (no OOM in "
+        f"this trace; peak reserved {B(peak)}).")
+    assert rendered(v) == ["sync {s}"] and v.to_do == [Action("finding-fix", fix=f.fixes[1])]
 
 
 def test_with_findings_no_applicable_fix_no_action():

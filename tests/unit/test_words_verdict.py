@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from oomdoctor.detectors.finding import Fix
 from oomdoctor.frameworks import PIPELINE_KNOB, framework
 from oomdoctor.render.format import format_bytes as B
 from oomdoctor.render.words import verdict as words
+from oomdoctor.render.words.findings import fix_text
 from oomdoctor.report.verdict import ACTIONS, Action, Verdict
 from oomdoctor.units import MiB
 
@@ -199,7 +201,7 @@ ALLOC = "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CON
     (Action("alloc-conf-not-enough"), ALLOC + " to stop stranding free memory; simulated, it is not enough here: "
                                               "lower the micro-batch too."),
     (Action("or-micro-batch-at-most"), "Or keep the default allocator with a per-device micro-batch of at most 4."),
-    (Action("finding-fix", fix="auto_wrap_policy={Block}"), "auto_wrap_policy={Block}"),
+    (Action("finding-fix", fix=Fix("sharded-checkpoint", "all", "s")), fix_text(Fix("sharded-checkpoint", "all", "s"))),
     (Action("logits"), f"The loss's logits hold {B(400 * MiB)} (loss.py:3 in cross_entropy): compute the loss in "
                        "chunks or fuse the LM head with the cross-entropy."),
 ], ids=lambda x: x.id if isinstance(x, Action) else "")
@@ -223,7 +225,7 @@ def test_the_setting_named_is_the_replayed_one():
 def test_every_action_is_said():
     # every id has its own words, all different
     fw = {"kv-cache-smaller": "generate", "framework-activations": "deepspeed"}
-    got = {act(Action(x, framework=fw.get(x), fix="f")) for x in ACTIONS}
+    got = {act(Action(x, framework=fw.get(x), fix=Fix("sharded-checkpoint", "all", "s"))) for x in ACTIONS}
     assert len(got) == len(ACTIONS) and all(got)
     with pytest.raises(KeyError):
         act(Action("no-such-action"))

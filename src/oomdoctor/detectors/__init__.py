@@ -6,6 +6,7 @@ from .._lazy import lazy_attributes
 __getattr__ = lazy_attributes(__name__, {
     "Context": "context",
     "Finding": "finding",
+    "FindingTitle": "finding",
     "Fix": "finding",
     "SiteRef": "finding",
     "DETECTORS": "registry",
@@ -13,4 +14,4 @@ __getattr__ = lazy_attributes(__name__, {
 })
 
 
-__all__ = ["DETECTORS", "Context", "Finding", "Fix", "SiteRef", "run_all"]
+__all__ = ["DETECTORS", "Context", "Finding", "FindingTitle", "Fix", "SiteRef", "run_all"]

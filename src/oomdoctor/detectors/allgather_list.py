@@ -36,21 +36,13 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "peak_reserved_bytes": int(a.peak_reserved[0]),
         "peak_allocated_bytes": int(a.peak_allocated[0]),
     }
-    summary = ("{calls} calls of all_gather into a list allocated a temporary flat buffer each (largest "
-               "{largest_flat_buffer_bytes:bytes}, {flat_buffer_bytes_total:bytes} in all) that is copied into "
-               "the list and then copied again by torch.cat: three buffers of the gathered size instead of one, "
-               "and more sizes for the allocator to cache.")
     fixes = [
-        Fix("Preallocate the output once and call dist.all_gather_into_tensor(out, inp) (all_gather_single in "
-            "recent releases); view it as chunks instead of concatenating a list.", versions=">=1.13",
-            source="pytorch/pytorch PR #85686; DeepSpeed PR #4705", kind="code",
-            setting="all_gather_into_tensor"),
-        Fix("For reduce-scatter likewise use reduce_scatter_tensor instead of a list input.", versions=">=1.13",
-            source="pytorch/pytorch PR #85686", kind="code"),
+        Fix("all-gather-into-tensor", versions=">=1.13", source="pytorch/pytorch PR #85686; DeepSpeed PR #4705",
+            kind="code", setting="all_gather_into_tensor"),
+        Fix("reduce-scatter-tensor", versions=">=1.13", source="pytorch/pytorch PR #85686", kind="code"),
     ]
-    return Finding(ID, "medium", "all_gather into a list then torch.cat copies the gathered data twice",
-                   [a.rank], int(flat.max()), summary, evidence, site_refs(a, group_sites(a.trace, lt, rows)), fixes,
-                   per_rank_bytes={a.rank: int(flat.max())})
+    return Finding(ID, "medium", [a.rank], int(flat.max()), evidence, site_refs(a, group_sites(a.trace, lt, rows)),
+                   fixes, per_rank_bytes={a.rank: int(flat.max())})
 
 
 def detect(ctx: Context) -> list[Finding]:

@@ -93,53 +93,24 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "alloc_retries_source": stats_source if known else "inferred from segment-free bursts",
     }
     at_stake = 0  # the cost of flushing is time, not memory: no bytes are at stake
-    if churn and classified_by == "unknown":
-        summary = ("Cached segments were released {segment_free_bursts} times during training ({freed_bytes:bytes} in "
-                   "all) and the trace allocated {reallocated_after_bytes:bytes} again afterwards: either "
-                   "torch.cuda.empty_cache() calls or allocator retries, about {flush_time_us:us} of flushing and "
-                   "{cuda_malloc_calls_after} cudaMalloc calls. This trace has no free stacks (recorded with "
-                   "context='alloc') and no memory_stats to tell them apart; record with oomdoctor (its sidecar has "
-                   "num_alloc_retries).")
-        title = ("Cached memory released and allocated again {segment_free_bursts} times (empty_cache() or allocator "
-                 "retries), about {flush_time_us:us}")
-    elif churn:
-        summary = ("empty_cache() released segments {empty_cache_bursts} times during training ({freed_bytes:bytes} "
-                   "in all) and the trace allocated {reallocated_after_bytes:bytes} again afterwards: each call "
-                   "synchronises the device and the next steps pay for fresh cudaMalloc calls ({cuda_malloc_calls_after} "
-                   "in all). The trace shows about {flush_time_us:us} spent flushing and allocating again. It costs "
-                   "time, not memory: empty_cache() never gives PyTorch more room.")
-        title = ("torch.cuda.empty_cache() churn: about {flush_time_us:us} of flushing and allocating again over "
-                 "{empty_cache_bursts} flushes (a speed cost)")
-    elif known:
-        summary = ("The allocator ran out of room without failing and retried: num_alloc_retries, PyTorch's own count, "
-                   "is {alloc_retries}. Each time it freed its cache and retried cudaMalloc, synchronising every stream. The "
-                   "job runs at the edge of the device's memory; the cost is time, not memory.")
-        title = "Allocator retries: the job runs at the edge of its memory"
-    else:
-        # without PyTorch's counters a burst of segment frees may be a retry or the garbage collector
-        # (garbage_collection_threshold, release_available_cached_blocks under max_split_size_mb): both free cached
-        # segments and allocate on; only num_alloc_retries tells them apart
-        summary = ("The allocator released cached segments during training without empty_cache(), in "
-                   "{allocator_retry_bursts} bursts of {freed_bytes:bytes} in all: retries after cudaMalloc failed, or the garbage "
-                   "collector (garbage_collection_threshold) releasing old blocks; this trace has no num_alloc_retries "
-                   "to tell them apart (record with oomdoctor: its sidecar has it). Either costs time, not memory.")
-        title = "Cached segments released in {allocator_retry_bursts} bursts: allocator retries or garbage collection"
+    # the wording: churn the trace cannot attribute, empty_cache() churn, PyTorch's own retry count, or bursts that
+    # may be retries or the garbage collector (without num_alloc_retries: garbage_collection_threshold and
+    # release_available_cached_blocks under max_split_size_mb free cached segments and allocate on as a retry does)
+    variant = ("churn-unknown" if churn and classified_by == "unknown" else "empty-cache" if churn
+               else "retries" if known else "retries-or-gc")
     sev = "low"
     fixes = []
     if churn:
         fixes.append(Fix(
-            "Call torch.cuda.empty_cache() only at phase changes (after initialisation, after evaluation), not "
-            "every step; it never gives PyTorch more memory.", versions="all",
+            "empty-cache-at-phase-changes", versions="all",
             source="discuss.pytorch.org/t/34232 (albanD); pytorch.org/docs/stable/notes/cuda.html#memory-management",
             kind="code"))
     if retries:
         fixes.append(Fix(
-            "Lower the peak (activation checkpointing, a smaller micro-batch) or fix fragmentation so the "
-            "allocator never has to flush and retry; watch num_alloc_retries in torch.cuda.memory_stats().",
-            versions="all", source="zdevito 'A guide to PyTorch's CUDA Caching Allocator'; torchtitan metrics.py",
+            "lower-peak-no-retries", versions="all", source="zdevito 'A guide to PyTorch's CUDA Caching Allocator'; torchtitan metrics.py",
             kind="code"))
-    return Finding(ID, sev, title, [a.rank], at_stake, summary, evidence, [], fixes,
-                   per_rank_bytes={a.rank: at_stake})
+    return Finding(ID, sev, [a.rank], at_stake, evidence, [], fixes, per_rank_bytes={a.rank: at_stake},
+                   variant=variant)
 
 
 def _flush_cost(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray) -> tuple[int, int]:

@@ -93,14 +93,9 @@ def _detect_final_state(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     v = ctx.version(a)
     evidence = {"held_at_end_bytes": held, "blocks_pending_at_end": len(pending), "reserved_bytes": reserved,
                 "allocated_bytes": allocated, "owner": owner, "torch_version": v.text}
-    summary = ("{blocks_pending_at_end} blocks freed by Python but kept by the allocator until work on another "
-               "stream ({owner}) finished hold {held_at_end_bytes:bytes} in the final state ({reserved_bytes:bytes} "
-               "reserved for {allocated_bytes:bytes} allocated). Recorded without history: how long each free "
-               "waited, and which collective held it, are not known.")
     sev = "high" if held >= 0.25 * reserved else "medium"
-    return Finding(id=ID, severity=sev, title="Frees deferred by record_stream hold memory across layers and steps",
-                   ranks=[a.rank], bytes=held, summary=summary, evidence=evidence, sites=[],
-                   fixes=_fixes(owner, v), per_rank_bytes={a.rank: held})
+    return Finding(id=ID, severity=sev, ranks=[a.rank], bytes=held, evidence=evidence, sites=[],
+                   fixes=_fixes(owner, v), per_rank_bytes={a.rank: held}, variant="final-state")
 
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
@@ -155,26 +150,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     v = ctx.version(a)
     evidence["torch_version"] = v.text
     sev = "high" if held_at_peak >= 0.25 * peak_reserved else "medium"
-    owner_text = {
-        "collective": "a collective's stream (NCCL, {collectives})",
-        "fsdp": "FSDP's unshard / reduce-scatter streams",
-        "point-to-point": "point-to-point send/recv streams",
-        "user code": "a side stream your code calls record_stream() for",
-        "unknown": "another stream (which one is not recorded: the frees were requested before the trace began)",
-    }[main_owner]
-    summary = (f"{{blocks_held_at_peak}} blocks freed by Python but kept by the allocator until work on "
-               f"{owner_text} finished hold {{held_at_peak_bytes:bytes}} at the peak of reserved memory "
-               "({peak_reserved_bytes:bytes} reserved for {peak_allocated_bytes:bytes} allocated). "
-               "Each free waited a median {median_deferral_us:us} (up to {max_deferral_us:us}); meanwhile the "
-               "allocator could not reuse the blocks and reserved new segments ({segment_allocs_before_peak} "
-               "cudaMalloc calls up to the peak). The memory is held, not fragmented: expandable_segments "
-               "does not cure it.")
     return Finding(
-        id=ID, severity=sev,
-        title="Frees deferred by record_stream hold memory across layers and steps",
-        ranks=[a.rank], bytes=held_at_peak, summary=summary, evidence=evidence,
+        id=ID, severity=sev, ranks=[a.rank], bytes=held_at_peak, evidence=evidence,
         sites=site_refs(a, group_sites(a.trace, lt, live_at_peak)),
-        fixes=_fixes(main_owner, v), per_rank_bytes={a.rank: held_at_peak})
+        fixes=_fixes(main_owner, v), per_rank_bytes={a.rank: held_at_peak}, variant="at-peak")
 
 
 def _fixes(owner: str, v) -> list[Fix]:
@@ -183,40 +162,26 @@ def _fixes(owner: str, v) -> list[Fix]:
     fixes: list[Fix] = []
     if owner in ("collective", "fsdp", "unknown"):
         fixes.append(Fix(
-            "Set TORCH_NCCL_AVOID_RECORD_STREAMS=1 before the process group is created: ProcessGroupNCCL then "
-            "keeps a reference to the collective's tensors until wait() instead of calling record_stream.",
-            versions="2.1-2.7", source="pytorch/pytorch PR #89880, #97053; issue #124260",
+            "avoid-record-streams", versions="2.1-2.7", source="pytorch/pytorch PR #89880, #97053; issue #124260",
             kind="env", setting="TORCH_NCCL_AVOID_RECORD_STREAMS=1", applies=legacy,
             what_if={"deferred_frees": "immediate"}))
         fixes.append(Fix(
-            "Upgrade to PyTorch >= 2.8, where synchronous collectives run on the current stream and never "
-            "record_stream their tensors.",
-            versions=">=2.8", source="pytorch/pytorch PR #148590 (relanded as #150398)", kind="upgrade",
+            "upgrade-collectives-current-stream", versions=">=2.8", source="pytorch/pytorch PR #148590 (relanded as #150398)", kind="upgrade",
             applies=None if modern is None else not modern, what_if={"deferred_frees": "immediate"}))
     if owner == "fsdp":
         fixes.append(Fix(
-            "FSDP1: keep limit_all_gathers=True (the default since 2.1) so the CPU cannot run ahead with "
-            "unsharded parameters; better, migrate to FSDP2 (fully_shard), which avoids record_stream.",
-            versions=">=2.1 (FSDP2 >= 2.4)", source="pytorch/pytorch PRs #83666, #83917; github.com/pytorch/torchtitan/blob/main/docs/fsdp.md",
+            "fsdp-limit-all-gathers", versions=">=2.1 (FSDP2 >= 2.4)", source="pytorch/pytorch PRs #83666, #83917; github.com/pytorch/torchtitan/blob/main/docs/fsdp.md",
             kind="config", setting="limit_all_gathers=True"))
     if owner in ("collective", "user code", "unknown") or modern:
         fixes.append(Fix(
-            "If your code runs the collective on its own stream and calls tensor.record_stream(stream), drop "
-            "record_stream: issue it with async_op=True and call work.wait() (or "
-            "torch.cuda.current_stream().wait_stream(stream)) before the tensor is reused, keeping a Python "
-            "reference until then.",
-            versions="all", source="torch.Tensor.record_stream docs; pytorch/pytorch issue #124260 (awgu)",
+            "async-op-wait", versions="all", source="torch.Tensor.record_stream docs; pytorch/pytorch issue #124260 (awgu)",
             kind="code", applies=True if (owner == "user code" or modern) else None,
             what_if={"deferred_frees": "immediate"}))
     if owner == "point-to-point":
         fixes.append(Fix(
-            "Point-to-point sends still call record_stream in every version: wait on isend/irecv works "
-            "promptly and keep fewer micro-batches in flight.",
-            versions="all", source="ProcessGroupNCCL.cpp pointToPoint", kind="code", applies=True))
+            "point-to-point-wait", versions="all", source="ProcessGroupNCCL.cpp pointToPoint", kind="code", applies=True))
     fixes.append(Fix(
-        "Do not expect expandable_segments:True to help: the blocks are held, not fragmented (measured: "
-        "2.84 GiB legacy vs 2.23 GiB with expandable segments vs 1.22 GiB without record_stream).",
-        versions="all", source="measured on H200 GPUs with PyTorch 2.11: a two-rank tensor-parallel job that "
+        "expandable-segments-no-help", versions="all", source="measured on H200 GPUs with PyTorch 2.11: a two-rank tensor-parallel job that "
                                "all-reduces after each of 8 layers, with its inputs record_stream-ed, with "
                                "expandable segments too, and with a plain all_reduce", kind="config", applies=True,
         what_if={"config": "expandable_segments:True"}))

@@ -65,16 +65,9 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
             "segments": an.segments,
             "expandable_segments": expandable_on,
         }
-        summary = ("Out of memory asking for {requested_bytes:bytes} (a cudaMalloc of {cuda_malloc_bytes:bytes}, "
-                   "the size PyTorch's error message shows) while {reserved_unallocated_bytes:bytes} "
-                   "of the {reserved_bytes:bytes} reserved were not allocated: the largest free block of the "
-                   "{pool} pool on this stream was {largest_free_block_bytes:bytes}. "
-                   "{free_in_used_segments_bytes:bytes} are free but stranded in {segments} segments that "
-                   "still hold live blocks, so the allocator could not cudaMalloc a new segment under the cap "
-                   "and freeing its cache did not help.")
-        return Finding(ID, "critical", "Out of memory with enough free memory, in pieces too small",
-                       [a.rank], unallocated, summary, evidence, [], _fixes(v, expandable_on, request, _capped(a), shapes_vary(a)),
-                       per_rank_bytes={a.rank: unallocated})
+        return Finding(ID, "critical", [a.rank], unallocated, evidence, [],
+                       _fixes(v, expandable_on, request, _capped(a), shapes_vary(a)),
+                       per_rank_bytes={a.rank: unallocated}, variant="oom")
     if a.num_events == 0 or expandable_on:
         return None
     reserved, k = a.peak_reserved
@@ -90,11 +83,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "largest_free_block_bytes": an.largest_free_block_bytes,
         "segments": an.segments,
     }
-    summary = ("At the peak, {free_in_used_segments_bytes:bytes} of the {peak_reserved_bytes:bytes} reserved "
-               "were free but stranded inside segments that still hold live blocks (largest free block "
-               "{largest_free_block_bytes:bytes}); only {allocated_at_peak_bytes:bytes} were allocated.")
-    return Finding(ID, "high", "Reserved memory far above allocated: free space stranded in segments",
-                   [a.rank], stranded, summary, evidence, [], _fixes(v, False, 0, _capped(a), shapes_vary(a)), per_rank_bytes={a.rank: stranded})
+    return Finding(ID, "high", [a.rank], stranded, evidence, [], _fixes(v, False, 0, _capped(a), shapes_vary(a)),
+                   per_rank_bytes={a.rank: stranded}, variant="stranded")
 
 
 def _capped(a: DeviceAnalysis) -> bool:
@@ -143,36 +133,25 @@ def shapes_vary(a: DeviceAnalysis) -> bool:
 
 def _fixes(v, expandable_on: bool, request: int, capped: bool, varies: bool = False) -> list[Fix]:
     env = "PYTORCH_ALLOC_CONF" if v.at_least((2, 9)) else "PYTORCH_CUDA_ALLOC_CONF"
-    env_note = ("PYTORCH_ALLOC_CONF from PyTorch 2.9, where PYTORCH_CUDA_ALLOC_CONF is still read as its alias; "
-                "PYTORCH_CUDA_ALLOC_CONF before 2.9")
     split = split_mb(request)
     fixes = []
     if not expandable_on:
         fixes.append(Fix(
-            f"Set {env}=expandable_segments:True ({env_note}): segments grow by mapping pages, so free space "
-            "is not stranded between fixed-size segments. Not compatible with CUDA IPC of those tensors "
-            "(issue #130330), NCCL user-buffer registration (--use-nccl-ub, NVIDIA/nccl#1584); with CUDA "
-            "graphs and NCCL set NCCL_GRAPH_REGISTER=0 (issue #158029).",
-            versions=">=2.1", source="pytorch/pytorch PR #96995; pytorch.org/docs/stable/notes/cuda.html"
+            "expandable-segments", versions=">=2.1", source="pytorch/pytorch PR #96995; pytorch.org/docs/stable/notes/cuda.html"
                    "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf",
             kind="env", setting=f"{env}=expandable_segments:True", applies=v.at_least((2, 1)),
             what_if={"config": "expandable_segments:True"}))
     fixes.append(Fix(
-        f"Or set {env}=max_split_size_mb:{split}: blocks at least that large are never split, so large "
-        "requests find whole blocks (ignored when expandable segments are on, issue #119452).",
-        versions=">=1.10", source="pytorch.org/docs/stable/notes/cuda.html; CUDACachingAllocator.cpp get_free_block/should_split",
+        "max-split-size", versions=">=1.10", source="pytorch.org/docs/stable/notes/cuda.html; CUDACachingAllocator.cpp get_free_block/should_split",
         kind="env", setting=f"{env}=max_split_size_mb:{split}",
         what_if={"config": f"max_split_size_mb:{split}"}))
     if capped:  # the collector only runs under a memory fraction (CUDACachingAllocator.cpp malloc)
         fixes.append(Fix(
-            f"Under the memory fraction (torch.cuda.set_per_process_memory_fraction), add "
-            f"garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap.",
-            versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
+            "garbage-collection-threshold", versions=">=1.12", source="CUDACachingAllocator.cpp garbage_collect_cached_blocks", kind="env",
             setting=f"{env}=garbage_collection_threshold:0.8", what_if={"config": "garbage_collection_threshold:0.8"}))
     if varies:  # only a job whose shapes change from pass to pass (shapes_vary)
         fixes.append(Fix(
-            "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
-            versions="all", source="PyTorch CUDA semantics notes, 'Optimizing memory usage with "
+            "vary-shapes-less", versions="all", source="PyTorch CUDA semantics notes, 'Optimizing memory usage with "
                                    "PYTORCH_CUDA_ALLOC_CONF' (pytorch.org/docs/stable/notes/cuda.html)", kind="code"))
     return fixes
 

@@ -59,19 +59,13 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "allocated_at_last_step_bytes": int(start_alloc[-1]),
         "peak_allocated_bytes": int(a.peak_allocated[0]),
     }
-    summary = ("Over {steps} training steps (found by {step_source}), steps {leaking_steps} each left blocks "
-               "allocated that are still alive at the last step: {retained_bytes:bytes} in all. Allocated memory "
-               "at step start grew from {allocated_at_first_step_bytes:bytes} to {allocated_at_last_step_bytes:bytes}.")
     fixes = [
-        Fix("Do not keep tensors that are attached to the graph or live on the GPU across steps: log with "
-            "loss.item() or t.detach().cpu(), and keep debug tensors on the CPU.", versions="all",
+        Fix("detach-kept-tensors", versions="all",
             source="PyTorch FAQ 'Don't accumulate history across your training loop'", kind="code"),
-        Fix("If a list or dict of tensors grows per step, bound it or clear it at the step boundary; find "
-            "reference cycles with torch.utils.viz._cycles.warn_tensor_cycles().", versions=">=2.1",
-            source="PyTorch blog 'Understanding GPU Memory 2'", kind="code"),
+        Fix("bound-growing-containers", versions=">=2.1", source="PyTorch blog 'Understanding GPU Memory 2'",
+            kind="code"),
     ]
-    return Finding(ID, "high", "Memory grows from step to step: tensors from earlier steps stay allocated",
-                   [a.rank], total, summary, evidence, site_refs(a, group_sites(a.trace, a.lifetimes, all_rows)),
+    return Finding(ID, "high", [a.rank], total, evidence, site_refs(a, group_sites(a.trace, a.lifetimes, all_rows)),
                    fixes, per_rank_bytes={a.rank: total})
 
 

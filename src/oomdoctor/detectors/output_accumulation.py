@@ -25,7 +25,7 @@ from ..analysis.arrays import distinct, distinct_columns
 from ..analysis.device import DeviceAnalysis
 from ..analysis.phases import GENERATION_PHASE, role_index
 from ..analysis.sites import group_sites
-from ..frameworks import GRAPH_KEPT_FIX, detect_frameworks, running_files
+from ..frameworks import detect_frameworks, running_files
 from .common import rows_with, site_refs, stacks_matching
 from .context import Context
 from .finding import Finding, Fix
@@ -85,38 +85,27 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     if graph:
         # every layer's saved tensors of every batch: what a Python sum of losses keeps alive through
         # their grad_fn chain when the loop runs without no_grad()
-        summary = ("At {at}, {kept_bytes:bytes} in {blocks} blocks of {passes} batches are kept ({phase} phase): "
-                   "{sites_per_pass} different sites of each batch, the tensors autograd saves for a backward, so each "
-                   "batch's whole graph stays alive: {kept_fraction:.0%} of the {allocated_bytes:bytes} allocated. "
-                   "A loop that sums losses as tensors without torch.no_grad() does this.")
-        title = "Every batch's autograd graph is kept alive (a loss summed without no_grad)"
-        fixes = [Fix(GRAPH_KEPT_FIX[:1].upper() + GRAPH_KEPT_FIX[1:] + ".", versions="all",
+        variant = "graph-kept"
+        fixes = [Fix("no-grad-evaluation", versions="all",
                      source="PyTorch FAQ 'Don't accumulate history across your training loop'; torch.no_grad docs",
                      kind="code")]
     elif regrown and passes.size < MIN_PASSES:
         evidence["regrown_passes"] = regrown
-        summary = ("At {at}, {kept_bytes:bytes} are held by a buffer re-allocated larger for each of {regrown_passes} "
-                   "batches ({phase} phase): every batch's outputs are concatenated onto the previous ones "
-                   "({kept_fraction:.0%} of the {allocated_bytes:bytes} allocated). It grows until the device is full.")
-        title = "Outputs of every batch gathered into one growing buffer"
+        variant = "regrown"
         fixes = []
     else:
-        summary = ("At {at}, {kept_bytes:bytes} in {blocks} blocks are outputs of {passes} micro-batches kept on the "
-                   "GPU while later ones ran ({phase} phase): {kept_fraction:.0%} of the {allocated_bytes:bytes} "
-                   "allocated. They grow by one batch per step until the device is full.")
-        title = "Outputs of many micro-batches are kept on the GPU"
+        variant = "kept-outputs"
         fixes = []
     if not graph:
-        fixes = [Fix(f"{fw.name}: {fw.knobs['eval-outputs']}.", versions="all",
+        fixes = [Fix("framework-eval-outputs", versions="all",
                      source="transformers Trainer docs (preprocess_logits_for_metrics); a measured Trainer evaluation "
-                            "whose eval_accumulation_steps moved 79 GB of logits per rank to host RAM", kind="config")
+                            "whose eval_accumulation_steps moved 79 GB of logits per rank to host RAM", kind="config",
+                     framework=fw.id)
                  for fw in frameworks if "eval-outputs" in fw.knobs]
-        fixes.append(Fix("Keep only what the metric needs per batch (e.g. logits.argmax(-1)), or move kept tensors to "
-                         "the CPU with t.detach().cpu(); accumulate metric state instead of outputs (torchmetrics).",
-                         versions="all", source="PyTorch FAQ (accumulating history); torchmetrics docs", kind="code"))
+        fixes.append(Fix("keep-what-the-metric-needs", versions="all", source="PyTorch FAQ (accumulating history); torchmetrics docs", kind="code"))
     sev = "high" if kept >= HIGH_FRACTION * allocated else "medium"
-    return Finding(ID, sev, title, [a.rank], kept, summary, evidence,
-                   site_refs(a, group_sites(a.trace, lt, rows)), fixes, per_rank_bytes={a.rank: kept})
+    return Finding(ID, sev, [a.rank], kept, evidence, site_refs(a, group_sites(a.trace, lt, rows)), fixes,
+                   per_rank_bytes={a.rank: kept}, variant=variant)
 
 
 def _regrown(a: DeviceAnalysis, rows: np.ndarray) -> int:

@@ -95,26 +95,15 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "peak_allocated_bytes": int(a.peak_allocated[0]),
         "torch_version": v.text,
     }
-    summary = ("This pipeline stage keeps {outputs_kept} micro-batch outputs of {output_bytes:bytes} each "
-               "({kept_bytes:bytes}) allocated at once until step() ends (median {median_held_us:us} each): "
-               "the schedule caches every output of the last stage to merge them, so memory grows with the "
-               "number of micro-batches.")
     fixes = [
-        Fix("Call schedule.step(..., return_outputs=False) when you do not use the merged outputs (the loss "
-            "is still computed by the schedule's loss_fn).", versions=">=2.10",
+        Fix("return-outputs-false", versions=">=2.10",
             source="pytorch/pytorch PR #165822; torchtitan PR #1922", kind="code",
             setting="return_outputs=False", applies=v.at_least((2, 10))),
-        Fix("Before 2.10: do not append outputs to stage.output_chunks on the last stage (patch "
-            "_PipelineStageBase.forward_one_chunk / PipelineScheduleSingle.step to skip the append when the merged "
-            "outputs are not used).",
-            versions="2.4-2.9", source="pytorch/pytorch issue #159251; discuss.pytorch.org/t/221886", kind="code",
+        Fix("skip-output-chunks", versions="2.4-2.9", source="pytorch/pytorch issue #159251; discuss.pytorch.org/t/221886", kind="code",
             applies=None if v.at_least((2, 10)) is None else not v.at_least((2, 10))),
-        Fix("Shrink what is kept: compute the loss inside the schedule and chunk or fuse the LM head and "
-            "cross-entropy so no full [tokens, vocab] logits tensor is materialised.",
-            versions="all", source="github.com/pytorch/torchtitan/blob/main/docs/chunked_loss.md", kind="code"),
+        Fix("chunked-loss", versions="all", source="github.com/pytorch/torchtitan/blob/main/docs/chunked_loss.md", kind="code"),
     ]
-    return Finding(ID, "high", "Last pipeline stage keeps every micro-batch's output until step() ends",
-                   [a.rank], total, summary, evidence, site_refs(a, group_sites(a.trace, lt, g)), fixes,
+    return Finding(ID, "high", [a.rank], total, evidence, site_refs(a, group_sites(a.trace, lt, g)), fixes,
                    per_rank_bytes={a.rank: total})
 
 

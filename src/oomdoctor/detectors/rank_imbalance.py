@@ -91,24 +91,13 @@ def _detect_group(pk: list[RankProfile]) -> list[Finding]:
             evidence["top_site_extra_bytes"] = top[0].delta_bytes
             evidence["top_site_blocks"] = top[0].count
             evidence["top_site"] = top[0].ref.label
-            detail = (" The difference is {top_site_extra_bytes:bytes} in {top_site_blocks} blocks allocated at "
-                      "{top_site}, still held at the end on this rank only.") if at_end else \
-                     " The most different site is {top_site} ({top_site_extra_bytes:bytes} more)."
-        else:
-            detail = ""
-        summary = ("Rank {rank} peaks at {peak_allocated_bytes:bytes} allocated, {excess_bytes:bytes} above the "
-                   "median of the other ranks ({others_median_peak_allocated_bytes:bytes}); at the end it still "
-                   "holds {end_allocated_bytes:bytes} against {others_median_end_allocated_bytes:bytes}." + detail)
+        # the wording of the site that differs most: still held at the end on this rank only, or at the peak
+        variant = ("held-at-end" if at_end else "most-different") if top else ""
         fixes = [
-            Fix("Keep per-rank extras off the GPU: move logged or debug tensors to the CPU (t.detach().cpu()) or "
-                "keep scalars with .item(); run metrics and evaluation on every rank or under inference_mode.",
-                versions="all", source="PyTorch FAQ 'Don't accumulate history across your training loop' (pytorch.org/docs/stable/notes/faq.html)", kind="code"),
-            Fix("Checkpoint with torch.distributed.checkpoint (sharded) or full state dicts offloaded to the CPU "
-                "(StateDictOptions(full_state_dict=True, cpu_offload=True)) instead of gathering on rank 0.",
-                versions=">=2.2", source="torch/distributed/checkpoint/state_dict.py StateDictOptions", kind="code"),
+            Fix("per-rank-extras-off-gpu", versions="all", source="PyTorch FAQ 'Don't accumulate history across your training loop' (pytorch.org/docs/stable/notes/faq.html)", kind="code"),
+            Fix("sharded-checkpoint", versions=">=2.2", source="torch/distributed/checkpoint/state_dict.py StateDictOptions", kind="code"),
         ]
         refs = [d.ref for d in (at_end or at_peak)][:MAX_SITES]
-        out.append(Finding(ID, "high" if excess >= 0.2 * med else "medium",
-                           f"Rank {p.rank} uses more memory than the other ranks", [p.rank], excess, summary,
-                           evidence, refs, fixes, per_rank_bytes={p.rank: excess}))
+        out.append(Finding(ID, "high" if excess >= 0.2 * med else "medium", [p.rank], excess, evidence, refs, fixes,
+                           per_rank_bytes={p.rank: excess}, variant=variant))
     return out

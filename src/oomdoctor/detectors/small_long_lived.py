@@ -63,22 +63,13 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "free_in_pinned_segments_bytes": pinned_free,
         "reserved_bytes": an.reserved_bytes,
     }
-    summary = ("{blocks} small blocks ({bytes:bytes}) live for most of the trace, spread over "
-               "{segments_pinned} segments that hold {free_in_pinned_segments_bytes:bytes} of free space the "
-               "allocator can neither release nor use for larger requests.")
     fixes = [
-        Fix("Allocate long-lived tensors as views of one contiguous buffer (data = torch.empty(total); "
-            "t = data[a:b].view(shape)), then torch.cuda.empty_cache() once to drop the old pieces.",
-            versions="all", source="Megatron-LM's contiguous gradient buffer (megatron/core/distributed/param_and_grad_buffer.py)", kind="code"),
-        Fix("DDP: gradient_as_bucket_view=True makes gradients views of the all-reduce buckets; DeepSpeed: "
-            "contiguous_gradients (default True); fused optimizers (fused=True) avoid per-tensor temporaries.",
-            versions=">=1.7", source="torch/nn/parallel/distributed.py docstring; DeepSpeed PR #1199", kind="config"),
-        Fix("Create optimizer state before the first forward (e.g. one zero-loss step) so it is not "
-            "interleaved with activations.", versions="all", source="the allocator's best-fit reuse of freed blocks (c10/cuda/CUDACachingAllocator.cpp get_free_block)",
+        Fix("contiguous-buffer", versions="all", source="Megatron-LM's contiguous gradient buffer (megatron/core/distributed/param_and_grad_buffer.py)", kind="code"),
+        Fix("bucket-view-gradients", versions=">=1.7", source="torch/nn/parallel/distributed.py docstring; DeepSpeed PR #1199", kind="config"),
+        Fix("optimizer-state-first", versions="all", source="the allocator's best-fit reuse of freed blocks (c10/cuda/CUDACachingAllocator.cpp get_free_block)",
             kind="code"),
     ]
-    return Finding(ID, "low", "Many small long-lived blocks pin segments", [a.rank], pinned_free, summary,
-                   evidence, site_refs(a, group_sites(a.trace, lt, rows)), fixes, per_rank_bytes={a.rank: pinned_free})
+    return Finding(ID, "low", [a.rank], pinned_free, evidence, site_refs(a, group_sites(a.trace, lt, rows)), fixes, per_rank_bytes={a.rank: pinned_free})
 
 
 def detect(ctx: Context) -> list[Finding]:

@@ -9,12 +9,14 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
-from .format import fill
+from ..detectors.finding import FindingTitle
 from .words import predict as predict_words
 from .words import verdict as words
+from .words.findings import fix_text, resolve_title, summary, title
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..analysis.fragmentation import Anatomy
+    from ..detectors.finding import Finding
     from ..report.diff import Diff
     from ..report.model import Report
     from ..simulate.whatif import Simulation
@@ -33,14 +35,15 @@ def verdict_dict(v) -> dict[str, Any] | None:
     if v is None:
         return None
     d = asdict(v)
-    ev = d["evidence"]
+    ev = {k: resolve_title(x) if isinstance(x, FindingTitle) else d["evidence"][k] for k, x in v.evidence.items()}
     if "fix_outcome" in ev:  # the fix's prediction: its outcome's words where the id is, as the JSON has them
         ev["fix_outcome"] = predict_words.outcome_template(words.fix_prediction(v.evidence))
     if "defragmented_outcome_template" in ev:
         ev["defragmented_outcome_template"] = words.fix_outcome_template(v.evidence)
+    to_do = [{"id": a.id, "framework": a.framework, "fix": a.fix.id if a.fix is not None else None} for a in v.to_do]
     return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
-            "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": d["evidence"],
-            "actions": words.actions(v), "reasons": d["reasons"], "to_do": d["to_do"]}
+            "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": ev,
+            "actions": words.actions(v), "reasons": d["reasons"], "to_do": to_do}
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -53,10 +56,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         ranks.append(d)
     findings = []
     for f in report.findings:
-        d = asdict(f)
-        d["summary"] = fill(f.summary, f.evidence)
-        d["title"] = fill(f.title, f.evidence)
-        d["per_rank_bytes"] = {str(k): v for k, v in f.per_rank_bytes.items()}
+        d = finding_dict(f)
         for fx, pred in [(x, x.get("prediction")) for x in d["fixes"]] + [(d, d.get("prediction"))]:
             if pred and "outcome" in pred:
                 fx["prediction"] = {**pred, "outcome": predict_words.outcome(pred)}
@@ -70,6 +70,20 @@ def report_dict(report: Report) -> dict[str, Any]:
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}
         out["extra"] = report.extra
     return out
+
+
+_FIX_KEYS = ("versions", "source", "kind", "setting", "applies", "what_if", "prediction")
+"""A fix's keys in the JSON contract after its ``text``."""
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    """A finding as the JSON contract has it: its title, summary and each fix's text in words
+    (:mod:`.words.findings`), in the contract's order of keys."""
+    d = asdict(f)
+    fixes = [{"text": fix_text(fx), **{k: fd[k] for k in _FIX_KEYS}} for fx, fd in zip(f.fixes, d["fixes"])]
+    return {"id": f.id, "severity": f.severity, "title": title(f), "ranks": d["ranks"], "bytes": f.bytes,
+            "summary": summary(f), "evidence": d["evidence"], "sites": d["sites"], "fixes": fixes,
+            "prediction": d["prediction"], "per_rank_bytes": {str(k): v for k, v in f.per_rank_bytes.items()}}
 
 
 def render_json(report: Report) -> str:
@@ -164,7 +178,7 @@ def diff_dict(diff: Diff) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "before": diff.before_inputs,
             "after": diff.after_inputs,
             "peak_reserved_saved_bytes": diff.peak_reserved_saved_bytes, "ranks": ranks,
-            "findings": [asdict(f) for f in diff.findings], "notes": diff.notes}
+            "findings": [{**asdict(f), "title": resolve_title(f.title)} for f in diff.findings], "notes": diff.notes}
 
 
 def render_diff_json(diff: Diff) -> str:

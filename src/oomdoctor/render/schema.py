@@ -342,7 +342,7 @@ def verdict_schema(d: str) -> Schema:
                                               "they were made (report/verdict.py REASONS)"),
         "to_do": arr(obj({"id": s("the action (report/verdict.py ACTIONS)", ACTIONS),
                           "framework": null(s("the id of the framework whose knob it names")),
-                          "fix": null(s("finding-fix: the fix's text as its detector gives it"))}, "an action"),
+                          "fix": null(s("finding-fix: the id of the finding's fix the action is (its words are the action's text)"))}, "an action"),
                      "the ids the actions are said from, in order"),
     }, d))
 
@@ -443,7 +443,8 @@ def diff_schema() -> Schema:
                      made={"before_anatomy": null(anatomy_schema("before, at its peak reserved")),
                            "after_anatomy": null(anatomy_schema("after, at its peak reserved")),
                            "sites": arr(site, "the sites that grew or shrank most")})
-    finding = generated(FindingChange, "a finding in either run", enums={"status": STATUSES})
+    finding = generated(FindingChange, "a finding in either run", enums={"status": STATUSES},
+                        made={"title": s("one line")})  # a FindingTitle, in words
     return document("diff", obj({
         "before": arr(s(""), "the before inputs"), "after": arr(s(""), "the after inputs"),
         "peak_reserved_saved_bytes": b("summed over the ranks: before minus after"),

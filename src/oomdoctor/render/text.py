@@ -14,7 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .console import hang, plain_console
-from .format import fill, fit_site, format_bytes, format_signed_bytes, format_us, span
+from .format import fit_site, format_bytes, format_signed_bytes, format_us, span
+from .words import findings as finding_words
 from .words import predict as predict_words
 from .words import verdict as verdict_words
 
@@ -245,7 +246,7 @@ def _finding_panel(i: int, f) -> Panel:
     head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
         head += f" · PyTorch {f.evidence['torch_version']}"
-    parts: list = [Text(head, style="dim"), Text(fill(f.summary, f.evidence))]
+    parts: list = [Text(head, style="dim"), Text(finding_words.summary(f))]
     if f.sites:
         parts.append(Text("\nWhere:", style="bold"))
         for s in f.sites[:3]:
@@ -256,14 +257,14 @@ def _finding_panel(i: int, f) -> Panel:
         parts.append(Text("\nFix:", style="bold"))
         for n, fx in enumerate(f.fixes, 1):
             mark, style = _APPLIES[fx.applies]
-            line = Text.assemble((f"[{fx.versions}] ", "dim"), fx.text, (f"  {mark}", style))
+            line = Text.assemble((f"[{fx.versions}] ", "dim"), finding_words.fix_text(fx), (f"  {mark}", style))
             parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:
                 parts.append(hang(_prediction_text(fx.prediction), 5, "simulated: ", style="cyan"))
             parts.append(hang(fx.source, 5, "source: ", style="dim"))
     body = Group(*parts)
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-    words = fill(f.title, f.evidence)
+    words = finding_words.title(f)
     if len(words) > TITLE_ROOM:  # rich cuts a long box title with an ellipsis: it goes in the box, whole
         body = Group(Text(words, style="bold"), body)
         words = f.id
@@ -333,7 +334,7 @@ def _render_grouped(report: Report, console: Console) -> None:
                        style="bold"))
     for f in shown:
         console.print(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
-                           f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"{f.severity.upper()} [{f.id}] "))
+                           f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"{f.severity.upper()} [{f.id}] "))
     if len(report.findings) > MAX_FINDING_LINES:
         console.print(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
     console.print(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
@@ -388,7 +389,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 if m else "")
         console.print(Text(f"Also noted, not material{rule}:", style="dim"))
         for f in minor:
-            console.print(hang(f"{format_bytes(f.bytes)} · {fill(f.title, f.evidence)}", 2, f"[{f.id}] ", style="dim"))
+            console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
 
 
 def _oom_text(oom) -> Text:

@@ -16,7 +16,7 @@ import numpy as np
 from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import Anatomy
 from ..analysis.sites import group_sites, site_label
-from ..detectors.finding import Finding
+from ..detectors.finding import Finding, FindingTitle
 from .model import Report
 
 CHANGED_FRACTION = 0.10
@@ -110,7 +110,7 @@ class FindingChange:
     """the finding"""
     status: str  # one of STATUSES
     """in the after run against the before run"""
-    title: str
+    title: FindingTitle
     """one line"""
     before_bytes: int
     """at stake before (bytes)"""
@@ -221,7 +221,7 @@ def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int
     out = []
     for fid, status in statuses.items():
         fb, fa = b.get(fid), a.get(fid)
-        out.append(FindingChange(fid, status, (fb or fa).title, fb.bytes if fb else 0, fa.bytes if fa else 0,
+        out.append(FindingChange(fid, status, (fb or fa).title_ref(), fb.bytes if fb else 0, fa.bytes if fa else 0,
                                  list(fb.ranks) if fb else [], list(fa.ranks) if fa else [], shares.get(fid, 0)))
     order = {"resolved": 0, "new": 1, "changed": 2, "unchanged": 3}
     return sorted(out, key=lambda f: (order[f.status], -max(f.before_bytes, f.after_bytes)))

@@ -14,7 +14,7 @@ from typing import Any
 import dacite
 
 from ..analysis.ranks import RankProfile, SiteBytes
-from ..detectors.finding import SiteRef
+from ..detectors.finding import FindingTitle, SiteRef
 from .model import Report
 
 _CONFIG = dacite.Config(cast=[tuple], strict=True)
@@ -34,7 +34,11 @@ def report_from_plain(data: dict[str, Any]) -> Report:
     for f in data.get("findings", []):
         f["per_rank_bytes"] = {int(k): v for k, v in (f.get("per_rank_bytes") or {}).items()}
     try:
-        return dacite.from_dict(Report, data, config=_CONFIG)
+        report = dacite.from_dict(Report, data, config=_CONFIG)
+        for v in [report.verdict, *(r.verdict for r in report.ranks)]:
+            if v is not None and isinstance(v.evidence.get("title"), list):  # a FindingTitle, a list in JSON
+                v.evidence["title"] = FindingTitle(*v.evidence["title"])
+        return report
     except (dacite.DaciteError, TypeError, KeyError) as e:
         raise ValueError(f"not an oomdoctor report: {e}") from None
 

@@ -43,7 +43,7 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import JobPeak, job_peak
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight
-from ..detectors.finding import Finding, SiteRef
+from ..detectors.finding import Finding, Fix, SiteRef
 from ..frameworks import detect_frameworks, running_files
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
@@ -119,11 +119,12 @@ ACTIONS = ("pipeline-schedule", "kv-cache-smaller", "micro-batch-at-most", "micr
 @dataclass
 class Action:
     """One thing to do: ``id`` (:data:`ACTIONS`); ``framework``: the id of the framework whose knob it names
-    (:mod:`oomdoctor.frameworks`), if one; ``fix``: for ``finding-fix``, the fix's text as its detector gives it."""
+    (:mod:`oomdoctor.frameworks`), if one; ``fix``: for ``finding-fix``, the finding's :class:`Fix` itself (its
+    words are the renderers', :func:`oomdoctor.render.words.findings.fix_text`)."""
 
     id: str
     framework: str | None = None
-    fix: str | None = None
+    fix: Fix | None = None
 
 
 @dataclass
@@ -253,11 +254,11 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     if not mine:
         return _say_material(v, findings)
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
-    ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title}
+    ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title_ref()}
     out = Verdict(FINDING_KIND[f.id], _rank_bytes(f, rank), [rank], v.headroom_bytes, f.id, ev, ["finding-decides"])
     fx = next((x for x in f.fixes if x.applies is not False), None)
     if fx is not None:
-        out.to_do = [Action("finding-fix", fix=fx.text)]
+        out.to_do = [Action("finding-fix", fix=fx)]  # the fix itself: its words are the renderers'
     return out
 
 
@@ -305,7 +306,7 @@ def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
         return v
     f = _own_imbalance(mine, rank)
     fx = next((x for x in f.fixes if x.applies is not False), None)
-    out.to_do = [Action("finding-fix", fix=fx.text)] if fx is not None else []
+    out.to_do = [Action("finding-fix", fix=fx)] if fx is not None else []
     return out
 
 
@@ -521,7 +522,7 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
              else next((x for x in mine if x.id == v.finding), None))
         fx = next((x for x in f.fixes if x.applies is not False), None) if f is not None else None
         if fx is not None:
-            out.append(Action("finding-fix", fix=fx.text))
+            out.append(Action("finding-fix", fix=fx))
     if "logits_bytes" in ev and v.kind in ("capacity", "fragmentation"):
         out.append(Action("logits", framework=next((fw.id for fw in fws if "logits" in fw.knobs), None)))
     return out

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ...frameworks import PIPELINE_KNOB, framework
 from ..format import fill
 from . import predict as predict_words
+from .findings import fix_text, verdict_evidence
 
 if TYPE_CHECKING:
     from ...report.verdict import Action, Verdict
@@ -193,7 +194,7 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     if a.id == "or-micro-batch-at-most":
         return "Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}."
     if a.id == "finding-fix":
-        return literal(a.fix or "")
+        return literal(fix_text(a.fix)) if a.fix is not None else ""
     if a.id == "logits":
         knob = framework(a.framework).knobs["logits"] if a.framework else None
         return ("The loss's logits hold {logits_bytes:bytes} ({logits_sites}): "
@@ -204,9 +205,10 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
 
 def summary(v: Verdict) -> str:
     """The summary of ``v``, filled in."""
-    return fill(summary_template(v), v.evidence)
+    return fill(summary_template(v), verdict_evidence(v.evidence))
 
 
 def actions(v: Verdict) -> list[str]:
     """What to do, in order, filled in."""
-    return [fill(action_template(a, v.evidence), v.evidence) for a in v.to_do]
+    ev = verdict_evidence(v.evidence)  # the finding's title it names (a FindingTitle), in words
+    return [fill(action_template(a, v.evidence), ev) for a in v.to_do]
