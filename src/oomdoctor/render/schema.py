@@ -105,58 +105,115 @@ def generated(cls: type, d: str, enums: dict[str, tuple[str, ...]] | None = None
     the dataclass: each field's JSON type and nullability from its annotation, its description from the docstring
     under the field (the dataclass sets ``__pydantic_config__ = {"use_attribute_docstrings": True}``), every field
     required (``asdict`` writes them all), no other property; a field holding another such dataclass, that one's
-    schema the same way. ``enums``: the values a string field takes (a field typed ``str`` whose values a module
-    constant lists); ``values``: the schema of a map's values, by field; ``made``: fields whose schema another
-    function of this module makes (what the renderer writes there is not the dataclass's ``asdict``); ``derived``:
-    properties of ``cls`` the renderer writes after the fields, each typed by its return annotation (int, float,
-    str, bool) and described by its docstring.
+    schema the same way, with that class's own options from :func:`nested_options`. ``enums``: the values a string
+    field takes (a field typed ``str`` whose values a module constant lists); ``values``: the schema of a map's
+    values, by field; ``made``: fields whose schema another function of this module makes (what the renderer writes
+    there is not the dataclass's ``asdict``); ``derived``: properties of ``cls`` the renderer writes after the
+    fields, each typed by its return annotation (int, float, str, bool, or either with None) and described by its
+    docstring.
 
     Raises:
-        KeyError: a field has no docstring (every field is documented).
+        KeyError: a field or a derived property has no docstring (every field is documented).
     """
     from pydantic import TypeAdapter  # the schema command only: reading snapshots does not import pydantic
 
     gen = TypeAdapter(cls).json_schema(mode="serialization")
-    out = _generated_object(gen, gen.get("$defs", {}), cls.__name__, d, enums or {}, values or {}, made or {})
-    hints = {name: typing.get_type_hints(getattr(cls, name).fget).get("return") for name in derived}
-    kinds = {int: "integer", float: "number", str: "string", bool: "boolean"}
-    for name in derived:
-        doc = getattr(cls, name).__doc__
-        if not doc:
-            raise KeyError(f"{cls.__name__}.{name} has no docstring: the schema describes every field")
-        out["properties"][name] = _t(kinds[hints[name]], " ".join(doc.split()))
-        out["required"].append(name)
-    return out
+    return _generated_object(cls, gen, gen.get("$defs", {}), d, enums or {}, values or {}, made or {}, derived)
 
 
-def _generated_object(x: Schema, defs: Schema, name: str, d: str, enums: dict, values: dict, made: dict) -> Schema:
+def nested_options() -> dict[type, dict[str, Any]]:
+    """Per dataclass met inside another (a field's type), the options :func:`generated` takes for it: what its JSON
+    adds to ``asdict`` (``derived``), the values of its string fields (``enums``), of its maps (``values``)."""
+    from ..analysis.accounting import Breakdown
+    from ..analysis.fragmentation import Anatomy
+    from ..report.diff import SiteDelta
+    from ..report.fits import Fits
+    from ..report.model import HolderRef
+
+    return {
+        SiteDelta: {"derived": ("delta_bytes",)},
+        Anatomy: {"derived": ("allocated_bytes",)},
+        Fits: {"enums": {"peak_source": PEAK_SOURCES, "bound": ("lower",)}, "values": {"margin": b("")}},
+        Breakdown: {"enums": {"at": BREAKDOWN_POINTS},
+                    "values": {"categories": b(""), "sources": s("", ("recorded", "trace")), "counts": i(""),
+                               "unknown_why": b("")}},
+        HolderRef: {"enums": {"category": CATEGORIES}},
+    }
+
+
+def _generated_object(cls: type, x: Schema, defs: Schema, d: str, enums: dict, values: dict, made: dict,
+                      derived: tuple[str, ...]) -> Schema:
+    hints = typing.get_type_hints(cls)
     props = {}
     for field_name, y in x["properties"].items():
         if field_name in made:
             props[field_name] = made[field_name]
             continue
-        if "description" not in y:
-            raise KeyError(f"{name}.{field_name} has no docstring: the schema describes every field")
-        props[field_name] = _house(y, " ".join(y["description"].split()), enums.get(field_name),
-                                   values.get(field_name), defs)
-    return obj(props, d)
+        desc = y.get("description") or _inherited_description(cls, field_name)
+        if not desc:
+            raise KeyError(f"{cls.__name__}.{field_name} has no docstring: the schema describes every field")
+        props[field_name] = _house(y, " ".join(desc.split()), enums.get(field_name),
+                                   values.get(field_name), defs, hints[field_name])
+    out = obj(props, d)
+    kinds = {int: "integer", float: "number", str: "string", bool: "boolean"}
+    for name in derived:
+        prop = getattr(cls, name)
+        doc = prop.__doc__
+        if not doc:
+            raise KeyError(f"{cls.__name__}.{name} has no docstring: the schema describes every field")
+        tp = typing.get_type_hints(prop.fget).get("return")
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        kind = _t(kinds[rest[0] if rest else tp], " ".join(doc.split()))
+        out["properties"][name] = null(kind) if rest else kind
+        out["required"].append(name)
+    return out
 
 
-def _house(x: Schema, d: str, enum: tuple[str, ...] | None, value: Schema | None, defs: Schema) -> Schema:
+def _inherited_description(cls: type, name: str) -> str | None:
+    """The docstring under field ``name`` where a base dataclass of ``cls`` declares it (pydantic reads the
+    docstrings of the class's own body only)."""
+    from pydantic import TypeAdapter
+
+    for base in cls.__mro__[1:]:
+        if dataclasses.is_dataclass(base) and name in {f.name for f in dataclasses.fields(base)}:
+            desc = TypeAdapter(base).json_schema(mode="serialization")["properties"][name].get("description")
+            if desc:
+                return desc
+    return None
+
+
+def _dataclass_in(tp: Any) -> type:
+    """The dataclass a field's annotation holds (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``)."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for a in typing.get_args(tp):
+        if a is not type(None) and (dataclasses.is_dataclass(a) or typing.get_args(a)):
+            return _dataclass_in(a)
+    raise TypeError(f"no dataclass in {tp!r}")
+
+
+def _house(x: Schema, d: str, enum: tuple[str, ...] | None, value: Schema | None, defs: Schema, tp: Any) -> Schema:
     """pydantic's schema of one field in this module's shapes: ``["integer", "null"]`` for ``anyOf`` with null,
-    ``(bytes)`` as :func:`b` writes it, a nested dataclass as its own object."""
+    ``(bytes)`` as :func:`b` writes it, a nested dataclass as its own object (with its :func:`nested_options`), a
+    tuple as an array of its first item's type."""
     ref = x.get("$ref") or next((y["$ref"] for y in x.get("allOf", []) if "$ref" in y), None)
     if ref is not None:
-        nested = defs[ref.split("/")[-1]]
-        return _generated_object(nested, defs, nested.get("title", ""), d, {}, {}, {})
+        nested = _dataclass_in(tp)
+        opts = nested_options().get(nested, {})
+        d = d or " ".join((nested.__doc__ or "").split("\n\n")[0].split())  # an array's items: the class's doc
+        return _generated_object(nested, defs[ref.split("/")[-1]], defs, d, opts.get("enums", {}),
+                                 opts.get("values", {}), opts.get("made", {}), opts.get("derived", ()))
     nullable = [y for y in x.get("anyOf", []) if y != {"type": "null"}]
     if nullable:
-        return null(_house(nullable[0], d, enum, value, defs))
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        return null(_house(nullable[0], d, enum, value, defs, rest[0] if rest else tp))
     kind = x.get("type")
     if kind == "array":
-        return arr(_house(x["items"], "", None, None, defs), d)
+        items = x["items"] if "items" in x else x["prefixItems"][0]
+        return arr(_house(items, "", None, None, defs, typing.get_args(tp)[0] if typing.get_args(tp) else tp), d)
     if kind == "object":
-        return mapping(value if value is not None else _house(x["additionalProperties"], "", None, None, defs), d)
+        return mapping(value if value is not None else
+                       _house(x["additionalProperties"], "", None, None, defs, typing.get_args(tp)[-1]), d)
     return s(d, enum) if kind == "string" else _t(kind, d)
 
 
@@ -202,49 +259,25 @@ SEVERITIES = ("critical", "high", "medium", "low", "info")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
               "kv_cache", "workspaces", "weight_copy", "unknown", "rounding")
 REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
+BREAKDOWN_POINTS = ("oom", "peak_allocated", "peak_reserved", "optimizer_start", "backward_end")
 
 
-def _pool_props(whole: bool) -> dict[str, Schema]:
-    scope = "the device" if whole else "this group"
-    return {
-        "pool_id": arr(i(""), "the memory pool: [0, 0] is the default pool, others are CUDA graph private pools"
-                              + (" (the whole device: the first group's)" if whole else "")),
-        "segment_type": s("'small' (blocks up to 1 MiB) or 'large' segments" + (" (the first group's)" if whole
-                                                                                  else "")),
-        "stream": i("the CUDA stream the segments belong to" + (" (the first group's)" if whole else "")),
-        "is_expandable": yes("segments are expandable (expandable_segments:True)"),
-        "segments": i(f"segments in {scope}"),
-        "reserved_bytes": b(f"reserved by the allocator in {scope} (cudaMalloc'd segments)"),
-        "requested_bytes": b("what the live tensors asked for"),
-        "rounding_waste_bytes": b("the allocator's rounding of live blocks (allocated = requested + rounding)"),
-        "pending_free_bytes": b("blocks freed by Python but held for other streams (record_stream)"),
-        "free_in_used_segments_bytes": b("free blocks inside segments that also hold live blocks"),
-        "free_segments_bytes": b("whole free segments (empty_cache() would return them)"),
-        "largest_free_block_bytes": b("the largest free block"),
-    }
+def of(cls: type, d: str) -> Schema:
+    """:func:`generated` with the class's own options (:func:`nested_options`)."""
+    return generated(cls, d, **nested_options().get(cls, {}))
 
 
 def anatomy_schema(d: str) -> Schema:
-    pool = obj(_pool_props(False), "one (pool, segment type, stream) group")
-    props = {**_pool_props(True), "event_index": i("the event after which the state is taken (-1: trace start)"),
-             "pools": arr(pool, "per group"), "unattributed_bytes": b("active blocks found in no live segment (0 on a "
-                                                                     "consistent trace)"),
-             "allocated_bytes": b("requested + rounding")}
-    return obj(props, d + ": reserved = requested + rounding + pending frees + free in used segments + free "
-                          "segments")
+    from ..analysis.fragmentation import Anatomy
+
+    return of(Anatomy, d)
 
 
 def site_schema(d: str, holder: bool = False) -> Schema:
-    props = {"label": s("file:line function of the allocation site (the frame of user code nearest the top)"),
-             "bytes": b("held by the site's live blocks"), "count": i("live blocks"),
-             "stack": arr(s(""), "the allocation stack, innermost first, shortened"),
-             "user_frame": null(s("the frame of user code, if any"))}
-    if holder:
-        props |= {"category": s("what the blocks are (accounting category)", CATEGORIES),
-                  "phase": s("the phase most of the bytes were allocated in"),
-                  "matched_bytes": b("of those bytes, the blocks whose stack was matched from a stacked step "
-                                     "(--stack-steps), not recorded")}
-    return obj(props, d)
+    from ..detectors.finding import SiteRef
+    from ..report.model import HolderRef
+
+    return of(HolderRef if holder else SiteRef, d)
 
 
 def prediction_schema(d: str) -> Schema:
@@ -342,44 +375,22 @@ def verdict_schema(d: str) -> Schema:
 
 
 def breakdown_schema(d: str) -> Schema:
-    return obj({
-        "at": s("the moment: the OOM, the peaks, or where each optimizer step began (or each backward ended)",
-                ("oom", "peak_allocated", "peak_reserved", "optimizer_start", "backward_end")),
-        "event_index": i("the event after which the live blocks are counted"),
-        "step": null(i("the training step (from 0) of that event")),
-        "phase": s("the phase of that event (setup, forward, backward, optimizer, evaluation, generation, other)"),
-        "phase_source": s("what set the phase: markers, annotations, autograd engine thread, frames or inferred"),
-        "categories": mapping(b(""), "requested bytes per category (" + ", ".join(CATEGORIES[:-1]) + ") and the "
-                                     "allocator's 'rounding'; they add up to allocated_bytes"),
-        "sources": mapping(s("", ("recorded", "trace")), "per category: from what the job recorded (the sidecar's "
-                                                          "storages) or read from the trace"),
-        "counts": mapping(i(""), "live blocks per category"),
-        "allocated_bytes": b("allocated after that event (requested + rounding)"),
-        "unknown_why": mapping(b(""), "the unknown bytes by why no signal placed them: before_trace_no_stack (born "
-                                      "before the trace, no allocation stack survives), before_trace (born before "
-                                      "it, its stack places nothing), in_trace; they add up to categories.unknown"),
-    }, d)
+    from ..analysis.accounting import Breakdown
+
+    return of(Breakdown, d)
 
 
 def fits_schema() -> Schema:
     from ..report.fits import Fits
 
-    return generated(Fits, "what fits on this rank's GPU", enums={"peak_source": PEAK_SOURCES, "bound": ("lower",)},
-                     values={"margin": b("")})
+    return of(Fits, "what fits on this rank's GPU")
 
 
 def rank_schema() -> Schema:
     from ..report.model import RankSummary
 
-    made = {  # written by the renderer (the anatomy's derived allocated_bytes, the verdict filled in), or dataclasses
-        # whose descriptions are still written here
-        "anatomy_at_peak": null(anatomy_schema("the state after the peak of reserved memory")),
-        "top_sites": arr(site_schema("an allocation site"), "the largest allocation sites at the peak allocated"),
+    made = {  # the verdict filled in by the renderer; stack_matches a dict (trace.meta's)
         "verdict": verdict_schema("this rank's verdict"),
-        "breakdown": null(breakdown_schema("what holds the memory at the OOM, else at the peak allocated")),
-        "breakdowns": arr(breakdown_schema("a breakdown"), "the same at the peaks and every step point"),
-        "holders": arr(site_schema("a holder", holder=True), "the largest holders at the breakdown's event"),
-        "fits": null(fits_schema()),
         "stack_matches": null(obj({
             "matched": i("allocations of stack-less steps that took a stacked step's stack"),
             "unmatched": i("allocations of stack-less steps that matched none (no site)"),
@@ -429,14 +440,10 @@ def diagnose_schema() -> Schema:
 # ---------------------------------------------------------------------------------------------- diff
 
 def diff_schema() -> Schema:
-    from ..report.diff import STATUSES, FindingChange, RankDiff, SiteDelta
+    from ..report.diff import STATUSES, FindingChange, RankDiff
 
-    site = generated(SiteDelta, "an allocation site at each run's peak reserved", derived=("delta_bytes",))
     rank = generated(RankDiff, "one rank in both runs",
-                     derived=("peak_reserved_saved_bytes", "peak_allocated_saved_bytes"),
-                     made={"before_anatomy": null(anatomy_schema("before, at its peak reserved")),
-                           "after_anatomy": null(anatomy_schema("after, at its peak reserved")),
-                           "sites": arr(site, "the sites that grew or shrank most")})
+                     derived=("peak_reserved_saved_bytes", "peak_allocated_saved_bytes"))
     finding = generated(FindingChange, "a finding in either run", enums={"status": STATUSES})
     return document("diff", obj({
         "before": arr(s(""), "the before inputs"), "after": arr(s(""), "the after inputs"),

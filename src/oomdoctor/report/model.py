@@ -44,9 +44,12 @@ class HolderRef(SiteRef):
     phase most of those bytes were allocated in (:mod:`oomdoctor.analysis.holders`)."""
 
     category: str = ""
+    """what the blocks are (accounting category)"""
     phase: str = ""
-    #: bytes whose stack was matched from a stacked step (``--stack-steps``), not recorded
+    """the phase most of the bytes were allocated in"""
     matched_bytes: int = 0
+    """of those bytes, the blocks whose stack was matched from a stacked step (--stack-steps), not recorded
+    (bytes)"""
 
 
 @dataclass
@@ -84,7 +87,8 @@ class RankSummary:
     oom: OomInfo | None
     """the last OOM of the rank"""
     anatomy_at_peak: Anatomy | None
-    """the state after the peak of reserved memory"""
+    """the state after the peak of reserved memory: reserved = requested + rounding + pending frees + free in used
+    segments + free segments"""
     top_sites: list[SiteRef]
     """the largest allocation sites at the peak allocated"""
     series: dict[str, list[int]]
