@@ -129,9 +129,16 @@ def nested_options() -> dict[type, dict[str, Any]]:
     from ..report.diff import SiteDelta
     from ..report.fits import Fits
     from ..report.model import HolderRef
+    from ..simulate.capacity import Capacity
+    from ..simulate.replay import Validation
+    from .documents import RecommendationDoc, ReplayDoc
 
     return {
         SiteDelta: {"derived": ("delta_bytes",)},
+        Validation: {"derived": ("segment_events_compared",)},
+        Capacity: {"enums": {"kind": CAPACITY_KINDS, "certainty": ("exact", "bounded", "given", "none")}},
+        ReplayDoc: {"enums": {"deferred_frees": DEFERRED_FREES, "initial_state": ("recorded", "reallocated", "empty")}},
+        RecommendationDoc: {"enums": {"deferred_frees": DEFERRED_FREES}},
         Anatomy: {"derived": ("allocated_bytes",)},
         Fits: {"enums": {"peak_source": PEAK_SOURCES, "bound": ("lower",)}, "values": {"margin": b("")}},
         Breakdown: {"enums": {"at": BREAKDOWN_POINTS},
@@ -149,7 +156,9 @@ def _generated_object(cls: type, x: Schema, defs: Schema, d: str, enums: dict, v
         if field_name in made:
             props[field_name] = made[field_name]
             continue
-        desc = y.get("description") or _inherited_description(cls, field_name)
+        # pydantic leaves out a field's description where it equals its class's docstring
+        desc = (y.get("description") or _inherited_description(cls, field_name)
+                or (defs[y["$ref"].split("/")[-1]].get("description") if "$ref" in y else None))
         if not desc:
             raise KeyError(f"{cls.__name__}.{field_name} has no docstring: the schema describes every field")
         props[field_name] = _house(y, " ".join(desc.split()), enums.get(field_name),
@@ -259,6 +268,8 @@ SEVERITIES = ("critical", "high", "medium", "low", "info")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
               "kv_cache", "workspaces", "weight_copy", "unknown", "rounding")
 REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
+CAPACITY_KINDS = ("device", "fraction", "none")
+DEFERRED_FREES = ("recorded", "immediate")
 BREAKDOWN_POINTS = ("oom", "peak_allocated", "peak_reserved", "optimizer_start", "backward_end")
 
 
@@ -456,50 +467,9 @@ def diff_schema() -> Schema:
 # ------------------------------------------------------------------------------------------ simulate
 
 def simulate_schema() -> Schema:
-    cap = obj({"limit_bytes": null(b("the memory the replay may use")),
-               "kind": s("'device' (cudaMalloc fails past it) or 'fraction' (the allocator's own limit)"),
-               "source": s("where it comes from, in words"),
-               "certainty": s("exact, bounded or none"), "lower_bytes": null(b("lower bound")),
-               "upper_bytes": null(b("upper bound")), "evidence": s("the rule that set it")}, "the capacity")
-    oom = obj({"event_index": i("the event"), "requested_bytes": b("the request"),
-               "alloc_size_bytes": b("the rounded size")}, "the replay's OOM")
-    validation = obj({
-        "segment_events_recorded": i("segment allocations and frees recorded"),
-        "segment_events_simulated": i("the same, simulated"),
-        "segment_events_differing": i("those that differ (0: the replay reproduces the recording)"),
-        "segment_events_unmatched": i("those left unmatched once the two sequences are aligned (one missing, "
-                                      "added or changed entry counts one; <= segment_events_differing)"),
-        "first_differing_event": null(i("the first that differs")),
-        "reserved_events_differing": i("events where reserved bytes differ"),
-        "max_reserved_difference_bytes": b("the largest difference of reserved bytes"),
-        "oom_event_index_recorded": null(i("the recorded OOM")),
-        "oom_matches": yes("the replay runs out of memory where the recording did"),
-        "segment_events_compared": i("segment events compared"),
-    }, "the replay of the recorded settings against the recording")
-    result = obj({
-        "config": s("PYTORCH_CUDA_ALLOC_CONF ('' for the defaults)"),
-        "deferred_frees": s("'recorded' or 'immediate'"),
-        "peak_reserved_bytes": b("peak reserved"), "peak_allocated_bytes": b("peak allocated"),
-        "end_reserved_bytes": b("reserved at the end"), "oom": null(oom),
-        "matches_recorded": null(yes("for the recorded settings: the replay reproduces the recording")),
-        "validation": null(validation), "initial_state": s("recorded, reallocated or empty"),
-        "events_replayed": i("events replayed"), "num_alloc_retries": i("allocations that freed cache and retried"),
-        "segment_events": i("segment allocations and frees in the replay"), "warnings": arr(s(""), "warnings"),
-    }, "one replay")
-    return document("simulate", obj({
-        "path": s("the snapshot"), "rank": null(i("its rank")), "num_events": i("trace events"),
-        "recorded": obj({"config": s("the recorded allocator settings"), "peak_reserved_bytes": b("recorded peak "
-                                                                                                 "reserved"),
-                         "peak_allocated_bytes": b("recorded peak allocated"),
-                         "oom_event_index": null(i("the recorded OOM"))}, "what was recorded"),
-        "capacity": cap, "has_deferred_frees": yes("frees held for other streams were recorded"),
-        "results": arr(result, "results[0] replays the recorded settings and is checked against the recording"),
-        "recommendation": null(obj({"config": s("the setting"), "deferred_frees": s("recorded or immediate"),
-                                    "peak_reserved_bytes": b("its peak reserved"), "reason": s("why"),
-                                    "incompatibilities": arr(s(""), "what it does not combine with")},
-                                   "the setting --search recommends")),
-        "search_wall_s": null(f("seconds the search took")), "notes": arr(s(""), "notes"),
-    }, "allocator replays of one snapshot"))
+    from .documents import SimulationDoc
+
+    return document("simulate", of(SimulationDoc, "allocator replays of one snapshot"))
 
 
 # ---------------------------------------------------------------------------------------------- plan
