@@ -128,12 +128,17 @@ def nested_options() -> dict[type, dict[str, Any]]:
     from ..analysis.fragmentation import Anatomy
     from ..report.diff import SiteDelta
     from ..report.fits import Fits
+    from ..report.loop import GUIDES, OUTCOMES, WHY, FitOutcome, Trial, Verified, VerifyOutcome
     from ..report.model import HolderRef
     from ..simulate.capacity import Capacity
     from ..simulate.replay import Validation
     from .documents import RecommendationDoc, ReplayDoc
 
     return {
+        FitOutcome: {"enums": {"guide": GUIDES, "error": ("failed", "max-trials")}, "derived": ("trial_count",)},
+        VerifyOutcome: {"enums": {"source": ("given", "diagnosis")}, "derived": ("refuted",)},
+        Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": ("prediction", "job-spread")}},
+        Trial: {"enums": {"outcome": OUTCOMES}},
         SiteDelta: {"derived": ("delta_bytes",)},
         Validation: {"derived": ("segment_events_compared",)},
         Capacity: {"enums": {"kind": CAPACITY_KINDS, "certainty": ("exact", "bounded", "given", "none")}},
@@ -572,76 +577,17 @@ def plan_validate_schema() -> Schema:
 # ------------------------------------------------------------------------------------------ fit, verify
 
 
-def trial_schema(d: str) -> Schema:
-    return obj({
-        "micro_batch": null(i("the micro-batch of this run (fit), null for verify's runs")),
-        "outcome": s("how the run ended: 'ran' (exit code 0), 'oom' (non-zero exit with PyTorch's out-of-memory "
-                     "message or an OOM dump), 'failed' (non-zero exit without one)", ("ran", "oom", "failed")),
-        "seconds": f("wall time of the run (s)"),
-        "exit_code": i("the command's exit code (negative: killed by that signal)"),
-        "recorded": yes("run under recording (snapshots written)"),
-        "stopped": yes("the job ended itself after the optimizer steps asked"),
-        "timed_out": yes("killed at the trial time limit"),
-        "measured_peak_reserved_bytes": null(b("the most reserved on any rank (memory_stats "
-                                               "reserved_bytes.all.peak in the recorder's sidecars)")),
-        "log": s("the file holding the run's output"),
-    }, d)
-
-
 def fit_schema() -> Schema:
-    return document("fit", obj({
-        "command": arr(s(""), "the command, with {mb} where the micro-batch goes"),
-        "steps": i("optimizer steps each trial runs"),
-        "low": i("the smallest micro-batch searched"), "high": i("the largest micro-batch searched"),
-        "start": i("the micro-batch of the first, recorded trial"),
-        "snapshot": yes("a snapshot was recorded (false: no GPU, or the job ended before using CUDA: the search is "
-                        "by trials alone)"),
-        "guide": s("what the search started from: the replayed answer, a lower bound of it, an estimate, or none",
-                   ("replayed", "lower-bound", "estimate", "none")),
-        "predicted_micro_batch": null(i("the micro-batch the replay of the recorded trial says fits")),
-        "largest_micro_batch": null(i("the largest micro-batch that ran (null: none did, or the search stopped)")),
-        "smallest_oom_micro_batch": null(i("the smallest micro-batch that ran out of memory")),
-        "trials": arr(trial_schema("one trial"), "every trial, in the order run (the recorded one first)"),
-        "trial_count": i("trials run"),
-        "seconds": f("wall time of the whole search, analysis included (s)"),
-        "analysis_seconds": f("wall time of the diagnosis and replays of the recorded trial (s)"),
-        "error": null(s("why the search stopped short: 'failed' (a trial failed without an OOM message) or "
-                        "'max-trials'")),
-    }, "the largest micro-batch that runs, found with short real runs"))
+    from ..report.loop import FitOutcome
+
+    return document("fit", of(FitOutcome, "the largest micro-batch that runs, found with short real runs"))
 
 
 def verify_schema() -> Schema:
-    setting = obj({
-        "config": s("the setting as given or proposed (NAME=value, or an allocator option)"),
-        "env": mapping(s(""), "the environment variables the rerun had set for it"),
-        "predicted_peak_reserved_bytes": null(b("the replay's peak reserved on the tightest rank")),
-        "predicted_oom": null(yes("the replay ran out of memory (null: no claim)")),
-        "margin_bytes": null(b("the prediction's margin: the measured peak must be within it")),
-        "margin_source": null(s("'prediction' (the prediction's own margin) or 'job-spread' (the job's "
-                                "step-to-step spread of its peak plus rounding)")),
-        "predicted_peak_is_lower_bound": yes("replayed only up to the recorded OOM: the peak is at least the "
-                                             "prediction"),
-        "reach": null(s("how far the replay reaches", REACHES)),
-        "predicted_rank": null(i("the rank the claim is for")),
-        "measured_peak_reserved_bytes": null(b("the rerun's most reserved on any rank")),
-        "oom": yes("the rerun ran out of memory"),
-        "confirmed": null(yes("true: the rerun agrees with the claim; false: refuted; null: no claim, or the rerun "
-                              "failed")),
-        "why": s("why", ("agrees", "oom-not-predicted", "ran-but-oom-predicted", "peak-above-margin",
-                         "peak-below-margin", "no-prediction", "failed")),
-        "trial": trial_schema("the rerun"),
-    }, "one setting's rerun against its claim")
-    return document("verify", obj({
-        "command": arr(s(""), "the command"),
-        "steps": i("optimizer steps of the recorded baseline run"),
-        "rerun_steps": i("optimizer steps of each rerun (through the step of the baseline's OOM, else steps)"),
-        "snapshot": yes("the baseline recorded a snapshot (false: no claims, the settings are only rerun)"),
-        "source": s("where the settings come from", ("given", "diagnosis")),
-        "baseline": trial_schema("the recorded run with the settings as they are"),
-        "settings": arr(setting, "each setting's rerun"),
-        "seconds": f("wall time of everything (s)"),
-        "refuted": i("claims the reruns refuted (the exit code is 1 when any)"),
-    }, "each setting's predicted and measured peak reserved and OOM, confirmed or refuted by a rerun"))
+    from ..report.loop import VerifyOutcome
+
+    return document("verify", of(VerifyOutcome, "each setting's predicted and measured peak reserved and OOM, "
+                                                "confirmed or refuted by a rerun"))
 
 
 # ------------------------------------------------------------------------------------------ preflight
