@@ -479,99 +479,22 @@ def simulate_schema() -> Schema:
 
 # ---------------------------------------------------------------------------------------------- plan
 
-_PLAN_FIELDS = {
-    # ModelSpec
-    "name": "the model's name", "num_layers": "transformer layers", "hidden_size": "hidden width",
-    "ffn_hidden_size": "MLP width (per expert for MoE)", "num_heads": "attention heads",
-    "num_kv_heads": "key/value heads (fewer than heads: GQA)", "vocab_size": "vocabulary",
-    "tied_embeddings": "input and output embeddings shared", "gated_mlp": "SwiGLU (three matrices)",
-    "bias": "linear layers have biases", "norm": "layernorm or rmsnorm",
-    "learned_positions": "rows of a learned position table (GPT-2), 0 for none", "num_experts": "MoE experts",
-    "experts_per_token": "experts each token is routed to", "shared_experts": "always-on experts",
-    "family": "the Hugging Face model_type", "activation": "the MLP activation",
-    "use_cache": "the config builds a KV cache in forward (null: what the loop leaves it at)",
-    "dropout": "dropout masks are kept",
-    # TrainingSpec
-    "seq_len": "tokens per sequence", "global_batch": "sequences per optimizer step",
-    "micro_batch": "sequences per micro-batch", "param_bytes": "bytes per weight used in the forward",
-    "grad_bytes": "bytes per gradient element", "master_bytes": "bytes per fp32 master weight (0 without)",
-    "optimizer_state_bytes": "optimizer state bytes per parameter (Adam: 8)",
-    "fp8": "linear inputs saved in 1 byte (Transformer Engine)", "flash_attention": "no s^2 attention scores kept",
-    "fused_cross_entropy": "the loss does not materialise fp32 logits",
-    # ParallelPlan
-    "tp": "tensor-parallel size", "pp": "pipeline-parallel size", "dp": "data-parallel size",
-    "cp": "context-parallel size", "ep": "expert-parallel size", "vpp": "virtual pipeline stages per rank",
-    "schedule": "the pipeline schedule (1f1b, interleaved, gpipe, zero-bubble, zbv)",
-    "sequence_parallel": "Megatron sequence parallelism", "dp_sharding": "none, zero1, zero2, zero3 or fsdp",
-    "recompute": "none, selective or full", "recompute_layers": "layers per stage fully recomputed (null: all)",
-    "cpu_offload_optimizer": "optimizer state in CPU memory",
-    "return_outputs": "torch.distributed.pipelining step(return_outputs=True)",
-    "framework": "megatron or hf", "expandable_segments": "expandable_segments:True",
-    "loop": "the training loop (framework hf)",
-    # StageEstimate
-    "stage": "the pipeline stage", "parameters": "parameters on the stage",
-    "in_flight_chunks": "micro-batches whose activations the schedule holds at once",
-    "terms": "bytes per term of the estimate", "gradients_persist": "gradients are kept between micro-batches",
-    "allocated_bytes": "peak allocated", "reserved_bytes": "peak reserved (allocated + fragmentation)",
-    "device_bytes": "reserved + CUDA context + NCCL", "peak_phase": "activations or optimizer step",
-    "breakdown": "model_states, activations, logits_and_loss, other at the peak (bytes)",
-    "categories": "diagnose's categories at the peak (bytes)", "loss_moment": "which moment of the loss is the peak",
-}
-
-
 def plan_estimate_schema() -> Schema:
-    from ..plan.estimate import StageEstimate
-    from ..plan.specs import ModelSpec, ParallelPlan, TrainingSpec
+    from .plan import EstimateDoc
 
-    stage = from_dataclass(StageEstimate, _PLAN_FIELDS)
-    for k in ("allocated_bytes", "reserved_bytes", "device_bytes"):
-        stage["properties"][k]["description"] += " (bytes)"
-    return document("plan estimate", obj({
-        "model": from_dataclass(ModelSpec, _PLAN_FIELDS), "train": from_dataclass(TrainingSpec, _PLAN_FIELDS),
-        "plan": from_dataclass(ParallelPlan, _PLAN_FIELDS), "label": s("the plan in one line (TP2 PP4 DP8 ...)"),
-        "microbatches": i("micro-batches per step and pipeline"), "vocab": i("the vocabulary, padded"),
-        "gpu_memory_bytes": null(b("the GPU's memory")),
-        "fits": null(yes("the worst stage's device bytes fit the GPU (null: no GPU given)")),
-        "peak_stage": i("the stage with the most device bytes"), "stages": arr(stage, "per pipeline stage"),
-    }, "memory per pipeline stage of one plan"))
+    return document("plan estimate", of(EstimateDoc, "memory per pipeline stage of one plan"))
 
 
 def plan_search_schema() -> Schema:
-    from ..plan.specs import ParallelPlan
+    from .plan import SearchDoc
 
-    cand = obj({
-        "label": s("the plan in one line"), "plan": from_dataclass(ParallelPlan, _PLAN_FIELDS),
-        "fits": s("yes, no, or a condition under which it fits"),
-        "relative_throughput": f("against the best plan (1.0)"),
-        "step_time_s": obj({"compute_s": f("seconds"), "tp_comm_s": f("seconds"), "bubble_s": f("seconds"),
-                            "dp_comm_s": f("seconds"), "total_s": f("seconds")}, "the modelled step time"),
-        "microbatches": i("micro-batches per step"),
-        "setting": s("the allocator setting the plan fits with ('' when none is needed or it does not fit)"),
-        "peak_stage": i("the stage with the most device bytes, under that setting"),
-        "peak_device_bytes": b("the worst stage's device bytes, under that setting"),
-        "peak_allocated_bytes": b("the largest stage's allocated, under that setting"),
-        "last_stage_allocated_bytes": b("the last stage's allocated, under that setting"),
-        "why": arr(s(""), "what decides its rank or its fit"),
-    }, "one plan")
-    return document("plan search", obj({
-        "model": s("the model"), "gpus": i("GPUs"), "gpu_memory_bytes": b("per GPU"),
-        "rules": arr(s(""), "the decision rules, in order"), "rejected": i("plans rejected as invalid"),
-        "candidates": arr(cand, "valid plans, best first"),
-    }, "the parallel plans that fit"))
+    return document("plan search", of(SearchDoc, "the parallel plans that fit"))
 
 
 def plan_validate_schema() -> Schema:
-    row = obj({"test_dir": s("the Megatron-LM functional test"), "golden_file": s("its golden values file"),
-               "predicted_bytes": null(b("predicted peak")), "measured_bytes": null(b("measured peak")),
-               "refused": null(s("why the row is not predicted"))}, "one row")
-    summary = obj({"gpt_rows": i("GPT rows"), "covered": i("rows predicted"), "coverage": f("covered / GPT rows"),
-                   "median_abs_rel_error": null(f("median |predicted - measured| / measured")),
-                   "p90_abs_rel_error": null(f("90th percentile of the same")),
-                   "floor_median_abs_rel_error": null(f("the least median error the configuration columns allow")),
-                   "floor_p90_abs_rel_error": null(f("the same at the 90th percentile")),
-                   "refused": mapping(i(""), "rows refused per reason")}, "the summary")
-    return document("plan validate", obj({"rows": arr(row, "per CSV row"), "summary": summary},
-                                         "predictions against a Megatron-LM golden-memory CSV"))
+    from .plan import ValidateDoc
+
+    return document("plan validate", of(ValidateDoc, "predictions against a Megatron-LM golden-memory CSV"))
 
 
 # ------------------------------------------------------------------------------------------ fit, verify
