@@ -18,6 +18,8 @@ import types
 import typing
 from typing import Any
 
+import typing_extensions
+
 from .._version import SCHEMA_VERSION
 from ..analysis.jobpeak import PEAK_SOURCES
 from ..report.verdict import KINDS
@@ -130,11 +132,15 @@ def nested_options() -> dict[type, dict[str, Any]]:
     from ..report.fits import Fits
     from ..report.loop import GUIDES, OUTCOMES, WHY, FitOutcome, Trial, Verified, VerifyOutcome
     from ..report.model import HolderRef
+    from ..report.predict import REACHES as PREDICTION_REACHES
+    from ..report.predict import Prediction
     from ..simulate.capacity import Capacity
     from ..simulate.replay import Validation
     from .documents import RecommendationDoc, ReplayDoc
 
     return {
+        Prediction: {"enums": {"reach": PREDICTION_REACHES, "deferred_frees": DEFERRED_FREES,
+                               "capacity_kind": CAPACITY_KINDS}},
         FitOutcome: {"enums": {"guide": GUIDES, "error": ("failed", "max-trials")}, "derived": ("trial_count",)},
         VerifyOutcome: {"enums": {"source": ("given", "diagnosis")}, "derived": ("refuted",)},
         Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": ("prediction", "job-spread")}},
@@ -155,7 +161,7 @@ def nested_options() -> dict[type, dict[str, Any]]:
 
 def _generated_object(cls: type, x: Schema, defs: Schema, d: str, enums: dict, values: dict, made: dict,
                       derived: tuple[str, ...]) -> Schema:
-    hints = typing.get_type_hints(cls)
+    hints = typing_extensions.get_type_hints(cls)
     props = {}
     for field_name, y in x["properties"].items():
         if field_name in made:
@@ -168,7 +174,9 @@ def _generated_object(cls: type, x: Schema, defs: Schema, d: str, enums: dict, v
             raise KeyError(f"{cls.__name__}.{field_name} has no docstring: the schema describes every field")
         props[field_name] = _house(y, " ".join(desc.split()), enums.get(field_name),
                                    values.get(field_name), defs, hints[field_name])
-    out = obj(props, d)
+    # a TypedDict's keys marked NotRequired may be absent; asdict writes every field of a dataclass
+    out = obj(props, d, optional=tuple(k for k in props if k not in x.get("required", props)) if
+              typing_extensions.is_typeddict(cls) else ())
     kinds = {int: "integer", float: "number", str: "string", bool: "boolean"}
     for name in derived:
         prop = getattr(cls, name)
@@ -196,12 +204,17 @@ def _inherited_description(cls: type, name: str) -> str | None:
     return None
 
 
+def _shape(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp) or typing_extensions.is_typeddict(tp)
+
+
 def _dataclass_in(tp: Any) -> type:
-    """The dataclass a field's annotation holds (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``)."""
-    if dataclasses.is_dataclass(tp):
+    """The dataclass (or TypedDict) a field's annotation holds (``X``, ``X | None``, ``list[X]``,
+    ``dict[str, X]``)."""
+    if _shape(tp):
         return tp
     for a in typing.get_args(tp):
-        if a is not type(None) and (dataclasses.is_dataclass(a) or typing.get_args(a)):
+        if a is not type(None) and (_shape(a) or typing.get_args(a)):
             return _dataclass_in(a)
     raise TypeError(f"no dataclass in {tp!r}")
 
@@ -297,50 +310,15 @@ def site_schema(d: str, holder: bool = False) -> Schema:
 
 
 def prediction_schema(d: str) -> Schema:
-    return null(obj({
-        "rank": i("the rank replayed"),
-        "config": s("the allocator setting replayed (PYTORCH_ALLOC_CONF text; '' for the defaults)"),
-        "deferred_frees": s("'recorded' (frees held for other streams as recorded) or 'immediate'"),
-        "peak_reserved_bytes": b("the replay's peak reserved"),
-        "recorded_peak_reserved_bytes": b("the recording's peak reserved"),
-        "oom": null(obj({"event_index": i("the event the replay ran out of memory at"),
-                         "requested_bytes": b("the request that failed")}, "the replay's OOM")),
-        "recorded_oom_event_index": null(i("the recording's OOM event")),
-        "capacity_bytes": null(b("the memory the replay may use (from the snapshot's OOM, sidecar or settings)")),
-        "capacity_kind": s("'device' (what the GPU had) or 'fraction' (set_per_process_memory_fraction)"),
-        "self_replay_exact": yes("the replay of the recorded settings reproduced the recording's segments"),
-        "reach": s("how far the replay reaches: 'complete' (no OOM recorded, replayed to the end), 'recorded' "
-                   "(only the recorded events, cut by the OOM), 'step-completed' / 'step-ran-out' (extended by the "
-                   "rest of the step as the previous step ran it)", REACHES),
-        "outcome": s("the sentence a user reads, filled in"),
-        "spare_bytes": b("capacity left at the claim's peak (the extended replay's for a step that completes)"),
-        "extended_peak_reserved_bytes": b("peak reserved of the replay extended by the rest of the step"),
-        "extended_oom_requested_bytes": b("the request the extended replay ran out of memory on"),
-        "extension": obj({"previous_step_events": arr(i(""), "[first, last] event of the previous step replayed "
-                                                             "again"),
-                          "appended_events": i("events appended after the recording")}, "how the trace was "
-                                                                                         "extended"),
-        "margin_bytes": b("the claim's margin (report/margin.py): the sum of the parts in margin, extension_bytes "
-                          "only for a step extended by the previous step's events"),
-        "margin": margin_schema("the margin's parts"),
-        "at_edge": yes("spare_bytes is below margin_bytes: at the edge, the claim may still run out and is never "
-                       "counted as a fix"),
-    }, d, optional=("spare_bytes", "extended_peak_reserved_bytes", "extended_oom_requested_bytes", "extension",
-                    "at_edge")))
+    from ..report.predict import Prediction
+
+    return null(of(Prediction, d))
 
 
 def margin_schema(d: str) -> Schema:
-    return obj({
-        "step_variation_bytes": b("max - min of the per-step peak allocated and of the peak reserved over the "
-                                  "complete steps (the larger)"),
-        "model_error_bytes": b("the self-replay's largest reserved difference from the recording (0: exact)"),
-        "extension_bytes": b("the largest rise of the peak reserved between consecutive complete steps (counted for "
-                             "an extended step only)"),
-        "outside_bytes": b("memory outside the caching allocator (CUDA context, NCCL, library workspaces): the GPU's "
-                           "total less the room read at the OOM or dump, or given by a sidecar; 0 under a fraction "
-                           "cap"),
-        "unrecorded_bytes": b("the job's own peak reserved (memory_stats) above the trace's"),
-    }, d)
+    from ..report.margin import MarginParts
+
+    return of(MarginParts, d)
 
 
 def fix_schema() -> Schema:
