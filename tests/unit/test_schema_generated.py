@@ -29,7 +29,6 @@ RENDERED = {
     "$+peak_reserved_saved_bytes": "render/json.py diff_dict: before - after (a property of RankDiff)",
     "$+peak_allocated_saved_bytes": "the same",
     "$.sites[]+delta_bytes": "render/json.py diff_dict: after - before (a property of SiteDelta)",
-    "$.stack_matches~free": "a plain dict (trace.meta's stack_matches) the hand-written schema spells out",
     "$.prediction~free": "a finding's prediction: a dict the hand-written schema spells out",
     "$.fixes[].prediction~free": "the same, per fix",
 }

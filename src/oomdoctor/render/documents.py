@@ -6,8 +6,16 @@ docstring under each field is its description). Bytes in ``*_bytes``, seconds in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from typing_extensions import (  # pydantic (the schema) reads typing_extensions' TypedDict
+    NotRequired,
+    TypedDict,
+)
+
+from ..report.diff import FindingChange, RankDiff
+from ..report.groups import RankGroups
+from ..report.model import RankSummary
 from ..simulate.capacity import Capacity
 from ..simulate.replay import SimulatedOom, Validation
 
@@ -16,6 +24,75 @@ if TYPE_CHECKING:  # annotations only
     from ..simulate.whatif import Simulation
 
 _DOC = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
+# ------------------------------------------------------------------------------------------ diagnose
+
+
+class Materiality(TypedDict):
+    """the rule: findings under max(fraction x peak reserved, min_bytes) are LOW"""
+
+    fraction: float
+    """of peak reserved"""
+    min_bytes: int
+    """floor (bytes)"""
+
+
+class InJobSummary(TypedDict):
+    """the in-job summary's (oomdoctor run --summarize: report/merge.py)"""
+
+    in_job_summary: bool
+    """written by the job's ranks (oomdoctor run --summarize)"""
+    world_size: int | None
+    """the job's ranks"""
+    missing_ranks: list[int]
+    """ranks that sent nothing"""
+
+
+class DiagnoseDoc(TypedDict):
+    """the diagnosis of a job's snapshots: ``diagnose --format json`` (render/json.py ``report_dict``) after
+    ``schema_version`` and ``oomdoctor_version``"""
+
+    verdict: Any
+    """the job's verdict: its worst rank's (ranks that ran out of memory first)"""
+    inputs: list[str]
+    """the snapshot files read"""
+    ranks: list[RankSummary]
+    """every rank, by rank"""
+    findings: list[Any]
+    """ranked: severity, then bytes at stake"""
+    notes: list[str]
+    """about the whole job"""
+    materiality: Materiality
+    """the rule: findings under max(fraction x peak reserved, min_bytes) are LOW"""
+    groups: NotRequired[RankGroups]
+    """the ranks grouped like a job"""
+    extra: NotRequired[InJobSummary]
+    """the in-job summary's"""
+
+
+# ---------------------------------------------------------------------------------------------- diff
+
+
+class DiffDoc(TypedDict):
+    """what a change did to memory: ``diff --format json`` (render/json.py ``diff_dict``) after ``schema_version``
+    and ``oomdoctor_version``"""
+
+    before: list[str]
+    """the before inputs"""
+    after: list[str]
+    """the after inputs"""
+    peak_reserved_saved_bytes: int
+    """summed over the ranks: before minus after (bytes)"""
+    ranks: list[RankDiff]
+    """per rank"""
+    findings: list[FindingChange]
+    """resolved, new, changed, unchanged"""
+    notes: list[str]
+    """notes"""
+
+
+for _shape in (Materiality, InJobSummary, DiagnoseDoc, DiffDoc):
+    _shape.__pydantic_config__ = _DOC  # type: ignore[attr-defined]
 
 # ------------------------------------------------------------------------------------------ simulate
 

@@ -128,10 +128,10 @@ def nested_options() -> dict[type, dict[str, Any]]:
     adds to ``asdict`` (``derived``), the values of its string fields (``enums``), of its maps (``values``)."""
     from ..analysis.accounting import Breakdown
     from ..analysis.fragmentation import Anatomy
-    from ..report.diff import SiteDelta
+    from ..report.diff import STATUSES, FindingChange, RankDiff, SiteDelta
     from ..report.fits import Fits
     from ..report.loop import GUIDES, OUTCOMES, WHY, FitOutcome, Trial, Verified, VerifyOutcome
-    from ..report.model import HolderRef
+    from ..report.model import HolderRef, RankSummary
     from ..report.predict import REACHES as PREDICTION_REACHES
     from ..report.predict import Prediction
     from ..simulate.capacity import Capacity
@@ -139,6 +139,12 @@ def nested_options() -> dict[type, dict[str, Any]]:
     from .documents import RecommendationDoc, ReplayDoc
 
     return {
+        RankSummary: {"enums": {"peak_source": PEAK_SOURCES,
+                                "alloc_retries_source": ("sidecar", "memory_stats_file", "unknown")},
+                      "values": {"series": arr(b(""), "")},
+                      "made": {"verdict": verdict_schema("this rank's verdict")}},  # filled in by the renderer
+        RankDiff: {"derived": ("peak_reserved_saved_bytes", "peak_allocated_saved_bytes")},
+        FindingChange: {"enums": {"status": STATUSES}},
         Prediction: {"enums": {"reach": PREDICTION_REACHES, "deferred_frees": DEFERRED_FREES,
                                "capacity_kind": CAPACITY_KINDS}},
         FitOutcome: {"enums": {"guide": GUIDES, "error": ("failed", "max-trials")}, "derived": ("trial_count",)},
@@ -269,8 +275,9 @@ def _from_type(tp: Any, d: str, descriptions: dict[str, str]) -> Schema:
 
 
 def document(command: str, body: Schema, optional: tuple[str, ...] = ()) -> Schema:
-    """The top-level schema of ``command``'s output: ``body`` (its properties all required but ``optional``)
-    with ``schema_version`` and the dialect."""
+    """The top-level schema of ``command``'s output: ``body`` (its properties all required but ``optional``, or
+    but those ``body`` does not require) with ``schema_version`` and the dialect."""
+    optional = optional or tuple(k for k in body["properties"] if k not in body.get("required", body["properties"]))
     props = {"schema_version": {"const": SCHEMA_VERSION,
                                 "description": "the version of this shape (major: a field removed or changed "
                                                "meaning; minor: fields added)"},
@@ -383,68 +390,24 @@ def fits_schema() -> Schema:
 def rank_schema() -> Schema:
     from ..report.model import RankSummary
 
-    made = {  # the verdict filled in by the renderer; stack_matches a dict (trace.meta's)
-        "verdict": verdict_schema("this rank's verdict"),
-        "stack_matches": null(obj({
-            "matched": i("allocations of stack-less steps that took a stacked step's stack"),
-            "unmatched": i("allocations of stack-less steps that matched none (no site)"),
-            "steps": arr(obj({"step": i("the step recorded without stacks (from 0)"),
-                              "from_step": null(i("the stacked step it was matched against")),
-                              "allocations": i("its allocations in the trace"),
-                              "matched": i("those that took a stack"),
-                              "unmatched": i("those after the first difference (no site)")}, "a stack-less step"),
-                "the steps recorded without stacks")}, "steps recorded without stacks (--stack-steps) and what was "
-                                                       "matched; null when every step carried stacks")),
-    }
-    return generated(RankSummary, "one rank (one device of one snapshot file)",
-                     enums={"peak_source": PEAK_SOURCES, "alloc_retries_source": ("sidecar", "memory_stats_file",
-                                                                                  "unknown")},
-                     values={"series": arr(b(""), "")}, made=made)
+    return of(RankSummary, "one rank (one device of one snapshot file)")
 
 
 def diagnose_schema() -> Schema:
-    return document("diagnose", obj({
-        "verdict": verdict_schema("the job's verdict: its worst rank's (ranks that ran out of memory first)"),
-        "inputs": arr(s(""), "the snapshot files read"),
-        "ranks": arr(rank_schema(), "every rank, by rank"),
-        "findings": arr(finding_schema(), "ranked: severity, then bytes at stake"),
-        "notes": arr(s(""), "about the whole job"),
-        "materiality": obj({"fraction": f("of peak reserved"), "min_bytes": b("floor")},
-                           "the rule: findings under max(fraction x peak reserved, min_bytes) are LOW"),
-        "groups": obj({
-            "groups": arr(obj({
-                "ranks": arr(i("a rank"), "the ranks of the group, sorted"),
-                "verdict": s("their verdict's kind"),
-                "holders": arr(s("a holder's label"), "the labels of their largest holders, largest first"),
-                "min_peak_reserved_bytes": b("the lowest peak reserved in the group"),
-                "max_peak_reserved_bytes": b("the highest"),
-                "odd": yes("not the job's typical (largest) group"),
-                "why": arr(s("one difference"), "how it differs from the typical group"),
-            }, "alike ranks: same verdict, same top holders, peaks within 1%"), "the odd groups first"),
-            "min": obj({"rank": i("the rank"), "bytes": b("its peak reserved")}, "the lowest peak reserved and its rank"),
-            "median": obj({"rank": i("the rank"), "bytes": b("its peak reserved")}, "the median peak reserved (lower middle) and its rank"),
-            "max": obj({"rank": i("the rank"), "bytes": b("its peak reserved")}, "the highest peak reserved and its rank"),
-        }, "the ranks grouped like a job"),
-        "extra": obj({"in_job_summary": yes("written by the job's ranks (oomdoctor run --summarize)"),
-                      "world_size": null(i("the job's ranks")),
-                      "missing_ranks": arr(i(""), "ranks that sent nothing")}, "the in-job summary's"),
-    }, "the diagnosis of a job's snapshots"), optional=("extra", "groups"))
+    from .documents import DiagnoseDoc
+
+    return document("diagnose", generated(
+        DiagnoseDoc, "the diagnosis of a job's snapshots",
+        made={"verdict": verdict_schema("the job's verdict: its worst rank's (ranks that ran out of memory first)"),
+              "findings": arr(finding_schema(), "ranked: severity, then bytes at stake")}))
 
 
 # ---------------------------------------------------------------------------------------------- diff
 
 def diff_schema() -> Schema:
-    from ..report.diff import STATUSES, FindingChange, RankDiff
+    from .documents import DiffDoc
 
-    rank = generated(RankDiff, "one rank in both runs",
-                     derived=("peak_reserved_saved_bytes", "peak_allocated_saved_bytes"))
-    finding = generated(FindingChange, "a finding in either run", enums={"status": STATUSES})
-    return document("diff", obj({
-        "before": arr(s(""), "the before inputs"), "after": arr(s(""), "the after inputs"),
-        "peak_reserved_saved_bytes": b("summed over the ranks: before minus after"),
-        "ranks": arr(rank, "per rank"), "findings": arr(finding, "resolved, new, changed, unchanged"),
-        "notes": arr(s(""), "notes"),
-    }, "what a change did to memory"))
+    return document("diff", of(DiffDoc, "what a change did to memory"))
 
 
 # ------------------------------------------------------------------------------------------ simulate

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDict from typing_extensions only
+
 from ..analysis.accounting import Breakdown
 from ..analysis.fragmentation import Anatomy
 from ..detectors.finding import Finding, SiteRef
@@ -36,6 +38,37 @@ class OomInfo:
     """the largest cached free block then (bytes)"""
     stream: int
     """the request's CUDA stream"""
+
+
+class StackMatchStep(TypedDict):
+    """a stack-less step"""
+
+    step: int
+    """the step recorded without stacks (from 0)"""
+    from_step: int | None
+    """the stacked step it was matched against"""
+    allocations: int
+    """its allocations in the trace"""
+    matched: int
+    """those that took a stack"""
+    unmatched: int
+    """those after the first difference (no site)"""
+
+
+class StackMatches(TypedDict):
+    """Steps recorded without stacks (``--stack-steps``) and what was matched, as a rank's JSON writes them
+    (:func:`oomdoctor.trace.stackmatch.match_stackless_steps`, the analysed device's)."""
+
+    matched: int
+    """allocations of stack-less steps that took a stacked step's stack"""
+    unmatched: int
+    """allocations of stack-less steps that matched none (no site)"""
+    steps: list[StackMatchStep]
+    """the steps recorded without stacks"""
+
+
+for _shape in (StackMatchStep, StackMatches):
+    _shape.__pydantic_config__ = {"use_attribute_docstrings": True}  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -151,7 +184,7 @@ class RankSummary:
     """where alloc_retries comes from"""
     #: steps recorded without stacks (``--stack-steps``) and what was matched, from
     #: :func:`oomdoctor.trace.stackmatch.match_stackless_steps`; None when every step was recorded with stacks
-    stack_matches: dict[str, Any] | None = None
+    stack_matches: StackMatches | None = None
     """steps recorded without stacks (--stack-steps) and what was matched; null when every step carried stacks"""
 
 
