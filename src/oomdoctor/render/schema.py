@@ -14,7 +14,6 @@ event). Every output carries ``schema_version`` (:data:`~oomdoctor._version.SCHE
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from typing import Any
 
@@ -84,20 +83,6 @@ def mapping(values: Schema, d: str) -> Schema:
 def free(d: str) -> Schema:
     """A free-form object: its keys depend on the rule that wrote it (documented with the rule)."""
     return {"type": "object", "description": d}
-
-
-def from_dataclass(cls: type, descriptions: dict[str, str]) -> Schema:
-    """The schema of ``dataclasses.asdict(cls(...))``: each field's type from its annotation (int, float, str,
-    bool, ``X | None``, ``list[X]``, ``dict[str, X]``, ``tuple``, a nested dataclass), its description from
-    ``descriptions`` (a field missing there raises KeyError: every field is documented).
-
-    Raises:
-        KeyError: a field of ``cls`` has no description.
-    """
-    hints = typing.get_type_hints(cls)
-    props = {fl.name: _from_type(hints[fl.name], descriptions[fl.name], descriptions)
-             for fl in dataclasses.fields(cls)}
-    return obj(props, (cls.__doc__ or cls.__name__).strip().split("\n\n")[0].replace("\n", " "))
 
 
 def generated(cls: type, d: str, enums: dict[str, tuple[str, ...]] | None = None,
@@ -245,33 +230,13 @@ def _house(x: Schema, d: str, enum: tuple[str, ...] | None, value: Schema | None
         items = x["items"] if "items" in x else x["prefixItems"][0]
         return arr(_house(items, "", None, None, defs, typing.get_args(tp)[0] if typing.get_args(tp) else tp), d)
     if kind == "object":
+        if value is None and not isinstance(x.get("additionalProperties"), dict):
+            return free(d)  # dict[str, Any]: its keys documented with what writes it
         return mapping(value if value is not None else
                        _house(x["additionalProperties"], "", None, None, defs, typing.get_args(tp)[-1]), d)
-    return s(d, enum) if kind == "string" else _t(kind, d)
-
-
-def _from_type(tp: Any, d: str, descriptions: dict[str, str]) -> Schema:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return null(_from_type(rest[0], d, descriptions))
-    if origin is list:
-        return arr(_from_type(args[0], "", descriptions), d)
-    if origin is tuple:
-        return arr(_from_type(args[0], "", descriptions), d)
-    if origin is dict:
-        return mapping(_from_type(args[1], "", descriptions), d)
-    if dataclasses.is_dataclass(tp):
-        out = from_dataclass(tp, descriptions)
-        out["description"] = d
-        return out
-    kind = {int: "integer", float: "number", str: "string", bool: "boolean"}.get(tp)
     if kind is None:
-        return {"description": d}
-    out = _t(kind, d)
-    if tp is float:
-        out["type"] = "number"
-    return out
+        return {"description": d}  # Any
+    return s(d, enum) if kind == "string" else _t(kind, d)
 
 
 def document(command: str, body: Schema, optional: tuple[str, ...] = ()) -> Schema:
@@ -456,52 +421,12 @@ def verify_schema() -> Schema:
 
 # ------------------------------------------------------------------------------------------ preflight
 
-_PREFLIGHT_FIELDS = {
-    "job": "the job traced: --hf-config's (hf_config, micro_batch, seq_len, dtype, optimizer, loop, world_size, "
-           "...), a script's (script, max_steps, world_size, ranks_traced, collectives), or the Python API's "
-           "(model_fn, steps)",
-    "gpu_name": "the GPU assumed (--gpu), null with --gpu-memory",
-    "gpu_total_bytes": "the GPU's total memory (bytes)",
-    "outside_allocator_bytes": "memory outside the caching allocator: the CUDA context and kernels, and NCCL's "
-                               "communicator for more than one rank (bytes, measured constants)",
-    "outside_allocator_source": "where outside_allocator_bytes comes from",
-    "room_bytes": "the allocator's room: gpu_total_bytes less outside_allocator_bytes (bytes)",
-    "peak_allocated_bytes": "the replay's peak allocated, blocks rounded as the allocator does "
-                            "(torch.cuda.max_memory_allocated's meaning; bytes)",
-    "peak_reserved_bytes": "the replay's peak reserved (max_memory_reserved's meaning; bytes)",
-    "peak_requested_bytes": "the trace's peak of requested bytes, before rounding (bytes)",
-    "oom": "the replay ran out of the room",
-    "oom_request_bytes": "the request that did not fit (bytes), null without an OOM",
-    "micro_batch": "the micro-batch traced (null: a script's or a batch_fn's own)",
-    "largest_micro_batch": "the largest traced micro-batch that replays without OOM and with "
-                           "largest_micro_batch_margin_bytes to spare, the next traced one not (null: not searched)",
-    "largest_micro_batch_method": "'traced' or 'not searched'",
-    "largest_micro_batch_margin_bytes": "what largest_micro_batch keeps free of the room: its replay's peak reserved "
-                                        "is at most room_bytes less this (3.5% of the room, preflight's largest "
-                                        "measured error on peak reserved; bytes; 0: not searched)",
-    "micro_batch_traces": "every trace: micro_batch, peak_allocated_bytes, peak_reserved_bytes, oom, trace_wall_s",
-    "breakdown": "bytes per category at the peak allocated (parameters, gradients, optimizer_state, activations, "
-                 "temporaries, ...); they add up to breakdown_at.allocated_bytes",
-    "breakdown_sources": "per category, where its bytes come from ('recorded': the tracer's facts; 'trace': the "
-                         "accounting's rules)",
-    "breakdown_at": "the moment of the breakdown: event_index, step, phase, allocated_bytes",
-    "settings": "the same trace replayed per allocator setting: config, peak_reserved_bytes, peak_allocated_bytes, "
-                "oom, oom_request_bytes",
-    "snapshot": "the traced snapshot written (-o), laid out by the allocator model; null without -o",
-    "trace_wall_s": "wall time of the traces (s)",
-    "events": "allocation and free events traced",
-    "not_traced": "ids of what the trace leaves out (kernel_workspaces_chosen_at_run_time, torch_compile, "
-                  "cpu_resident_optimizer_steps, collectives)",
-}
-
-
 def preflight_schema() -> Schema:
     from ..report.preflight import PreflightAnswer
 
-    body = from_dataclass(PreflightAnswer, _PREFLIGHT_FIELDS)
-    body["description"] = ("a training step traced on the CPU under fake tensors, replayed for a GPU: the peaks, the "
-                           "OOM, the largest micro-batch, each allocator setting and the breakdown")
-    return document("preflight", body)
+    return document("preflight", of(PreflightAnswer, "a training step traced on the CPU under fake tensors, replayed "
+                                                     "for a GPU: the peaks, the OOM, the largest micro-batch, each "
+                                                     "allocator setting and the breakdown"))
 
 
 COMMANDS = {"diagnose": diagnose_schema, "diff": diff_schema, "simulate": simulate_schema,
