@@ -133,7 +133,7 @@ class CandidateDoc:
     relative_throughput: float
     """against the best plan (1.0)"""
     step_time_s: StepTimeDoc
-    """the modelled step time"""
+    """the modelled step time (seconds)"""
     microbatches: int
     """micro-batches per step"""
     setting: str
