@@ -123,23 +123,41 @@ class Breakdown:
     then ``rounding``). ``at`` names the point (``oom``, ``peak_allocated``, ``peak_reserved``,
     ``optimizer_start``, ``backward_end``); ``sources`` says per category with bytes whether most of them
     came from recorded facts or from the trace; ``phase_source`` says what set the phase
-    (:data:`~.phases.SOURCE_NAMES`)."""
+    (:data:`~.phases.SOURCE_NAMES`). ``unknown_why``: the ``unknown`` line's requested bytes by why no signal
+    placed them (:data:`UNKNOWN_WHY`; only reasons with bytes): the blocks were born before the trace and no
+    allocation stack of theirs survives (``before_trace_no_stack``: the ring buffer dropped their allocation, and
+    neither the final segments nor a free event keeps its frames), born before the trace with a stack that no rule
+    places (``before_trace``), or born in the trace (``in_trace``: no lifetime, gradient or frame says what they
+    are).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     at: str
+    """the moment: the OOM, the peaks, or where each optimizer step began (or each backward ended)"""
     event_index: int
+    """the event after which the live blocks are counted"""
     step: int | None
+    """the training step (from 0) of that event"""
     phase: str
+    """the phase of that event (setup, forward, backward, optimizer, evaluation, generation, other)"""
     categories: dict[str, int]
+    """requested bytes per category (parameters, gradients, optimizer_state, activations, temporaries,
+    communication, outputs, kv_cache, workspaces, weight_copy, unknown) and the allocator's 'rounding'; they add
+    up to allocated_bytes (bytes)"""
     sources: dict[str, str]
+    """per category: from what the job recorded (the sidecar's storages) or read from the trace"""
     allocated_bytes: int
+    """allocated after that event: requested + rounding (bytes)"""
     counts: dict[str, int] = field(default_factory=dict)
+    """live blocks per category"""
     phase_source: str = "inferred"
+    """what set the phase: markers, annotations, autograd engine thread, frames or inferred"""
     unknown_why: dict[str, int] = field(default_factory=dict)
-    """The ``unknown`` line's requested bytes by why no signal placed them (:data:`UNKNOWN_WHY`; only reasons
-    with bytes): the blocks were born before the trace and no allocation stack of theirs survives
-    (``before_trace_no_stack``: the ring buffer dropped their allocation, and neither the final segments nor a free
-    event keeps its frames), born before the trace with a stack that no rule places (``before_trace``), or born
-    in the trace (``in_trace``: no lifetime, gradient or frame says what they are)."""
+    """the unknown bytes by why no signal placed them: before_trace_no_stack (born before the trace, no allocation
+    stack survives), before_trace (born before it, its stack places nothing), in_trace; they add up to
+    categories.unknown (bytes)"""
 
     def check(self) -> None:
         """Assert the identity: the lines add up to the allocated bytes."""

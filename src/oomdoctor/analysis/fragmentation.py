@@ -29,23 +29,42 @@ from .rounding import K_SMALL_BUFFER, K_SMALL_SIZE
 
 @dataclass
 class PoolAnatomy:
-    """The anatomy of one (pool, segment type, stream) group. Bytes."""
+    """The anatomy of one (pool, segment type, stream) group. Bytes.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``); for the
+    whole device (:class:`Anatomy`) the sums are over every group and the group's keys are the first group's."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     pool_id: tuple[int, int]
+    """the memory pool: [0, 0] is the default pool, others are CUDA graph private pools (the whole device: the
+    first group's)"""
     segment_type: str
+    """'small' (blocks up to 1 MiB) or 'large' segments (the whole device: the first group's)"""
     stream: int
+    """the CUDA stream the segments belong to (the whole device: the first group's)"""
     is_expandable: bool
+    """segments are expandable (expandable_segments:True)"""
     segments: int = 0
+    """segments in the group (the whole device: all)"""
     reserved_bytes: int = 0
+    """reserved by the allocator in the group (the whole device: all), cudaMalloc'd segments (bytes)"""
     requested_bytes: int = 0
+    """what the live tensors asked for (bytes)"""
     rounding_waste_bytes: int = 0
+    """the allocator's rounding of live blocks: allocated = requested + rounding (bytes)"""
     pending_free_bytes: int = 0
+    """blocks freed by Python but held for other streams, record_stream (bytes)"""
     free_in_used_segments_bytes: int = 0
+    """free blocks inside segments that also hold live blocks (bytes)"""
     free_segments_bytes: int = 0
+    """whole free segments: empty_cache() would return them (bytes)"""
     largest_free_block_bytes: int = 0
+    """the largest free block (bytes)"""
 
     @property
     def allocated_bytes(self) -> int:
+        """requested + rounding (bytes)"""
         return self.requested_bytes + self.rounding_waste_bytes
 
     @property
@@ -61,8 +80,11 @@ class Anatomy(PoolAnatomy):
     """
 
     event_index: int = -1
+    """the event after which the state is taken (-1: trace start)"""
     pools: list[PoolAnatomy] = field(default_factory=list)
+    """per (pool, segment type, stream) group"""
     unattributed_bytes: int = 0
+    """active blocks found in no live segment: 0 on a consistent trace (bytes)"""
 
     def check(self) -> None:
         """Assert the identity ``reserved = requested + waste + pending + free in used + free whole``."""

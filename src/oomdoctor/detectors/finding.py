@@ -41,13 +41,22 @@ class Fix:
 @dataclass
 class SiteRef:
     """An allocation site behind a finding: ``label`` (``file:line in function``), bytes, block count,
-    and the full stack (innermost first) of its largest block."""
+    and the full stack (innermost first) of its largest block.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     label: str
+    """file:line function of the allocation site (the frame of user code nearest the top)"""
     bytes: int
+    """held by the site's live blocks (bytes)"""
     count: int
+    """live blocks"""
     stack: list[str] = field(default_factory=list)
+    """the allocation stack, innermost first, shortened"""
     user_frame: str | None = None
+    """the frame of user code, if any"""
 
 
 @dataclass

@@ -45,20 +45,36 @@ from .specs import Hardware, ModelSpec, ParallelPlan, TrainingSpec, padded_vocab
 class StageEstimate:
     """One pipeline stage. ``terms`` maps each term's name to bytes; ``allocated_bytes`` is the peak of
     ``torch.cuda.memory_allocated`` (what Megatron logs as ``mem-max-allocated-bytes``),
-    ``reserved_bytes`` of ``memory_reserved``, ``device_bytes`` what the GPU must hold (nvidia-smi)."""
+    ``reserved_bytes`` of ``memory_reserved``, ``device_bytes`` what the GPU must hold (nvidia-smi).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema plan estimate``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     stage: int
+    """the pipeline stage"""
     parameters: int
+    """parameters on the stage"""
     in_flight_chunks: int
+    """micro-batches whose activations the schedule holds at once"""
     terms: dict[str, int]
+    """bytes per term of the estimate (bytes)"""
     gradients_persist: bool
+    """gradients are kept between micro-batches"""
     allocated_bytes: int
+    """peak allocated: torch.cuda.memory_allocated, Megatron's mem-max-allocated-bytes (bytes)"""
     reserved_bytes: int
+    """peak reserved: allocated + fragmentation (bytes)"""
     device_bytes: int
-    peak_phase: str  # "activations" or "optimizer step"
-    breakdown: dict[str, int]  # model_states, activations, logits_and_loss, other: what allocated holds at its peak
-    categories: dict[str, int] = field(default_factory=dict)  # diagnose's accounting categories at the peak
-    loss_moment: str = ""  # framework hf: which moment of the loss region is the peak
+    """what the GPU must hold: reserved + CUDA context + NCCL (bytes)"""
+    peak_phase: str
+    """activations or optimizer step"""
+    breakdown: dict[str, int]
+    """model_states, activations, logits_and_loss, other: what allocated holds at its peak (bytes)"""
+    categories: dict[str, int] = field(default_factory=dict)
+    """diagnose's accounting categories at the peak (bytes)"""
+    loss_moment: str = ""
+    """framework hf: which moment of the loss region is the peak"""
 
     def check(self) -> None:
         """Assert that the terms add up to the three totals, and the breakdown to allocated."""

@@ -41,27 +41,50 @@ class ModelSpec:
     Face ``model_type`` (``gpt2``, ``llama``, ...) and ``activation`` its ``activation_function`` /
     ``hidden_act``: they pick the module code ``framework="hf"`` counts (:mod:`.hf`); ``use_cache`` is
     the config's default (a transformers model builds its KV cache in a training forward when it is on);
-    ``dropout`` is whether the config's residual/embedding dropout is above 0 (GPT-2's ``resid_pdrop``)."""
+    ``dropout`` is whether the config's residual/embedding dropout is above 0 (GPT-2's ``resid_pdrop``).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema plan estimate``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     name: str
+    """the model's name"""
     num_layers: int
+    """transformer layers"""
     hidden_size: int
+    """hidden width"""
     ffn_hidden_size: int
+    """MLP width (per expert for MoE)"""
     num_heads: int
+    """attention heads"""
     num_kv_heads: int
+    """key/value heads (fewer than heads: GQA)"""
     vocab_size: int
+    """vocabulary"""
     tied_embeddings: bool = False
+    """input and output embeddings shared"""
     gated_mlp: bool = True
+    """SwiGLU (three matrices)"""
     bias: bool = False
+    """linear layers have biases"""
     norm: str = "rmsnorm"
+    """layernorm or rmsnorm"""
     learned_positions: int = 0
+    """rows of a learned position table (GPT-2), 0 for none"""
     num_experts: int = 0
+    """MoE experts"""
     experts_per_token: int = 0
+    """experts each token is routed to"""
     shared_experts: int = 0
+    """always-on experts"""
     family: str = ""
+    """the Hugging Face model_type"""
     activation: str = ""
+    """the MLP activation"""
     use_cache: bool = True
+    """the config's default: a transformers model builds its KV cache in a training forward when it is on"""
     dropout: bool = False
+    """the config's residual/embedding dropout is above 0"""
 
     @property
     def head_dim(self) -> int:
@@ -75,19 +98,34 @@ class TrainingSpec:
     ``grad_bytes`` (Megatron keeps fp32 main grads: 4; ``grad_reduce_in_fp32=False``: 2), ``master_bytes``
     (fp32 master copy, 0 when training in fp32), ``optimizer_state_bytes`` (Adam: 8 per param).
     ``fp8`` saves linear-layer inputs in 1 byte (Transformer Engine). ``flash_attention`` drops the s²
-    attention scores; ``dropout`` keeps 1-byte masks."""
+    attention scores; ``dropout`` keeps 1-byte masks.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema plan estimate``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     seq_len: int
+    """tokens per sequence"""
     global_batch: int
+    """sequences per optimizer step"""
     micro_batch: int = 1
+    """sequences per micro-batch"""
     param_bytes: int = 2
+    """bytes per weight used in the forward"""
     grad_bytes: int = 4
+    """bytes per gradient element"""
     master_bytes: int = 4
+    """bytes per fp32 master weight (0 without)"""
     optimizer_state_bytes: int = 8
+    """optimizer state bytes per parameter (Adam: 8)"""
     fp8: bool = False
+    """linear inputs saved in 1 byte (Transformer Engine)"""
     flash_attention: bool = True
+    """no s^2 attention scores kept"""
     dropout: bool = False
+    """dropout masks are kept (1 byte each)"""
     fused_cross_entropy: bool = False
+    """the loss does not materialise fp32 logits"""
 
 
 @dataclass(frozen=True)
@@ -111,25 +149,46 @@ class ParallelPlan:
     when ``recompute == "full"``. ``return_outputs`` is ``torch.distributed.pipelining``'s
     ``step(return_outputs=True)``, which caches every micro-batch's output on the last stage.
     ``loop`` (one of :data:`LOOPS`) and ``use_cache`` (None: what the loop leaves it at) describe a
-    ``framework="hf"`` job (:func:`.hf.loop_settings`)."""
+    ``framework="hf"`` job (:func:`.hf.loop_settings`).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema plan estimate``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     tp: int = 1
+    """tensor-parallel size"""
     pp: int = 1
+    """pipeline-parallel size"""
     dp: int = 1
+    """data-parallel size"""
     cp: int = 1
+    """context-parallel size"""
     ep: int = 1
+    """expert-parallel size"""
     vpp: int = 1
+    """virtual pipeline stages per rank"""
     schedule: str = "1f1b"
+    """the pipeline schedule (1f1b, interleaved, gpipe, zero-bubble, zbv)"""
     sequence_parallel: bool = False
+    """Megatron sequence parallelism"""
     dp_sharding: str = "zero1"
+    """none, zero1, zero2, zero3 or fsdp"""
     recompute: str = "none"
+    """none, selective or full"""
     recompute_layers: int | None = None
+    """layers per stage fully recomputed (null: all)"""
     cpu_offload_optimizer: bool = False
+    """optimizer state in CPU memory"""
     return_outputs: bool = False
+    """torch.distributed.pipelining step(return_outputs=True)"""
     framework: str = "megatron"
+    """megatron or hf"""
     expandable_segments: bool = False
+    """expandable_segments:True"""
     loop: str = "plain"
+    """the training loop (framework hf)"""
     use_cache: bool | None = None
+    """the config builds a KV cache in forward (null: what the loop leaves it at)"""
 
     @property
     def world_size(self) -> int:

@@ -100,7 +100,8 @@ def json_default(o: Any) -> Any:
 
 
 def simulation_dict(sim: Simulation) -> dict[str, Any]:
-    """The ``oomdoctor simulate --format json`` contract::
+    """The ``oomdoctor simulate --format json`` contract (:class:`.documents.SimulationDoc`, with the derived
+    ``validation.segment_events_compared``)::
 
         {"recorded": {"config", "peak_reserved_bytes", "peak_allocated_bytes", "oom_event_index"},
          "capacity": {"limit_bytes", "kind", "source", "certainty", "lower_bytes", "upper_bytes", "evidence"},
@@ -114,36 +115,13 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
     ``config`` is the ``PYTORCH_CUDA_ALLOC_CONF`` string ("" for the defaults). ``results[0]`` is the
     replay of the recorded settings, checked against the recording.
     """
-    def result(r) -> dict[str, Any]:
-        return {
-            "config": r.config.to_string(), "deferred_frees": r.deferred_frees,
-            "peak_reserved_bytes": r.peak_reserved_bytes, "peak_allocated_bytes": r.peak_allocated_bytes,
-            "end_reserved_bytes": r.end_reserved_bytes,
-            "oom": None if r.oom is None else asdict(r.oom),
-            "matches_recorded": r.matches_recorded,
-            "validation": None if r.validation is None else {
-                **asdict(r.validation), "segment_events_compared": r.validation.segment_events_compared},
-            "initial_state": r.initial_state, "events_replayed": r.events_replayed,
-            "num_alloc_retries": r.num_alloc_retries, "segment_events": r.segment_events, "warnings": r.warnings,
-        }
+    from .documents import SimulationDoc  # the replay's classes: only a simulation imports them
 
-    rec = sim.recommendation
-    return {
-        "schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "path": sim.path, "rank": sim.rank,
-        "num_events": sim.num_events,
-        "recorded": {"config": sim.recorded_config.to_string(), "peak_reserved_bytes": sim.recorded_peak_reserved_bytes,
-                     "peak_allocated_bytes": sim.recorded_peak_allocated_bytes,
-                     "oom_event_index": sim.recorded_oom_event},
-        "capacity": asdict(sim.capacity),
-        "has_deferred_frees": sim.has_deferred_frees,
-        "results": [result(r) for r in sim.results],
-        "recommendation": None if rec is None else {
-            "config": rec.result.config.to_string(), "deferred_frees": rec.result.deferred_frees,
-            "peak_reserved_bytes": rec.result.peak_reserved_bytes, "reason": rec.reason,
-            "incompatibilities": rec.incompatibilities},
-        "search_wall_s": sim.search_wall_s,
-        "notes": sim.notes,
-    }
+    doc = asdict(SimulationDoc.of(sim))
+    for r, d in zip(sim.results, doc["results"]):
+        if r.validation is not None:
+            d["validation"]["segment_events_compared"] = r.validation.segment_events_compared
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **doc}
 
 
 def render_simulation_json(sim: Simulation) -> str:

@@ -35,7 +35,7 @@ def _doc(d: dict[str, Any]) -> str:
 
 def fit_json(fit: FitOutcome) -> str:
     d = asdict(fit)
-    d["trial_count"] = len(fit.trials)
+    d["trial_count"] = fit.trial_count
     return _doc(d)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich import box
@@ -13,8 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from .._version import SCHEMA_VERSION, __version__
-from ..plan.estimate import Estimate
+from ..plan.estimate import Estimate, StageEstimate
 from ..plan.search import SearchResult, alloc_conf_env
+from ..plan.specs import ModelSpec, ParallelPlan, TrainingSpec
 from ..plan.validate import Validation
 from ..units import GiB
 from .console import hang, plain_console
@@ -25,15 +26,47 @@ def _gb(n: int) -> str:
     return f"{n / GiB:.1f}"
 
 
+_DOC = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
+# The JSON documents of ``plan estimate``, ``plan search`` and ``plan validate``: dataclasses whose ``asdict`` is
+# the JSON after ``schema_version`` and ``oomdoctor_version``. The docstring under each field is its description in
+# the JSON schema (:mod:`.schema` generates it from them).
+
+
+@dataclass
+class EstimateDoc:
+    """memory per pipeline stage of one plan"""
+
+    __pydantic_config__ = _DOC
+
+    model: ModelSpec
+    """the model"""
+    train: TrainingSpec
+    """the training step"""
+    plan: ParallelPlan
+    """the parallel plan"""
+    label: str
+    """the plan in one line (TP2 PP4 DP8 ...)"""
+    microbatches: int
+    """micro-batches per step and pipeline"""
+    vocab: int
+    """the vocabulary, padded"""
+    gpu_memory_bytes: int | None
+    """the GPU's memory (bytes)"""
+    fits: bool | None
+    """the worst stage's device bytes fit the GPU (null: no GPU given)"""
+    peak_stage: int
+    """the stage with the most device bytes"""
+    stages: list[StageEstimate]
+    """per pipeline stage"""
+
+
 def estimate_dict(e: Estimate) -> dict[str, Any]:
-    """``plan estimate --format json``: ``{"plan", "microbatches", "vocab", "fits", "peak_stage",
-    "stages": [{"stage", "parameters", "in_flight_chunks", "terms": {name: bytes}, "allocated_bytes",
-    "reserved_bytes", "device_bytes", "peak_phase", "gradients_persist", "breakdown"}]}``."""
-    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "model": asdict(e.model),
-            "train": asdict(e.train),
-            "plan": asdict(e.plan), "label": e.plan.label(), "microbatches": e.microbatches, "vocab": e.vocab,
-            "gpu_memory_bytes": e.hardware.gpu_memory_bytes if e.hardware else None, "fits": e.fits,
-            "peak_stage": e.peak.stage, "stages": [asdict(s) for s in e.stages]}
+    """``plan estimate --format json``: :class:`EstimateDoc` after the versions."""
+    doc = EstimateDoc(model=e.model, train=e.train, plan=e.plan, label=e.plan.label(), microbatches=e.microbatches,
+                      vocab=e.vocab, gpu_memory_bytes=e.hardware.gpu_memory_bytes if e.hardware else None,
+                      fits=e.fits, peak_stage=e.peak.stage, stages=e.stages)
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **asdict(doc)}
 
 
 def render_estimate_text(e: Estimate, console: Console) -> None:
@@ -67,23 +100,91 @@ def render_estimate_text(e: Estimate, console: Console) -> None:
                        style="dim"))
 
 
+@dataclass
+class StepTimeDoc:
+    """the modelled step time (:class:`~oomdoctor.plan.search.StepTime` with its total)"""
+
+    __pydantic_config__ = _DOC
+
+    compute_s: float
+    """compute (seconds)"""
+    tp_comm_s: float
+    """tensor-parallel all-reduces (seconds)"""
+    bubble_s: float
+    """the pipeline bubble (seconds)"""
+    dp_comm_s: float
+    """exposed data-parallel communication (seconds)"""
+    total_s: float
+    """the step (seconds)"""
+
+
+@dataclass
+class CandidateDoc:
+    """one plan"""
+
+    __pydantic_config__ = _DOC
+
+    label: str
+    """the plan in one line"""
+    plan: ParallelPlan
+    """the parallel plan"""
+    fits: str
+    """yes, no, or a condition under which it fits"""
+    relative_throughput: float
+    """against the best plan (1.0)"""
+    step_time_s: StepTimeDoc
+    """the modelled step time (seconds)"""
+    microbatches: int
+    """micro-batches per step"""
+    setting: str
+    """the allocator setting the plan fits with ('' when none is needed or it does not fit)"""
+    peak_stage: int
+    """the stage with the most device bytes, under that setting"""
+    peak_device_bytes: int
+    """the worst stage's device bytes, under that setting (bytes)"""
+    peak_allocated_bytes: int
+    """the largest stage's allocated, under that setting (bytes)"""
+    last_stage_allocated_bytes: int
+    """the last stage's allocated, under that setting (bytes)"""
+    why: list[str]
+    """what decides its rank or its fit"""
+
+
+@dataclass
+class SearchDoc:
+    """the parallel plans that fit"""
+
+    __pydantic_config__ = _DOC
+
+    model: str
+    """the model"""
+    gpus: int
+    """GPUs"""
+    gpu_memory_bytes: int
+    """per GPU (bytes)"""
+    rules: list[str]
+    """the decision rules, in order"""
+    rejected: int
+    """plans rejected as invalid"""
+    candidates: list[CandidateDoc]
+    """valid plans, best first"""
+
+
 def search_dict(r: SearchResult, limit: int | None = None) -> dict[str, Any]:
-    """``plan search --format json``: ``{"candidates": [{"label", "plan", "fits", "relative_throughput",
-    "step_time_s", "peak_stage", "peak_device_bytes", "peak_allocated_bytes", "last_stage_allocated_bytes",
-    "why"}], "rules", "rejected"}``."""
+    """``plan search --format json``: :class:`SearchDoc` after the versions, the first ``limit`` candidates."""
     cands = r.candidates if limit is None else r.candidates[:limit]
-    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "model": r.model.name,
-            "gpus": r.hardware.num_gpus,
-            "gpu_memory_bytes": r.hardware.gpu_memory_bytes, "rules": r.rules, "rejected": r.rejected,
-            "candidates": [{"label": c.plan.label(), "plan": asdict(c.plan), "fits": c.fits,
-                            "relative_throughput": round(c.relative_throughput, 4),
-                            "step_time_s": asdict(c.step) | {"total_s": c.step.total_s},
-                            "microbatches": c.estimate.microbatches, "setting": c.setting,
-                            "peak_stage": c.fit_estimate.peak.stage,
-                            "peak_device_bytes": c.fit_estimate.peak.device_bytes,
-                            "peak_allocated_bytes": max(s.allocated_bytes for s in c.fit_estimate.stages),
-                            "last_stage_allocated_bytes": c.fit_estimate.last.allocated_bytes,
-                            "why": c.why} for c in cands]}
+    doc = SearchDoc(
+        model=r.model.name, gpus=r.hardware.num_gpus, gpu_memory_bytes=r.hardware.gpu_memory_bytes, rules=r.rules,
+        rejected=r.rejected,
+        candidates=[CandidateDoc(
+            label=c.plan.label(), plan=c.plan, fits=c.fits, relative_throughput=round(c.relative_throughput, 4),
+            step_time_s=StepTimeDoc(c.step.compute_s, c.step.tp_comm_s, c.step.bubble_s, c.step.dp_comm_s,
+                                    c.step.total_s),
+            microbatches=c.estimate.microbatches, setting=c.setting, peak_stage=c.fit_estimate.peak.stage,
+            peak_device_bytes=c.fit_estimate.peak.device_bytes,
+            peak_allocated_bytes=max(s.allocated_bytes for s in c.fit_estimate.stages),
+            last_stage_allocated_bytes=c.fit_estimate.last.allocated_bytes, why=c.why) for c in cands])
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **asdict(doc)}
 
 
 _FITS_SHORT = {"with expandable_segments": "expandable"}
@@ -114,24 +215,76 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
         console.print(hang(rule, 2, f"{i}. "))
 
 
+@dataclass
+class ValidationRowDoc:
+    """one row"""
+
+    __pydantic_config__ = _DOC
+
+    test_dir: str
+    """the Megatron-LM functional test"""
+    golden_file: str
+    """its golden values file"""
+    predicted_bytes: int | None
+    """predicted peak (bytes)"""
+    measured_bytes: int | None
+    """measured peak (bytes)"""
+    refused: str | None
+    """why the row is not predicted"""
+
+
+@dataclass
+class ValidationSummaryDoc:
+    """the summary"""
+
+    __pydantic_config__ = _DOC
+
+    gpt_rows: int
+    """GPT rows"""
+    covered: int
+    """rows predicted"""
+    coverage: float
+    """covered / GPT rows"""
+    median_abs_rel_error: float | None
+    """median |predicted - measured| / measured"""
+    p90_abs_rel_error: float | None
+    """90th percentile of the same"""
+    floor_median_abs_rel_error: float | None
+    """the least median error the configuration columns allow"""
+    floor_p90_abs_rel_error: float | None
+    """the same at the 90th percentile"""
+    refused: dict[str, int]
+    """rows refused per reason"""
+
+
+@dataclass
+class ValidateDoc:
+    """predictions against a Megatron-LM golden-memory CSV"""
+
+    __pydantic_config__ = _DOC
+
+    rows: list[ValidationRowDoc]
+    """per CSV row"""
+    summary: ValidationSummaryDoc
+    """the summary"""
+
+
 def validation_dict(v: Validation) -> dict[str, Any]:
-    """``plan validate --format json``: ``{"rows": [{"test_dir", "golden_file", "predicted_bytes",
-    "measured_bytes", "refused"}], "summary": {"gpt_rows", "covered", "coverage", "median_abs_rel_error",
-    "p90_abs_rel_error", "floor_median_abs_rel_error", "floor_p90_abs_rel_error", "refused": {reason: rows}}}``.
-    The floor is the least error the configuration columns allow (:meth:`~..plan.validate.Validation.floor_errors`)."""
+    """``plan validate --format json``: :class:`ValidateDoc` after the versions. The floor is the least error the
+    configuration columns allow (:meth:`~..plan.validate.Validation.floor_errors`)."""
     g = v.gpt_rows
 
     def r4(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
 
-    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__,
-            "rows": [{"test_dir": r.test_dir, "golden_file": r.golden_file, "predicted_bytes": r.predicted_bytes,
-                      "measured_bytes": r.measured_bytes, "refused": r.reason or None} for r in v.rows],
-            "summary": {"gpt_rows": len(g), "covered": v.covered,
-                        "coverage": round(v.coverage, 4),
-                        "median_abs_rel_error": r4(v.median_error), "p90_abs_rel_error": r4(v.p90_error),
-                        "floor_median_abs_rel_error": r4(v.floor_median), "floor_p90_abs_rel_error": r4(v.floor_p90),
-                        "refused": v.refused()}}
+    doc = ValidateDoc(
+        rows=[ValidationRowDoc(r.test_dir, r.golden_file, r.predicted_bytes, r.measured_bytes, r.reason or None)
+              for r in v.rows],
+        summary=ValidationSummaryDoc(
+            gpt_rows=len(g), covered=v.covered, coverage=round(v.coverage, 4), median_abs_rel_error=r4(v.median_error),
+            p90_abs_rel_error=r4(v.p90_error), floor_median_abs_rel_error=r4(v.floor_median),
+            floor_p90_abs_rel_error=r4(v.floor_p90), refused=v.refused()))
+    return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **asdict(doc)}
 
 
 def render_plan_json(obj: dict[str, Any]) -> str:

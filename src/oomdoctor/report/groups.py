@@ -20,21 +20,38 @@ TOP_HOLDERS = 3
 @dataclass
 class RankGroup:
     """Alike ranks. ``ranks`` sorted; peaks of reserved memory (bytes) over the group; ``odd``: not the typical
-    group; ``why``: how it differs from the typical group (empty for the typical one)."""
+    group; ``why``: how it differs from the typical group (empty for the typical one).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     ranks: list[int]
+    """the ranks of the group, sorted"""
     verdict: str
+    """their verdict's kind"""
     holders: list[str]
+    """the labels of their largest holders, largest first"""
     min_peak_reserved_bytes: int
+    """the lowest peak reserved in the group (bytes)"""
     max_peak_reserved_bytes: int
+    """the highest peak reserved in the group (bytes)"""
     odd: bool = False
+    """not the job's typical (largest) group"""
     why: list[str] = field(default_factory=list)
+    """how it differs from the typical group"""
 
 
 @dataclass
 class PeakPoint:
+    """A rank's peak reserved."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
     rank: int
+    """the rank"""
     bytes: int
+    """its peak reserved (bytes)"""
 
 
 @dataclass
@@ -42,10 +59,16 @@ class RankGroups:
     """``groups``: the odd groups first (largest peak first), then the typical one; ``min``/``median``/``max``: the
     peaks of reserved memory over all ranks, each with its rank (the median is the lower middle rank's)."""
 
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
     groups: list[RankGroup]
+    """alike ranks (same verdict, same top holders, peaks within 1%), the odd groups first"""
     min: PeakPoint
+    """the lowest peak reserved and its rank"""
     median: PeakPoint
+    """the median peak reserved (lower middle) and its rank"""
     max: PeakPoint
+    """the highest peak reserved and its rank"""
 
 
 def _key(r: RankSummary) -> tuple[str, tuple[str, ...]]:

@@ -304,17 +304,31 @@ class Trial:
     recording; ``stopped``: every process that stepped an optimizer ended itself after the steps asked;
     ``timed_out``: killed at the trial time limit; ``measured_peak_reserved_bytes``: the most reserved on
     any rank (``memory_stats`` ``reserved_bytes.all.peak`` in the recorder's sidecars; None without them);
-    ``log``: the file holding its output."""
+    ``log``: the file holding its output.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema fit``, ``verify``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     micro_batch: int | None
+    """the micro-batch of this run (fit), null for verify's runs"""
     outcome: str
+    """how the run ended: 'ran' (exit code 0), 'oom' (non-zero exit with PyTorch's out-of-memory message or an OOM
+    dump), 'failed' (non-zero exit without one)"""
     seconds: float
+    """wall time of the run (s)"""
     exit_code: int
+    """the command's exit code (negative: killed by that signal)"""
     recorded: bool
+    """run under recording (snapshots written)"""
     stopped: bool
+    """the job ended itself after the optimizer steps asked"""
     timed_out: bool
+    """killed at the trial time limit"""
     measured_peak_reserved_bytes: int | None
+    """the most reserved on any rank: memory_stats reserved_bytes.all.peak in the recorder's sidecars (bytes)"""
     log: str
+    """the file holding the run's output"""
 
 
 @dataclass
@@ -325,22 +339,45 @@ class FitOutcome:
     recorded (False: no GPU, or the job died before CUDA was used; the search is then by trials alone);
     ``trials`` in the order run (the recorded one first); ``seconds``: all of it, analysis included;
     ``analysis_seconds``: the diagnosis and replays of the recorded trial; ``error``: why the search stopped
-    short (``failed``: a trial failed without an OOM message, ``max-trials``), else None."""
+    short (``failed``: a trial failed without an OOM message, ``max-trials``), else None.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema fit``, ``verify``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     command: list[str]
+    """the command, with {mb} where the micro-batch goes"""
     steps: int
+    """optimizer steps each trial runs"""
     low: int
+    """the smallest micro-batch searched"""
     high: int
+    """the largest micro-batch searched"""
     start: int
+    """the micro-batch of the first, recorded trial"""
     snapshot: bool
+    """a snapshot was recorded (false: no GPU, or the job ended before using CUDA: the search is by trials alone)"""
     guide: str
+    """what the search started from: the replayed answer, a lower bound of it, an estimate, or none"""
     predicted_micro_batch: int | None
+    """the micro-batch the replay of the recorded trial says fits"""
     largest_micro_batch: int | None
+    """the largest micro-batch that ran (null: none did, or the search stopped)"""
     smallest_oom_micro_batch: int | None
+    """the smallest micro-batch that ran out of memory"""
     trials: list[Trial]
+    """every trial, in the order run (the recorded one first)"""
     seconds: float
+    """wall time of the whole search, analysis included (s)"""
     analysis_seconds: float
+    """wall time of the diagnosis and replays of the recorded trial (s)"""
     error: str | None = None
+    """why the search stopped short: 'failed' (a trial failed without an OOM message) or 'max-trials'"""
+
+    @property
+    def trial_count(self) -> int:
+        """trials run"""
+        return len(self.trials)
 
 
 @dataclass
@@ -350,22 +387,41 @@ class Verified:
     its ``margin_source`` (``prediction``: the prediction's own, ``job-spread``: the job's step-to-step spread
     plus rounding), ``predicted_peak_is_lower_bound`` (replayed only up to the recorded OOM) and ``reach``;
     ``measured_*`` and ``oom`` from the rerun; ``confirmed`` True / False / None (no claim, or the rerun failed)
-    and ``why`` (:data:`WHY`)."""
+    and ``why`` (:data:`WHY`).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema fit``, ``verify``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     config: str
+    """the setting as given or proposed (NAME=value, or an allocator option)"""
     env: dict[str, str]
+    """the environment variables the rerun had set for it"""
     predicted_peak_reserved_bytes: int | None
+    """the replay's peak reserved on the tightest rank (bytes)"""
     predicted_oom: bool | None
+    """the replay ran out of memory (null: no claim)"""
     margin_bytes: int | None
+    """the prediction's margin: the measured peak must be within it (bytes)"""
     margin_source: str | None
+    """'prediction' (the prediction's own margin) or 'job-spread' (the job's step-to-step spread of its peak plus
+    rounding)"""
     predicted_peak_is_lower_bound: bool
+    """replayed only up to the recorded OOM: the peak is at least the prediction"""
     reach: str | None
+    """how far the replay reaches"""
     predicted_rank: int | None
+    """the rank the claim is for"""
     measured_peak_reserved_bytes: int | None
+    """the rerun's most reserved on any rank (bytes)"""
     oom: bool
+    """the rerun ran out of memory"""
     confirmed: bool | None
+    """true: the rerun agrees with the claim; false: refuted; null: no claim, or the rerun failed"""
     why: str
+    """why"""
     trial: Trial
+    """the rerun"""
 
 
 @dataclass
@@ -373,19 +429,32 @@ class VerifyOutcome:
     """``oomdoctor verify``'s answer: the ``baseline`` run (recorded, default settings), where the settings come
     from (``source``: ``given`` or ``diagnosis``), ``snapshot`` (a snapshot was recorded: claims exist),
     ``steps`` of the baseline and ``rerun_steps`` of each rerun (through the step where the baseline ran out of
-    memory, which is as far as a claim replayed past that OOM reaches; else ``steps``), and each setting's result."""
+    memory, which is as far as a claim replayed past that OOM reaches; else ``steps``), and each setting's result.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema fit``, ``verify``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     command: list[str]
+    """the command"""
     steps: int
+    """optimizer steps of the recorded baseline run"""
     rerun_steps: int
+    """optimizer steps of each rerun (through the step of the baseline's OOM, else steps)"""
     snapshot: bool
+    """the baseline recorded a snapshot (false: no claims, the settings are only rerun)"""
     source: str
+    """where the settings come from"""
     baseline: Trial
+    """the recorded run with the settings as they are"""
     settings: list[Verified]
+    """each setting's rerun"""
     seconds: float
+    """wall time of everything (s)"""
 
     @property
     def refuted(self) -> int:
+        """claims the reruns refuted (the exit code is 1 when any)"""
         return sum(1 for v in self.settings if v.confirmed is False)
 
     @property

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDict from typing_extensions only
+
 from ..analysis.device import DeviceAnalysis
 from ..trace.oommessage import sidecar_oom_message
 
@@ -57,6 +59,28 @@ difference from the recording, or none; outside the allocator: nothing under a m
 count, the OOM message's, unknown without the GPU's size, the GPU's total less the free and reserved bytes at the
 OOM or at the dump, the planner's constants (the CUDA context, and NCCL's first communicator with several ranks);
 the job's own peak reserved above the trace's."""
+
+
+class MarginParts(TypedDict):
+    """The margin's parts as the JSON writes them (:meth:`Margin.parts`; bytes). The docstring under each key is
+    its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    step_variation_bytes: int
+    """max - min of the per-step peak allocated and of the peak reserved over the complete steps, the larger
+    (bytes)"""
+    model_error_bytes: int
+    """the self-replay's largest reserved difference from the recording, 0: exact (bytes)"""
+    extension_bytes: int
+    """the largest rise of the peak reserved between consecutive complete steps, counted for an extended step
+    only (bytes)"""
+    outside_bytes: int
+    """memory outside the caching allocator (CUDA context, NCCL, library workspaces): the GPU's total less the
+    room read at the OOM or dump, or given by a sidecar; 0 under a fraction cap (bytes)"""
+    unrecorded_bytes: int
+    """the job's own peak reserved (memory_stats) above the trace's (bytes)"""
+
+
+MarginParts.__pydantic_config__ = {"use_attribute_docstrings": True}  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -81,7 +105,7 @@ class Margin:
         previous step's events."""
         return self.bytes + (self.extension_bytes if extended else 0)
 
-    def parts(self) -> dict[str, int]:
+    def parts(self) -> MarginParts:
         """The components, by JSON name (bytes)."""
         return {"step_variation_bytes": self.step_variation_bytes, "model_error_bytes": self.model_error_bytes,
                 "extension_bytes": self.extension_bytes, "outside_bytes": self.outside_bytes,

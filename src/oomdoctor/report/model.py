@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDict from typing_extensions only
+
 from ..analysis.accounting import Breakdown
 from ..analysis.fragmentation import Anatomy
 from ..detectors.finding import Finding, SiteRef
@@ -38,15 +40,49 @@ class OomInfo:
     """the request's CUDA stream"""
 
 
+class StackMatchStep(TypedDict):
+    """a stack-less step"""
+
+    step: int
+    """the step recorded without stacks (from 0)"""
+    from_step: int | None
+    """the stacked step it was matched against"""
+    allocations: int
+    """its allocations in the trace"""
+    matched: int
+    """those that took a stack"""
+    unmatched: int
+    """those after the first difference (no site)"""
+
+
+class StackMatches(TypedDict):
+    """Steps recorded without stacks (``--stack-steps``) and what was matched, as a rank's JSON writes them
+    (:func:`oomdoctor.trace.stackmatch.match_stackless_steps`, the analysed device's)."""
+
+    matched: int
+    """allocations of stack-less steps that took a stacked step's stack"""
+    unmatched: int
+    """allocations of stack-less steps that matched none (no site)"""
+    steps: list[StackMatchStep]
+    """the steps recorded without stacks"""
+
+
+for _shape in (StackMatchStep, StackMatches):
+    _shape.__pydantic_config__ = {"use_attribute_docstrings": True}  # type: ignore[attr-defined]
+
+
 @dataclass
 class HolderRef(SiteRef):
     """A holder of memory at the breakdown's event: a site and one category of what it holds, with the
     phase most of those bytes were allocated in (:mod:`oomdoctor.analysis.holders`)."""
 
     category: str = ""
+    """what the blocks are (accounting category)"""
     phase: str = ""
-    #: bytes whose stack was matched from a stacked step (``--stack-steps``), not recorded
+    """the phase most of the bytes were allocated in"""
     matched_bytes: int = 0
+    """of those bytes, the blocks whose stack was matched from a stacked step (--stack-steps), not recorded
+    (bytes)"""
 
 
 @dataclass
@@ -84,7 +120,8 @@ class RankSummary:
     oom: OomInfo | None
     """the last OOM of the rank"""
     anatomy_at_peak: Anatomy | None
-    """the state after the peak of reserved memory"""
+    """the state after the peak of reserved memory: reserved = requested + rounding + pending frees + free in used
+    segments + free segments"""
     top_sites: list[SiteRef]
     """the largest allocation sites at the peak allocated"""
     series: dict[str, list[int]]
@@ -147,7 +184,7 @@ class RankSummary:
     """where alloc_retries comes from"""
     #: steps recorded without stacks (``--stack-steps``) and what was matched, from
     #: :func:`oomdoctor.trace.stackmatch.match_stackless_steps`; None when every step was recorded with stacks
-    stack_matches: dict[str, Any] | None = None
+    stack_matches: StackMatches | None = None
     """steps recorded without stacks (--stack-steps) and what was matched; null when every step carried stacks"""
 
 

@@ -28,10 +28,15 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import (  # pydantic (the schema) reads typing_extensions' TypedDict
+    NotRequired,
+    TypedDict,
+)
+
 from ..analysis.device import DeviceAnalysis
 from ..detectors.finding import Finding
 from .fits import reproduces
-from .margin import Margin, at_edge, margin
+from .margin import Margin, MarginParts, at_edge, margin
 
 # The replay (simulate/) is imported where a prediction is made: a report with nothing to predict does not
 # pay for importing it (docs/benchmarks.md, start-up).
@@ -41,6 +46,76 @@ if TYPE_CHECKING:
     from ..simulate.replay import Prepared, ReplayResult
 
 REACHES = ("complete", "recorded", "step-completed", "step-ran-out")
+
+
+class PredictedOom(TypedDict):
+    """the replay's OOM"""
+
+    event_index: int
+    """the event the replay ran out of memory at"""
+    requested_bytes: int
+    """the request that failed (bytes)"""
+
+
+class PredictionExtension(TypedDict):
+    """how the trace was extended"""
+
+    previous_step_events: list[int]
+    """[first, last] event of the previous step replayed again"""
+    appended_events: int
+    """events appended after the recording"""
+
+
+class Prediction(TypedDict):
+    """A fix's prediction as :meth:`Predictor.run` returns it and the JSON writes it (the renderer fills in
+    ``outcome``). The docstring under each key is its description in the JSON schema (``oomdoctor schema
+    diagnose``); the keys marked NotRequired are written only where the module doc says."""
+
+    rank: int
+    """the rank replayed"""
+    config: str
+    """the allocator setting replayed (PYTORCH_ALLOC_CONF text; '' for the defaults)"""
+    deferred_frees: str
+    """'recorded' (frees held for other streams as recorded) or 'immediate'"""
+    peak_reserved_bytes: int
+    """the replay's peak reserved (bytes)"""
+    recorded_peak_reserved_bytes: int
+    """the recording's peak reserved (bytes)"""
+    oom: PredictedOom | None
+    """the replay's OOM"""
+    recorded_oom_event_index: int | None
+    """the recording's OOM event"""
+    capacity_bytes: int | None
+    """the memory the replay may use, from the snapshot's OOM, sidecar or settings (bytes)"""
+    capacity_kind: str
+    """'device' (what the GPU had) or 'fraction' (set_per_process_memory_fraction)"""
+    self_replay_exact: bool
+    """the replay of the recorded settings reproduced the recording's segments"""
+    margin_bytes: int
+    """the claim's margin (report/margin.py): the sum of the parts in margin, extension_bytes only for a step
+    extended by the previous step's events (bytes)"""
+    margin: MarginParts
+    """the margin's parts"""
+    reach: str
+    """how far the replay reaches: 'complete' (no OOM recorded, replayed to the end), 'recorded' (only the recorded
+    events, cut by the OOM), 'step-completed' / 'step-ran-out' (extended by the rest of the step as the previous
+    step ran it)"""
+    outcome: str
+    """the sentence a user reads, filled in"""
+    spare_bytes: NotRequired[int]
+    """capacity left at the claim's peak, the extended replay's for a step that completes (bytes)"""
+    at_edge: NotRequired[bool]
+    """spare_bytes is below margin_bytes: at the edge, the claim may still run out and is never counted as a fix"""
+    extended_peak_reserved_bytes: NotRequired[int]
+    """peak reserved of the replay extended by the rest of the step (bytes)"""
+    extension: NotRequired[PredictionExtension]
+    """how the trace was extended"""
+    extended_oom_requested_bytes: NotRequired[int]
+    """the request the extended replay ran out of memory on (bytes)"""
+
+
+for _shape in (PredictedOom, PredictionExtension, Prediction):
+    _shape.__pydantic_config__ = {"use_attribute_docstrings": True}  # type: ignore[attr-defined]
 
 
 def _on_top(base: AllocatorConfig, text: str) -> AllocatorConfig:
@@ -97,7 +172,7 @@ class Predictor:
         config = self.prepared.recorded_config
         return _on_top(config, what_if["config"]) if what_if.get("config") else config
 
-    def run(self, what_if: dict[str, str]) -> dict[str, Any]:
+    def run(self, what_if: dict[str, str]) -> Prediction:
         """The prediction of ``what_if`` (``{"config": PYTORCH_ALLOC_CONF text, "deferred_frees": mode}``)."""
         config = self._config(what_if)
         from ..simulate.replay import RECORDED
@@ -108,13 +183,13 @@ class Predictor:
             self.cache[key] = self._predict(config, mode)
         return self.cache[key]
 
-    def _predict(self, config: AllocatorConfig, mode: str) -> dict[str, Any]:
+    def _predict(self, config: AllocatorConfig, mode: str) -> Prediction:
         from ..simulate.replay import replay
 
         r: ReplayResult = replay(self.prepared, config, deferred_frees=mode, capacity=self.capacity)
         peak, _ = self.analysis.peak_reserved
         recorded_oom = self.prepared.recorded_oom
-        out: dict[str, Any] = {
+        out: Prediction = {
             "rank": self.analysis.rank,
             "config": config.to_string(),
             "deferred_frees": mode,
@@ -172,7 +247,7 @@ the step from (``past-recorded-oom``), or gets past it and the rest of the step,
 it, completes (``step-completed``) or runs out (``step-ran-out``). Its words: :mod:`oomdoctor.render.words.predict`."""
 
 
-def _edge(out: dict[str, Any], limit: int | None, peak: int, margin_bytes: int) -> dict[str, Any]:
+def _edge(out: Prediction, limit: int | None, peak: int, margin_bytes: int) -> Prediction:
     """``out`` with the claim's ``spare_bytes`` (room - ``peak``, 0 at least) and ``at_edge`` (the spare room is
     inside the margin); unchanged when the room is unknown."""
     if limit is None:

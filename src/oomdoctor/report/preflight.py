@@ -63,32 +63,68 @@ class Replayed:
 
 @dataclass
 class PreflightAnswer:
-    """Everything ``oomdoctor preflight`` reports (bytes, seconds)."""
+    """Everything ``oomdoctor preflight`` reports (bytes, seconds).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema preflight``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     job: dict[str, Any]
+    """the job traced: --hf-config's (hf_config, micro_batch, seq_len, dtype, optimizer, loop, world_size, ...), a
+    script's (script, max_steps, world_size, ranks_traced, collectives), or the Python API's (model_fn, steps)"""
     gpu_name: str | None
+    """the GPU assumed (--gpu), null with --gpu-memory"""
     gpu_total_bytes: int
+    """the GPU's total memory (bytes)"""
     outside_allocator_bytes: int
+    """memory outside the caching allocator: the CUDA context and kernels, and NCCL's communicator for more than one
+    rank (bytes, measured constants)"""
     outside_allocator_source: str
+    """where outside_allocator_bytes comes from"""
     room_bytes: int
+    """the allocator's room: gpu_total_bytes less outside_allocator_bytes (bytes)"""
     peak_allocated_bytes: int
+    """the replay's peak allocated, blocks rounded as the allocator does (torch.cuda.max_memory_allocated's meaning;
+    bytes)"""
     peak_reserved_bytes: int
+    """the replay's peak reserved (max_memory_reserved's meaning; bytes)"""
     peak_requested_bytes: int
+    """the trace's peak of requested bytes, before rounding (bytes)"""
     oom: bool
+    """the replay ran out of the room"""
     oom_request_bytes: int | None
+    """the request that did not fit (bytes), null without an OOM"""
     micro_batch: int | None
+    """the micro-batch traced (null: a script's or a batch_fn's own)"""
     largest_micro_batch: int | None
-    largest_micro_batch_method: str  # "traced" | "not searched"
+    """the largest traced micro-batch that replays without OOM and with largest_micro_batch_margin_bytes to spare,
+    the next traced one not (null: not searched)"""
+    largest_micro_batch_method: str
+    """'traced' or 'not searched'"""
     micro_batch_traces: list[dict[str, Any]]
+    """every trace: micro_batch, peak_allocated_bytes, peak_reserved_bytes, oom, trace_wall_s"""
     breakdown: dict[str, int]
+    """bytes per category at the peak allocated (parameters, gradients, optimizer_state, activations, temporaries,
+    ...); they add up to breakdown_at.allocated_bytes"""
     breakdown_sources: dict[str, str]
+    """per category, where its bytes come from ('recorded': the tracer's facts; 'trace': the accounting's rules)"""
     breakdown_at: dict[str, Any]
+    """the moment of the breakdown: event_index, step, phase, allocated_bytes"""
     settings: list[dict[str, Any]]
+    """the same trace replayed per allocator setting: config, peak_reserved_bytes, peak_allocated_bytes, oom,
+    oom_request_bytes"""
     snapshot: str | None
+    """the traced snapshot written (-o), laid out by the allocator model; null without -o"""
     trace_wall_s: float
+    """wall time of the traces (s)"""
     events: int
+    """allocation and free events traced"""
     not_traced: list[str]
+    """ids of what the trace leaves out (kernel_workspaces_chosen_at_run_time, torch_compile,
+    cpu_resident_optimizer_steps, collectives)"""
     largest_micro_batch_margin_bytes: int = 0
+    """what largest_micro_batch keeps free of the room: its replay's peak reserved is at most room_bytes less this
+    (3.5% of the room, preflight's largest measured error on peak reserved; bytes; 0: not searched)"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

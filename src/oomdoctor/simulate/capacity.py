@@ -64,15 +64,26 @@ class Capacity:
     """A memory limit in bytes (None: unlimited), its ``kind`` (``fraction``, ``device`` or ``none``),
     a sentence saying which evidence set it (``source``), and how sure it is: ``certainty`` is
     ``exact``, ``bounded`` (the true cap lies in ``[lower_bytes, upper_bytes]``, either may be None),
-    ``given`` (``--cap``) or ``none``; ``evidence`` names the rule of the module doc that set it."""
+    ``given`` (``--cap``) or ``none``; ``evidence`` names the rule of the module doc that set it.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema simulate``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     limit_bytes: int | None
+    """the memory the replay may use (bytes)"""
     kind: str
+    """'device' (cudaMalloc fails past it), 'fraction' (the allocator's own limit) or 'none' (unlimited)"""
     source: str
+    """where it comes from, in words"""
     certainty: str = NONE
+    """exact, bounded, given or none"""
     lower_bytes: int | None = None
+    """lower bound (bytes)"""
     upper_bytes: int | None = None
-    evidence: str = ""  # the rule that set it: "sidecar", "oom", "fallbacks", "given" or ""
+    """upper bound (bytes)"""
+    evidence: str = ""
+    """the rule that set it: 'sidecar', 'oom', 'fallbacks', 'given' or ''"""
 
 
 def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:

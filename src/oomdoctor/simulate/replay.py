@@ -81,11 +81,18 @@ class SimulationError(OomdoctorError):
 @dataclass(frozen=True)
 class SimulatedOom:
     """The first simulated OOM: the trace event whose request failed, the rounded request and the
-    segment size the allocator tried to get (bytes)."""
+    segment size the allocator tried to get (bytes).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema simulate``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     event_index: int
+    """the event"""
     requested_bytes: int
+    """the request (bytes)"""
     alloc_size_bytes: int
+    """the rounded size (bytes)"""
 
 
 @dataclass
@@ -100,21 +107,35 @@ class Validation:
     ``reserved_events_differing``: events after which reserved bytes differ;
     ``max_reserved_difference_bytes``: the largest such difference; ``oom_event_index_recorded``: the
     recorded OOM (None if none), to compare with the result's ``oom``.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema simulate``).
     """
 
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
     segment_events_recorded: int
+    """segment allocations and frees recorded"""
     segment_events_simulated: int
+    """the same, simulated"""
     segment_events_differing: int
+    """those that differ (0: the replay reproduces the recording)"""
     first_differing_event: int | None
+    """the first that differs"""
     reserved_events_differing: int
+    """events where reserved bytes differ"""
     max_reserved_difference_bytes: int
+    """the largest difference of reserved bytes (bytes)"""
     oom_event_index_recorded: int | None
+    """the recorded OOM"""
     oom_matches: bool
+    """the replay runs out of memory where the recording did"""
     segment_events_unmatched: int = 0
+    """those left unmatched once the two sequences are aligned (one missing, added or changed entry counts one;
+    <= segment_events_differing)"""
 
     @property
     def segment_events_compared(self) -> int:
-        """Positions compared: the longer of the two sequences (``segment_events_differing`` <= this)."""
+        """segment events compared: the longer of the two sequences (segment_events_differing <= this)"""
         return max(self.segment_events_recorded, self.segment_events_simulated)
 
     @property
