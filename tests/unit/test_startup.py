@@ -51,3 +51,11 @@ def test_the_probe_sees_the_replay_where_one_runs(tmp_path):
     """The check can fail: asked what micro-batch fits, the same diagnosis replays, and the modules show it."""
     got = _modules("diagnose", "--jobs", "1", "--micro-batch", "4", str(_healthy(tmp_path)))
     assert got["rc"] == 0 and "oomdoctor.simulate.replay" in got["modules"]
+
+
+def test_a_real_diagnosis_imports_no_masked_arrays(snapshots):
+    """NumPy 2.x's ``np.unique`` without returned indices imports ``numpy.ma`` (about 30-80 ms): accounting's
+    forward pass on a real trace must use ``analysis.arrays.distinct`` (8f56470 imported it here)."""
+    got = _modules("diagnose", "--jobs", "1", str(snapshots / "ddp-clean" / "rank0.pickle"))
+    assert got["rc"] == 0
+    assert "numpy.ma.core" not in got["modules"] and "numpy" in got["modules"]

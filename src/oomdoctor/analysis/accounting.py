@@ -480,7 +480,7 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     cat[out & comm & ~inference] = COMMUNICATION
     # a block born before the trace by model code and never freed: an output where the trace shows its site
     # keeping outputs across passes
-    pre_out = pre_kept & model_code & np.isin(stack, np.unique(stack[cat == OUTPUTS]))
+    pre_out = pre_kept & model_code & np.isin(stack, distinct(stack[cat == OUTPUTS]))
     cat[pre_out] = OUTPUTS
     open_ = rest & persistent & ~alive_next
     here = rest & ~alive_next & ~open_
