@@ -23,7 +23,7 @@ print(json.dumps({"rc": rc, "first": out.getvalue().splitlines()[0], "modules": 
 """
 HEAVY = ("oomdoctor.plan", "oomdoctor.simulate", "oomdoctor.views.visual", "multiprocessing", "concurrent.futures",
          "zipfile", "pickletools", "lzma", "bz2", "gzip", "jinja2", "rich.progress", "oomdoctor.capture.recorder",
-         "oomdoctor.capture.metadata", "socket", "secrets", "hashlib", "numpy.ma.core")
+         "oomdoctor.capture.metadata", "socket", "secrets", "hashlib", "numpy.ma.core", "pathlib")
 
 
 def _healthy(tmp_path):
