@@ -152,7 +152,9 @@ def _runs(phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     change = np.flatnonzero(np.diff(phase)) + 1
     starts = np.concatenate(([0], change))
     ends = np.concatenate((change - 1, [n - 1]))
-    rid = np.searchsorted(starts, np.arange(n), side="right") - 1
+    opens = np.zeros(n, dtype=np.int64)
+    opens[change] = 1
+    rid = np.cumsum(opens)  # the run of each event: runs opened at or before it, less the first (a count, not a search)
     return starts[rid], ends[rid]
 
 

@@ -389,7 +389,7 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     phase = np.full(n, SETUP_PHASE, dtype=np.int8)
     source = np.full(n, INFERRED, dtype=np.int8)
     if allocs.size:
-        idx = np.searchsorted(allocs, np.arange(n), side="right") - 1
+        idx = np.cumsum(action == ALLOC) - 1  # the last alloc at or before each event (a count, not a search)
         phase = np.where(idx >= 0, smoothed[np.maximum(idx, 0)], SETUP_PHASE).astype(np.int8)
         source = np.where(idx >= 0, src[np.maximum(idx, 0)], INFERRED).astype(np.int8)
     # every event inside a torch optimizer's step or zero_grad is the optimizer's, frees too (a fused
