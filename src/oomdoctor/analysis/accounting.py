@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -162,11 +163,9 @@ def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], cpp: 
     """Per row: does its stack have a frame whose function is one of ``names`` (exactly; ``cpp``: a C++ frame's
     qualified name, :func:`~oomdoctor.frameworks.cpp_function`)?"""
     frames = trace.stacks.frames
-
-    def hit(fids) -> bool:
-        return any((cpp_function(frames[f][2]) if cpp else frames[f][2]) in names for f in fids)
-
-    return _rows_of(trace, stacks, [s for s, fids in enumerate(trace.stacks.stacks) if hit(fids)])
+    used = set(chain.from_iterable(trace.stacks.stacks))  # each frame named once, not once per stack holding it
+    named = {f for f in used if (cpp_function(frames[f][2]) if cpp else frames[f][2]) in names}
+    return _rows_of(trace, stacks, [s for s, fids in enumerate(trace.stacks.stacks) if not named.isdisjoint(fids)])
 
 
 _INSTALLED = ("site-packages/", "dist-packages/")
