@@ -75,7 +75,7 @@ import numpy as np
 
 from ..frameworks import WORKSPACE_CPP, cpp_function
 from ..trace.model import DeviceTrace, Trace
-from .arrays import distinct, distinct_columns
+from .arrays import distinct, distinct_columns, stable_argsort
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import (
     BACKWARD_PHASE,
@@ -622,9 +622,9 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     matched to an allocation of an earlier group."""
     # rank of each row among the rows of its (group, stack), in allocation order
     rows = np.flatnonzero(done | op)
-    rows = rows[np.argsort(b[rows], kind="stable")]
+    rows = rows[stable_argsort(b[rows])]
     pair = _row_ids(bpass[rows], stack[rows])
-    by_pair = np.argsort(pair, kind="stable")
+    by_pair = stable_argsort(pair)
     starts = np.flatnonzero(np.r_[True, pair[by_pair][1:] != pair[by_pair][:-1]])
     sizes = np.diff(np.r_[starts, rows.size])
     rank = np.full(cat.size, -1, dtype=np.int64)

@@ -24,6 +24,7 @@ from functools import cached_property
 import numpy as np
 
 from ..trace.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, DeviceTrace, Trace
+from .arrays import stable_argsort
 from .rounding import divisions_table, round_size
 
 IN_TRACE = 0
@@ -112,7 +113,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     before the trace started. Pure; O(n log n) in the number of events."""
     action, addr = dt.events["action"], dt.events["addr"]
     mem = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
-    order = mem[np.argsort(addr[mem], kind="stable")]
+    order = mem[stable_argsort(addr[mem])]
     sa, sact = addr[order], action[order]
     m = order.shape[0]
     pos = np.arange(m)
