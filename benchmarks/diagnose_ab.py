@@ -5,10 +5,16 @@ shared with other work, CPU time is the steadier measure (docs/benchmarks.md). B
 every run would compile oomdoctor's sources again (0.2-0.5 s). Usage::
 
     python benchmarks/diagnose_ab.py SNAPSHOT.pickle N BEFORE_SRC AFTER_SRC   # e.g. a git archive's src/, ./src
+    python benchmarks/diagnose_ab.py SNAPSHOT.pickle N BEFORE_SRC AFTER_SRC --blas --json OUT.json
+
+``--blas`` adds the after tree with ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` set to the CPU
+count (as a user who set them would run it, and as the tree before ``cli.main.one_blas_thread`` ran), and the before
+tree with them set to 1. ``--json`` writes every sample and the ratios (median and best) to a file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -27,28 +33,49 @@ def run(argv: list[str], env: dict | None) -> tuple[float, float]:
 
 
 def main() -> None:
-    plain, n = sys.argv[1], int(sys.argv[2])
-    trees = {"before": sys.argv[3], "after": sys.argv[4]}
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    blas = "--blas" in sys.argv
+    out_json = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
+    if out_json in args:
+        args.remove(out_json)
+    plain, n = args[0], int(args[1])
+    trees = {"before": args[2], "after": args[3]}
     for src in trees.values():
         subprocess.run([sys.executable, "-m", "compileall", "-q", src], check=True, stdout=subprocess.DEVNULL)
     cmds = {"pickle_load": ([sys.executable, "-c", f"import pickle; pickle.load(open({plain!r}, 'rb'))"], None)}
+    threads = {"before_blas1": ("before", "1"), "after_blas_all": ("after", str(os.cpu_count()))} if blas else {}
     for k, src in trees.items():
         env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
         cmds[f"diagnose_{k}"] = ([sys.executable, "-m", "oomdoctor", "diagnose", plain], env)
         cmds[f"help_{k}"] = ([sys.executable, "-m", "oomdoctor", "--help"], env)
+    for k, (tree, count) in threads.items():
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[tree]), OPENBLAS_NUM_THREADS=count,
+                   OMP_NUM_THREADS=count, MKL_NUM_THREADS=count)
+        cmds[f"diagnose_{k}"] = ([sys.executable, "-m", "oomdoctor", "diagnose", plain], env)
     res: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
     for _ in range(n):
         for k, (argv, env) in cmds.items():
             res[k].append(run(argv, env))
     for k, v in res.items():
         c, w = sorted(x for x, _ in v), sorted(x for _, x in v)
-        print(f"{k:18s} cpu best {c[0]:.3f} median {statistics.median(c):.3f} | "
+        print(f"{k:24s} cpu best {c[0]:.3f} median {statistics.median(c):.3f} | "
               f"wall best {w[0]:.3f} median {statistics.median(w):.3f}")
     pc = min(x for x, _ in res["pickle_load"])
     pw = min(x for _, x in res["pickle_load"])
-    for k in trees:
-        print(f"{k}: diagnose/pickle.load cpu {min(x for x, _ in res['diagnose_' + k]) / pc:.2f}, "
-              f"wall {min(x for _, x in res['diagnose_' + k]) / pw:.2f}")
+    mc = statistics.median(x for x, _ in res["pickle_load"])
+    mw = statistics.median(x for _, x in res["pickle_load"])
+    ratios = {}
+    for k in [k for k in cmds if k.startswith("diagnose_")]:
+        v = res[k]
+        ratios[k] = {"cpu_best": min(x for x, _ in v) / pc, "wall_best": min(x for _, x in v) / pw,
+                     "cpu_median": statistics.median(x for x, _ in v) / mc,
+                     "wall_median": statistics.median(x for _, x in v) / mw}
+        print(f"{k[len('diagnose_'):]}: diagnose/pickle.load best cpu {ratios[k]['cpu_best']:.2f}, wall "
+              f"{ratios[k]['wall_best']:.2f} | median cpu {ratios[k]['cpu_median']:.2f}, wall {ratios[k]['wall_median']:.2f}")
+    if out_json:
+        with open(out_json, "w") as f:
+            json.dump({"snapshot": plain, "repeat": n, "cpus": os.cpu_count(), "trees": trees, "ratios": ratios,
+                       "samples": {k: [{"cpu_s": c, "wall_s": w} for c, w in v] for k, v in res.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -872,3 +872,23 @@ def test_blocks_from_before_a_late_recording_are_parameters_where_the_gradients_
     assert got[:3] == ["unknown"] * 3
     # no torch optimizer step in the trace: no gradient set to match, unknown
     assert accounted(trace, [blk(None, -1, req=1000)] + grads, passes=[1, 5, 8])[0] == "unknown"
+
+
+def test_runs_give_each_event_its_run_of_equal_phase():
+    """_runs counts run starts (cumsum) instead of searching them; the same first and last index per event as
+    the search gave, on random phase sequences of every length from 1."""
+    from oomdoctor.analysis.accounting import _runs
+
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 7, 100, 1000):
+        for kinds in (1, 2, 5):
+            phase = rng.integers(0, kinds, n).astype(np.int8)
+            first, last = _runs(phase)
+            for i in range(n):
+                lo = i
+                while lo > 0 and phase[lo - 1] == phase[i]:
+                    lo -= 1
+                hi = i
+                while hi < n - 1 and phase[hi + 1] == phase[i]:
+                    hi += 1
+                assert (first[i], last[i]) == (lo, hi), (n, i)

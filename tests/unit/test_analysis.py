@@ -119,6 +119,47 @@ def test_truncated_trace_reconstructs_the_start(tmp_path):
     assert lt.size[rows[lt.alloc[rows] >= 0][0]] == 4 * MiB  # the last event made it
 
 
+def _masks_by_definition(lt, k):
+    """alive_mask / allocated_mask as their docstrings define them, element by element in NumPy (the form before
+    the precomputed spans)."""
+    born = (lt.alloc <= k) & ((lt.alloc >= 0) | (lt.start_state != 0))
+    alive = born & ((lt.free_completed > k) | (lt.free_completed < 0))
+    not_freed = (lt.free_requested > k) | ((lt.free_requested < 0) & (lt.start_state != PENDING_AT_START))
+    return alive, alive & not_freed
+
+
+def test_masks_match_their_definition_on_a_truncated_trace(tmp_path):
+    """Every state a block can start in (in the trace, allocated or pending at the start, a ghost), at every event."""
+    b = SnapBuilder()
+    s = b.segment(64 * MiB)
+    early = b.alloc(s, 0, 16 * MiB)
+    b.alloc(s, 16 * MiB, 8 * MiB)
+    pending = b.alloc(s, 32 * MiB, 4 * MiB)
+    b.free(pending, deferred=True)
+    b.free(early)
+    b.complete(pending)
+    x = b.alloc(s, 0, 4 * MiB)
+    b.free(x, deferred=True)
+    b.alloc(s, 40 * MiB, 2 * MiB)
+    t, dt = build(tmp_path, b, drop_first=5)
+    lt = lifetimes(t, dt)
+    assert set(lt.start_state.tolist()) == {0, ALLOCATED_AT_START, PENDING_AT_START}
+    for k in range(-1, dt.num_events + 1):
+        alive, allocated = _masks_by_definition(lt, k)
+        assert np.array_equal(lt.alive_mask(k), alive) and np.array_equal(lt.allocated_mask(k), allocated), k
+
+
+def test_masks_match_their_definition_on_real_snapshots(snapshots):
+    for path in sorted(snapshots.glob("*/rank0.pickle")):
+        t = load(path)
+        lt = lifetimes(t, t.primary)
+        n = t.primary.num_events
+        for k in sorted({-1, 0, n // 3, n // 2, n - 1, *np.linspace(0, n - 1, 25, dtype=int).tolist()}):
+            alive, allocated = _masks_by_definition(lt, k)
+            assert np.array_equal(lt.alive_mask(k), alive), (path, k)
+            assert np.array_equal(lt.allocated_mask(k), allocated), (path, k)
+
+
 def test_expandable_segments_map_and_unmap(tmp_path):
     b = SnapBuilder()
     b.settings["expandable_segments"] = True

@@ -802,3 +802,21 @@ def test_find_phases_compiled(tmp_path, fr, context, compiled):
     if context:
         j.b.events[-1]["compile_context"] = context
     assert j.phases(tmp_path).compiled is compiled
+
+
+def test_annotations_named_is_the_prefix_filter_in_record_order(snapshots):
+    """The names index gives what one test per record gives, for the prefixes the analyses ask, on a real trace
+    with thousands of records; a record appended later is seen."""
+    from oomdoctor import load
+    from oomdoctor.analysis.phases import OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, annotations_named
+    from oomdoctor.trace.model import Annotation
+
+    dt = load(snapshots / "fsdp2-gpt2" / "rank0.pickle").primary
+    assert len(dt.annotations) > 1000
+    for prefix in ("nccl:", "ProfilerStep#", OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, ("nccl:", "FSDP::"), "", "zzz"):
+        want = [a for a in dt.annotations if a.name.startswith(prefix)]
+        got = annotations_named(dt, prefix)
+        assert got == want and all(g is w for g, w in zip(got, want)), prefix
+    assert annotations_named(dt, "nccl:") and annotations_named(dt, OPTIMIZER_STEP)
+    dt.annotations.append(Annotation("nccl:late", "START", 1))
+    assert annotations_named(dt, "nccl:late") == [dt.annotations[-1]]

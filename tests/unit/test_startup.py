@@ -23,7 +23,7 @@ print(json.dumps({"rc": rc, "first": out.getvalue().splitlines()[0], "modules": 
 """
 HEAVY = ("oomdoctor.plan", "oomdoctor.simulate", "oomdoctor.views.visual", "multiprocessing", "concurrent.futures",
          "zipfile", "pickletools", "lzma", "bz2", "gzip", "jinja2", "rich.progress", "oomdoctor.capture.recorder",
-         "oomdoctor.capture.metadata", "socket", "secrets", "hashlib", "numpy.ma.core")
+         "oomdoctor.capture.metadata", "socket", "secrets", "hashlib", "numpy.ma.core", "pathlib")
 
 
 def _healthy(tmp_path):
@@ -51,3 +51,38 @@ def test_the_probe_sees_the_replay_where_one_runs(tmp_path):
     """The check can fail: asked what micro-batch fits, the same diagnosis replays, and the modules show it."""
     got = _modules("diagnose", "--jobs", "1", "--micro-batch", "4", str(_healthy(tmp_path)))
     assert got["rc"] == 0 and "oomdoctor.simulate.replay" in got["modules"]
+
+
+def test_a_real_diagnosis_imports_no_masked_arrays(snapshots):
+    """NumPy 2.x's ``np.unique`` without returned indices imports ``numpy.ma`` (about 30-80 ms): accounting's
+    forward pass on a real trace must use ``analysis.arrays.distinct`` (8f56470 imported it here)."""
+    got = _modules("diagnose", "--jobs", "1", str(snapshots / "ddp-clean" / "rank0.pickle"))
+    assert got["rc"] == 0
+    assert "numpy.ma.core" not in got["modules"] and "numpy" in got["modules"]
+
+
+def test_read_only_commands_get_one_blas_thread_unless_the_user_set_one():
+    from oomdoctor.cli.main import BLAS_THREADS, one_blas_thread
+
+    env: dict = {}
+    one_blas_thread(["diagnose", "large.pickle"], env)
+    assert env == dict.fromkeys(BLAS_THREADS, "1")
+    env = {"OMP_NUM_THREADS": "8"}
+    one_blas_thread(["--jobs", "simulate", "x.pickle"], env)  # the first word that is not an option is the command
+    assert env["OMP_NUM_THREADS"] == "8" and env["OPENBLAS_NUM_THREADS"] == "1"
+    for argv in (["run", "torchrun", "train.py"], ["preflight", "m.py"], ["fit", "x"], ["--help"], []):
+        env = {}
+        one_blas_thread(argv, env)
+        assert env == {}, argv  # the user's job (run, fit, verify) and torch (preflight) see the environment as is
+
+
+def test_the_entry_point_sets_them_before_numpy_loads():
+    """The console script's :func:`entry` sets them before anything imports NumPy (OpenBLAS reads them when it
+    loads): ``main`` is replaced by a probe that reports what it finds."""
+    probe = ("import os, sys; sys.argv = ['oomdoctor', 'diagnose', 'x.pickle']\n"
+             "import oomdoctor.cli.main as m\n"
+             "m.main = lambda: print(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules) or 0\n"
+             "m.entry()")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["1", "False"]

@@ -69,12 +69,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
 from ..frameworks import WORKSPACE_CPP, cpp_function
 from ..trace.model import DeviceTrace, Trace
-from .arrays import distinct, distinct_columns
+from .arrays import distinct, distinct_columns, stable_argsort
 from .lifetimes import IN_TRACE, Lifetimes
 from .phases import (
     BACKWARD_PHASE,
@@ -170,7 +171,9 @@ def _runs(phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     change = np.flatnonzero(np.diff(phase)) + 1
     starts = np.concatenate(([0], change))
     ends = np.concatenate((change - 1, [n - 1]))
-    rid = np.searchsorted(starts, np.arange(n), side="right") - 1
+    opens = np.zeros(n, dtype=np.int64)
+    opens[change] = 1
+    rid = np.cumsum(opens)  # the run of each event: runs opened at or before it, less the first (a count, not a search)
     return starts[rid], ends[rid]
 
 
@@ -178,11 +181,9 @@ def _stacks_with(trace: Trace, stacks: np.ndarray, names: tuple[str, ...], cpp: 
     """Per row: does its stack have a frame whose function is one of ``names`` (exactly; ``cpp``: a C++ frame's
     qualified name, :func:`~oomdoctor.frameworks.cpp_function`)?"""
     frames = trace.stacks.frames
-
-    def hit(fids) -> bool:
-        return any((cpp_function(frames[f][2]) if cpp else frames[f][2]) in names for f in fids)
-
-    return _rows_of(trace, stacks, [s for s, fids in enumerate(trace.stacks.stacks) if hit(fids)])
+    used = set(chain.from_iterable(trace.stacks.stacks))  # each frame named once, not once per stack holding it
+    named = {f for f in used if (cpp_function(frames[f][2]) if cpp else frames[f][2]) in names}
+    return _rows_of(trace, stacks, [s for s, fids in enumerate(trace.stacks.stacks) if not named.isdisjoint(fids)])
 
 
 _INSTALLED = ("site-packages/", "dist-packages/")
@@ -498,7 +499,7 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
     cat[out & comm & ~inference] = COMMUNICATION
     # a block born before the trace by model code and never freed: an output where the trace shows its site
     # keeping outputs across passes
-    pre_out = pre_kept & model_code & np.isin(stack, np.unique(stack[cat == OUTPUTS]))
+    pre_out = pre_kept & model_code & np.isin(stack, distinct(stack[cat == OUTPUTS]))
     cat[pre_out] = OUTPUTS
     open_ = rest & persistent & ~alive_next
     here = rest & ~alive_next & ~open_
@@ -639,9 +640,9 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     matched to an allocation of an earlier group."""
     # rank of each row among the rows of its (group, stack), in allocation order
     rows = np.flatnonzero(done | op)
-    rows = rows[np.argsort(b[rows], kind="stable")]
+    rows = rows[stable_argsort(b[rows])]
     pair = _row_ids(bpass[rows], stack[rows])
-    by_pair = np.argsort(pair, kind="stable")
+    by_pair = stable_argsort(pair)
     starts = np.flatnonzero(np.r_[True, pair[by_pair][1:] != pair[by_pair][:-1]])
     sizes = np.diff(np.r_[starts, rows.size])
     rank = np.full(cat.size, -1, dtype=np.int64)

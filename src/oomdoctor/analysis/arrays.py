@@ -33,3 +33,23 @@ def distinct_columns(a: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.any(s[:, 1:] != s[:, :-1], axis=0, out=keep[1:])
     return s[:, keep]
+
+
+def stable_argsort(a: np.ndarray) -> np.ndarray:
+    """``np.argsort(a, kind="stable")`` of the 1-D integer array ``a`` (int64 indices). Where the span of the values
+    and the positions fit one 64-bit word together (value less the minimum in the high bits, position in the low:
+    every key distinct, so any sort is stable), the keys are sorted with NumPy's default sort, which is SIMD-
+    accelerated for 64-bit integers; else the stable sort. 17-25 ms against 47-99 ms on the 270,887 addresses
+    of ``large``'s memory events (under load; docs/benchmarks.md)."""
+    a = np.asarray(a)
+    n = a.shape[0]
+    if n < 2:
+        return np.arange(n, dtype=np.int64)
+    lo, hi = int(a.min()), int(a.max())
+    bits = (n - 1).bit_length()
+    if a.dtype.kind not in "iu" or a.dtype == np.uint64 or (hi - lo).bit_length() + bits > 64:
+        return np.argsort(a, kind="stable").astype(np.int64, copy=False)
+    key = (a.astype(np.int64) - lo).astype(np.uint64) << np.uint64(bits)
+    key |= np.arange(n, dtype=np.uint64)
+    key.sort()
+    return (key & np.uint64((1 << bits) - 1)).astype(np.int64)

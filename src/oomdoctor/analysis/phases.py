@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -300,11 +300,32 @@ OPTIMIZER_ZERO_GRAD = "Optimizer.zero_grad#"
 
 
 def annotations_named(dt: DeviceTrace, prefix: str | tuple[str, ...]) -> list[Annotation]:
-    """The annotations of ``dt`` whose name starts with ``prefix``, in their order. Filtered in C passes
-    (``map``/``compress``), not one Python test per record: a trace holds tens of thousands (23,520 on
-    ``large``), and the phases, steps and detectors ask for a few of them several times."""
+    """The annotations of ``dt`` whose name starts with ``prefix``, in their order. A trace holds tens of
+    thousands (23,520 on ``large``) under a few hundred names, and the phases, steps and detectors ask for a few
+    prefixes each: the names are tested once each (:func:`_positions_by_name`), not once per record per call
+    (four calls took 15-18 ms each on ``large`` under load; docs/benchmarks.md)."""
     anns = dt.annotations
-    return list(compress(anns, map(str.startswith, map(_NAME, anns), repeat(prefix))))
+    by_name = _positions_by_name(dt)
+    hits = [p for name, p in by_name.items() if name.startswith(prefix)]
+    if not hits:
+        return []
+    rows = hits[0] if len(hits) == 1 else sorted(chain.from_iterable(hits))
+    return list(map(anns.__getitem__, rows))
+
+
+def _positions_by_name(dt: DeviceTrace) -> dict[str, list[int]]:
+    """Each annotation name of ``dt`` -> the positions of its records in ``dt.annotations`` (ascending). Kept on
+    ``dt`` while its annotations list is the same object of the same length (the trace layer only appends while
+    it builds)."""
+    anns = dt.annotations
+    kept = dt.__dict__.get("_annotation_positions")
+    if kept is not None and kept[0] is anns and kept[1] == len(anns):
+        return kept[2]
+    by_name: dict[str, list[int]] = {}
+    for i, name in enumerate(map(_NAME, anns)):
+        by_name.setdefault(name, []).append(i)
+    dt.__dict__["_annotation_positions"] = (anns, len(anns), by_name)
+    return by_name
 
 
 _NAME = attrgetter("name")
@@ -368,7 +389,7 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     phase = np.full(n, SETUP_PHASE, dtype=np.int8)
     source = np.full(n, INFERRED, dtype=np.int8)
     if allocs.size:
-        idx = np.searchsorted(allocs, np.arange(n), side="right") - 1
+        idx = np.cumsum(action == ALLOC) - 1  # the last alloc at or before each event (a count, not a search)
         phase = np.where(idx >= 0, smoothed[np.maximum(idx, 0)], SETUP_PHASE).astype(np.int8)
         source = np.where(idx >= 0, src[np.maximum(idx, 0)], INFERRED).astype(np.int8)
     # every event inside a torch optimizer's step or zero_grad is the optimizer's, frees too (a fused

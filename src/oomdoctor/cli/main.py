@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -90,6 +91,25 @@ def main(argv: list[str] | None = None) -> int:
     return rv if isinstance(rv, int) else 0
 
 
+#: Commands that read files and run no user code and no torch: they multiply no matrices, so NumPy's BLAS gets one
+#: thread. OpenBLAS starts a pool of threads at ``import numpy``, one per CPU, and each polls for work before it
+#: sleeps: 58 ms of CPU and 64 ms of wall on `import numpy` alone on a 2-CPU machine (median of 10), and on a
+#: 16-CPU machine the CPU seconds of ``diagnose`` were 2.5x its wall time (docs/benchmarks.md). ``run``, ``verify``,
+#: ``fit`` and ``preflight`` start the user's job or torch, which must see the user's environment as it is.
+ONE_BLAS_THREAD = frozenset({"diagnose", "simulate", "report", "diff", "slice", "export", "schema"})
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_blas_thread(argv: list[str], environ: dict | os._Environ = os.environ) -> None:
+    """Set each of :data:`BLAS_THREADS` the user has not set to 1 in ``environ`` when ``argv``'s command is one of
+    :data:`ONE_BLAS_THREAD`; before NumPy is imported (OpenBLAS reads them when it loads)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in ONE_BLAS_THREAD:
+        for name in BLAS_THREADS:
+            environ.setdefault(name, "1")
+
+
 def entry() -> None:
     """Console-script entry point."""
+    one_blas_thread(sys.argv[1:])
     sys.exit(main())
