@@ -17,10 +17,12 @@ import argparse
 import io
 import json
 import lzma
+import os
 import pickle
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,8 +106,16 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.snapshot)))
         return
-    runs = [json.loads(subprocess.run([sys.executable, __file__, a.snapshot, "--one"], capture_output=True, text=True,
-                                      check=True).stdout) for _ in range(a.repeat)]
+    import oomdoctor
+
+    # the bytecode compiled once, as an installed package has it, into a cache of this run's own
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = tmp
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(oomdoctor.__file__).parent)], check=True,
+                       env=env, stdout=subprocess.DEVNULL)
+        runs = [json.loads(subprocess.run([sys.executable, __file__, a.snapshot, "--one"], capture_output=True,
+                                          text=True, check=True, env=env).stdout) for _ in range(a.repeat)]
     out = {k: (statistics.median(r[k][0] for r in runs), statistics.median(r[k][1] for r in runs)) for k in runs[0]}
     res = {"snapshot": Path(a.snapshot).name, "repeat": a.repeat, "medians": "of each stage over fresh processes",
            "cpu_s": {k: round(v[0], 4) for k, v in out.items()}, "wall_s": {k: round(v[1], 4) for k, v in out.items()}}
