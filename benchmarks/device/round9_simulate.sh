@@ -2,7 +2,7 @@
 # The ninth round, simulate only (issue 38 item 2, no GPU needed: the device machine's idle CPUs): `oomdoctor
 # simulate large` against pickle.load, this branch's tree beside 8f56470's (the round's start), alternated in fresh
 # processes, then the same stage by stage. Needs .bench/ (carried): the large snapshot (.xz) and 8f56470's src/ in
-# .bench/before/src. About 4 minutes on 16 idle CPUs. Results (7 files) in $OUT.
+# .bench/before/src. About 2 minutes on 16 idle CPUs (timeouts 300 + 2 x 120 s). Results (7 files) in $OUT.
 set -u
 OUT=${1:?out dir}
 export PYTHONUNBUFFERED=1
