@@ -58,7 +58,7 @@ def test_prepare_makes_one_op_per_request_in_event_order(tmp_path):
     # events its segment entries are aligned with
     assert p.op_arg[0] == (a, None, None, False, (0, 1))
     assert p.op_arg[4] == (a, [a], None, False, (7, 8))
-    assert p.op_requested_list == [12 * MiB, 0, 12 * MiB, 0, 12 * MiB, 0]
+    assert p.requests[p.op_event_index].tolist() == [12 * MiB, 0, 12 * MiB, 0, 12 * MiB, 0]
 
 
 def test_validation_counts_what_differs(tmp_path):

@@ -162,8 +162,7 @@ class Prepared:
     op_event: list[int]  # per op: the trace event it replays
     op_stream: list[int]  # per op: the stream of a malloc (0 for the others)
     op_arg: list  # per op: the address of a malloc or free, else the tuple or value of its kind
-    op_requested: np.ndarray  # per op: ``requests`` at its event (int64 bytes)
-    op_requested_list: list[int]  # the same, as a list
+    op_event_index: np.ndarray  # ``op_event`` as an int64 array (the replay reads ``requests`` through it)
     requests: np.ndarray  # requested bytes per event (alloc), rounded size (oom), 0 elsewhere
     rec_seg_pos: np.ndarray
     rec_seg: list[tuple[int, int, int]]
@@ -308,7 +307,6 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
     op_arg = arr[perm].tolist()
 
     requests = np.where((action == ALLOC) | (action == OOM), size_np, 0)
-    op_requested = requests[op_event]
     seg_pos = np.flatnonzero(np.isin(action, _SEG) & ~private)
     rec_seg = list(zip(action[seg_pos].tolist(), addr_np[seg_pos].tolist(), size_np[seg_pos].tolist()))
     ooms = np.flatnonzero(action == OOM)
@@ -327,8 +325,8 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
         addresses.append(int((addr_np[seg_pos] + size_np[seg_pos]).max()))
     total = trace.meta.get("gpu_total_memory_bytes")
     return Prepared(trace=trace, device=dt, lifetimes=lt, recorded_config=recorded, op_kind=op_kind.tolist(),
-                    op_event=op_event.tolist(), op_stream=op_stream, op_arg=op_arg, op_requested=op_requested,
-                    op_requested_list=op_requested.tolist(), requests=requests,
+                    op_event=op_event.tolist(), op_stream=op_stream, op_arg=op_arg, op_event_index=op_event,
+                    requests=requests,
                     rec_seg_pos=seg_pos, rec_seg=rec_seg, start_blocks=start_blocks, start_segments=default_start,
                     reserved_start=sum(s.size for s in start_segs),
                     recorded_oom=int(ooms[0]) if ooms.size else None,
@@ -507,7 +505,9 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     pend: dict[int, object] = {}
     immediate = deferred_frees == IMMEDIATE
     table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
-    op_sizes = round_size(prepared.op_requested, table).tolist()  # the rounded request of each op (malloc ops)
+    # each op's request, read from ``requests`` now (simulate/scale.py replays a Prepared whose requests it scaled)
+    op_requested = prepared.requests[prepared.op_event_index]
+    op_sizes = round_size(op_requested, table).tolist()
 
     sim.external(prepared.external_start)
     initial = _install_start(prepared, sim, same_config, immediate, live, pend, rounded_table=table)
@@ -525,7 +525,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     seg_events = sim.segment_events
     last_event = prepared.device.num_events - 1
     for kind, j, st, a, size, req in zip(prepared.op_kind, prepared.op_event, prepared.op_stream,
-                                         prepared.op_arg, op_sizes, prepared.op_requested_list):
+                                         prepared.op_arg, op_sizes, op_requested.tolist()):
         if kind == _MALLOC:  # the common case, alone
             n0 = len(seg_events)
             b = malloc(size, req, st)
