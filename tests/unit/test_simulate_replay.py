@@ -6,7 +6,15 @@ from builder import SnapBuilder, frames
 from oomdoctor.errors import UsageError
 from oomdoctor.simulate.capacity import Capacity, infer_capacity, parse_bytes
 from oomdoctor.simulate.config import parse_config
-from oomdoctor.simulate.replay import IMMEDIATE, SimulationError, prepare, replay
+from oomdoctor.simulate.replay import (
+    _FREE,
+    _FREE_DEFERRED,
+    _MALLOC_RUN,
+    IMMEDIATE,
+    SimulationError,
+    prepare,
+    replay,
+)
 from oomdoctor.trace.load import load
 from oomdoctor.trace.model import SEGMENT_ALLOC
 
@@ -37,6 +45,20 @@ def test_deferred_frees_replay_exactly_and_immediate_saves_a_segment(tmp_path):
     assert rec.peak_reserved_bytes == 24 * MiB
     imm = replay(prepared, deferred_frees=IMMEDIATE)
     assert imm.matches_recorded is None and imm.peak_reserved_bytes == 12 * MiB
+
+
+def test_prepare_makes_one_op_per_request_in_event_order(tmp_path):
+    # events: 0 segment_alloc, 1 alloc a, 2 free_requested a (deferred), 3 segment_alloc, 4 alloc x,
+    # 5-6 free x (immediate), 7 free_completed a, 8 alloc y, 9-10 free y
+    p = prepare(load(build_deferred(tmp_path)))
+    assert p.op_kind == [_MALLOC_RUN, _FREE_DEFERRED, _MALLOC_RUN, _FREE, _MALLOC_RUN, _FREE]
+    assert p.op_event == [1, 2, 4, 5, 8, 9]
+    a = p.op_arg[1]
+    # the malloc after a run carries its address, the completions before it, the fallback flag and the
+    # events its segment entries are aligned with
+    assert p.op_arg[0] == (a, None, None, False, (0, 1))
+    assert p.op_arg[4] == (a, [a], None, False, (7, 8))
+    assert p.requests[p.op_event_index].tolist() == [12 * MiB, 0, 12 * MiB, 0, 12 * MiB, 0]
 
 
 def test_validation_counts_what_differs(tmp_path):

@@ -59,10 +59,11 @@ from .pools import private_pools
 RECORDED = "recorded"
 IMMEDIATE = "immediate"
 
-# replay operations: (_MALLOC, event, stream, addr) is a malloc with nothing around it;
-# (_MALLOC_RUN | _OOM, event, stream, addr, process_events addrs, synced addrs, released) one after a run of
-# segment / free_completed entries; (_FREE | _FREE_DEFERRED, event, addr); (_EMPTY_CACHE, event);
-# (_DONE, event, addrs); (_EXTERNAL, event, bytes)
+# replay operations, as (kind, event, stream, argument): (_MALLOC, event, stream, addr) is a malloc with nothing
+# around it; (_MALLOC_RUN | _OOM, event, stream, (addr, process_events addrs, synced addrs, released, mark)) one
+# after a run of segment / free_completed entries (mark: (first event, end event) of the run's entries its segment
+# entries are aligned with, or None); (_FREE | _FREE_DEFERRED, event, 0, addr); (_EMPTY_CACHE, event, 0, mark);
+# (_DONE, event, 0, addrs); (_EXTERNAL, event, 0, bytes)
 _MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE, _EXTERNAL, _MALLOC_RUN = range(8)
 _SEG = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 _RELEASE = (SEGMENT_FREE, SEGMENT_UNMAP)
@@ -178,9 +179,12 @@ class Prepared:
     device: DeviceTrace
     lifetimes: Lifetimes
     recorded_config: AllocatorConfig
-    ops: list[tuple]
+    op_kind: list[int]  # per op (event order): _MALLOC, _FREE, ... (see the comment at _MALLOC)
+    op_event: list[int]  # per op: the trace event it replays
+    op_stream: list[int]  # per op: the stream of a malloc (0 for the others)
+    op_arg: list  # per op: the address of a malloc or free, else the tuple or value of its kind
+    op_event_index: np.ndarray  # ``op_event`` as an int64 array (the replay reads ``requests`` through it)
     requests: np.ndarray  # requested bytes per event (alloc), rounded size (oom), 0 elsewhere
-    marks: dict[int, tuple[int, int]]  # op position -> (group start event, end event) for seg alignment
     rec_seg_pos: np.ndarray
     rec_seg: list[tuple[int, int, int]]
     start_blocks: list[tuple[int, int, int, int, str]]  # (stream, addr, size, requested, state)
@@ -216,7 +220,7 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
     idx = order.tolist()
     addr = addr_np[order].tolist()
     stream = dt.events["stream"][order].tolist()
-    stack = dt.events["stack"][order].tolist()
+    stack_np = dt.events["stack"]
     m = len(idx)
 
     # immediate frees: free_completed right after its free_requested
@@ -234,100 +238,94 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
 
     external = [(j, int(size_np[j]) if action[j] in _NEW else -int(size_np[j]))
                 for j in np.flatnonzero(private & np.isin(action, _SEG)).tolist()]
-    ext_i = 0
-    ops: list[tuple] = []
-    marks: dict[int, tuple[int, int]] = {}
     warnings: list[str] = []
-    grouped_l = grouped.tolist()
-    fr_def_l = fr_deferred.tolist()
-    # The ops of the events outside runs, built at once (issue 38: the per-event loop below took 0.2-0.4 s
-    # on 271k events); a run's next alloc/oom is the run's own op, so it is left out here.
+    # The ops, as columns in event order (issue 38): kind, event, stream, and an argument (the address for a
+    # malloc or a free; see the comment at _MALLOC for the others). The events outside runs of segment /
+    # free_completed entries become ops at once with numpy (a run's next alloc/oom is the run's own op, so
+    # it is left out here); the runs, and the private pools' segment entries, one by one. Each op has a sort
+    # key: 2 x its event, or 2 x event - 1 for an empty_cache() / the completions of a run, which go before
+    # the event they are keyed on and after every private-pool entry before it (as recorded).
     act_o = action[order]
     simple = np.isin(act_o, (ALLOC, OOM, FREE_REQUESTED)) & ~grouped
     if m > 1:
         simple[1:] &= ~(grouped[:-1] & ~grouped[1:] & np.isin(act_o[1:], (ALLOC, OOM)))
     sel = np.flatnonzero(simple)
-    simple_ops = [(_MALLOC, j, st, ad) if k == ALLOC else (k2, j, ad) if k == FREE_REQUESTED
-                  else (_OOM, j, st, ad, None, None, False)
-                  for k, k2, j, st, ad in zip(act_o[sel].tolist(), np.where(fr_deferred[sel], _FREE_DEFERRED,
-                                                                               _FREE).tolist(),
-                                              order[sel].tolist(), dt.events["stream"][order[sel]].tolist(),
-                                              addr_np[order[sel]].tolist())]
-    sel_l = sel.tolist()
-    run_starts = np.flatnonzero(grouped).tolist()  # the next grouped position at or after q: bisect in this
+    k_sel = act_o[sel]
+    kinds = [np.where(k_sel == ALLOC, _MALLOC, np.where(k_sel == OOM, _OOM,
+                                                         np.where(fr_deferred[sel], _FREE_DEFERRED, _FREE)))]
+    events = [order[sel]]
+    streams = [dt.events["stream"][order[sel]]]
+    args: list = addr_np[order[sel]].tolist()
+    for k in np.flatnonzero(k_sel == OOM).tolist():  # an oom outside a run: nothing to complete or release
+        args[k] = (args[k], None, None, False, None)
+    keys = [2 * events[0]]
+    x_kind: list[int] = []  # the runs' and the private pools' ops
+    x_event: list[int] = []
+    x_stream: list[int] = []
+    x_key: list[int] = []
+    for e, delta in external:
+        x_kind.append(_EXTERNAL)
+        x_event.append(e)
+        x_stream.append(0)
+        x_key.append(2 * e)
+        args.append(delta)
 
-    def flush(before: int) -> None:
-        """Private-pool segment entries before event ``before``, as recorded."""
-        nonlocal ext_i
-        while ext_i < len(external) and external[ext_i][0] < before:
-            ops.append((_EXTERNAL, external[ext_i][0], external[ext_i][1]))
-            ext_i += 1
+    def emit(kind: int, event: int, st: int, arg: object, key: int) -> None:
+        x_kind.append(kind)
+        x_event.append(event)
+        x_stream.append(st)
+        x_key.append(key)
+        args.append(arg)
 
-    q = 0
-    while q < m:
-        a = act[q]
-        if grouped_l[q]:
-            q0 = q
-            while q < m and grouped_l[q]:
-                q += 1
-            q1 = q  # run is positions [q0, q1)
-            nxt = act[q1] if q1 < m else -1
-            g0, g1 = idx[q0], (idx[q1] if q1 < m else n)
-            flush(g0)
-            run = range(q0, q1)
-            releases = [k for k in run if act[k] in _RELEASE]
-            news = [k for k in run if act[k] in _NEW]
-            if nxt in (ALLOC, OOM):
-                cut = q0
-                if releases and not news and nxt == ALLOC:
-                    cut = releases[-1] + 1  # empty_cache, then a malloc served from the cache
-                elif releases and stack[releases[0]] in empty_cache_stacks:
-                    cut = max(k for k in releases if stack[k] in empty_cache_stacks) + 1
-                elif releases and not fallback(g0, g1):
-                    cut = releases[-1] + 1  # empty_cache without its frames, then a malloc
-                if cut > q0:
-                    marks[len(ops)] = (g0, idx[cut] if cut < m else n)
-                    ops.append((_EMPTY_CACHE, g0))
-                flush(g1)  # private-pool entries of the run, before this malloc (allocs precede it)
-                fcs = [k for k in range(cut, q1) if act[k] == FREE_COMPLETED]
-                rel = [k for k in range(cut, q1) if act[k] in _RELEASE]
-                if nxt == OOM or (rel and release_without_chain):
-                    sync, pe = fcs, []
-                elif rel:
-                    pe = [k for k in fcs if k < rel[0]]
-                    sync = [k for k in fcs if k > rel[0]]
-                else:
-                    pe, sync = fcs, []
-                marks[len(ops)] = (idx[cut] if cut < m else n, g1)
-                # releases read as this malloc's fallback: without a cap no fallback can happen, so a
-                # replay without one runs them as the empty_cache() they then were
-                ops.append((_OOM if nxt == OOM else _MALLOC_RUN, g1, stream[q1], addr[q1],
-                            [addr[k] for k in pe] or None, [addr[k] for k in sync] or None, bool(rel)))
-                q = q1 + 1
-                continue
-            if releases:
-                marks[len(ops)] = (g0, g1)
-                ops.append((_EMPTY_CACHE, g0))
-            flush(g1)
-            fcs = [addr[k] for k in run if act[k] == FREE_COMPLETED]
-            if fcs:
-                ops.append((_DONE, g0, fcs))
+    gpos = np.flatnonzero(grouped)
+    if gpos.size:
+        brk = np.flatnonzero(np.diff(gpos) != 1) + 1
+        run_bounds = zip(gpos[np.r_[0, brk]].tolist(), (gpos[np.r_[brk - 1, gpos.size - 1]] + 1).tolist())
+    else:
+        run_bounds = zip([], [])
+    for q0, q1 in run_bounds:  # positions [q0, q1) are one run
+        nxt = act[q1] if q1 < m else -1
+        g0, g1 = idx[q0], (idx[q1] if q1 < m else n)
+        run = range(q0, q1)
+        releases = [k for k in run if act[k] in _RELEASE]
+        news = [k for k in run if act[k] in _NEW]
+        if nxt in (ALLOC, OOM):
+            cut = q0
+            if releases and not news and nxt == ALLOC:
+                cut = releases[-1] + 1  # empty_cache, then a malloc served from the cache
+            elif releases and int(stack_np[idx[releases[0]]]) in empty_cache_stacks:
+                cut = max(k for k in releases if int(stack_np[idx[k]]) in empty_cache_stacks) + 1
+            elif releases and not fallback(g0, g1):
+                cut = releases[-1] + 1  # empty_cache without its frames, then a malloc
+            if cut > q0:
+                emit(_EMPTY_CACHE, g0, 0, (g0, idx[cut] if cut < m else n), 2 * g0 - 1)
+            fcs = [k for k in range(cut, q1) if act[k] == FREE_COMPLETED]
+            rel = [k for k in range(cut, q1) if act[k] in _RELEASE]
+            if nxt == OOM or (rel and release_without_chain):
+                sync, pe = fcs, []
+            elif rel:
+                pe = [k for k in fcs if k < rel[0]]
+                sync = [k for k in fcs if k > rel[0]]
+            else:
+                pe, sync = fcs, []
+            # releases read as this malloc's fallback: without a cap no fallback can happen, so a
+            # replay without one runs them as the empty_cache() they then were
+            emit(_OOM if nxt == OOM else _MALLOC_RUN, g1, stream[q1],
+                 (addr[q1], [addr[k] for k in pe] or None, [addr[k] for k in sync] or None, bool(rel),
+                  (idx[cut] if cut < m else n, g1)), 2 * g1)
             continue
-        qg = run_starts[r] if (r := bisect_left(run_starts, q)) < len(run_starts) else m  # the stretch [q, qg)
-        if ext_i >= len(external) or external[ext_i][0] >= idx[qg - 1]:  # no private entry inside it
-            ops.extend(simple_ops[bisect_left(sel_l, q):bisect_left(sel_l, qg)])
-            q = qg
-            continue
-        j = idx[q]
-        flush(j)
-        if a == ALLOC:
-            ops.append((_MALLOC, j, stream[q], addr[q]))
-        elif a == OOM:
-            ops.append((_OOM, j, stream[q], addr[q], None, None, False))
-        elif a == FREE_REQUESTED:
-            ops.append((_FREE_DEFERRED if fr_def_l[q] else _FREE, j, addr[q]))
-        q += 1
-    flush(n)
+        if releases:
+            emit(_EMPTY_CACHE, g0, 0, (g0, g1), 2 * g0 - 1)
+        fcs = [addr[k] for k in run if act[k] == FREE_COMPLETED]
+        if fcs:
+            emit(_DONE, g0, 0, fcs, 2 * g1 - 1)
+    perm = np.argsort(np.concatenate(keys + [np.array(x_key, dtype=np.int64)]), kind="stable")
+    op_kind = np.concatenate(kinds + [np.array(x_kind, dtype=np.int64)])[perm]
+    op_event = np.concatenate(events + [np.array(x_event, dtype=np.int64)])[perm]
+    op_stream = np.concatenate(streams + [np.array(x_stream, dtype=np.int64)])[perm].tolist()
+    arr = np.empty(len(args), dtype=object)
+    arr[:] = args
+    op_arg = arr[perm].tolist()
 
     requests = np.where((action == ALLOC) | (action == OOM), size_np, 0)
     seg_pos = np.flatnonzero(np.isin(action, _SEG) & ~private)
@@ -347,7 +345,9 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
     if seg_pos.size:
         addresses.append(int((addr_np[seg_pos] + size_np[seg_pos]).max()))
     total = trace.meta.get("gpu_total_memory_bytes")
-    return Prepared(trace=trace, device=dt, lifetimes=lt, recorded_config=recorded, ops=ops, requests=requests, marks=marks,
+    return Prepared(trace=trace, device=dt, lifetimes=lt, recorded_config=recorded, op_kind=op_kind.tolist(),
+                    op_event=op_event.tolist(), op_stream=op_stream, op_arg=op_arg, op_event_index=op_event,
+                    requests=requests,
                     rec_seg_pos=seg_pos, rec_seg=rec_seg, start_blocks=start_blocks, start_segments=default_start,
                     reserved_start=sum(s.size for s in start_segs),
                     recorded_oom=int(ooms[0]) if ooms.size else None,
@@ -526,8 +526,9 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     pend: dict[int, object] = {}
     immediate = deferred_frees == IMMEDIATE
     table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
-    rounded = round_size(prepared.requests, table).tolist()
-    requests = prepared.requests.tolist()
+    # each op's request, read from ``requests`` now (simulate/scale.py replays a Prepared whose requests it scaled)
+    op_requested = prepared.requests[prepared.op_event_index]
+    op_sizes = round_size(op_requested, table).tolist()
 
     sim.external(prepared.external_start)
     initial = _install_start(prepared, sim, same_config, immediate, live, pend, rounded_table=table)
@@ -538,19 +539,17 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
         warnings.append("the memory alive at the trace's start does not fit under this capacity")
 
     seg_marks: list[tuple[int, int, int, int]] = []  # (group start, group end event, sim seg from, to)
-    marks = prepared.marks
     oom: SimulatedOom | None = None
     missing = 0
     t0 = time.perf_counter()
     malloc, free, complete = sim.malloc, sim.free, sim.complete
     seg_events = sim.segment_events
     last_event = prepared.device.num_events - 1
-    for pos, op in enumerate(prepared.ops):
-        kind = op[0]
-        if kind == _MALLOC:  # the common case, alone (issue 38)
-            j = op[1]
+    for kind, j, st, a, size, req in zip(prepared.op_kind, prepared.op_event, prepared.op_stream,
+                                         prepared.op_arg, op_sizes, op_requested.tolist()):
+        if kind == _MALLOC:  # the common case, alone
             n0 = len(seg_events)
-            b = malloc(rounded[j], requests[j], op[2])
+            b = malloc(size, req, st)
             if len(seg_events) != n0:
                 seg_marks.append((j, j, n0, len(seg_events)))
             if b is None:
@@ -558,17 +557,17 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
                 oom = SimulatedOom(j, req, alloc_size)
                 last_event = j
                 break
-            live[op[3]] = b
+            live[a] = b
         elif kind == _FREE:
-            b = live.pop(op[2], None)
+            b = live.pop(a, None)
             if b is None:
                 missing += 1
             else:
                 free(b)
         elif kind == _MALLOC_RUN or kind == _OOM:
-            j, st, a, pe, sync = op[1], op[2], op[3], op[4], op[5]
+            a, pe, sync, released, mark = a
             n0 = len(seg_events)
-            if op[6] and uncapped:
+            if released and uncapped:
                 pend.clear()
                 sim.empty_cache()
             if pe is not None and not immediate:
@@ -579,14 +578,12 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             syncing = None
             if sync is not None and not immediate:
                 syncing = [b for fa in sync if (b := pend.pop(fa, None)) is not None]
-            size = rounded[j]
-            b = malloc(size, size if kind == _OOM else requests[j], st)
+            b = malloc(size, size if kind == _OOM else req, st)
             if syncing:
                 for sb in syncing:
                     complete(sb)  # done by now if the fallback did not already sync
-            if pos in marks or len(seg_events) != n0:
-                g = marks.get(pos, (j, j))
-                seg_marks.append((g[0], j, n0, len(seg_events)))
+            if mark is not None or len(seg_events) != n0:
+                seg_marks.append((j if mark is None else mark[0], j, n0, len(seg_events)))
             if b is None:
                 req, alloc_size = sim.oom_request
                 oom = SimulatedOom(j, req, alloc_size)
@@ -597,25 +594,24 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             else:
                 live[a] = b
         elif kind == _FREE_DEFERRED:
-            b = live.pop(op[2], None)
+            b = live.pop(a, None)
             if b is None:
                 missing += 1
             elif immediate:
                 free(b)
             else:
                 free(b, True)
-                pend[op[2]] = b
+                pend[a] = b
         elif kind == _EMPTY_CACHE:
             n0 = len(seg_events)
             pend.clear()  # synchronize_and_free_events completes every pending free
             sim.empty_cache()
-            g = marks[pos]
-            seg_marks.append((g[0], g[1] - 1, n0, len(seg_events)))
+            seg_marks.append((a[0], a[1] - 1, n0, len(seg_events)))
         elif kind == _EXTERNAL:
-            sim.external(op[2])
+            sim.external(a)
         else:  # _DONE
             if not immediate:
-                for fa in op[2]:
+                for fa in a:
                     b = pend.pop(fa, None)
                     if b is not None:
                         complete(b)
