@@ -1,12 +1,12 @@
 """Issue 37 (item 1): the JSON schema generated from the dataclasses. First, pydantic's raw
-``TypeAdapter(...).json_schema`` against the schema :mod:`oomdoctor.render.schema` serves (generated itself but for the
-verdict, a finding and a fix, still written by hand), for every document kind built from dataclasses: the same keys, the same required keys (``dataclasses.asdict`` writes every field), the
+``TypeAdapter(...).json_schema`` against the schema :mod:`oomdoctor.render.schema` serves (generated itself, with
+what the renderers add or leave out), for every document kind built from dataclasses: the same keys, the same required keys (``dataclasses.asdict`` writes every field), the
 same JSON types and nullability, at every depth. What the renderers add to a dataclass's fields (a derived byte count)
 or leave free-form is listed in :data:`RENDERED`; any other difference fails. ``fits`` and a rank's ``oom`` are
 generated already (:func:`oomdoctor.render.schema.generated`: their descriptions are the docstrings under the fields
 of ``Fits`` and ``OomInfo``; ``oomdoctor
-schema`` wrote the same bytes before and after, for every command, and docs/json.md did not change); the other objects'
-descriptions are still written in render/schema.py."""
+schema`` wrote the same bytes before and after, for every command, and docs/json.md did not change); so is every
+other object since, the verdict, a finding and a fix last (their words made, their ids dropped)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ RENDERED = {
     "$+peak_reserved_saved_bytes": "render/json.py diff_dict: before - after (a property of RankDiff)",
     "$+peak_allocated_saved_bytes": "the same",
     "$.sites[]+delta_bytes": "render/json.py diff_dict: after - before (a property of SiteDelta)",
-    "$.prediction~free": "a finding's prediction: a dict the hand-written schema spells out",
+    "$.prediction~free": "a finding's prediction: a dict the schema spells out (report/predict.py Prediction)",
     "$.fixes[].prediction~free": "the same, per fix",
     "$+summary": "render/json.py verdict_dict / finding_dict: a verdict's or a finding's summary in words (render/words/)",
     "$+actions": "the same, its actions in words",
@@ -210,17 +210,56 @@ def test_every_byte_count_and_duration_says_its_unit(command):
     assert bad == []
 
 
-def test_only_the_verdict_finding_and_fix_are_written_by_hand():
-    """Issue 37: every object of every schema comes from a dataclass or TypedDict (counted by the generator) but the
-    three listed in HAND_WRITTEN; docs/json.md says the counts."""
-    S.markdown()
-    assert S.HAND_WRITTEN == ("verdict", "finding", "fix")
+def test_no_object_is_written_by_hand():
+    """Issue 37: every object of every schema comes from a dataclass or TypedDict (counted by the generator), the
+    verdict, a finding and a fix included; docs/json.md says the count."""
+    md = S.markdown()
+    assert not hasattr(S, "HAND_WRITTEN")
     assert {"RankSummary", "SimulationDoc", "EstimateDoc", "SearchDoc", "ValidateDoc", "FitOutcome", "VerifyOutcome",
             "PreflightAnswer", "DiagnoseDoc", "DiffDoc", "Prediction", "MarginParts", "Anatomy", "Breakdown",
-            "HolderRef", "Capacity", "Validation", "StackMatches", "RankGroups"} <= S.GENERATED
-    md = S.markdown()
-    assert f"The schemas of {len(S.GENERATED)} kinds of object are generated" in md
-    assert "3 (verdict, finding, fix) are still written by hand" in md
+            "HolderRef", "Capacity", "Validation", "StackMatches", "RankGroups", "Verdict", "Action", "Finding",
+            "Fix", "SiteRef"} <= S.GENERATED
+    assert f"The schemas of all {len(S.GENERATED)} kinds of object are generated" in md
+    assert "written by hand" not in md.split("Before issue 37")[0]
+
+
+def test_the_verdict_finding_and_fix_are_what_the_renderer_writes():
+    """The three objects last written by hand, generated: the words render/json.py adds (made), the ids it says in
+    words instead (dropped), each field described by its docstring."""
+    from dataclasses import fields
+
+    from oomdoctor.detectors.finding import Fix
+    from oomdoctor.report.verdict import ACTIONS, REASONS, Action
+
+    finding = S.finding_schema()
+    assert set(finding["properties"]) == {f.name for f in fields(Finding)} - {"variant"} | {"title", "summary"}
+    assert set(finding["required"]) == set(finding["properties"]) and finding["additionalProperties"] is False
+    assert finding["properties"]["severity"]["enum"] == list(S.SEVERITIES)
+    assert finding["properties"]["per_rank_bytes"]["additionalProperties"]["type"] == "integer"
+    assert finding["properties"]["bytes"]["description"].endswith("(bytes)")
+    pred = finding["properties"]["prediction"]
+    assert pred["type"] == ["object", "null"] and "reach" in pred["properties"]
+    assert pred["description"] == "the first fix's prediction"  # the field's docstring on a made schema
+    fix = finding["properties"]["fixes"]["items"]
+    assert set(fix["properties"]) == {f.name for f in fields(Fix)} - {"id", "framework"} | {"text"}
+    assert fix["properties"]["kind"]["enum"] == list(S.FIX_KINDS)
+    assert fix["properties"]["what_if"]["type"] == ["object", "null"]
+    assert fix["properties"]["prediction"]["description"] == "the simulator's replay of the fix"
+    verdict = S.verdict_schema("v")
+    assert verdict["type"] == ["object", "null"] and verdict["description"] == "v"
+    assert set(verdict["properties"]) == {f.name for f in fields(Verdict)} | {"summary", "actions"}
+    assert verdict["properties"]["kind"]["enum"] == list(S.VERDICT_KINDS)
+    assert verdict["properties"]["reasons"]["items"]["enum"] == list(REASONS)
+    action = verdict["properties"]["to_do"]["items"]
+    assert set(action["properties"]) == {f.name for f in fields(Action)}
+    assert action["properties"]["id"]["enum"] == list(ACTIONS)
+    assert action["properties"]["fix"]["type"] == ["string", "null"] and action["properties"]["fix"]["description"]
+    assert S.rank_schema()["properties"]["verdict"]["properties"] == verdict["properties"]
+
+
+def test_a_dropped_field_must_exist():
+    with pytest.raises(KeyError, match="Finding has no field no_such to drop"):
+        S.generated(Finding, "x", dropped=("no_such",))
 
 
 def test_a_typeddict_key_marked_not_required_is_optional_and_a_derived_property_is_required():

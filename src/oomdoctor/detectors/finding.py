@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 SEVERITIES = ("critical", "high", "medium", "low", "info")
+FIX_KINDS = ("env", "config", "code", "upgrade")
+"""What a :class:`Fix` changes: an environment setting, a configuration, the code, or the PyTorch version."""
 
 
 @dataclass
@@ -25,17 +27,30 @@ class Fix:
 
     ``id`` is stable (e.g. ``expandable-segments``, ``avoid-record-streams``): the key of its words
     (:data:`oomdoctor.render.words.findings.FIXES`). ``framework``: the id of the framework
-    (:data:`oomdoctor.frameworks.FRAMEWORKS`) whose knob the fix names, for the fixes said in a framework's words."""
+    (:data:`oomdoctor.frameworks.FRAMEWORKS`) whose knob the fix names, for the fixes said in a framework's words.
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     id: str
+    """the fix's stable id (the JSON has its words, ``text``, instead)"""
     versions: str
+    """the PyTorch versions the fix applies to ('all', '>=2.8', '2.1-2.7', '<2.8')"""
     source: str
-    kind: str = "code"  # env | config | code | upgrade
+    """where the rule comes from: a PyTorch pull request, issue or document"""
+    kind: str = "code"
+    """env, config, code or upgrade"""
     setting: str | None = None
+    """the environment setting to apply, when the fix is one"""
     applies: bool | None = None
+    """does it apply to the recorded PyTorch version (null: unknown)"""
     what_if: dict[str, str] | None = None
+    """the experiment the simulator replays for it (config, deferred_frees)"""
     prediction: dict[str, Any] | None = None
+    """the simulator's replay of the fix"""
     framework: str | None = None
+    """the id of the framework whose knob the fix names (the JSON has it in the fix's words, ``text``)"""
 
 
 @dataclass
@@ -63,18 +78,34 @@ class SiteRef:
 class Finding:
     """A diagnosed problem. ``id`` is stable (the detector's name); ``bytes`` is what is at stake; ``variant``
     names the wording of its title and summary (e.g. ``cache-flush``: ``empty-cache``, ``retries``; ``""`` for a
-    detector with one wording): the key, with ``id``, of its words (:mod:`oomdoctor.render.words.findings`)."""
+    detector with one wording): the key, with ``id``, of its words (:mod:`oomdoctor.render.words.findings`).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     id: str
+    """the detector's stable id (deferred-free, fragmentation, output-accumulation, memory-growth,
+    pipeline-output-cache, allgather-list, rank-imbalance, small-long-lived, cache-flush)"""
     severity: str
+    """after the materiality rule"""
     ranks: list[int]
+    """the ranks it was found on"""
     bytes: int
+    """at stake: what the fix gives back at the peak or the OOM, never more than the ranks' peak reserved (bytes)"""
     evidence: dict[str, Any] = field(default_factory=dict)
+    """the numbers behind it, per detector (bytes in keys ending _bytes, event indices in keys ending _event or
+    _index)"""
     sites: list[SiteRef] = field(default_factory=list)
+    """the allocation sites behind it"""
     fixes: list[Fix] = field(default_factory=list)
+    """what to do, first the one to try first"""
     prediction: dict[str, Any] | None = None
+    """the first fix's prediction"""
     per_rank_bytes: dict[int, int] = field(default_factory=dict)
+    """bytes at stake per rank (keys: rank numbers)"""
     variant: str = ""
+    """which wording of its title and summary applies (the JSON has the words, ``title`` and ``summary``)"""
 
     def title_ref(self) -> FindingTitle:
         """A reference to this finding's title, for a verdict that names it (filled by the renderers)."""

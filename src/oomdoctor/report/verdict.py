@@ -120,11 +120,18 @@ ACTIONS = ("pipeline-schedule", "kv-cache-smaller", "micro-batch-at-most", "micr
 class Action:
     """One thing to do: ``id`` (:data:`ACTIONS`); ``framework``: the id of the framework whose knob it names
     (:mod:`oomdoctor.frameworks`), if one; ``fix``: for ``finding-fix``, the finding's :class:`Fix` itself (its
-    words are the renderers', :func:`oomdoctor.render.words.findings.fix_text`)."""
+    words are the renderers', :func:`oomdoctor.render.words.findings.fix_text`).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     id: str
+    """the action (report/verdict.py ACTIONS)"""
     framework: str | None = None
+    """the id of the framework whose knob it names"""
     fix: Fix | None = None
+    """finding-fix: the finding's fix the action is, in the JSON its id (its words are the action's text)"""
 
 
 @dataclass
@@ -133,16 +140,30 @@ class Verdict:
     left on the device at the peak of reserved memory (None when the device's room is unknown), the finding behind
     it, if one, the numbers behind it (``evidence``), the ids of the wording choices its summary makes
     (``reasons``, :data:`REASONS`) and what to do, in order (``to_do``, :class:`Action`). Facts only: the
-    renderers say them (:mod:`oomdoctor.render.words.verdict`)."""
+    renderers say them (:mod:`oomdoctor.render.words.verdict`).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
     kind: str
+    """the answer: what ran out of memory, or why memory is not what it should be"""
     bytes: int
+    """the bytes that decide it (the shortfall, the free memory, the bytes kept, ...) (bytes)"""
     ranks: list[int]
+    """the ranks it concerns"""
     headroom_bytes: int | None = None
+    """room left at the peak of reserved memory, the job's own when PyTorch's counters say it (see the rank's
+    peak_source) (null: the GPU's size is unknown or the rank ran out of memory) (bytes)"""
     finding: str | None = None
+    """the id of the finding behind it"""
     evidence: dict[str, Any] = field(default_factory=dict)
+    """the numbers behind it (keys ending _bytes are bytes)"""
     reasons: list[str] = field(default_factory=list)
+    """the ids of the wording choices the summary is said from, in the order they were made (report/verdict.py
+    REASONS)"""
     to_do: list[Action] = field(default_factory=list)
+    """the ids the actions are said from, in order"""
 
 
 def _material(findings: list[Finding], rank: int) -> list[Finding]:
