@@ -257,6 +257,25 @@ def test_the_verdict_finding_and_fix_are_what_the_renderer_writes():
     assert S.rank_schema()["properties"]["verdict"]["properties"] == verdict["properties"]
 
 
+def test_the_generated_verdict_finding_and_fix_list_their_keys_as_the_renderer_writes_them(capsys):
+    """``after`` puts the words where render/json.py writes them: the schema's properties (and docs/json.md's rows)
+    in the order of the demo diagnosis's keys, a verdict with a finding-fix action, a finding with 4 fixes."""
+    import json
+
+    from oomdoctor.cli.main import main
+
+    assert main(["diagnose", "--demo", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    finding = doc["findings"][0]
+    assert finding["fixes"] and doc["verdict"]["to_do"]
+    sch = S.diagnose_schema()["properties"]
+    assert list(sch["verdict"]["properties"]) == list(doc["verdict"]) == sch["verdict"]["required"]
+    assert list(sch["verdict"]["properties"]["to_do"]["items"]["properties"]) == list(doc["verdict"]["to_do"][0])
+    items = sch["findings"]["items"]
+    assert list(items["properties"]) == list(finding) == items["required"]
+    assert list(items["properties"]["fixes"]["items"]["properties"]) == list(finding["fixes"][0])
+
+
 def test_a_dropped_field_must_exist():
     with pytest.raises(KeyError, match="Finding has no field no_such to drop"):
         S.generated(Finding, "x", dropped=("no_such",))
