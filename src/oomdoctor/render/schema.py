@@ -5,8 +5,9 @@ in-job ``summary.json``), ``diff``, ``simulate``, ``plan estimate``, ``plan sear
 ``verify``, ``preflight``. Each is generated (:func:`generated`, pydantic's ``TypeAdapter.json_schema``) from the
 dataclasses, or TypedDicts, whose ``asdict`` is the JSON: the core's result objects, and where the JSON is not one
 of them, the documents of :mod:`.documents` and :mod:`.plan` that the renderers build it from. Each field's
-description is the docstring under it; what a renderer adds to a dataclass's fields (a derived property), the
-values a string field takes and the schema of a map's values are the class's options (:func:`nested_options`).
+description is the docstring under it; what a renderer adds to a dataclass's fields (a derived property, words)
+or leaves out (an id said in words), the values a string field takes and the schema of a map's values are the
+class's options (:func:`nested_options`).
 No object is written here by hand (issue 37: the verdict, a finding and a fix were the last three). Every
 object lists its properties and admits no other (``additionalProperties: false``), except the free-form maps
 named as such (a finding's ``evidence``, a verdict's ``evidence``, a preflight job), so a field added
@@ -110,7 +111,8 @@ def generated(cls: type, d: str, enums: dict[str, tuple[str, ...]] | None = None
     words instead).
 
     Raises:
-        KeyError: a field or a derived property has no docstring (every field is documented).
+        KeyError: a field or a derived property has no docstring (every field is documented), or ``dropped`` names
+            no field.
     """
     from pydantic import TypeAdapter  # the schema command only: reading snapshots does not import pydantic
 
@@ -454,7 +456,7 @@ def markdown() -> str:
            "that the JSON is written from, each field's description the docstring under it; what a renderer adds "
            "(a summary, a title in words) or leaves out (an id said in words) is declared beside the generator. "
            "Before issue 37, 7 kinds were generated and 38 objects were written by hand, with the descriptions of 5 "
-           "more dataclasses in tables beside them (render/schema.py: 795 lines; after: 504).",
+           "more dataclasses in tables beside them (render/schema.py: 795 lines; after: 505).",
            ""]
     for command, sch in schemas.items():
         out += [f"## `{command}`", "", sch["description"] + ".", "", "| field | type | description |",
