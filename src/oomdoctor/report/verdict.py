@@ -432,10 +432,14 @@ def _fit_reason(fits: Fits | None, ev: dict[str, Any]) -> list[str]:
     if fits is not None and (fits.estimated_largest_micro_batch or fits.estimated_batch_scale):
         ev["estimated_fit"] = (fits.estimated_largest_micro_batch if fits.estimated_largest_micro_batch is not None
                                else f"{fits.estimated_batch_scale}x the current micro-batch")
-        ev["estimate_assumptions"] = "; ".join(fits.assumptions)
+        ev["estimate_assumptions"] = list(fits.assumptions)  # ids (report/fits.py ASSUMPTIONS)
+        if fits.note_values:
+            ev["fit_note_values"] = dict(fits.note_values)
         return ["fit-lower-bound" if fits.bound == "lower" else "fit-estimate"]
     if fits is not None and fits.notes:
-        ev["no_fit_reason"] = fits.notes[-1]
+        ev["no_fit_reason"] = fits.notes[-1]  # an id (report/fits.py NOTES)
+        if fits.note_values:
+            ev["fit_note_values"] = dict(fits.note_values)
         return ["fit-not-said"]
     return []
 
