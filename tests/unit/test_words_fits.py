@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_words_verdict import OOM_EV
 
 from oomdoctor.render.words import fits as words
 from oomdoctor.report import fits as fits_module
@@ -113,3 +114,20 @@ def test_a_verdicts_evidence_says_what_fits_and_drops_the_values():
                                           ASSUMPTION_WORDS["loss-copies"] + "; the optimizer state seen"}
     plain = {"largest_micro_batch": 4}
     assert words.verdict_evidence(plain) is plain
+
+
+def test_the_notebook_gives_what_fits_and_the_verdict_in_words():
+    from oomdoctor.notebook import _filled_verdict, _said_fits
+    from oomdoctor.report.verdict import Verdict
+
+    f = Fits(1024, "test", notes=["replay-failed"], assumptions=["parameters-trained"],
+             note_values={"replay_error": "boom"})
+    said = _said_fits(f)
+    assert said.notes == ["the trace cannot be replayed: boom"]
+    assert said.assumptions == [ASSUMPTION_WORDS["parameters-trained"]]
+    assert f.notes == ["replay-failed"] and _said_fits(None) is None  # a copy: the data is left as it was
+    ev = {**OOM_EV, "no_fit_reason": "replay-failed", "fit_note_values": {"replay_error": "boom"}}
+    said = _filled_verdict(Verdict("capacity", 0, [0], None, None, ev, ["live-tensors-exceed-room", "fit-not-said"]))
+    assert said.summary.endswith(" What fits is not said: the trace cannot be replayed: boom.")
+    assert said.evidence["no_fit_reason"] == "the trace cannot be replayed: boom"
+    assert "fit_note_values" not in said.evidence and "fit_note_values" in ev
