@@ -20,6 +20,7 @@ from .render.html import embed, render_diff_html, render_html, render_simulation
 from .render.json import render_diff_json, render_json, render_simulation_json
 from .render.text import render_diff_text_plain, render_simulation_text_plain, render_text_plain
 from .render.words import findings as finding_words
+from .render.words import fits as fits_words
 from .render.words import verdict as verdict_words
 from .report.diff import Diff
 from .report.model import Report
@@ -61,7 +62,16 @@ def _filled_verdict(v):
     if v is None:
         return None
     return SaidVerdict(v.kind, verdict_words.summary(v), v.bytes, v.ranks, v.headroom_bytes, v.finding,
-                       finding_words.verdict_evidence(v.evidence), verdict_words.actions(v), v.reasons, v.to_do)
+                       fits_words.verdict_evidence(finding_words.verdict_evidence(v.evidence)), verdict_words.actions(v),
+                       v.reasons, v.to_do)
+
+
+def _said_fits(f):
+    """A copy of ``f`` (a :class:`~oomdoctor.report.fits.Fits`) with its notes and assumptions in words, as the JSON
+    has them (:mod:`oomdoctor.render.words.fits`)."""
+    if f is None:
+        return None
+    return replace(f, notes=fits_words.notes(f), assumptions=fits_words.assumptions(f))
 
 
 @dataclass
@@ -109,8 +119,8 @@ class Diagnosis(_Result):
 
     @property
     def ranks(self) -> list:
-        """Each rank's summary with its verdict rendered (copies)."""
-        return [replace(r, verdict=_filled_verdict(r.verdict)) for r in self.report.ranks]
+        """Each rank's summary with its verdict and what fits rendered (copies)."""
+        return [replace(r, verdict=_filled_verdict(r.verdict), fits=_said_fits(r.fits)) for r in self.report.ranks]
 
     def __str__(self) -> str:
         return render_text_plain(self.report)

@@ -484,7 +484,7 @@ def test_a_1f1b_stage_out_of_memory_in_its_second_warm_up_forward_is_training_no
     k = int(a.oom_events[-1])
     assert int(a.phases.phase[k]) == FORWARD_PHASE
     f = fits(a, device_room(a), 3)
-    assert not any("inference loop" in n for n in f.notes)
+    assert "cut-in-inference" not in f.notes
 
 
 # --------------------------------------------------------------------------- 10. generate(): the cache's growth per token

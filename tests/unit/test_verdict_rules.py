@@ -391,8 +391,12 @@ def test_fit_reason_is_an_estimate_with_its_assumptions():
 
 def test_fit_reason_without_an_answer_gives_the_last_reason_else_nothing():
     got = {}
-    assert _fit_reason(Fits(1, "t", notes=["first", "the OOM is inside generate()"]), got) == ["fit-not-said"]
-    assert got == {"no_fit_reason": "the OOM is inside generate()"}
+    f = Fits(1, "t", notes=["held-to-job-peak", "replay-failed"], note_values={"replay_error": "x"})
+    assert _fit_reason(f, got) == ["fit-not-said"]
+    assert got == {"no_fit_reason": "replay-failed", "fit_note_values": {"replay_error": "x"}}
+    got = {}
+    assert _fit_reason(Fits(1, "t", notes=["nothing-grows"]), got) == ["fit-not-said"]
+    assert got == {"no_fit_reason": "nothing-grows"}
     for fits in (None, Fits(1, "t")):
         got = {}
         assert _fit_reason(fits, got) == [] and got == {}

@@ -289,8 +289,10 @@ def test_step_ran_out_sentence_whole(a384, fits, tail):
 
 def test_fit_reason_estimate_whole():
     ev = {}
-    assert _fit_reason(Fits(1, "t", estimated_largest_micro_batch=5, assumptions=["a1", "a2"]), ev) == ["fit-estimate"]
-    assert ev == {"estimated_fit": 5, "estimate_assumptions": "a1; a2"}  # its words: test_words_verdict
+    f = Fits(1, "t", estimated_largest_micro_batch=5, assumptions=["parameters-trained", "optimizer-state-seen"])
+    assert _fit_reason(f, ev) == ["fit-estimate"]
+    # ids; their words: test_words_verdict, test_words_fits
+    assert ev == {"estimated_fit": 5, "estimate_assumptions": ["parameters-trained", "optimizer-state-seen"]}
 
 
 # --------------------------------------------------------------------------- rank_verdict: healthy

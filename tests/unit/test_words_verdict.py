@@ -23,7 +23,8 @@ HEALTHY_EV = {"peak_reserved_bytes": 900 * MiB, "peak_allocated_bytes": 768 * Mi
 OOM_EV = {"request_bytes": 256 * MiB, "allocated_bytes": GiB, "need_bytes": GiB + 256 * MiB, "shortfall_bytes": 64 * MiB,
           "room_bytes": GiB + 192 * MiB, "free_bytes": 192 * MiB, "largest_free_block_bytes": 128 * MiB,
           "phase": "backward", "in_flight": 3, "kv_cache_bytes": 300 * MiB, "largest_micro_batch": 4, "batch_scale": 0.5,
-          "estimated_fit": 5, "estimate_assumptions": "a1; a2", "no_fit_reason": "the OOM is inside generate()",
+          "estimated_fit": 5, "estimate_assumptions": ["parameters-trained", "generate-settings-kept"], "no_fit_reason": "replay-failed",
+          "fit_note_values": {"replay_error": "cudaMallocAsync is not modelled"},
           "kept_bytes": 512 * MiB, "excess_bytes": 640 * MiB, "pending_free_bytes": 96 * MiB,
           "graph_pool_bytes": 32 * MiB, "defragmented_config": "expandable_segments:True",
           "fix_outcome": "no-oom", "fix_peak_reserved_bytes": GiB, "fix_spare_bytes": 77 * MiB,
@@ -107,6 +108,9 @@ CAPACITY = (f"the live tensors ({B(GiB)}) plus the failed request ({B(256 * MiB)
             "setting helps.")
 
 
+ASSUMED = "every parameter is trained: its gradient has its size; the prompt length and max_new_tokens stay as recorded"
+
+
 @pytest.mark.parametrize("reasons, tail", [
     ([], ""),
     (["pipeline-in-flight"], " 3 micro-batches were in flight, their activations awaiting their backward: the "
@@ -115,10 +119,10 @@ CAPACITY = (f"the live tensors ({B(GiB)}) plus the failed request ({B(256 * MiB)
     (["fit-micro-batch"], " The largest micro-batch that fits: 4."),
     (["fit-batch-scale"], " What fits: 0.5x the current micro-batch."),
     (["fit-lower-bound"], " A lower bound, not a replay (the trace ends inside its first forward pass): 5 fits, and "
-                          "likely a little more, if a1; a2."),
+                          "likely a little more, if " + ASSUMED + "."),
     (["fit-estimate"], " An estimate, not a replay (the trace ends inside its first forward pass): about 5 would fit "
-                       "if a1; a2; the fragmentation of the steps that were not recorded is not in it, so take less."),
-    (["fit-not-said"], " What fits is not said: the OOM is inside generate()."),
+                       "if " + ASSUMED + "; the fragmentation of the steps that were not recorded is not in it, so take less."),
+    (["fit-not-said"], " What fits is not said: the trace cannot be replayed: cudaMallocAsync is not modelled."),
 ], ids=["alone", "in-flight", "kv", "micro-batch", "scale", "lower-bound", "estimate", "not-said"])
 def test_capacity(reasons, tail):
     assert said("capacity", ["live-tensors-exceed-room", *reasons], OOM_EV) == CAPACITY + tail

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
 from ..detectors.finding import FindingTitle
+from .words import fits as fits_words
 from .words import predict as predict_words
 from .words import verdict as words
 from .words.findings import fix_text, resolve_title, summary, title
@@ -40,6 +41,7 @@ def verdict_dict(v) -> dict[str, Any] | None:
         ev["fix_outcome"] = predict_words.outcome_template(words.fix_prediction(v.evidence))
     if "defragmented_outcome_template" in ev:
         ev["defragmented_outcome_template"] = words.fix_outcome_template(v.evidence)
+    ev = fits_words.verdict_evidence(ev)  # what fits in words where the ids are, as the JSON has them
     to_do = [{"id": a.id, "framework": a.framework, "fix": a.fix.id if a.fix is not None else None} for a in v.to_do]
     return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
             "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": ev,
@@ -53,6 +55,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         del d["anatomy_at_peak"]  # re-added last, where the JSON contract has always had it
         d["anatomy_at_peak"] = anatomy_dict(r.anatomy_at_peak)
         d["verdict"] = verdict_dict(r.verdict)
+        d["fits"] = fits_words.fits_dict(r.fits)  # its notes and assumptions in words, in place
         ranks.append(d)
     findings = []
     for f in report.findings:

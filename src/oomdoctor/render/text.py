@@ -16,6 +16,7 @@ from rich.text import Text
 from .console import hang, plain_console
 from .format import fit_site, format_bytes, format_signed_bytes, format_us, span
 from .words import findings as finding_words
+from .words import fits as fits_words
 from .words import predict as predict_words
 from .words import verdict as verdict_words
 
@@ -162,16 +163,16 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
         tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
                     f"{format_bytes(f.margin_bytes)} kept free")
         out.append(hang(tail))
-        out += [hang(n, 2, "note: ", style="dim") for n in f.notes]
+        out += [hang(n, 2, "note: ", style="dim") for n in fits_words.notes(f)]
     elif f is not None and (f.estimated_batch_scale is not None or f.notes):
         tail.append("what fits: ", style="bold")
         if f.estimated_batch_scale is not None:
             n = f.estimated_largest_micro_batch
             what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x"
             tail.append((f"a lower bound, not a replay: {what} fits" if f.bound == "lower" else
-                         f"an estimate, not a replay: about {what}") + " if " + "; ".join(f.assumptions))
+                         f"an estimate, not a replay: about {what}") + " if " + "; ".join(fits_words.assumptions(f)))
         else:
-            tail.append("not said: " + f.notes[-1])
+            tail.append("not said: " + fits_words.note(f.notes[-1], f.note_values))
         out.append(hang(tail))
     return Group(*out)
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -150,7 +150,8 @@ class Fits:
     replays: int = 0
     """allocator replays run to find the answer"""
     notes: list[str] = field(default_factory=list)
-    """why an answer is missing, or what it assumes"""
+    """why an answer is missing, or what it assumes, in words (the dataclass holds ids, report/fits.py NOTES; their words:
+    render/words/fits.py)"""
     #: the scale reached the top of the search (the room less the margin, filled with the blocks that grow alone):
     #: at least that much fits
     batch_scale_at_limit: bool = False
@@ -164,7 +165,8 @@ class Fits:
     estimated_largest_micro_batch: int | None = None
     """the estimate as a whole micro-batch"""
     assumptions: list[str] = field(default_factory=list)
-    """what the estimate assumes"""
+    """what the estimate assumes, in words (the dataclass holds ids, report/fits.py ASSUMPTIONS; their words:
+    render/words/fits.py)"""
     bound: str | None = None
     """lower: the estimate is a lower bound, what surely fits (a trace cut in its first forward pass);
     null: no estimate"""
@@ -179,6 +181,40 @@ class Fits:
     """where the recorded window missed the job's peak (reserved or allocated): the largest multiple of the
     micro-batch that peak allows, taking the job's bytes above the window's fixed ones to grow with the micro-batch;
     batch scales above it are cut to it"""
+    note_values: dict[str, Any] = field(default_factory=dict)
+    """what the notes and assumptions are said with: replay_error (why the replay refused the trace, a note
+    replay-failed), loss_copies and unseen_fragmentation_percent (the first-forward estimate's assumptions)"""
+
+
+NOTES = {
+    "no-history": "no allocation history: nothing to replay",
+    "room-unknown": "the device's size is unknown (no OOM, no sidecar): what fits cannot be replayed",
+    "nothing-grows": "no tensor of the trace grows with the micro-batch",
+    "cut-in-inference": "the trace ends inside an inference loop: what fits is not replayed",
+    "generate-estimate": "generate() is not replayed: a lower bound from the job's peak reserved",
+    "generate-not-replayed": "generate() is not replayed, and no lower bound is said",
+    "first-forward-estimate": "the trace ends inside its first forward pass: a lower bound from the recorded part",
+    "cut-in-first-forward": "the trace ends inside its first forward pass: what fits cannot be replayed",
+    "optimizer-state-assumed": "no optimizer step finished before the OOM: room kept for Adam's state",
+    "replay-failed": "the replay refuses the trace (note_values replay_error)",
+    "private-pools": "CUDA graph private pools hold part of the memory: what fits is not replayed",
+    "not-reproduced": "the allocator model does not reproduce the recording: what fits is not replayed",
+    "peaks-before-window-unknown": "the trace starts mid-job without PyTorch's counters: the window's answer",
+    "held-to-job-peak": "the answer is held to the job's own peak (job_peak_scale_bound)",
+}
+"""The ids :attr:`Fits.notes` holds, in the order they are added (the words: :mod:`oomdoctor.render.words.fits`)."""
+
+ASSUMPTIONS = {
+    "loss-copies": "the failed request is the pass's output; the loss keeps loss_copies more of it",
+    "parameters-trained": "every parameter is trained: its gradient has its size",
+    "optimizer-state-seen": "the optimizer state is the one seen",
+    "optimizer-state-adam": "the optimizer state to come is Adam's two moments",
+    "backward-mirrors-forward": "the backward mirrors the forward",
+    "unseen-fragmentation": "the growing blocks take unseen_fragmentation_percent more room",
+    "generate-settings-kept": "the prompt length and max_new_tokens stay as recorded",
+    "generate-peak-grows": "the peak reserved above the fixed blocks grows with the batch",
+}
+"""The ids :attr:`Fits.assumptions` holds (the words: :mod:`oomdoctor.render.words.fits`)."""
 
 
 def _scale_events(a: DeviceAnalysis) -> np.ndarray:
@@ -213,7 +249,7 @@ def job_margin(a: DeviceAnalysis) -> tuple[int, str]:
 
 
 def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
-    """Bytes the replay keeps free (see the module doc) and a note when it is an estimate."""
+    """Bytes the replay keeps free (see the module doc) and a note id (:data:`NOTES`) when it is an estimate."""
     base, _how = job_margin(a)
     if not a.oom_events.size:
         return base, None
@@ -229,8 +265,7 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
         return base + int(lt.size[later].sum()), None
     if ph.has_backward and not np.any(acc.category[persistent] == OPTIMIZER_STATE):
         params = int(lt.size[persistent & (acc.category == PARAMETERS)].sum())
-        return base + 2 * params, ("no optimizer step finished before the OOM: the replay keeps room for optimizer "
-                                   "state of twice the parameters (Adam's two moments)")
+        return base + 2 * params, "optimizer-state-assumed"
     return base, None
 
 
@@ -298,21 +333,16 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
         r = largest_scale(prepared, est.scaled, cap, margin_bytes=margin, unit=unit, lo=0.02 * grow, hi=top,
                           tolerance=0.01 * grow)
     except SimulationError as e:
-        out.notes.append(f"the trace cannot be replayed: {e}")
+        out.notes.append("replay-failed")
+        out.note_values["replay_error"] = str(e)
         return False
     out.replays += len(r.tried)
-    out.assumptions = [
-        "the failed request is the pass's output, and the loss keeps "
-        f"{LOSS_COPIES} more blocks of its size at its peak (the planner's loss region of a language model)",
-        "every parameter is trained: its gradient has its size",
-        "the optimizer state seen" if has_state else "the optimizer state to come is Adam's: two moments per parameter",
-        "the backward mirrors the forward: it frees what the forward saved, last first, making a gradient of the "
-        "same size for each; then the next step's forward runs as recorded, into the cache that backward left",
-        f"the blocks that grow with the micro-batch take {round(100 * UNSEEN_FRAGMENTATION)}% more room than "
-        "replayed: the fragmentation of the steps that were not recorded",
-    ]
-    out.notes.append("the trace ends inside its first forward pass: what fits is a lower bound from the recorded "
-                     "part and the assumptions listed, not a replay of the whole step")
+    out.assumptions = ["loss-copies", "parameters-trained",
+                       "optimizer-state-seen" if has_state else "optimizer-state-adam",
+                       "backward-mirrors-forward", "unseen-fragmentation"]
+    out.note_values |= {"loss_copies": LOSS_COPIES,
+                        "unseen_fragmentation_percent": round(100 * UNSEEN_FRAGMENTATION)}
+    out.notes.append("first-forward-estimate")
     out.bound = "lower"
     if r.scale is None:
         return True
@@ -364,13 +394,8 @@ def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None,
         return False
     out.estimated_batch_scale = math.floor(s * 1000 + 1e-6) / 1000
     out.bound = "lower"
-    out.assumptions = [
-        "the prompt length and max_new_tokens stay as recorded",
-        "every reserved byte of the peak above the blocks that do not grow with the batch grows in proportion to "
-        "the batch: the KV cache, the logits, and the cache's cached earlier copies (its fragmentation)",
-    ]
-    out.notes.append("generate() is not replayed (where its concatenated KV cache fragments decides where a larger "
-                     "batch runs out): what fits is a lower bound from the job's peak reserved, scaled with the batch")
+    out.assumptions = ["generate-settings-kept", "generate-peak-grows"]
+    out.notes.append("generate-estimate")
     return True
 
 
@@ -429,7 +454,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     jp = job_peak(a)
     out.job_peak_reserved_bytes, out.peak_source = jp.job_peak_reserved_bytes, jp.source
     if a.num_events == 0:
-        out.notes.append("no allocation history: nothing to replay")
+        out.notes.append("no-history")
         return out
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1])
@@ -441,30 +466,22 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         most = max(int(lt.size[alive & state].sum()), int(lt.size[lt.allocated_mask(a.num_events - 1) & state].sum()))
         out.sharding_optimizer_frees_bytes = int(most * (1 - 1 / world))
     if room.bytes is None:
-        out.notes.append("the device's size is unknown (no OOM, no sidecar): what fits cannot be replayed")
+        out.notes.append("room-unknown")
         return out
     if out.batch_scaled_bytes_at_peak == 0:
-        out.notes.append("no tensor of the trace grows with the micro-batch (no forward or backward pass seen)")
+        out.notes.append("nothing-grows")
         return out
     if a.oom_events.size and a.phases.phase[int(a.oom_events[-1])] in (GENERATION_PHASE, EVALUATION_PHASE):
-        out.notes.append("the trace ends inside an inference loop (generate() or evaluation): what it would still have "
-                         "made (the cache grows with every token to come) is not recorded, so what fits is not "
-                         "replayed; diagnose a run that finished, with --micro-batch")
+        out.notes.append("cut-in-inference")
         return out
     if np.any(a.phases.phase == GENERATION_PHASE):
         if _generation_estimate(a, room, micro_batch, out, inputs):
             return out
-        out.notes.append("generate() grows its KV cache one token at a time by concatenation, and the caching "
-                         "allocator's fragmentation of those caches decides where a larger batch runs out; a replay "
-                         "of one batch's generation scaled to another does not reproduce it, so "
-                         "what fits is not replayed: lower the batch or "
-                         "max_new_tokens, or use a static cache")
+        out.notes.append("generate-not-replayed")
         return out
     if a.oom_events.size and not _pass_seen(a):
         if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out, inputs):
-            out.notes.append("the trace ends inside its first forward pass: the rest of that pass is not in it, so what "
-                             "fits cannot be replayed from it; record a run that fits and diagnose it with "
-                             "--micro-batch")
+            out.notes.append("cut-in-first-forward")
         return out
     margin, note = _margin(a, room.bytes)
     if note:
@@ -472,21 +489,19 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     try:
         prepared = prepare(a.trace, a.device, a.lifetimes)
     except SimulationError as e:
-        out.notes.append(f"the trace cannot be replayed: {e}")
+        out.notes.append("replay-failed")
+        out.note_values["replay_error"] = str(e)
         return out
     if prepared.external or prepared.external_start:
         # simulate/pools.py: a private pool is replayed as recorded, so it would not grow with the batch
-        out.notes.append("CUDA graph private pools (e.g. torch.compile mode='reduce-overhead') hold part of this "
-                         "run's memory and are replayed as recorded, not scaled with the micro-batch: what fits is "
-                         "not replayed")
+        out.notes.append("private-pools")
         return out
     events = _scale_events(a)
     cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
     reproduced, model_error = _reproduced(a, prepared, cap)
     margin = _with_prediction_margin(out, a, margin, model_error, inputs)
     if not reproduced:
-        out.notes.append("the allocator model does not reproduce this recording in the memory the allocator could "
-                         "use on this GPU: what fits is not replayed")
+        out.notes.append("not-reproduced")
         return out
     unit = 1.0 / micro_batch if micro_batch else None
     # a run that finished at this micro-batch fits it: search above it
@@ -517,7 +532,8 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
             if micro_batch and e.scale is not None:
                 out.expandable_largest_micro_batch = int(round(e.scale * micro_batch))
     except SimulationError as e:
-        out.notes.append(f"the trace cannot be replayed: {e}")
+        out.notes.append("replay-failed")
+        out.note_values["replay_error"] = str(e)
     job_peak_bound(a, room.bytes, margin, fixed, out)
     return out
 
@@ -531,8 +547,7 @@ def job_peak_bound(a: DeviceAnalysis, room: int, margin: int, fixed: int, out: F
     starts mid-job keeps the window's answer, with a note that the peaks before it are not known. Bytes."""
     jp = job_peak(a)
     if jp.source == "unknown-before-window" and (out.batch_scale is not None or out.expandable_batch_scale is not None):
-        out.notes.append("peaks before the recorded window are not known (the trace starts mid-job, and no sidecar "
-                         "holds PyTorch's counters): what fits is the window's, and may be too much")
+        out.notes.append("peaks-before-window-unknown")
         return
     bounds = []
     if jp.reserved_missed and jp.job_peak_reserved_bytes is not None and jp.job_peak_reserved_bytes > fixed:
@@ -557,5 +572,4 @@ def job_peak_bound(a: DeviceAnalysis, room: int, margin: int, fixed: int, out: F
         if out.micro_batch:
             out.expandable_largest_micro_batch = max(int(bound * out.micro_batch), 1 if bound >= 1 else 0) or None
     if held:
-        out.notes.append("held to the job's own peak (PyTorch's counters), which the recorded window missed: the job's "
-                         "bytes above the window's fixed ones are taken to grow with the micro-batch")
+        out.notes.append("held-to-job-peak")

@@ -103,9 +103,9 @@ REASONS = {
     # what fits (:func:`_fit_reason`)
     "fit-micro-batch": "the largest whole micro-batch that fits (evidence largest_micro_batch)",
     "fit-batch-scale": "the batch scale that fits (evidence batch_scale)",
-    "fit-lower-bound": "an estimate from a trace cut in its first forward pass, a lower bound",
+    "fit-lower-bound": "an estimate from a trace cut in its first forward pass, a lower bound (estimate_assumptions: ids)",
     "fit-estimate": "an estimate from a trace cut in its first forward pass",
-    "fit-not-said": "what fits is not said (evidence no_fit_reason)",
+    "fit-not-said": "what fits is not said (evidence no_fit_reason: an id of report/fits.py NOTES)",
 }
 """The ids a verdict's ``reasons`` may hold: each wording choice its summary makes, in the order they are made
 (the words: :mod:`oomdoctor.render.words.verdict`)."""
@@ -443,7 +443,9 @@ def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, nee
 def _fit_reason(fits: Fits | None, ev: dict[str, Any]) -> list[str]:
     """What fits, as a reason and its numbers in ``ev``: ``fit-micro-batch`` when the largest whole micro-batch is
     known, else ``fit-batch-scale`` when the scale is; a trace cut in its first forward pass has only an estimate
-    (``fit-lower-bound``, ``fit-estimate``); with no answer at all, ``fit-not-said`` and the reason; else none."""
+    (``fit-lower-bound``, ``fit-estimate``; ``estimate_assumptions``: ids of :data:`.fits.ASSUMPTIONS`); with no answer
+    at all, ``fit-not-said`` and the reason (``no_fit_reason``: an id of :data:`.fits.NOTES`); both with
+    ``fit_note_values`` where the Fits has note values (the words: :mod:`oomdoctor.render.words.fits`); else none."""
     if fits is not None and fits.largest_micro_batch is not None:
         ev["largest_micro_batch"] = fits.largest_micro_batch
         return ["fit-micro-batch"]
@@ -453,10 +455,14 @@ def _fit_reason(fits: Fits | None, ev: dict[str, Any]) -> list[str]:
     if fits is not None and (fits.estimated_largest_micro_batch or fits.estimated_batch_scale):
         ev["estimated_fit"] = (fits.estimated_largest_micro_batch if fits.estimated_largest_micro_batch is not None
                                else f"{fits.estimated_batch_scale}x the current micro-batch")
-        ev["estimate_assumptions"] = "; ".join(fits.assumptions)
+        ev["estimate_assumptions"] = list(fits.assumptions)  # ids (report/fits.py ASSUMPTIONS)
+        if fits.note_values:
+            ev["fit_note_values"] = dict(fits.note_values)
         return ["fit-lower-bound" if fits.bound == "lower" else "fit-estimate"]
     if fits is not None and fits.notes:
-        ev["no_fit_reason"] = fits.notes[-1]
+        ev["no_fit_reason"] = fits.notes[-1]  # an id (report/fits.py NOTES)
+        if fits.note_values:
+            ev["fit_note_values"] = dict(fits.note_values)
         return ["fit-not-said"]
     return []
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...frameworks import PIPELINE_KNOB, framework
 from ..format import fill
+from . import fits as fits_words
 from . import predict as predict_words
 from .findings import fix_text, verdict_evidence
 
@@ -205,10 +206,10 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
 
 def summary(v: Verdict) -> str:
     """The summary of ``v``, filled in."""
-    return fill(summary_template(v), verdict_evidence(v.evidence))
+    return fill(summary_template(v), fits_words.verdict_evidence(verdict_evidence(v.evidence)))
 
 
 def actions(v: Verdict) -> list[str]:
     """What to do, in order, filled in."""
-    ev = verdict_evidence(v.evidence)  # the finding's title it names (a FindingTitle), in words
+    ev = fits_words.verdict_evidence(verdict_evidence(v.evidence))  # a FindingTitle, what fits: in words
     return [fill(action_template(a, v.evidence), ev) for a in v.to_do]
