@@ -62,7 +62,7 @@ def _filled_verdict(v):
     if v is None:
         return None
     return SaidVerdict(v.kind, verdict_words.summary(v), v.bytes, v.ranks, v.headroom_bytes, v.finding,
-                       fits_words.verdict_evidence(finding_words.verdict_evidence(v.evidence)), verdict_words.actions(v),
+                       verdict_words.said_evidence(v.evidence), verdict_words.actions(v),
                        v.reasons, v.to_do)
 
 

@@ -36,12 +36,13 @@ def verdict_dict(v) -> dict[str, Any] | None:
     if v is None:
         return None
     d = asdict(v)
-    ev = {k: resolve_title(x) if isinstance(x, FindingTitle) else d["evidence"][k] for k, x in v.evidence.items()}
+    # asdict's copies of the values, the finding's title (a FindingTitle, which asdict would flatten) and what fits
+    # in words (the same words the summary is filled from)
+    ev = words.said_evidence({**d["evidence"], **{k: x for k, x in v.evidence.items() if isinstance(x, FindingTitle)}})
     if "fix_outcome" in ev:  # the fix's prediction: its outcome's words where the id is, as the JSON has them
         ev["fix_outcome"] = predict_words.outcome_template(words.fix_prediction(v.evidence))
     if "defragmented_outcome_template" in ev:
         ev["defragmented_outcome_template"] = words.fix_outcome_template(v.evidence)
-    ev = fits_words.verdict_evidence(ev)  # what fits in words where the ids are, as the JSON has them
     to_do = [{"id": a.id, "framework": a.framework, "fix": a.fix.id if a.fix is not None else None} for a in v.to_do]
     return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
             "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": ev,

@@ -204,12 +204,18 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     raise KeyError(a.id)
 
 
+def said_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    """A verdict's evidence with the ids it holds in words: the finding's title (a ``FindingTitle``) and what fits
+    (:func:`.fits.verdict_evidence`); what the summary, the actions and every renderer's evidence are filled from."""
+    return fits_words.verdict_evidence(verdict_evidence(evidence))
+
+
 def summary(v: Verdict) -> str:
     """The summary of ``v``, filled in."""
-    return fill(summary_template(v), fits_words.verdict_evidence(verdict_evidence(v.evidence)))
+    return fill(summary_template(v), said_evidence(v.evidence))
 
 
 def actions(v: Verdict) -> list[str]:
     """What to do, in order, filled in."""
-    ev = fits_words.verdict_evidence(verdict_evidence(v.evidence))  # a FindingTitle, what fits: in words
+    ev = said_evidence(v.evidence)
     return [fill(action_template(a, v.evidence), ev) for a in v.to_do]
