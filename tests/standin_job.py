@@ -83,7 +83,7 @@ def main() -> int:
             opt.step()
             opt.zero_grad()
             step += 1
-            print(f"step {step}", flush=True)
+            print(f"step {step}" + (f" (rank {dist.get_rank()})" if args.dist else ""), flush=True)
     print(f"ran micro-batch {args.mb}")
     return 0
 

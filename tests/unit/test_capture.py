@@ -483,3 +483,57 @@ def test_autorecord_passes_stack_steps_from_the_run_configuration(monkeypatch, t
     monkeypatch.setenv(autorecord.CONFIG_ENV, json.dumps({"out": str(tmp_path)}))
     autorecord.start()
     assert seen["stack_steps"] == "all"  # a configuration written before the option: stacks at every step
+
+
+STOP_SCRIPT = """
+import sys, torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from oomdoctor.capture import autorecord
+
+class Rec:  # stands in for the Recorder started at CUDA's initialisation, whose hook comes after the stop's
+    _hook_handle = None
+    step_count = 0
+    first = None
+    def _optimizer_hook(self, optimizer, args, kwargs):  # counts the first optimizer's steps, as the Recorder does
+        self.first = self.first or id(optimizer)
+        if id(optimizer) != self.first:
+            return
+        self.step_count += 1
+        print(f"recorder counted step {self.step_count}", flush=True)
+    def optimizer_step_ended(self, optimizer, args, kwargs, after):
+        from oomdoctor.capture.recorder import Recorder
+        Recorder.optimizer_step_ended(self, optimizer, args, kwargs, after)
+    def stop(self):
+        print(f"recorder dumped after step {self.step_count}", flush=True)
+
+autorecord.install_stop(torch, int(sys.argv[1]))
+rec = autorecord._recorder = Rec()
+if sys.argv[2] == "after":
+    rec._hook_handle = register_optimizer_step_post_hook(rec._optimizer_hook)
+m = torch.nn.Linear(2, 2)
+opts = [torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m.parameters(), lr=0.1)]
+for step in range(1, 10):
+    m(torch.ones(1, 2)).sum().backward()
+    for o in opts:  # two optimizers per step: one step counted
+        o.step()
+    print(f"loop step {step}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("recorder", ["after", "none"])
+def test_the_stop_ends_the_process_inside_the_kth_optimizer_step_after_the_recorder_counts_it(tmp_path, steps,
+                                                                                              recorder):
+    import subprocess
+    import sys
+    script = tmp_path / "job.py"
+    script.write_text(STOP_SCRIPT)
+    p = subprocess.run([sys.executable, str(script), str(steps), recorder], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("loop step") == steps - 1  # the K-th step's optimizer.step() never returns
+    assert f"stopped after {steps} optimizer steps" in p.stderr
+    if recorder == "after":  # the recorder's hook counted every step, the K-th one included, exactly once
+        assert p.stdout.count("recorder counted step") == steps and f"recorder dumped after step {steps}\n" in p.stdout
+    else:
+        assert "recorder counted" not in p.stdout

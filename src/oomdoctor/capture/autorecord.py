@@ -101,18 +101,21 @@ _stop_installed = False
 def install_stop(torch: Any, steps: int) -> None:
     """End this process with exit code 0 right after its ``steps``-th optimizer step.
 
-    Steps are counted as the recorder counts them: the first optimizer that steps (a global post hook,
-    ``torch.optim.optimizer.register_optimizer_step_post_hook``, PyTorch >= 2.0) is the one counted, once
-    per step, so several optimizers stepping once each per training step count one step. The count is
-    kept by a hook on that optimizer itself (``Optimizer.register_step_post_hook``): PyTorch runs an
-    optimizer's own post hooks after every global one (``torch/optim/optimizer.py``,
-    ``profile_hook_step``), so the recorder's hook has counted the step before the process stops.
+    Steps are counted as the recorder counts them: the first optimizer that steps is the one counted
+    (by a global post hook, ``torch.optim.optimizer.register_optimizer_step_post_hook``, PyTorch >= 2.0),
+    once per step, so several optimizers stepping once each per training step count one step. PyTorch
+    runs an optimizer's own post hooks first, then the global ones in the order they were registered
+    (``torch/optim/optimizer.py``, ``profile_hook_step``: ``chain(self._optimizer_step_post_hooks.values(),
+    _global_optimizer_post_hooks.values())``). This hook is registered when torch is imported, before the
+    recorder's (registered when CUDA initialises), so at the ``steps``-th step it lets the recorder count
+    that step first (:meth:`Recorder.optimizer_step_ended`: the step's end marker is in the dump), then stops.
 
     At the K-th step: wait for the GPU (``torch.cuda.synchronize``), then, in a distributed job, a
     barrier, so that no rank leaves while a peer still runs a collective of that step: every rank of a
     data-parallel (DDP, FSDP, DeepSpeed, accelerate) job steps its optimizer at the same step, after that
     step's collectives; then dump the recording (:meth:`Recorder.stop`), flush, and ``os._exit(0)``
     (``atexit`` handlers and the process group's teardown are skipped: they can hang once a peer is gone).
+    The training loop's code after that ``optimizer.step()`` call never runs.
     Accelerate's ``AcceleratedOptimizer`` calls the wrapped optimizer's ``step`` only at a gradient
     accumulation boundary, so steps are optimizer steps there too; a step skipped by a ``GradScaler``
     (inf/NaN gradients) is not counted, as PyTorch never calls ``step``.
@@ -121,19 +124,21 @@ def install_stop(torch: Any, steps: int) -> None:
     if _stop_installed or steps < 1:
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook
+    first: list[int] = []  # id() of the first optimizer that stepped
     counted: list[int] = []
 
     def count(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not first:
+            first.append(id(optimizer))
+        if id(optimizer) != first[0]:
+            return
         counted.append(1)
         if len(counted) >= steps:
+            if _recorder is not None:
+                _recorder.optimizer_step_ended(optimizer, args, kwargs, after=handle.id)
             _stop_now(torch, len(counted))
 
-    def first(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if handle_box:
-            handle_box.pop()  # the first optimizer is found; later ones are not counted
-            optimizer.register_step_post_hook(count)
-
-    handle_box = [register_optimizer_step_post_hook(first)]
+    handle = register_optimizer_step_post_hook(count)
     _stop_installed = True
 
 

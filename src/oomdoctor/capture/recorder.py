@@ -393,6 +393,16 @@ class Recorder:
                  + ", ".join(f"{site} x{n}" for site, n in self.failures.items()))
 
     # ---- steps -----------------------------------------------------------------------------
+    @_guarded("the stop's step count")
+    def optimizer_step_ended(self, optimizer: Any, args: Any, kwargs: Any, after: int) -> None:
+        """Count this optimizer step now, when the recorder's own step hook would run later in this step: it
+        runs after the global post hook whose handle id is ``after`` when it was registered after it (handle
+        ids grow: ``torch.utils.hooks.RemovableHandle``), and the caller (the injected stop) ends the process
+        before it does. A recorder whose hook already ran, or has none, is left as it is."""
+        handle = self._hook_handle
+        if handle is not None and getattr(handle, "id", -1) > after:
+            self._optimizer_hook(optimizer, args, kwargs)
+
     @_guarded("the optimizer step hook")
     def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # several optimizers step once each per training step: count the first one seen
