@@ -230,27 +230,25 @@ def _scale_events(a: DeviceAnalysis) -> np.ndarray:
     return mask
 
 
-def job_margin(a: DeviceAnalysis) -> tuple[int, str]:
-    """What the job itself says the replay should keep free (bytes), and how it was read: its step-to-step
-    variation (:func:`.margin.step_variation`: how much the peak allocated or reserved moved from step to step
-    over the steps that completed: the run-to-run wobble of the same work, allocation order, caches made
-    lazily), plus the allocator's rounding of every block that grows with the batch (up to 512 bytes each,
-    ``round_size``). With fewer than two complete steps there is no spread to read, and only the rounding is
-    kept."""
+def job_margin(a: DeviceAnalysis) -> tuple[int, int]:
+    """What the job itself says the replay should keep free (bytes), and the number of complete steps it was read
+    from: the step-to-step variation (:func:`.margin.step_variation`: how much the peak allocated or reserved moved
+    from step to step over the steps that completed: the run-to-run wobble of the same work, allocation order,
+    caches made lazily), plus the allocator's rounding of every block that grows with the batch (up to 512 bytes
+    each, ``round_size``, ``c10/cuda/CUDACachingAllocator.cpp``). With fewer than two complete steps there is no
+    spread to read, and only the rounding is kept (the count says so: ``< 2``)."""
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1]) & acc.batch_scaled
     rounding = 512 * int(np.count_nonzero(alive))
-    spread, _how = step_variation(a)
     n = len(complete_steps(a))
     if n < 2:
-        return rounding, "rounding of the blocks that grow with the batch (fewer than two complete steps to compare)"
-    return spread + rounding, (f"spread of the peak allocated and reserved over {n} complete steps, plus "
-                               "the rounding of the blocks that grow with the batch")
+        return rounding, n
+    return step_variation(a)[0] + rounding, n
 
 
 def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
     """Bytes the replay keeps free (see the module doc) and a note id (:data:`NOTES`) when it is an estimate."""
-    base, _how = job_margin(a)
+    base = job_margin(a)[0]
     if not a.oom_events.size:
         return base, None
     lt, acc, ph = a.lifetimes, a.accounting, a.phases
