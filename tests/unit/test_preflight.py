@@ -413,6 +413,28 @@ def test_a_script_reading_a_value_is_one_line_and_exit_2(train_py, capsys):
     assert f"{train_py}:{line}:" in err and "value" in err
 
 
+def test_a_script_runs_on_a_cuda_build_of_torch_with_no_visible_device(train_py, tmp_path, capsys, monkeypatch):
+    """A CUDA build of torch where no GPU is visible (a login node): ``torch.accelerator`` knows CUDA from the build,
+    and any real stream query fails. AdamW's ``step`` asks the current stream whether a CUDA graph is being captured;
+    the script is traced to its end, the same trace as on a CPU build."""
+    def no_device(*a, **k):
+        raise RuntimeError("CUDA error: no CUDA-capable device is detected")
+
+    snap_cpu = tmp_path / "cpu.pickle"
+    assert main(["preflight", "--no-search", "-o", str(snap_cpu), "--", "python", str(train_py)]) == 0
+    monkeypatch.setattr(torch._C, "_accelerator_getAccelerator", lambda: torch.device("cuda"), raising=False)
+    for name in ("_accelerator_getStream", "_cuda_isCurrentStreamCapturing", "_accelerator_synchronizeDevice",
+                 "_accelerator_getDeviceIndex"):
+        monkeypatch.setattr(torch._C, name, no_device, raising=False)
+    capsys.readouterr()
+    snap = tmp_path / "cuda-build.pickle"
+    rc = main(["preflight", "--no-search", "-o", str(snap), "--", "python", str(train_py)])
+    assert rc == 0, capsys.readouterr().err
+    def allocs(p):
+        return [e["size"] for e in pickle.loads(p.read_bytes())["device_traces"][0] if e["action"] == "alloc"]
+    assert allocs(snap) == allocs(snap_cpu) and len(allocs(snap)) > 10
+
+
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path, capsys):
     rc = main(["preflight", "--", "python", str(tmp_path / "nope.py")])
     err = capsys.readouterr().err

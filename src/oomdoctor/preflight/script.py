@@ -3,9 +3,11 @@ tensors on the CPU, its GPU allocations traced (issue 42; ``docs/preflight.md``,
 
 What changes for the script while it runs (:func:`trace_script`), and nothing else:
 
-- ``torch.cuda`` says a GPU is there (:data:`CUDA_PATCHES`: ``is_available()`` True, one device with the
+- ``torch.cuda`` says a GPU is there (:func:`cuda_patches`: ``is_available()`` True, one device with the
   GPU's name, total memory and compute capability; ``set_device``, ``synchronize``, ``empty_cache``,
-  ``manual_seed``, the memory counters and ``_record_memory_history`` do nothing or answer 0);
+  ``manual_seed``, the memory counters and ``_record_memory_history`` do nothing or answer 0; no stream is
+  capturing a CUDA graph), and so does ``torch.accelerator`` (the current accelerator is CUDA, device 0, its
+  stream never capturing: what the optimizers ask before a step, on a CUDA build of torch as on a CPU one);
 - ``.cuda()``, ``.to("cuda")``, ``Module.cuda()`` / ``.to("cuda")`` and factories given ``device="cuda"``
   (also through ``with torch.device("cuda")``) make **fake CPU tensors that are on the GPU** for the
   tracer (:class:`CudaDevices`): the tracer records only those and the outputs of ops that read one
@@ -294,9 +296,35 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
     ]
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         out.append((c, name, _zero))
+    out.append((c, "is_current_stream_capturing", lambda: False))
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
+        out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
+                (acc, "current_device_index", lambda: 0), (acc, "current_device_idx", lambda: 0),
+                (acc, "set_device_index", _none), (acc, "set_device_idx", _none), (acc, "synchronize", _none),
+                (acc, "current_stream", lambda *a, **k: _NOT_CAPTURING)]
     out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
             (mem, "empty_cache", _none)]
     return out
+
+
+class _NotCapturing:
+    """The stream ``torch.accelerator.current_stream()`` answers while a script is traced. Adam's and AdamW's
+    ``step`` asks it whether a CUDA graph is being captured (``torch/optim/optimizer.py``,
+    ``_accelerator_graph_capture_health_check``: ``current_accelerator(check_available=True)``, which asks the
+    patched ``torch.cuda.is_available``, then ``current_stream().is_capturing()``): on a CUDA build of torch with
+    no visible device the real stream fails ("no CUDA-capable device is detected"). Nothing is ever captured."""
+
+    device = property(lambda self: torch.device("cuda", 0))
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        return None
+
+
+_NOT_CAPTURING = _NotCapturing()
 
 
 def _autocast_init(orig: Any) -> Any:
