@@ -1054,22 +1054,19 @@ def _room(meta: dict | None, oom_free: int | None = None) -> Room:
     return device_room(analyze(from_snapshot(b.snapshot(), "rank0.pickle", meta)))
 
 
-ESTIMATED = "the GPU's total memory less the CUDA context{} (planner constants)"
-
-
 @pytest.mark.parametrize("meta, oom_free, room", [
-    (None, 3 * GiB, Room(19 * GiB, "device",
-                         "the OOM: reserved bytes then plus the device's free bytes (cudaMemGetInfo)")),
+    (None, 3 * GiB, Room(19 * GiB, "device", "oom-device")),
     ({"device_free_bytes": 2 * GiB, "memory_stats": {"reserved_bytes.all.current": 16 * GiB}}, None,
-     Room(18 * GiB, "device", "the sidecar: free device bytes at the dump plus reserved bytes then")),
+     Room(18 * GiB, "device", "sidecar-free")),
     ({"gpu_total_memory_bytes": 80 * GiB, "world_size": 1}, None,
-     Room(80 * GiB - CUDA_CONTEXT_BYTES, "estimated", ESTIMATED.format(""))),
+     Room(80 * GiB - CUDA_CONTEXT_BYTES, "estimated", "gpu-total", {"given": False, "nccl": False})),
     ({"gpu_total_memory_bytes": 80 * GiB, "world_size": 2}, None,
-     Room(80 * GiB - CUDA_CONTEXT_BYTES - NCCL_FIRST_COMMUNICATOR_BYTES, "estimated",
-          ESTIMATED.format(" and NCCL's buffers"))),
-    ({"gpu_total_memory_bytes": 1}, None, Room(1 - CUDA_CONTEXT_BYTES, "estimated", ESTIMATED.format(""))),
-    ({"gpu_total_memory_bytes": 0}, None, Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")),
-    (None, None, Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")),
+     Room(80 * GiB - CUDA_CONTEXT_BYTES - NCCL_FIRST_COMMUNICATOR_BYTES, "estimated", "gpu-total",
+          {"given": False, "nccl": True})),
+    ({"gpu_total_memory_bytes": 1}, None,
+     Room(1 - CUDA_CONTEXT_BYTES, "estimated", "gpu-total", {"given": False, "nccl": False})),
+    ({"gpu_total_memory_bytes": 0}, None, Room(None, "none", "none")),
+    (None, None, Room(None, "none", "none")),
 ], ids=["oom", "sidecar", "one-rank", "two-ranks", "one-byte-gpu", "zero-byte-gpu", "nothing"])
 def test_device_room_from_each_source(meta, oom_free, room):
     assert _room(meta, oom_free) == room

@@ -127,7 +127,7 @@ def analysed(tmp_path, r: Run | SnapBuilder, meta: dict | None = None, pool: int
 
 
 def room(mib: float, kind: str = "device") -> Room:
-    return Room(int(mib * MiB), kind, "given by the test")
+    return Room(int(mib * MiB), kind, "oom-device")
 
 
 
@@ -269,7 +269,7 @@ def test_the_largest_micro_batch_keeps_the_margin_free_in_whole_micro_batches(tm
                         "outside_bytes": 0, "unrecorded_bytes": 0}  # no GPU size: nothing read outside
     assert (f.largest_micro_batch, f.batch_scale) == (7, 1.75)
     assert (f.expandable_largest_micro_batch, f.expandable_batch_scale) == (7, 1.75)
-    assert f.micro_batch == 4 and f.room_bytes == 824 * MiB and f.room_source == "given by the test"
+    assert f.micro_batch == 4 and f.room_bytes == 824 * MiB and f.room_source == "oom-device"
     assert not f.batch_scale_at_limit and not f.expandable_at_limit and f.notes == []
 
 

@@ -81,11 +81,11 @@ def first_forward(tmp_path, *, params=(100,), state=(), acts=(32,), request=32, 
 
 
 def device(mib: int) -> Room:
-    return Room(mib * MiB, "device", "test: the device")
+    return Room(mib * MiB, "device", "oom-device")
 
 
 def fraction(mib: int) -> Room:
-    return Room(mib * MiB, "fraction", "test: a memory fraction")
+    return Room(mib * MiB, "fraction", "oom-fraction-cap")
 
 
 def assert_said_as_an_estimate(f: Fits, *, state_seen: bool) -> None:
@@ -272,12 +272,15 @@ def test_a_memory_cap_in_the_sidecar_is_the_room_before_anything_else(tmp_path):
     r = room_of(tmp_path, {"memory_cap_bytes": 20 * GiB, "device_free_bytes": GiB,
                            "gpu_total_memory_bytes": 80 * GiB,
                            "memory_stats": {"reserved_bytes.all.current": 16 * GiB}})
-    assert (r.bytes, r.kind) == (20 * GiB, "fraction") and "memory_cap_bytes" in r.source
+    assert (r.bytes, r.kind, r.source, r.values) == (20 * GiB, "fraction", "sidecar-cap",
+                                                     {"capacity_source": "sidecar-memory-cap"})
 
 
 def test_a_memory_fraction_times_the_gpus_memory_is_a_cap(tmp_path):
     r = room_of(tmp_path, {"memory_fraction": 0.25, "gpu_total_memory_bytes": 80 * GiB})
-    assert (r.bytes, r.kind) == (20 * GiB, "fraction") and "set_per_process_memory_fraction" in r.source
+    assert (r.bytes, r.kind, r.source) == (20 * GiB, "fraction", "sidecar-cap")
+    assert r.values == {"capacity_source": "sidecar-memory-fraction", "fraction": 0.25,
+                        "gpu_total_memory_bytes": 80 * GiB}
 
 
 @pytest.mark.parametrize("free_gib", [3, 0])
@@ -286,14 +289,14 @@ def test_without_a_cap_the_oom_says_what_was_there_to_take(tmp_path, free_gib):
     too); it wins over the sidecar's figures at the dump."""
     r = room_of(tmp_path, {"device_free_bytes": GiB, "memory_stats": {"reserved_bytes.all.current": 16 * GiB},
                            "gpu_total_memory_bytes": 80 * GiB}, oom_free=free_gib * GiB)
-    assert (r.bytes, r.kind) == ((16 + free_gib) * GiB, "device") and "OOM" in r.source
+    assert (r.bytes, r.kind, r.source) == ((16 + free_gib) * GiB, "device", "oom-device")
 
 
 def test_an_oom_without_its_free_bytes_gives_way_to_the_sidecar(tmp_path):
     """``device_free`` < 0 (not recorded): the sidecar's free bytes at the dump plus its reserved bytes."""
     r = room_of(tmp_path, {"device_free_bytes": 2 * GiB, "gpu_total_memory_bytes": 80 * GiB,
                            "memory_stats": {"reserved_bytes.all.current": 16 * GiB}}, oom_free=-1)
-    assert (r.bytes, r.kind) == (18 * GiB, "device") and "sidecar" in r.source
+    assert (r.bytes, r.kind, r.source) == (18 * GiB, "device", "sidecar-free")
 
 
 @pytest.mark.parametrize("world, nccl", [(None, False), (1, False), (4, True)])
@@ -305,14 +308,13 @@ def test_the_gpus_memory_less_what_lives_outside_the_allocator_is_an_estimate(tm
     if world is not None:
         meta["world_size"] = world
     r = room_of(tmp_path, meta, oom_free=None)
-    assert r.kind == "estimated"
+    assert (r.kind, r.source, r.values) == ("estimated", "gpu-total", {"given": False, "nccl": nccl})
     assert r.bytes == 80 * GiB - CUDA_CONTEXT_BYTES - (NCCL_FIRST_COMMUNICATOR_BYTES if nccl else 0)
-    assert ("NCCL" in r.source) == nccl
 
 
 def test_no_oom_and_no_sidecar_leave_the_room_unknown(tmp_path):
     r = room_of(tmp_path, None, oom_free=None)
-    assert r.bytes is None and r.kind == "none"
+    assert (r.bytes, r.kind, r.source) == (None, "none", "none")
 
 
 # -- what the pass holds, and the lower bound's allowance --------------------------------------------------------

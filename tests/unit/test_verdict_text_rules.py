@@ -172,7 +172,7 @@ FRAG_ROOM = RESERVED + 128 * MiB  # with a384: 640 MiB free for 384 MiB, not in 
 
 def verdict(a, room, findings=(), b=None, holders=(), fits=None, defragmented=None):
     calls = Calls(fits)
-    v = rank_verdict(a, list(findings), Room(room, "device" if room is not None else "none", "the test"),
+    v = rank_verdict(a, list(findings), Room(room, "device" if room is not None else "none", "oom-device"),
                      b if b is not None else bd(), list(holders), calls, lambda: defragmented)
     return v, calls
 
@@ -181,7 +181,7 @@ def judge(a, room, ev_extra=None, mine=(), outputs=0, fits=None, defragmented=No
     """``_oom_verdict`` as ``rank_verdict`` calls it, with the evidence it starts from."""
     ev = {"rank": a.rank, "phase": "forward", "room_bytes": room, **(ev_extra or {})}
     calls = Calls(fits)
-    v = _oom_verdict(a, list(mine), Room(room, "device" if room is not None else "none", "test"),
+    v = _oom_verdict(a, list(mine), Room(room, "device" if room is not None else "none", "oom-device"),
                      bd(outputs), calls, (lambda: defragmented), ev)
     return v, calls
 
@@ -323,7 +323,7 @@ def test_healthy_evidence_and_sentence_with_the_room(h900):
     assert (v.kind, v.bytes, v.ranks, v.headroom_bytes, v.finding, v.to_do) == (
         "healthy", PEAK, [RANK], room - PEAK, None, [])
     assert v.evidence == {"rank": RANK, "peak_reserved_bytes": PEAK, "peak_allocated_bytes": PEAK_ALLOC,
-                          "room_bytes": room, "room_source": "the test", "phase": "forward", "step": 7,
+                          "room_bytes": room, "room_source": "oom-device", "room_source_values": {}, "phase": "forward", "step": 7,
                           "outputs_bytes": 5 * MiB, "window_peak_reserved_bytes": PEAK,
                           "window_peak_allocated_bytes": PEAK_ALLOC, "job_peak_reserved_bytes": PEAK,
                           "job_peak_allocated_bytes": PEAK_ALLOC, "peak_source": "trace",
@@ -337,7 +337,7 @@ def test_healthy_evidence_and_sentence_with_the_room(h900):
 def test_healthy_without_the_room(h900):
     v, _ = verdict(h900, None, b=bd(step=None, phase="backward"))
     assert v.headroom_bytes is None and "headroom_bytes" not in v.evidence and v.evidence["step"] == "-"
-    assert v.evidence["room_bytes"] is None and v.evidence["room_source"] == "the test"
+    assert v.evidence["room_bytes"] is None and v.evidence["room_source"] == "oom-device"
     assert words.summary(v) == (
         f"no OOM and no material finding; peak reserved {B(PEAK)}, peak allocated {B(PEAK_ALLOC)} in the backward "
         "phase (the GPU's size is not recorded).")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
 from ..detectors.finding import FindingTitle
+from .words import capacity as capacity_words
 from .words import fits as fits_words
 from .words import predict as predict_words
 from .words import verdict as words
@@ -122,6 +123,7 @@ def simulation_dict(sim: Simulation) -> dict[str, Any]:
     from .documents import SimulationDoc  # the replay's classes: only a simulation imports them
 
     doc = asdict(SimulationDoc.of(sim))
+    doc["capacity"]["source"] = capacity_words.said(sim.capacity)  # its id in words, as the JSON has always had
     for r, d in zip(sim.results, doc["results"]):
         if r.validation is not None:
             d["validation"]["segment_events_compared"] = r.validation.segment_events_compared

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import re
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from .words import findings as finding_words
 from .words import fits as fits_words
 from .words import predict as predict_words
 from .words import verdict as verdict_words
+from .words.capacity import said as capacity_said
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..report.diff import Diff
@@ -417,7 +417,7 @@ def capacity_words(cap, oom_event: int | None = None) -> str:
     """The limit a replay ran under (:class:`oomdoctor.simulate.capacity.Capacity`), in words and binary units:
     what set it and, for a bounded cap, its bounds."""
     if cap.limit_bytes is None:
-        return re.sub(r"\b\d{7,}\b", lambda m: format_bytes(int(m.group())), cap.source)
+        return capacity_said(cap, count=format_bytes)
     limit = format_bytes(cap.limit_bytes)
     bounds = (f"the lower end of a cap between {format_bytes(cap.lower_bytes)} and {format_bytes(cap.upper_bytes)}"
               if cap.lower_bytes is not None and cap.upper_bytes is not None and cap.lower_bytes != cap.upper_bytes

@@ -62,24 +62,39 @@ if TYPE_CHECKING:
 
 @dataclass
 class Room:
-    """The most the allocator could hold (bytes; None when nothing says), its ``source`` in words and
+    """The most the allocator could hold (bytes; None when nothing says), its ``source`` (an id of
+    :data:`ROOM_SOURCES`, its numbers in ``values``; said in words by ``oomdoctor.render.words.fits``) and
     ``kind``: ``fraction`` (a cap), ``device`` (measured at the failure or the dump) or ``estimated``."""
 
     bytes: int | None
     kind: str
     source: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+#: Where the room comes from (:func:`device_room`, the first that applies), and the keys of its values.
+ROOM_SOURCES = {
+    "sidecar-cap": "a memory-fraction cap the sidecar states (capacity_source: its id in "
+                   "oomdoctor.simulate.capacity.SOURCES, with fraction, gpu_total_memory_bytes)",
+    "oom-fraction-cap": "a fraction cap read off the OOM (the device still had the segment free): its lower end",
+    "oom-device": "the OOM: reserved bytes then plus the device's free bytes (cudaMemGetInfo)",
+    "sidecar-free": "the sidecar: free device bytes at the dump plus reserved bytes then",
+    "gpu-total": "the GPU's total memory less the CUDA context and, with world_size > 1, NCCL's buffers "
+                 "(given: --gpu-memory; nccl: NCCL's buffers taken off)",
+    "none": "no OOM and no sidecar with the GPU's memory",
+}
 
 
 def device_room(a: DeviceAnalysis) -> Room:
     """See the module doc. Pure."""
     meta = a.trace.meta
-    cap, source = None, ""
+    cap, source, values = None, "", {}
     if meta.get("memory_cap_bytes") is not None or meta.get("memory_fraction") is not None:
         from ..simulate.capacity import sidecar_cap
 
-        cap, source = sidecar_cap(meta)
+        cap, source, values = sidecar_cap(meta)
     if cap is not None:
-        return Room(cap, "fraction", f"set_per_process_memory_fraction: {source}")
+        return Room(cap, "fraction", "sidecar-cap", {"capacity_source": source, **values})
     if a.oom_events.size:
         from ..simulate.capacity import infer_capacity
 
@@ -87,27 +102,33 @@ def device_room(a: DeviceAnalysis) -> Room:
         if inferred.kind == "fraction" and inferred.limit_bytes is not None:
             # the device still had the segment's bytes free at the OOM: a memory-fraction cap failed it, not the
             # device (simulate/capacity.py, rule 3); its lower end is the peak reserved before the OOM
-            return Room(inferred.limit_bytes, "fraction", "a memory-fraction cap: the device still had memory free "
-                                                          "at the OOM; the cap's lower end, the peak reserved before it")
+            return Room(inferred.limit_bytes, "fraction", "oom-fraction-cap")
         k = int(a.oom_events[-1])
         free = int(a.device.events["device_free"][k])
         if free >= 0:
             reserved = int(a.timeline.reserved[k])
-            return Room(reserved + free, "device", "the OOM: reserved bytes then plus the device's free bytes "
-                                                   "(cudaMemGetInfo)")
+            return Room(reserved + free, "device", "oom-device")
     free = meta.get("device_free_bytes")  # sidecar fields' shapes are checked at load
     reserved = (meta.get("memory_stats") or {}).get("reserved_bytes.all.current")
     if isinstance(free, int) and isinstance(reserved, int):
-        return Room(free + reserved, "device", "the sidecar: free device bytes at the dump plus reserved bytes then")
+        return Room(free + reserved, "device", "sidecar-free")
     total = meta.get("gpu_total_memory_bytes")
     if isinstance(total, int) and total > 0:
         from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 
-        outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if (meta.get("world_size") or 1) > 1 else 0)
-        given = " (given with --gpu-memory)" if meta.get("gpu_total_memory_given") else ""
-        return Room(total - outside, "estimated", f"the GPU's total memory{given} less the CUDA context"
-                    + (" and NCCL's buffers" if outside > CUDA_CONTEXT_BYTES else "") + " (planner constants)")
-    return Room(None, "none", "unknown: no OOM and no sidecar with the GPU's memory")
+        nccl = (meta.get("world_size") or 1) > 1
+        outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nccl else 0)
+        return Room(total - outside, "estimated", "gpu-total",
+                    {"given": bool(meta.get("gpu_total_memory_given")), "nccl": nccl})
+    return Room(None, "none", "none")
+
+
+def room_capacity(room: Room) -> Capacity:
+    """The capacity a what-fits replay runs under: the room, a fraction cap when the room is one."""
+    from ..simulate.capacity import Capacity
+
+    return Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", "device-room",
+                    source_values={"room_source": room.source, **room.values})
 
 
 @dataclass
@@ -123,7 +144,7 @@ class Fits:
     room_bytes: int | None
     """what the allocator could use on this GPU (bytes)"""
     room_source: str
-    """where the room comes from (the OOM message, the sidecar's device size, a memory fraction)"""
+    """where the room comes from (the OOM message, the sidecar's device size, a memory fraction), in words"""
     batch_scale: float | None = None
     """the largest multiple of the recorded micro-batch whose replay fits (recorded settings)"""
     largest_micro_batch: int | None = None
@@ -184,6 +205,9 @@ class Fits:
     note_values: dict[str, Any] = field(default_factory=dict)
     """what the notes and assumptions are said with: replay_error (why the replay refused the trace, a note
     replay-failed), loss_copies and unseen_fragmentation_percent (the first-forward estimate's assumptions)"""
+    room_source_values: dict[str, Any] = field(default_factory=dict)
+    """the numbers the room's source is said with: capacity_source, fraction, gpu_total_memory_bytes (a cap the
+    sidecar states), given (the GPU's size came with --gpu-memory), nccl (NCCL's buffers were taken off)"""
 
 
 NOTES = {
@@ -296,7 +320,6 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     is the pass's output and the loss keeps :data:`LOSS_COPIES` more of it; every parameter is trained (its
     gradient has its size); the optimizer state still to come is the one seen, else Adam's two moments per
     parameter; the backward mirrors the forward. Fills ``out`` (reach ``estimate``); False when it cannot."""
-    from ..simulate.capacity import Capacity
     from ..simulate.extend import mirror_backward
     from ..simulate.replay import SimulationError, prepare
     from ..simulate.scale import largest_scale
@@ -321,7 +344,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     if est is None:
         return False
     margin = _with_prediction_margin(out, a, job_margin(a)[0], inputs=inputs)
-    cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
+    cap = room_capacity(room)
     grow = 1.0 + UNSEEN_FRAGMENTATION  # the replay's scale is the micro-batch's times this
     unit = grow / micro_batch if micro_batch else None
     # the recorded micro-batch ran out of memory: the bound is below it (one less, or 0.99 of it)
@@ -444,11 +467,10 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     ``job_peak_reserved_bytes``: what a sidecar says of the memory outside the allocator and of the job's own
     peak reserved, for the margin (:func:`.margin.margin`)."""
     inputs = {"outside_bytes": outside_bytes, "job_peak_reserved_bytes": job_peak_reserved_bytes}
-    from ..simulate.capacity import Capacity
     from ..simulate.replay import SimulationError, prepare
     from ..simulate.scale import largest_scale
 
-    out = Fits(room.bytes, room.source, micro_batch=micro_batch)
+    out = Fits(room.bytes, room.source, micro_batch=micro_batch, room_source_values=dict(room.values))
     jp = job_peak(a)
     out.job_peak_reserved_bytes, out.peak_source = jp.job_peak_reserved_bytes, jp.source
     if a.num_events == 0:
@@ -495,7 +517,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         out.notes.append("private-pools")
         return out
     events = _scale_events(a)
-    cap = Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", room.source)
+    cap = room_capacity(room)
     reproduced, model_error = _reproduced(a, prepared, cap)
     margin = _with_prediction_margin(out, a, margin, model_error, inputs)
     if not reproduced:

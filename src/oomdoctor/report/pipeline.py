@@ -157,7 +157,8 @@ class RankPredictions:
 
     def fits_made(self) -> Fits:
         """What fits if a decision asked for it, else the room alone (nothing replayed)."""
-        return self._fits if self._fits is not None else Fits(self.room.bytes, self.room.source)
+        return self._fits if self._fits is not None else Fits(self.room.bytes, self.room.source,
+                                                                      room_source_values=dict(self.room.values))
 
 
 # -- 3. decisions --------------------------------------------------------------------------------------------------

@@ -187,7 +187,8 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     peak_reserved = jp.peak_reserved_bytes  # the job's own when known: a ring buffer may have dropped its peak
     headroom = room.bytes - peak_reserved if room.bytes is not None else None
     ev: dict[str, Any] = {"rank": rank, "peak_reserved_bytes": peak_reserved, "peak_allocated_bytes": jp.peak_allocated_bytes,
-                          "room_bytes": room.bytes, "room_source": room.source, "phase": bd.phase,
+                          "room_bytes": room.bytes, "room_source": room.source,
+                          "room_source_values": dict(room.values), "phase": bd.phase,
                           "step": bd.step if bd.step is not None else "-", "outputs_bytes": bd.categories["outputs"]}
     ev |= peak_evidence(jp)
     mine = _material(findings, rank)

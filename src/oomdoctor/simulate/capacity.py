@@ -34,7 +34,8 @@ Inference (:func:`infer_capacity`), the first rule that applies, each with its c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,8 @@ DEVICE_LIMIT_SHARE = 0.95
 @dataclass(frozen=True)
 class Capacity:
     """A memory limit in bytes (None: unlimited), its ``kind`` (``fraction``, ``device`` or ``none``),
-    a sentence saying which evidence set it (``source``), and how sure it is: ``certainty`` is
+    which evidence set it (``source``: an id of :data:`SOURCES`, its numbers in ``source_values``; said in
+    words by ``oomdoctor.render.words.capacity``), and how sure it is: ``certainty`` is
     ``exact``, ``bounded`` (the true cap lies in ``[lower_bytes, upper_bytes]``, either may be None),
     ``given`` (``--cap``) or ``none``; ``evidence`` names the rule of the module doc that set it.
 
@@ -75,7 +77,7 @@ class Capacity:
     kind: str
     """'device' (cudaMalloc fails past it), 'fraction' (the allocator's own limit) or 'none' (unlimited)"""
     source: str
-    """where it comes from, in words"""
+    """where it comes from (the JSON says it in words; ``source_values`` holds its numbers)"""
     certainty: str = NONE
     """exact, bounded, given or none"""
     lower_bytes: int | None = None
@@ -84,14 +86,34 @@ class Capacity:
     """upper bound (bytes)"""
     evidence: str = ""
     """the rule that set it: 'sidecar', 'oom', 'fallbacks', 'given' or ''"""
+    source_values: dict[str, Any] = field(default_factory=dict)
+    """the numbers its source is said with (bytes, counts, event indices; a fraction), by source"""
+
+
+#: Where a capacity comes from (``Capacity.source``), and the keys of its ``source_values``.
+SOURCES = {
+    "sidecar-memory-cap": "rule 1: the sidecar's memory_cap_bytes",
+    "sidecar-memory-fraction": "rule 2: memory_fraction x gpu_total_memory_bytes (fraction, gpu_total_memory_bytes)",
+    "oom-device": "rule 3, the device: the OOM's event, device_free_bytes, reserved_bytes",
+    "oom-fraction-cap": "rule 3, a fraction cap: the OOM's event, device_free_bytes (lower_bytes, upper_bytes)",
+    "fallbacks": "rule 4: runs (fallback runs), alloc_retries (sidecar, > 0 or absent); settled_caps, settled_cap, "
+                 "settled_exact, settled_unmatched once settle_capacity replayed caps",
+    "fallbacks-disagree": "rule 4, unlimited: runs, upper_bytes below peak_reserved_bytes",
+    "fallbacks-unreproduced": "rule 4, unlimited: the runs' cap does not reproduce the recording, which replays "
+                              "without one (runs)",
+    "no-evidence": "rule 5: no OOM, no fallback, no cap in the metadata",
+    "unlimited": "no limit (a replay asked for none)",
+    "given": "--cap (kind)",
+    "device-room": "what fits: the device's room (oomdoctor.report.fits.Room; room_source, with its values)",
+}
 
 
 def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     """The limit a replay of ``device`` (a device of ``trace``) should use by default (rules in the
     module doc). Pure; O(events)."""
-    cap, source = sidecar_cap(trace.meta)
+    cap, source, values = sidecar_cap(trace.meta)
     if cap is not None:
-        return Capacity(cap, "fraction", source, EXACT, cap, cap, "sidecar")
+        return Capacity(cap, "fraction", source, EXACT, cap, cap, "sidecar", values)
     act = device.events["action"]
     ooms = np.flatnonzero(act == OOM)
     if ooms.size:
@@ -99,17 +121,17 @@ def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     return _from_fallbacks(trace, device)
 
 
-def sidecar_cap(meta: dict) -> tuple[int | None, str]:
-    """The memory-fraction cap a sidecar states (rules 1 and 2 of the module doc), bytes, and where it came
-    from; ``(None, "")`` when it states none."""
+def sidecar_cap(meta: dict) -> tuple[int | None, str, dict[str, Any]]:
+    """The memory-fraction cap a sidecar states (rules 1 and 2 of the module doc), bytes, its source id
+    (:data:`SOURCES`) and values; ``(None, "", {})`` when it states none."""
     cap = meta.get("memory_cap_bytes")
     if isinstance(cap, int) and cap > 0:
-        return cap, "the memory cap in the sidecar (memory_cap_bytes)"
+        return cap, "sidecar-memory-cap", {}
     frac, total = meta.get("memory_fraction"), meta.get("gpu_total_memory_bytes")
     if isinstance(frac, (int, float)) and 0 < frac < 1 and isinstance(total, int) and total > 0:
         # static_cast<size_t>(fraction * device_total)
-        return int(frac * total), f"memory_fraction {frac:.6g} x gpu_total_memory_bytes {total} (sidecar)"
-    return None, ""
+        return int(frac * total), "sidecar-memory-fraction", {"fraction": frac, "gpu_total_memory_bytes": total}
+    return None, "", {}
 
 
 def _from_oom(device: DeviceTrace, o: int) -> Capacity:
@@ -122,14 +144,12 @@ def _from_oom(device: DeviceTrace, o: int) -> Capacity:
     seg = allocation_size(request)
     if device_free < seg:
         cap = at_oom + device_free
-        return Capacity(cap, "device", f"the OOM at event {o}: {device_free} bytes free on the device + {at_oom} "
-                        "reserved", EXACT, cap, cap, "oom")
+        return Capacity(cap, "device", "oom-device", EXACT, cap, cap, "oom",
+                        {"event": o, "device_free_bytes": device_free, "reserved_bytes": at_oom})
     lower = int(max(reserved[:o].max() if o else reserved_start, reserved_start))
     upper = at_oom + seg - 1
-    return Capacity(lower, "fraction",
-                    f"the OOM at event {o} came from a memory-fraction cap (the device still had {device_free} "
-                    f"bytes free): the cap lies in [{lower}, {upper}] bytes; the lower end is used", BOUNDED, lower,
-                    upper, "oom")
+    return Capacity(lower, "fraction", "oom-fraction-cap", BOUNDED, lower, upper, "oom",
+                    {"event": o, "device_free_bytes": device_free})
 
 
 def fallback_bounds(trace: Trace, device: DeviceTrace) -> tuple[int | None, int, int]:
@@ -236,13 +256,11 @@ def _from_fallbacks(trace: Trace, device: DeviceTrace) -> Capacity:
     upper, lower, runs = fallback_bounds(trace, device)
     retries = (trace.meta.get("memory_stats") or {}).get("num_alloc_retries")
     if upper is None:
-        return Capacity(None, "none", "unlimited (no OOM and no allocator fallback recorded, no cap in the metadata)")
+        return Capacity(None, "none", "no-evidence")
     if upper < lower:
-        return Capacity(None, "none", f"unlimited: the {runs} allocator fallbacks in the trace do not agree on a "
-                        f"cap (upper bound {upper} below the peak reserved {lower})")
+        return Capacity(None, "none", "fallbacks-disagree",
+                        source_values={"runs": runs, "upper_bytes": upper, "peak_reserved_bytes": lower})
     total = trace.meta.get("gpu_total_memory_bytes")
     kind = "device" if isinstance(total, int) and upper >= DEVICE_LIMIT_SHARE * total else "fraction"
-    also = f"; the sidecar counts {retries} alloc retries" if isinstance(retries, int) and retries > 0 else ""
-    return Capacity(lower, kind, f"{runs} allocator fallbacks in the trace (cached segments freed before a new "
-                    f"segment): the cap lies in [{lower}, {upper}] bytes{also}; the lower end is used", BOUNDED, lower,
-                    upper, "fallbacks")
+    also = {"alloc_retries": retries} if isinstance(retries, int) and retries > 0 else {}
+    return Capacity(lower, kind, "fallbacks", BOUNDED, lower, upper, "fallbacks", {"runs": runs, **also})

@@ -47,7 +47,8 @@ def fits_at(prepared: Prepared, scale_events: np.ndarray, s: float, capacity: Ca
     """Replay at scale ``s`` under ``capacity`` less ``margin_bytes``."""
     cap = capacity
     if margin_bytes and capacity.limit_bytes is not None:
-        cap = Capacity(capacity.limit_bytes - margin_bytes, capacity.kind, capacity.source)
+        cap = Capacity(capacity.limit_bytes - margin_bytes, capacity.kind, capacity.source,
+                       source_values=capacity.source_values)
     return replay(scaled(prepared, scale_events, s), config, capacity=cap, validate=False)
 
 

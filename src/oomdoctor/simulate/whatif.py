@@ -262,7 +262,7 @@ def with_capacity(capacity: Capacity, limit: int, kind: str | None = None,
     if kind is None:
         gc = recorded is not None and recorded.garbage_collection_threshold > 0
         kind = capacity.kind if capacity.kind != "none" else ("fraction" if gc else "device")
-    return Capacity(limit, kind, f"given with --cap ({kind} limit)", GIVEN, limit, limit, "given")
+    return Capacity(limit, kind, "given", GIVEN, limit, limit, "given", {"kind": kind})
 
 
 #: How many caps in the inferred range :func:`settle_capacity` replays under a GC threshold.
@@ -312,14 +312,13 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
             lo, hi = tried[max(i - 1, 0)], tried[min(i + 1, len(tried) - 1)]
     unmatched, _, cap, v = best
     if cap < 0:
-        return Capacity(None, "none", f"unlimited: {capacity.source.split(':')[0]} read as a cap do not reproduce "
-                        "the recording, which replays without one (the frees were empty_cache() calls)", BOUNDED,
-                        capacity.lower_bytes, None, "fallbacks")
+        return Capacity(None, "none", "fallbacks-unreproduced", BOUNDED, capacity.lower_bytes, None, "fallbacks",
+                        {"runs": capacity.source_values.get("runs")})
     if cap == capacity.lower_bytes and len(scored) == 1:
         return capacity
-    verdict = "reproduces the recording" if v.exact else f"comes closest ({unmatched} segment events unmatched)"
-    return replace(capacity, limit_bytes=cap, source=capacity.source.replace(
-        "; the lower end is used", "") + f"; of {len(scored)} caps replayed, {cap} {verdict}")
+    return replace(capacity, limit_bytes=cap, source_values={
+        **capacity.source_values, "settled_caps": len(scored), "settled_cap": cap, "settled_exact": bool(v.exact),
+        "settled_unmatched": unmatched})
 
 
 __all__ = ["INCOMPATIBILITIES", "Recommendation", "Simulation", "WhatIf", "grid", "recommend", "run_many",

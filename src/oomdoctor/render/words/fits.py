@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ...report.fits import Fits
+from .capacity import room_source
 
 NOTES = {
     "no-history": "no allocation history: nothing to replay",
@@ -89,15 +90,19 @@ def fits_dict(f: Fits | None) -> dict[str, Any] | None:
     """``f`` as the JSON has it: its fields, with its notes and assumptions in words where the ids are."""
     if f is None:
         return None
-    return asdict(f) | {"notes": notes(f), "assumptions": assumptions(f)}
+    return asdict(f) | {"notes": notes(f), "assumptions": assumptions(f),
+                        "room_source": room_source(f.room_source, f.room_source_values)}
 
 
 def verdict_evidence(ev: dict[str, Any]) -> dict[str, Any]:
-    """A verdict's evidence with what fits in words: ``no_fit_reason`` (a note id) and ``estimate_assumptions``
+    """A verdict's evidence with what fits in words: ``room_source`` (a room id said with ``room_source_values``,
+    which is dropped), ``no_fit_reason`` (a note id) and ``estimate_assumptions``
     (assumption ids) said with ``fit_note_values``, which is dropped (:func:`oomdoctor.report.verdict._fit_reason`)."""
-    if "no_fit_reason" not in ev and "estimate_assumptions" not in ev:
-        return ev
     out = dict(ev)
+    if "room_source" in out:  # the room's id (oomdoctor.report.fits.ROOM_SOURCES) in words
+        out["room_source"] = room_source(out["room_source"], out.pop("room_source_values", {}))
+    if "no_fit_reason" not in ev and "estimate_assumptions" not in ev:
+        return out
     values = out.pop("fit_note_values", {})
     if "no_fit_reason" in out:
         out["no_fit_reason"] = note(out["no_fit_reason"], values)

@@ -1,0 +1,85 @@
+"""The words of where a limit comes from: a replay's capacity (:class:`oomdoctor.simulate.capacity.Capacity`,
+its ``source`` an id of :data:`~oomdoctor.simulate.capacity.SOURCES`) and what fits' room
+(:class:`oomdoctor.report.fits.Room`, an id of :data:`~oomdoctor.report.fits.ROOM_SOURCES`), said with their numbers.
+
+``count`` writes byte counts: ``str`` for the JSON (the raw integers it has always had), a binary-unit formatter
+for the terminal (:func:`oomdoctor.render.format.format_bytes`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Count = Callable[[int], str]
+
+
+def sidecar_cap(source: str, values: dict[str, Any]) -> str:
+    """A cap the sidecar states (rules 1 and 2 of :mod:`oomdoctor.simulate.capacity`)."""
+    if source == "sidecar-memory-cap":
+        return "the memory cap in the sidecar (memory_cap_bytes)"
+    return (f"memory_fraction {values['fraction']:.6g} x gpu_total_memory_bytes {values['gpu_total_memory_bytes']} "
+            "(sidecar)")
+
+
+def capacity_source(source: str, values: dict[str, Any], lower: int | None, upper: int | None,
+                    count: Count = str) -> str:
+    """Where a replay's limit comes from, in words. Raises KeyError for an id that is not a source."""
+    v = values
+    if source in ("sidecar-memory-cap", "sidecar-memory-fraction"):
+        return sidecar_cap(source, v)
+    if source == "oom-device":
+        return (f"the OOM at event {v['event']}: {count(v['device_free_bytes'])} bytes free on the device + "
+                f"{count(v['reserved_bytes'])} reserved")
+    if source == "oom-fraction-cap":
+        return (f"the OOM at event {v['event']} came from a memory-fraction cap (the device still had "
+                f"{count(v['device_free_bytes'])} bytes free): the cap lies in [{count(lower)}, {count(upper)}] bytes; "
+                "the lower end is used")
+    if source == "fallbacks":
+        also = f"; the sidecar counts {v['alloc_retries']} alloc retries" if "alloc_retries" in v else ""
+        said = (f"{v['runs']} allocator fallbacks in the trace (cached segments freed before a new segment): the cap "
+                f"lies in [{count(lower)}, {count(upper)}] bytes{also}")
+        if "settled_cap" not in v:
+            return said + "; the lower end is used"
+        verdict = ("reproduces the recording" if v["settled_exact"]
+                   else f"comes closest ({v['settled_unmatched']} segment events unmatched)")
+        return said + f"; of {v['settled_caps']} caps replayed, {count(v['settled_cap'])} {verdict}"
+    if source == "fallbacks-disagree":
+        return (f"unlimited: the {v['runs']} allocator fallbacks in the trace do not agree on a cap (upper bound "
+                f"{count(v['upper_bytes'])} below the peak reserved {count(v['peak_reserved_bytes'])})")
+    if source == "fallbacks-unreproduced":
+        return (f"unlimited: {v['runs']} allocator fallbacks in the trace (cached segments freed before a new segment) "
+                "read as a cap do not reproduce the recording, which replays without one (the frees were "
+                "empty_cache() calls)")
+    if source == "no-evidence":
+        return "unlimited (no OOM and no allocator fallback recorded, no cap in the metadata)"
+    if source == "unlimited":
+        return "unlimited"
+    if source == "given":
+        return f"given with --cap ({v['kind']} limit)"
+    if source == "device-room":
+        return room_source(v["room_source"], v)
+    raise KeyError(source)
+
+
+def said(cap: Any, count: Count = str) -> str:
+    """A :class:`~oomdoctor.simulate.capacity.Capacity`'s source in words."""
+    return capacity_source(cap.source, cap.source_values, cap.lower_bytes, cap.upper_bytes, count)
+
+
+def room_source(source: str, values: dict[str, Any]) -> str:
+    """Where what fits' room comes from, in words. Raises KeyError for an id that is not a source."""
+    if source == "sidecar-cap":
+        return f"set_per_process_memory_fraction: {sidecar_cap(values['capacity_source'], values)}"
+    if source == "gpu-total":
+        given = " (given with --gpu-memory)" if values.get("given") else ""
+        nccl = " and NCCL's buffers" if values.get("nccl") else ""
+        return f"the GPU's total memory{given} less the CUDA context{nccl} (planner constants)"
+    return ROOM_SOURCES[source]
+
+
+ROOM_SOURCES = {
+    "oom-fraction-cap": ("a memory-fraction cap: the device still had memory free at the OOM; the cap's lower end, "
+                         "the peak reserved before it"),
+    "oom-device": "the OOM: reserved bytes then plus the device's free bytes (cudaMemGetInfo)",
+    "sidecar-free": "the sidecar: free device bytes at the dump plus reserved bytes then",
+    "none": "unknown: no OOM and no sidecar with the GPU's memory",
+}
