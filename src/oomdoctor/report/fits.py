@@ -144,7 +144,8 @@ class Fits:
     room_bytes: int | None
     """what the allocator could use on this GPU (bytes)"""
     room_source: str
-    """where the room comes from (the OOM message, the sidecar's device size, a memory fraction), in words"""
+    """where the room comes from (the OOM message, the sidecar's device size, a memory fraction), in words (the
+    dataclass holds an id, report/fits.py ROOM_SOURCES; its words: render/words/capacity.py)"""
     batch_scale: float | None = None
     """the largest multiple of the recorded micro-batch whose replay fits (recorded settings)"""
     largest_micro_batch: int | None = None

@@ -77,7 +77,8 @@ class Capacity:
     kind: str
     """'device' (cudaMalloc fails past it), 'fraction' (the allocator's own limit) or 'none' (unlimited)"""
     source: str
-    """where it comes from (the JSON says it in words; ``source_values`` holds its numbers)"""
+    """where it comes from, in words (the dataclass holds an id, simulate/capacity.py SOURCES; its words:
+    render/words/capacity.py)"""
     certainty: str = NONE
     """exact, bounded, given or none"""
     lower_bytes: int | None = None

@@ -1,0 +1,76 @@
+"""The words of a capacity's and a room's source (``render/words/capacity.py``): every id of
+``simulate/capacity.py`` ``SOURCES`` and ``report/fits.py`` ``ROOM_SOURCES`` is said, with its numbers, raw in the
+JSON and in binary units on the terminal; an unknown id is an error, never a guess."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomdoctor.render.format import format_bytes
+from oomdoctor.render.words import capacity as W
+from oomdoctor.report.fits import ROOM_SOURCES
+from oomdoctor.simulate.capacity import SOURCES, Capacity
+
+GiB = 1 << 30
+VALUES = {
+    "sidecar-memory-cap": {},
+    "sidecar-memory-fraction": {"fraction": 0.5, "gpu_total_memory_bytes": 80 * GiB},
+    "oom-device": {"event": 12, "device_free_bytes": GiB, "reserved_bytes": 70 * GiB},
+    "oom-fraction-cap": {"event": 12, "device_free_bytes": 9 * GiB},
+    "fallbacks": {"runs": 3},
+    "fallbacks-disagree": {"runs": 2, "upper_bytes": 10 * GiB, "peak_reserved_bytes": 11 * GiB},
+    "fallbacks-unreproduced": {"runs": 4},
+    "no-evidence": {},
+    "unlimited": {},
+    "given": {"kind": "device"},
+    "device-room": {"room_source": "oom-device"},
+}
+
+
+def test_every_capacity_source_is_said():
+    assert set(VALUES) == set(SOURCES)
+    said = {s: W.capacity_source(s, v, 20 * GiB, 21 * GiB) for s, v in VALUES.items()}
+    assert len(set(said.values())) == len(said) and all(said.values())
+
+
+def test_the_numbers_are_raw_in_the_json_and_in_binary_units_on_the_terminal():
+    v = VALUES["oom-device"]
+    assert W.capacity_source("oom-device", v, None, None) == (
+        f"the OOM at event 12: {GiB} bytes free on the device + {70 * GiB} reserved")
+    assert W.capacity_source("oom-device", v, None, None, count=format_bytes) == (
+        "the OOM at event 12: 1.00 GiB bytes free on the device + 70.00 GiB reserved")
+
+
+def test_a_fallbacks_cap_says_its_bounds_the_retries_and_what_settling_found():
+    c = Capacity(20 * GiB, "fraction", "fallbacks", "bounded", 20 * GiB, 21 * GiB, "fallbacks",
+                 {"runs": 3, "alloc_retries": 2})
+    assert W.said(c) == (f"3 allocator fallbacks in the trace (cached segments freed before a new segment): the cap "
+                         f"lies in [{20 * GiB}, {21 * GiB}] bytes; the sidecar counts 2 alloc retries; the lower end "
+                         "is used")
+    settled = Capacity(20 * GiB + 5, "fraction", "fallbacks", "bounded", 20 * GiB, 21 * GiB, "fallbacks",
+                       {"runs": 3, "settled_caps": 9, "settled_cap": 20 * GiB + 5, "settled_exact": False,
+                        "settled_unmatched": 4})
+    assert W.said(settled).endswith(f"bytes; of 9 caps replayed, {20 * GiB + 5} comes closest (4 segment events "
+                                    "unmatched)")
+    assert "the lower end is used" not in W.said(settled)
+
+
+@pytest.mark.parametrize("source, values, words", [
+    ("sidecar-cap", {"capacity_source": "sidecar-memory-fraction", "fraction": 0.25, "gpu_total_memory_bytes": 8},
+     "set_per_process_memory_fraction: memory_fraction 0.25 x gpu_total_memory_bytes 8 (sidecar)"),
+    ("gpu-total", {"given": True, "nccl": True},
+     "the GPU's total memory (given with --gpu-memory) less the CUDA context and NCCL's buffers (planner constants)"),
+    ("gpu-total", {"given": False, "nccl": False}, "the GPU's total memory less the CUDA context (planner constants)"),
+    ("none", {}, "unknown: no OOM and no sidecar with the GPU's memory"),
+])
+def test_room_sources_in_words(source, values, words):
+    assert W.room_source(source, values) == words
+
+
+def test_every_room_source_is_said_and_an_unknown_id_is_an_error():
+    values = {"capacity_source": "sidecar-memory-cap"}
+    assert len({W.room_source(s, values) for s in ROOM_SOURCES}) == len(ROOM_SOURCES)
+    with pytest.raises(KeyError):
+        W.room_source("the test", {})
+    with pytest.raises(KeyError):
+        W.capacity_source("a sentence", {}, None, None)
