@@ -25,7 +25,6 @@ from ..views.overlay import DiffVisual, PairView
 from ..views.visual import RankView, Visual
 from .format import format_bytes, format_signed_bytes, format_us, span
 from .json import diff_dict, report_dict, simulation_dict
-from .words import capacity as capacity_words
 from .words import fits as fits_words
 from .words.findings import resolve_title
 
@@ -47,7 +46,6 @@ def _environment() -> jinja2.Environment:
     env.filters["evidence"] = _evidence_value
     env.filters["finding_title"] = resolve_title
     env.filters["fit_notes"] = fits_words.notes  # a Fits's note ids in words (render/words/fits.py)
-    env.filters["capacity_source"] = capacity_words.said  # a Capacity's source id in words
     env.globals["asset"] = _asset
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "separators": (",", ":")}  # the page's data, compact
     return env
