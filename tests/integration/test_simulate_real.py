@@ -89,7 +89,12 @@ def test_search_recommends_a_setting_without_oom(snapshots):
     rec = sim.recommendation
     assert rec is not None and rec.result.oom is None
     assert rec.result.peak_reserved_bytes == min(r.peak_reserved_bytes for r in sim.results if r.oom is None)
-    assert rec.incompatibilities  # what it does not mix with is stated
+    assert rec.reason == "recorded-runs-out"
+    from oomdoctor.simulate.whatif import INCOMPATIBILITIES
+    changed = [f for f in INCOMPATIBILITIES if f != "immediate" and getattr(rec.result.config, f)
+               and getattr(rec.result.config, f) != getattr(sim.recorded_config, f)]
+    assert changed and rec.incompatibilities == [i for f in changed for i in INCOMPATIBILITIES[f]] + (
+        INCOMPATIBILITIES["immediate"] if rec.result.deferred_frees == "immediate" else [])
 
 
 def test_immediate_frees_predict_the_modern_run(snapshots):

@@ -305,7 +305,9 @@ def test_settle_capacity_finds_a_cap_that_reproduces_the_gc_trace(tmp_path):
     p = prepare(t)
     c = settle_capacity(p, infer_capacity(t, p.device))
     assert c.limit_bytes == 62 * MiB + 50 * MiB * 5 // 8 == 97_779_712
-    assert "reproduces the recording" in c.source and c.certainty == "bounded"
+    assert (c.source, c.certainty) == ("fallbacks", "bounded")
+    assert c.source_values == {"runs": 1, "settled_caps": 10, "settled_cap": 97_779_712, "settled_exact": True,
+                               "settled_unmatched": 0}
     assert replay(p, capacity=c).validation.exact
 
 
@@ -419,10 +421,8 @@ def test_settle_capacity_reads_frees_no_cap_reproduces_as_empty_cache(tmp_path):
     v = replay(p, capacity=c).validation
     assert (v.segment_events_differing, v.segment_events_unmatched) == (2, 1)
     settled = settle_capacity(p, c)
-    assert settled == Capacity(
-        None, "none", "unlimited: 1 allocator fallbacks in the trace (cached segments freed before a new segment) "
-        "read as a cap do not reproduce the recording, which replays without one (the frees were empty_cache() "
-        "calls)", "bounded", 200 * MiB, None, "fallbacks")
+    assert settled == Capacity(None, "none", "fallbacks-unreproduced", "bounded", 200 * MiB, None, "fallbacks",
+                               {"runs": 1})
     assert replay(p, capacity=settled).validation.exact
 
 
@@ -492,7 +492,7 @@ def test_fallback_bounds_keep_only_frees_that_can_be_a_fallback(tmp_path):
     assert fallback_bounds(t, t.primary) == (120 * MiB - 1, 110 * MiB, 2)
     c = infer_capacity(t, t.primary)
     assert (c.lower_bytes, c.upper_bytes, c.limit_bytes, c.kind) == (110 * MiB, 120 * MiB - 1, 110 * MiB, "fraction")
-    assert c.source.startswith("2 allocator fallbacks in the trace")
+    assert (c.source, c.source_values) == ("fallbacks", {"runs": 2})
 
 
 def test_settle_capacity_narrows_to_a_window_between_its_first_caps(tmp_path):
@@ -524,4 +524,5 @@ def test_settle_capacity_narrows_to_a_window_between_its_first_caps(tmp_path):
         (1, 20), (1, 20), (0, 0), (1, 6), (2, 3)]
     settled = settle_capacity(p, c)
     assert settled.limit_bytes == 419_758_080 and isinstance(settled.limit_bytes, int)
-    assert settled.source.endswith("; of 17 caps replayed, 419758080 reproduces the recording")
+    assert (settled.source, settled.source_values) == ("fallbacks", {
+        "runs": 1, "settled_caps": 17, "settled_cap": 419_758_080, "settled_exact": True, "settled_unmatched": 0})

@@ -74,3 +74,12 @@ def test_every_room_source_is_said_and_an_unknown_id_is_an_error():
         W.room_source("the test", {})
     with pytest.raises(KeyError):
         W.capacity_source("a sentence", {}, None, None)
+
+
+def test_every_simulation_id_is_said():
+    from oomdoctor.render.words import simulate as S
+    from oomdoctor.simulate.whatif import INCOMPATIBILITIES, RECOMMENDATION_REASONS, SIMULATION_NOTES
+    assert set(S.REASONS) == set(RECOMMENDATION_REASONS) and set(S.NOTES) == set(SIMULATION_NOTES)
+    ids = [i for ids in INCOMPATIBILITIES.values() for i in ids]
+    assert len(ids) == len(set(ids)) and set(ids) == set(S.INCOMPATIBILITIES)
+    assert all("(" in S.INCOMPATIBILITIES[i] for i in ids if i != "max-split-at-least-20-mib")  # each names a source

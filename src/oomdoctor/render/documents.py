@@ -18,6 +18,7 @@ from ..report.groups import RankGroups
 from ..report.model import RankSummary
 from ..simulate.capacity import Capacity
 from ..simulate.replay import SimulatedOom, Validation
+from .words import simulate as sim_words
 
 if TYPE_CHECKING:  # annotations only
     from ..simulate.replay import ReplayResult
@@ -211,6 +212,6 @@ class SimulationDoc:
             capacity=sim.capacity, has_deferred_frees=sim.has_deferred_frees,
             results=[ReplayDoc.of(r) for r in sim.results],
             recommendation=None if rec is None else RecommendationDoc(
-                rec.result.config.to_string(), rec.result.deferred_frees, rec.result.peak_reserved_bytes, rec.reason,
-                rec.incompatibilities),
-            search_wall_s=sim.search_wall_s, notes=sim.notes)
+                rec.result.config.to_string(), rec.result.deferred_frees, rec.result.peak_reserved_bytes,
+                sim_words.REASONS[rec.reason], [sim_words.INCOMPATIBILITIES[i] for i in rec.incompatibilities]),
+            search_wall_s=sim.search_wall_s, notes=sim_words.notes(sim))

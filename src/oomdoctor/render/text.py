@@ -17,6 +17,7 @@ from .format import fit_site, format_bytes, format_signed_bytes, format_us, span
 from .words import findings as finding_words
 from .words import fits as fits_words
 from .words import predict as predict_words
+from .words import simulate as sim_words
 from .words import verdict as verdict_words
 from .words.capacity import said as capacity_said
 
@@ -484,7 +485,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     for r in sim.results:
         for w in r.warnings:
             console.print(hang(w, 2, f"note on {r.config}, {r.deferred_frees} frees: ", style="yellow"))
-    for n in sim.notes:
+    for n in sim_words.notes(sim):
         console.print(Text(f"note: {n}", style="dim"))
     rec = sim.recommendation
     if rec is not None:
@@ -492,14 +493,15 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         body.append(f"{rec.result.config}", style="bold")
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
+        reason = sim_words.REASONS[rec.reason]
         body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. "
-                    f"{rec.reason[:1].upper()}{rec.reason[1:]}.")
+                    f"{reason[:1].upper()}{reason[1:]}.")
         parts: list = [body]
         if sim.search_wall_s is not None:
             parts.append(Text(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s", style="dim"))
         if rec.incompatibilities:
             parts.append(Text("Before you set it:", style="bold"))
-            parts += [hang(line, 2, "- ") for line in rec.incompatibilities]
+            parts += [hang(sim_words.INCOMPATIBILITIES[i], 2, "- ") for i in rec.incompatibilities]
         console.print(Panel(Group(*parts), title="recommendation", title_align="left", box=box.ROUNDED))
     elif sim.search_wall_s is not None:
         console.print(Text("No setting tried avoids the OOM under this capacity.", style="bold red"))

@@ -22,38 +22,21 @@ from .replay import IMMEDIATE, RECORDED, Prepared, ReplayResult, prepare, replay
 #: Above this many events x configs, ``--search`` fans out to worker processes.
 PARALLEL_MIN_WORK = 200_000
 
-# What each setting does not mix with, shown next to a recommendation (sources in each line).
+#: What each setting does not mix with, shown next to a recommendation: ids, said (with their sources) by
+#: ``oomdoctor.render.words.simulate``.
 INCOMPATIBILITIES = {
-    "expandable_segments": [
-        "tensors in expandable segments cannot be shared with other processes through CUDA IPC "
-        "(torch.multiprocessing; pytorch/pytorch issue #130330)",
-        "NCCL user-buffer registration (e.g. Megatron --use-nccl-ub) does not support them (NVIDIA/nccl#1584)",
-        "with CUDA graphs and NCCL, set NCCL_GRAPH_REGISTER=0 (pytorch/pytorch issue #158029)",
-        "max_split_size_mb no longer limits splitting once expandable segments are on (CUDACachingAllocator.cpp "
-        "should_split)",
-    ],
-    "max_split_size": [
-        "blocks at least max_split_size are never split and serve only requests within "
-        "max_non_split_rounding_mb (20 MiB) of their size: large free blocks can sit unused "
-        "(CUDACachingAllocator.cpp get_free_block)",
-        "values below 20 MiB are rejected (>= 20 since 2.9, > 20 before)",
-    ],
-    "garbage_collection_threshold": [
-        "acts only when a memory fraction is set (torch.cuda.set_per_process_memory_fraction or "
-        "per_process_memory_fraction), and frees cached segments the next steps may cudaMalloc again "
-        "(CUDACachingAllocator.cpp garbage_collect_cached_blocks)",
-    ],
-    "roundup_power2_divisions": [
-        "rounds every request up to a 1/N step of its power of two: live tensors waste up to 1/N of "
-        "their size (CUDACachingAllocator.cpp round_size)",
-    ],
-    "immediate": [
-        "a code or version change, not a setting: TORCH_NCCL_AVOID_RECORD_STREAMS=1 on PyTorch 2.1-2.7 "
-        "(PR #89880/#97053) or PyTorch >= 2.8 (PR #148590) stop collectives from record_stream-ing their "
-        "tensors; point-to-point isend/irecv still record_stream in every version (ProcessGroupNCCL.cpp "
-        "pointToPoint)",
-    ],
+    "expandable_segments": ["expandable-no-cuda-ipc", "expandable-no-nccl-user-buffers",
+                            "expandable-nccl-graph-register", "expandable-ignores-max-split"],
+    "max_split_size": ["max-split-unsplit-blocks", "max-split-at-least-20-mib"],
+    "garbage_collection_threshold": ["gc-needs-fraction-cap"],
+    "roundup_power2_divisions": ["roundup-wastes"],
+    "immediate": ["immediate-is-a-code-change"],
 }
+
+#: Why a recommendation was chosen (``Recommendation.reason``).
+RECOMMENDATION_REASONS = ("no-better-setting", "recorded-runs-out", "lowest-peak")
+#: What a search says of itself (``Simulation.notes``).
+SIMULATION_NOTES = ("no-deferred-frees", "gc-not-tried")
 
 
 @dataclass(frozen=True)
@@ -66,7 +49,8 @@ class WhatIf:
 
 @dataclass
 class Recommendation:
-    """The chosen result, why, and what its setting does not mix with."""
+    """The chosen result, why (an id of :data:`RECOMMENDATION_REASONS`), and what its setting does not mix with
+    (ids of :data:`INCOMPATIBILITIES`)."""
 
     result: ReplayResult
     reason: str
@@ -75,7 +59,8 @@ class Recommendation:
 
 @dataclass
 class Simulation:
-    """Everything ``oomdoctor simulate`` reports for one snapshot. Bytes; ``search_wall_s`` in seconds."""
+    """Everything ``oomdoctor simulate`` reports for one snapshot. Bytes; ``search_wall_s`` in seconds. ``notes``:
+    ids of :data:`SIMULATION_NOTES`; ``warnings``: what the replay's preparation noticed (``Prepared.warnings``)."""
 
     path: str
     rank: int | None
@@ -90,6 +75,7 @@ class Simulation:
     recommendation: Recommendation | None = None
     search_wall_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def self_replay(self) -> ReplayResult:
@@ -164,18 +150,14 @@ def recommend(results: list[ReplayResult], base: AllocatorConfig) -> Recommendat
     best = min(ok, key=lambda r: (r.peak_reserved_bytes, _complexity(r, base)))
     recorded = results[0]
     if best is recorded or (best.peak_reserved_bytes >= recorded.peak_reserved_bytes and recorded.oom is None):
-        return Recommendation(recorded, "no setting tried does better than the recorded one", [])
+        return Recommendation(recorded, "no-better-setting", [])
     notes: list[str] = []
     for f in ("expandable_segments", "max_split_size", "garbage_collection_threshold", "roundup_power2_divisions"):
         if getattr(best.config, f) != getattr(base, f) and getattr(best.config, f):
             notes += INCOMPATIBILITIES[f]
     if best.deferred_frees == IMMEDIATE:
         notes += INCOMPATIBILITIES["immediate"]
-    if recorded.oom is not None:
-        reason = "the recorded settings run out of memory; this is the lowest peak reserved without an OOM"
-    else:
-        reason = "lowest peak reserved without an OOM"
-    return Recommendation(best, reason, notes)
+    return Recommendation(best, "recorded-runs-out" if recorded.oom is not None else "lowest-peak", notes)
 
 
 def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees: bool = False,
@@ -212,9 +194,9 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
             if w not in whatifs:
                 whatifs.append(w)
         if not has_deferred:
-            notes.append("the trace has no deferred frees, so immediate-free replays were not needed")
+            notes.append("no-deferred-frees")
         if capacity.kind != "fraction":
-            notes.append("garbage_collection_threshold was not tried: it acts only under a memory fraction cap")
+            notes.append("gc-not-tried")
     t0 = time.perf_counter()
     results = [_strip(self_replay)] + run_many(prepared, whatifs, capacity, workers)
     if search:
@@ -225,7 +207,7 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
                      recorded_config=prepared.recorded_config, recorded_peak_reserved_bytes=int(peak_r),
                      recorded_peak_allocated_bytes=int(peak_a), recorded_oom_event=prepared.recorded_oom,
                      has_deferred_frees=has_deferred, capacity=capacity, results=results,
-                     search_wall_s=search_wall, notes=notes + list(prepared.warnings))
+                     search_wall_s=search_wall, notes=notes, warnings=list(prepared.warnings))
     if search:
         sim.recommendation = recommend(results, prepared.recorded_config)
     return sim
@@ -321,5 +303,5 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
         "settled_unmatched": unmatched})
 
 
-__all__ = ["INCOMPATIBILITIES", "Recommendation", "Simulation", "WhatIf", "grid", "recommend", "run_many",
-           "simulate", "simulate_recorded", "with_capacity"]
+__all__ = ["INCOMPATIBILITIES", "RECOMMENDATION_REASONS", "SIMULATION_NOTES", "Recommendation", "Simulation",
+           "WhatIf", "grid", "recommend", "run_many", "simulate", "simulate_recorded", "with_capacity"]

@@ -1,0 +1,49 @@
+"""The words of a simulation (:class:`oomdoctor.simulate.whatif.Simulation`): why a setting is recommended
+(``RECOMMENDATION_REASONS``), what it does not mix with (``INCOMPATIBILITIES``, each with its source) and what a
+search says of itself (``SIMULATION_NOTES``). The JSON writes these words where the ids are, as it always has."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...simulate.whatif import Simulation
+
+REASONS = {
+    "no-better-setting": "no setting tried does better than the recorded one",
+    "recorded-runs-out": "the recorded settings run out of memory; this is the lowest peak reserved without an OOM",
+    "lowest-peak": "lowest peak reserved without an OOM",
+}
+
+INCOMPATIBILITIES = {
+    "expandable-no-cuda-ipc": ("tensors in expandable segments cannot be shared with other processes through CUDA IPC "
+                               "(torch.multiprocessing; pytorch/pytorch issue #130330)"),
+    "expandable-no-nccl-user-buffers": ("NCCL user-buffer registration (e.g. Megatron --use-nccl-ub) does not support "
+                                        "them (NVIDIA/nccl#1584)"),
+    "expandable-nccl-graph-register": "with CUDA graphs and NCCL, set NCCL_GRAPH_REGISTER=0 (pytorch/pytorch issue #158029)",
+    "expandable-ignores-max-split": ("max_split_size_mb no longer limits splitting once expandable segments are on "
+                                     "(CUDACachingAllocator.cpp should_split)"),
+    "max-split-unsplit-blocks": ("blocks at least max_split_size are never split and serve only requests within "
+                                 "max_non_split_rounding_mb (20 MiB) of their size: large free blocks can sit unused "
+                                 "(CUDACachingAllocator.cpp get_free_block)"),
+    "max-split-at-least-20-mib": "values below 20 MiB are rejected (>= 20 since 2.9, > 20 before)",
+    "gc-needs-fraction-cap": ("acts only when a memory fraction is set (torch.cuda.set_per_process_memory_fraction or "
+                              "per_process_memory_fraction), and frees cached segments the next steps may cudaMalloc "
+                              "again (CUDACachingAllocator.cpp garbage_collect_cached_blocks)"),
+    "roundup-wastes": ("rounds every request up to a 1/N step of its power of two: live tensors waste up to 1/N of "
+                       "their size (CUDACachingAllocator.cpp round_size)"),
+    "immediate-is-a-code-change": ("a code or version change, not a setting: TORCH_NCCL_AVOID_RECORD_STREAMS=1 on "
+                                   "PyTorch 2.1-2.7 (PR #89880/#97053) or PyTorch >= 2.8 (PR #148590) stop collectives "
+                                   "from record_stream-ing their tensors; point-to-point isend/irecv still "
+                                   "record_stream in every version (ProcessGroupNCCL.cpp pointToPoint)"),
+}
+
+NOTES = {
+    "no-deferred-frees": "the trace has no deferred frees, so immediate-free replays were not needed",
+    "gc-not-tried": "garbage_collection_threshold was not tried: it acts only under a memory fraction cap",
+}
+
+
+def notes(sim: Simulation) -> list[str]:
+    """What the simulation notes, in words: its own notes, then the replay's warnings (already words)."""
+    return [NOTES[n] for n in sim.notes] + list(sim.warnings)
