@@ -110,7 +110,7 @@ def test_graph_capture_empty_cache_is_not_read_as_a_cap(traces, tmp_path):
 def test_private_pools_are_replayed_as_recorded_and_named(traces, run, pool, segments):
     sim = simulate_recorded(load(traces / run / "rank0.pickle"))
     exact(sim)
-    note = next(n for n in sim.notes if "private pool" in n)
+    note = next(n for n in sim.warnings if "private pool" in n)  # the replay's preparation noticed it
     assert f"{pool} ({segments} segments" in note
     # the default pools alone are compared: fewer segment events than the trace holds
     trace = load(traces / run / "rank0.pickle")
