@@ -22,6 +22,7 @@ from .render.text import render_diff_text_plain, render_simulation_text_plain, r
 from .render.words import findings as finding_words
 from .render.words import fits as fits_words
 from .render.words import verdict as verdict_words
+from .render.words.capacity import room_source
 from .report.diff import Diff
 from .report.model import Report
 from .simulate.whatif import Simulation
@@ -67,11 +68,12 @@ def _filled_verdict(v):
 
 
 def _said_fits(f):
-    """A copy of ``f`` (a :class:`~oomdoctor.report.fits.Fits`) with its notes and assumptions in words, as the JSON
-    has them (:mod:`oomdoctor.render.words.fits`)."""
+    """A copy of ``f`` (a :class:`~oomdoctor.report.fits.Fits`) with its notes, assumptions and room in words, as the
+    JSON has them (:mod:`oomdoctor.render.words.fits`)."""
     if f is None:
         return None
-    return replace(f, notes=fits_words.notes(f), assumptions=fits_words.assumptions(f))
+    return replace(f, notes=fits_words.notes(f), assumptions=fits_words.assumptions(f),
+                   room_source=room_source(f.room_source, f.room_source_values))
 
 
 @dataclass

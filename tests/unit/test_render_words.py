@@ -63,9 +63,10 @@ def test_capacity_in_words_and_binary_units():
         "2.00 GiB, the memory-fraction cap the sidecar states")
     assert capacity_words(Capacity(GiB, "device", "raw", GIVEN, GiB, GiB, "given")) == (
         "1.00 GiB, given with --cap as a device limit")
-    unlimited = Capacity(None, "none", "unlimited: the 2 fallbacks do not agree (upper bound 41269854208 below "
-                                       "44988104703)")
-    assert capacity_words(unlimited) == "unlimited: the 2 fallbacks do not agree (upper bound 38.44 GiB below 41.90 GiB)"
+    unlimited = Capacity(None, "none", "fallbacks-disagree", source_values={
+        "runs": 2, "upper_bytes": 41_269_854_208, "peak_reserved_bytes": 44_988_104_703})
+    assert capacity_words(unlimited) == ("unlimited: the 2 allocator fallbacks in the trace do not agree on a cap "
+                                         "(upper bound 38.44 GiB below the peak reserved 41.90 GiB)")
 
 
 def test_counts_say_their_noun_once():

@@ -122,7 +122,7 @@ def _payloads(paths: list[Path]) -> Gathered:
 ])
 def test_in_job_summary_equals_diagnose(snapshots, folder, files):
     paths = [snapshots / folder / f for f in files]
-    whole = json.loads(render_json(diagnose(paths)))
+    whole = json.loads(render_json(diagnose(paths).report))
     merged = json.loads(render_json(merge_payloads(_payloads(paths), world_size=2)))
     assert merged["ranks"] == whole["ranks"]
     strip = [{k: v for k, v in f.items() if k != "prediction" and k != "fixes"} for f in whole["findings"]]

@@ -94,9 +94,12 @@ def test_an_unknown_id_or_a_missing_value_raises():
 
 
 def test_the_json_object_has_the_words_where_the_ids_are_in_the_fields_order():
-    f = Fits(1024, "test", notes=["optimizer-state-assumed", "replay-failed"],
-             assumptions=["parameters-trained", "generate-settings-kept"], note_values={"replay_error": "boom"})
+    f = Fits(1024, "gpu-total", notes=["optimizer-state-assumed", "replay-failed"],
+             assumptions=["parameters-trained", "generate-settings-kept"], note_values={"replay_error": "boom"},
+             room_source_values={"given": True, "nccl": False})
     d = words.fits_dict(f)
+    assert d["room_source"] == "the GPU's total memory (given with --gpu-memory) less the CUDA context (planner constants)"
+    assert d["room_source_values"] == {"given": True, "nccl": False} and f.room_source == "gpu-total"
     assert list(d) == list(json.loads(json.dumps(d)))  # the dataclass's field order, nothing moved
     assert d["notes"] == [NOTE_WORDS["optimizer-state-assumed"], "the trace cannot be replayed: boom"]
     assert d["assumptions"] == [ASSUMPTION_WORDS["parameters-trained"], ASSUMPTION_WORDS["generate-settings-kept"]]
@@ -114,15 +117,19 @@ def test_a_verdicts_evidence_says_what_fits_and_drops_the_values():
                                           ASSUMPTION_WORDS["loss-copies"] + "; the optimizer state seen"}
     plain = {"largest_micro_batch": 4}
     assert words.verdict_evidence(plain) is plain
+    ev = {"room_bytes": 5, "room_source": "oom-device", "room_source_values": {}}
+    assert words.verdict_evidence(ev) == {
+        "room_bytes": 5, "room_source": "the OOM: reserved bytes then plus the device's free bytes (cudaMemGetInfo)"}
 
 
 def test_the_notebook_gives_what_fits_and_the_verdict_in_words():
     from oomdoctor.notebook import _filled_verdict, _said_fits
     from oomdoctor.report.verdict import Verdict
 
-    f = Fits(1024, "test", notes=["replay-failed"], assumptions=["parameters-trained"],
+    f = Fits(1024, "none", notes=["replay-failed"], assumptions=["parameters-trained"],
              note_values={"replay_error": "boom"})
     said = _said_fits(f)
+    assert said.room_source == "unknown: no OOM and no sidecar with the GPU's memory"
     assert said.notes == ["the trace cannot be replayed: boom"]
     assert said.assumptions == [ASSUMPTION_WORDS["parameters-trained"]]
     assert f.notes == ["replay-failed"] and _said_fits(None) is None  # a copy: the data is left as it was

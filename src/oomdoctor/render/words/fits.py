@@ -98,6 +98,8 @@ def verdict_evidence(ev: dict[str, Any]) -> dict[str, Any]:
     """A verdict's evidence with what fits in words: ``room_source`` (a room id said with ``room_source_values``,
     which is dropped), ``no_fit_reason`` (a note id) and ``estimate_assumptions``
     (assumption ids) said with ``fit_note_values``, which is dropped (:func:`oomdoctor.report.verdict._fit_reason`)."""
+    if "room_source" not in ev and "no_fit_reason" not in ev and "estimate_assumptions" not in ev:
+        return ev
     out = dict(ev)
     if "room_source" in out:  # the room's id (oomdoctor.report.fits.ROOM_SOURCES) in words
         out["room_source"] = room_source(out["room_source"], out.pop("room_source_values", {}))
