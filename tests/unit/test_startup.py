@@ -96,14 +96,15 @@ def _entry(probe: str, *argv: str) -> subprocess.CompletedProcess:
 def test_a_diagnosis_ends_at_once_after_its_exit_handlers_and_keeps_the_decoded_entries(tmp_path, snapshots):
     """``entry`` ends a read-only command with ``os._exit`` (no teardown): the ``atexit`` handlers still run, the
     report is written in full, the exit code is the command's, and the decoded snapshot was kept (one), its objects
-    frozen out of the collector's reach."""
+    frozen out of the collector's reach; the collector, paused while the command's modules were imported, runs
+    again."""
     path = str(_healthy(tmp_path))
     probe = ("import atexit, gc\n"
              "atexit.register(lambda: print('kept', len(sys.modules['oomdoctor.trace.load']._kept),\n"
-             "                              gc.get_freeze_count() > 0, file=sys.stderr))")
+             "                              gc.get_freeze_count() > 0, gc.isenabled(), file=sys.stderr))")
     out = _entry(probe, "diagnose", "--jobs", "1", path)
     assert out.returncode == 0 and "healthy" in out.stdout.splitlines()[0], out.stderr
-    assert out.stderr.split() == ["kept", "1", "True"]
+    assert out.stderr.split() == ["kept", "1", "True", "True"]  # the collector paused for the imports only
     same = subprocess.run([sys.executable, "-c", PROBE, "diagnose", "--jobs", "1", path], capture_output=True,
                           text=True, env=dict(os.environ))
     assert json.loads(same.stdout.splitlines()[-1])["first"] == out.stdout.splitlines()[0]
@@ -117,7 +118,10 @@ def test_main_alone_keeps_nothing_and_another_thread_gets_the_ordinary_exit(tmp_
     the interpreter, which waits for the thread (its line is printed last)."""
     path = str(_healthy(tmp_path))
     probe = ("import threading, time\n"
-             "threading.Thread(target=lambda: (time.sleep(0.5), print('thread done'))).start()")
+             "done = threading.Event()\n"
+             "threading.Thread(target=lambda: (done.wait(), time.sleep(0.3), print('thread done'))).start()\n"
+             "command = m.main\n"
+             "m.main = lambda: (command(), done.set())[0]  # the thread is still alive when the command returns")
     out = _entry(probe, "diagnose", "--jobs", "1", path)
     assert out.returncode == 0 and out.stdout.splitlines()[-1] == "thread done"
     lib = subprocess.run([sys.executable, "-c", PROBE + "print(sys.modules['oomdoctor.trace.load']._kept)",
