@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import sys
@@ -48,9 +47,6 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module = importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")
-        if EXITS_AT_ONCE and not gc.isenabled():  # paused by entry for the imports: what they built is kept
-            gc.freeze()
-            gc.enable()
         return module.command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -150,8 +146,6 @@ def entry() -> None:
     global EXITS_AT_ONCE
     one_blas_thread(sys.argv[1:])
     EXITS_AT_ONCE = exits_at_once(sys.argv[1:])
-    if EXITS_AT_ONCE:  # the collector waits while the command's modules are imported (LazyGroup.get_command)
-        gc.disable()
     code = main()
     exit_now(sys.argv[1:], code)
     sys.exit(code)
