@@ -86,3 +86,73 @@ def test_the_entry_point_sets_them_before_numpy_loads():
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.split() == ["1", "False"]
+
+
+def _entry(probe: str, *argv: str) -> subprocess.CompletedProcess:
+    code = f"import sys; sys.argv = ['oomdoctor', *{list(argv)!r}]\nimport oomdoctor.cli.main as m\n{probe}\nm.entry()"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+
+
+def test_a_diagnosis_ends_at_once_after_its_exit_handlers_and_keeps_the_decoded_entries(tmp_path, snapshots):
+    """``entry`` ends a read-only command with ``os._exit`` (no teardown): the ``atexit`` handlers still run, the
+    report is written in full, the exit code is the command's, and the decoded snapshot was kept (one), its objects
+    frozen out of the collector's reach."""
+    path = str(_healthy(tmp_path))
+    probe = ("import atexit, gc\n"
+             "atexit.register(lambda: print('kept', len(sys.modules['oomdoctor.trace.load']._kept),\n"
+             "                              gc.get_freeze_count() > 0, file=sys.stderr))")
+    out = _entry(probe, "diagnose", "--jobs", "1", path)
+    assert out.returncode == 0 and "healthy" in out.stdout.splitlines()[0], out.stderr
+    assert out.stderr.split() == ["kept", "1", "True"]
+    same = subprocess.run([sys.executable, "-c", PROBE, "diagnose", "--jobs", "1", path], capture_output=True,
+                          text=True, env=dict(os.environ))
+    assert json.loads(same.stdout.splitlines()[-1])["first"] == out.stdout.splitlines()[0]
+    oom = str(snapshots / "fragmentation-oom" / "default-oom.pickle")
+    gated = _entry("", "diagnose", "--jobs", "1", "--fail-on", "unhealthy", oom)
+    assert gated.returncode == 1 and "OOM" in gated.stdout  # --fail-on's code, the report written first
+
+
+def test_main_alone_keeps_nothing_and_another_thread_gets_the_ordinary_exit(tmp_path):
+    """Called as a library (``main``), nothing is kept; with a thread still running, ``entry`` leaves the exit to
+    the interpreter, which waits for the thread (its line is printed last)."""
+    path = str(_healthy(tmp_path))
+    probe = ("import threading, time\n"
+             "done = threading.Event()\n"
+             "threading.Thread(target=lambda: (done.wait(), time.sleep(0.3), print('thread done'))).start()\n"
+             "command = m.main\n"
+             "m.main = lambda: (command(), done.set())[0]  # the thread is still alive when the command returns")
+    out = _entry(probe, "diagnose", "--jobs", "1", path)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "thread done"
+    lib = subprocess.run([sys.executable, "-c", PROBE + "print(sys.modules['oomdoctor.trace.load']._kept)",
+                          "diagnose", "--jobs", "1", path], capture_output=True, text=True, env=dict(os.environ))
+    assert lib.stdout.splitlines()[-1] == "None"
+
+
+def _two_growing(tmp_path):
+    b = SnapBuilder()
+    s = b.segment(512 * MiB)
+    for i in range(8):  # allocations that are never freed: memory grows step after step
+        b.alloc(s, i * 32 * MiB, 32 * MiB)
+    return b.write(tmp_path / "growing.pickle")
+
+
+def test_keep_decoded_holds_the_last_file_only(tmp_path, monkeypatch):
+    import importlib
+
+    load = importlib.import_module("oomdoctor.trace.load")
+    monkeypatch.setattr(load, "_kept", None)
+    a, b = _healthy(tmp_path), _two_growing(tmp_path)
+    plain = load.load(str(a))
+    assert load._kept is None
+    load.keep_decoded()
+    try:
+        kept = load.load(str(a))
+        first = load._kept[0]
+        load.load(str(b))
+        assert len(load._kept) == 1 and load._kept[0] is not first and isinstance(first, dict)
+        assert [d.events["size"].tolist() for d in kept.devices.values()] == \
+            [d.events["size"].tolist() for d in plain.devices.values()]
+    finally:
+        import gc
+
+        gc.unfreeze()

@@ -109,7 +109,43 @@ def one_blas_thread(argv: list[str], environ: dict | os._Environ = os.environ) -
             environ.setdefault(name, "1")
 
 
+def exits_at_once(argv: list[str]) -> bool:
+    """Whether ``argv``'s command is one that :func:`exit_now` ends at once (:data:`ONE_BLAS_THREAD`)."""
+    return next((a for a in argv if not a.startswith("-")), None) in ONE_BLAS_THREAD
+
+
+#: Set by :func:`entry` when its command ends with :func:`exit_now`: a command may then leave what it built to
+#: the process's end (:func:`oomdoctor.trace.load.keep_decoded`). False when :func:`main` is called otherwise.
+EXITS_AT_ONCE = False
+
+
+def exit_now(argv: list[str], code: int) -> None:
+    """End the process at once (``os._exit``) after a command of :data:`ONE_BLAS_THREAD` when nothing is left to do:
+    the ``atexit`` handlers run, standard output and error are flushed, and no other thread runs. The
+    interpreter's own exit would then only free what the command built (a trace of ``large``: millions of objects,
+    about 0.03-0.1 s of a diagnosis, docs/benchmarks.md) and write nothing more: every output file is written
+    and closed before the command returns (:func:`oomdoctor.cli.output.write_bytes`). Returns, leaving the
+    ordinary exit to ``sys.exit``, where a flush fails (a closed pipe: the interpreter's exit handles it as before)
+    or another thread is alive."""
+    import atexit
+    import threading
+
+    if not exits_at_once(argv) or threading.active_count() != 1:
+        return
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code)
+
+
 def entry() -> None:
     """Console-script entry point."""
+    global EXITS_AT_ONCE
     one_blas_thread(sys.argv[1:])
-    sys.exit(main())
+    EXITS_AT_ONCE = exits_at_once(sys.argv[1:])
+    code = main()
+    exit_now(sys.argv[1:], code)
+    sys.exit(code)

@@ -156,6 +156,8 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
     # The collector stays paused from the first entry unpickled to the last column built, and the decoded
     # entries are dropped before it resumes: resuming with them alive made the first young collection
     # scan all of them (about 0.15 s of the 28 MB `large` snapshot's 1.5 s, docs/benchmarks.md).
+    if _kept:
+        _kept.clear()  # the previous file's decoded snapshot is freed before this one is decoded
     with gc_paused():
         drained = None
         if should_stream(p):  # a large framed pickle: its entries are turned into columns as they arrive
@@ -165,8 +167,28 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
             obj = decode(p, data)
             del data
         trace = from_snapshot(obj, p, meta, sidecar_file=side, drained=drained)
+        if _kept is not None:
+            _kept.append(obj)
+            gc.freeze()  # the collector never scans them (nor what was built before): see keep_decoded
         del obj
     return trace
+
+
+#: The decoded snapshot of the last file :func:`load` read, kept alive instead of freed, once :func:`keep_decoded`
+#: was called; None (the default) frees each as soon as its trace is built.
+_kept: list | None = None
+
+
+def keep_decoded() -> None:
+    """From now on, :func:`load` keeps the decoded snapshot of the last file it read (the previous one is freed when
+    the next file is read, so at most one is held) and moves everything alive to the collector's permanent
+    generation (``gc.freeze``), so that no collection scans the millions of kept objects. For a process that ends
+    with ``os._exit`` right after its command (:func:`oomdoctor.cli.main.exit_now`): freeing the decoded entries
+    of ``large`` costs about 0.05 s (``benchmarks/diagnose_stages.py``, "drop the entries") that such a process
+    never needs to pay. The analyses' peak memory then holds the decoded entries beside the trace."""
+    global _kept
+    if _kept is None:
+        _kept = []
 
 
 def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
