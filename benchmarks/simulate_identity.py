@@ -5,11 +5,15 @@
     PYTHONPATH=NEW/src python benchmarks/simulate_identity.py DIR_OR_FILE... --out after.json
     python benchmarks/simulate_identity.py --compare before.json after.json   # exit 1 on any difference
 
+``--replay-only`` loads each file as ``oomdoctor simulate`` does (``load_ranks(..., replay_only=True)``, trees
+after issue 38 round 10), to show that the lean columns replay the same as the full ones.
+
 Every ``*.pickle`` / ``*.pickle.xz`` under the paths given (each rank of a multi-rank file) is prepared once and
 replayed under :data:`CONFIGS`, each with ``recorded`` and ``immediate`` deferred frees, under no cap and under a
 fraction cap of 0.8 x the recorded peak reserved (so the fallbacks, GC and OOMs run too). Kept per replay: peak
 reserved / allocated, end reserved, the OOM, events replayed, alloc retries, the validation, and the simulated
-segment entries ``(action, address, size)`` in full (their SHA-256 and count).
+segment entries ``(action, address, size)`` in full (their SHA-256 and count). Also per trace: the capacity
+``oomdoctor simulate`` infers and settles by replay (``capacity``), which reads the stacks of segment entries.
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ def files(paths: list[str]) -> list[Path]:
     return out
 
 
-def digest(paths: list[str]) -> dict:
+def digest(paths: list[str], replay_only: bool = False) -> dict:
     from oomdoctor import load_ranks
-    from oomdoctor.simulate.capacity import Capacity
+    from oomdoctor.simulate.capacity import Capacity, infer_capacity
     from oomdoctor.simulate.config import parse_config
     from oomdoctor.simulate.replay import IMMEDIATE, RECORDED, SimulationError, prepare, replay
+    from oomdoctor.simulate.whatif import settle_capacity
+
+    options = {"replay_only": True} if replay_only else {}
 
     out: dict[str, dict] = {}
     for f in files(paths):
         try:
-            traces = load_ranks([str(f)])
+            traces = load_ranks([str(f)], **options)
         except Exception as e:  # noqa: BLE001 - a file the reader refuses is recorded as such
             out[str(f)] = {"error": type(e).__name__}
             continue
@@ -53,7 +60,7 @@ def digest(paths: list[str]) -> dict:
             peak = max(prepared.reserved_start, max((s for *_, s in prepared.rec_seg), default=0))
             caps = [Capacity(None, "none", "unlimited"),
                     Capacity(int(peak * 0.8) or 1, "fraction", "identity check: 0.8 x a recorded size")]
-            rows = {}
+            rows = {"capacity": asdict(settle_capacity(prepared, infer_capacity(tr, prepared.device)))}
             for text in CONFIGS:
                 for mode in (RECORDED, IMMEDIATE):
                     for cap in caps:
@@ -82,6 +89,7 @@ def main() -> None:
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    ap.add_argument("--replay-only", action="store_true", help="load as oomdoctor simulate does (replay_only=True)")
     a = ap.parse_args()
     if a.compare:
         x, y = (json.loads(Path(p).read_text()) for p in a.compare)
@@ -91,7 +99,7 @@ def main() -> None:
         for k in diff[:20]:
             print("  differs:", k)
         sys.exit(1 if diff else 0)
-    d = digest(a.paths)
+    d = digest(a.paths, a.replay_only)
     text = json.dumps(d, indent=1, sort_keys=True)
     if a.out:
         Path(a.out).write_text(text + "\n")

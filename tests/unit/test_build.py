@@ -274,3 +274,51 @@ def test_annotations_read_in_c_passes_as_one_by_one(raw, monkeypatch):
         return {d: dt.annotations for d, dt in devices.items()}, warnings
 
     assert read(True) == read(False)
+
+
+def test_replay_only_keeps_what_the_replay_reads(tmp_path):
+    """``load(..., replay_only=True)`` (``oomdoctor simulate``): the stacks of segment entries (an empty_cache()
+    frame tells a user's release from a fallback), -1 for every other entry's stack and the metadata columns, no
+    annotations; every other column as a full load has it, and the replay the same."""
+    from oomdoctor.simulate.capacity import infer_capacity
+    from oomdoctor.simulate.replay import prepare, replay
+    from oomdoctor.simulate.whatif import settle_capacity
+
+    empty_cache = frames(("/usr/lib/python3/site-packages/torch/cuda/memory.py", 222, "empty_cache"),
+                         ("/work/train.py", 50, "step"))
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    keep = b.alloc(s1, 0, 4 * MiB, fr=frames(("/work/model.py", 3, "forward")))
+    s2 = b.segment(40 * MiB)
+    t = b.alloc(s2, 0, 40 * MiB)
+    b.annotate("ProfilerStep#1", "START")
+    b.free(t)
+    b.free_segment(s2, fr=empty_cache)
+    b.alloc(s1, 4 * MiB, 4 * MiB)
+    b.free(keep)
+    path = b.write(tmp_path / "ec.pickle")
+    snap = pickle.loads(path.read_bytes())
+    snap["device_traces"][0][1]["user_metadata"] = "tag"
+    path.write_bytes(pickle.dumps(snap))
+    full, lean = load(path), load(path, replay_only=True)
+    fd, ld = full.primary, lean.primary
+    seg_codes = (ACTION_CODES["segment_alloc"], ACTION_CODES["segment_free"])
+    seg = [i for i, a in enumerate(fd.action.tolist()) if a in seg_codes]
+    assert seg == [0, 2, 6]
+    assert ([lean.stacks.stack_frames(int(ld.stack[i])) for i in seg]
+            == [full.stacks.stack_frames(int(fd.stack[i])) for i in seg])
+    assert lean.stacks.stack_frames(int(ld.stack[6]))[0][2] == "empty_cache"
+    assert all(int(ld.stack[i]) == -1 for i in range(fd.num_events) if i not in seg)
+    assert int(fd.events["user_metadata"][1]) >= 0 and set(ld.events["user_metadata"].tolist()) == {-1}
+    assert set(ld.events["compile_context"].tolist()) == {-1}
+    assert fd.annotations and not ld.annotations
+    assert lean.meta["columns"] == "replay" and "columns" not in full.meta
+    for k in ("action", "addr", "size", "stream", "time_us", "device_free", "pool"):
+        assert fd.events[k].tolist() == ld.events[k].tolist(), k
+    results = []
+    for tr in (full, lean):
+        p = prepare(tr)
+        cap = settle_capacity(p, infer_capacity(tr, p.device))
+        r = replay(p, capacity=cap)
+        results.append((cap, r.peak_reserved_bytes, r.end_reserved_bytes, r.matches_recorded, r.model.segment_events))
+    assert results[0] == results[1] and results[1][3] is True

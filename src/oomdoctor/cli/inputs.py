@@ -18,12 +18,13 @@ if TYPE_CHECKING:
 _PROGRESS_MIN_BYTES = 1 << 20
 
 
-def load_with_progress(inputs: list[str]) -> list[Trace]:
+def load_with_progress(inputs: list[str], *, replay_only: bool = False) -> list[Trace]:
     """Load with a progress display on a terminal when the input is large: bytes read, then a spinner
     while the file is decoded and turned into columns. Files of a directory that are not snapshots are
-    skipped and named on one line of standard error (when nothing loads, the error says so instead)."""
+    skipped and named on one line of standard error (when nothing loads, the error says so instead).
+    ``replay_only``: the columns the allocator replay reads (:func:`oomdoctor.trace.load.load`)."""
     skipped: list[Skipped] = []
-    traces = _load(inputs, skipped)
+    traces = _load(inputs, skipped, replay_only)
     if skipped:
         click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
     return traces
@@ -40,10 +41,10 @@ def skipped_line(skipped: list[Skipped], most: int = 6) -> str:
     return f"skipped {len(skipped)} {noun} (not snapshots, or unreadable): {shown}{more}"
 
 
-def _load(inputs: list[str], skipped: list[Skipped]) -> list[Trace]:
+def _load(inputs: list[str], skipped: list[Skipped], replay_only: bool = False) -> list[Trace]:
     total = sum(os.path.getsize(p) for p in inputs if os.path.isfile(p))
     if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
-        return load_ranks(inputs, skipped=skipped)
+        return load_ranks(inputs, skipped=skipped, replay_only=replay_only)
     from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn  # only for a bar
 
     console = Console(stderr=True)
@@ -55,7 +56,7 @@ def _load(inputs: list[str], skipped: list[Skipped]) -> list[Trace]:
             what = "reading" if done < file_total else "decoding and indexing"
             bar.update(task, description=f"{what} snapshot", completed=done, total=file_total)
 
-        return load_ranks(inputs, progress=progress, skipped=skipped)
+        return load_ranks(inputs, progress=progress, skipped=skipped, replay_only=replay_only)
 
 
 def parallel_options(f):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
-from ..render import render_simulation_json, render_simulation_text
 from ..simulate.whatif import simulate_recorded
 from ..units import parse_bytes
 from .inputs import load_with_progress
@@ -31,7 +30,8 @@ def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap:
             search: bool, fmt: str, output: str | None, jobs: int | None) -> None:
     """Replay SNAPSHOT under its recorded allocator settings (checked against the recording) and under
     the settings given, and report peak reserved memory and OOMs for each."""
-    traces = load_with_progress([snapshot])
+    # the replay reads the stacks of segment entries only, and no metadata columns or annotations (issue 38)
+    traces = load_with_progress([snapshot], replay_only=True)
     if len(traces) != 1:
         raise UsageError(f"{snapshot}: holds {len(traces)} snapshots; simulate takes one file")
     if cap is None and cap_kind is not None:
@@ -39,7 +39,11 @@ def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap:
     sim = simulate_recorded(traces[0], configs=list(configs), immediate_frees=immediate_frees,
                             cap_bytes=None if cap is None else parse_bytes(cap), cap_kind=cap_kind, search=search,
                             workers=jobs)
-    if fmt == "json":
+    if fmt == "json":  # each renderer imported only when used: render.json needs no rich, render.text no json
+        from ..render.json import render_simulation_json
+
         write_output(output, render_simulation_json(sim))
     else:
+        from ..render.text import render_simulation_text
+
         write_rendered(output, lambda console: render_simulation_text(sim, console))

@@ -216,12 +216,8 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
     pools = private_pools(trace, dt, start_segs)
     private = pools.private if pools is not None else np.zeros(n, dtype=bool)
     order = np.flatnonzero(~private)  # the default pools' events, which the model replays
-    act = action[order].tolist()
-    idx = order.tolist()
-    addr = addr_np[order].tolist()
-    stream = dt.events["stream"][order].tolist()
     stack_np = dt.events["stack"]
-    m = len(idx)
+    m = order.size
 
     # immediate frees: free_completed right after its free_requested
     fr_next_fc = np.zeros(n, dtype=bool)
@@ -280,9 +276,18 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
     gpos = np.flatnonzero(grouped)
     if gpos.size:
         brk = np.flatnonzero(np.diff(gpos) != 1) + 1
-        run_bounds = zip(gpos[np.r_[0, brk]].tolist(), (gpos[np.r_[brk - 1, gpos.size - 1]] + 1).tolist())
+        ends = gpos[np.r_[brk - 1, gpos.size - 1]] + 1
+        run_bounds = zip(gpos[np.r_[0, brk]].tolist(), ends.tolist())
     else:
+        ends = gpos
         run_bounds = zip([], [])
+    # the action, event, address and stream of the runs' positions and of the op after each run, by position (the
+    # runs hold a few hundred of the events: lists of all of them cost 4 tolist() of every event, issue 38)
+    at = np.union1d(gpos, ends[ends < m]).tolist()
+    act = dict(zip(at, act_o[at].tolist()))
+    idx = dict(zip(at, order[at].tolist()))
+    addr = dict(zip(at, addr_np[order[at]].tolist()))
+    stream = dict(zip(at, dt.events["stream"][order[at]].tolist()))
     for q0, q1 in run_bounds:  # positions [q0, q1) are one run
         nxt = act[q1] if q1 < m else -1
         g0, g1 = idx[q0], (idx[q1] if q1 < m else n)

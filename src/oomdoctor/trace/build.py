@@ -28,6 +28,10 @@ from .model import (
     DEFAULT_POOL,
     EVENT_COLUMNS,
     OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
     Annotation,
     Block,
     DeviceTrace,
@@ -44,6 +48,7 @@ _STATES = {
     "inactive": BLOCK_INACTIVE,
 }
 _NO_STRING = ("", "N/A", None)
+_SEGMENT_CODES = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 _I63 = 1 << 63  # addresses and times are signed 64-bit integers, as the event columns that hold them
 #: The largest size a block, segment or allocation can have: 2**48 bytes (256 TiB). CUDA's unified virtual
 #: address space is 48 bits on x86-64 and a GPU holds under 1 TiB, so a larger size is no allocation; it is
@@ -52,10 +57,15 @@ _I63 = 1 << 63  # addresses and times are signed 64-bit integers, as the event c
 MAX_SIZE_BYTES = 1 << 48
 
 
-def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
+def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_only: bool = False) -> Trace:
     """Build a :class:`Trace` from a decoded snapshot. ``drained``: the columns of trace entries taken
     out of ``obj``'s lists while it was streamed in (:mod:`.stream`); they come before what the lists
-    still hold.
+    still hold. ``replay_only``: only what the allocator replay (:mod:`oomdoctor.simulate`) reads, for
+    ``oomdoctor simulate`` (issue 38: the stack column was 40% of the build of ``large``): the ``stack``
+    column holds the stacks of the segment entries (``segment_alloc/free/map/unmap``: a release's frames may
+    name ``empty_cache``) and -1 for every other entry, ``user_metadata`` / ``compile_context`` are -1, the
+    external annotations are not read, and ``meta["columns"]`` is ``"replay"``. Streamed entries
+    (``drained``) keep all their columns.
 
     Raises:
         SnapshotError: ``obj`` is not a snapshot (wrong top-level type, missing ``segments``,
@@ -93,7 +103,8 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
         chunks = drained.chunks.get(id(entries), [])
         if entries or chunks or dev in segments_by_dev:
             offset = sum(len(c["action"]) for c in chunks)
-            last = _events(path, dev, entries, tables, warnings, offset=offset, refs=bool(drained.chunks))
+            last = _events(path, dev, entries, tables, warnings, offset=offset, refs=bool(drained.chunks),
+                           replay_only=replay_only and not drained.chunks)
             events = last if not chunks else {k: np.concatenate([c[k] for c in chunks] + [last[k]]) for k in last}
             devices[dev] = DeviceTrace(dev, events, sorted(segments_by_dev.get(dev, []), key=lambda s: s.address))
     for dev, dsegs in segments_by_dev.items():
@@ -102,7 +113,8 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
     if not devices:
         devices[0] = DeviceTrace(0, _empty_events(), [])
 
-    _annotations(raw.get("external_annotations"), devices, warnings)
+    if not replay_only:
+        _annotations(raw.get("external_annotations"), devices, warnings)
 
     has_history = any(d.num_events > 0 for d in devices.values())
     settings = raw.get("allocator_settings") if isinstance(raw.get("allocator_settings"), dict) else {}
@@ -117,6 +129,8 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None) -> Trace:
     first = drained.first_keys or next((sorted(map(str, t[0])) for t in traces if t and isinstance(t[0], dict)), None)
     meta["trace_entry_keys"] = first or []
     meta["snapshot_keys"] = sorted(map(str, raw))
+    if replay_only:
+        meta["columns"] = "replay"
     return Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
                  allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
 
@@ -371,10 +385,12 @@ _get_four = itemgetter("addr", "size", "stream", "time_us")
 
 
 def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list[str], *, offset: int = 0,
-            refs: bool = False) -> dict[str, np.ndarray]:
+            refs: bool = False, replay_only: bool = False) -> dict[str, np.ndarray]:
     """Columns for one device's trace (``entries``, which start at index ``offset`` of it). Every pass
     over the entries runs in C (``map`` with ``itemgetter``/``dict.get``), which keeps a 271k-event trace
-    at a fraction of its unpickling time. ``refs``: frames lists may be ``[_StackRef]`` (streamed in)."""
+    at a fraction of its unpickling time. ``refs``: frames lists may be ``[_StackRef]`` (streamed in).
+    ``replay_only``: stacks of the segment entries only, no ``user_metadata`` / ``compile_context``
+    (:func:`build_trace`)."""
     codes_map = ACTION_CODES
     cols: dict[str, np.ndarray] = {}
     try:  # the usual case, every entry a dict with a known action: one pass
@@ -419,18 +435,31 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     # first's keys is present, all entries have the same keys, and one the first lacks (``device_free`` and
     # ``pool_id`` on most traces) is absent from all: its column is the default, without a pass over the entries.
     present = {"action"} | ({"addr", "size", "stream", "time_us"} if four is not None else set())
-    frame_lists = _field(entries, "frames", (), present)
-    user_metadata = _table_col(_field(entries, "user_metadata", None, present), t.string, lambda v: v in _NO_STRING)
-    compile_context = _table_col(_field(entries, "compile_context", None, present), t.string,
-                                 lambda v: v in _NO_STRING)
+    if replay_only:
+        segs = np.flatnonzero(np.isin(cols["action"], _SEGMENT_CODES)).tolist()
+        seg_entries = [entries[i] for i in segs]
+        frame_lists = list(map(dict.get, seg_entries, repeat("frames"), repeat(())))
+        user_metadata, compile_context = np.full(n, -1, dtype=np.int32), np.full(n, -1, dtype=np.int32)
+    else:
+        frame_lists = _field(entries, "frames", (), present)
+        user_metadata = _table_col(_field(entries, "user_metadata", None, present), t.string,
+                                   lambda v: v in _NO_STRING)
+        compile_context = _table_col(_field(entries, "compile_context", None, present), t.string,
+                                     lambda v: v in _NO_STRING)
     first = entries[0].keys() if n else ()
+    if replay_only:  # the keys not read from every entry: present when every entry has them (a pass in C)
+        present |= {k for k in first - present if all(map(dict.__contains__, entries, repeat(k)))}
     alike = bool(n) and first <= present and set(map(len, entries)) == {len(first)}
 
     def absent(key: str) -> bool:
         return alike and key not in first
 
     cols["device_free"] = np.full(n, -1, dtype=np.int64) if absent("device_free") else int_col("device_free", -1)
-    cols["stack"] = _stack_col(path, frame_lists, t, refs)
+    if replay_only:
+        cols["stack"] = np.full(n, -1, dtype=np.int32)
+        cols["stack"][segs] = _stack_col(path, frame_lists, t, refs)
+    else:
+        cols["stack"] = _stack_col(path, frame_lists, t, refs)
     cols["pool"] = (np.full(n, -1, dtype=np.int32) if absent("pool_id")
                     else _table_col(_field(entries, "pool_id", None, present), t.pool, lambda v: v is None))
     cols["user_metadata"] = user_metadata

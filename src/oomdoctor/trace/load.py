@@ -130,7 +130,8 @@ def is_saved_trace(path: str) -> bool:
         return False
 
 
-def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar: bool = True) -> Trace:
+def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar: bool = True,
+         replay_only: bool = False) -> Trace:
     """Read one snapshot file into a :class:`Trace`.
 
     Accepts ``torch.cuda.memory._dump_snapshot()`` pickles, traces written by :meth:`Trace.save`, the same compressed with gzip, xz, zstd
@@ -141,6 +142,8 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
         path: the file.
         progress: called as ``progress(bytes_read, bytes_total)`` while the file is read.
         sidecar: read ``<stem>.meta.json`` beside the file when present.
+        replay_only: build only what the allocator replay reads (:func:`~.build.build_trace`; ``oomdoctor
+            simulate``); a saved trace (``.npz``) is read whole.
 
     Raises:
         SnapshotError: missing, empty, truncated, corrupt, or not a snapshot (message names the file).
@@ -166,7 +169,7 @@ def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar
             data = read_file(p, progress)
             obj = decode(p, data)
             del data
-        trace = from_snapshot(obj, p, meta, sidecar_file=side, drained=drained)
+        trace = from_snapshot(obj, p, meta, sidecar_file=side, drained=drained, replay_only=replay_only)
         if _kept is not None:
             _kept.append(obj)
             gc.freeze()  # the collector never scans them (nor what was built before): see keep_decoded
@@ -192,15 +195,16 @@ def keep_decoded() -> None:
 
 
 def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
-                  sidecar_file: str | None = None, drained: Drained | None = None) -> Trace:
+                  sidecar_file: str | None = None, drained: Drained | None = None, replay_only: bool = False) -> Trace:
     """A :class:`Trace` from a snapshot already in memory (``torch.cuda.memory._snapshot()``'s dict,
     or a decoded file), with sidecar metadata ``meta`` merged in. ``path`` names it in messages.
+    ``replay_only``: as :func:`~.build.build_trace`.
 
     Raises:
         SnapshotError: as :func:`load`.
     """
     with gc_paused():
-        trace = build_trace(path, obj, drained)
+        trace = build_trace(path, obj, drained, replay_only=replay_only)
     if meta:
         trace.meta.update(meta)
         if sidecar_file:
@@ -417,8 +421,8 @@ def _looks_like_snapshot(name: str) -> bool:
 
 
 def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | None = None,
-               skipped: list[Skipped] | None = None) -> list[Trace]:
-    """Read files and directories as the ranks of one job, sorted by rank.
+               skipped: list[Skipped] | None = None, replay_only: bool = False) -> list[Trace]:
+    """Read files and directories as the ranks of one job, sorted by rank (``replay_only``: as :func:`load`).
 
     Files whose rank cannot be told (no sidecar, no rank in the name) are numbered in path order
     after the known ranks, with a warning on each; two or more such files found in one directory are refused
@@ -439,10 +443,10 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
     traces = []
     for f in files:
         if f in named or skipped is None:
-            traces.append(load(f, progress=progress))
+            traces.append(load(f, progress=progress, replay_only=replay_only))
             continue
         try:
-            traces.append(load(f, progress=progress))
+            traces.append(load(f, progress=progress, replay_only=replay_only))
         except SnapshotError as e:
             own.append(Skipped(f, e.problem))
     if skipped is not None:

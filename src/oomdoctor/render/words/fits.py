@@ -5,10 +5,12 @@ messages in its ``note_values``. The JSON writes these words where the ids are (
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...report.fits import Fits
 from .capacity import room_source
+
+if TYPE_CHECKING:  # annotations only: report/fits imports the analyses, which `oomdoctor simulate` does not need
+    from ...report.fits import Fits
 
 NOTES = {
     "no-history": "no allocation history: nothing to replay",
