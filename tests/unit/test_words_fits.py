@@ -138,3 +138,13 @@ def test_the_notebook_gives_what_fits_and_the_verdict_in_words():
     assert said.summary.endswith(" What fits is not said: the trace cannot be replayed: boom.")
     assert said.evidence["no_fit_reason"] == "the trace cannot be replayed: boom"
     assert "fit_note_values" not in said.evidence and "fit_note_values" in ev
+
+
+def test_the_json_of_a_notebook_diagnosis_is_the_json_of_its_report(snapshots):
+    """``render_json`` given what ``oomdoctor.diagnose`` returns (whose verdicts and fits are already in words)
+    writes its report's JSON, as ``Diagnosis.to_json()`` does, instead of saying the words again."""
+    from oomdoctor import diagnose
+    from oomdoctor.render.json import render_json
+
+    d = diagnose(snapshots / "ddp-imbalance")
+    assert render_json(d) == render_json(d.report) == d.to_json()

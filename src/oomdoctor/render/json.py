@@ -51,6 +51,9 @@ def verdict_dict(v) -> dict[str, Any] | None:
 
 
 def report_dict(report: Report) -> dict[str, Any]:
+    """The ``diagnose --format json`` contract of ``report``. A notebook ``Diagnosis`` (``oomdoctor.diagnose``) is
+    read through its ``report``: its own verdicts and fits are already in words."""
+    report = getattr(report, "report", report)
     ranks = []
     for r in report.ranks:
         d = asdict(r)
