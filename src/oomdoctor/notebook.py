@@ -22,7 +22,6 @@ from .render.text import render_diff_text_plain, render_simulation_text_plain, r
 from .render.words import findings as finding_words
 from .render.words import fits as fits_words
 from .render.words import verdict as verdict_words
-from .render.words.capacity import room_source
 from .report.diff import Diff
 from .report.model import Report
 from .simulate.whatif import Simulation
@@ -72,8 +71,7 @@ def _said_fits(f):
     JSON has them (:mod:`oomdoctor.render.words.fits`)."""
     if f is None:
         return None
-    return replace(f, notes=fits_words.notes(f), assumptions=fits_words.assumptions(f),
-                   room_source=room_source(f.room_source, f.room_source_values))
+    return replace(f, **fits_words.said_fields(f))
 
 
 @dataclass

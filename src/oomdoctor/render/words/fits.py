@@ -88,12 +88,18 @@ def assumptions(f: Fits) -> list[str]:
     return [assumption(n, f.note_values) for n in f.assumptions]
 
 
+def said_fields(f: Fits) -> dict[str, Any]:
+    """The fields of ``f`` that hold ids, in words: ``notes``, ``assumptions`` and ``room_source`` (what the JSON and
+    the notebook put where the ids are)."""
+    return {"notes": notes(f), "assumptions": assumptions(f),
+            "room_source": room_source(f.room_source, f.room_source_values)}
+
+
 def fits_dict(f: Fits | None) -> dict[str, Any] | None:
-    """``f`` as the JSON has it: its fields, with its notes and assumptions in words where the ids are."""
+    """``f`` as the JSON has it: its fields, with those holding ids in words (:func:`said_fields`)."""
     if f is None:
         return None
-    return asdict(f) | {"notes": notes(f), "assumptions": assumptions(f),
-                        "room_source": room_source(f.room_source, f.room_source_values)}
+    return asdict(f) | said_fields(f)
 
 
 def verdict_evidence(ev: dict[str, Any]) -> dict[str, Any]:
