@@ -390,7 +390,7 @@ def _own_keys(entries: list) -> dict[str, str]:
     one string object per key (the pickle memo shares it between all entries), which is not the ``"addr"`` of
     this module, so a lookup with this module's string matches the hash, then compares the text (``memcmp``);
     with the entries' own object it stops at the identity test. On ``shared/snapshots/large`` the build does
-    about 2.4 million lookups (docs/benchmarks.md, round 11). Any other key reads as before: a lookup by an
+    about 2.2 million lookups (docs/benchmarks.md, round 11). Any other key reads as before: a lookup by an
     equal string finds the same item either way."""
     first = entries[0] if entries else None
     if first.__class__ is not dict:
