@@ -3,6 +3,10 @@ and wall between stages; the interpreter's own start is before the first mark). 
 ``report.job.rank_result`` (``report/pipeline.py``) and ``cli/diagnose.py``, called one by one. Usage::
 
     python benchmarks/diagnose_stages.py SNAPSHOT.pickle        # PYTHONPATH picks the source tree
+    python benchmarks/diagnose_stages.py SNAPSHOT.pickle STAGE  # end (os._exit) after the stage named STAGE...
+
+The second form is for instruction counts per stage: run it under ``valgrind --tool=cachegrind`` once per stage and
+subtract (round 11 in docs/benchmarks.md).
 
 Run it a few times: on a shared machine the numbers move by 10-30%.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 import time
 
@@ -19,6 +24,8 @@ marks: list[tuple[str, float, float]] = []
 
 def mark(name: str) -> None:
     marks.append((name, time.process_time(), time.perf_counter()))
+    if len(sys.argv) > 2 and name.startswith(sys.argv[2]):
+        os._exit(0)
 
 
 def main() -> None:

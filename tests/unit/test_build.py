@@ -231,6 +231,17 @@ def test_stack_grouping_in_numpy_matches_one_key_per_entry():
     assert isinstance(got, np.ndarray)
 
 
+def test_list_addresses_are_the_ids_of_the_items():
+    """`_list_addresses` reads a list's item pointers: the items' `id`s in order; nothing for another type."""
+    from oomdoctor.trace.build import _list_addresses
+
+    items = [{"a": 1}, "x", 3.5, None, {"a": 1}]
+    items = items + items[:2]
+    assert _list_addresses(items).tolist() == [id(x) for x in items]
+    assert _list_addresses([]).tolist() == []
+    assert _list_addresses(tuple(items)) is None and _list_addresses(iter(items)) is None
+
+
 def test_stack_column_is_the_same_when_keyed_one_by_one(tmp_path, monkeypatch):
     """Where the NumPy grouping cannot be used (a hash collision, another interpreter), the entries are keyed
     one by one, with the same stack ids."""

@@ -12,6 +12,7 @@ Unknown keys are ignored; unknown trace actions are skipped with a warning.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections import Counter
 from itertools import chain, count, repeat
 from operator import itemgetter
@@ -381,7 +382,20 @@ def _in_range(path: str, field: str, v: int, lo: int, hi: int) -> int:
 
 
 _get_action = itemgetter("action")
-_get_four = itemgetter("addr", "size", "stream", "time_us")
+_FOUR = ("addr", "size", "stream", "time_us")
+
+
+def _own_keys(entries: list) -> dict[str, str]:
+    """The first entry's own key strings, by their text: ``{"addr": <its "addr">, ...}``. The unpickler builds
+    one string object per key (the pickle memo shares it between all entries), which is not the ``"addr"`` of
+    this module, so a lookup with this module's string matches the hash, then compares the text (``memcmp``);
+    with the entries' own object it stops at the identity test. On ``shared/snapshots/large`` the build does
+    about 2.2 million lookups (docs/benchmarks.md, round 11). Any other key reads as before: a lookup by an
+    equal string finds the same item either way."""
+    first = entries[0] if entries else None
+    if first.__class__ is not dict:
+        return {}
+    return {k: k for k in first if k.__class__ is str}
 
 
 def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list[str], *, offset: int = 0,
@@ -393,14 +407,17 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     (:func:`build_trace`)."""
     codes_map = ACTION_CODES
     cols: dict[str, np.ndarray] = {}
+    own = _own_keys(entries).get
     try:  # the usual case, every entry a dict with a known action: one pass
-        cols["action"] = np.fromiter(map(codes_map.__getitem__, map(_get_action, entries)), dtype=np.int8,
+        cols["action"] = np.fromiter(map(codes_map.__getitem__, map(itemgetter(own("action", "action")), entries)),
+                                     dtype=np.int8,
                                      count=len(entries))
     except (KeyError, TypeError):
         entries, cols["action"] = _checked_actions(path, dev, entries, warnings, offset)
     n = len(entries)
 
     def int_col(key: str, default: int) -> np.ndarray:
+        key = own(key, key)
         try:
             try:
                 return np.fromiter(map(itemgetter(key), entries), dtype=np.int64, count=n)
@@ -414,7 +431,8 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
 
     four = None
     try:  # the usual case, every entry with all four: one pass over the entries (half the time of four)
-        four = np.fromiter(chain.from_iterable(map(_get_four, entries)), dtype=np.int64, count=4 * n).reshape(n, 4)
+        get_four = itemgetter(*(own(k, k) for k in _FOUR))
+        four = np.fromiter(chain.from_iterable(map(get_four, entries)), dtype=np.int64, count=4 * n).reshape(n, 4)
     except (KeyError, TypeError, ValueError, OverflowError):  # one missing or not an int: column by column
         pass
     cols["addr"] = np.ascontiguousarray(four[:, 0]) if four is not None else int_col("addr", 0)
@@ -438,13 +456,14 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     if replay_only:
         segs = np.flatnonzero(np.isin(cols["action"], _SEGMENT_CODES)).tolist()
         seg_entries = [entries[i] for i in segs]
-        frame_lists = list(map(dict.get, seg_entries, repeat("frames"), repeat(())))
+        frame_lists = list(map(dict.get, seg_entries, repeat(own("frames", "frames")), repeat(())))
         user_metadata, compile_context = np.full(n, -1, dtype=np.int32), np.full(n, -1, dtype=np.int32)
     else:
-        frame_lists = _field(entries, "frames", (), present)
-        user_metadata = _table_col(_field(entries, "user_metadata", None, present), t.string,
+        frame_lists = _field(entries, own("frames", "frames"), (), present)
+        user_metadata = _table_col(_field(entries, own("user_metadata", "user_metadata"), None, present), t.string,
                                    lambda v: v in _NO_STRING)
-        compile_context = _table_col(_field(entries, "compile_context", None, present), t.string,
+        compile_context = _table_col(_field(entries, own("compile_context", "compile_context"), None, present),
+                                     t.string,
                                      lambda v: v in _NO_STRING)
     first = entries[0].keys() if n else ()
     if replay_only:  # the keys not read from every entry: present when every entry has them (a pass in C)
@@ -461,7 +480,8 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     else:
         cols["stack"] = _stack_col(path, frame_lists, t, refs)
     cols["pool"] = (np.full(n, -1, dtype=np.int32) if absent("pool_id")
-                    else _table_col(_field(entries, "pool_id", None, present), t.pool, lambda v: v is None))
+                    else _table_col(_field(entries, own("pool_id", "pool_id"), None, present), t.pool,
+                               lambda v: v is None))
     cols["user_metadata"] = user_metadata
     cols["compile_context"] = compile_context
     return cols
@@ -512,6 +532,10 @@ def _table_col(values: list, intern: Any, is_default: Any) -> np.ndarray:
     per entry); -1 for none. A value that cannot be a key (a dict, a nested list) counts as none: the field is
     labels, not memory."""
     n = len(values)
+    if n and is_default(values[0]) and values.count(values[0]) == n:
+        # every value equal to one default (``compile_context`` is "N/A" on every entry of a 2.x trace, each its
+        # own string object, which a set would hash one by one: 271,109 on ``shared/snapshots/large``)
+        return np.full(n, -1, dtype=np.int32)
     try:
         distinct = set(values)
     except TypeError:  # unhashable values (lists for pool ids in JSON)
@@ -576,16 +600,27 @@ def _stack_col(path: str, frame_lists: list, t: _Tables, refs: bool = False) -> 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd: multiplying by it permutes uint64
 
 
-def _addresses(objs: np.ndarray) -> np.ndarray | None:
-    """``id()`` of every element of the object array ``objs``, read from its buffer of object pointers
-    (CPython's ``id`` is the object's address); None where that does not hold (another interpreter)."""
-    if not objs.size:
-        return np.zeros(0, dtype=np.int64)
-    if objs.itemsize != 8:  # pointers of another width (a 32-bit build): read nothing
+#: Where a ``list``'s pointer to its item array sits in the object (CPython: ``PyObject_VAR_HEAD``, then
+#: ``ob_item``, then ``allocated``: ``Include/cpython/listobject.h``); None on another layout or interpreter.
+_LIST_ITEMS_AT = (list.__basicsize__ - 16 if sys.implementation.name == "cpython" and list.__basicsize__ == 40
+                  and ctypes.sizeof(ctypes.c_void_p) == 8 else None)
+
+
+def _list_addresses(items: list) -> np.ndarray | None:
+    """``id()`` of every element of ``items``, copied from the list's own array of object pointers (one
+    ``memcpy``, where a NumPy object array of them costs a conversion per element: about 60 million fewer
+    instructions for the 2,159,444 frames of ``shared/snapshots/large``); None where the layout is not
+    CPython's (:data:`_LIST_ITEMS_AT`) or the first and last pointers are not their objects' ``id``."""
+    if items.__class__ is not list or _LIST_ITEMS_AT is None:
         return None
-    buf = (ctypes.c_int64 * objs.size).from_address(objs.__array_interface__["data"][0])
-    ptr = np.frombuffer(buf, dtype=np.int64).copy()
-    return ptr if int(ptr[0]) == id(objs[0]) and int(ptr[-1]) == id(objs[-1]) else None
+    if not items:
+        return np.zeros(0, dtype=np.int64)
+        return None
+    base = ctypes.c_void_p.from_address(id(items) + _LIST_ITEMS_AT).value
+    if not base:
+        return None
+    ptr = np.frombuffer((ctypes.c_int64 * len(items)).from_address(base), dtype=np.int64).copy()
+    return ptr if int(ptr[0]) == id(items[0]) and int(ptr[-1]) == id(items[-1]) else None
 
 
 def _first_of_identical(frame_lists: list) -> np.ndarray | None:
@@ -601,9 +636,9 @@ def _first_of_identical(frame_lists: list) -> np.ndarray | None:
     n = len(frame_lists)
     lens = np.fromiter(map(len, frame_lists), dtype=np.int64, count=n)
     total = int(lens.sum())
-    objs = np.fromiter(chain.from_iterable(frame_lists), dtype=object, count=total)
-    ptr = _addresses(objs)
-    del objs
+    flat = list(chain.from_iterable(frame_lists))
+    ptr = _list_addresses(flat) if len(flat) == total else None
+    del flat
     if ptr is None:
         return None
     ends = np.cumsum(lens)
