@@ -53,10 +53,11 @@ ADDRESS_END = 1 << 64  # the end of the address space the model hands segments o
 class Block:
     """``Block``: ``ptr``/``size`` in bytes, ``requested`` (the unrounded request), address-adjacent
     ``prev``/``next`` in the same segment, ``event_count`` > 0 while a deferred free is pending,
-    ``mapped`` False only for the unmapped parts of an expandable segment."""
+    ``mapped`` False only for the unmapped parts of an expandable segment; ``key`` its free-list key
+    (``size << KEY_SHIFT | ptr``), set while it is in a pool's free list (and stale after)."""
 
     __slots__ = ("ptr", "size", "requested", "stream", "pool", "prev", "next", "allocated", "event_count",
-                 "mapped", "segment", "gc_base")
+                 "mapped", "segment", "gc_base", "key")
 
     def __init__(self, ptr: int, size: int, stream: int, pool: BlockPool, segment: ExpandableSegment | None = None,
                  mapped: bool = True) -> None:
@@ -72,6 +73,7 @@ class Block:
         self.mapped = mapped
         self.segment = segment
         self.gc_base = 0
+        self.key = 0
 
     def __repr__(self) -> str:
         state = "alloc" if self.allocated else ("pending" if self.event_count else ("free" if self.mapped else "unmapped"))
@@ -103,7 +105,7 @@ class BlockPool:
 
     def insert(self, b: Block) -> None:
         """``insert_into_blocks``: also resets the block's GC age."""
-        key = (b.size << KEY_SHIFT) | b.ptr
+        b.key = key = (b.size << KEY_SHIFT) | b.ptr
         lst = self.lists.get(b.stream)
         if lst is None:
             lst = self.lists[b.stream] = []
@@ -112,7 +114,7 @@ class BlockPool:
         b.gc_base = self.gc_calls
 
     def remove(self, b: Block) -> None:
-        key = (b.size << KEY_SHIFT) | b.ptr
+        key = b.key
         lst = self.lists[b.stream]
         del lst[bisect_left(lst, key)]
         del self.by_key[key]
@@ -249,7 +251,7 @@ class CachingAllocator:
             b.ptr = ptr
             b.size = remaining
             # pool.insert(b), written out
-            key = (remaining << KEY_SHIFT) | ptr
+            b.key = key = (remaining << KEY_SHIFT) | ptr
             lst = pool.lists.get(b.stream)
             if lst is None:
                 lst = pool.lists[b.stream] = []
@@ -402,7 +404,7 @@ class CachingAllocator:
         src = b.prev
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
-                key = (src.size << KEY_SHIFT) | src.ptr
+                key = src.key
                 lst = pool.lists[src.stream]
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
@@ -418,7 +420,7 @@ class CachingAllocator:
         src = b.next
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
-                key = (src.size << KEY_SHIFT) | src.ptr
+                key = src.key
                 lst = pool.lists[src.stream]
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
@@ -431,7 +433,7 @@ class CachingAllocator:
                 self._merge(b, src, pool)
                 size = b.size
         # pool.insert(b), written out
-        key = (size << KEY_SHIFT) | b.ptr
+        b.key = key = (size << KEY_SHIFT) | b.ptr
         lst = pool.lists.get(b.stream)
         if lst is None:
             lst = pool.lists[b.stream] = []
@@ -708,7 +710,7 @@ class CachingAllocator:
                         active += b.size
                     else:
                         free += 1
-                        assert b.pool.by_key.get((b.size << KEY_SHIFT) | b.ptr) is b, b
+                        assert b.key == (b.size << KEY_SHIFT) | b.ptr and b.pool.by_key.get(b.key) is b, b
                 b = b.next
         assert free == sum(len(pool.by_key) for pool in pools), "free list holds blocks outside any segment"
         reserved += self.external_reserved
