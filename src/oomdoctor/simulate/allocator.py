@@ -168,6 +168,10 @@ class CachingAllocator:
     ``free(block, deferred)``; ``complete(block)`` marks a deferred free's event done;
     ``empty_cache()``. Counters in bytes: ``reserved`` (``total_allocated_memory``), ``allocated``
     (sum of allocated block sizes), ``requested``, ``active`` (allocated + pending free), and their peaks.
+
+    A :class:`Block` merged into a neighbour by ``free_block`` is kept in ``spare`` and reused as the front part of
+    a later split (issue 38: one Block object made and one freed per split and merge cost about 5% of a replay):
+    a reference to a free block is not valid once it may have been merged.
     """
 
     def __init__(self, config: AllocatorConfig, *, fraction_limit: int | None = None, device_limit: int | None = None,
@@ -196,6 +200,7 @@ class CachingAllocator:
         self.done: list[Block] = []  # deferred frees whose events completed, for the next process_events
         self.segment_events: list[tuple[int, int, int]] = []
         self.oom_request: tuple[int, int] | None = None
+        self.spare: list[Block] = []  # blocks merged away (free, mapped, no event), for reuse by the next split
 
     # ---- allocation -------------------------------------------------------------------------------
 
@@ -240,7 +245,16 @@ class CachingAllocator:
         if (remaining >= K_MIN_BLOCK_SIZE) if (pool.is_small or self.expandable) else (
                 remaining > K_SMALL_SIZE and (self.mss is None or size < self.mss)):
             ptr = b.ptr
-            front = Block(ptr, size, stream, pool, b.segment)  # the front part is allocated
+            spare = self.spare
+            if spare:  # the front part is allocated: a merged-away Block reused (mapped, no event, not allocated)
+                front = spare.pop()
+                front.ptr = ptr
+                front.size = size
+                front.stream = stream
+                front.pool = pool
+                front.segment = b.segment
+            else:
+                front = Block(ptr, size, stream, pool, b.segment)
             prev = b.prev
             front.prev = prev
             front.next = b
@@ -414,6 +428,7 @@ class CachingAllocator:
                     p.next = b
                 size += src.size
                 b.size = size
+                self.spare.append(src)
             elif src.mapped == mapped:
                 self._merge(b, src, pool)
                 size = b.size
@@ -429,6 +444,7 @@ class CachingAllocator:
                     nx.prev = b
                 size += src.size
                 b.size = size
+                self.spare.append(src)
             elif src.mapped == mapped:
                 self._merge(b, src, pool)
                 size = b.size
