@@ -167,7 +167,8 @@ class CachingAllocator:
     returns a :class:`Block` or None on OOM (``oom_request`` then holds ``(size, alloc_size)``);
     ``free(block, deferred)``; ``complete(block)`` marks a deferred free's event done;
     ``empty_cache()``. Counters in bytes: ``reserved`` (``total_allocated_memory``), ``allocated``
-    (sum of allocated block sizes), ``requested``, ``active`` (allocated + pending free), and their peaks.
+    (sum of allocated block sizes), ``requested``, their peaks, and ``active`` (allocated + pending free, summed
+    when read).
 
     A :class:`Block` merged into a neighbour by ``free_block`` is kept in ``spare`` and reused as the front part of
     a later split (issue 38: one Block object made and one freed per split and merge cost about 5% of a replay):
@@ -192,7 +193,6 @@ class CachingAllocator:
         self.external_reserved = 0  # private pools' segments, replayed as recorded (see external())
         self.allocated = 0
         self.requested = 0
-        self.active = 0
         self.peak_reserved = 0
         self.peak_allocated = 0
         self.num_alloc_retries = 0
@@ -201,6 +201,11 @@ class CachingAllocator:
         self.segment_events: list[tuple[int, int, int]] = []
         self.oom_request: tuple[int, int] | None = None
         self.spare: list[Block] = []  # blocks merged away (free, mapped, no event), for reuse by the next split
+
+    @property
+    def active(self) -> int:
+        """Bytes of the active blocks: allocated, or freed with an event pending (``active_bytes``)."""
+        return self.allocated + sum(b.size for b in self.pending.values())
 
     # ---- allocation -------------------------------------------------------------------------------
 
@@ -220,13 +225,15 @@ class CachingAllocator:
         b = None
         if lst:
             i = bisect_left(lst, size << KEY_SHIFT)
-            if i < len(lst):
-                key = lst[i]
-                b = pool.by_key[key]
+            try:
+                b = pool.by_key.pop(lst[i])
+            except IndexError:  # no free block this large on the stream
+                pass
+            else:
                 if b.segment is None and self.mss is None:
                     del lst[i]
-                    del pool.by_key[key]
-                else:
+                else:  # back in place for the expandable walk and the oversize rules
+                    pool.by_key[lst[i]] = b
                     b = self._best_fit(pool, lst, i, b, size)
         if b is None:
             alloc_size = allocation_size(size)
@@ -280,7 +287,6 @@ class CachingAllocator:
         allocated = self.allocated + size
         self.allocated = allocated
         self.requested += requested
-        self.active += size
         if allocated > self.peak_allocated:
             self.peak_allocated = allocated
         return b
@@ -374,10 +380,11 @@ class CachingAllocator:
 
     def free(self, b: Block, deferred: bool = False) -> None:
         """``free``: the user's free. ``deferred``: the block was used on another stream
-        (``record_stream``), so it waits for its event (``insert_events``) instead of ``free_block``."""
-        b.allocated = False
-        self.allocated -= b.size
+        (``record_stream``), so it waits for its event (``insert_events``) instead of ``free_block``
+        (which ends the allocation itself: the replay calls it directly for a free without an event)."""
         if deferred:
+            b.allocated = False
+            self.allocated -= b.size
             b.event_count = 1
             self.pending[id(b)] = b
         else:
@@ -408,18 +415,21 @@ class CachingAllocator:
     def free_block(self, b: Block) -> None:
         """``free_block``: merge with free neighbours of the same mapped state, return to the pool.
 
-        Called once per ``free_requested`` event of a replay, so ``try_merge_blocks`` of two mapped
-        blocks and ``insert_into_blocks`` are written out here (issue 38); :meth:`_merge` does the rest."""
+        Called once per ``free_requested`` event of a replay (for a block still allocated, it is :meth:`free`
+        without an event: the allocation ends here), so ``try_merge_blocks`` of two mapped blocks and
+        ``insert_into_blocks`` are written out here (issue 38); :meth:`_merge` does the rest."""
         size = b.size
-        self.active -= size
+        if b.allocated:
+            b.allocated = False
+            self.allocated -= size
         self.requested -= b.requested
         pool = b.pool
         mapped = b.mapped
+        lst = pool.lists.get(b.stream)  # a neighbour's list too: a segment's blocks share its stream
         src = b.prev
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
                 key = src.key
-                lst = pool.lists[src.stream]
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
                 b.ptr = src.ptr
@@ -436,7 +446,6 @@ class CachingAllocator:
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
                 key = src.key
-                lst = pool.lists[src.stream]
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
                 nx = b.next = src.next
@@ -450,7 +459,6 @@ class CachingAllocator:
                 size = b.size
         # pool.insert(b), written out
         b.key = key = (size << KEY_SHIFT) | b.ptr
-        lst = pool.lists.get(b.stream)
         if lst is None:
             lst = pool.lists[b.stream] = []
         insort(lst, key)
@@ -684,7 +692,6 @@ class CachingAllocator:
                 pool.insert_unmapped(b)
             else:
                 b.requested = requested
-                self.active += size
                 self.requested += requested
                 if state == "allocated":
                     b.allocated = True

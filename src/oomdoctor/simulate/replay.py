@@ -552,6 +552,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     missing = 0
     t0 = time.perf_counter()
     malloc, free, complete = sim.malloc, sim.free, sim.complete
+    free_now = sim.free_block  # free() without an event, one call fewer
     seg_events = sim.segment_events
     last_event = prepared.device.num_events - 1
     for kind, j, st, a, size, req in zip(prepared.op_kind, prepared.op_event, prepared.op_stream,
@@ -574,7 +575,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             if b is None:
                 missing += 1
             else:
-                free(b)
+                free_now(b)
         elif kind == _MALLOC_RUN or kind == _OOM:
             a, pe, sync, released, mark = a
             n0 = len(seg_events)
