@@ -318,3 +318,31 @@ def test_a_recorded_address_held_by_a_live_segment_is_not_handed_out_again(tmp_p
     # the second alloc at s1 hides the first (its free frees the second, the next free is skipped): 60 MiB
     assert r.oom is None and r.peak_allocated_bytes == 60 * MiB
     assert any("1 frees of blocks the replay does not hold" in w for w in r.warnings)
+
+
+# ---- Block objects reused (issue 38: CachingAllocator.spare) -----------------------------------------
+
+def test_a_block_merged_away_is_reused_by_the_next_split_and_the_counts_hold():
+    a = sim()
+    x = malloc(a, 4 * MiB)              # a 20 MiB segment split: x, then the 16 MiB remainder r
+    r = x.next
+    a.free(x)                           # x absorbs r: r is merged away, kept for reuse
+    assert a.spare == [r] and x.size == 20 * MiB
+    base = x.ptr
+    y = malloc(a, 6 * MiB)              # the split's front part is r's object, made over
+    assert y is r and (y.ptr, y.size, y.allocated, y.next) == (base, 6 * MiB, True, x) and a.spare == []
+    assert (x.ptr, x.size, x.prev) == (base + 6 * MiB, 14 * MiB, y)
+    a.check([y])                        # chains, free lists (keys) and byte counts hold
+    assert (a.allocated, a.active, a.requested) == (6 * MiB, 6 * MiB, 6 * MiB)
+
+
+def test_active_counts_allocated_and_pending_blocks():
+    a = sim()
+    x, y = malloc(a, 12 * MiB), malloc(a, 30 * MiB)
+    a.free(x, deferred=True)
+    assert (a.allocated, a.active) == (30 * MiB, 42 * MiB)
+    a.free(y)
+    assert (a.allocated, a.active) == (0, 12 * MiB)
+    a.complete(x)
+    malloc(a, 1 * MiB)                  # process_events returns x
+    assert a.active == a.allocated == 1 * MiB

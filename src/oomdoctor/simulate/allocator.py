@@ -53,10 +53,11 @@ ADDRESS_END = 1 << 64  # the end of the address space the model hands segments o
 class Block:
     """``Block``: ``ptr``/``size`` in bytes, ``requested`` (the unrounded request), address-adjacent
     ``prev``/``next`` in the same segment, ``event_count`` > 0 while a deferred free is pending,
-    ``mapped`` False only for the unmapped parts of an expandable segment."""
+    ``mapped`` False only for the unmapped parts of an expandable segment; ``key`` its free-list key
+    (``size << KEY_SHIFT | ptr``), set while it is in a pool's free list (and stale after)."""
 
     __slots__ = ("ptr", "size", "requested", "stream", "pool", "prev", "next", "allocated", "event_count",
-                 "mapped", "segment", "gc_base")
+                 "mapped", "segment", "gc_base", "key")
 
     def __init__(self, ptr: int, size: int, stream: int, pool: BlockPool, segment: ExpandableSegment | None = None,
                  mapped: bool = True) -> None:
@@ -72,6 +73,7 @@ class Block:
         self.mapped = mapped
         self.segment = segment
         self.gc_base = 0
+        self.key = 0
 
     def __repr__(self) -> str:
         state = "alloc" if self.allocated else ("pending" if self.event_count else ("free" if self.mapped else "unmapped"))
@@ -103,7 +105,7 @@ class BlockPool:
 
     def insert(self, b: Block) -> None:
         """``insert_into_blocks``: also resets the block's GC age."""
-        key = (b.size << KEY_SHIFT) | b.ptr
+        b.key = key = (b.size << KEY_SHIFT) | b.ptr
         lst = self.lists.get(b.stream)
         if lst is None:
             lst = self.lists[b.stream] = []
@@ -112,7 +114,7 @@ class BlockPool:
         b.gc_base = self.gc_calls
 
     def remove(self, b: Block) -> None:
-        key = (b.size << KEY_SHIFT) | b.ptr
+        key = b.key
         lst = self.lists[b.stream]
         del lst[bisect_left(lst, key)]
         del self.by_key[key]
@@ -165,7 +167,12 @@ class CachingAllocator:
     returns a :class:`Block` or None on OOM (``oom_request`` then holds ``(size, alloc_size)``);
     ``free(block, deferred)``; ``complete(block)`` marks a deferred free's event done;
     ``empty_cache()``. Counters in bytes: ``reserved`` (``total_allocated_memory``), ``allocated``
-    (sum of allocated block sizes), ``requested``, ``active`` (allocated + pending free), and their peaks.
+    (sum of allocated block sizes), ``requested``, their peaks, and ``active`` (allocated + pending free, summed
+    when read).
+
+    A :class:`Block` merged into a neighbour by ``free_block`` is kept in ``spare`` and reused as the front part of
+    a later split (issue 38: one Block object made and one freed per split and merge cost about 5% of a replay):
+    a reference to a free block is not valid once it may have been merged.
     """
 
     def __init__(self, config: AllocatorConfig, *, fraction_limit: int | None = None, device_limit: int | None = None,
@@ -186,7 +193,6 @@ class CachingAllocator:
         self.external_reserved = 0  # private pools' segments, replayed as recorded (see external())
         self.allocated = 0
         self.requested = 0
-        self.active = 0
         self.peak_reserved = 0
         self.peak_allocated = 0
         self.num_alloc_retries = 0
@@ -194,6 +200,12 @@ class CachingAllocator:
         self.done: list[Block] = []  # deferred frees whose events completed, for the next process_events
         self.segment_events: list[tuple[int, int, int]] = []
         self.oom_request: tuple[int, int] | None = None
+        self.spare: list[Block] = []  # blocks merged away (free, mapped, no event), for reuse by the next split
+
+    @property
+    def active(self) -> int:
+        """Bytes of the active blocks: allocated, or freed with an event pending (``active_bytes``)."""
+        return self.allocated + sum(b.size for b in self.pending.values())
 
     # ---- allocation -------------------------------------------------------------------------------
 
@@ -213,13 +225,15 @@ class CachingAllocator:
         b = None
         if lst:
             i = bisect_left(lst, size << KEY_SHIFT)
-            if i < len(lst):
-                key = lst[i]
-                b = pool.by_key[key]
+            try:
+                b = pool.by_key.pop(lst[i])
+            except IndexError:  # no free block this large on the stream
+                pass
+            else:
                 if b.segment is None and self.mss is None:
                     del lst[i]
-                    del pool.by_key[key]
-                else:
+                else:  # back in place for the expandable walk and the oversize rules
+                    pool.by_key[lst[i]] = b
                     b = self._best_fit(pool, lst, i, b, size)
         if b is None:
             alloc_size = allocation_size(size)
@@ -238,7 +252,16 @@ class CachingAllocator:
         if (remaining >= K_MIN_BLOCK_SIZE) if (pool.is_small or self.expandable) else (
                 remaining > K_SMALL_SIZE and (self.mss is None or size < self.mss)):
             ptr = b.ptr
-            front = Block(ptr, size, stream, pool, b.segment)  # the front part is allocated
+            spare = self.spare
+            if spare:  # the front part is allocated: a merged-away Block reused (mapped, no event, not allocated)
+                front = spare.pop()
+                front.ptr = ptr
+                front.size = size
+                front.stream = stream
+                front.pool = pool
+                front.segment = b.segment
+            else:
+                front = Block(ptr, size, stream, pool, b.segment)
             prev = b.prev
             front.prev = prev
             front.next = b
@@ -249,7 +272,7 @@ class CachingAllocator:
             b.ptr = ptr
             b.size = remaining
             # pool.insert(b), written out
-            key = (remaining << KEY_SHIFT) | ptr
+            b.key = key = (remaining << KEY_SHIFT) | ptr
             lst = pool.lists.get(b.stream)
             if lst is None:
                 lst = pool.lists[b.stream] = []
@@ -264,7 +287,6 @@ class CachingAllocator:
         allocated = self.allocated + size
         self.allocated = allocated
         self.requested += requested
-        self.active += size
         if allocated > self.peak_allocated:
             self.peak_allocated = allocated
         return b
@@ -358,10 +380,11 @@ class CachingAllocator:
 
     def free(self, b: Block, deferred: bool = False) -> None:
         """``free``: the user's free. ``deferred``: the block was used on another stream
-        (``record_stream``), so it waits for its event (``insert_events``) instead of ``free_block``."""
-        b.allocated = False
-        self.allocated -= b.size
+        (``record_stream``), so it waits for its event (``insert_events``) instead of ``free_block``
+        (which ends the allocation itself: the replay calls it directly for a free without an event)."""
         if deferred:
+            b.allocated = False
+            self.allocated -= b.size
             b.event_count = 1
             self.pending[id(b)] = b
         else:
@@ -392,18 +415,21 @@ class CachingAllocator:
     def free_block(self, b: Block) -> None:
         """``free_block``: merge with free neighbours of the same mapped state, return to the pool.
 
-        Called once per ``free_requested`` event of a replay, so ``try_merge_blocks`` of two mapped
-        blocks and ``insert_into_blocks`` are written out here (issue 38); :meth:`_merge` does the rest."""
+        Called once per ``free_requested`` event of a replay (for a block still allocated, it is :meth:`free`
+        without an event: the allocation ends here), so ``try_merge_blocks`` of two mapped blocks and
+        ``insert_into_blocks`` are written out here (issue 38); :meth:`_merge` does the rest."""
         size = b.size
-        self.active -= size
+        if b.allocated:
+            b.allocated = False
+            self.allocated -= size
         self.requested -= b.requested
         pool = b.pool
         mapped = b.mapped
+        lst = pool.lists.get(b.stream)  # a neighbour's list too: a segment's blocks share its stream
         src = b.prev
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
-                key = (src.size << KEY_SHIFT) | src.ptr
-                lst = pool.lists[src.stream]
+                key = src.key
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
                 b.ptr = src.ptr
@@ -412,14 +438,14 @@ class CachingAllocator:
                     p.next = b
                 size += src.size
                 b.size = size
+                self.spare.append(src)
             elif src.mapped == mapped:
                 self._merge(b, src, pool)
                 size = b.size
         src = b.next
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
-                key = (src.size << KEY_SHIFT) | src.ptr
-                lst = pool.lists[src.stream]
+                key = src.key
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
                 nx = b.next = src.next
@@ -427,12 +453,12 @@ class CachingAllocator:
                     nx.prev = b
                 size += src.size
                 b.size = size
+                self.spare.append(src)
             elif src.mapped == mapped:
                 self._merge(b, src, pool)
                 size = b.size
         # pool.insert(b), written out
-        key = (size << KEY_SHIFT) | b.ptr
-        lst = pool.lists.get(b.stream)
+        b.key = key = (size << KEY_SHIFT) | b.ptr
         if lst is None:
             lst = pool.lists[b.stream] = []
         insort(lst, key)
@@ -666,7 +692,6 @@ class CachingAllocator:
                 pool.insert_unmapped(b)
             else:
                 b.requested = requested
-                self.active += size
                 self.requested += requested
                 if state == "allocated":
                     b.allocated = True
@@ -708,7 +733,7 @@ class CachingAllocator:
                         active += b.size
                     else:
                         free += 1
-                        assert b.pool.by_key.get((b.size << KEY_SHIFT) | b.ptr) is b, b
+                        assert b.key == (b.size << KEY_SHIFT) | b.ptr and b.pool.by_key.get(b.key) is b, b
                 b = b.next
         assert free == sum(len(pool.by_key) for pool in pools), "free list holds blocks outside any segment"
         reserved += self.external_reserved

@@ -527,6 +527,10 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     sim = CachingAllocator(config, fraction_limit=fraction_limit, device_limit=device_limit, addresses=addresses)
     uncapped = fraction_limit is None and device_limit is None
     warnings: list[str] = []
+    # The blocks the program holds, and those whose free waits for an event (record_stream), by recorded address.
+    # When a malloc's fallback (release_cached_blocks) completes every deferred free, ``pend`` is emptied too: the
+    # model may merge those blocks away and reuse the objects for new blocks (CachingAllocator.spare), which an
+    # address left in ``pend`` must not complete.
     live: dict[int, object] = {}
     pend: dict[int, object] = {}
     immediate = deferred_frees == IMMEDIATE
@@ -548,6 +552,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     missing = 0
     t0 = time.perf_counter()
     malloc, free, complete = sim.malloc, sim.free, sim.complete
+    free_now = sim.free_block  # free() without an event, one call fewer
     seg_events = sim.segment_events
     last_event = prepared.device.num_events - 1
     for kind, j, st, a, size, req in zip(prepared.op_kind, prepared.op_event, prepared.op_stream,
@@ -555,6 +560,8 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
         if kind == _MALLOC:  # the common case, alone
             n0 = len(seg_events)
             b = malloc(size, req, st)
+            if pend and not sim.pending:  # the malloc's fallback completed every deferred free
+                pend.clear()
             if len(seg_events) != n0:
                 seg_marks.append((j, j, n0, len(seg_events)))
             if b is None:
@@ -568,7 +575,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             if b is None:
                 missing += 1
             else:
-                free(b)
+                free_now(b)
         elif kind == _MALLOC_RUN or kind == _OOM:
             a, pe, sync, released, mark = a
             n0 = len(seg_events)
@@ -584,6 +591,8 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             if sync is not None and not immediate:
                 syncing = [b for fa in sync if (b := pend.pop(fa, None)) is not None]
             b = malloc(size, size if kind == _OOM else req, st)
+            if pend and not sim.pending:
+                pend.clear()
             if syncing:
                 for sb in syncing:
                     complete(sb)  # done by now if the fallback did not already sync
@@ -661,6 +670,8 @@ def _install_start(prepared: Prepared, sim: CachingAllocator, same_config: bool,
         sizes = round_size(np.array([x[3] for x in blocks], dtype=np.int64), rounded_table).tolist()
         for (st, ptr, _size, req, state), sz in zip(blocks, sizes):
             b = sim.malloc(sz, req, st)
+            if pend and not sim.pending:
+                pend.clear()
             if b is None:
                 break
             if state == "allocated":

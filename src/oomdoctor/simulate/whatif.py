@@ -198,7 +198,11 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
         if capacity.kind != "fraction":
             notes.append("gc-not-tried")
     t0 = time.perf_counter()
-    results = [_strip(self_replay)] + run_many(prepared, whatifs, capacity, workers)
+    # a configuration asked for that is the recorded one, with recorded frees, is the self-replay: not replayed again
+    recorded = WhatIf(prepared.recorded_config, RECORDED)
+    done = iter(run_many(prepared, [w for w in whatifs if w != recorded], capacity, workers))
+    results = [_strip(self_replay)]
+    results += [self_replay if w == recorded else next(done) for w in whatifs]
     if search:
         search_wall = time.perf_counter() - t0
     peak_r, _ = tl.peak_reserved
