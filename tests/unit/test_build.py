@@ -333,3 +333,33 @@ def test_replay_only_keeps_what_the_replay_reads(tmp_path):
         r = replay(p, capacity=cap)
         results.append((cap, r.peak_reserved_bytes, r.end_reserved_bytes, r.matches_recorded, r.model.segment_events))
     assert results[0] == results[1] and results[1][3] is True
+
+
+def test_present_in_all_is_the_keys_no_entry_lacks():
+    """``_present_in_all`` (the ``replay_only`` load's proof that the keys it does not read are in every entry):
+    one pass for all keys, and the per-key answer where an entry lacks one."""
+    from oomdoctor.trace.build import _present_in_all
+
+    entries = [{"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 2, "c": 3}, {"a": 1, "c": 3, "d": 4}]
+    assert _present_in_all(entries, ["a", "c"]) == {"a", "c"}
+    assert _present_in_all(entries, ["a", "b", "c"]) == {"a", "c"}
+    assert _present_in_all(entries, ["b"]) == set()
+    assert _present_in_all(entries, []) == set()
+
+
+def test_replay_only_reads_device_free_where_an_entry_trades_a_key_for_it(tmp_path):
+    """An entry with as many keys as the first that lacks ``frames`` but has ``device_free``: the ``replay_only``
+    load must not take ``device_free`` for absent from all (its entries are alike by count, not by keys)."""
+    b = SnapBuilder()
+    s1 = b.segment(20 * MiB)
+    t = b.alloc(s1, 0, 4 * MiB)
+    b.free(t)
+    path = b.write(tmp_path / "trade.pickle")
+    snap = pickle.loads(path.read_bytes())
+    e = snap["device_traces"][0][1]
+    del e["frames"]
+    e["device_free"] = 12345
+    path.write_bytes(pickle.dumps(snap))
+    full, lean = load(path), load(path, replay_only=True)
+    assert full.primary.events["device_free"].tolist()[1] == 12345
+    assert lean.primary.events["device_free"].tolist() == full.primary.events["device_free"].tolist()

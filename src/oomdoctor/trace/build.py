@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections import Counter
+from collections import Counter, deque
 from itertools import chain, count, repeat
 from operator import itemgetter
 from typing import Any
@@ -466,8 +466,8 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
                                      t.string,
                                      lambda v: v in _NO_STRING)
     first = entries[0].keys() if n else ()
-    if replay_only:  # the keys not read from every entry: present when every entry has them (a pass in C)
-        present |= {k for k in first - present if all(map(dict.__contains__, entries, repeat(k)))}
+    if replay_only:  # the keys not read from every entry: present when every entry has them
+        present |= _present_in_all(entries, [k for k in first if k not in present])
     alike = bool(n) and first <= present and set(map(len, entries)) == {len(first)}
 
     def absent(key: str) -> bool:
@@ -485,6 +485,18 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
     cols["user_metadata"] = user_metadata
     cols["compile_context"] = compile_context
     return cols
+
+
+def _present_in_all(entries: list, keys: list[str]) -> set[str]:
+    """The ``keys`` that every entry (all dicts) has. One pass in C for all of them together (``itemgetter`` raises
+    ``KeyError`` at the first entry that lacks one), then, only where some entry lacks one, a pass per key."""
+    if not keys:
+        return set()
+    try:
+        deque(map(itemgetter(*keys), entries), maxlen=0)
+    except KeyError:
+        return {k for k in keys if all(map(dict.__contains__, entries, repeat(k)))}
+    return set(keys)
 
 
 def _field(entries: list, key: str, default: Any, present: set[str]) -> list:
