@@ -14,11 +14,7 @@ from rich.text import Text
 
 from .console import hang, plain_console
 from .format import fit_site, format_bytes, format_signed_bytes, format_us, span
-from .words import findings as finding_words
-from .words import fits as fits_words
-from .words import predict as predict_words
 from .words import simulate as sim_words
-from .words import verdict as verdict_words
 from .words.capacity import said as capacity_said
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
@@ -74,6 +70,7 @@ def _scale(scale: float, at_limit: bool) -> str:
 
 
 def _verdict_panel(report: Report) -> Panel | None:
+    from .words import verdict as verdict_words
     v = report.verdict
     if v is None:
         return None
@@ -127,6 +124,7 @@ _UNKNOWN_WHY = {"before_trace_no_stack": "born before the trace, no stack of the
 
 
 def _breakdown_text(r: RankSummary, width: int) -> Group:
+    from .words import fits as fits_words
     bd = r.breakdown
     if bd is None:
         return Group()
@@ -228,6 +226,7 @@ def _timeline(r: RankSummary) -> Group:
 
 
 def _prediction_text(p: dict) -> str:
+    from .words import predict as predict_words
     what = []
     if p["config"]:
         what.append(p["config"])
@@ -244,6 +243,7 @@ def _prediction_text(p: dict) -> str:
 
 
 def _finding_panel(i: int, f) -> Panel:
+    from .words import findings as finding_words
     ranks = ",".join(str(r) for r in f.ranks)
     head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
@@ -322,6 +322,7 @@ def _rank_section(r: RankSummary, console: Console) -> None:
 def _render_grouped(report: Report, console: Console) -> None:
     """A job of many ranks in under 80 lines at 80 columns: the groups, one section (the first odd rank's, else
     the first rank's), the findings one line each."""
+    from .words import findings as finding_words
     console.print(Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, peaks within "
                        "1%):", style="bold"))
     for line in _group_lines(report, console.width):
@@ -348,6 +349,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
     then the findings (those under the materiality threshold on one line each). Above :data:`GROUPED_RANKS`
     ranks, unless ``all_ranks``, alike ranks are grouped (:mod:`oomdoctor.report.groups`) and the odd ones named
     on the second line."""
+    from .words import findings as finding_words
     grouped = len(report.ranks) > GROUPED_RANKS and not all_ranks and report.groups is not None
     v = report.verdict
     head = Text(f"oomdoctor {report.oomdoctor_version}: ", style="bold")
@@ -588,6 +590,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     after an out-of-memory error): the verdict, what holds the memory on the verdict's first rank
     (its breakdown and ``holders`` largest holders), what fits, the actions in the framework's words,
     and where the snapshot is. Plain text wrapped at ``width`` columns."""
+    from .words import verdict as verdict_words
     v = report.verdict
     if v is None or not report.ranks:
         return f"oomdoctor: nothing to diagnose in {', '.join(report.inputs) or 'the recording'}"
