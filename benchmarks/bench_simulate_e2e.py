@@ -5,8 +5,9 @@ Usage::
     python benchmarks/bench_simulate_e2e.py [SNAPSHOT] [--repeat N] [--src LABEL=DIR ...] [--json OUT]
 
 Default snapshot: ``../shared/snapshots/large/fsdp2-gpt2-60steps-rank0.pickle.xz`` (271,109 events),
-decompressed once to a temporary file. Every repetition runs ``pickle.load`` and then ``oomdoctor simulate``
-under each ``--src`` (a ``src`` folder put first on ``PYTHONPATH``, e.g. ``before=/tmp/base/src``; default: the
+decompressed once to a temporary file. Every repetition runs ``pickle.load`` and ``oomdoctor simulate``
+under each ``--src``, in an order that rotates from one repetition to the next (a fixed order favoured the last
+tree on a machine that had just started: round 11 in docs/benchmarks.md), (a ``src`` folder put first on ``PYTHONPATH``, e.g. ``before=/tmp/base/src``; default: the
 one this file sits next to), each a fresh process, so machine noise hits all alike; the median of each is
 kept. Also given: the CPU seconds (user + system, ``wait4``) of each process, steadier than wall time on a
 shared machine, and the same rate computed from them.
@@ -75,10 +76,10 @@ def main() -> None:
         runs: dict[str, list[tuple[float, float]]] = {"pickle_load": [], **{f"simulate[{k}]": [] for k in srcs}}
         for label, env in envs.items():  # warm the page cache and the .pyc files
             run(sim, env)
-        for _ in range(a.repeat):
-            runs["pickle_load"].append(run(load))
-            for label, env in envs.items():
-                runs[f"simulate[{label}]"].append(run(sim, env))
+        jobs = [("pickle_load", load, None)] + [(f"simulate[{label}]", sim, env) for label, env in envs.items()]
+        for rep in range(a.repeat):  # the order rotates every repetition: no tree always runs first or last
+            for key, argv, env in jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]:
+                runs[key].append(run(argv, env))
     finally:
         shutil.rmtree(tmp)
     wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
@@ -92,6 +93,9 @@ def main() -> None:
         k = f"simulate[{label}]"
         out["events_per_s"][label] = round(events / (wall[k] - wall["pickle_load"]))
         out["events_per_s_cpu"][label] = round(events / (cpu[k] - cpu["pickle_load"]))
+        # each repetition's own simulate against its own pickle.load, then the median (steadier on a noisy machine)
+        out.setdefault("events_per_s_paired", {})[label] = round(statistics.median(
+            events / (s[0] - p[0]) for s, p in zip(runs[k], runs["pickle_load"]) if s[0] > p[0]))
     print(json.dumps(out, indent=2))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
