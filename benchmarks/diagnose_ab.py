@@ -1,5 +1,5 @@
 """``oomdoctor diagnose`` of one snapshot with two source trees side by side, beside ``pickle.load``, in fresh
-processes, alternated; CPU seconds of each child (``wait4``: user + sys) and wall, best and median. On a machine
+processes, alternated (the order rotating every repetition); CPU seconds of each child (``wait4``: user + sys) and wall, best and median. On a machine
 shared with other work, CPU time is the steadier measure (docs/benchmarks.md). Both trees are byte-compiled first
 (``compileall``), as an installed package is: where ``PYTHONDONTWRITEBYTECODE`` is set and no ``__pycache__`` exists,
 every run would compile oomdoctor's sources again (0.2-0.5 s). Usage::
@@ -53,8 +53,9 @@ def main() -> None:
                    OMP_NUM_THREADS=count, MKL_NUM_THREADS=count)
         cmds[f"diagnose_{k}"] = ([sys.executable, "-m", "oomdoctor", "diagnose", plain], env)
     res: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
-    for _ in range(n):
-        for k, (argv, env) in cmds.items():
+    order = list(cmds.items())
+    for rep in range(n):  # the order rotates every repetition: no command always runs first or last
+        for k, (argv, env) in order[rep % len(order):] + order[:rep % len(order)]:
             res[k].append(run(argv, env))
     for k, v in res.items():
         c, w = sorted(x for x, _ in v), sorted(x for _, x in v)
