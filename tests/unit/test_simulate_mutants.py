@@ -14,7 +14,7 @@ def test_divisions_greater_than_alone_fills_from_interval_1():
 
 
 def test_backend_native_is_accepted():
-    # "native" is a valid backend (kills config.x_parse_config__mutmut_163).
+    # "native" is a valid backend (kills config.x_parse_config__mutmut_163 and _164).
     assert parse_config("backend:native").backend == "native"
     assert parse_config("backend:cudaMallocAsync").backend == "cudaMallocAsync"
 
