@@ -50,7 +50,7 @@ def one(snapshot: str) -> None:
     from oomdoctor.simulate.replay import prepare
 
     # as the command does where it keeps the decoded snapshot (it ends in os._exit, cli/main.exit_now)
-    keep = "keep_decoded()" in Path(oomdoctor.cli.simulate.__file__).read_text()
+    keep = "keep_decoded" in Path(oomdoctor.cli.simulate.__file__).read_text()
     mark()
     if keep:
         from oomdoctor.trace.load import keep_decoded

@@ -65,12 +65,9 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
     rule = Materiality(material_fraction, parse_bytes(material_bytes))
     gpu_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
     inputs = inputs_or_demo(paths, demo, "diagnose")
-    from . import main
+    from .main import keep_decoded_when_exiting
 
-    if main.EXITS_AT_ONCE:  # the process ends with os._exit: the decoded snapshots are never freed
-        from ..trace.load import keep_decoded
-
-        keep_decoded()
+    keep_decoded_when_exiting()
     if fmt == "html":
         from ..render.html import render_html  # jinja2 and the page's views: only for --format html
         from .page import job_page

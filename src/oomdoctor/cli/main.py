@@ -119,6 +119,16 @@ def exits_at_once(argv: list[str]) -> bool:
 EXITS_AT_ONCE = False
 
 
+def keep_decoded_when_exiting() -> None:
+    """When this process ends with :func:`exit_now` (:data:`EXITS_AT_ONCE`), have :func:`oomdoctor.trace.load.load`
+    keep the decoded snapshot instead of freeing it (:func:`~oomdoctor.trace.load.keep_decoded`): the process never
+    pays for freeing it. Does nothing when :func:`main` is called otherwise (as a library)."""
+    if EXITS_AT_ONCE:
+        from ..trace.load import keep_decoded
+
+        keep_decoded()
+
+
 def exit_now(argv: list[str], code: int) -> None:
     """End the process at once (``os._exit``) after a command of :data:`ONE_BLAS_THREAD` when nothing is left to do:
     the ``atexit`` handlers run, standard output and error are flushed, and no other thread runs. The

@@ -30,12 +30,9 @@ def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap:
             search: bool, fmt: str, output: str | None, jobs: int | None) -> None:
     """Replay SNAPSHOT under its recorded allocator settings (checked against the recording) and under
     the settings given, and report peak reserved memory and OOMs for each."""
-    from . import main
+    from .main import keep_decoded_when_exiting
 
-    if main.EXITS_AT_ONCE:  # the process ends with os._exit: the decoded snapshot is never freed (as diagnose)
-        from ..trace.load import keep_decoded
-
-        keep_decoded()
+    keep_decoded_when_exiting()  # as diagnose
     # the replay reads the stacks of segment entries only, and no metadata columns or annotations (issue 38)
     traces = load_with_progress([snapshot], replay_only=True)
     if len(traces) != 1:
