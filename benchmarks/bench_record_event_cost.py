@@ -58,6 +58,17 @@ def fill_buffer() -> None:
         del x
 
 
+def blocks(modes: list[str], n: int, fill: bool):
+    """``n`` rounds of every mode, the order rotating each round; each mode is switched on (its ring buffer filled
+    first with ``fill``) before it is yielded."""
+    for b in range(n):
+        for m in modes[b % len(modes):] + modes[:b % len(modes)]:
+            set_mode(m)
+            if fill and m != "off":
+                fill_buffer()
+            yield m
+
+
 def events_block(n: int) -> float:
     sizes = [256, 1024, 4096, 16384]
     torch.cuda.synchronize()
@@ -96,13 +107,8 @@ def main() -> None:
                  "max_entries": MAX_ENTRIES, "events": {m: [] for m in modes}, "step": {m: [] for m in modes}}
     torch.cuda.init()
     events_block(2000)  # warm the small pool
-    for b in range(a.blocks):
-        order = modes[b % len(modes):] + modes[:b % len(modes)]
-        for m in order:
-            set_mode(m)
-            if a.fill and m != "off":
-                fill_buffer()
-            out["events"][m].append(events_block(a.iters))
+    for m in blocks(modes, a.blocks, a.fill):
+        out["events"][m].append(events_block(a.iters))
     set_mode("off")
     base = statistics.median(out["events"]["off"]) if "off" in modes else None
     for m in modes:
@@ -129,21 +135,16 @@ def main() -> None:
         step()
     torch.cuda.synchronize()
     out["events_per_step"] = count_events(step)
-    for b in range(a.blocks):
-        order = modes[b % len(modes):] + modes[:b % len(modes)]
-        for m in order:
-            set_mode(m)
-            if a.fill and m != "off":
-                fill_buffer()
-            step()  # one step unmeasured after the switch
-            times = []
-            for _ in range(a.block_steps):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                step()
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            out["step"][m].append(statistics.median(times))
+    for m in blocks(modes, a.blocks, a.fill):
+        step()  # one step unmeasured after the switch
+        times = []
+        for _ in range(a.block_steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        out["step"][m].append(statistics.median(times))
     set_mode("off")
     print(f"step: {out['events_per_step']} allocator events per step", flush=True)
     base = statistics.median(out["step"]["off"]) if "off" in modes else None
