@@ -20,6 +20,9 @@ Usage::
     python benchmarks/mutation.py --sample 600   # a random sample, the same number from each module where
                                                  # it has that many (hours -> minutes); the score is then an
                                                  # estimate, reported with its 95% interval
+    python benchmarks/mutation.py --sample 400 --seed 13 --exclude docs/mutation_runs/run12-simulate-sample-names.txt.xz
+                                                 # a sample held out from an earlier one that tests were
+                                                 # written against (its names are never drawn)
 
 A mutant counts as killed when a test failed or timed out under it; ``survived`` and ``no tests`` count against
 the score. The surviving mutants judged equivalent (no test could tell them apart) are listed, with the reason,
@@ -89,6 +92,12 @@ def all_mutants() -> list[str]:
     return names
 
 
+def read_names(path: Path) -> list[str]:
+    """The mutant names of a file written by an earlier sample (one a line; ``.xz`` read compressed)."""
+    with (lzma.open(path, "rt") if path.suffix == ".xz" else open(path)) as f:
+        return [line.strip() for line in f if line.strip()]
+
+
 def sample(names: list[str], n: int, seed: int) -> list[str]:
     """``n`` mutants drawn at random, spread over the modules in proportion to their mutants (at least 5 from
     each module that has them)."""
@@ -133,6 +142,11 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=None, help="mutmut's parallel workers (default: CPUs)")
     ap.add_argument("--sample", type=int, default=0, help="run about this many mutants, drawn at random")
     ap.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    ap.add_argument("--names", type=Path, help="run exactly the mutants named in this file (one a line, plain or "
+                    ".xz), a sample drawn before: the same sample before and after a change")
+    ap.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="a file of mutant names (one a line, plain or .xz) never drawn: an earlier sample that "
+                         "tests were written against, so that this one is held out")
     ap.add_argument("--results", type=Path, nargs="+", help="summarise these saved results instead of running")
     ap.add_argument("--retested", action="append", default=[], help="with --results: see saved_results")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "mutation.json")
@@ -151,10 +165,16 @@ def main() -> int:
         cmd = [sys.executable, "-m", "mutmut", "run"]
         if args.max_children:
             cmd += ["--max-children", str(args.max_children)]
-        if args.sample:
+        if args.sample or args.names:
             if not all_mutants():  # generate them (and the test statistics) first: nothing is tested yet
                 subprocess.run(cmd + ["no-such-mutant"], cwd=ROOT, env=env, check=False)
-            chosen = sample(all_mutants(), args.sample, args.seed)
+            seen = {n for path in args.exclude for n in read_names(path)}
+            if args.names:
+                chosen = read_names(args.names)
+                if missing := sorted(set(chosen) - set(all_mutants())):
+                    raise SystemExit(f"{args.names}: {len(missing)} names are no mutant of this tree, e.g. {missing[0]}")
+            else:
+                chosen = sample([n for n in all_mutants() if n not in seen], args.sample, args.seed)
             SAMPLE.write_text(json.dumps(chosen))
             cmd += chosen
         else:
