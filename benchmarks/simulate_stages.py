@@ -22,7 +22,6 @@ import pickle
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -71,6 +70,11 @@ def one(snapshot: str) -> dict[str, tuple[float, float]]:
     pickle.loads(raw)
     out["pickle.load (the baseline, from memory)"] = c.lap()
     del raw
+    # as the command does where it keeps the decoded snapshot (it ends in os._exit: cli/main.exit_now)
+    if "keep_decoded" in Path(sys.modules["oomdoctor.cli.simulate"].__file__).read_text():
+        from oomdoctor.trace.load import keep_decoded
+
+        keep_decoded()
     c.lap()
     try:  # as the command loads it since issue 38 round 10: the columns the replay reads
         trace = load(snapshot, replay_only=True)
@@ -111,14 +115,13 @@ def main() -> None:
         return
     import oomdoctor
 
-    # the bytecode compiled once, as an installed package has it, into a cache of this run's own
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPYCACHEPREFIX"] = tmp
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(oomdoctor.__file__).parent)], check=True,
-                       env=env, stdout=subprocess.DEVNULL)
-        runs = [json.loads(subprocess.run([sys.executable, __file__, a.snapshot, "--one"], capture_output=True,
-                                          text=True, check=True, env=env).stdout) for _ in range(a.repeat)]
+    # the bytecode compiled once, in place, as an installed package has it (a PYTHONPYCACHEPREFIX would leave
+    # numpy's, click's and rich's own caches unread, as in simulate_instructions.py)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(oomdoctor.__file__).parent)], check=True,
+                   env=env, stdout=subprocess.DEVNULL)
+    runs = [json.loads(subprocess.run([sys.executable, __file__, a.snapshot, "--one"], capture_output=True,
+                                      text=True, check=True, env=env).stdout) for _ in range(a.repeat)]
     out = {k: (statistics.median(r[k][0] for r in runs), statistics.median(r[k][1] for r in runs)) for k in runs[0]}
     res = {"snapshot": Path(a.snapshot).name, "repeat": a.repeat, "medians": "of each stage over fresh processes",
            "cpu_s": {k: round(v[0], 4) for k, v in out.items()}, "wall_s": {k: round(v[1], 4) for k, v in out.items()}}
