@@ -159,3 +159,18 @@ def test_fallbacks_below_the_peak_disagree(tmp_path, monkeypatch):
     monkeypatch.setattr(capacity, "fallback_bounds", lambda trace, device: (62 * MiB, 62 * MiB, 1))
     assert infer_capacity(t, t.primary) == Capacity(62 * MiB, "fraction", "fallbacks", "bounded", 62 * MiB,
                                                     62 * MiB, "fallbacks", {"runs": 1})
+
+
+# ---- rules 1 and 2: the sidecar ---------------------------------------------------------------------------------
+
+def test_the_sidecars_cap_comes_first(tmp_path):
+    t, _ = oom_trace(tmp_path, 20 * MiB, 4 * MiB)  # an OOM too: the sidecar's cap wins
+    t.meta.update(memory_cap_bytes=30 * MiB)
+    assert infer_capacity(t, t.primary) == Capacity(30 * MiB, "fraction", "sidecar-memory-cap", "exact", 30 * MiB,
+                                                    30 * MiB, "sidecar", {})
+    t.meta.update(memory_cap_bytes=0, memory_fraction=0.5, gpu_total_memory_bytes=80 * MiB + 1)
+    assert infer_capacity(t, t.primary) == Capacity(40 * MiB, "fraction", "sidecar-memory-fraction", "exact",
+                                                    40 * MiB, 40 * MiB, "sidecar",
+                                                    {"fraction": 0.5, "gpu_total_memory_bytes": 80 * MiB + 1})
+    t.meta.update(memory_fraction=1.0)  # no fraction set: the OOM decides
+    assert infer_capacity(t, t.primary).source == "oom-device"
