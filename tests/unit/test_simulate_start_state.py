@@ -272,3 +272,18 @@ def test_segment_alloc_is_the_grown_action():
     sim = CachingAllocator(DEFAULT)
     b = sim.malloc(12 * MiB, 12 * MiB, 0)
     assert sim.segment_events == [(SEGMENT_ALLOC, b.ptr, 12 * MiB)]
+
+
+def test_a_split_in_an_expandable_segment_keeps_the_segment_on_a_reused_block():
+    # malloc reuses a merged-away Block for the front of a split (issue 38): it must carry the segment it lies in
+    sim = CachingAllocator(parse_config("expandable_segments:True"))
+    x = sim.malloc(512, 512, 0)
+    y = sim.malloc(512, 512, 0)
+    seg = x.segment
+    assert seg is not None and y.segment is seg and not sim.spare
+    sim.free(x)
+    sim.free(y)  # merges with x's block and the rest: a Block goes spare
+    assert sim.spare
+    z = sim.malloc(1024, 1024, 0)
+    assert z.segment is seg and z.next.segment is seg and (z.ptr, z.size) == (x.ptr, 1024)
+    sim.check([z])
