@@ -90,3 +90,21 @@ def test_fallback_rule_reserved_before_the_first_event_is_the_start():
     rule = _fallback_rule([10 * G, 9 * G, 5 * G], 2 * G)
     assert rule.reserved_start == 0
     assert rule.reserved_before(0) == 0 and rule.reserved_before(1) == 10 * G and rule.reserved_before(3) == 5 * G
+
+
+def test_private_pools_warning_says_which_pools_are_not_simulated():
+    # the facts of each pool (id, segments, peak reserved bytes, events) and that they were replayed as recorded
+    # (kills pools.PrivatePools.warning mutant 19, which changed that claim)
+    import numpy as np
+
+    from oomdoctor.simulate.pools import PoolSummary, PrivatePools
+
+    one = PrivatePools(np.zeros(0, dtype=bool), pools={(1, 3): PoolSummary((1, 3), 2, 40 << 20, 7)})
+    w = one.warning()
+    assert w.startswith("CUDA-graph private pool (1, 3) (2 segments, up to 41943040 bytes reserved, 7 events) "
+                        "replayed as recorded, not simulated")
+    two = PrivatePools(np.zeros(0, dtype=bool), pools={(1, 3): PoolSummary((1, 3), 2, 40 << 20, 7),
+                                                       (2, 5): PoolSummary((2, 5), 1, 2 << 20, 3)})
+    assert two.warning().startswith("CUDA-graph private pools (1, 3) (2 segments, up to 41943040 bytes reserved, "
+                                    "7 events), (2, 5) (1 segments, up to 2097152 bytes reserved, 3 events) "
+                                    "replayed as recorded, not simulated")
