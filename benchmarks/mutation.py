@@ -17,12 +17,15 @@ Usage::
                                                  # another machine: docs/mutation_runs/), later files over
                                                  # earlier ones; --retested: functions changed and re-tested
                                                  # whole in a later file (their earlier numbering is stale)
-    python benchmarks/mutation.py --sample 600   # a random sample, the same number from each module where
-                                                 # it has that many (hours -> minutes); the score is then an
+    python benchmarks/mutation.py --sample 600   # a random sample, from each module in proportion to its
+                                                 # mutants, at least 5 (hours -> minutes); the score is then an
                                                  # estimate, reported with its 95% interval
-    python benchmarks/mutation.py --sample 400 --seed 13 --exclude docs/mutation_runs/run12-simulate-sample-names.txt.xz
+    python benchmarks/mutation.py --sample 300 --seed 13 --exclude docs/mutation_runs/run12-simulate-sample-names.txt.xz
                                                  # a sample held out from an earlier one that tests were
                                                  # written against (its names are never drawn)
+    python benchmarks/mutation.py --names docs/mutation_runs/run13-simulate-heldout-names.txt
+                                                 # exactly the mutants of a sample drawn before (the same
+                                                 # sample before and after a change)
 
 A mutant counts as killed when a test failed or timed out under it; ``survived`` and ``no tests`` count against
 the score. The surviving mutants judged equivalent (no test could tell them apart) are listed, with the reason,
@@ -168,12 +171,12 @@ def main() -> int:
         if args.sample or args.names:
             if not all_mutants():  # generate them (and the test statistics) first: nothing is tested yet
                 subprocess.run(cmd + ["no-such-mutant"], cwd=ROOT, env=env, check=False)
-            seen = {n for path in args.exclude for n in read_names(path)}
             if args.names:
                 chosen = read_names(args.names)
                 if missing := sorted(set(chosen) - set(all_mutants())):
                     raise SystemExit(f"{args.names}: {len(missing)} names are no mutant of this tree, e.g. {missing[0]}")
             else:
+                seen = {n for path in args.exclude for n in read_names(path)}
                 chosen = sample([n for n in all_mutants() if n not in seen], args.sample, args.seed)
             SAMPLE.write_text(json.dumps(chosen))
             cmd += chosen
