@@ -3,6 +3,7 @@ field of the Capacity each returns, and the boundaries between its branches (iss
 
 import pytest
 from builder import SnapBuilder
+from test_simulate_gc_settle import gc_trace
 
 import oomdoctor.simulate.capacity as capacity
 from oomdoctor.simulate.capacity import Capacity, infer_capacity
@@ -99,15 +100,7 @@ def test_the_first_oom_decides(tmp_path):
 def fallback_trace(tmp_path, **meta):
     """``garbage_collection_threshold:0.5``: 44 and 12 MiB cached, the 44 freed before a new 50 MiB segment, a
     fallback: the cap lies in [62, 112] MiB (test_simulate_gc_settle.gc_trace)."""
-    b = SnapBuilder()
-    b.settings["garbage_collection_threshold"] = 0.5
-    s1 = b.segment(44 * MiB, stream=1)
-    b.free(b.alloc(s1, 0, 44 * MiB))
-    s2 = b.segment(12 * MiB)
-    b.free(b.alloc(s2, 0, 12 * MiB))
-    b.free_segment(s1)
-    b.alloc(b.segment(50 * MiB), 0, 50 * MiB)
-    t = load(b.write(tmp_path / "gc.pickle"))
+    t = load(gc_trace(tmp_path))
     t.meta.update(meta)
     return t
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 from builder import SnapBuilder
+from test_simulate_gc_settle import gc_trace
 
 import oomdoctor.simulate.whatif as whatif
 from oomdoctor.errors import UsageError
@@ -57,16 +58,7 @@ def gc_fallback_trace(tmp_path):
     """Recorded under a fraction cap with ``garbage_collection_threshold:0.5``: 44 MiB (stream 1) and 12 MiB cached,
     the 44 freed before a new 50 MiB segment (a fallback: cap in [62, 112] MiB). See test_simulate_gc_settle.gc_trace:
     ``settle_capacity`` settles on 62 + 50 x 5 / 8 MiB, after 10 replays."""
-    b = SnapBuilder()
-    b.settings["garbage_collection_threshold"] = 0.5
-    s1 = b.segment(44 * MiB, stream=1)
-    b.free(b.alloc(s1, 0, 44 * MiB))
-    s2 = b.segment(12 * MiB)
-    b.free(b.alloc(s2, 0, 12 * MiB))
-    b.free_segment(s1)
-    s3 = b.segment(50 * MiB)
-    b.alloc(s3, 0, 50 * MiB)
-    return load(b.write(tmp_path / "gc.pickle"))
+    return load(gc_trace(tmp_path))
 
 
 def experiments(sim):
