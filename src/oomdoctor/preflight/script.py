@@ -44,7 +44,7 @@ from typing import Any, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .steps import PreflightError
+from ._private import PreflightError, require
 from .tracer import AllocationTracer, TraceRecord, run_traced
 
 
@@ -345,7 +345,8 @@ def _cuda_amp_autocast_init(self: Any, enabled: bool = True, dtype: Any = torch.
 def _fake_process_group(world_size: int) -> Iterator[None]:
     """``init_process_group`` joins a fake process group as rank 0 of ``world_size`` (the module doc)."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    FakeStore = require("torch.testing._internal.distributed.fake_pg.FakeStore")
 
     orig = dist.init_process_group
 
@@ -433,6 +434,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
 
         ddp_cls = ddp_stand_in(tracer)
+        engine_entry = require("torch.autograd.graph._engine_run_backward")
         tracer.mark_step(0)
         tracer.mark_phase("train")
         autocast = torch.amp.autocast_mode.autocast
@@ -442,9 +444,8 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
             (loader_iter, "__init__", _loader_iter_init(loader_iter.__init__)),
-            (torch.autograd, "_engine_run_backward", _backward_on_gpu(torch.autograd._engine_run_backward, tracer)),
-            (torch.autograd.graph, "_engine_run_backward",
-             _backward_on_gpu(torch.autograd.graph._engine_run_backward, tracer)),
+            (torch.autograd, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
+            (torch.autograd.graph, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
             (ddp_mod, "DistributedDataParallel", ddp_cls), (parallel, "DistributedDataParallel", ddp_cls),
             (sys, "argv", sys_argv),
             (sys, "path", [str(Path(script).resolve().parent) if module is None else os.getcwd(), *sys.path]),

@@ -40,6 +40,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ._private import require
+
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
 #: files whose frames are the tracer's or the fake mode's own, dropped from stacks
@@ -65,9 +67,6 @@ def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
             out.append({"filename": fn, "line": f.f_lineno or 0, "name": code.co_name})
         f = f.f_back
     return [] if skip_to_engine else out[:_MAX_FRAMES]
-
-
-_expired = torch._C.StorageBase._expired  # the builtin under StorageWeakRef.expired, called per live storage per op
 
 
 @dataclass
@@ -115,6 +114,10 @@ class AllocationTracer(TorchDispatchMode):
         self._t = start_us if start_us is not None else time.time_ns() // 1000
         self._cublas = cublas_workspace_bytes
         self._cublas_threads: set[Any] = set()
+        #: private builtins, each behind a check (:mod:`._private`): the one under StorageWeakRef.expired, called
+        #: per live storage per op, and the autograd engine's current node (inside backward or not)
+        self._expired = require("torch._C.StorageBase._expired")
+        self._autograd_node = require("torch._C._current_autograd_node")
 
     # -- clock and events
     def _tick(self) -> int:
@@ -140,9 +143,10 @@ class AllocationTracer(TorchDispatchMode):
 
     def collect(self) -> None:
         """Record the frees of every storage that died since the last call."""
-        if not any(map(_expired, self._weak.values())):  # a C loop: most ops free nothing
+        expired = self._expired
+        if not any(map(expired, self._weak.values())):  # a C loop: most ops free nothing
             return
-        dead = [k for k, w in self._weak.items() if _expired(w)]
+        dead = [k for k, w in self._weak.items() if expired(w)]
         for k in dead:
             v = self._live.pop(k)
             del self._weak[k]
@@ -231,7 +235,7 @@ class AllocationTracer(TorchDispatchMode):
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.collect()
-        backward = torch._C._current_autograd_node() is not None
+        backward = self._autograd_node() is not None
         if self.gpu_only and not self._gpu_depth:
             if self._host_depth or not any(self.is_gpu(t) for t in tree_leaves((args, kwargs))):
                 return func(*args, **(kwargs or {}))  # the host's: not the caching allocator's
@@ -388,6 +392,12 @@ def cuda_optimizer_defaults() -> Iterator[None]:
     import torch.utils._foreach_utils as fu
     from torch._subclasses.fake_tensor import FakeTensor
 
+    for name in ("torch.optim.optimizer._get_foreach_kernels_supported_devices",
+                 "torch.optim.optimizer._get_fused_kernels_supported_devices",
+                 "torch.optim.optimizer._foreach_supported_types",
+                 "torch.utils._foreach_utils._get_foreach_kernels_supported_devices",
+                 "torch.utils._foreach_utils._get_fused_kernels_supported_devices"):
+        require(name)
     saved = (opt._get_foreach_kernels_supported_devices, opt._get_fused_kernels_supported_devices,
              fu._get_foreach_kernels_supported_devices, fu._get_fused_kernels_supported_devices)
     types = list(opt._foreach_supported_types)

@@ -80,7 +80,8 @@ class PreflightAnswer:
     """memory outside the caching allocator: the CUDA context and kernels, and NCCL's communicator for more than one
     rank (bytes, measured constants)"""
     outside_allocator_source: str
-    """where outside_allocator_bytes comes from"""
+    """where outside_allocator_bytes comes from, an id: 'cuda-context' (the CUDA context and a training step's
+    kernels, measured) or 'cuda-context+nccl' (and NCCL's world communicator, measured)"""
     room_bytes: int
     """the allocator's room: gpu_total_bytes less outside_allocator_bytes (bytes)"""
     peak_allocated_bytes: int
@@ -130,11 +131,14 @@ class PreflightAnswer:
         return asdict(self)
 
 
-def room(gpu_total_bytes: int, outside_bytes: int) -> Capacity:
-    """The allocator's room on the GPU, as a device limit given by preflight."""
+def room(gpu_total_bytes: int, outside_bytes: int, *, given: bool = False, nccl: bool = False) -> Capacity:
+    """The allocator's room on the GPU (bytes), as a device limit: source ``device-room`` (an id of
+    :data:`oomdoctor.simulate.capacity.SOURCES`) with ``room_source`` ``gpu-total``, the words of what fits'
+    room (``render/words/capacity.py``). ``given``: the total came from ``--gpu-memory``; ``nccl``: NCCL's
+    communicator is among what runs outside the allocator (more than one rank)."""
     limit = max(gpu_total_bytes - outside_bytes, 0)
-    return Capacity(limit, "device", "the GPU's total memory less the CUDA context (preflight)", "given",
-                    evidence="given")
+    return Capacity(limit, "device", "device-room", "given", evidence="given",
+                    source_values={"room_source": "gpu-total", "given": given, "nccl": nccl})
 
 
 def _peak_requested(events: list[dict[str, Any]]) -> int:
@@ -329,7 +333,7 @@ NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "torch_compile", "cpu_resi
 def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
            gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
            snapshot_path: str | None, write: Callable[[str, dict, dict], None],
-           search: bool = True) -> PreflightAnswer:
+           search: bool = True, gpu_memory_given: bool = False) -> PreflightAnswer:
     """Trace, replay and answer.
 
     ``trace_fn(n)`` traces the job at micro-batch ``n`` (None: as given) and returns ``(snapshot dict,
@@ -339,7 +343,7 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
     micro-batch (needs ``micro_batch``).
     """
 
-    cap = room(gpu_total_bytes, outside_bytes)
+    cap = room(gpu_total_bytes, outside_bytes, given=gpu_memory_given, nccl=outside_source.endswith("+nccl"))
     tmp = tempfile.TemporaryDirectory()
     kept: dict[str, Any] = {}
     try:
