@@ -128,8 +128,14 @@ class CudaDevices(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        owner = getattr(func, "__self__", None)
+        if owner is not None and owner in _GPU_ATTRS and args and _is_fake(args[0]):
+            return _GPU_ATTRS[owner]  # a fake tensor is the GPU's: device cuda:0, is_cuda True
         if func is torch.Tensor.pin_memory:
             return args[0]
+        read = _READS.get(func)
+        if read is not None and args and _is_fake(args[0]):
+            return self._read(func, read, args, kwargs)
         where, args, kwargs = self._target(func, args, kwargs)
         if where is None:
             return func(*args, **kwargs)
@@ -139,6 +145,10 @@ class CudaDevices(TorchFunctionMode):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
                 return src
             return func(*args, **kwargs)  # already there: a dtype change at most
+        if moving and src is not None and where == "cpu":  # the GPU's values to the host: stand-ins
+            out = self._host_copy(src, "cpu")
+            dtype = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)), None)
+            return out.to(dtype) if dtype is not None else out
         with self.tracer.on_gpu(where == "cuda"):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
                 return src.clone()
@@ -146,6 +156,57 @@ class CudaDevices(TorchFunctionMode):
             if moving and src is not None and _storage(out) == _storage(src):
                 out = out.clone()  # a copy to the other device, never an alias
             return out
+
+    # -- values read from the GPU (values.py: the policy)
+    def _host_copy(self, t: torch.Tensor, read: str) -> torch.Tensor:
+        """A real host tensor of ``t``'s shape and dtype holding the stand-in value (a broadcast view beyond
+        2**24 elements: no host memory for a large one)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        values = self.tracer.values
+        values.read = read
+        try:
+            v = values.value_of(t)
+        finally:
+            values.read = "item"
+        with unset_fake_temporarily(), self.tracer.on_gpu(False):
+            if t.numel() <= 1 << 24:
+                return torch.full(tuple(t.shape), v, dtype=t.dtype)
+            return torch.full((), v, dtype=t.dtype).expand(tuple(t.shape))
+
+    def _read(self, func: Any, read: str, args: tuple, kwargs: dict) -> Any:
+        values = self.tracer.values
+        t = args[0]
+        if read == "numpy":
+            return self._host_copy(t, read).numpy()
+        if read == "tolist":
+            return self._host_copy(t, read).tolist()
+        if read == "print" and (t.dim() > 0 or func is torch.Tensor.__repr__):
+            host = self._host_copy(t, read)
+            text = repr(host)
+            return text[:-1] + ", device='cuda:0')" if text.endswith(")") else text
+        values.read = read
+        try:
+            if func is torch.Tensor.__format__:  # a 0-dim tensor in an f-string: its value, formatted
+                return format(t.item(), *args[1:])
+            return func(*args, **kwargs)  # reaches _local_scalar_dense: the tracer's stand-in
+        finally:
+            values.read = "item"
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+#: attributes a fake (GPU) tensor answers as a CUDA tensor does (getset descriptors of ``torch._C.TensorBase``)
+_GPU_ATTRS = {torch._C.TensorBase.device: torch.device("cuda", 0), torch._C.TensorBase.is_cuda: True,
+              torch._C.TensorBase.is_cpu: False}
+#: how a value is read from a tensor, by the function that reads it
+_READS = {torch.Tensor.item: "item", torch.Tensor.__bool__: "bool", torch.Tensor.__float__: "float",
+          torch.Tensor.__int__: "int", torch.Tensor.__index__: "index", torch.Tensor.tolist: "tolist",
+          torch.Tensor.__format__: "print", torch.Tensor.__repr__: "print", torch.Tensor.numpy: "numpy"}
 
 
 def _device_properties(name: str, total: int, sm_major: int) -> Any:
@@ -453,8 +514,10 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         h1, h2 = register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)
         kept: Any = None
         try:
+            # the script's own prints go to standard error: standard output is preflight's answer
             with _patched(patches), (_fake_process_group(job.world_size) if job.world_size > 1
-                                     else contextlib.nullcontext()), CudaDevices(tracer):
+                                     else contextlib.nullcontext()), CudaDevices(tracer), \
+                    contextlib.redirect_stdout(sys.stderr):
                 try:
                     if module is None:
                         kept = runpy.run_path(script, run_name="__main__")

@@ -41,6 +41,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ._private import require
+from .values import StandIns
+
+from torch._subclasses.fake_tensor import DynamicOutputShapeException as _DynamicOutputShape
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily as _unset_fake
+
+
+def _is_fake(t: Any) -> bool:
+    return isinstance(t, _FakeTensor)
 
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
@@ -91,6 +100,8 @@ class TraceRecord:
     tensors: list[dict[str, Any]] = field(default_factory=list)
     extra_allocations: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
+    #: stand-in values given for reads of the GPU's values (:mod:`.values`): file, line, kind, read, count
+    invented_values: list[dict[str, Any]] = field(default_factory=list)
 
 
 class AllocationTracer(TorchDispatchMode):
@@ -118,6 +129,8 @@ class AllocationTracer(TorchDispatchMode):
         #: per live storage per op, and the autograd engine's current node (inside backward or not)
         self._expired = require("torch._C.StorageBase._expired")
         self._autograd_node = require("torch._C._current_autograd_node")
+        #: the values read from the GPU, by the policy of :mod:`.values`, and where
+        self.values = StandIns()
 
     # -- clock and events
     def _tick(self) -> int:
@@ -212,7 +225,7 @@ class AllocationTracer(TorchDispatchMode):
             return True
         if isinstance(t, torch.device):  # a factory's device=: a fake CUDA tensor (made where no
             return t.type == "cuda"      # TorchFunctionMode runs: hooks in the autograd engine)
-        return isinstance(t, torch.Tensor) and (t.device.type == "cuda" or self.addr_of(t) is not None)
+        return _is_fake(t)  # the host is real: every fake tensor is the GPU's
 
     # -- markers and facts
     def mark_step(self, step: int) -> None:
@@ -234,11 +247,19 @@ class AllocationTracer(TorchDispatchMode):
 
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _VALUE_READS and _is_fake(args[0]):  # a value read from the GPU: a stand-in (values.py)
+            if func is _aten.equal.default:
+                self.values.note("false", "equal")
+                return False
+            return self.values.scalar(args[0])
         self.collect()
         backward = self._autograd_node() is not None
+        leaves = tree_leaves((args, kwargs))
         if self.gpu_only and not self._gpu_depth:
-            if self._host_depth or not any(self.is_gpu(t) for t in tree_leaves((args, kwargs))):
-                return func(*args, **(kwargs or {}))  # the host's: not the caching allocator's
+            if self._host_depth or not any(self.is_gpu(t) for t in leaves):
+                with _unset_fake():  # the host's: run for real, not the caching allocator's
+                    return func(*args, **kwargs)
         if self._cublas and backward not in self._cublas_threads and func in _MATMULS:
             self._cublas_threads.add(backward)
             addr = self.temporary(self._cublas, backward, keep=True)
@@ -250,18 +271,30 @@ class AllocationTracer(TorchDispatchMode):
             self.record.extra_allocations.append({"what": "cublaslt_workspace", "addr": addr,
                                                   "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
         extra = _kernel_buffers(func, args)
+        if self.gpu_only and not self._gpu_depth:  # host tensors a device op reads are copied in (index tensors)
+            extra += [t.untyped_storage().nbytes() for t in leaves
+                      if isinstance(t, torch.Tensor) and t.dim() > 0 and not _is_fake(t)]
         addrs = [self.temporary(n, backward, keep=True) for n in extra]
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **kwargs)
+        except _DynamicOutputShape:
+            out = self.values.upper_bound(func, args, kwargs)  # a data-dependent shape: its largest size
+            if out is None:
+                raise
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 # a DTensor's shard is made by its own dispatch, below this mode: seen here
                 self.see(getattr(t, "_local_tensor", t), backward)
         for a, n in zip(addrs, extra):
             self._free(a, n)
+        if self.gpu_only:
+            self.values.propagate(func, args, kwargs, out)
         return out
 
 
 _aten = torch.ops.aten
+#: ops that read a value from a tensor (``.item()``, ``bool()``, ``float()``, ``tolist()``, ``torch.equal``)
+_VALUE_READS = {_aten._local_scalar_dense.default, _aten.equal.default}
 _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
 #: GEMMs with a bias epilogue, which go through cuBLASLt and its own workspace
 _LT_MATMULS = {_aten.addmm.default}
@@ -444,5 +477,6 @@ def run_traced(fn: Callable[[AllocationTracer], Any], **tracer_kw: Any) -> Trace
     tracer.collect()
     del kept
     tracer.record.wall_s = time.perf_counter() - t0
+    tracer.record.invented_values = tracer.values.as_list()
     return tracer.record
 

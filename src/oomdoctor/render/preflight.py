@@ -40,6 +40,13 @@ OUTSIDE_SOURCE_TEXT = {
                          "NCCL's world communicator (842 MiB)",
 }
 WIDTH = 80
+#: what each kind of invented value is (``oomdoctor.preflight.values``: the policy)
+INVENTED_TEXT = {
+    "false": "False (a check: isnan/isinf False, found_inf 0)",
+    "finite": "a finite number, smaller at each read (early stopping never triggers)",
+    "upper_bound": "its upper bound (traced on the largest path)",
+    "assumed": "a value carried from an assumed check",
+}
 
 
 def _wrap(text: str, indent: str = "") -> list[str]:
@@ -91,6 +98,12 @@ def render_preflight_text(a: Any) -> str:
         lines += [row] if len(row) <= WIDTH else [f"  {s['config']}",
                                                    f"  {'':<54} {format_bytes(s['peak_reserved_bytes']):>11}"
                                                    + ("  OOM" if s["oom"] else "")]
+    if a.invented_values:
+        lines += [""] + _wrap("values read from the GPU were invented (fake tensors have none); control flow that "
+                              "depends on them may differ from the GPU's:")
+        for v in a.invented_values:
+            lines += _wrap(f"{v['file']}:{v['line']}: {v['read']} -> {INVENTED_TEXT.get(v['kind'], v['kind'])}"
+                           + (f" ({v['count']} reads)" if v["count"] > 1 else ""), "  ")
     lines += [""] + _wrap("not traced: " + "; ".join(NOT_TRACED_TEXT.get(k, k) for k in a.not_traced))
     if a.snapshot:
         lines += _wrap(f"snapshot: {a.snapshot} (oomdoctor diagnose / simulate / report read it)")

@@ -123,6 +123,12 @@ class PreflightAnswer:
     not_traced: list[str]
     """ids of what the trace leaves out (kernel_workspaces_chosen_at_run_time, torch_compile,
     cpu_resident_optimizer_steps, collectives)"""
+    invented_values: list[dict[str, Any]] = field(default_factory=list)
+    """every line where the trace read a value from the GPU and was given a stand-in (fake tensors have no values):
+    file, line, kind ('false': a check such as isnan/isinf, found_inf 0; 'finite': a loss or metric, a positive
+    finite number decreasing at each read of the line; 'upper_bound': a data-dependent shape or count at its
+    largest; 'assumed': a constant carried from those), read (item, bool, float, int, index, tolist, print, cpu,
+    numpy, equal, or the shape op), count. Control flow that depends on them may differ from the GPU's"""
     largest_micro_batch_margin_bytes: int = 0
     """what largest_micro_batch keeps free of the room: its replay's peak reserved is at most room_bytes less this
     (3.5% of the room, preflight's largest measured error on peak reserved; bytes; 0: not searched)"""
@@ -391,4 +397,5 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
                              "trace_wall_s": round(r.trace_wall_s, 2)} for r in traces],
         breakdown=cats, breakdown_sources=sources, breakdown_at=where, settings=first.settings,
         snapshot=snapshot_path, trace_wall_s=round(sum(r.trace_wall_s for r in traces), 2), events=first.events,
-        not_traced=list(NOT_TRACED))
+        not_traced=list(NOT_TRACED),
+        invented_values=list(trace.meta.get("preflight", {}).get("invented_values", [])))
