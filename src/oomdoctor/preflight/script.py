@@ -45,7 +45,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ._private import PreflightError, require
-from .tracer import AllocationTracer, TraceRecord, run_traced
+from .tracer import AllocationTracer, TraceRecord, gpu_device_property, run_traced
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,11 @@ class CudaDevices(TorchFunctionMode):
             return _GPU_ATTRS[owner]  # a fake tensor is the GPU's: device cuda:0, is_cuda True
         if func is torch.Tensor.pin_memory:
             return args[0]
+        if func is torch.Tensor.get_device and args and _is_fake(args[0]):
+            return 0
+        if func is torch.Tensor.record_stream:
+            _note("cuda_streams")
+            return None
         read = _READS.get(func)
         if read is not None and args and _is_fake(args[0]):
             return self._read(func, read, args, kwargs)
@@ -145,6 +150,10 @@ class CudaDevices(TorchFunctionMode):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
                 return src
             return func(*args, **kwargs)  # already there: a dtype change at most
+        if moving and src is not None and where == "cpu" and func is torch.Tensor.to and _from_torch():
+            # torch's own code moving to a device it read in C++ (``_group_tensors_by_device_and_dtype`` says
+            # cpu for a fake tensor): the GPU's tensor stays where it is, as it would on CUDA
+            return func(*args, **kwargs)
         if moving and src is not None and where == "cpu":  # the GPU's values to the host: stand-ins
             out = self._host_copy(src, "cpu")
             dtype = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)), None)
@@ -192,6 +201,14 @@ class CudaDevices(TorchFunctionMode):
             return func(*args, **kwargs)  # reaches _local_scalar_dense: the tracer's stand-in
         finally:
             values.read = "item"
+
+
+def _from_torch() -> bool:
+    """Whether the call being handled comes from torch's own Python code (not the script's, nor a library's)."""
+    f = sys._getframe(2)
+    while f is not None and "oomdoctor/preflight/" in f.f_code.co_filename:
+        f = f.f_back
+    return f is not None and "/torch/" in f.f_code.co_filename
 
 
 def _is_fake(t: Any) -> bool:
@@ -358,6 +375,12 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         out.append((c, name, _zero))
     out.append((c, "is_current_stream_capturing", lambda: False))
+    out += [(c, "Stream", _Stream), (c, "Event", _Event), (c, "stream", _stream_context),
+            (c, "current_stream", lambda *a, **k: _DEFAULT_STREAM), (c, "default_stream", lambda *a, **k: _DEFAULT_STREAM),
+            (c, "set_stream", _none), (c, "CUDAGraph", _Graph), (c, "graph", _graph),
+            (c, "make_graphed_callables", lambda callables, *a, **k: callables),
+            (c, "graph_pool_handle", lambda: (0, 0)), (c, "device", _DeviceContext),
+            (torch, "compile", _compile)]
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
         out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
@@ -367,6 +390,19 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
     out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
             (mem, "empty_cache", _none)]
     return out
+
+
+class _DeviceContext:
+    """``torch.cuda.device(i)`` while traced: one GPU, nothing to switch."""
+
+    def __init__(self, device: Any = None) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 class _NotCapturing:
@@ -386,6 +422,121 @@ class _NotCapturing:
 
 
 _NOT_CAPTURING = _NotCapturing()
+
+
+class _Event:
+    """``torch.cuda.Event`` while traced: recording and waiting do nothing (one stream is traced);
+    ``elapsed_time`` answers 0.0 ms."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        _note("cuda_streams")
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
+
+
+class _Stream:
+    """``torch.cuda.Stream`` while traced: every kernel is traced on stream 0 (``docs/preflight.md``), so a side
+    stream is the same stream: waits and syncs do nothing."""
+
+    device = property(lambda self: torch.device("cuda", 0))
+    cuda_stream = 0
+    priority = 0
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        _note("cuda_streams")
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> _Event:
+        return event if event is not None else _Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_DEFAULT_STREAM = _Stream()
+
+
+class _Graph:
+    """``torch.cuda.CUDAGraph`` while traced: what is captured runs once, eagerly (its tensors traced as any);
+    ``replay`` does nothing. The graph's private memory pool is not modelled."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def capture_begin(self, *a: Any, **k: Any) -> None:
+        _note("cuda_graph")
+
+    def capture_end(self) -> None:
+        return None
+
+    def replay(self) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None
+
+    def pool(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+@contextlib.contextmanager
+def _graph(cuda_graph: Any, pool: Any = None, stream: Any = None, **k: Any) -> Iterator[None]:
+    _note("cuda_graph")
+    yield
+
+
+@contextlib.contextmanager
+def _stream_context(stream: Any) -> Iterator[None]:
+    _note("cuda_streams")
+    yield
+
+
+#: what was met while tracing that the trace treats in a stated way (ids; the CLI words them): "cuda_streams"
+#: (side streams traced on stream 0), "cuda_graph" (captured work run once eagerly), "torch_compile" (eager)
+_NOTES: set[str] = set()
+
+
+def _note(what: str) -> None:
+    _NOTES.add(what)
+
+
+def _compile(model: Any = None, *a: Any, **k: Any) -> Any:
+    """``torch.compile`` while traced: the eager module or function (``torch._dynamo`` cannot trace a fake
+    tensor's dispatch here); its memory is the eager one's, which the output says."""
+    _note("torch_compile")
+    if model is None:
+        return lambda m: m
+    return model
 
 
 def _autocast_init(orig: Any) -> Any:
@@ -492,6 +643,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         import torch.nn.parallel as parallel
         import torch.nn.parallel.distributed as ddp_mod
         from torch.distributed.device_mesh import DeviceMesh
+        from torch.utils.data._utils import pin_memory as pin_mod
         from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
 
         ddp_cls = ddp_stand_in(tracer)
@@ -505,6 +657,8 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
             (loader_iter, "__init__", _loader_iter_init(loader_iter.__init__)),
+            # the loader's pin-memory thread (no torch-function mode there): host memory, not the GPU's
+            (pin_mod, "pin_memory", lambda data, device=None: data),
             (torch.autograd, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
             (torch.autograd.graph, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
             (ddp_mod, "DistributedDataParallel", ddp_cls), (parallel, "DistributedDataParallel", ddp_cls),
@@ -517,7 +671,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             # the script's own prints go to standard error: standard output is preflight's answer
             with _patched(patches), (_fake_process_group(job.world_size) if job.world_size > 1
                                      else contextlib.nullcontext()), CudaDevices(tracer), \
-                    contextlib.redirect_stdout(sys.stderr):
+                    gpu_device_property(tracer), contextlib.redirect_stdout(sys.stderr):
                 try:
                     if module is None:
                         kept = runpy.run_path(script, run_name="__main__")
@@ -541,4 +695,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
                                  "measure a training step by")
         return kept
 
-    return run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
+    _NOTES.clear()
+    rec = run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
+    rec.notes = sorted(_NOTES)
+    return rec

@@ -102,6 +102,7 @@ def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int |
             "streams": [0],
             "trace_wall_s": round(record.wall_s, 3),
             "invented_values": record.invented_values,
+            "notes": record.notes,
         },
     }
 

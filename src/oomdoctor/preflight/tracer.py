@@ -35,6 +35,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import DynamicOutputShapeException as _DynamicOutputShape
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily as _unset_fake
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -42,10 +45,6 @@ from torch.utils._pytree import tree_leaves
 
 from ._private import require
 from .values import StandIns
-
-from torch._subclasses.fake_tensor import DynamicOutputShapeException as _DynamicOutputShape
-from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
-from torch._subclasses.fake_tensor import unset_fake_temporarily as _unset_fake
 
 
 def _is_fake(t: Any) -> bool:
@@ -102,6 +101,9 @@ class TraceRecord:
     wall_s: float = 0.0
     #: stand-in values given for reads of the GPU's values (:mod:`.values`): file, line, kind, read, count
     invented_values: list[dict[str, Any]] = field(default_factory=list)
+    #: ids of what the script used that is traced in a stated way (``cuda_streams``, ``cuda_graph``,
+    #: ``torch_compile``: :mod:`.script`)
+    notes: list[str] = field(default_factory=list)
 
 
 class AllocationTracer(TorchDispatchMode):
@@ -118,6 +120,8 @@ class AllocationTracer(TorchDispatchMode):
         self.gpu_only = gpu_only
         self._gpu_depth = 0
         self._host_depth = 0
+        #: ops being dispatched under this mode (torch's own code runs there: a fake tensor's device is its own)
+        self.dispatch_depth = 0
         self.record = TraceRecord()
         self._live: dict[int, _Live] = {}
         self._weak: dict[int, int] = {}  # storage key -> weak reference handle, for collect()
@@ -247,7 +251,17 @@ class AllocationTracer(TorchDispatchMode):
 
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        self.dispatch_depth += 1  # inside, a fake tensor's device is the fake CPU one (gpu_device_property)
+        try:
+            return self._dispatch(func, args, kwargs or {})
+        finally:
+            self.dispatch_depth -= 1
+
+    def _dispatch(self, func, args, kwargs):
+        if self.gpu_only and isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "cuda":
+            kwargs = {**kwargs, "device": _CPU}  # a factory given a GPU tensor's device: the fake CPU one
+            with self.on_gpu(True):
+                return self._dispatch(func, args, kwargs)
         if func in _VALUE_READS and _is_fake(args[0]):  # a value read from the GPU: a stand-in (values.py)
             if func is _aten.equal.default:
                 self.values.note("false", "equal")
@@ -293,6 +307,7 @@ class AllocationTracer(TorchDispatchMode):
 
 
 _aten = torch.ops.aten
+_CPU = torch.device("cpu")
 #: ops that read a value from a tensor (``.item()``, ``bool()``, ``float()``, ``tolist()``, ``torch.equal``)
 _VALUE_READS = {_aten._local_scalar_dense.default, _aten.equal.default}
 _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
@@ -480,3 +495,26 @@ def run_traced(fn: Callable[[AllocationTracer], Any], **tracer_kw: Any) -> Trace
     tracer.record.invented_values = tracer.values.as_list()
     return tracer.record
 
+
+
+@contextlib.contextmanager
+def gpu_device_property(tracer: AllocationTracer) -> Iterator[None]:
+    """While active, a fake tensor answers ``.device`` as ``cuda:0`` to the traced program's Python code (the
+    host is real, only the GPU's tensors are fake: ``torch.zeros(n, device=x.device)`` then makes a GPU tensor,
+    and ``x.device.type == "cuda"`` holds), and its own fake CPU device inside the ops ``tracer`` dispatches
+    (``FakeTensorMode`` computes its outputs' device from it: a fake CUDA tensor would abort on a CPU build).
+    ``FakeTensor.device`` is a Python property (``torch/_subclasses/fake_tensor.py``), replaced for the while."""
+    cuda0 = torch.device("cuda", 0)
+    meta = torch.device("meta")
+    orig = _FakeTensor.__dict__["device"]
+
+    def device(self: Any) -> torch.device:
+        if self.fake_mode.in_kernel_invocation:
+            return meta
+        return cuda0 if tracer.dispatch_depth == 0 else self.fake_device
+
+    _FakeTensor.device = property(device, orig.fset)
+    try:
+        yield
+    finally:
+        _FakeTensor.device = orig

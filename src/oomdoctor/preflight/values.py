@@ -42,6 +42,9 @@ _COUNTS = {_aten.sum.default, _aten.sum.dim_IntList, _aten.count_nonzero.default
 _BOUND_KEEPS = {_aten.max.default, _aten.amax.default, _aten.clone.default, _aten.detach.default,
                 _aten._to_copy.default, _aten.view.default, _aten.alias.default, _aten.squeeze.default,
                 _aten.squeeze.dim, _aten.unsqueeze.default, _aten.select.int, _aten.lift_fresh.default}
+#: indexing ops whose boolean-mask indices have a data-dependent number of elements
+_INDEXING = {_aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_put.default, _aten.index_put_.default,
+             _aten._index_put_impl_.default}
 #: constants are computed through an op only while every input is at most this many elements
 _SMALL = 4096
 #: frames of these files are not the line that read a value
@@ -144,6 +147,15 @@ class StandIns:
             n = torch.broadcast_shapes(x.shape, args[1].shape).numel()
             self.note("upper_bound", "masked_select")
             return torch.empty((n,), dtype=x.dtype)
+        if func in _INDEXING:  # boolean-mask indices: every element selected, one long index per mask dim
+            idx: list[Any] = []
+            for i in args[1]:
+                if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+                    idx += [torch.empty((i.numel(),), dtype=torch.int64) for _ in range(i.dim())]
+                else:
+                    idx.append(i)
+            self.note("upper_bound", "mask index")
+            return func(args[0], idx, *args[2:], **kwargs)
         if func in (_aten._unique2.default, _aten.unique_consecutive.default):
             self.note("upper_bound", "unique")
             n = x.numel()

@@ -13,7 +13,10 @@ NOT_TRACED_TEXT = {
     "kernel_workspaces_chosen_at_run_time": "workspaces of kernels chosen at run time (cuDNN convolution "
                                             "algorithms, some GEMM splits) are not traced; cuBLAS's and flash "
                                             "attention's are",
-    "torch_compile": "torch.compile is not traced: its kernels fuse and reuse buffers differently",
+    "torch_compile": "torch.compile is traced eager (the module as written): compiled kernels fuse and reuse "
+                     "buffers, so the compiled peak differs",
+    "cuda_streams": "side CUDA streams and events are traced on stream 0 (record_stream's deferred frees are not)",
+    "cuda_graph": "CUDA graph captures ran once, eagerly; replays and the graph's private pool are not traced",
     "cpu_resident_optimizer_steps": "the step counters foreach Adam keeps on the host are counted on the GPU "
                                     "(4 bytes each, at most 512 bytes each once rounded)",
     "collectives": "collectives are not traced (one rank; NCCL's communicator is counted outside the allocator "

@@ -121,8 +121,8 @@ class PreflightAnswer:
     events: int
     """allocation and free events traced"""
     not_traced: list[str]
-    """ids of what the trace leaves out (kernel_workspaces_chosen_at_run_time, torch_compile,
-    cpu_resident_optimizer_steps, collectives)"""
+    """ids of what the trace leaves out or treats in a stated way (kernel_workspaces_chosen_at_run_time,
+    torch_compile, cpu_resident_optimizer_steps, collectives; a script's cuda_streams, cuda_graph)"""
     invented_values: list[dict[str, Any]] = field(default_factory=list)
     """every line where the trace read a value from the GPU and was given a stand-in (fake tensors have no values):
     file, line, kind ('false': a check such as isnan/isinf, found_inf 0; 'finite': a loss or metric, a positive
@@ -332,7 +332,7 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
 
 
 #: what the trace leaves out, said by id (the CLI words them)
-NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "torch_compile", "cpu_resident_optimizer_steps",
+NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "cpu_resident_optimizer_steps",
               "collectives")
 
 
@@ -397,5 +397,5 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
                              "trace_wall_s": round(r.trace_wall_s, 2)} for r in traces],
         breakdown=cats, breakdown_sources=sources, breakdown_at=where, settings=first.settings,
         snapshot=snapshot_path, trace_wall_s=round(sum(r.trace_wall_s for r in traces), 2), events=first.events,
-        not_traced=list(NOT_TRACED),
+        not_traced=list(NOT_TRACED) + [n for n in trace.meta.get("preflight", {}).get("notes", []) if n not in NOT_TRACED],
         invented_values=list(trace.meta.get("preflight", {}).get("invented_values", [])))
