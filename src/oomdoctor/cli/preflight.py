@@ -27,6 +27,8 @@ from .output import OUTPUT, write_output
 @click.option("--nproc-per-node", "nproc", type=click.IntRange(min=1), default=1, metavar="N",
               help="A script launched by torchrun on N GPUs: rank 0 traced, in a fake process group (every "
                    "collective faked); NCCL's buffers counted outside the allocator.")
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, metavar="R",
+              help="With --nproc-per-node: the rank traced (RANK and LOCAL_RANK as torchrun sets them).")
 @click.option("--ddp", "world_size", type=click.IntRange(min=1), default=1, metavar="WORLD_SIZE",
               help="DistributedDataParallel over this many GPUs (torchrun): one rank traced, with DDP's gradient "
                    "buckets and output clones; NCCL's buffers counted outside the allocator.")
@@ -39,7 +41,8 @@ from .output import OUTPUT, write_output
                    "regular file; replaced atomically).")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- python train.py ARGS...]")
 def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None, dtype: str, optimizer: str,
-            gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, world_size: int,
+            gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, rank: int,
+            world_size: int,
             gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str, snapshot: str | None,
             script: tuple[str, ...]) -> None:
     """Trace a Hugging Face Trainer step (--hf-config), or your own script (-- python train.py ...), on the
@@ -48,7 +51,9 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     (and transformers for --hf-config): pip install 'oomdoctor[preflight]'."""
     _check_output(snapshot)
     if script:
-        return _script(script, steps=steps, nproc=nproc, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt, snapshot=snapshot,
+        if rank >= nproc:
+            raise UsageError(f"--rank {rank}: not a rank of --nproc-per-node {nproc} (0 to {nproc - 1})")
+        return _script(script, steps=steps, nproc=nproc, rank=rank, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt, snapshot=snapshot,
                        hf_config=hf_config)
     if not hf_config or not micro_batch or not seq_len:
         raise UsageError("preflight: give --hf-config with --micro-batch and --seq-len, or a script after --")
@@ -123,7 +128,7 @@ def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]
     return name, total, next(v[1] for k, v in GPUS.items() if k.lower() == name.lower())
 
 
-def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, gpu_memory: str | None, fmt: str,
+def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu: str | None, gpu_memory: str | None, fmt: str,
             snapshot: str | None, hf_config: str | None) -> None:
     """``oomdoctor preflight -- python train.py ...``: the script traced (:mod:`oomdoctor.preflight.script`)."""
     import os
@@ -154,7 +159,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, g
     from ..report.preflight import answer
 
     name, total, sm = _gpu(gpu, gpu_memory)
-    job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc)
+    job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc, rank=rank)
     outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nproc > 1 else 0)
 
     def f(n: int | None) -> tuple[dict, dict, object]:
@@ -163,6 +168,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, g
         meta = sidecar(rec, gpu_name=name, gpu_total_bytes=total, torch_version=torch.__version__, micro_batch=None,
                        job=job.as_dict())
         meta["world_size"] = nproc
+        meta["rank"] = meta["local_rank"] = rank
         return snapshot_dict(rec), meta, rec
 
     try:

@@ -27,6 +27,8 @@ PRIVATE = {
     "torch.utils._foreach_utils._get_fused_kernels_supported_devices": "the foreach utilities' device lists",
     "torch.autograd.graph._engine_run_backward": "the autograd engine's entry, where backward's allocations are "
                                                  "the GPU's",
+    "torch.utils.checkpoint._checkpoint_without_reentrant_generator": "non-reentrant checkpointing's recomputation, "
+                                                                      "where CUDA's policies are entered again",
     "torch.testing._internal.distributed.fake_pg.FakeStore": "the fake process group a torchrun script joins "
                                                              "(--nproc-per-node)",
 }

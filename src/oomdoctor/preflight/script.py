@@ -56,10 +56,11 @@ class ScriptJob:
     argv: tuple[str, ...]
     max_steps: int = 2
     world_size: int = 1
+    rank: int = 0  # the rank traced (torchrun's RANK and LOCAL_RANK; one node)
 
     def as_dict(self) -> dict[str, Any]:
         return {"script": list(self.argv), "max_steps": self.max_steps, "world_size": self.world_size,
-                "ranks_traced": [0], "collectives": "faked (fake process group)" if self.world_size > 1 else None,
+                "ranks_traced": [self.rank], "collectives": "faked (fake process group)" if self.world_size > 1 else None,
                 "ddp_if_used": "modelled: gradient buckets from construction, output clones with find_unused_parameters; "
                        "the all-reduces not traced",
                 "step": "the script's own, to its optimizer's step number max_steps"}
@@ -332,6 +333,42 @@ def _loader_iter_init(orig: Any) -> Any:
     return init
 
 
+@contextlib.contextmanager
+def _policies(tracer: AllocationTracer, inner: Any = None) -> Iterator[None]:
+    """The script's torch-function layers (CUDA's devices, autocast lists and attention kernel) entered again,
+    then ``inner``: the autograd engine runs checkpoint recomputation without the caller's ``TorchFunctionMode``
+    (measured on the ``--hf-config`` path: CPU's math attention and dropout; on a script, non-reentrant
+    checkpointing then failed with ``CheckpointError``, "a different number of tensors was saved")."""
+    from .tracer import CudaAutocastPolicy
+
+    with CudaDevices(tracer), CudaAutocastPolicy(tracer), (inner if inner is not None else contextlib.nullcontext()):
+        yield
+
+
+def _checkpoint_recomputed_as_traced(orig: Any, tracer: AllocationTracer) -> Any:
+    """``torch.utils.checkpoint``'s non-reentrant generator with the script's policies in the recomputation
+    (its ``context_fn``'s second context, the user's own kept inside)."""
+    from torch.utils.checkpoint import noop_context_fn
+
+    def gen(fn: Any, preserve_rng_state: bool = True, context_fn: Any = noop_context_fn, *a: Any, **k: Any) -> Any:
+        def ctx() -> tuple[Any, Any]:
+            fwd, rec = context_fn()
+            return fwd, _policies(tracer, rec)
+        return orig(fn, preserve_rng_state, ctx, *a, **k)
+
+    return gen
+
+
+def _reentrant_backward(orig: Any, tracer: AllocationTracer) -> Any:
+    """``CheckpointFunction.backward`` (reentrant checkpointing) with the script's policies in its
+    recomputation."""
+    def backward(ctx: Any, *args: Any) -> Any:
+        with _policies(tracer):
+            return orig(ctx, *args)
+
+    return staticmethod(backward)
+
+
 def _none(*a: Any, **k: Any) -> None:
     return None
 
@@ -554,8 +591,8 @@ def _cuda_amp_autocast_init(self: Any, enabled: bool = True, dtype: Any = torch.
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int) -> Iterator[None]:
-    """``init_process_group`` joins a fake process group as rank 0 of ``world_size`` (the module doc)."""
+def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
+    """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc)."""
     import torch.distributed as dist
 
     FakeStore = require("torch.testing._internal.distributed.fake_pg.FakeStore")
@@ -563,9 +600,9 @@ def _fake_process_group(world_size: int) -> Iterator[None]:
     orig = dist.init_process_group
 
     def init_process_group(*a: Any, **k: Any) -> None:
-        orig(backend="fake", store=FakeStore(), rank=0, world_size=world_size)
+        orig(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
 
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -642,6 +679,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
 
         import torch.nn.parallel as parallel
         import torch.nn.parallel.distributed as ddp_mod
+        import torch.utils.checkpoint as ckpt
         from torch.distributed.device_mesh import DeviceMesh
         from torch.utils.data._utils import pin_memory as pin_mod
         from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
@@ -656,6 +694,10 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
+            (ckpt, "_checkpoint_without_reentrant_generator",
+             _checkpoint_recomputed_as_traced(require("torch.utils.checkpoint._checkpoint_without_reentrant_generator"),
+                                              tracer)),
+            (ckpt.CheckpointFunction, "backward", _reentrant_backward(ckpt.CheckpointFunction.backward, tracer)),
             (loader_iter, "__init__", _loader_iter_init(loader_iter.__init__)),
             # the loader's pin-memory thread (no torch-function mode there): host memory, not the GPU's
             (pin_mod, "pin_memory", lambda data, device=None: data),
@@ -669,7 +711,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         kept: Any = None
         try:
             # the script's own prints go to standard error: standard output is preflight's answer
-            with _patched(patches), (_fake_process_group(job.world_size) if job.world_size > 1
+            with _patched(patches), (_fake_process_group(job.world_size, job.rank) if job.world_size > 1
                                      else contextlib.nullcontext()), CudaDevices(tracer), \
                     gpu_device_property(tracer), contextlib.redirect_stdout(sys.stderr):
                 try:

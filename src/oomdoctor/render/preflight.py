@@ -71,7 +71,8 @@ def render_preflight_text(a: Any) -> str:
             + (f", {job['dtype']}" if job.get("dtype") else "") + (f", {job['optimizer']}" if job.get("optimizer") else "")
             + (", gradient checkpointing" if job.get("gradient_checkpointing") else ""))
     traced = (f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events:,} events)"
-              + (f"; rank 0 of {job['world_size']}, collectives {job['collectives']}" if job.get("collectives") else "")
+              + (f"; rank {(job.get('ranks_traced') or [0])[0]} of {job['world_size']}, collectives {job['collectives']}"
+                 if job.get("collectives") else "")
               + (f"; {job['max_steps']} optimizer steps, then stopped" if job.get("max_steps") else ""))
     outside = OUTSIDE_SOURCE_TEXT.get(a.outside_allocator_source, a.outside_allocator_source)
     on = (f"on {gpu} ({format_bytes(a.gpu_total_bytes)}): {format_bytes(a.room_bytes)} for the caching allocator, "

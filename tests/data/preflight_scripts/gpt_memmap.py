@@ -19,6 +19,7 @@ p.add_argument("--width", type=int, default=128)
 p.add_argument("--dtype", default="float16")
 p.add_argument("--iters", type=int, default=50)
 p.add_argument("--patience", type=int, default=1)
+p.add_argument("--fused", type=int, default=1)
 a = p.parse_args()
 
 torch.backends.cuda.matmul.allow_tf32 = True
@@ -79,7 +80,7 @@ model = GPT().to(device)
 print(f"parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M")
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[a.dtype]
 scaler = torch.amp.GradScaler("cuda", enabled=(a.dtype == "float16"))
-opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device == "cuda")
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=bool(a.fused) and device == "cuda", foreach=False)
 ctx = torch.autocast(device_type="cuda" if "cuda" in device else "cpu", dtype=ptdtype)
 
 
