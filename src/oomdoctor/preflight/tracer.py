@@ -415,8 +415,13 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     """Scaled dot-product attention through the kernel CUDA picks (``sdp_utils.cpp``
     ``select_sdp_backend``: flash, then memory-efficient, then math): NotImplemented for math."""
     if torch.is_autocast_enabled("cpu"):
+        # CUDA autocast's lower-precision list casts every floating argument of scaled_dot_product_attention,
+        # the attention mask too (autocast_mode.cpp, KERNEL_CUDA(scaled_dot_product_attention, lower_precision_fp)):
+        # T5's fp32 position bias becomes a low-precision copy, kept for backward
         low = torch.get_autocast_dtype("cpu")
         query, key, value = (_cast(x, low) for x in (query, key, value))
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = _cast(attn_mask, low)
     if query.dim() != 4 or enable_gqa or query.shape[-1] > 256 or key.shape[1] != query.shape[1]:
         return NotImplemented
     with torch.autocast("cpu", enabled=False):
