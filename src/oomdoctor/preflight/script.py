@@ -417,7 +417,9 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
             (c, "set_stream", _none), (c, "CUDAGraph", _Graph), (c, "graph", _graph),
             (c, "make_graphed_callables", lambda callables, *a, **k: callables),
             (c, "graph_pool_handle", lambda: (0, 0)), (c, "device", _DeviceContext),
-            (torch, "compile", _compile)]
+            (torch, "compile", _compile),
+            # the build's accelerator, which FSDP2's default mesh reads (_fsdp_init._init_default_mesh)
+            (torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))]
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
         out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
