@@ -194,7 +194,7 @@ def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None
     f = module_tracer(model_fn, step_fn, batch_fn, optimizer_fn=optimizer_fn, steps=steps, gpu_name=name,
                       gpu_total_bytes=total, sm_major=sm)
     return answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total, outside_bytes=CUDA_CONTEXT_BYTES,
-                  outside_source="CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11",
+                  outside_source="cuda-context",
                   snapshot_path=None if snapshot is None else str(snapshot), search=search and micro_batch is not None)
 
 

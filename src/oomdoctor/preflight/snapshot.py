@@ -15,6 +15,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from ..capture.files import FILE, sidecar_for, write_target
 from ..capture.metadata import SIDECAR_FORMAT, place_markers
 from .tracer import TraceRecord
 
@@ -100,14 +101,25 @@ def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int |
                                "engine's entry",
             "streams": [0],
             "trace_wall_s": round(record.wall_s, 3),
+            "invented_values": record.invented_values,
+            "notes": record.notes,
         },
     }
 
 
-def write(path: str | Path, snap: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path]:
-    """Write ``path`` (the pickle) and ``<stem>.meta.json`` beside it. Returns both paths."""
-    p = Path(path)
-    p.write_bytes(pickle.dumps(snap, protocol=4))
-    side = p.with_name(p.stem + ".meta.json")
-    side.write_text(json.dumps(meta, indent=1, default=str))
-    return p, side
+def write(path: str | Path, snap: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path | None]:
+    """Write ``path`` (the pickle) and its sidecar beside it (``capture.files.sidecar_for``: ``x.pickle`` ->
+    ``x.meta.json``) through the project's one output writer (:func:`oomdoctor.capture.files.write_target`:
+    a temporary file renamed over the target, atomic; a link followed; a FIFO or device written as a
+    stream, and then no sidecar, which has nowhere beside it to go). Returns both paths (the sidecar's None
+    when not written).
+
+    Raises:
+        OutputError: ``path`` is a directory, its directory is missing, or it may not be written.
+        OSError: the write failed (disk full); a previous file is left untouched."""
+    p = str(path)
+    if write_target(p, pickle.dumps(snap, protocol=4)) != FILE:
+        return Path(p), None
+    side = sidecar_for(p)
+    write_target(side, json.dumps(meta, indent=1, default=str).encode("utf-8"))
+    return Path(p), Path(side)

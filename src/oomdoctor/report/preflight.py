@@ -80,7 +80,8 @@ class PreflightAnswer:
     """memory outside the caching allocator: the CUDA context and kernels, and NCCL's communicator for more than one
     rank (bytes, measured constants)"""
     outside_allocator_source: str
-    """where outside_allocator_bytes comes from"""
+    """where outside_allocator_bytes comes from, an id: 'cuda-context' (the CUDA context and a training step's
+    kernels, measured) or 'cuda-context+nccl' (and NCCL's world communicator, measured)"""
     room_bytes: int
     """the allocator's room: gpu_total_bytes less outside_allocator_bytes (bytes)"""
     peak_allocated_bytes: int
@@ -120,8 +121,14 @@ class PreflightAnswer:
     events: int
     """allocation and free events traced"""
     not_traced: list[str]
-    """ids of what the trace leaves out (kernel_workspaces_chosen_at_run_time, torch_compile,
-    cpu_resident_optimizer_steps, collectives)"""
+    """ids of what the trace leaves out or treats in a stated way (kernel_workspaces_chosen_at_run_time,
+    torch_compile, cpu_resident_optimizer_steps, collectives; a script's cuda_streams, cuda_graph)"""
+    invented_values: list[dict[str, Any]] = field(default_factory=list)
+    """every line where the trace read a value from the GPU and was given a stand-in (fake tensors have no values):
+    file, line, kind ('false': a check such as isnan/isinf, found_inf 0; 'finite': a loss or metric, a positive
+    finite number decreasing at each read of the line; 'upper_bound': a data-dependent shape or count at its
+    largest; 'assumed': a constant carried from those), read (item, bool, float, int, index, tolist, print, cpu,
+    numpy, equal, or the shape op), count. Control flow that depends on them may differ from the GPU's"""
     largest_micro_batch_margin_bytes: int = 0
     """what largest_micro_batch keeps free of the room: its replay's peak reserved is at most room_bytes less this
     (3.5% of the room, preflight's largest measured error on peak reserved; bytes; 0: not searched)"""
@@ -130,11 +137,14 @@ class PreflightAnswer:
         return asdict(self)
 
 
-def room(gpu_total_bytes: int, outside_bytes: int) -> Capacity:
-    """The allocator's room on the GPU, as a device limit given by preflight."""
+def room(gpu_total_bytes: int, outside_bytes: int, *, given: bool = False, nccl: bool = False) -> Capacity:
+    """The allocator's room on the GPU (bytes), as a device limit: source ``device-room`` (an id of
+    :data:`oomdoctor.simulate.capacity.SOURCES`) with ``room_source`` ``gpu-total``, the words of what fits'
+    room (``render/words/capacity.py``). ``given``: the total came from ``--gpu-memory``; ``nccl``: NCCL's
+    communicator is among what runs outside the allocator (more than one rank)."""
     limit = max(gpu_total_bytes - outside_bytes, 0)
-    return Capacity(limit, "device", "the GPU's total memory less the CUDA context (preflight)", "given",
-                    evidence="given")
+    return Capacity(limit, "device", "device-room", "given", evidence="given",
+                    source_values={"room_source": "gpu-total", "given": given, "nccl": nccl})
 
 
 def _peak_requested(events: list[dict[str, Any]]) -> int:
@@ -322,14 +332,14 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
 
 
 #: what the trace leaves out, said by id (the CLI words them)
-NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "torch_compile", "cpu_resident_optimizer_steps",
+NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "cpu_resident_optimizer_steps",
               "collectives")
 
 
 def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
            gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
            snapshot_path: str | None, write: Callable[[str, dict, dict], None],
-           search: bool = True) -> PreflightAnswer:
+           search: bool = True, gpu_memory_given: bool = False) -> PreflightAnswer:
     """Trace, replay and answer.
 
     ``trace_fn(n)`` traces the job at micro-batch ``n`` (None: as given) and returns ``(snapshot dict,
@@ -339,7 +349,7 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
     micro-batch (needs ``micro_batch``).
     """
 
-    cap = room(gpu_total_bytes, outside_bytes)
+    cap = room(gpu_total_bytes, outside_bytes, given=gpu_memory_given, nccl=outside_source.endswith("+nccl"))
     tmp = tempfile.TemporaryDirectory()
     kept: dict[str, Any] = {}
     try:
@@ -387,4 +397,5 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
                              "trace_wall_s": round(r.trace_wall_s, 2)} for r in traces],
         breakdown=cats, breakdown_sources=sources, breakdown_at=where, settings=first.settings,
         snapshot=snapshot_path, trace_wall_s=round(sum(r.trace_wall_s for r in traces), 2), events=first.events,
-        not_traced=list(NOT_TRACED))
+        not_traced=list(NOT_TRACED) + [n for n in trace.meta.get("preflight", {}).get("notes", []) if n not in NOT_TRACED],
+        invented_values=list(trace.meta.get("preflight", {}).get("invented_values", [])))
