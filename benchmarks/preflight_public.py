@@ -2,7 +2,7 @@
 
     python benchmarks/preflight_public.py OUTDIR --corpus .corpus --data DATA [--half dev|heldout|all]
         [--only NAME ...] [--timeout 900] [--json docs/preflight_public_before.json]
-        [--heldout-private PATH] [--src src]
+        [--heldout-private PATH] [--src src] [--reuse OLD/rows.jsonl ...]
 
 Per entry of ``benchmarks/preflight_corpus/manifest.json`` (``make_data.py`` makes DATA first, as on the GPU):
 
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src", type=Path, default=HERE / "src")
     ap.add_argument("--json", type=Path, help="the public record: dev rows in full, held-out counts and digest")
     ap.add_argument("--heldout-private", type=Path, help="where the held-out rows go (kept out of the repository)")
+    ap.add_argument("--reuse", type=Path, nargs="*", default=[],
+                    help="rows.jsonl of earlier runs of the same code: their rows are kept, only the other entries run")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     from make_data import make
@@ -139,9 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     make(a.data)
     halves = split()
     es = entries(a.only, half=None if a.half == "all" else a.half)
+    earlier = {}
+    for p in a.reuse:
+        for s in p.read_text().splitlines():
+            if s.strip():
+                r = json.loads(s)
+                earlier[r["name"]] = r
     rows = []
     for e in es:
-        r = run_one(e, out=a.out, corpus=a.corpus, data=a.data, src=a.src, timeout=a.timeout)
+        r = earlier.get(e["name"]) or run_one(e, out=a.out, corpus=a.corpus, data=a.data, src=a.src, timeout=a.timeout)
         r["half"] = halves[e["name"]]
         rows.append(r)
         shown = "traced" if r["traced"] else "refused"

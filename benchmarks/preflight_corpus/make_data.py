@@ -10,8 +10,8 @@ here instead, deterministically (seeded), on the CPU, in a few seconds to a minu
   ``PreTrainedTokenizerFast`` folder (bos/eos ``<|endoftext|>``, pad ``<pad>``, 2,048 tokens long).
 - ``llama``: a randomly initialised Llama causal LM (``LlamaConfig``, 768 wide, 6 layers, ~55 M parameters)
   saved with that tokenizer: the ``--base_model`` of the PEFT scripts.
-- ``sft``: ``train.jsonl`` / ``test.jsonl`` with ``text``, ``instruction`` and ``output`` fields (the PEFT
-  scripts' ``load_dataset(data_path)``).
+- ``sft``: ``train.jsonl`` / ``test.jsonl`` / ``validation.jsonl`` with ``text``, ``instruction`` and ``output`` fields (the PEFT
+  scripts' ``load_dataset(data_path)``; LoRA-GA's ``load_dataset(name, "default")`` needs ``validation``).
 - ``mnist``: ``MNIST/raw/*-ubyte`` in the IDX format torchvision's ``MNIST`` reads (random digits-like blobs,
   6,000 train / 1,000 test): torchvision skips the download when the raw files exist.
 - ``images``: an ImageFolder (``train/``, ``val/`` and ``validation/``, 10 classes, JPEG 96 x 96) and ``pets/``
@@ -138,7 +138,7 @@ def make_sft(out: Path, n_train: int = 2000, n_test: int = 200) -> None:
     def phrase(lo: int, hi: int) -> str:
         return " ".join(vocab[int(k) % len(vocab)] for k in r.zipf(1.2, size=int(r.integers(lo, hi))))
 
-    for name, n in (("train", n_train), ("test", n_test)):
+    for name, n in (("train", n_train), ("test", n_test), ("validation", n_test)):
         with open(out / f"{name}.jsonl", "w") as f:
             for _ in range(n):
                 ins, outp = phrase(8, 40), phrase(20, 160)
