@@ -112,13 +112,15 @@ def summary(rows: list[dict]) -> dict[str, int]:
 def _code(src: Path) -> dict[str, Any]:
     try:
         rev = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        tree = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD:./"], capture_output=True,
+                              text=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--", "."], capture_output=True,
                                     text=True).stdout.strip())
     except OSError:
-        rev, dirty = "", False
+        rev, tree, dirty = "", "", False
     import torch
 
-    return {"oomdoctor_commit": rev, "dirty": dirty, "torch": torch.__version__}
+    return {"oomdoctor_commit": rev, "src_tree": tree, "dirty": dirty, "torch": torch.__version__}
 
 
 def main(argv: list[str] | None = None) -> int:

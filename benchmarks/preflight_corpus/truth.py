@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,10 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import HERE, entries, prepare, with_pythonpath  # noqa: E402
 
 HOOK = HERE / "truth_hook"
+_PREPARE = threading.Lock()  # entries can share a link (Lightning's Datasets): made one at a time
 
 
 def run_one(e: dict, *, out: Path, corpus: Path, data: Path, timeout: int) -> dict:
-    p = prepare(e, corpus=corpus, data=data, root=out / "runs")
+    with _PREPARE:
+        p = prepare(e, corpus=corpus, data=data, root=out / "runs")
     lines = out / "hook" / f"{e['name']}.jsonl"
     lines.parent.mkdir(parents=True, exist_ok=True)
     lines.unlink(missing_ok=True)
