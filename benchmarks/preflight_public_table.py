@@ -68,7 +68,8 @@ def markdown(title: str, rows: list[dict]) -> str:
              "| GPU max reserved | error | stand-ins |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        traced = "yes" if r["traced"] else f"refused: {(r['reason'] or '').replace('|', '/')[:120]}"
+        why = (r["reason"] or "").split("fake tensors: ")[-1].split("while traced: ")[-1].replace("|", "/")[:100]
+        traced = "yes" if r["traced"] else f"refused at {r['where'] or '?'}: {why}"
         lines.append(f"| {r['name']} | {traced} | {r['gpu_status']} | {_b(r['predicted_allocated'])} | "
                      f"{_b(r['gpu_allocated'])} | {_p(r['allocated_error_pct'])} | {_b(r['predicted_reserved'])} | "
                      f"{_b(r['gpu_reserved'])} | {_p(r['reserved_error_pct'])} | "
