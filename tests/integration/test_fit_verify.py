@@ -21,9 +21,11 @@ STANDIN = str(ROOT / "tests" / "standin_job.py")
 JOB = [sys.executable, STANDIN]
 
 
-def oomdoctor(capsys, monkeypatch, spec: dict, *args: str) -> tuple[int, str, str]:
+def oomdoctor(capsys, monkeypatch, spec: dict, *args: str, allow_no_gpu: bool = True) -> tuple[int, str, str]:
+    """``oomdoctor ARGS`` with the stand-in's ``spec``; ``--allow-no-gpu`` after the command name (this machine
+    has no GPU: the stand-in is the job) unless ``allow_no_gpu`` is False."""
     monkeypatch.setenv("STANDIN", json.dumps(spec))
-    code = main(list(args))
+    code = main([args[0], *(["--allow-no-gpu"] if allow_no_gpu else []), *args[1:]])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -25,7 +25,8 @@ _WHY = {
     "peak-above-margin": "refuted: the measured peak is above the prediction and its margin",
     "peak-below-margin": "refuted: the measured peak is below the prediction less its margin",
     "no-prediction": "no claim to check (nothing replayed for it)",
-    "failed": "the rerun failed without an out-of-memory message",
+    "failed": "the rerun failed without an out-of-memory error",
+    "ended-early": "the rerun ended (exit code 0) before its optimizer steps: nothing to judge",
 }
 
 
@@ -46,7 +47,8 @@ def verify_json(v: VerifyOutcome) -> str:
 
 
 def _trial_line(t: Trial) -> str:
-    what = {"ran": "ran", "oom": "out of memory", "failed": f"failed (exit code {t.exit_code})"}[t.outcome]
+    what = {"ran": "ran", "oom": "out of memory", "failed": f"failed (exit code {t.exit_code})",
+            "ended-early": "ended before its optimizer steps (exit code 0)"}[t.outcome]
     extra = " (recorded)" if t.recorded else ""
     if t.timed_out:
         extra += " (timed out)"
@@ -62,7 +64,10 @@ def fit_text(fit: FitOutcome) -> str:
     elif fit.error is None:
         out.append(f"No micro-batch from {fit.low} runs: {fit.low} ran out of memory.")
     else:
-        out.append("No answer: " + {"failed": "a trial failed without an out-of-memory message (see its log below)",
+        out.append("No answer: " + {"failed": "a trial failed without an out-of-memory error (see its log below)",
+                                     "ended-early": f"a trial exited 0 before its {fit.steps} optimizer steps (see its "
+                                                    "log below): the job has fewer steps, no torch.optim optimizer, "
+                                                    "or it returned after an error",
                                      "max-trials": "the search reached its trial limit"}.get(fit.error, fit.error)
                    + (f"; the largest that ran: {fit.largest_micro_batch}" if fit.largest_micro_batch else "") + ".")
     out.append(f"{len(fit.trials)} trials of {fit.steps} optimizer steps, {fit.seconds:.1f} s in all "
@@ -79,7 +84,7 @@ def fit_text(fit: FitOutcome) -> str:
     out.append("  micro-batch  outcome")
     for t in fit.trials:
         out.append(f"  {t.micro_batch:>11}  {_trial_line(t)}")
-        if t.outcome == "failed":
+        if t.outcome in ("failed", "ended-early"):
             out.append(f"               output: {t.log}")
     return "\n".join(out) + "\n"
 
@@ -94,7 +99,12 @@ def _predicted(v: Verified) -> str:
     if v.predicted_oom:
         return "out of memory"
     peak = ("at least " if v.predicted_peak_is_lower_bound else "") + _peak(v.predicted_peak_reserved_bytes)
-    return f"runs, peak {peak} ± {_peak(v.margin_bytes)}"
+    if v.band_low_bytes is None:
+        return f"runs, peak {peak} (no margin: the peak is not judged)"
+    if v.band_high_bytes is None:
+        return f"runs, peak {peak} ± {_peak(v.margin_bytes)}: confirmed from {_peak(v.band_low_bytes)} up"
+    return (f"runs, peak {peak} ± {_peak(v.margin_bytes)}: confirmed between {_peak(v.band_low_bytes)} and "
+            f"{_peak(v.band_high_bytes)}")
 
 
 def verify_text(v: VerifyOutcome) -> str:
@@ -112,12 +122,13 @@ def verify_text(v: VerifyOutcome) -> str:
     out.append("")
     for s in v.settings:
         measured = "out of memory" if s.oom else "failed" if s.why == "failed" else \
+            "ended before its optimizer steps" if s.why == "ended-early" else \
             f"ran, peak {_peak(s.measured_peak_reserved_bytes)}"
         out.append(f"  {s.config}")
         out.append(f"    predicted: {_predicted(s)}")
         out.append(f"    measured:  {measured} ({s.trial.seconds:.1f} s)")
         out.append(f"    {_WHY[s.why]}")
-        if s.why == "failed":
+        if s.why in ("failed", "ended-early"):
             out.append(f"    output: {s.trial.log}")
     out.append("")
     n = len(v.settings)
