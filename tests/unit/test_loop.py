@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from oomdoctor.report.loop import (
@@ -10,10 +12,14 @@ from oomdoctor.report.loop import (
     FitSearch,
     SettingError,
     apply_setting,
+    band,
+    claim_of,
     doubling_walk,
     is_oom_output,
     judge,
     parse_setting,
+    predict,
+    trial_outcome,
 )
 from tests.standin_job import OOM
 
@@ -158,19 +164,127 @@ def test_oom_messages_are_pytorchs():
     assert not is_oom_output("RuntimeError: shape mismatch\nout of memory of patience")
 
 
-def claim(peak: int, oom: bool = False, margin: int = 100, lower: bool = False) -> Claim:
-    return Claim(rank=0, peak_reserved_bytes=peak, oom=oom, margin_bytes=margin, margin_source="job-spread",
-                 lower_bound=lower, reach="complete", self_replay_exact=True)
+def claim(peak: int, oom: bool = False, margin: int | None = 100, lower: bool = False) -> Claim:
+    return Claim(rank=0, peak_reserved_bytes=peak, oom=oom, margin_bytes=margin,
+                 margin_source="none" if margin is None else "prediction", lower_bound=lower, reach="complete",
+                 self_replay_exact=True)
 
 
 def test_judge():
     assert judge(claim(1000), 1000, oom=False, failed=False) == (True, "agrees")
     assert judge(claim(1000), 1100, oom=False, failed=False) == (True, "agrees")
+    assert judge(claim(1000), 900, oom=False, failed=False) == (True, "agrees")
     assert judge(claim(1000), 1101, oom=False, failed=False) == (False, "peak-above-margin")
     assert judge(claim(1000), 899, oom=False, failed=False) == (False, "peak-below-margin")
     assert judge(claim(1000, lower=True), 5000, oom=False, failed=False) == (True, "agrees")
+    assert judge(claim(1000, lower=True), 899, oom=False, failed=False) == (False, "peak-below-margin")
     assert judge(claim(1000), None, oom=True, failed=False) == (False, "oom-not-predicted")
     assert judge(claim(1000, oom=True), 700, oom=False, failed=False) == (False, "ran-but-oom-predicted")
     assert judge(claim(1000, oom=True), 10, oom=True, failed=False) == (True, "agrees")
     assert judge(None, 10, oom=False, failed=False) == (None, "no-prediction")
     assert judge(claim(1000), None, oom=False, failed=True) == (None, "failed")
+    # no margin carried: the outcome is judged, the peak is not
+    assert judge(claim(1000, margin=None), 10**9, oom=False, failed=False) == (True, "agrees")
+    assert judge(claim(1000, margin=None), None, oom=True, failed=False) == (False, "oom-not-predicted")
+
+
+GiB = 1 << 30
+
+
+def test_the_band_is_the_prediction_and_its_own_margin():
+    """Issue 49: a claim of 34.78 GiB with a margin of 24.92 GiB confirms 9.86 to 59.70 GiB; with the margin the
+    prediction carries made small, the band is small: band() takes the margin as given, nothing else."""
+    peak = 37_339_791_360  # fragmentation-oom/default-oom.pickle, expandable_segments:True, its claim
+    assert band(claim(peak, margin=26_760_204_288)) == (peak - 26_760_204_288, peak + 26_760_204_288)
+    assert band(claim(peak, margin=GiB // 2)) == (peak - GiB // 2, peak + GiB // 2)
+    assert judge(claim(peak, margin=GiB // 2), peak + GiB, oom=False, failed=False) == (False, "peak-above-margin")
+    assert band(claim(peak, margin=0)) == (peak, peak)  # an exact claim: only its own peak confirms it
+    assert band(claim(peak, lower=True, margin=GiB)) == (peak - GiB, None)
+    assert band(claim(100, margin=GiB)) == (0, 100 + GiB)  # never below 0
+    assert band(claim(peak, oom=True)) == (None, None)
+    assert band(claim(peak, margin=None)) == (None, None)
+    assert band(None) == (None, None)
+
+
+def prediction(rank: int, peak: int, reach: str = "complete", ext: int | None = None, oom: bool = False,
+               margin: object = GiB) -> dict:
+    """A prediction as Predictor.run writes it (the keys claim_of reads)."""
+    p = {"rank": rank, "peak_reserved_bytes": peak, "reach": reach, "oom": {"event_index": 9, "requested_bytes": 1}
+         if oom else None, "self_replay_exact": True, "margin_bytes": margin}
+    if ext is not None:
+        p["extended_peak_reserved_bytes"] = ext
+    return p
+
+
+def test_a_claim_is_the_higher_of_the_recorded_and_the_extended_peaks():
+    assert claim_of(prediction(0, 30 * GiB, "step-completed", ext=33 * GiB)).peak_reserved_bytes == 33 * GiB
+    assert claim_of(prediction(0, 30 * GiB, "step-completed", ext=29 * GiB)).peak_reserved_bytes == 30 * GiB
+    assert claim_of(prediction(0, 30 * GiB, "step-ran-out", ext=31 * GiB)).oom is True
+
+
+def test_a_claim_replayed_only_up_to_the_recorded_oom_is_a_lower_bound():
+    assert claim_of(prediction(0, 30 * GiB, "recorded")).lower_bound is True
+    assert claim_of(prediction(0, 30 * GiB, "recorded", oom=True)).lower_bound is False  # still runs out
+    for reach in ("complete", "step-completed"):
+        assert claim_of(prediction(0, 30 * GiB, reach)).lower_bound is False
+
+
+def test_a_claim_takes_the_margin_the_prediction_carries_or_none():
+    c = claim_of(prediction(0, 30 * GiB, margin=123_456))
+    assert (c.margin_bytes, c.margin_source) == (123_456, "prediction")
+    for bad in (None, True, -1, "1 GiB"):
+        c = claim_of(prediction(0, 30 * GiB, margin=bad))
+        assert (c.margin_bytes, c.margin_source) == (None, "none")
+
+
+class Replays:
+    """A rank's predictor: the prediction its replay gives for any setting."""
+
+    def __init__(self, p: dict) -> None:
+        self.p = p
+
+    def run(self, what_if: dict) -> dict:
+        return self.p
+
+
+def test_the_claim_is_the_tightest_ranks_over_every_rank():
+    """Two ranks: the claim is the rank predicted to run out, else the highest peak; an extended step counts at
+    its extended peak (rank 1 here: 20 GiB recorded, 33 GiB with the rest of its step, above rank 0's 30 GiB)."""
+    ranks = [SimpleNamespace(rank=0), SimpleNamespace(rank=1)]
+    s = parse_setting("expandable_segments:True")
+    c = predict(ranks, s, {0: Replays(prediction(0, 30 * GiB)),
+                           1: Replays(prediction(1, 20 * GiB, "step-completed", ext=33 * GiB))})
+    assert (c.rank, c.peak_reserved_bytes, c.lower_bound) == (1, 33 * GiB, False)
+    c = predict(ranks, s, {0: Replays(prediction(0, 30 * GiB)), 1: Replays(prediction(1, 29 * GiB, "recorded"))})
+    assert (c.rank, c.lower_bound) == (0, False)
+    c = predict(ranks, s, {0: Replays(prediction(0, 30 * GiB)), 1: Replays(prediction(1, 31 * GiB, "recorded"))})
+    assert (c.rank, c.lower_bound, band(c)) == (1, True, (30 * GiB, None))
+    c = predict(ranks, s, {0: Replays(prediction(0, 30 * GiB)), 1: Replays(prediction(1, 5 * GiB, oom=True))})
+    assert (c.rank, c.oom) == (1, True)
+    assert predict(ranks, s, {0: None, 1: None}) is None
+    assert predict(ranks, parse_setting("NCCL_DEBUG=INFO"), {}) is None
+
+
+def test_a_trials_outcome_is_what_pytorch_says_first():
+    stopped = {"stopped": True, "memory_stats": {"num_ooms": 0}}
+    unstopped = {"stopped": False, "memory_stats": {"num_ooms": 0}}
+    caught = {"stopped": False, "memory_stats": {"num_ooms": 1}}
+    out = trial_outcome
+    assert out([stopped], 0, oom_dump=False, oom_message=False) == ("ran", "stop")
+    # a job that catches its OOM and exits 0 ran out of memory (before: 'ran', read from the exit code)
+    assert out([caught], 0, oom_dump=False, oom_message=False) == ("oom", "num-ooms")
+    # an OOM caught, then K steps at a smaller batch (auto_find_batch_size in the job): this micro-batch ran out
+    assert out([{"stopped": True, "memory_stats": {"num_ooms": 2}}], 0, oom_dump=False, oom_message=False) == \
+        ("oom", "num-ooms")
+    assert out([stopped], 0, oom_dump=True, oom_message=False) == ("oom", "oom-dump")
+    assert out([caught, stopped], 1, oom_dump=False, oom_message=False) == ("oom", "num-ooms")  # one rank of two
+    # the stop fired on one rank, another failed: not a run
+    assert out([stopped, unstopped], 1, oom_dump=False, oom_message=False) == ("failed", "exit-code")
+    assert out([], 1, oom_dump=False, oom_message=True) == ("oom", "oom-message")  # killed, or no CUDA
+    assert out([], 0, oom_dump=False, oom_message=True) == ("oom", "oom-message")  # caught and printed, no CUDA
+    assert out([stopped], 0, oom_dump=False, oom_message=True) == ("ran", "stop")  # a message alone, after the stop
+    assert out([], -9, oom_dump=False, oom_message=False) == ("failed", "exit-code")
+    # exit 0 without the stop: no optimizer, fewer steps than asked, or an error swallowed
+    assert out([unstopped], 0, oom_dump=False, oom_message=False) == ("ended-early", "no-stop")
+    assert out([], 0, oom_dump=False, oom_message=False) == ("ended-early", "no-stop")
+    assert out([{"stopped": True, "memory_stats": None}], 0, oom_dump=False, oom_message=False) == ("ran", "stop")

@@ -88,7 +88,8 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
     result = FitOutcome(command=argv, steps=steps, low=low, high=high, start=start, snapshot=snapshot, guide=guide,
                         predicted_micro_batch=guess, largest_micro_batch=search.largest_ran,
                         smallest_oom_micro_batch=search.smallest_oom, trials=trials,
-                        seconds=round(time.monotonic() - t0, 2), analysis_seconds=round(analysis_s, 2), error=error)
+                        seconds=round(time.monotonic() - t0, 2), analysis_seconds=round(analysis_s, 2), error=error,
+                        guess_contradicted=search.guess_contradicted)
     from ..render.loop import fit_json, fit_text
     write_output(output, fit_json(result) if fmt == "json" else fit_text(result))
     if error in ("failed", "ended-early"):

@@ -57,13 +57,13 @@ def _trial_line(t: Trial) -> str:
 
 def fit_text(fit: FitOutcome) -> str:
     out = []
-    if fit.largest_micro_batch is not None:
+    if fit.error is None and fit.largest_micro_batch is not None:
         above = f"; {fit.smallest_oom_micro_batch} ran out of memory" if fit.smallest_oom_micro_batch else \
             " (the top of the range searched)" if fit.largest_micro_batch == fit.high else ""
         out.append(f"Largest micro-batch that runs: {fit.largest_micro_batch}{above}.")
     elif fit.error is None:
         out.append(f"No micro-batch from {fit.low} runs: {fit.low} ran out of memory.")
-    else:
+    else:  # the search stopped short: what ran is a lower bound, not the answer
         out.append("No answer: " + {"failed": "a trial failed without an out-of-memory error (see its log below)",
                                      "ended-early": f"a trial exited 0 before its {fit.steps} optimizer steps (see its "
                                                     "log below): the job has fewer steps, no torch.optim optimizer, "
@@ -72,7 +72,11 @@ def fit_text(fit: FitOutcome) -> str:
                    + (f"; the largest that ran: {fit.largest_micro_batch}" if fit.largest_micro_batch else "") + ".")
     out.append(f"{len(fit.trials)} trials of {fit.steps} optimizer steps, {fit.seconds:.1f} s in all "
                f"({fit.analysis_seconds:.1f} s of analysis).")
-    if fit.guide in _GUIDE:
+    if fit.guide in _GUIDE and fit.guess_contradicted:
+        ran = fit.trials[0].outcome == "ran" if fit.trials else False
+        out.append("Not guided: " + _GUIDE[fit.guide].format(p=fit.predicted_micro_batch) + f", but the recorded run at "
+                   f"{fit.start} {'ran' if ran else 'ran out of memory'}: the search was the doubling search from there.")
+    elif fit.guide in _GUIDE:
         out.append("Guided: " + _GUIDE[fit.guide].format(p=fit.predicted_micro_batch) + "; the search began there.")
     elif fit.trials and not fit.trials[0].recorded:
         out.append("Searched by trials alone: recording was off (--no-record).")

@@ -537,6 +537,9 @@ class FitOutcome:
     error: str | None = None
     """why the search stopped short: 'failed' (a trial failed without an OOM message), 'ended-early' (a trial
     exited 0 before the optimizer steps asked) or 'max-trials'"""
+    guess_contradicted: bool = False
+    """the recorded trial contradicted the replay's answer (it ran above it, or ran out of memory at or below it):
+    the search did not use it and was the doubling search's"""
 
     @property
     def trial_count(self) -> int:
