@@ -143,6 +143,7 @@ def test_a_job_that_catches_its_oom_and_exits_0_did_not_run(capsys, monkeypatch,
     assert {(t["outcome"], t["evidence"], t["exit_code"]) for t in doc["trials"] if t["micro_batch"] > 5} == {
         ("oom", "num-ooms", 0)}
     assert {t["evidence"] for t in doc["trials"] if t["micro_batch"] <= 5} == {"stop"}
+    assert all(t["stopped"] == (t["micro_batch"] <= 5) for t in doc["trials"])
     code, out, _ = oomdoctor(capsys, monkeypatch, {"limit": 5}, "fit", "--high", "8", "--out", str(tmp_path / "cpu"),
                              "--format", "json", "--", *JOB, "--catch", "--mb", "{mb}")
     doc = valid("fit", json.loads(out))
