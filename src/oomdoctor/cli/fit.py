@@ -46,7 +46,7 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
             command: tuple[str, ...]) -> None:
     """Find the largest micro-batch that runs: short real runs of COMMAND, with {mb} in it replaced by the
     micro-batch. The first run is recorded; the replay of its snapshot says what fits (on the tightest rank), the
-    next trial is there, then its neighbour, a short gallop and bisection; never more than two trials beyond the
+    next trial is there, then its neighbour, a short gallop and bisection; never more than three trials beyond the
     doubling search from --start, which is the search without a snapshot (--no-record).
 
     Example: oomdoctor fit --start 8 -- torchrun --nproc_per_node=2 train.py --batch-size {mb}

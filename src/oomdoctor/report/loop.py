@@ -398,7 +398,7 @@ class FitSearch:
             return self.start
         walk, known = self._walk()
         if self.guide != "none":
-            g, kind = self._candidate()
+            g = self._candidate()[0]
             if g is not None and lo < g < hi and len(self.tried) + 1 - known <= EXTRA_TRIALS:
                 return g
         return walk if walk is not None else (lo + hi) // 2
