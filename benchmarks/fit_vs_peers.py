@@ -22,8 +22,8 @@ Each part writes ``OUT_DIR/<part>.json``; ``OUT_DIR/summary.md`` is the table of
 - ``verify``: ``oomdoctor verify --steps 14`` on ``scenarios/fragmentation_oom.py`` (a fragmentation OOM under a
   memory fraction; the diagnosis proposes expandable segments, max_split_size_mb and the garbage collector).
 - ``vit``: issue 49 item 6's case, ``scenarios/vit_job.py`` (ViT-B/16, synthetic 224 x 224 images, AdamW, bf16
-  autocast, one GPU) under a memory-fraction cap of ``--vit-cap-gib`` (16 GiB: the edge in the hundreds, so that
-  every trial takes seconds; the job is the real one, the room is smaller): ``oomdoctor fit`` started at 1 (the
+  autocast, one GPU) under a memory-fraction cap of ``--vit-cap-gib`` (8 GiB: the edge near 100, so that the three
+  searches fit one device call; the job is the real one, the room is smaller): ``oomdoctor fit`` started at 1 (the
   recorded trial at 1 guides the search), the doubling search on the same job (``oomdoctor fit --no-record`` from
   1: the same trials without the replay's guess), and accelerate's ``find_executable_batch_size`` (the search of
   ``auto_find_batch_size``) from ``--vit-peer-start``.
@@ -182,7 +182,7 @@ def main() -> None:
     ap.add_argument("--high", type=int, default=512)
     ap.add_argument("--peer-start", type=int, default=256, help="auto_find_batch_size's starting batch")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per tool run (a hung one is killed)")
-    ap.add_argument("--vit-cap-gib", type=float, default=16.0, help="the ViT job's memory-fraction cap (GiB)")
+    ap.add_argument("--vit-cap-gib", type=float, default=8.0, help="the ViT job's memory-fraction cap (GiB)")
     ap.add_argument("--vit-peer-start", type=int, default=512, help="find_executable_batch_size's start on ViT")
     ap.add_argument("--vit-peer-timeout", type=float, default=90, help="seconds for find_executable_batch_size on ViT")
     a = ap.parse_args()

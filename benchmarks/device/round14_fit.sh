@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Round 14, issue 49 item 6, one device call on ONE H200 (about 5 minutes; every part guarded by `timeout`, a
+# Round 14, issue 49 item 6, one device call on ONE H200 (about 4-5 minutes, 7 at most; every part guarded by `timeout`, a
 # failure is logged and the others go on):
 #   vit      `oomdoctor fit` started at 1 on a ViT-B/16 training job (scenarios/vit_job.py: torchvision vit_b_16,
 #            synthetic 224x224 images made on the GPU, AdamW, bf16 autocast) under a memory-fraction cap of
-#            CAP_GIB (default 16: the edge in the hundreds, each trial seconds long; the job and its allocations
+#            CAP_GIB (default 8: the edge near 100, each trial seconds long; the job and its allocations
 #            are the real ones, the room is smaller), against the doubling search on the same job (`oomdoctor fit
 #            --no-record --start 1`: the same trials, no replayed guess) and accelerate's
 #            find_executable_batch_size (auto_find_batch_size's search, x0.9 per OOM, in one process) from 512.
@@ -11,11 +11,11 @@
 #   gputest  tests/gpu/test_loop_gpu.py -k "catches or refuses": a job that catches its OOM and exits 0 is 'oom'
 #            (memory_stats num_ooms), on the GPU (about 1 minute).
 #   bash benchmarks/device/round14_fit.sh OUT [PARTS]        PARTS: vit (default) | vit,gputest | gputest
-# Outputs under OUT: round14-fit.tar.xz (every JSON and log), summary.md (the table's rows), machine.txt,
-# gputest.log when run. No carry needed beyond the tree: the package is imported from src/ (PYTHONPATH), its
+# Outputs under OUT: round14-fit.tar.xz (every JSON, log and exit record), round14-snapshots.tar.xz (the recorded
+# trial's snapshot, when under 15 MB), summary.md (the table's rows), machine.txt, gputest.log when run. No carry needed beyond the tree: the package is imported from src/ (PYTHONPATH), its
 # dependencies from the installed wheel.
 set -u
-OUT=${1:?out dir}; PARTS=${2:-vit}; CAP_GIB=${CAP_GIB:-16}
+OUT=${1:?out dir}; PARTS=${2:-vit}; CAP_GIB=${CAP_GIB:-8}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
@@ -27,8 +27,8 @@ python3 -c "import oomdoctor, click, numpy" 2>/dev/null || \
 cat "$OUT/machine.txt"
 W=/tmp/round14; rm -rf $W; mkdir -p $W
 case ",$PARTS," in *,vit,*)
-  timeout 330 python3 benchmarks/fit_vs_peers.py $W/vit --parts vit --high 4096 --timeout 150 \
-    --vit-cap-gib "$CAP_GIB" --vit-peer-start 512 --vit-peer-timeout 80 > $W/vit.log 2>&1
+  timeout 420 python3 benchmarks/fit_vs_peers.py $W/vit --parts vit --high 4096 --timeout 170 \
+    --vit-cap-gib "$CAP_GIB" --vit-peer-start 512 --vit-peer-timeout 60 > $W/vit.log 2>&1
   echo "vit rc=$?"; cat $W/vit/summary.md 2>/dev/null; cp $W/vit/summary.md "$OUT/summary.md" 2>/dev/null
   tail -5 $W/vit.log ;;
 esac
@@ -37,5 +37,9 @@ case ",$PARTS," in *,gputest,*)
     > "$OUT/gputest.log" 2>&1
   echo "gputest rc=$?"; tail -5 "$OUT/gputest.log" ;;
 esac
-(cd $W && tar cJf "$OUT/round14-fit.tar.xz" . 2>/dev/null)
+(cd $W && tar cJf "$OUT/round14-fit.tar.xz" --exclude='*.pickle' . 2>/dev/null)
+# the recorded trial's snapshot (fit's guess comes from its replay), apart: dropped if over 15 MB (16 MiB come back)
+(cd $W && find . -name '*.pickle' | tar cJf "$OUT/round14-snapshots.tar.xz" -T - 2>/dev/null)
+[ "$(stat -c %s "$OUT/round14-snapshots.tar.xz" 2>/dev/null || echo 0)" -gt 15000000 ] && \
+  { rm -f "$OUT/round14-snapshots.tar.xz"; echo "snapshots over 15 MB: not kept" >> "$OUT/machine.txt"; }
 ls -la "$OUT"; uptime
