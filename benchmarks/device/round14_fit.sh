@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Round 14, issue 49 item 6, one device call on ONE H200 (about 4-5 minutes, 7 at most; every part guarded by `timeout`, a
-# failure is logged and the others go on):
+# Round 14, issue 49 item 6, one device call on ONE H200 (about 4-5 minutes, 7 at most; every part guarded by
+# `timeout`, a failure is logged and the others go on):
 #   vit      `oomdoctor fit` started at 1 on a ViT-B/16 training job (scenarios/vit_job.py: torchvision vit_b_16,
 #            synthetic 224x224 images made on the GPU, AdamW, bf16 autocast) under a memory-fraction cap of
 #            CAP_GIB (default 8: the edge near 100, each trial seconds long; the job and its allocations
@@ -12,8 +12,8 @@
 #            (memory_stats num_ooms), on the GPU (about 1 minute).
 #   bash benchmarks/device/round14_fit.sh OUT [PARTS]        PARTS: vit (default) | vit,gputest | gputest
 # Outputs under OUT: round14-fit.tar.xz (every JSON, log and exit record), round14-snapshots.tar.xz (the recorded
-# trial's snapshot, when under 15 MB), summary.md (the table's rows), machine.txt, gputest.log when run. No carry needed beyond the tree: the package is imported from src/ (PYTHONPATH), its
-# dependencies from the installed wheel.
+# trial's snapshot, when under 15 MB), summary.md (the table's rows), machine.txt, gputest.log when run.
+# No carry: the package is imported from src/ (PYTHONPATH), its dependencies from the installed wheel.
 set -u
 OUT=${1:?out dir}; PARTS=${2:-vit}; CAP_GIB=${CAP_GIB:-8}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
