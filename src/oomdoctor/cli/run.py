@@ -55,10 +55,11 @@ def inject_dir() -> str:
 def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
               timeout_s: float, base: dict[str, str] | None = None, free_stacks: bool = False,
               stop_after_steps: int | None = None, record: bool = True,
-              stack_steps: str = DEFAULT_STACK_STEPS) -> dict[str, str]:
+              stack_steps: str = DEFAULT_STACK_STEPS, exits: str | None = None) -> dict[str, str]:
     """The command's environment: ``base`` (default ``os.environ``) plus the injection. ``stop_after_steps``:
     each process ends itself with exit code 0 after that many optimizer steps
-    (:func:`oomdoctor.capture.autorecord.install_stop`); ``record=False``: nothing is recorded."""
+    (:func:`oomdoctor.capture.autorecord.install_stop`), and writes how it ended in ``exits``
+    (:mod:`oomdoctor.capture.exits`); ``record=False``: nothing is recorded."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (inject_dir(), env.get("PYTHONPATH", "")) if p)
     env["OOMDOCTOR_PACKAGE_ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,6 +68,7 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
                                               "summarize": summarize,
                                               "summary_timeout_s": timeout_s, "print_summary": False,
                                               **({"stop_after_steps": stop_after_steps} if stop_after_steps else {}),
+                                              **({"exits": exits} if exits and stop_after_steps else {}),
                                               **({} if record else {"record": False})})
     return env
 

@@ -130,7 +130,18 @@ def nested_options() -> dict[type, dict[str, Any]]:
     from ..detectors.finding import Finding, Fix
     from ..report.diff import STATUSES, FindingChange, RankDiff, SiteDelta
     from ..report.fits import Fits
-    from ..report.loop import GUIDES, OUTCOMES, WHY, FitOutcome, Trial, Verified, VerifyOutcome
+    from ..report.loop import (
+        EVIDENCE,
+        FIT_ERRORS,
+        GUIDES,
+        MARGIN_SOURCES,
+        OUTCOMES,
+        WHY,
+        FitOutcome,
+        Trial,
+        Verified,
+        VerifyOutcome,
+    )
     from ..report.model import HolderRef, RankSummary
     from ..report.predict import REACHES, Prediction
     from ..report.verdict import Action, Verdict
@@ -161,10 +172,10 @@ def nested_options() -> dict[type, dict[str, Any]]:
                         "made": {"title": s("one line")}},  # a FindingTitle (data), in words by the renderer
         Prediction: {"enums": {"reach": REACHES, "deferred_frees": DEFERRED_FREES,
                                "capacity_kind": CAPACITY_KINDS}},
-        FitOutcome: {"enums": {"guide": GUIDES, "error": ("failed", "max-trials")}, "derived": ("trial_count",)},
+        FitOutcome: {"enums": {"guide": GUIDES, "error": FIT_ERRORS}, "derived": ("trial_count",)},
         VerifyOutcome: {"enums": {"source": ("given", "diagnosis")}, "derived": ("refuted",)},
-        Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": ("prediction", "job-spread")}},
-        Trial: {"enums": {"outcome": OUTCOMES}},
+        Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": MARGIN_SOURCES}},
+        Trial: {"enums": {"outcome": OUTCOMES, "evidence": EVIDENCE}},
         SiteDelta: {"derived": ("delta_bytes",)},
         Validation: {"derived": ("segment_events_compared",)},
         Capacity: {"enums": {"kind": CAPACITY_KINDS, "certainty": ("exact", "bounded", "given", "none")}},
