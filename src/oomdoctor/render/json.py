@@ -71,8 +71,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         findings.append(d)
     out = {"schema_version": SCHEMA_VERSION, "oomdoctor_version": report.oomdoctor_version,
            "verdict": verdict_dict(report.verdict),
-           "inputs": report.inputs, "ranks": ranks, "findings": findings, "notes": report.notes,
-           "materiality": report.materiality}
+           "inputs": report.inputs, "unread": [asdict(u) for u in report.unread], "ranks": ranks,
+           "findings": findings, "notes": report.notes, "materiality": report.materiality}
     if report.groups is not None:
         out["groups"] = asdict(report.groups)
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}

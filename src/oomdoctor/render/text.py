@@ -14,6 +14,7 @@ from rich.text import Text
 
 from .console import hang, plain_console
 from .format import fit_site, format_bytes, format_signed_bytes, format_us, span
+from .words import gate as gate_words
 from .words import simulate as sim_words
 from .words.capacity import said as capacity_said
 
@@ -358,10 +359,12 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 else "")
         head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {span(v.ranks)}",
                     style="bold")
-        head.append(f"; {_count(len(report.ranks), 'rank')} read")
+        head.append(f"; {gate_words.headline_ranks(report)}")
     else:
-        head.append(_count(len(report.ranks), "rank"))
+        head.append(gate_words.headline_ranks(report))
     console.print(head)
+    if report.unread:
+        console.print(hang(gate_words.unread_line(report.unread), 0, style="bold yellow"))
     if grouped:
         odd = [x for x in report.groups.groups if x.odd]
         console.print(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
