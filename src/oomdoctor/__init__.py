@@ -159,7 +159,7 @@ def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None
                snapshot=None, search=True):
     """``oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)``: trace ``steps`` training steps of any
     ``nn.Module`` on the CPU under fake tensors (no GPU, no memory for tensors) and predict its memory on
-    ``gpu``. Needs torch (``pip install 'oomdoctor[preflight]'``).
+    ``gpu``. Needs torch (``pip install torch``; from a checkout of oomdoctor, ``pip install '.[preflight]'``).
 
     Args:
         model_fn: ``() -> nn.Module``, built on the CPU (it runs under ``FakeTensorMode``).

@@ -70,7 +70,7 @@ def parallel_options(f):
                           "machine's cores.")(f)
     f = click.option("--executor", type=click.Choice(["process", "dask"]), default="process", show_default=True,
                      help="Where the per-rank work runs: processes of this machine, or Dask distributed "
-                          "(pip install 'oomdoctor[dask]').")(f)
+                          "(pip install distributed).")(f)
     f = click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
                      help="Ranks read in parallel (default: all cores; 1: one after another). Each process "
                           "loads one rank, analyses it and keeps only its summary.")(f)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..errors import UsageError
+from ..errors import UsageError, install_hint
 from ..units import parse_bytes
 from .inputs import write_output
 
@@ -44,7 +44,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     """Trace a Hugging Face Trainer step (--hf-config), or your own script (-- python train.py ...), on the
     CPU (no GPU, no memory for tensors) and predict, for a GPU: peak allocated and reserved, OOM or not, the
     largest micro-batch that fits (--hf-config), what allocator settings do, and the breakdown. Needs torch
-    (and transformers for --hf-config): pip install 'oomdoctor[preflight]'."""
+    (and transformers for --hf-config): pip install torch transformers."""
     if script:
         return _script(script, steps=steps, nproc=nproc, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt, snapshot=snapshot,
                        hf_config=hf_config)
@@ -55,7 +55,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
         import transformers  # noqa: F401
     except ImportError as e:
         raise UsageError(f"preflight needs torch and transformers ({e.name} is missing): "
-                         "pip install 'oomdoctor[preflight]'") from None
+                         f"{install_hint('preflight')}") from None
     from ..preflight import hf_tracer
     from ..preflight.snapshot import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
     from ..preflight.snapshot import write as write_snapshot
@@ -115,7 +115,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, g
     try:
         import torch
     except ImportError:
-        raise UsageError("preflight needs torch: pip install 'oomdoctor[preflight]'") from None
+        raise UsageError(f"preflight needs torch: {install_hint('preflight')}") from None
     from ..preflight.script import ScriptJob, trace_script
     from ..preflight.snapshot import (
         CUDA_CONTEXT_BYTES,

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 from ..analysis.ranks import RankProfile
 from ..detectors.materiality import Materiality
-from ..errors import SnapshotError, UsageError
+from ..errors import SnapshotError, UsageError, install_hint
 from ..trace.load import (
     Skipped,
     claimed_rank,
@@ -33,7 +33,7 @@ from .merge import merge_reports
 from .model import Report, Unread
 
 EXECUTORS = ("process", "dask")
-DASK_MISSING = "--executor dask needs Dask distributed: pip install 'oomdoctor[dask]'"
+DASK_MISSING = f"--executor dask needs Dask distributed: {install_hint('dask')}"
 
 
 @dataclass(frozen=True)
