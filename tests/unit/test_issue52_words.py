@@ -224,3 +224,18 @@ def test_the_readme_table_lists_every_finding():
     ids = set(re.findall(r"^\| `([\w-]+)` \|", table, re.M))
     assert ids == {d.ID for d in DETECTORS}, ids ^ {d.ID for d in DETECTORS}
 
+
+
+def test_fit_leaves_only_what_its_output_names(tmp_path, monkeypatch, capsys):
+    """A failed search left ``oomdoctor-fit-<time>/`` with an empty ``mb1/``; a command not found, that and an empty
+    log."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--", sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)", "{mb}"]) == 2
+    [made] = list(tmp_path.iterdir())
+    assert [p.name for p in made.iterdir()] == ["mb1.log"]  # the failed trial's log, which the output names
+    assert str(made / "mb1.log") in capsys.readouterr().out
+    for p in made.iterdir():
+        p.unlink()
+    made.rmdir()
+    assert main(["fit", "--", str(tmp_path / "no-such-command"), "{mb}"]) == 127
+    assert list(tmp_path.iterdir()) == []

@@ -6,6 +6,7 @@ out-of-memory message (its log is named)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import click
@@ -14,6 +15,7 @@ from ..errors import OomdoctorError, UsageError
 from ..report.loop import FitOutcome, FitSearch, fit_guess
 from ..trace.load import discover
 from .inputs import write_output
+from .run import CommandNotRunnable
 from .trials import command_argv, run_trial
 
 MB = "{mb}"
@@ -53,13 +55,20 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
         raise UsageError(f"--low {low} is above --high {high}")
     start = min(max(start or low, low), high)
     out = os.path.abspath(out or f"oomdoctor-fit-{time.strftime('%Y%m%d-%H%M%S')}")
+    made = not os.path.lexists(out)  # made for this search: what it does not need is removed at the end
+    click.get_current_context().call_on_close(lambda: tidy_trials(out, made))
     t0 = time.monotonic()
 
     def trial(mb: int, record: bool):
         return run_trial([a.replace(MB, str(mb)) for a in argv], os.path.join(out, f"mb{mb}"), steps=steps,
                          record=record, micro_batch=mb, timeout_s=trial_timeout)
 
-    first = trial(start, not no_record)
+    try:
+        first = trial(start, not no_record)
+    except CommandNotRunnable:
+        if made:  # nothing ran: the directory holds only an empty log
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     trials = [first]
     guess, guide, snapshot, analysis_s = None, "none", False, 0.0
     if first.recorded:
@@ -92,6 +101,28 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
         raise click.exceptions.Exit(2)
     if error is not None or search.largest_ran is None:
         raise click.exceptions.Exit(1)
+
+
+def tidy_trials(out: str, made: bool) -> None:
+    """After a search: remove the trials' directories that hold nothing (a trial recorded no snapshot: no GPU, or
+    not recorded), and ``out`` itself when this search ``made`` it and nothing is left in it. The logs stay: the
+    output names them."""
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(out, name)
+        if name.startswith("mb") and os.path.isdir(path) and not os.path.islink(path):
+            try:
+                os.rmdir(path)  # only an empty one
+            except OSError:
+                pass
+    if made:
+        try:
+            os.rmdir(out)
+        except OSError:
+            pass
 
 
 def _guess(out_dir: str, micro_batch: int) -> tuple[int | None, str, bool]:
