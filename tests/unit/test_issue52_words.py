@@ -11,8 +11,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 from oomdoctor.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
