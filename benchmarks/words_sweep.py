@@ -47,8 +47,16 @@ INTERNAL_WORDS = {
     "from inferred": re.compile(r"\bfrom inferred\b"),
     "rank(s)": re.compile(r"\b(?:rank|finding|time|block|pair|option|column|file|step|segment|event|byte)\(s\)"),
     "raw byte count": re.compile(r"(?<![\d,.\w])\d{11,}(?![\d,.])"),
+    "material finding": re.compile(r"\bmaterial finding"),
+    "the rest read from the trace": re.compile(r"\bthe rest read from the trace"),
+    "snapshot has": re.compile(r">= \d+\.\d+ \(snapshot has"),
+    "a category of a few bytes": re.compile(r"\b(?:outputs kept|allocator rounding|unknown|temporaries) \d{1,3} B\b"),
+    "1 + plural": re.compile(r"(?<![\d.,])\b1 (?:trials|micro-batches|ranks|steps|blocks|events|files|findings|segments"
+                             r"|passes|stages|replays|runs|GPUs|processes|frees|allocations|settings|rank pairs)\b"),
 }
-"""Words a newcomer has to decode (issue 37): internal terms, ``(s)`` plurals and raw 11+-digit byte counts."""
+"""Words a newcomer has to decode (issues 37, 52): internal terms, ``(s)`` plurals, raw 11+-digit byte counts, the
+materiality rule's own word, a breakdown's category of a few bytes, a lower bound of PyTorch's version as the code
+writes it, and a count of one with a plural noun."""
 
 _BOX_LEFT = re.compile(r"^[│┃║] ?")
 _BOX_RIGHT = re.compile(r" ?[│┃║]$")
@@ -190,7 +198,7 @@ def _ints(x) -> set[int]:
 def headline_problems(doc: dict) -> list[str]:
     """Where the headline (``diagnose --format json``'s verdict) disagrees with the body of its own report:
 
-    - it says "no material finding" while a finding is MEDIUM or above;
+    - it says "nothing worth fixing" while a finding is MEDIUM or above;
     - it is ``healthy`` on a rank that ran out of memory;
     - it quotes a size (``7.99 GiB``) that no number of its evidence, the findings or the ranks' peaks formats to;
     - under a memory-fraction cap (``room_kind`` ``fraction``) it counts the device's free memory;
@@ -208,8 +216,8 @@ def headline_problems(doc: dict) -> list[str]:
     ev = v.get("evidence") or {}
     summary = fill(v["summary"], ev) if "{" in v["summary"] else v["summary"]
     material = [f for f in doc.get("findings", []) if f["severity"] in _MATERIAL]
-    if "no material finding" in summary and material:
-        out.append(f"headline says no material finding; the report has {material[0]['severity'].upper()} "
+    if "nothing worth fixing" in summary and material:
+        out.append(f"headline says nothing worth fixing; the report has {material[0]['severity'].upper()} "
                    f"{material[0]['id']}")
     if v["kind"] == "healthy" and any(r.get("oom") for r in doc.get("ranks", []) if r["rank"] in v["ranks"]):
         out.append("headline healthy on a rank that ran out of memory")

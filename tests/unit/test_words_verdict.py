@@ -40,10 +40,10 @@ def said(kind: str, reasons: list[str], ev: dict | None = None) -> str:
 
 def test_healthy_with_the_room_and_its_peaks():
     assert said("healthy", ["room-known"]) == (
-        f"no OOM and no material finding; peak reserved {B(900 * MiB)} of the {B(2 * GiB)} the allocator could use "
+        f"no OOM and nothing worth fixing; peak reserved {B(900 * MiB)} of the {B(2 * GiB)} the allocator could use "
         f"on this GPU ({B(2 * GiB - 900 * MiB)} headroom), peak allocated {B(768 * MiB)} in the forward phase.")
     assert said("healthy", ["room-unknown"]) == (
-        f"no OOM and no material finding; peak reserved {B(900 * MiB)}, peak allocated {B(768 * MiB)} in the forward "
+        f"no OOM and nothing worth fixing; peak reserved {B(900 * MiB)}, peak allocated {B(768 * MiB)} in the forward "
         "phase (the GPU's size is not recorded).")
 
 
@@ -61,7 +61,7 @@ def test_healthy_window_missed_its_peaks():
 
 def test_healthy_at_the_edge_with_its_kv_cache_and_material_findings():
     got = said("healthy", ["room-known", "at-edge", "kv-cache-named"])
-    assert got.startswith("at the edge: no OOM and no material finding; ")
+    assert got.startswith("at the edge: no OOM and nothing worth fixing; ")
     assert got.endswith(f" The KV cache holds {B(300 * MiB)}: it grows with the batch and with every generated token.")
     got = said("healthy", ["room-known", "at-edge", "material-findings"])
     assert got.startswith("at the edge: no OOM; peak reserved")

@@ -193,7 +193,8 @@ def _why(c: Candidate, hw: Hardware) -> list[str]:
         where = "NVLink" if c.plan.tp <= hw.gpus_per_node else "the network"
         out.append(f"TP all-reduces {100 * s.tp_comm_s / total:.0f}% of the step over {where}")
     if s.bubble_s / total >= 0.02:
-        out.append(f"pipeline bubble {100 * s.bubble_s / total:.0f}% ({c.estimate.microbatches} micro-batches)")
+        n = c.estimate.microbatches
+        out.append(f"pipeline bubble {100 * s.bubble_s / total:.0f}% ({n} micro-batch{'' if n == 1 else 'es'})")
     if c.plan.recompute != "none":
         cost = FULL_RECOMPUTE_COST if c.plan.recompute == "full" else SELECTIVE_RECOMPUTE_COST
         out.append(f"{c.plan.recompute} recompute +{100 * cost:.0f}% compute")

@@ -23,6 +23,27 @@ def format_bytes(n: int | float) -> str:
     return f"{sign}{int(n)} B"
 
 
+def plural(noun: str) -> str:
+    """``trial`` -> ``trials``, ``micro-batch`` -> ``micro-batches``, ``pass`` -> ``passes``."""
+    return noun + ("es" if noun.endswith(("ch", "sh", "s", "x", "z")) else "s")
+
+
+def count(n: int, noun: str) -> str:
+    """``1 trial``, ``2 trials``, ``0 micro-batches``: a count with its noun, never ``trial(s)`` or ``1 trials``."""
+    return f"{n} {noun if n == 1 else plural(noun)}"
+
+
+_SINCE = re.compile(r"^>= (\d+\.\d+) \(snapshot has '[^']*'\)$")
+
+
+def torch_version_words(text: str) -> str:
+    """A PyTorch version as :func:`oomdoctor.detectors.context.torch_version` writes it, for people: ``2.11.0+cu130``
+    as it is; a lower bound read off the snapshot's fields (``>= 2.10 (snapshot has 'user_metadata')``) as
+    ``2.10 or later (read off the snapshot)``."""
+    m = _SINCE.match(text)
+    return f"{m.group(1)} or later (read off the snapshot)" if m else text
+
+
 def format_signed_bytes(n: int) -> str:
     """A change in bytes: ``"+64.00 MiB"``, ``"-1.66 GiB"``, ``"0 B"``."""
     return ("+" if n > 0 else "") + format_bytes(n) if n else "0 B"

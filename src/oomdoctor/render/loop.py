@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
-from .format import format_bytes
+from .format import count, format_bytes
 
 if TYPE_CHECKING:
     from ..report.loop import FitOutcome, Trial, Verified, VerifyOutcome
@@ -65,7 +65,7 @@ def fit_text(fit: FitOutcome) -> str:
         out.append("No answer: " + {"failed": "a trial failed without an out-of-memory message (see its log below)",
                                      "max-trials": "the search reached its trial limit"}.get(fit.error, fit.error)
                    + (f"; the largest that ran: {fit.largest_micro_batch}" if fit.largest_micro_batch else "") + ".")
-    out.append(f"{len(fit.trials)} trials of {fit.steps} optimizer steps, {fit.seconds:.1f} s in all "
+    out.append(f"{count(len(fit.trials), 'trial')} of {count(fit.steps, 'optimizer step')}, {fit.seconds:.1f} s in all "
                f"({fit.analysis_seconds:.1f} s of analysis).")
     if fit.guide in _GUIDE:
         out.append("Guided: " + _GUIDE[fit.guide].format(p=fit.predicted_micro_batch) + "; the search began there.")

@@ -19,6 +19,7 @@ from ..plan.specs import ModelSpec, ParallelPlan, TrainingSpec
 from ..plan.validate import Validation
 from ..units import GiB
 from .console import hang, plain_console
+from .format import count
 
 
 def _gb(n: int) -> str:
@@ -70,7 +71,7 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
 
 
 def render_estimate_text(e: Estimate, console: Console) -> None:
-    console.print(Text(f"{e.model.name}: {e.plan.label()}, {e.plan.schedule}, {e.microbatches} micro-batches of "
+    console.print(Text(f"{e.model.name}: {e.plan.label()}, {e.plan.schedule}, {count(e.microbatches, 'micro-batch')} of "
                        f"{e.train.micro_batch} x {e.train.seq_len} tokens; GiB = 2^30 bytes", style="bold"))
     console.print(Text("per stage, GiB at its peak (params: parameters on the stage; in flight: micro-batches "
                        "whose activations are held at once)", style="dim"))

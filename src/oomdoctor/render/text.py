@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .console import hang, plain_console
-from .format import fit_site, format_bytes, format_signed_bytes, format_us, span
+from .format import count, fit_site, format_bytes, format_signed_bytes, format_us, span, torch_version_words
 from .words import gate as gate_words
 from .words import simulate as sim_words
 from .words.capacity import said as capacity_said
@@ -29,9 +29,7 @@ _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium"
 _APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
 
 
-def _count(n: int, noun: str) -> str:
-    """``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)``."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+_count = count  # ``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)`` (render/format.py)
 
 
 def sparkline(values: list[int], top: int) -> str:
@@ -63,6 +61,28 @@ _AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated me
 def _by_size(bd) -> list[tuple[str, int]]:
     """A breakdown's non-empty categories, largest first."""
     return sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
+
+
+SMALL_CATEGORY_BYTES = 1 << 20
+"""Categories under this (1 MiB) are said in one term after the others, summed and named (``12.80 KiB in allocator
+rounding and outputs kept``), so that a 4-byte loss scalar kept across steps does not read as a category of the
+breakdown (issue 52); the terms still add up to the allocated bytes."""
+
+
+def _terms(bd, sep: str = " ") -> list[str]:
+    """A breakdown's categories as terms, largest first (``activations 7.49 GiB``), those under
+    :data:`SMALL_CATEGORY_BYTES` in one last term."""
+    parts = _by_size(bd)
+    big = [(c, b) for c, b in parts if b >= SMALL_CATEGORY_BYTES]
+    small = [(c, b) for c, b in parts if b < SMALL_CATEGORY_BYTES]
+    out = [f"{_CATEGORY_LABEL[c]}{sep}{format_bytes(b)}" for c, b in big]
+    if len(small) == 1 and not big:
+        out.append(f"{_CATEGORY_LABEL[small[0][0]]}{sep}{format_bytes(small[0][1])}")
+    elif small:
+        names = [_CATEGORY_LABEL[c] for c, _ in small]
+        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        out.append(f"{format_bytes(sum(b for _, b in small))} in {listed}")
+    return out
 
 
 def _scale(scale: float, at_limit: bool) -> str:
@@ -133,11 +153,11 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
     step = f"step {bd.step}, " if bd.step is not None else ""
     text = Text(f"{where} ({step}{bd.phase} phase, {_PHASE_SOURCE.get(bd.phase_source, bd.phase_source)}): "
                 f"{format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
-    parts = _by_size(bd)
-    text.append(" + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) or "nothing")
+    text.append(" + ".join(_terms(bd)) or "nothing")
     recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
-    source = Text(("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
-                   if recorded else "") + "the rest read from the trace", style="dim")
+    source = Text(", ".join(_CATEGORY_LABEL[c] for c in recorded) + " as oomdoctor run recorded them; the other "
+                  "categories from the allocation trace" if recorded else
+                  "every category from the allocation trace (its stacks, annotations and lifetimes)", style="dim")
     out: list = [Text(), hang(text), hang(source)]
     why = {k: v for k, v in bd.unknown_why.items() if k in _UNKNOWN_WHY}
     if why:
@@ -248,7 +268,7 @@ def _finding_panel(i: int, f) -> Panel:
     ranks = ",".join(str(r) for r in f.ranks)
     head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
-        head += f" · PyTorch {f.evidence['torch_version']}"
+        head += f" · PyTorch {torch_version_words(f.evidence['torch_version'])}"
     parts: list = [Text(head, style="dim"), Text(finding_words.summary(f))]
     if f.sites:
         parts.append(Text("\nWhere:", style="bold"))
@@ -385,16 +405,16 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
     material = [f for f in report.findings if f.severity not in ("low", "info")]
     minor = [f for f in report.findings if f.severity in ("low", "info")]
     if not material:
-        console.print(Text("No material finding.", style="bold green"))
+        console.print(Text("No finding worth fixing.", style="bold green"))
     else:
         console.print(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
         for i, f in enumerate(material, 1):
             console.print(_finding_panel(i, f))
     if minor:
         m = report.materiality or {}
-        rule = (f" (under max({m['fraction']:.0%} of peak reserved, {format_bytes(m['min_bytes'])}), or of no memory)"
-                if m else "")
-        console.print(Text(f"Also noted, not material{rule}:", style="dim"))
+        rule = (f" (under max({m['fraction']:.0%} of peak reserved, {format_bytes(m['min_bytes'])}) at stake, or a cost "
+                "in time only)" if m else "")
+        console.print(Text(f"Also noted, too small to be worth fixing first{rule}:", style="dim"))
         for f in minor:
             console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
 
@@ -605,11 +625,9 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     bd = r.breakdown
     if bd is not None:
         step = f"step {bd.step}, " if bd.step is not None else ""
-        parts = _by_size(bd)
         at = _AT_LABEL.get(bd.at, bd.at)
         lines.append(f"{at[:1].upper()}{at[1:]} ({step}{bd.phase} phase) rank {r.rank} had "
-                     f"{format_bytes(bd.allocated_bytes)} allocated: "
-                     + ", ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) + ".")
+                     f"{format_bytes(bd.allocated_bytes)} allocated: " + ", ".join(_terms(bd)) + ".")
     if r.holders:
         lines.append("Largest holders: " + "; ".join(
             f"{format_bytes(h.bytes)} {_CATEGORY_LABEL[h.category]} ({h.phase}) at {h.label}"
@@ -635,9 +653,8 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
         return "no allocation history was recorded: holders unknown"
     r = report.ranks[0]
     bd = r.breakdown
-    parts = _by_size(bd)
     lines = [f"{_AT_LABEL.get(bd.at, bd.at)}: {format_bytes(bd.allocated_bytes)} allocated = "
-             + " + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts)]
+             + " + ".join(_terms(bd))]
     if r.holders:
         lines.append("largest holders:")
         lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {_CATEGORY_LABEL[h.category]}  {h.label}"

@@ -7,17 +7,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Iterable
 
-from ..format import span
+from ..format import count, span
 
 if TYPE_CHECKING:
     from ...report.gate import Gate
     from ...report.model import Report, Unread
     from ...trace.load import Skipped
-
-
-def count(n: int, noun: str) -> str:
-    """``1 rank``, ``2 ranks``: a count with its noun."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def ranks_read(read: list[int], unread: list[Unread]) -> str:

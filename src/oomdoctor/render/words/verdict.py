@@ -17,7 +17,7 @@ from .findings import fix_text, verdict_evidence
 if TYPE_CHECKING:
     from ...report.verdict import Action, Verdict
 
-NO_MATERIAL = "no OOM and no material finding; "
+NO_MATERIAL = "no OOM and nothing worth fixing; "
 ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
 MATERIAL = " The findings below are worth fixing, but none decides another verdict."
 ALLOC_CONF = "Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9)"
