@@ -8,7 +8,7 @@ import string
 import textwrap
 from typing import Any, Mapping
 
-from ..units import GiB, KiB, MiB
+from ..units import GiB, KiB, MiB, format_duration_us
 from ..units import span as span  # defined below the report layer, which writes it in notes too
 
 
@@ -51,12 +51,7 @@ def format_signed_bytes(n: int) -> str:
 
 def format_us(us: int | float) -> str:
     """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"``."""
-    us = float(us)
-    if us < 1000:
-        return f"{us:.0f} µs"
-    if us < 1_000_000:
-        return f"{us / 1000:.1f} ms"
-    return f"{us / 1_000_000:.1f} s"
+    return format_duration_us(us)
 
 
 class _EvidenceFormatter(string.Formatter):
