@@ -467,10 +467,8 @@ def capacity_words(cap, oom_event: int | None = None) -> str:
 def render_simulation_text(sim: Simulation, console: Console) -> None:
     """Print an ``oomdoctor simulate`` result: the replays side by side, the self-replay check, and the
     recommendation."""
-    head = f"oomdoctor simulate: {sim.path}"
-    if sim.rank is not None:
-        head += f" (rank {sim.rank})"
-    console.print(Text(head, style="bold"))
+    console.print(Text(sim_words.headline(sim), style="bold"))
+    console.print(hang(sim.path + (f" (rank {sim.rank})" if sim.rank is not None else ""), 0, "file: "))
     recorded = str(sim.recorded_config)
     oom = f", OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None else ""
     console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
@@ -549,10 +547,29 @@ def render_simulation_text_plain(sim: Simulation, width: int = 120) -> str:
 _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow", "unchanged": "dim"}
 
 
+def diff_headline(diff: Diff) -> str:
+    """The first line of ``oomdoctor diff``: the rank whose peak reserved moved most, before → after and by how much,
+    then how many rank pairs and what became of the findings."""
+    out = "oomdoctor diff: "
+    if diff.ranks:
+        r = max(diff.ranks, key=lambda x: (abs(x.peak_reserved_saved_bytes), -x.rank))
+        saved = r.peak_reserved_saved_bytes
+        moved = (f"{format_bytes(saved)} less after" if saved > 0 else f"{format_bytes(-saved)} more after" if saved
+                 else "unchanged")
+        where = f"on rank {r.rank}" if len(diff.ranks) == 1 or saved else "on every rank"
+        out += (f"peak reserved {format_bytes(r.before_peak_reserved_bytes)} → "
+                f"{format_bytes(r.after_peak_reserved_bytes)} {where}, {moved}; ")
+    out += count(len(diff.ranks), "rank pair")
+    by = {st: sum(1 for f in diff.findings if f.status == st) for st in ("resolved", "new", "changed")}
+    said = [f"{count(n, 'finding')} {st}" if i == 0 else f"{n} {st}" for i, (st, n) in
+            enumerate((st, n) for st, n in by.items() if n)]
+    return out + ("; " + ", ".join(said) if said else "")
+
+
 def render_diff_text(diff: Diff, console: Console) -> None:
     """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
-    console.print(Text(f"oomdoctor diff: {_count(len(diff.ranks), 'rank pair')}; peaks in bytes, saved = before - after",
-                       style="bold"))
+    console.print(Text(diff_headline(diff), style="bold"))
+    console.print(Text("peaks per rank; saved = before − after (negative: the after run needs more)", style="dim"))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "peak", "before", "after", "saved", "OOM"):
         t.add_column(col, justify="left" if col in ("peak", "OOM") else "right", no_wrap=True)
