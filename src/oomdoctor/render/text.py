@@ -266,7 +266,7 @@ def _prediction_text(p: dict) -> str:
 def _finding_panel(i: int, f) -> Panel:
     from .words import findings as finding_words
     ranks = ",".join(str(r) for r in f.ranks)
-    head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
+    head = f"rank{'s' if len(f.ranks) > 1 else ''} {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
         head += f" · PyTorch {torch_version_words(f.evidence['torch_version'])}"
     parts: list = [Text(head, style="dim"), Text(finding_words.summary(f))]
@@ -285,18 +285,11 @@ def _finding_panel(i: int, f) -> Panel:
             if fx.prediction:
                 parts.append(hang(_prediction_text(fx.prediction), 5, "simulated: ", style="cyan"))
             parts.append(hang(fx.source, 5, "source: ", style="dim"))
-    body = Group(*parts)
+    # the heading is the finding's id, always; its title opens the box, whole (rich cuts a long box title with an
+    # ellipsis, so a title in the heading was there only when it was short: issue 52)
+    body = Group(Text(finding_words.title(f), style="bold"), *parts)
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-    words = finding_words.title(f)
-    if len(words) > TITLE_ROOM:  # rich cuts a long box title with an ellipsis: it goes in the box, whole
-        body = Group(Text(words, style="bold"), body)
-        words = f.id
-    title = Text.assemble(sev, f" {i}. {words} ")
-    return Panel(body, title=title, title_align="left", box=box.ROUNDED)
-
-
-TITLE_ROOM = 56
-"""The longest finding title a box's top edge shows whole at 80 columns (after the severity and the number)."""
+    return Panel(body, title=Text.assemble(sev, f" {i}. {f.id} "), title_align="left", box=box.ROUNDED)
 
 
 GROUPED_RANKS = 4
