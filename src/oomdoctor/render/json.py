@@ -47,7 +47,7 @@ def verdict_dict(v) -> dict[str, Any] | None:
     to_do = [{"id": a.id, "framework": a.framework, "fix": a.fix.id if a.fix is not None else None} for a in v.to_do]
     return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
             "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": ev,
-            "actions": words.actions(v), "reasons": d["reasons"], "to_do": to_do}
+            "actions": words.actions(v), "assumptions": words.assumptions(v), "reasons": d["reasons"], "to_do": to_do}
 
 
 def report_dict(report: Report) -> dict[str, Any]:

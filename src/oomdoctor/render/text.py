@@ -96,6 +96,10 @@ def _verdict_panel(report: Report) -> Panel | None:
     if v is None:
         return None
     parts: list = [Text(verdict_words.summary(v))]
+    said = verdict_words.assumptions(v)
+    if said:  # listed once, here: the summary says the answer and its kind, each rank's line refers to these
+        parts.append(Text("\nWhat fits assumes:", style="bold"))
+        parts += [hang(a, 2, "- ") for a in said]
     if v.to_do:
         parts.append(Text("\nWhat to do:", style="bold"))
         for i, act in enumerate(verdict_words.actions(v), 1):
@@ -144,7 +148,10 @@ _UNKNOWN_WHY = {"before_trace_no_stack": "born before the trace, no stack of the
                 "before_trace": "born before the trace; their stack places nothing"}
 
 
-def _breakdown_text(r: RankSummary, width: int) -> Group:
+def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None) -> Group:
+    """What holds the memory of rank ``r`` at its breakdown's event, its largest holders, and what fits;
+    ``listed``: the assumptions already listed under the verdict (an estimate resting on the same is not
+    listed again)."""
     from .words import fits as fits_words
     bd = r.breakdown
     if bd is None:
@@ -186,14 +193,21 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
         out += [hang(n, 2, "note: ", style="dim") for n in fits_words.notes(f)]
     elif f is not None and (f.estimated_batch_scale is not None or f.notes):
         tail.append("what fits: ", style="bold")
+        own = fits_words.assumptions(f)
         if f.estimated_batch_scale is not None:
             n = f.estimated_largest_micro_batch
-            what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x"
-            tail.append((f"a lower bound, not a replay: {what} fits" if f.bound == "lower" else
-                         f"an estimate, not a replay: about {what}") + " if " + "; ".join(fits_words.assumptions(f)))
+            what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x the micro-batch"
+            source = ("from the job's peak reserved, scaled with the batch" if "generate-estimate" in f.notes
+                      else "from the first forward pass")
+            tail.append((f"at least {what}, a lower bound {source}" if f.bound == "lower" else
+                         f"about {what}, an estimate {source}") + ", not a replay"
+                        + (", on the assumptions listed under the verdict" if own and own == listed else
+                           ", assuming:" if own else ""))
         else:
             tail.append("not said: " + fits_words.note(f.notes[-1], f.note_values))
         out.append(hang(tail))
+        if f.estimated_batch_scale is not None and own and own != listed:
+            out += [hang(a, 4, "- ") for a in own]
     return Group(*out)
 
 
@@ -322,15 +336,22 @@ def _group_lines(report: Report, width: int) -> list[Text]:
     return out
 
 
-def _rank_section(r: RankSummary, console: Console) -> None:
+def _rank_section(r: RankSummary, console: Console, listed: list[str] | None = None) -> None:
     console.print(_timeline(r))
-    console.print(_breakdown_text(r, console.width))
+    console.print(_breakdown_text(r, console.width, listed))
     for w in r.warnings:
         console.print(hang(w, 2, "note: ", style="yellow"))
     if r.truncated and r.has_history:
         console.print(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
                            f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
                            "reconstructed from the final segments", 2, "note: ", style="dim"))
+
+
+def _listed(report: Report) -> list[str]:
+    """The assumptions the verdict box lists (:func:`oomdoctor.render.words.verdict.assumptions`)."""
+    from .words import verdict as verdict_words
+
+    return verdict_words.assumptions(report.verdict) if report.verdict is not None else []
 
 
 def _render_grouped(report: Report, console: Console) -> None:
@@ -343,7 +364,7 @@ def _render_grouped(report: Report, console: Console) -> None:
         console.print(hang(Text(line.plain.lstrip(), style=line.style), 2))
     odd = next((x for x in report.groups.groups if x.odd), None)
     first = odd.ranks[0] if odd else report.ranks[0].rank
-    _rank_section(next(x for x in report.ranks if x.rank == first), console)
+    _rank_section(next(x for x in report.ranks if x.rank == first), console, _listed(report))
     for n in report.notes[:3]:
         console.print(Text(f"note: {n}", style="yellow"))
     shown = report.findings[:MAX_FINDING_LINES]
@@ -391,7 +412,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
         return
     console.print(_rank_table(report))
     for r in report.ranks:
-        _rank_section(r, console)
+        _rank_section(r, console, _listed(report))
     for n in report.notes:
         console.print(Text(f"note: {n}", style="yellow"))
     console.print()
@@ -632,6 +653,9 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     many = len(v.ranks) > 1
     lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {span(v.ranks)}. "
              f"{verdict_words.summary(v)}"]
+    if verdict_words.assumptions(v):
+        lines.append("What fits assumes: " + " ".join(f"({i}) {a}." for i, a in
+                                                       enumerate(verdict_words.assumptions(v), 1)))
     bd = r.breakdown
     if bd is not None:
         step = f"step {bd.step}, " if bd.step is not None else ""
