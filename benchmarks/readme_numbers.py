@@ -23,7 +23,6 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
