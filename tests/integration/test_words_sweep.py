@@ -52,6 +52,15 @@ def test_the_checker_catches_each_defect_the_issue_found(text, what):
     assert any(what in p for p in found), found
 
 
+def test_the_checker_passes_a_hanging_indent():
+    """A line wrapped with a hanging indent (its continuation two columns in), then the next item at the left edge:
+    preflight's output (issue 52)."""
+    text = ("oomdoctor preflight: /tmp/a/long/path/to/the/users/script/train.py, micro-batch\n"
+            "  8 x 1024 tokens, bf16, adamw, and so on until the line is filled to the edge\n"
+            "traced on the CPU under fake tensors in 0.8 s (131 events)\n")
+    assert sweep.problems(text) == []
+
+
 def test_the_checker_passes_what_reads_well():
     text = ("rank 0: 20 collectives (all_gather), no forward or backward\n"
             "  note: the trace starts after some blocks were allocated: 0 frees without their\n"
@@ -110,14 +119,26 @@ def _sweep(cmds: list[list[str]], capsys, monkeypatch) -> list[str]:
 
 
 def test_every_help_and_plan_reads_at_80_columns(capsys, monkeypatch, tmp_path):
-    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path)) if c[0] == "plan" or "--help" in c]
+    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path), tools=False)
+            if c[0] == "plan" or "--help" in c]
     assert len(cmds) == len(sweep.HELPS) + 3
     assert _sweep(cmds, capsys, monkeypatch) == []
 
 
 def test_the_demo_reads_at_80_columns(capsys, monkeypatch, tmp_path):
-    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path)) if c[0] != "plan" and "--help" not in c]
+    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path), tools=False)
+            if c[0] != "plan" and "--help" not in c]
     assert {c[0] for c in cmds} == {"diagnose", "simulate", "report", "slice", "export"}
+    assert _sweep(cmds, capsys, monkeypatch) == []
+
+
+def test_preflight_run_fit_and_verify_read_at_80_columns(capsys, monkeypatch, tmp_path):
+    """Issue 52: every command, preflight included: preflight of a Hugging Face config and of a script, diagnose and
+    simulate of preflight's own snapshot, run, fit and verify of a short script, plan estimate of a Trainer job."""
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)  # the commands name their files relative to it
+    cmds = sweep.tool_commands(str(tmp_path), search=False)
+    assert {c[0] for c in cmds} == {"preflight", "diagnose", "simulate", "run", "fit", "verify", "plan"}
     assert _sweep(cmds, capsys, monkeypatch) == []
 
 

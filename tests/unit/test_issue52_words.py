@@ -242,3 +242,24 @@ def test_fit_leaves_only_what_its_output_names(tmp_path, monkeypatch, capsys):
     made.rmdir()
     assert main(["fit", "--", str(tmp_path / "no-such-command"), "{mb}"]) == 127
     assert list(tmp_path.iterdir()) == []
+
+
+# --- the README's quoted outputs are what the commands print --------------------------------------------------
+
+def _flat(text: str) -> str:
+    """Text without box borders and line breaks: what a quote of it reads."""
+    return " ".join(line.strip("│┃ ").strip() for line in text.splitlines() if line.strip("│┃ ").strip())
+
+
+def test_the_readmes_quotes_are_what_the_commands_print(snapshots, capsys, monkeypatch):
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    quote = re.search(r'\("(simulated: with expandable_segments:True on rank 0: [^"]+)"\)', readme).group(1)
+    out, _ = _run(capsys, monkeypatch, ["diagnose", str(snapshots / "fragmentation-oom" / "default-oom.pickle")])
+    said = re.sub(r"\s+", " ", _flat(out))
+    assert quote in said, quote
+    out, _ = _run(capsys, monkeypatch, ["diff", str(snapshots / "tp-allreduce" / "legacy-rank0.pickle"),
+                                        str(snapshots / "tp-allreduce" / "modern-rank0.pickle"), "--format", "json"])
+    d = json.loads(out)
+    [f] = d["findings"]
+    claim = (f"`{f['id']}` {f['status']}, {f['peak_reserved_saved_bytes']:,} bytes (1.62 GiB) of peak reserved saved")
+    assert claim in readme, claim

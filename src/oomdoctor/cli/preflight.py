@@ -6,6 +6,7 @@ import click
 
 from ..errors import UsageError, install_hint
 from ..units import parse_bytes
+from .console import terminal
 from .inputs import write_output
 
 
@@ -76,7 +77,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
                    snapshot_path=snapshot, search=not no_search)
     except PreflightError as e:
         raise UsageError(str(e)) from None
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))
+    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))
 
 
 def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]:
@@ -150,4 +151,4 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, g
         raise UsageError(str(e)) from None
     # a script's foreach step counters are made on the host, as on CUDA: not recorded, nothing left out
     a.not_traced = [k for k in a.not_traced if k != "cpu_resident_optimizer_steps"]
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))
+    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))

@@ -127,3 +127,23 @@ def fit_site(label: str, width: int) -> str:
     if not rest:
         return where
     return f"{where} {rest}" if len(where) + 1 + len(rest) <= width else f"{where}\n{rest}"
+
+
+_UNIT_GAP = re.compile(r"(\d) (?=(?:[KMGT]iB|B|GB|MB|µs|ms|s)\b)")
+
+
+def wrap_lines(text: str, width: int = 80) -> str:
+    """Each line of ``text`` wrapped at ``width`` columns: a wrapped line keeps the line's indent plus two (a list
+    item's continuation), a number stays on the line of its unit, and no word is cut (a path longer than the width
+    stays whole on its own line)."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        glued = _UNIT_GAP.sub("\\1\u00a0", line)  # a no-break space: textwrap breaks at ASCII whitespace only
+        out += [x.replace("\u00a0", " ") for x in textwrap.wrap(
+            glued.lstrip(" "), width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 2), break_long_words=False,
+            break_on_hyphens=False)]
+    return "\n".join(out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .format import format_bytes
+from .format import format_bytes, wrap_lines
 
 #: what each ``not_traced`` id means
 NOT_TRACED_TEXT = {
@@ -32,15 +32,20 @@ def render_preflight_json(a: Any) -> str:
     return json.dumps(preflight_dict(a), indent=2, default=str) + "\n"
 
 
-def render_preflight_text(a: Any) -> str:
+def render_preflight_text(a: Any, width: int = 80) -> str:
+    """The answer as text wrapped at ``width`` columns (a wrapped line keeps its indent; a number stays with its
+    unit): the job, where it was traced, the GPU, fits or not, the largest micro-batch, the breakdown, the allocator
+    settings replayed, what is not traced."""
     job = a.job
     gpu = a.gpu_name or "the GPU"
     what = job.get("hf_config") or (" ".join(job["script"]) if job.get("script") else job.get("model_fn", "the job"))
-    lines = [f"oomdoctor preflight: {what}"
-             + (f", micro-batch {a.micro_batch}" if a.micro_batch is not None else "")
-             + (f" x {job['seq_len']} tokens" if job.get("seq_len") else "")
-             + (f", {job['dtype']}" if job.get("dtype") else "") + (f", {job['optimizer']}" if job.get("optimizer") else "")
-             + (", gradient checkpointing" if job.get("gradient_checkpointing") else ""),
+    details = ", ".join(x for x in (
+        (f"micro-batch {a.micro_batch}" if a.micro_batch is not None else "")
+        + (f" x {job['seq_len']} tokens" if job.get("seq_len") else ""),
+        job.get("dtype") or "", job.get("optimizer") or "",
+        "gradient checkpointing" if job.get("gradient_checkpointing") else "") if x)
+    lines = ["oomdoctor preflight" + (f": {details}" if details else ""),
+             f"job: {what}",  # a line of its own: a long path never leaves the first line without its words
              f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events} events)"
              + (f"; rank 0 of {job['world_size']}, collectives {job['collectives']}" if job.get("collectives") else "")
              + (f"; {job['max_steps']} optimizer steps, then stopped" if job.get("max_steps") else ""),
@@ -63,12 +68,15 @@ def render_preflight_text(a: Any) -> str:
     for cat, n in sorted(a.breakdown.items(), key=lambda kv: -kv[1]):
         if n:
             src = a.breakdown_sources.get(cat)
-            lines.append(f"  {format_bytes(n):>12}  {cat}" + (" (recorded by the tracer)" if src == "recorded" else ""))
+            lines.append(f"  {format_bytes(n):>12}  {cat.replace('_', ' ')}"
+                         + (" (recorded by the tracer)" if src == "recorded" else ""))
     lines += ["", "allocator settings (PYTORCH_CUDA_ALLOC_CONF), replayed:"]
-    for s in a.settings:
-        lines.append(f"  {s['config']:<52} peak reserved {format_bytes(s['peak_reserved_bytes']):>11}"
-                     + ("  OOM" if s["oom"] else ""))
+    col = min(max((len(s["config"]) for s in a.settings), default=0), max(width - 2 - 31, 12))
+    for s in a.settings:  # a setting longer than its column gets a line of its own, its numbers under it
+        numbers = f"peak reserved {format_bytes(s['peak_reserved_bytes']):>11}" + ("  OOM" if s["oom"] else "")
+        config = s["config"] if len(s["config"]) <= col else s["config"] + "\n" + " " * (col + 2)
+        lines.append(f"  {config:<{col}} {numbers}")
     lines += ["", "not traced: " + "; ".join(NOT_TRACED_TEXT.get(k, k) for k in a.not_traced)]
     if a.snapshot:
         lines.append(f"snapshot: {a.snapshot} (oomdoctor diagnose / simulate / report read it)")
-    return "\n".join(lines) + "\n"
+    return wrap_lines("\n".join(lines), width) + "\n"
