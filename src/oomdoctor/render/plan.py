@@ -213,6 +213,7 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
     for i, c in enumerate(shown, 1):
         if c.why:
             console.print(hang("; ".join(c.why), 2, f"{i:>2}. "))
+    console.print()  # the legend is not one more item of the list above
     console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL), under the setting "
                        f"that makes the plan fit; expandable: fits with {alloc_conf_env()}=expandable_segments:True "
                        "(its peak is shown with it); GiB = 2^30 bytes", style="dim"))
