@@ -226,7 +226,7 @@ def test_verify_refutes_a_peak_outside_the_margin_and_exits_0_when_all_agree(cap
                              "--", *JOB)
     assert code == 0
     assert "predicted: runs, peak 34.78 GiB ± 24.92 GiB" in out and "measured:  ran, peak 34.46 GiB" in out
-    assert "1 of 1 claims confirmed, 0 refuted" in out
+    assert "1 of 1 claim confirmed, 0 refuted" in out
     code, out, _ = oomdoctor(capsys, monkeypatch, base | {"peaks": {"expandable_segments:True": 80 << 30}},
                              "verify", "--setting", "expandable_segments:True", "--out", str(tmp_path / "b"),
                              "--format", "json", "--", *JOB)

@@ -84,7 +84,7 @@ def test_fragmentation_under_a_memory_fraction_cap_quotes_the_cap(snapshots, fra
 
 def test_a_healthy_verdict_beside_a_medium_finding_says_so(snapshots):
     """allgather/list: 20 all_gathers into a list; the allgather-list finding is MEDIUM and decides no verdict of its
-    own, so the headline is healthy without saying "no material finding"; the trace is a loop of collectives,
+    own, so the headline is healthy without saying "nothing worth fixing"; the trace is a loop of collectives,
     PyTorch's nccl:all_gather scopes, not "setup only"."""
     import oomdoctor
 
@@ -95,9 +95,9 @@ def test_a_healthy_verdict_beside_a_medium_finding_says_so(snapshots):
     assert v.evidence["material_findings"] == 1
     words = verdict_words.summary(v)
     assert "material-findings" in v.reasons
-    assert "no material finding" not in words
+    assert "nothing worth fixing" not in words
     assert words.endswith("The finding below is worth fixing, but it decides no other verdict.")
     assert report.ranks[0].trace_kind == "20 collectives (all_gather), no forward or backward"
     clean = oomdoctor.diagnose(str(snapshots / "allgather" / "tensor-rank0.pickle")).report
     assert clean.verdict.kind == "healthy" and "material_findings" not in clean.verdict.evidence
-    assert verdict_words.summary(clean.verdict).startswith("no OOM and no material finding; ")
+    assert verdict_words.summary(clean.verdict).startswith("no OOM and nothing worth fixing; ")

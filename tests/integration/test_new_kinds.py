@@ -212,7 +212,7 @@ def test_an_oom_in_the_first_forward_pass_holds_activations(where):
     # a lower bound, said as one, never a replayed answer
     assert f.largest_micro_batch is None and f.estimated_largest_micro_batch is not None and f.assumptions
     assert f.bound == "lower" and "fit-lower-bound" in report.verdict.reasons
-    assert "A lower bound, not a replay" in verdict_words.summary(report.verdict)
+    assert "a lower bound from the first forward pass, not a replay" in verdict_words.summary(report.verdict)
 
 
 def test_torch_compile_is_named_only_when_compiled_code_ran(where):

@@ -35,6 +35,8 @@ RENDERED = {
     "$+actions": "the same, its actions in words",
     "$.verdict+summary": "the same, a rank's verdict",
     "$.verdict+actions": "the same",
+    "$+assumptions": "render/json.py verdict_dict: what a verdict's estimate of what fits rests on, in words (issue 52)",
+    "$.verdict+assumptions": "the same, a rank's verdict",
     "$+title": "render/json.py finding_dict: the finding's title in words (render/words/findings.py, id + variant)",
     "$.fixes[]+text": "the same: the fix's text (render/words/findings.py, by fix id)",
     "$-variant": "the finding's wording, in the JSON as its title and summary (the contract is unchanged)",
@@ -247,7 +249,7 @@ def test_the_verdict_finding_and_fix_are_what_the_renderer_writes():
     assert fix["properties"]["prediction"]["description"] == "the simulator's replay of the fix"
     verdict = S.verdict_schema("v")
     assert verdict["type"] == ["object", "null"] and verdict["description"] == "v"
-    assert set(verdict["properties"]) == {f.name for f in fields(Verdict)} | {"summary", "actions"}
+    assert set(verdict["properties"]) == {f.name for f in fields(Verdict)} | {"summary", "actions", "assumptions"}
     assert verdict["properties"]["kind"]["enum"] == list(S.VERDICT_KINDS)
     assert verdict["properties"]["reasons"]["items"]["enum"] == list(REASONS)
     action = verdict["properties"]["to_do"]["items"]

@@ -329,7 +329,7 @@ def test_healthy_evidence_and_sentence_with_the_room(h900):
                           "job_peak_allocated_bytes": PEAK_ALLOC, "peak_source": "trace",
                           "headroom_bytes": room - PEAK}
     assert words.summary(v) == (
-        f"no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room)} the allocator could use on this "
+        f"no OOM and nothing worth fixing; peak reserved {B(PEAK)} of the {B(room)} the allocator could use on this "
         f"GPU ({B(room - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
     assert calls.n == 0
 
@@ -339,7 +339,7 @@ def test_healthy_without_the_room(h900):
     assert v.headroom_bytes is None and "headroom_bytes" not in v.evidence and v.evidence["step"] == "-"
     assert v.evidence["room_bytes"] is None and v.evidence["room_source"] == "oom-device"
     assert words.summary(v) == (
-        f"no OOM and no material finding; peak reserved {B(PEAK)}, peak allocated {B(PEAK_ALLOC)} in the backward "
+        f"no OOM and nothing worth fixing; peak reserved {B(PEAK)}, peak allocated {B(PEAK_ALLOC)} in the backward "
         "phase (the GPU's size is not recorded).")
 
 
@@ -348,11 +348,11 @@ def test_headroom_of_exactly_a_tenth_of_the_room_is_not_the_edge(h900):
     assert room - PEAK == EDGE_FRACTION * room
     v, _ = verdict(h900, room)
     assert "headroom_percent" not in v.evidence
-    assert words.summary(v).startswith("no OOM and no material finding; ")
+    assert words.summary(v).startswith("no OOM and nothing worth fixing; ")
     v, _ = verdict(h900, room - 1)  # one byte less room: under a tenth
     assert v.evidence["headroom_percent"] == 10.0
     assert words.summary(v) == (
-        f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room - 1)} the allocator "
+        f"at the edge: no OOM and nothing worth fixing; peak reserved {B(PEAK)} of the {B(room - 1)} the allocator "
         f"could use on this GPU ({B(room - 1 - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
 
 
@@ -377,7 +377,7 @@ def test_kv_cache_named_at_the_edge_only(h900):
     v, _ = verdict(h900, 950 * MiB, b=bd(kv=kv, allocated=PEAK_ALLOC))
     assert v.evidence["kv_cache_bytes"] == kv
     assert words.summary(v) == (
-        f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(950 * MiB)} the allocator "
+        f"at the edge: no OOM and nothing worth fixing; peak reserved {B(PEAK)} of the {B(950 * MiB)} the allocator "
         f"could use on this GPU ({B(50 * MiB)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase. The KV "
         f"cache holds {B(kv)}: it grows with the batch and with every generated token.")
     v, _ = verdict(h900, 2 * GiB, b=bd(kv=kv, allocated=kv))

@@ -40,10 +40,10 @@ def said(kind: str, reasons: list[str], ev: dict | None = None) -> str:
 
 def test_healthy_with_the_room_and_its_peaks():
     assert said("healthy", ["room-known"]) == (
-        f"no OOM and no material finding; peak reserved {B(900 * MiB)} of the {B(2 * GiB)} the allocator could use "
+        f"no OOM and nothing worth fixing; peak reserved {B(900 * MiB)} of the {B(2 * GiB)} the allocator could use "
         f"on this GPU ({B(2 * GiB - 900 * MiB)} headroom), peak allocated {B(768 * MiB)} in the forward phase.")
     assert said("healthy", ["room-unknown"]) == (
-        f"no OOM and no material finding; peak reserved {B(900 * MiB)}, peak allocated {B(768 * MiB)} in the forward "
+        f"no OOM and nothing worth fixing; peak reserved {B(900 * MiB)}, peak allocated {B(768 * MiB)} in the forward "
         "phase (the GPU's size is not recorded).")
 
 
@@ -61,7 +61,7 @@ def test_healthy_window_missed_its_peaks():
 
 def test_healthy_at_the_edge_with_its_kv_cache_and_material_findings():
     got = said("healthy", ["room-known", "at-edge", "kv-cache-named"])
-    assert got.startswith("at the edge: no OOM and no material finding; ")
+    assert got.startswith("at the edge: no OOM and nothing worth fixing; ")
     assert got.endswith(f" The KV cache holds {B(300 * MiB)}: it grows with the batch and with every generated token.")
     got = said("healthy", ["room-known", "at-edge", "material-findings"])
     assert got.startswith("at the edge: no OOM; peak reserved")
@@ -118,14 +118,24 @@ ASSUMED = "every parameter is trained: its gradient has its size; the prompt len
     (["kv-cache-named"], f" The KV cache holds {B(300 * MiB)}, and grows with the batch and every generated token."),
     (["fit-micro-batch"], " The largest micro-batch that fits: 4."),
     (["fit-batch-scale"], " What fits: 0.5x the current micro-batch."),
-    (["fit-lower-bound"], " A lower bound, not a replay (the trace ends inside its first forward pass): 5 fits, and "
-                          "likely a little more, if " + ASSUMED + "."),
-    (["fit-estimate"], " An estimate, not a replay (the trace ends inside its first forward pass): about 5 would fit "
-                       "if " + ASSUMED + "; the fragmentation of the steps that were not recorded is not in it, so take less."),
+    # the answer and its kind; the assumptions are listed apart (words.assumptions), not chained in (issue 52)
+    (["fit-lower-bound"], " At least 5 fits: a lower bound from the first forward pass, not a replay, on the "
+                          "assumptions listed below."),
+    (["fit-estimate"], " About 5 would fit: an estimate from the first forward pass, not a replay, on the assumptions "
+                       "listed below; the fragmentation of the steps that were not recorded is not in it, so take less."),
     (["fit-not-said"], " What fits is not said: the trace cannot be replayed: cudaMallocAsync is not modelled."),
 ], ids=["alone", "in-flight", "kv", "micro-batch", "scale", "lower-bound", "estimate", "not-said"])
 def test_capacity(reasons, tail):
     assert said("capacity", ["live-tensors-exceed-room", *reasons], OOM_EV) == CAPACITY + tail
+
+
+def test_an_estimates_assumptions_are_listed_one_each():
+    v = Verdict("capacity", 0, [0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=dict(OOM_EV))
+    assert words.assumptions(v) == ASSUMED.split("; ")
+    ev = {**OOM_EV, "estimate_assumptions": ["generate-settings-kept", "generate-peak-grows"]}
+    v = Verdict("capacity", 0, [0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=ev)
+    assert "a lower bound from the job's peak reserved, scaled with the batch" in words.summary(v)
+    assert words.assumptions(Verdict("capacity", 0, [0], evidence={})) == []
 
 
 FRAGMENTATION = (f"{B(192 * MiB)} were free (cached or on the device) for a request of {B(256 * MiB)}, but not in one "

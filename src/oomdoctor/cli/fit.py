@@ -7,6 +7,7 @@ step (its log is named)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import click
@@ -15,6 +16,7 @@ from ..errors import OomdoctorError, UsageError
 from ..report.loop import FitOutcome, FitSearch, fit_guess
 from ..trace.load import discover
 from .inputs import write_output
+from .run import CommandNotRunnable
 from .trials import command_argv, require_gpu, run_trial
 
 MB = "{mb}"
@@ -59,13 +61,20 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
     require_gpu("fit", allow_no_gpu)
     start = min(max(start or low, low), high)
     out = os.path.abspath(out or f"oomdoctor-fit-{time.strftime('%Y%m%d-%H%M%S')}")
+    made = not os.path.lexists(out)  # made for this search: what it does not need is removed at the end
+    click.get_current_context().call_on_close(lambda: tidy_trials(out, made))
     t0 = time.monotonic()
 
     def trial(mb: int, record: bool):
         return run_trial([a.replace(MB, str(mb)) for a in argv], os.path.join(out, f"mb{mb}"), steps=steps,
                          record=record, micro_batch=mb, timeout_s=trial_timeout)
 
-    first = trial(start, not no_record)
+    try:
+        first = trial(start, not no_record)
+    except CommandNotRunnable:
+        if made:  # nothing ran: the directory holds only an empty log
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     trials = [first]
     guess, guide, snapshot, analysis_s = None, "none", False, 0.0
     if first.recorded and first.outcome in ("ran", "oom"):
@@ -101,6 +110,28 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
 def _stopped_by(t) -> str | None:
     """The search cannot go on after a trial that neither ran nor ran out of memory: its outcome, else None."""
     return t.outcome if t.outcome in ("failed", "ended-early") else None
+
+
+def tidy_trials(out: str, made: bool) -> None:
+    """After a search: remove the trials' directories that hold nothing (a trial recorded no snapshot: no GPU, or
+    not recorded), and ``out`` itself when this search ``made`` it and nothing is left in it. The logs stay: the
+    output names them."""
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(out, name)
+        if name.startswith("mb") and os.path.isdir(path) and not os.path.islink(path):
+            try:
+                os.rmdir(path)  # only an empty one
+            except OSError:
+                pass
+    if made:
+        try:
+            os.rmdir(out)
+        except OSError:
+            pass
 
 
 def _guess(out_dir: str, micro_batch: int) -> tuple[int | None, str, bool]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..errors import UsageError
+from ..errors import UsageError, install_hint
 from ..units import parse_bytes
+from .console import terminal
 from .output import OUTPUT, write_output
 
 
@@ -48,7 +49,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     """Trace a Hugging Face Trainer step (--hf-config), or your own script (-- python train.py ...), on the
     CPU (no GPU, no memory for tensors) and predict, for a GPU: peak allocated and reserved, OOM or not, the
     largest micro-batch that fits (--hf-config), what allocator settings do, and the breakdown. Needs torch
-    (and transformers for --hf-config): pip install 'oomdoctor[preflight]'."""
+    (and transformers for --hf-config): pip install torch transformers."""
     _check_output(snapshot)
     if script:
         if rank >= nproc:
@@ -62,7 +63,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
         import transformers  # noqa: F401
     except ImportError as e:
         raise UsageError(f"preflight needs torch and transformers ({e.name} is missing): "
-                         "pip install 'oomdoctor[preflight]'") from None
+                         f"{install_hint('preflight')}") from None
     from ..preflight import hf_tracer
     from ..preflight.snapshot import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
     from ..preflight.snapshot import write as write_snapshot
@@ -83,7 +84,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
         raise UsageError(str(e)) from None
     except OSError as e:  # writing -o failed (disk full): the previous file is left untouched
         raise UsageError(f"{snapshot}: cannot write ({e.strerror or e})") from None
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))
+    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))
 
 
 def _outside_source(world_size: int) -> str:
@@ -144,7 +145,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
     try:
         import torch
     except ImportError:
-        raise UsageError("preflight needs torch: pip install 'oomdoctor[preflight]'") from None
+        raise UsageError(f"preflight needs torch: {install_hint('preflight')}") from None
     from ..preflight.script import ScriptJob, trace_script
     from ..preflight.snapshot import (
         CUDA_CONTEXT_BYTES,
@@ -181,4 +182,4 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
         raise UsageError(f"{snapshot}: cannot write ({e.strerror or e})") from None
     # a script's foreach step counters are made on the host, as on CUDA: not recorded, nothing left out
     a.not_traced = [k for k in a.not_traced if k != "cpu_resident_optimizer_steps"]
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))
+    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))

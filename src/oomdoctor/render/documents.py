@@ -15,7 +15,7 @@ from typing_extensions import (  # pydantic (the schema) reads typing_extensions
 
 from ..report.diff import FindingChange, RankDiff
 from ..report.groups import RankGroups
-from ..report.model import RankSummary
+from ..report.model import RankSummary, Unread
 from ..simulate.capacity import Capacity
 from ..simulate.replay import SimulatedOom, Validation
 from .words import simulate as sim_words
@@ -57,6 +57,10 @@ class DiagnoseDoc(TypedDict):
     """the job's verdict: its worst rank's (ranks that ran out of memory first)"""
     inputs: list[str]
     """the snapshot files read"""
+    unread: list[Unread]
+    """the files that claim a rank (by their sidecar or their name) and could not be read: cut off, corrupt, or
+    refused because unpickling them would run code; the report covers the other ranks only, and every --fail-on
+    level fails (empty: every rank found was read)"""
     ranks: list[RankSummary]
     """every rank, by rank"""
     findings: list[Any]

@@ -47,7 +47,7 @@ def verdict_dict(v) -> dict[str, Any] | None:
     to_do = [{"id": a.id, "framework": a.framework, "fix": a.fix.id if a.fix is not None else None} for a in v.to_do]
     return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
             "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": ev,
-            "actions": words.actions(v), "reasons": d["reasons"], "to_do": to_do}
+            "actions": words.actions(v), "assumptions": words.assumptions(v), "reasons": d["reasons"], "to_do": to_do}
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -71,8 +71,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         findings.append(d)
     out = {"schema_version": SCHEMA_VERSION, "oomdoctor_version": report.oomdoctor_version,
            "verdict": verdict_dict(report.verdict),
-           "inputs": report.inputs, "ranks": ranks, "findings": findings, "notes": report.notes,
-           "materiality": report.materiality}
+           "inputs": report.inputs, "unread": [asdict(u) for u in report.unread], "ranks": ranks,
+           "findings": findings, "notes": report.notes, "materiality": report.materiality}
     if report.groups is not None:
         out["groups"] = asdict(report.groups)
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}

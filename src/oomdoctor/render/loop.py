@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
-from .format import format_bytes
+from .format import count, format_bytes, wrap_lines
 
 if TYPE_CHECKING:
     from ..report.loop import FitOutcome, Trial, Verified, VerifyOutcome
@@ -55,7 +55,9 @@ def _trial_line(t: Trial) -> str:
     return f"{what}{extra}, {t.seconds:.1f} s"
 
 
-def fit_text(fit: FitOutcome) -> str:
+def fit_text(fit: FitOutcome, width: int = 80) -> str:
+    """``oomdoctor fit``'s answer as text wrapped at ``width`` columns: the largest micro-batch that runs, the trials
+    and what guided them."""
     out = []
     if fit.error is None and fit.largest_micro_batch is not None:
         above = f"; {fit.smallest_oom_micro_batch} ran out of memory" if fit.smallest_oom_micro_batch else \
@@ -70,7 +72,7 @@ def fit_text(fit: FitOutcome) -> str:
                                                     "or it returned after an error",
                                      "max-trials": "the search reached its trial limit"}.get(fit.error, fit.error)
                    + (f"; the largest that ran: {fit.largest_micro_batch}" if fit.largest_micro_batch else "") + ".")
-    out.append(f"{len(fit.trials)} trials of {fit.steps} optimizer steps, {fit.seconds:.1f} s in all "
+    out.append(f"{count(len(fit.trials), 'trial')} of {count(fit.steps, 'optimizer step')}, {fit.seconds:.1f} s in all "
                f"({fit.analysis_seconds:.1f} s of analysis).")
     if fit.guide in _GUIDE and fit.guess_contradicted:
         ran = fit.trials[0].outcome == "ran" if fit.trials else False
@@ -90,7 +92,7 @@ def fit_text(fit: FitOutcome) -> str:
         out.append(f"  {t.micro_batch:>11}  {_trial_line(t)}")
         if t.outcome in ("failed", "ended-early"):
             out.append(f"               output: {t.log}")
-    return "\n".join(out) + "\n"
+    return wrap_lines("\n".join(out), width) + "\n"
 
 
 def _peak(n: int | None) -> str:
@@ -111,17 +113,20 @@ def _predicted(v: Verified) -> str:
             f"{_peak(v.band_high_bytes)}")
 
 
-def verify_text(v: VerifyOutcome) -> str:
+def verify_text(v: VerifyOutcome, width: int = 80) -> str:
+    """``oomdoctor verify``'s answer as text wrapped at ``width`` columns: the baseline, each setting's predicted and
+    measured peak, and how many claims were confirmed."""
     b = v.baseline
-    out = [f"Baseline (settings as they are): {_trial_line(b)}, measured peak reserved "
-           f"{_peak(b.measured_peak_reserved_bytes)}."]
+    measured = (f"measured peak reserved {_peak(b.measured_peak_reserved_bytes)}" if b.measured_peak_reserved_bytes
+                is not None else "no peak measured (no process used CUDA)")
+    out = [f"Baseline (settings as they are): {_trial_line(b)}, {measured}."]
     if not v.snapshot:
         out.append("No snapshot was recorded (no GPU, or the job ended before using CUDA): the settings were rerun "
                    "without a prediction to check.")
     src = "given" if v.source == "given" else "proposed by the diagnosis of the baseline"
     if not v.settings:
         out.append("The diagnosis proposes no setting with a replayed prediction: nothing to verify.")
-        return "\n".join(out) + "\n"
+        return wrap_lines("\n".join(out), width) + "\n"
     out.append(f"Settings {src}, each rerun for {v.rerun_steps} optimizer steps:")
     out.append("")
     for s in v.settings:
@@ -136,6 +141,6 @@ def verify_text(v: VerifyOutcome) -> str:
             out.append(f"    output: {s.trial.log}")
     out.append("")
     n = len(v.settings)
-    out.append(f"{sum(1 for s in v.settings if s.confirmed)} of {n} claims confirmed, {v.refuted} refuted; "
+    out.append(f"{sum(1 for s in v.settings if s.confirmed)} of {count(n, 'claim')} confirmed, {v.refuted} refuted; "
                f"{v.seconds:.1f} s in all.")
-    return "\n".join(out) + "\n"
+    return wrap_lines("\n".join(out), width) + "\n"

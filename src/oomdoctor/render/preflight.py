@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .format import format_bytes
+from .format import format_bytes, wrap_lines
 
 #: what each ``not_traced`` id means
 NOT_TRACED_TEXT = {
@@ -42,7 +42,6 @@ OUTSIDE_SOURCE_TEXT = {
     "cuda-context+nccl": "the CUDA context and a training step's kernels (measured on an H200: 703 MiB) and "
                          "NCCL's world communicator (842 MiB)",
 }
-WIDTH = 80
 #: what each kind of invented value is (``oomdoctor.preflight.values``: the policy)
 INVENTED_TEXT = {
     "false": "False (a check: isnan/isinf False, found_inf 0)",
@@ -52,63 +51,59 @@ INVENTED_TEXT = {
 }
 
 
-def _wrap(text: str, indent: str = "") -> list[str]:
-    """``text`` wrapped at :data:`WIDTH` columns, continuation lines indented by ``indent`` plus two spaces."""
-    import textwrap
-
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_on_hyphens=False, break_long_words=True) or [""]
-
-
-def render_preflight_text(a: Any) -> str:
-    """The answer in words, at most :data:`WIDTH` columns, bytes in binary units (``format_bytes``)."""
+def render_preflight_text(a: Any, width: int = 80) -> str:
+    """The answer as text wrapped at ``width`` columns (a wrapped line keeps its indent; a number stays with its
+    unit): the job, where it was traced, the GPU, fits or not, the largest micro-batch, the breakdown, the allocator
+    settings replayed, the values invented for reads from the fake GPU, what is not traced."""
     job = a.job
     gpu = a.gpu_name or "the GPU"
     what = job.get("hf_config") or (" ".join(job["script"]) if job.get("script") else job.get("model_fn", "the job"))
-    head = (f"oomdoctor preflight: {what}"
-            + (f", micro-batch {a.micro_batch}" if a.micro_batch is not None else "")
-            + (f" x {job['seq_len']} tokens" if job.get("seq_len") else "")
-            + (f", {job['dtype']}" if job.get("dtype") else "") + (f", {job['optimizer']}" if job.get("optimizer") else "")
-            + (", gradient checkpointing" if job.get("gradient_checkpointing") else ""))
-    traced = (f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events:,} events)"
-              + (f"; rank {(job.get('ranks_traced') or [0])[0]} of {job['world_size']}, collectives {job['collectives']}"
-                 if job.get("collectives") else "")
-              + (f"; {job['max_steps']} optimizer steps, then stopped" if job.get("max_steps") else ""))
+    details = ", ".join(x for x in (
+        (f"micro-batch {a.micro_batch}" if a.micro_batch is not None else "")
+        + (f" x {job['seq_len']} tokens" if job.get("seq_len") else ""),
+        job.get("dtype") or "", job.get("optimizer") or "",
+        "gradient checkpointing" if job.get("gradient_checkpointing") else "") if x)
     outside = OUTSIDE_SOURCE_TEXT.get(a.outside_allocator_source, a.outside_allocator_source)
-    on = (f"on {gpu} ({format_bytes(a.gpu_total_bytes)}): {format_bytes(a.room_bytes)} for the caching allocator, "
-          f"after {format_bytes(a.outside_allocator_bytes)} outside it, {outside}")
-    lines = _wrap(head) + _wrap(traced) + _wrap(on) + [""]
+    lines = ["oomdoctor preflight" + (f": {details}" if details else ""),
+             f"job: {what}",  # a line of its own: a long path never leaves the first line without its words
+             f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events:,} events)"
+             + (f"; rank {(job.get('ranks_traced') or [0])[0]} of {job['world_size']}, collectives "
+                f"{job['collectives']}" if job.get("collectives") else "")
+             + (f"; {job['max_steps']} optimizer steps, then stopped" if job.get("max_steps") else ""),
+             f"on {gpu} ({format_bytes(a.gpu_total_bytes)}): {format_bytes(a.room_bytes)} for the caching "
+             f"allocator, after {format_bytes(a.outside_allocator_bytes)} outside it, {outside}", ""]
     if a.oom:
-        lines += _wrap(f"OUT OF MEMORY: a request of {format_bytes(a.oom_request_bytes or 0)} does not fit "
-                       f"(peak reserved {format_bytes(a.peak_reserved_bytes)} before it)")
+        lines.append(f"OUT OF MEMORY: a request of {format_bytes(a.oom_request_bytes or 0)} does not fit "
+                     f"(peak reserved {format_bytes(a.peak_reserved_bytes)} before it)")
     else:
-        lines += _wrap(f"fits: peak reserved {format_bytes(a.peak_reserved_bytes)}, peak allocated "
-                       f"{format_bytes(a.peak_allocated_bytes)} (requested {format_bytes(a.peak_requested_bytes)}), "
-                       f"headroom {format_bytes(a.room_bytes - a.peak_reserved_bytes)}")
+        lines.append(f"fits: peak reserved {format_bytes(a.peak_reserved_bytes)}, peak allocated "
+                     f"{format_bytes(a.peak_allocated_bytes)} (requested {format_bytes(a.peak_requested_bytes)}), "
+                     f"headroom {format_bytes(a.room_bytes - a.peak_reserved_bytes)}")
     if a.largest_micro_batch_method == "traced":
-        lines += _wrap("largest micro-batch that fits: " + (str(a.largest_micro_batch) if a.largest_micro_batch
-                                                            else "none found within the traces spent")
-                       + f", keeping {format_bytes(a.largest_micro_batch_margin_bytes)} free for the trace's error"
-                       + " (traced at " + ", ".join(str(t["micro_batch"]) + (" OOM" if t["oom"] else "")
-                                                    for t in a.micro_batch_traces) + ")")
-    lines += [""] + _wrap(f"at the peak allocated ({a.breakdown_at.get('phase')}, step {a.breakdown_at.get('step')}):")
+        lines.append("largest micro-batch that fits: " + (str(a.largest_micro_batch) if a.largest_micro_batch
+                                                          else "none found within the traces spent")
+                     + f", keeping {format_bytes(a.largest_micro_batch_margin_bytes)} free for the trace's error"
+                     + " (traced at " + ", ".join(str(t["micro_batch"]) + (" OOM" if t["oom"] else "")
+                                                  for t in a.micro_batch_traces) + ")")
+    lines += ["", f"at the peak allocated ({a.breakdown_at.get('phase')}, step {a.breakdown_at.get('step')}):"]
     for cat, n in sorted(a.breakdown.items(), key=lambda kv: -kv[1]):
         if n:
             src = a.breakdown_sources.get(cat)
-            lines.append(f"  {format_bytes(n):>12}  {cat}" + (" (recorded by the tracer)" if src == "recorded" else ""))
-    lines += ["", "allocator settings (PYTORCH_CUDA_ALLOC_CONF), replayed: peak reserved"]
-    for s in a.settings:
-        row = f"  {s['config']:<54} {format_bytes(s['peak_reserved_bytes']):>11}" + ("  OOM" if s["oom"] else "")
-        lines += [row] if len(row) <= WIDTH else [f"  {s['config']}",
-                                                   f"  {'':<54} {format_bytes(s['peak_reserved_bytes']):>11}"
-                                                   + ("  OOM" if s["oom"] else "")]
+            lines.append(f"  {format_bytes(n):>12}  {cat.replace('_', ' ')}"
+                         + (" (recorded by the tracer)" if src == "recorded" else ""))
+    lines += ["", "allocator settings (PYTORCH_CUDA_ALLOC_CONF), replayed:"]
+    col = min(max((len(s["config"]) for s in a.settings), default=0), max(width - 2 - 31, 12))
+    for s in a.settings:  # a setting longer than its column gets a line of its own, its numbers under it
+        numbers = f"peak reserved {format_bytes(s['peak_reserved_bytes']):>11}" + ("  OOM" if s["oom"] else "")
+        config = s["config"] if len(s["config"]) <= col else s["config"] + "\n" + " " * (col + 2)
+        lines.append(f"  {config:<{col}} {numbers}")
     if a.invented_values:
-        lines += [""] + _wrap("values read from the GPU were invented (fake tensors have none); control flow that "
-                              "depends on them may differ from the GPU's:")
+        lines += ["", "values read from the GPU were invented (fake tensors have none); control flow that "
+                      "depends on them may differ from the GPU's:"]
         for v in a.invented_values:
-            lines += _wrap(f"{v['file']}:{v['line']}: {v['read']} -> {INVENTED_TEXT.get(v['kind'], v['kind'])}"
-                           + (f" ({v['count']} reads)" if v["count"] > 1 else ""), "  ")
-    lines += [""] + _wrap("not traced: " + "; ".join(NOT_TRACED_TEXT.get(k, k) for k in a.not_traced))
+            lines.append(f"  {v['file']}:{v['line']}: {v['read']} -> {INVENTED_TEXT.get(v['kind'], v['kind'])}"
+                         + (f" ({v['count']} reads)" if v["count"] > 1 else ""))
+    lines += ["", "not traced: " + "; ".join(NOT_TRACED_TEXT.get(k, k) for k in a.not_traced)]
     if a.snapshot:
-        lines += _wrap(f"snapshot: {a.snapshot} (oomdoctor diagnose / simulate / report read it)")
-    return "\n".join(lines) + "\n"
+        lines.append(f"snapshot: {a.snapshot} (oomdoctor diagnose / simulate / report read it)")
+    return wrap_lines("\n".join(lines), width) + "\n"

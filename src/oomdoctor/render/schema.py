@@ -156,8 +156,10 @@ def nested_options() -> dict[type, dict[str, Any]]:
         # render/json.py verdict_dict: the summary and actions in words; each action's fix as its id
         Verdict: {"enums": {"kind": VERDICT_KINDS}, "values": {"reasons": s("a reason", tuple(REASONS))},
                   "made": {"summary": s("one sentence, filled in"),
-                           "actions": arr(s(""), "what to do, in order, filled in")},
-                  "after": {"summary": "kind", "actions": "evidence"}},
+                           "actions": arr(s(""), "what to do, in order, filled in"),
+                           "assumptions": arr(s(""), "what its estimate of what fits rests on, in words, one each, "
+                                                     "in order (empty: a replayed answer, or none)")},
+                  "after": {"summary": "kind", "actions": "evidence", "assumptions": "actions"}},
         Action: {"enums": {"id": ACTIONS}, "made": {"fix": null(s(""))}},
         # render/json.py finding_dict: the title, summary and each fix's text in words, for the ids they replace
         Finding: {"enums": {"severity": SEVERITIES}, "values": {"per_rank_bytes": b("")},

@@ -189,9 +189,28 @@ class RankSummary:
 
 
 @dataclass
+class Unread:
+    """A rank's snapshot file that could not be read: it claims a rank (by its sidecar or its name) and is cut off,
+    corrupt, or refused because unpickling it would run code (:class:`oomdoctor.trace.load.Skipped`). The job's
+    result is incomplete without it, and every ``--fail-on`` level fails (:mod:`oomdoctor.report.gate`).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
+    path: str
+    """the file"""
+    rank: int
+    """the rank it claims (its sidecar's, else the one in its name)"""
+    reason: str
+    """why it could not be read"""
+
+
+@dataclass
 class Report:
     """Everything about a job's ranks; ``verdict`` is the job's (its worst rank's), ``materiality``
-    the rule's parameters (``fraction``, ``min_bytes``)."""
+    the rule's parameters (``fraction``, ``min_bytes``); ``unread`` the rank files that could not be read (the
+    report covers the other ranks only)."""
 
     ranks: list[RankSummary]
     findings: list[Finding]
@@ -203,3 +222,4 @@ class Report:
     materiality: dict[str, Any] = field(default_factory=dict)
     groups: Any = None
     """:class:`~oomdoctor.report.groups.RankGroups`: alike ranks collapsed, the odd ones first."""
+    unread: list[Unread] = field(default_factory=list)

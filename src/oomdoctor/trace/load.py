@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 from ..errors import SnapshotError
 from .build import Drained, build_trace
 from .model import Trace
-from .reader import SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
+from .reader import OBJECTS_PICKLE, SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
 from .stackmatch import match_stackless_steps
 from .store import load_trace
 from .stream import load_streaming, should_stream
@@ -302,10 +302,37 @@ def _drop_malformed(trace: Trace) -> None:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A file that a directory holds beside its snapshots and that was not read as one, with why."""
+    """A file that a directory holds beside its snapshots and that was not read as one, with why.
+
+    ``rank`` is the rank the file claims (:func:`claimed_rank`: its sidecar, else its name) when it is named like a
+    snapshot and could not be read as one: cut off, corrupt, or refused because unpickling it would run code. Such a
+    file is a rank of the job that was lost, not a file beside the snapshots: the job's result is incomplete
+    (:attr:`oomdoctor.report.model.Report.unread`, and ``--fail-on`` fails). None for a file that is plainly not a
+    snapshot (a log, a metrics JSON, a zip checkpoint) or that claims no rank."""
 
     path: str
     reason: str
+    rank: int | None = None
+
+
+def claimed_rank(path: str) -> int | None:
+    """The rank a file claims without being read: its sidecar's ``rank`` (:func:`sidecar_path`), else the rank in
+    its name (:func:`rank_from_name`); None when neither says. A sidecar that is not valid JSON claims nothing."""
+    side = sidecar_path(path)
+    if side is not None:
+        try:
+            r = read_sidecar(side).get("rank")
+        except SnapshotError:
+            r = None
+        if _is_int(r) and r >= 0:
+            return r
+    return rank_from_name(path)
+
+
+def lost_rank(path: str) -> int | None:
+    """The rank a file named like a snapshot claims (:func:`claimed_rank`), for a file of a directory that could not
+    be read: that rank's data is lost. None for a name that is not a snapshot's."""
+    return claimed_rank(path) if _looks_like_snapshot(os.path.basename(path)) else None
 
 
 def refuse_unranked(files: list[str], ranks: list[int | None], named: set[str]) -> None:
@@ -365,7 +392,9 @@ def discover(paths: Iterable[str | os.PathLike], skipped: list[Skipped] | None =
                 elif not _looks_like_snapshot(f.name):
                     other.append(Skipped(str(f), ""))
                 elif (why := sniff(str(f), walk=f.stat().st_size > SNIFF_WALK_MIN_BYTES)) is not None:
-                    other.append(Skipped(str(f), why))
+                    # a zip or a JSON of other things is plainly not a snapshot; a pickle that would run code,
+                    # named as a rank's, is that rank's snapshot refused (as load refuses a small one)
+                    other.append(Skipped(str(f), why, lost_rank(str(f)) if why.startswith(OBJECTS_PICKLE) else None))
                 else:
                     found.append(str(f))
             if not found:
@@ -448,7 +477,7 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
         try:
             traces.append(load(f, progress=progress, replay_only=replay_only))
         except SnapshotError as e:
-            own.append(Skipped(f, e.problem))
+            own.append(Skipped(f, e.problem, lost_rank(f)))
     if skipped is not None:
         skipped.extend(sorted(own, key=lambda s: s.path))
         dirs = [p for p in paths if os.path.isdir(p)]

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..format import count, format_bytes
+
 if TYPE_CHECKING:
+    from ...simulate.replay import ReplayResult
     from ...simulate.whatif import Simulation
 
 REASONS = {
@@ -47,3 +50,33 @@ NOTES = {
 def notes(sim: Simulation) -> list[str]:
     """What the simulation notes, in words: its own notes, then the replay's warnings (already words)."""
     return [NOTES[n] for n in sim.notes] + list(sim.warnings)
+
+
+def _setting(r: ReplayResult) -> str:
+    return str(r.config) + (" with frees not deferred" if r.deferred_frees == "immediate" else "")
+
+
+def headline(sim: Simulation) -> str:
+    """The first line of ``oomdoctor simulate``: how the recorded run replays, then the answer of the settings tried
+    (the recommendation; how many get past a recorded OOM; else the lowest peak reserved). The file is named on the
+    next line, so that a long path never pushes the answer off the first one."""
+    v = sim.self_replay.validation
+    how = "is replayed" if v is None else "replays exactly" if v.exact else "replays approximately"
+    seen = (f"OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None
+            else f"peak reserved {format_bytes(sim.recorded_peak_reserved_bytes)}")
+    out = f"oomdoctor simulate: the recorded run {how} ({seen})"
+    tried = sim.results[1:]
+    rec = sim.recommendation
+    if rec is not None:
+        out += (f"; recommended: {_setting(rec.result)}, peak reserved {format_bytes(rec.result.peak_reserved_bytes)}"
+                + (", past the recorded OOM" if sim.recorded_oom_event is not None else ""))
+    elif tried and sim.recorded_oom_event is not None:
+        past = sum(1 for r in tried if r.oom is None)
+        out += f"; {past} of {count(len(tried), 'setting')} tried get{'s' if past == 1 else ''} past the recorded OOM"
+    elif len(tried) == 1:
+        out += f"; with {_setting(tried[0])}: peak reserved {format_bytes(tried[0].peak_reserved_bytes)}"
+    elif tried:
+        best = min(tried, key=lambda r: r.peak_reserved_bytes)
+        out += (f"; the lowest of the {len(tried)} settings tried: peak reserved "
+                f"{format_bytes(best.peak_reserved_bytes)} with {_setting(best)}")
+    return out

@@ -17,7 +17,7 @@ from .findings import fix_text, verdict_evidence
 if TYPE_CHECKING:
     from ...report.verdict import Action, Verdict
 
-NO_MATERIAL = "no OOM and no material finding; "
+NO_MATERIAL = "no OOM and nothing worth fixing; "
 ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
 MATERIAL = " The findings below are worth fixing, but none decides another verdict."
 ALLOC_CONF = "Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9)"
@@ -53,8 +53,25 @@ def _peak_words(r: set[str], ev: dict[str, Any]) -> tuple[str, str, str]:
     return reserved, allocated, unknown
 
 
-def _fit(r: set[str], kind: str) -> str:
-    """What fits (reasons ``fit-*``); a fragmentation verdict says it is with the recorded settings."""
+def _estimated_from(ev: dict[str, Any]) -> str:
+    """What an estimate of what fits is made from: the job's peak of a generate() run (its assumptions say so), else
+    the first forward pass its trace ends in (:func:`oomdoctor.report.fits.fits`)."""
+    if "generate-peak-grows" in (ev.get("estimate_assumptions") or ()):
+        return "from the job's peak reserved, scaled with the batch"
+    return "from the first forward pass"
+
+
+def assumptions(v: Verdict) -> list[str]:
+    """What the verdict's estimate of what fits rests on, in words, one each (``estimate_assumptions``: ids of
+    :data:`oomdoctor.report.fits.ASSUMPTIONS`, said with ``fit_note_values``); empty for a replayed answer."""
+    ids = v.evidence.get("estimate_assumptions") or []
+    return [fits_words.assumption(x, v.evidence.get("fit_note_values", {})) for x in ids]
+
+
+def _fit(r: set[str], kind: str, ev: dict[str, Any] | None = None) -> str:
+    """What fits (reasons ``fit-*``); a fragmentation verdict says it is with the recorded settings. An estimate says
+    its answer and kind; its assumptions are listed apart (:func:`assumptions`), not chained into the sentence."""
+    ev = ev or {}
     if "fit-micro-batch" in r:
         return (" With the recorded settings the largest micro-batch that fits is {largest_micro_batch}."
                 if kind == "fragmentation" else " The largest micro-batch that fits: {largest_micro_batch}.")
@@ -62,12 +79,12 @@ def _fit(r: set[str], kind: str) -> str:
         return (" With the recorded settings {batch_scale}x the current micro-batch fits."
                 if kind == "fragmentation" else " What fits: {batch_scale}x the current micro-batch.")
     if "fit-lower-bound" in r:
-        return (" A lower bound, not a replay (the trace ends inside its first forward pass): {estimated_fit} "
-                "fits, and likely a little more, if {estimate_assumptions}.")
+        return (" At least {estimated_fit} fits: a lower bound " + _estimated_from(ev) + ", not a replay, on the "
+                "assumptions listed below.")
     if "fit-estimate" in r:
-        return (" An estimate, not a replay (the trace ends inside its first forward pass): about {estimated_fit} "
-                "would fit if {estimate_assumptions}; the fragmentation of the steps that were not recorded is not "
-                "in it, so take less.")
+        return (" About {estimated_fit} would fit: an estimate " + _estimated_from(ev) + ", not a replay, on the "
+                "assumptions listed below; the fragmentation of the steps that were not recorded is not in it, so take "
+                "less.")
     if "fit-not-said" in r:
         return " What fits is not said: {no_fit_reason}."
     return ""
@@ -102,7 +119,7 @@ def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
             if "kv-fits-with-fix" in r:
                 out += (" With it the KV cache fits {kv_cache_tokens_fit} tokens per sequence at this batch "
                         "({kv_tokens_more} more than the {kv_cache_tokens} it holds).")
-    return out + _fit(r, kind)
+    return out + _fit(r, kind, ev)
 
 
 def summary_template(v: Verdict) -> str:
@@ -133,7 +150,7 @@ def summary_template(v: Verdict) -> str:
                     "pipeline schedule holds them at once.")
         if "kv-cache-named" in r:
             out += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
-        return out + _fit(r, v.kind)
+        return out + _fit(r, v.kind, ev)
     if v.kind == "capacity" and "room-unknown" in r:
         return ("out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} allocated; the GPU's room "
                 "is unknown, so capacity cannot be told from fragmentation.")
