@@ -813,6 +813,23 @@ def test_pipeline_outputs_never_freed_are_held_to_the_last_event():
         4, 4, 765)
 
 
+def test_pipeline_outputs_kept_are_the_blocks_alive_at_once_with_their_own_sizes():
+    """Issue 52: the first micro-batch's output took a block 1 MiB larger than asked (an unsplit remainder, which
+    the final segments show: the trace ends before step() frees them); the bytes kept are the blocks' own sizes
+    added up, as the report's holders and the finding's site say them, never the count times the largest."""
+    b = SnapBuilder()
+    seg = b.segment(64 * GiB)
+    outs = [b.alloc(seg, 0, 501 * MiB, requested=500 * MiB, fr=_pp_frames())]
+    for m in range(1, 4):
+        outs.append(b.alloc(seg, m * 512 * MiB, 500 * MiB, fr=_pp_frames()))
+        for _ in range(10):
+            b.free(b.alloc(seg, 50 * GiB, 100 * MiB))
+    f = _pipeline_finding(b)
+    assert (f.evidence["outputs_kept"], f.evidence["output_bytes"]) == (4, 500 * MiB)
+    assert f.evidence["kept_bytes"] == f.bytes == f.per_rank_bytes[0] == 4 * 500 * MiB + MiB
+    assert [(s.bytes, s.count) for s in f.sites] == [(f.bytes, 4)]
+
+
 def test_pipeline_outputs_freed_one_by_one_are_not_cached():
     # 12 outputs after 300 setup allocations: each free 12 events after the last (within 10% of the 231 events
     # the allocations span), but all of them over 132 events: not one burst

@@ -237,9 +237,9 @@ def test_pipeline_output_cache():
                                          "median_held_us": 2_500_000})
     assert words.title(f) == "Last pipeline stage keeps every micro-batch's output until step() ends"
     assert words.summary(f) == (
-        "This pipeline stage keeps 8 micro-batch outputs of 500.00 MiB each (3.91 GiB) allocated at once until step() "
-        "ends (median 2.5 s each): the schedule caches every output of the last stage to merge them, so memory grows "
-        "with the number of micro-batches.")
+        "This pipeline stage keeps 8 micro-batch outputs (3.91 GiB in the allocator's blocks, 500.00 MiB requested "
+        "each) allocated at once until step() ends (median 2.5 s each): the schedule caches every output of the last "
+        "stage to merge them, so memory grows with the number of micro-batches.")
 
 
 IMBALANCE = {"rank": 4, "peak_allocated_bytes": 2816 * MiB, "others_median_peak_allocated_bytes": 2560 * MiB,

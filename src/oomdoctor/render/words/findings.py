@@ -132,8 +132,9 @@ SUMMARIES: dict[tuple[str, str], str] = {
         "GPU while later ones ran ({phase} phase): {kept_fraction:.0%} of the {allocated_bytes:bytes} "
         "allocated. They grow by one batch per step until the device is full."),
     ("pipeline-output-cache", ""): (
-        "This pipeline stage keeps {outputs_kept} micro-batch outputs of {output_bytes:bytes} each "
-        "({kept_bytes:bytes}) allocated at once until step() ends (median {median_held_us:us} each): "
+        "This pipeline stage keeps {outputs_kept} micro-batch outputs ({kept_bytes:bytes} in the allocator's "
+        "blocks, {output_bytes:bytes} requested each) allocated at once until step() ends (median "
+        "{median_held_us:us} each): "
         "the schedule caches every output of the last stage to merge them, so memory grows with the "
         "number of micro-batches."),
     ("rank-imbalance", ""): _IMBALANCE,
