@@ -193,25 +193,36 @@ def test_fragmentation_at_the_peak():
 
 
 def test_memory_growth():
-    f = _f("memory-growth", "", {"steps": 6, "step_source": "annotations", "leaking_steps": "2, 3",
+    f = _f("memory-growth", "", {"steps": 12, "step_source": "annotations", "leaking_steps": [3, 6, 9],
+                                 "first_counted_step": 2, "last_counted_step": 9,
                                  "retained_bytes": 128 * MiB, "allocated_at_first_step_bytes": GiB,
                                  "allocated_at_last_step_bytes": GiB + 128 * MiB})
     assert words.title(f) == "Memory grows from step to step: tensors from earlier steps stay allocated"
     assert words.summary(f) == (
-        "Over 6 training steps (found by annotations), steps 2, 3 each left blocks allocated that are still alive at "
-        "the last step: 128.00 MiB in all. Allocated memory at step start grew from 1.00 GiB to 1.12 GiB.")
+        "Over 12 training steps (found by annotations), of steps 2 to 9 (the two before are warm-up, the last two "
+        "still running), steps 3, 6 and 9 each left blocks allocated that are still alive at the last step: "
+        "128.00 MiB in all. Allocated memory at step start grew from 1.00 GiB to 1.12 GiB.")
 
 
 KEPT = {"kept_bytes": 384 * MiB, "blocks": 3, "passes": 3, "allocated_bytes": 641 * MiB, "kept_fraction": 0.599,
-        "at": "the peak", "phase": "forward", "sites_per_pass": 1}
+        "at": "the peak", "phase": "forward", "sites_per_pass": 1, "kept_unit": "batch", "kept_at": [0, 1, 2],
+        "kept_every": 1}
+KEPT_OPENING = ("At the peak, 384.00 MiB in 3 blocks are outputs of 3 micro-batches kept on the GPU while later ones "
+                "ran (forward phase): 60% of the 641.00 MiB allocated.")
 
 
-def test_output_accumulation_kept_outputs():
-    f = _f("output-accumulation", "kept-outputs", KEPT)
+@pytest.mark.parametrize("unit, at, every, growth", [
+    ("batch", [0, 1, 2], 1, "They grow by one batch's outputs with every batch until the device is full."),
+    ("step", [4, 5, 6], 1, "They grow by one batch's outputs with every step until the device is full."),
+    # issue 52: ddp-imbalance's rank 0 keeps a batch's logits every third step, as memory-growth says
+    ("step", [0, 3, 6, 9], 3, "They grow by one batch's outputs every 3 steps (steps 0, 3, 6 and 9) until the "
+                              "device is full."),
+    ("batch", [0, 2, 7], 0, "They were kept at batches 0, 2 and 7, and grow until the device is full."),
+])
+def test_output_accumulation_kept_outputs(unit, at, every, growth):
+    f = _f("output-accumulation", "kept-outputs", {**KEPT, "kept_unit": unit, "kept_at": at, "kept_every": every})
     assert words.title(f) == "Outputs of many micro-batches are kept on the GPU"
-    assert words.summary(f) == (
-        "At the peak, 384.00 MiB in 3 blocks are outputs of 3 micro-batches kept on the GPU while later ones ran "
-        "(forward phase): 60% of the 641.00 MiB allocated. They grow by one batch per step until the device is full.")
+    assert words.summary(f) == KEPT_OPENING + " " + growth
 
 
 def test_output_accumulation_graph_kept():
