@@ -80,7 +80,7 @@ def report_dict(report: Report) -> dict[str, Any]:
     return out
 
 
-_FIX_KEYS = ("versions", "source", "kind", "setting", "applies", "what_if", "prediction")
+_FIX_KEYS = ("versions", "source", "kind", "setting", "applies", "what_if", "prediction", "measured")
 """A fix's keys in the JSON contract after its ``text``."""
 
 

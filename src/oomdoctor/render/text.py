@@ -232,8 +232,11 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {predict_words.outcome(p)}. "
-            f"Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    # this recording's own events (a fix's words may cite other runs, measured: issue 52)
+    held = (", its deferred frees held as long as they were"
+            if p["deferred_frees"] == "recorded" and p.get("recorded_deferred_frees") else "")
+    text = (f"this recording replayed with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}{held}: "
+            f"{predict_words.outcome(p)}. Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"
     text += "."
