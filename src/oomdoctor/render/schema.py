@@ -165,7 +165,7 @@ def nested_options() -> dict[type, dict[str, Any]]:
         VerifyOutcome: {"enums": {"source": ("given", "diagnosis")}, "derived": ("refuted",)},
         Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": ("prediction", "job-spread")}},
         Trial: {"enums": {"outcome": OUTCOMES}},
-        SiteDelta: {"derived": ("delta_bytes",)},
+        SiteDelta: {"derived": ("saved_bytes", "delta_bytes")},
         Validation: {"derived": ("segment_events_compared",)},
         Capacity: {"enums": {"kind": CAPACITY_KINDS, "certainty": ("exact", "bounded", "given", "none")}},
         ReplayDoc: {"enums": {"deferred_frees": DEFERRED_FREES, "initial_state": ("recorded", "reallocated", "empty")}},

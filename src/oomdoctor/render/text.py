@@ -560,24 +560,26 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         console.print(Text("No finding in either run.", style="green"))
     for f in diff.findings:
         line = Text()
+        ranks = f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}"
+        saved = (f"the same blocks as {f.same_bytes_as}, whose saving it is" if f.same_bytes_as else
+                 f"peak reserved saved on {ranks}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         if f.status == "resolved":
-            line.append(f"{format_bytes(f.before_bytes)} at stake before; its share of the peak reserved saved on "
-                        f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+            line.append(f"{format_bytes(f.before_bytes)} at stake before; {saved}")
         elif f.status == "new":
             line.append(f"{format_bytes(f.after_bytes)} at stake on rank{'s' if len(f.after_ranks) > 1 else ''} {','.join(map(str, f.after_ranks))}")
         else:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
-                line.append(f"; its share of the peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+                line.append(f"; {saved}")
         console.print(hang(line, 0, Text.assemble((f"{f.status:>9} ", _STATUS_STYLE[f.status]), f"[{f.id}] ")))
     for r in diff.ranks:
         if not r.sites:
             continue
         console.print(Text(f"rank {r.rank}: sites whose bytes at peak reserved moved", style="italic"))
-        rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.delta_bytes), x.label)
+        rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.saved_bytes), x.label)
                 for x in r.sites]
         st = _fitted_table(rows, console.width, justify=("right", "right", "right", "left"),
-                           headers=("before", "after", "change", "site"))
+                           headers=("before", "after", "saved", "site"))
         console.print(st)
 
 
