@@ -399,9 +399,9 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
             console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
 
 
-def _oom_text(oom) -> Text:
+def _oom_text(oom, reach: str = "complete") -> Text:
     if oom is None:
-        return Text("none", style="green")
+        return Text(sim_words.NO_OOM[reach], style="green")
     return Text(f"at {oom.event_index}", style="bold red")
 
 
@@ -471,11 +471,13 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
             table.add_column(col, justify="right" if col.startswith("peak") else "left", no_wrap=True)
         for r in rows:
             cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", _one_a_line(str(r.config))),
-                     format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes), _oom_text(r.oom)]
+                     format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes),
+                     _oom_text(r.oom, sim.reach)]
             table.add_row(*cells, *((_matches_text(r.matches_recorded),) if checked else ()))
         console.print(table)
     if sim.recommendation:
         console.print(Text("★ recommended", style="dim"))
+    console.print(hang(sim_words.REACH[sim.reach].format(event=sim.recorded_oom_event), 0, "reach: ", style="dim"))
     v = sim.self_replay.validation
     if v is not None:
         style = "green" if v.exact else "bold red"
@@ -499,7 +501,8 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
         reason = sim_words.REASONS[rec.reason]
-        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. "
+        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, "
+                    f"{'gets past the recorded OOM' if sim.reach == 'recorded' else 'no OOM'}. "
                     f"{reason[:1].upper()}{reason[1:]}.")
         parts: list = [body]
         if sim.search_wall_s is not None:
