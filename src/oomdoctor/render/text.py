@@ -176,13 +176,14 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
     return Group(*out)
 
 
-def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
-    """After a window's peak: the job's own where the window missed it (issue 41)."""
+def _job_peak_words(r: RankSummary, job: int | None, missed: bool, material: bool) -> str:
+    """After a window's peak: the job's own where it is above (issue 41), said as a miss where the gap is material
+    (issue 52)."""
     if not missed or job is None:
         return ""
     src = "the sidecar" if r.peak_source == "sidecar" else "a memory_stats file"
-    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src}): the window "
-            "missed it")
+    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src})"
+            + (": the window missed it" if material else ""))
 
 
 def _timeline(r: RankSummary) -> Group:
@@ -204,11 +205,13 @@ def _timeline(r: RankSummary) -> Group:
     text.append("\n  reserved  ")
     text.append(sparkline(r.series.get("reserved", []), top), style="magenta")
     text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed), style="bold")
+    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed, r.reserved_peak_missed_material),
+                style="bold")
     text.append("\n  allocated ")
     text.append(sparkline(r.series.get("allocated", []), top), style="green")
     text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed), style="bold")
+    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed,
+                                r.allocated_peak_missed_material), style="bold")
     out: list = [text]
     if r.peak_source == "unknown-before-window":
         out.append(hang("peaks before the recorded window are not known: the trace starts after the job's first "
