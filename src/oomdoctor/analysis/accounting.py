@@ -20,7 +20,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
 
 1. ``recorded``: the sidecar's storages of parameters, gradients and optimizer state, noted by
    ``oomdoctor run`` at the end of the first optimizer steps and at every dump
-   (:mod:`oomdoctor.capture.facts`); the block that contained a storage then is that category.
+   (:mod:`oomdoctor.capture.facts`), and the workspaces ``oomdoctor preflight``'s tracer made (cuBLAS's, one per
+   thread, kept for good: :mod:`oomdoctor.preflight.snapshot`); the block that contained a storage then is that
+   category.
 2. ``trace``: the block's lifetime against the phases of :mod:`.phases` (born and freed where), and its
    allocation stack. A block born before the trace (a wrapped ring buffer) is placed by its allocation
    stack (the final segments keep it; a free event carries it under ``context="alloc"``) and by its
@@ -685,7 +687,8 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     return fate.astype(np.int8), matched
 
 
-_FACT_CATEGORY = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_state": OPTIMIZER_STATE}
+_FACT_CATEGORY = {"workspaces": WORKSPACES, "parameters": PARAMETERS, "gradients": GRADIENTS,
+                  "optimizer_state": OPTIMIZER_STATE}
 
 
 def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, src: np.ndarray) -> None:
@@ -707,7 +710,7 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
             continue
         order = alive[np.argsort(lt.addr[alive], kind="stable")]
         lo, hi = lt.addr[order], lt.addr[order] + lt.size[order]
-        for kind in ("gradients", "optimizer_state", "parameters"):  # later kinds win a shared block
+        for kind in ("workspaces", "gradients", "optimizer_state", "parameters"):  # later kinds win a shared block
             ptrs = np.array([p[0] for p in rec.get(kind, [])], dtype=object)
             ptrs = ptrs[(ptrs >= 0) & (ptrs < 1 << 63)].astype(np.int64) if ptrs.size else np.zeros(0, np.int64)
             j = np.searchsorted(lo, ptrs, side="right") - 1
