@@ -797,6 +797,19 @@ def test_a_last_update_no_marker_follows_is_counted(tmp_path):
     ph = j.phases(tmp_path, step_markers=marks)
     _eq(ph.steps, [0, 4], "markers", 1, 0)
     assert ph.kind == "one optimizer step"
+    # oomdoctor run's markers: one after each update too; the optimizer's work after the last one, with no pass
+    # before it (a Trainer's teardown), is no third update (the corpus's Trainer runs: 4 steps, not 5)
+    j = Job()
+    marks = [{"step": 0, "time_us": j.b.events[-1]["time_us"]}]
+    for step in (1, 2):
+        j.alloc(MODEL)
+        j.alloc(BWD_PY)
+        j.alloc(OPT)
+        marks.append({"step": step, "time_us": j.b.t})
+    j.alloc(OPT)
+    j.alloc(OPT)
+    ph = j.phases(tmp_path, step_markers=marks)
+    assert ph.steps.updates == 2 and ph.kind == "2 optimizer steps"
 
 
 def test_find_phases_dropping_the_teardown_step_keeps_the_step_numbers(tmp_path):
