@@ -224,6 +224,8 @@ KEPT_OPENING = ("At the peak, 384.00 MiB in 3 blocks are outputs of 3 micro-batc
     ("step", [0, 3, 6, 9], 3, "They grow by one batch's outputs every 3 steps (steps 0, 3, 6 and 9) until the "
                               "device is full."),
     ("batch", [0, 2, 7], 0, "They were kept at batches 0, 2 and 7, and grow until the device is full."),
+    ("step", list(range(0, 31, 3)), 3, "They grow by one batch's outputs every 3 steps (steps 0, 3, 6, …, 27 and 30) "
+                                       "until the device is full."),
 ])
 def test_output_accumulation_kept_outputs(unit, at, every, growth):
     f = _f("output-accumulation", "kept-outputs", {**KEPT, "kept_unit": unit, "kept_at": at, "kept_every": every})

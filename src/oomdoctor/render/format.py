@@ -39,8 +39,11 @@ def format_us(us: int | float) -> str:
 
 
 def format_list(items: Any) -> str:
-    """``[0, 3, 6, 9]`` -> ``"0, 3, 6 and 9"``; one item alone; ``""`` for none."""
+    """``[0, 3, 6, 9]`` -> ``"0, 3, 6 and 9"``; one item alone; ``""`` for none; more than eight as the first three
+    and the last two (``"0, 3, 6, …, 27 and 30"``)."""
     words = [str(x) for x in items]
+    if len(words) > 8:
+        words = words[:3] + ["…"] + words[-2:]
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1] if words else ""
 
 
