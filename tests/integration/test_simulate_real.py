@@ -94,7 +94,7 @@ def test_a_setting_past_the_recorded_oom_says_the_replay_ends_there(snapshots):
     text = render_simulation_text_plain(sim, width=200)
     (row,) = [x for x in text.splitlines() if x.strip().startswith("expandable_segments:True")]
     assert row.split()[-1] == "it" and row.endswith("past it")
-    assert "reach: the recording ends at its OOM (event 13760)" in text
+    assert "replayed: up to the recorded OOM (event 13760), where the recording ends" in text
     assert [r["reach"] for r in simulation_dict(sim)["results"]] == ["recorded", "recorded"]
 
 

@@ -474,10 +474,10 @@ def test_every_replay_says_how_far_it_reaches(tmp_path):
     assert [r["reach"] for r in simulation_dict(sim)["results"]] == ["recorded", "recorded"]
     text = render_simulation_text_plain(sim, width=200)
     assert "at 2" in text and "none" not in text
-    assert ("reach: the recording ends at its OOM (event 2); 'past it': a setting gets past that request, and what "
-            "the job would have run after it was never recorded") in text
+    assert ("replayed: up to the recorded OOM (event 2), where the recording ends; 'past it': a setting gets past "
+            "that request, and what the job would have run after it was never recorded") in text
     plain = simulate(plain_trace(tmp_path), configs=["expandable_segments:True"])
     assert plain.reach == "complete" and [r["reach"] for r in simulation_dict(plain)["results"]] == ["complete"] * 2
     text = render_simulation_text_plain(plain, width=200)
     assert "none" in text and "past it" not in text
-    assert "reach: every recorded event replayed (the recording has no OOM)" in text
+    assert "replayed: every recorded event (the recording has no OOM)" in text

@@ -480,7 +480,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         console.print(table)
     if sim.recommendation:
         console.print(Text("★ recommended", style="dim"))
-    console.print(hang(sim_words.REACH[sim.reach].format(event=sim.recorded_oom_event), 0, "reach: ", style="dim"))
+    console.print(hang(sim_words.REACH[sim.reach].format(event=sim.recorded_oom_event), 0, "replayed: ", style="dim"))
     v = sim.self_replay.validation
     if v is not None:
         style = "green" if v.exact else "bold red"

@@ -38,12 +38,12 @@ INCOMPATIBILITIES = {
                                    "record_stream in every version (ProcessGroupNCCL.cpp pointToPoint)"),
 }
 
-#: how far a simulation's replays reach (``Simulation.reach``), said under its table
+#: how far a simulation's replays reach (``Simulation.reach``), said under its table after "replayed: "
 REACH = {
-    "complete": "every recorded event replayed (the recording has no OOM)",
-    "recorded": ("the recording ends at its OOM (event {event}); 'past it': a setting gets past that request, and "
-                 "what the job would have run after it was never recorded (oomdoctor diagnose replays the rest of "
-                 "the step as the previous step ran it)"),
+    "complete": "every recorded event (the recording has no OOM)",
+    "recorded": ("up to the recorded OOM (event {event}), where the recording ends; 'past it': a setting gets past "
+                 "that request, and what the job would have run after it was never recorded (oomdoctor diagnose "
+                 "replays the rest of the step as the previous step ran it)"),
 }
 
 #: the OOM column of a replay without OOM, by its reach
