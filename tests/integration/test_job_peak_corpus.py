@@ -94,7 +94,12 @@ def test_the_jobs_peak_exact_with_a_sidecar_and_unknown_without(tmp_path, name, 
             assert v.kind == "healthy" and v.evidence["peak_reserved_bytes"] == want_r
             assert v.headroom_bytes == r.fits.room_bytes - want_r
             assert v.evidence["window_peak_allocated_bytes"] == r.peak_allocated_bytes
-            assert "the window missed it" in jr["verdict"]["summary"]
+            # said as a miss only where the gap is material (issue 52: 29.70 vs 29.72 GiB is not), else beside it
+            material = want_a - r.peak_allocated_bytes >= max(0.01 * want_a, 64 * 2**20)
+            assert r.allocated_peak_missed_material is material
+            assert ("the window missed it" in jr["verdict"]["summary"]) is material
+            if not material:
+                assert f"(the job's; {_gib(r.peak_allocated_bytes)} in the recorded window)" in jr["verdict"]["summary"]
             # what fits is held to the job's peak
             assert r.fits.job_peak_reserved_bytes == want_r and r.fits.peak_source == "sidecar"
             assert r.fits.job_peak_scale_bound is not None

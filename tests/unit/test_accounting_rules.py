@@ -400,6 +400,11 @@ STACKS: dict[str, list[tuple[str, int, str]]] = {
     "cublas": [("", 0, "at::cuda::getCUDABlasLtWorkspace()"), ("/w/model.py", 22, "forward"), CALL, MAIN],
     "fwd_opt": [(f"{TORCH}/nn/functional.py", 5000, "normalize"), (f"{TORCH}/optim/optimizer.py", 533, "wrapper"),
                 MAIN],
+    # one line of model code reached from a pipeline schedule's warm-up loop and from its steady loop
+    "head_warmup": [("/w/model.py", 40, "forward"), CALL,
+                    (f"{TORCH}/distributed/pipelining/schedules.py", 873, "_step_microbatches"), MAIN],
+    "head_steady": [("/w/model.py", 40, "forward"), CALL,
+                    (f"{TORCH}/distributed/pipelining/schedules.py", 931, "_step_microbatches"), MAIN],
 }
 PHASE = {"s": SETUP_PHASE, "f": FORWARD_PHASE, "b": BACKWARD_PHASE, "o": OPTIMIZER_PHASE, "e": EVALUATION_PHASE,
          "x": OTHER_PHASE, "g": GENERATION_PHASE}
@@ -824,6 +829,19 @@ def test_micro_batches_in_flight_are_activations_whatever_their_sizes():
     got = accounted("sfffbbb", [blk("model3", 1, 4, req=100), blk("model3", 2, 5, req=200),
                                 blk("model3", 3, 6, req=300)], passes=[1, 2, 3])
     assert got == ["activations"] * 3
+
+
+def test_outputs_kept_from_two_call_paths_of_one_site_are_all_outputs():
+    """A pipeline's last stage keeps every micro-batch's logits until step() ends (issue 52): the first comes from
+    the schedule's warm-up loop, the others from its steady loop, so their stacks differ though their site (the
+    model's line) and their size are the same. All of them are outputs kept, the first too; a one-off block of
+    another size at that site stays a temporary."""
+    #                 0123456789
+    got = accounted("sfbfbfbfbf", [
+        blk("head_warmup", 1, req=500), blk("head_steady", 3, req=500), blk("head_steady", 5, req=500),
+        blk("head_steady", 7, req=500), blk("head_warmup", 1, req=300),
+    ], passes=[1, 3, 5, 7, 9])
+    assert got == ["outputs"] * 4 + ["temporaries"]
 
 
 def test_open_blocks_learn_only_from_blocks_of_the_passes():

@@ -253,7 +253,7 @@ def _flat(text: str) -> str:
 
 def test_the_readmes_quotes_are_what_the_commands_print(snapshots, capsys, monkeypatch):
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    quote = re.search(r'\("(simulated: with expandable_segments:True on rank 0: [^"]+)"\)', readme).group(1)
+    quote = re.search(r'\("(simulated: this recording replayed with expandable_segments:True on rank 0: [^"]+)"\)', readme).group(1)
     out, _ = _run(capsys, monkeypatch, ["diagnose", str(snapshots / "fragmentation-oom" / "default-oom.pickle")])
     said = re.sub(r"\s+", " ", _flat(out))
     assert quote in said, quote

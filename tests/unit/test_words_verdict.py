@@ -54,6 +54,13 @@ def test_healthy_window_missed_its_peaks():
     assert f"peak allocated {B(768 * MiB)} (the job's; the recorded window's peak was {B(700 * MiB)}: " in got
     got = said("healthy", ["room-unknown", "reserved-window-missed"], {**HEALTHY_EV, "peak_source": "memory-stats"})
     assert "PyTorch's counters, from the memory_stats file;" in got
+    # issue 52: a job's peak above the window's by less than the materiality rule's bytes is said beside it, not as
+    # a miss
+    got = said("healthy", ["room-unknown", "reserved-job-peak", "allocated-job-peak"])
+    assert (f"peak reserved {B(900 * MiB)} (the job's, PyTorch's counters, from the sidecar; {B(800 * MiB)} in the "
+            "recorded window)") in got
+    assert f"peak allocated {B(768 * MiB)} (the job's; {B(700 * MiB)} in the recorded window) in the forward phase" in got
+    assert "missed" not in got
     assert said("healthy", ["room-unknown", "peaks-before-window-unknown"]).endswith(
         " Peaks before the recorded window are not known (the trace starts after the job's first allocation and no "
         "sidecar holds PyTorch's counters): these are the window's, and the job's may be higher.")
@@ -181,7 +188,7 @@ def test_every_reason_is_said():
     # each id changes the words of some verdict: none is dead (the others: the tests above, kind by kind)
     base = {"healthy": ["room-known"], "capacity": ["live-tensors-exceed-room"]}
     for r in ("at-edge", "material-findings", "reserved-window-missed", "allocated-window-missed",
-              "peaks-before-window-unknown"):
+              "reserved-job-peak", "allocated-job-peak", "peaks-before-window-unknown"):
         assert said("healthy", [*base["healthy"], r]) != said("healthy", base["healthy"]), r
     for r in ("pipeline-in-flight", "kv-cache-named", "fit-micro-batch", "fit-batch-scale", "fit-lower-bound",
               "fit-estimate", "fit-not-said"):

@@ -20,7 +20,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
 
 1. ``recorded``: the sidecar's storages of parameters, gradients and optimizer state, noted by
    ``oomdoctor run`` at the end of the first optimizer steps and at every dump
-   (:mod:`oomdoctor.capture.facts`); the block that contained a storage then is that category.
+   (:mod:`oomdoctor.capture.facts`), and the workspaces ``oomdoctor preflight``'s tracer made (cuBLAS's, one per
+   thread, kept for good: :mod:`oomdoctor.preflight.snapshot`); the block that contained a storage then is that
+   category.
 2. ``trace``: the block's lifetime against the phases of :mod:`.phases` (born and freed where), and its
    allocation stack. A block born before the trace (a wrapped ring buffer) is placed by its allocation
    stack (the final segments keep it; a free event carries it under ``context="alloc"``) and by its
@@ -48,7 +50,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
      micro-batches in flight too); a KV cache when transformers' ``Cache`` code made it (a name rule), or
      when model code replaces it pass after pass by a larger one (a cache concatenated by hand); outputs
      when still allocated after the next pass began and no backward frees it (freed later, or one of
-     several such blocks of the same site: accumulation); communication for a collective's buffer; else
+     several such blocks of the same stack, or of the same site and size from different call paths, as a
+     pipeline schedule's warm-up and steady loops make them: accumulation); communication for a collective's
+     buffer; else
      temporaries;
    - still allocated when the trace ends inside its own pass (an OOM): what the same allocation became
      in the last finished pass; in a first pass with none before it, an activation when its site recurs
@@ -89,6 +93,7 @@ from .phases import (
     Phases,
     role_index,
 )
+from .sites import site_index
 
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
                                "communication", "outputs", "kv_cache", "workspaces", "weight_copy", "unknown")
@@ -357,7 +362,8 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
 
     # forward, evaluation, generation and other code run by a pass
     fw = np.isin(bp, PASS_PHASES + (OTHER_PHASE,)) & todo
-    _forward(cat, fw, b, d, dp, nxt, model, model_code, persistent, comm, lt, ph, n, pre, first_pass)
+    _forward(cat, fw, b, d, dp, nxt, model, model_code, persistent, comm, lt, ph, n, pre, first_pass,
+             site_index(trace).sites_of(lt.stack))
     todo &= ~fw
 
     # born before the trace where no stack says how: only the lifetime speaks; what lives through a whole
@@ -431,9 +437,10 @@ def _frozen(cand: np.ndarray, construct: np.ndarray, stack: np.ndarray, requeste
 
 def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: np.ndarray, nxt: np.ndarray,
              model: np.ndarray, model_code: np.ndarray, persistent: np.ndarray, comm: np.ndarray, lt: Lifetimes,
-             ph: Phases, n: int, pre: np.ndarray, first_pass: int) -> None:
+             ph: Phases, n: int, pre: np.ndarray, first_pass: int, site: np.ndarray) -> None:
     """Categories of the rows ``fw`` (born in a pass, or before the trace by pass code; ``nxt``: the first
-    pass beginning after each row was born). Mutates ``cat``."""
+    pass beginning after each row was born; ``site``: each row's allocation site, :mod:`.sites`). Mutates
+    ``cat``."""
     if not fw.any():
         return
     stack = lt.stack
@@ -485,8 +492,15 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
         idx = np.flatnonzero(pk)
         k_idx = np.flatnonzero(kept)
         pairs = distinct_columns(np.stack([stack[k_idx], bpass[k_idx]]))
-        site, count = np.unique(pairs[0], return_counts=True)
-        repeated = np.isin(stack[idx], site[count >= 2])
+        kept_stack, count = np.unique(pairs[0], return_counts=True)
+        repeated = np.isin(stack[idx], kept_stack[count >= 2])
+        # or one line of model code keeping blocks of one size from several passes, reached from different call
+        # paths (a pipeline schedule's warm-up and steady loops append every micro-batch's output to one list):
+        # the key of pipeline-output-cache's signature, a site and a requested size
+        key = _row_ids(site, lt.requested)
+        pairs = distinct_columns(np.stack([key[k_idx], bpass[k_idx]]))
+        kept_key, count = np.unique(pairs[0], return_counts=True)
+        repeated |= np.isin(key[idx], kept_key[count >= 2])
         out[idx[repeated]] = True
         one = idx[~repeated]
         cat[one] = np.where(comm[one], COMMUNICATION, TEMPORARIES)
@@ -673,7 +687,8 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     return fate.astype(np.int8), matched
 
 
-_FACT_CATEGORY = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_state": OPTIMIZER_STATE}
+_FACT_CATEGORY = {"workspaces": WORKSPACES, "parameters": PARAMETERS, "gradients": GRADIENTS,
+                  "optimizer_state": OPTIMIZER_STATE}
 
 
 def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, src: np.ndarray) -> None:
@@ -695,7 +710,7 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
             continue
         order = alive[np.argsort(lt.addr[alive], kind="stable")]
         lo, hi = lt.addr[order], lt.addr[order] + lt.size[order]
-        for kind in ("gradients", "optimizer_state", "parameters"):  # later kinds win a shared block
+        for kind in ("workspaces", "gradients", "optimizer_state", "parameters"):  # later kinds win a shared block
             ptrs = np.array([p[0] for p in rec.get(kind, [])], dtype=object)
             ptrs = ptrs[(ptrs >= 0) & (ptrs < 1 << 63)].astype(np.int64) if ptrs.size else np.zeros(0, np.int64)
             j = np.searchsorted(lo, ptrs, side="right") - 1

@@ -19,6 +19,9 @@ read through their local shard. Sidecar form (bytes, µs since the Unix epoch)::
                  "gradients": [[data_ptr, nbytes], ...],
                  "optimizer_state": [[data_ptr, nbytes], ...]}, ...,
                 {"step": n, "time_us": t_dump, "at": "dump", ...}]
+
+``oomdoctor preflight``'s sidecars add ``"workspaces": [[data_ptr, nbytes], ...]`` to each record: the cuBLAS
+workspaces its tracer made (:func:`oomdoctor.preflight.snapshot.tensor_facts`).
 """
 
 from __future__ import annotations

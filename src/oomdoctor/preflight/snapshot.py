@@ -73,6 +73,17 @@ def snapshot_dict(record: TraceRecord) -> dict[str, Any]:
             "external_annotations": []}
 
 
+def tensor_facts(record: TraceRecord) -> list[dict[str, Any]]:
+    """The sidecar's ``tensors`` records (:mod:`oomdoctor.capture.facts`): the tracer's notes of parameters, gradients
+    and optimizer state, each with ``workspaces``: the kernel buffers the tracer made through the allocator before
+    the note and keeps for good (cuBLAS's workspace of each thread, ``TraceRecord.extra_allocations``), as
+    ``[[addr, bytes], ...]``. The accounting places them from these facts: the autograd engine's workspace has a
+    weight's size when a weight is 32 MiB, and its lifetime alone reads as a gradient's (issue 52)."""
+    born = {e["addr"]: e["time_us"] for e in record.events if e["action"] == "alloc"}
+    kept = [(born[k["addr"]], k["addr"], k["bytes"]) for k in record.extra_allocations if k["addr"] in born]
+    return [{**rec, "workspaces": sorted([a, n] for t, a, n in kept if t <= rec["time_us"])} for rec in record.tensors]
+
+
 def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int | None, torch_version: str,
             micro_batch: int | None, job: dict[str, Any]) -> dict[str, Any]:
     """The sidecar of a traced snapshot (:mod:`oomdoctor.capture.metadata` keys, plus ``preflight``)."""
@@ -83,7 +94,7 @@ def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int |
         "nccl_version": None, "device": 0, "gpu_name": gpu_name, "gpu_total_memory_bytes": gpu_total_bytes,
         "memory_fraction": None, "memory_cap_bytes": None, "env": {},
         "recording": {"max_entries": None, "stacks": "python", "context": "alloc", "steps": None},
-        "tensors": record.tensors,
+        "tensors": tensor_facts(record),
         "step_markers": place_markers(record.step_markers, times),
         "phase_markers": place_markers(record.phase_markers, times),
         "micro_batch": micro_batch, "oom": None,

@@ -54,8 +54,17 @@ def format_us(us: int | float) -> str:
     return format_duration_us(us)
 
 
+def format_list(items: Any) -> str:
+    """``[0, 3, 6, 9]`` -> ``"0, 3, 6 and 9"``; one item alone; ``""`` for none; more than eight as the first three
+    and the last two (``"0, 3, 6, …, 27 and 30"``)."""
+    words = [str(x) for x in items]
+    if len(words) > 8:
+        words = words[:3] + ["…"] + words[-2:]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1] if words else ""
+
+
 class _EvidenceFormatter(string.Formatter):
-    """``{key:bytes}`` and ``{key:us}`` formats; a key the evidence lacks is kept visible as ``{key}`` (or raises
+    """``{key:bytes}``, ``{key:us}`` and ``{key:list}`` formats; a key the evidence lacks is kept visible as ``{key}`` (or raises
     :class:`KeyError` when ``strict``)."""
 
     def __init__(self, strict: bool) -> None:
@@ -77,6 +86,8 @@ class _EvidenceFormatter(string.Formatter):
             return format_bytes(value)
         if format_spec == "us":
             return format_us(value)
+        if format_spec == "list":
+            return format_list(value)
         return super().format_field(value, format_spec)
 
 
@@ -90,7 +101,7 @@ STRICT_ENV = "OOMDOCTOR_STRICT_TEMPLATES"
 
 
 def fill(template: str, evidence: Mapping[str, Any]) -> str:
-    """Fill ``{key}``, ``{key:bytes}``, ``{key:us}``, ``{key[sub]}`` from ``evidence``. A key the evidence lacks
+    """Fill ``{key}``, ``{key:bytes}``, ``{key:us}``, ``{key:list}``, ``{key[sub]}`` from ``evidence``. A key the evidence lacks
     stays visible as ``{key}`` and the rest is filled; with ``OOMDOCTOR_STRICT_TEMPLATES=1`` it raises.
 
     Raises:

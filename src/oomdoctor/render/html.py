@@ -132,8 +132,11 @@ def render_diff_html(diff: Diff, visual: DiffVisual) -> str:
 
 def render_simulation_html(sim: Simulation) -> str:
     """``oomdoctor simulate``'s result as one HTML page (the JSON contract's numbers in a table)."""
+    from .words import simulate as sim_words
+
     return _environment().get_template("simulation.html.j2").render(
-        title="oomdoctor simulate", sim=simulation_dict(sim), data={"views": {}}, version=__version__)
+        title="oomdoctor simulate", sim=simulation_dict(sim), data={"views": {}}, version=__version__,
+        no_oom=sim_words.NO_OOM[sim.reach], reach=sim_words.REACH[sim.reach].format(event=sim.recorded_oom_event))
 
 
 def embed(page: str, height_px: int = 720) -> str:

@@ -211,13 +211,14 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
     return Group(*out)
 
 
-def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
-    """After a window's peak: the job's own where the window missed it (issue 41)."""
+def _job_peak_words(r: RankSummary, job: int | None, missed: bool, material: bool) -> str:
+    """After a window's peak: the job's own where it is above (issue 41), said as a miss where the gap is material
+    (issue 52)."""
     if not missed or job is None:
         return ""
     src = "the sidecar" if r.peak_source == "sidecar" else "a memory_stats file"
-    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src}): the window "
-            "missed it")
+    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src})"
+            + (": the window missed it" if material else ""))
 
 
 def _timeline(r: RankSummary) -> Group:
@@ -239,11 +240,13 @@ def _timeline(r: RankSummary) -> Group:
     text.append("\n  reserved  ")
     text.append(sparkline(r.series.get("reserved", []), top), style="magenta")
     text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed), style="bold")
+    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed, r.reserved_peak_missed_material),
+                style="bold")
     text.append("\n  allocated ")
     text.append(sparkline(r.series.get("allocated", []), top), style="green")
     text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed), style="bold")
+    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed,
+                                r.allocated_peak_missed_material), style="bold")
     out: list = [text]
     if r.peak_source == "unknown-before-window":
         out.append(hang("peaks before the recorded window are not known: the trace starts after the job's first "
@@ -267,8 +270,11 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {predict_words.outcome(p)}. "
-            f"Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    # this recording's own events (a fix's words may cite other runs, measured: issue 52)
+    held = (", its deferred frees held as long as they were"
+            if p["deferred_frees"] == "recorded" and p.get("recorded_deferred_frees") else "")
+    text = (f"this recording replayed with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}{held}: "
+            f"{predict_words.outcome(p)}. Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"
     text += "."
@@ -433,9 +439,9 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
             console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
 
 
-def _oom_text(oom) -> Text:
+def _oom_text(oom, reach: str = "complete") -> Text:
     if oom is None:
-        return Text("none", style="green")
+        return Text(sim_words.NO_OOM[reach], style="green")
     return Text(f"at {oom.event_index}", style="bold red")
 
 
@@ -503,11 +509,13 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
             table.add_column(col, justify="right" if col.startswith("peak") else "left", no_wrap=True)
         for r in rows:
             cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", _one_a_line(str(r.config))),
-                     format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes), _oom_text(r.oom)]
+                     format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes),
+                     _oom_text(r.oom, sim.reach)]
             table.add_row(*cells, *((_matches_text(r.matches_recorded),) if checked else ()))
         console.print(table)
     if sim.recommendation:
         console.print(Text("★ recommended", style="dim"))
+    console.print(hang(sim_words.REACH[sim.reach].format(event=sim.recorded_oom_event), 0, "replayed: ", style="dim"))
     v = sim.self_replay.validation
     if v is not None:
         style = "green" if v.exact else "bold red"
@@ -531,7 +539,8 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
         reason = sim_words.REASONS[rec.reason]
-        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. "
+        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, "
+                    f"{'gets past the recorded OOM' if sim.reach == 'recorded' else 'no OOM'}. "
                     f"{reason[:1].upper()}{reason[1:]}.")
         parts: list = [body]
         if sim.search_wall_s is not None:
@@ -611,24 +620,26 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         console.print(Text("No finding in either run.", style="green"))
     for f in diff.findings:
         line = Text()
+        ranks = f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}"
+        saved = (f"the same blocks as {f.same_bytes_as}, whose saving it is" if f.same_bytes_as else
+                 f"peak reserved saved on {ranks}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         if f.status == "resolved":
-            line.append(f"{format_bytes(f.before_bytes)} at stake before; its share of the peak reserved saved on "
-                        f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+            line.append(f"{format_bytes(f.before_bytes)} at stake before; {saved}")
         elif f.status == "new":
             line.append(f"{format_bytes(f.after_bytes)} at stake on rank{'s' if len(f.after_ranks) > 1 else ''} {','.join(map(str, f.after_ranks))}")
         else:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
-                line.append(f"; its share of the peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+                line.append(f"; {saved}")
         console.print(hang(line, 0, Text.assemble((f"{f.status:>9} ", _STATUS_STYLE[f.status]), f"[{f.id}] ")))
     for r in diff.ranks:
         if not r.sites:
             continue
         console.print(Text(f"rank {r.rank}: sites whose bytes at peak reserved moved", style="italic"))
-        rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.delta_bytes), x.label)
+        rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.saved_bytes), x.label)
                 for x in r.sites]
         st = _fitted_table(rows, console.width, justify=("right", "right", "right", "left"),
-                           headers=("before", "after", "change", "site"))
+                           headers=("before", "after", "saved", "site"))
         console.print(st)
 
 

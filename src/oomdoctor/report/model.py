@@ -174,6 +174,11 @@ class RankSummary:
     """the job's peak allocated is above the recorded window's by more than 2 MiB: the ring buffer dropped it"""
     reserved_peak_missed: bool = False
     """the same for the peak reserved"""
+    allocated_peak_missed_material: bool = False
+    """allocated_peak_missed by a gap worth saying: at least 1% of the job's peak and 64 MiB, the materiality rule's
+    defaults (below, the job's peak is said beside the window's, not as a miss)"""
+    reserved_peak_missed_material: bool = False
+    """the same for the peak reserved"""
     #: the allocator's own ``num_alloc_retries`` / ``num_ooms`` (since the process started); None without counters
     alloc_retries: int | None = None
     """the allocator's own num_alloc_retries (cudaMalloc failed, cache freed, retried; an OOM counts one too),

@@ -77,6 +77,9 @@ class Prediction(TypedDict):
     """the allocator setting replayed (PYTORCH_ALLOC_CONF text; '' for the defaults)"""
     deferred_frees: str
     """'recorded' (frees held for other streams as recorded) or 'immediate'"""
+    recorded_deferred_frees: bool
+    """the recording has frees deferred by record_stream: a 'recorded' replay holds each as long as this run did
+    (another run's may wait longer or shorter)"""
     peak_reserved_bytes: int
     """the replay's peak reserved (bytes)"""
     recorded_peak_reserved_bytes: int
@@ -193,6 +196,7 @@ class Predictor:
             "rank": self.analysis.rank,
             "config": config.to_string(),
             "deferred_frees": mode,
+            "recorded_deferred_frees": bool(self.analysis.lifetimes.deferred.any()),
             "peak_reserved_bytes": r.peak_reserved_bytes,
             "recorded_peak_reserved_bytes": int(peak),
             "oom": None if r.oom is None else {"event_index": r.oom.event_index,

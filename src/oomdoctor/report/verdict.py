@@ -73,8 +73,11 @@ REASONS = {
     # healthy, with history
     "room-known": "the room the allocator could use is known: the headroom is stated",
     "room-unknown": "the GPU's size is not recorded (healthy), or at an OOM capacity cannot be told from fragmentation",
-    "reserved-window-missed": "the job's peak reserved (PyTorch's counters) is above the recorded window's",
-    "allocated-window-missed": "the job's peak allocated is above the recorded window's",
+    "reserved-window-missed": "the job's peak reserved (PyTorch's counters) is above the recorded window's by a "
+                              "material gap (analysis/jobpeak.py MISS_SAID_BYTES)",
+    "allocated-window-missed": "the job's peak allocated is above the recorded window's by a material gap",
+    "reserved-job-peak": "the job's peak reserved is above the recorded window's by less: said beside it, no miss",
+    "allocated-job-peak": "the job's peak allocated is above the recorded window's by less: said beside it",
     "peaks-before-window-unknown": "the trace starts after the job's first allocation and nothing says the peaks before",
     "at-edge": "healthy with less than EDGE_FRACTION of the room left",
     "kv-cache-named": "the KV cache holds at least KV_CACHE_FRACTION of the allocated bytes",
@@ -225,10 +228,14 @@ def peak_evidence(jp: JobPeak) -> dict[str, Any]:
 
 
 def _peak_reasons(jp: JobPeak) -> list[str]:
-    """The reasons of a healthy verdict about its peaks: the window's peak is named where the job's is above it, and
-    peaks before the window are said to be unknown where nothing says them (issue 41)."""
-    return ([*(["reserved-window-missed"] if jp.reserved_missed else []),
-             *(["allocated-window-missed"] if jp.allocated_missed else []),
+    """The reasons of a healthy verdict about its peaks: the window's peak is named where the job's is above it, as a
+    miss where the gap is material (issue 52), and peaks before the window are said to be unknown where nothing says
+    them (issue 41)."""
+    def said(missed: bool, material: bool, what: str) -> list[str]:
+        return [f"{what}-window-missed" if material else f"{what}-job-peak"] if missed else []
+
+    return ([*said(jp.reserved_missed, jp.reserved_missed_material, "reserved"),
+             *said(jp.allocated_missed, jp.allocated_missed_material, "allocated"),
              *(["peaks-before-window-unknown"] if jp.source == "unknown-before-window" else [])])
 
 

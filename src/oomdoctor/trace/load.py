@@ -274,7 +274,7 @@ def _drop_malformed(trace: Trace) -> None:
     recs = meta.get("tensors")
     if recs is not None and not (isinstance(recs, list) and all(
             isinstance(r, dict) and _is_int(r.get("time_us"))
-            and all(_storage_list(r.get(k, [])) for k in ("parameters", "gradients", "optimizer_state"))
+            and all(_storage_list(r.get(k, [])) for k in ("parameters", "gradients", "optimizer_state", "workspaces"))
             for r in recs)):
         bad.append("tensors")
     marks = meta.get("phase_markers")

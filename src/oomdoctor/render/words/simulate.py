@@ -1,6 +1,6 @@
 """The words of a simulation (:class:`oomdoctor.simulate.whatif.Simulation`): why a setting is recommended
-(``RECOMMENDATION_REASONS``), what it does not mix with (``INCOMPATIBILITIES``, each with its source) and what a
-search says of itself (``SIMULATION_NOTES``). The JSON writes these words where the ids are, as it always has."""
+(``RECOMMENDATION_REASONS``), what it does not mix with (``INCOMPATIBILITIES``, each with its source), what a
+search says of itself (``SIMULATION_NOTES``) and how far its replays reach (``REACH``, ``NO_OOM``). The JSON writes these words where the ids are, as it always has."""
 
 from __future__ import annotations
 
@@ -40,6 +40,17 @@ INCOMPATIBILITIES = {
                                    "from record_stream-ing their tensors; point-to-point isend/irecv still "
                                    "record_stream in every version (ProcessGroupNCCL.cpp pointToPoint)"),
 }
+
+#: how far a simulation's replays reach (``Simulation.reach``), said under its table after "replayed: "
+REACH = {
+    "complete": "every recorded event (the recording has no OOM)",
+    "recorded": ("up to the recorded OOM (event {event}), where the recording ends; 'past it': a setting gets past "
+                 "that request, and what the job would have run after it was never recorded (oomdoctor diagnose "
+                 "replays the rest of the step as the previous step ran it)"),
+}
+
+#: the OOM column of a replay without OOM, by its reach
+NO_OOM = {"complete": "none", "recorded": "past it"}
 
 NOTES = {
     "no-deferred-frees": "the trace has no deferred frees, so immediate-free replays were not needed",

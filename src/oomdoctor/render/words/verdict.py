@@ -44,9 +44,13 @@ def _peak_words(r: set[str], ev: dict[str, Any]) -> tuple[str, str, str]:
     counters = "PyTorch's counters" + (", from the sidecar" if ev.get("peak_source") == "sidecar" else
                                        ", from the memory_stats file")
     reserved = (f" (the job's, {counters}; the recorded window's peak was {{window_peak_reserved_bytes:bytes}}: "
-                "the window missed it)") if "reserved-window-missed" in r else ""
+                "the window missed it)" if "reserved-window-missed" in r else
+                f" (the job's, {counters}; {{window_peak_reserved_bytes:bytes}} in the recorded window)"
+                if "reserved-job-peak" in r else "")
     allocated = (" (the job's; the recorded window's peak was {window_peak_allocated_bytes:bytes}: the window missed "
-                 "it)") if "allocated-window-missed" in r else " in the {phase} phase"
+                 "it)" if "allocated-window-missed" in r else
+                 " (the job's; {window_peak_allocated_bytes:bytes} in the recorded window) in the {phase} phase"
+                 if "allocated-job-peak" in r else " in the {phase} phase")
     unknown = (" Peaks before the recorded window are not known (the trace starts after the job's first allocation "
                "and no sidecar holds PyTorch's counters): these are the window's, and the job's may be higher."
                if "peaks-before-window-unknown" in r else "")
