@@ -112,7 +112,7 @@ def test_the_models_are_noted_at_the_first_step_with_their_class_and_parts(recor
     t = load(recorder.written[0])
     first, dump = t.meta["modules"]
     assert first["step"] == 0 and "at" not in first and dump["at"] == "dump"
-    roots = {tuple(tuple(x[:2]) for x in r["parameters"] + r["frozen"]): r for r in first["roots"]}
+    roots = {tuple(tuple(x[:2]) for x in r["parameters"] + r["untouched"] + r["frozen"]): r for r in first["roots"]}
 
     def root_of(module):
         key = tuple(tuple(s) for s in sorted(storages(module.parameters())))
@@ -123,15 +123,23 @@ def test_the_models_are_noted_at_the_first_step_with_their_class_and_parts(recor
     assert s["parts"] == [["0", "torch.nn.modules.linear.Linear"], ["1", "torch.nn.modules.batchnorm.BatchNorm1d"],
                           ["2", "torch.nn.modules.linear.Linear"]]
     assert [x[:2] for x in te["frozen"]] == storages(teacher.parameters()) and te["parameters"] == []
-    assert [x[:2] for x in em["parameters"]] == storages(ema.parameters()) and em["frozen"] == []
+    # the copy requires gradients but never had one: untouched; the student's have theirs, noted with them
+    assert [x[:2] for x in em["untouched"]] == storages(ema.parameters()) and em["frozen"] == em["parameters"] == []
+    assert sorted(x[1] for x in s["gradients"]) == sorted(x[1] for x in storages(student.parameters()))
+    assert not {tuple(x[:2]) for x in s["gradients"]} & {tuple(x) for x in storages(student.parameters())}
     # BatchNorm's running statistics are buffers of part 1, in both the student and its copy
     bn = student[1]
     assert sorted(x[:2] for x in s["buffers"]) == storages([bn.running_mean, bn.running_var, bn.num_batches_tracked])
     assert {x[2] for x in s["buffers"]} == {1}
     assert {x[2] for x in s["parameters"]} == {0, 1, 2}
-    # the dump notes the same roots again (still alive): the same storages
-    assert [r for r in dump["roots"] if r["class"] == s["class"]] == \
-        [r for r in first["roots"] if r["class"] == s["class"]]
+    # the dump notes the same roots again (still alive): the same storages; the student's gradients are gone
+    # (zero_grad), so its parameters are untouched there
+    def held(rec):
+        return sorted(tuple(x) for r in rec["roots"] for k in ("parameters", "untouched", "frozen", "buffers")
+                      for x in r[k])
+    assert held(dump) == held(first)
+    d_student = next(r for r in dump["roots"] if r["parts"] == s["parts"] and r["buffers"] == s["buffers"])
+    assert d_student["parameters"] == d_student["gradients"] == [] and d_student["untouched"] == s["parameters"]
 
 
 class MoCo(nn.Module):
@@ -151,7 +159,7 @@ def test_a_momentum_encoder_and_a_registered_queue_are_told_apart_by_part():
     assert rec["class"].endswith("test_capture_models.MoCo")
     assert rec["parts"] == [["encoder_q", "torch.nn.modules.container.Sequential"],
                             ["encoder_k", "torch.nn.modules.container.Sequential"]]
-    assert {x[2] for x in rec["parameters"]} == {0} and {x[2] for x in rec["frozen"]} == {1}
+    assert {x[2] for x in rec["untouched"]} == {0} and {x[2] for x in rec["frozen"]} == {1}  # no backward yet
     assert rec["buffers"] == [[*storages([moco.queue])[0], -1]]  # the root's own buffer
     # a storage held by two roots is listed once, under the first
     other = nn.Sequential(moco.encoder_q)
@@ -204,3 +212,16 @@ def test_a_sidecar_whose_modules_are_malformed_loads_without_them(tmp_path):
     meta["modules"][0]["roots"][0]["parameters"] = [[1, 2, -1]]
     (tmp_path / "rank0.meta.json").write_text(json.dumps(meta))
     assert load(str(path)).meta["modules"][0]["roots"][0]["parameters"] == [[1, 2, -1]]
+
+
+@pytest.mark.parametrize("value", [
+    {"tensors": [{"parameters": [[140737488355328, 4096], [140737488359424, 512]], "time_us": 1}]},
+    {"s": "a [\n 1,\n 2\n ] inside a string", "n": [[1, -2, 3]], "f": [1.5, 2], "e": [], "nested": [[[1, 2]]]},
+])
+def test_the_sidecar_puts_each_storage_on_one_line_and_keeps_the_value(value):
+    from oomdoctor.capture.files import json_bytes, sidecar_json_bytes
+
+    data = sidecar_json_bytes(value)
+    assert json.loads(data) == value
+    assert len(data) < len(json_bytes(value))
+    assert b"[140737488355328, 4096]" in data or b"[1, -2, 3]" in data

@@ -33,9 +33,15 @@ buffers, by walking the ``_modules`` / ``_parameters`` / ``_buffers`` dicts them
 
     "modules": [{"step": 1, "time_us": t, "at"?: "dump",
                  "roots": [{"class": "pkg.module.Class", "parts": [["encoder_k", "torch.nn...Sequential"], ...],
-                            "parameters": [[data_ptr, nbytes, part], ...],   # requires_grad
+                            "parameters": [[data_ptr, nbytes, part], ...],   # requires_grad, with a .grad
+                            "gradients": [[data_ptr, nbytes, part], ...],    # those .grad
+                            "untouched": [[data_ptr, nbytes, part], ...],    # requires_grad, no .grad
                             "frozen": [[data_ptr, nbytes, part], ...],       # requires_grad=False
                             "buffers": [[data_ptr, nbytes, part], ...]}]}]  # register_buffer
+
+A parameter that requires gradients but had none when noted is ``untouched``: an EMA copy made by ``deepcopy``
+(never in a loss), or a trained one whose gradients were already cleared; the accounting counts it as a copy only
+when no optimizer steps it and no record saw it with a gradient.
 
 ``part`` indexes ``parts`` (the root's direct children, by name and class path), -1 for the root's own. A storage
 shared by two roots (a tied weight, a module in two containers) is listed under the first root that holds it.
@@ -50,6 +56,8 @@ FACT_STEPS = 2
 ``exp_avg``/``exp_avg_sq``), the second shows it settled."""
 
 KINDS = ("parameters", "gradients", "optimizer_state")
+MODULE_KINDS = ("parameters", "gradients", "untouched", "frozen", "buffers")
+"""The lists of a root module's record (see the module doc)."""
 
 
 HOST = "cpu"
@@ -137,7 +145,7 @@ def module_record(roots: list[Any], device: int | str, seen: set[tuple[int, int]
     for root in roots:
         parts = _children(root)
         rec: dict[str, Any] = {"class": class_path(root), "parts": [[n, class_path(c)] for n, c in parts],
-                               "parameters": [], "frozen": [], "buffers": []}
+                               **{k: [] for k in MODULE_KINDS}}
         for part, top in [(-1, root)] + [(i, c) for i, (_n, c) in enumerate(parts)]:
             stack, visited = [top], set()
             while stack:
@@ -151,7 +159,14 @@ def module_record(roots: list[Any], device: int | str, seen: set[tuple[int, int]
                     s = _storage(p, device)
                     if s is not None and s not in seen:
                         seen.add(s)
-                        rec["parameters" if getattr(p, "requires_grad", False) else "frozen"].append([*s, part])
+                        g = getattr(p, "grad", None) if getattr(p, "requires_grad", False) else None
+                        gs = _storage(g, device) if g is not None else None
+                        kind = ("parameters" if gs is not None else "untouched") if getattr(
+                            p, "requires_grad", False) else "frozen"
+                        rec[kind].append([*s, part])
+                        if gs is not None and gs not in seen:
+                            seen.add(gs)
+                            rec["gradients"].append([*gs, part])
                 for b in _own(m, "_buffers"):
                     s = _storage(b, device)
                     if s is not None and s not in seen:
@@ -159,8 +174,8 @@ def module_record(roots: list[Any], device: int | str, seen: set[tuple[int, int]
                         rec["buffers"].append([*s, part])
                 if part != -1:
                     stack.extend(c for _n, c in _children(m))
-        if rec["parameters"] or rec["frozen"] or rec["buffers"]:
-            for k in ("parameters", "frozen", "buffers"):
+        if any(rec[k] for k in MODULE_KINDS):
+            for k in MODULE_KINDS:
                 rec[k].sort()
             out.append(rec)
     return out

@@ -20,7 +20,8 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
                                   # per device recorded, read right after _snapshot() (see device_counters)
      "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state",
                   "optimizer"?, "class"?, "at"?, "optimizers"?}],  # .facts: per optimizer and step, + each dump
-     "modules": [{"step", "time_us", "at"?, "roots": [{"class", "parts", "parameters", "frozen", "buffers"}]}],
+     "modules": [{"step", "time_us", "at"?, "roots": [{"class", "parts", "parameters", "gradients", "untouched", "frozen",
+                                                 "buffers"}]}],
                                   # .facts: every root module's parameters and buffers at the first step, + each dump
      "step_markers": [{"step", "time_us", "event_index"}],  # start of each step
      "phase_markers": [{"phase", "time_us", "event_index"}],  # from then on: train | optimizer | evaluation

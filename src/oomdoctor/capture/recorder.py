@@ -54,6 +54,7 @@ from .files import (
     atomic_write_json,
     ensure_writable,
     sidecar_for,
+    sidecar_json_bytes,
     snapshot_name,
 )
 from .metadata import (
@@ -703,7 +704,7 @@ class Recorder:
             t2 = time.perf_counter()
             meta = self.metadata(snap, kind, oom, facts, counters, modules)
             meta["dump"] = {"snapshot_s": round(t1 - t0, 4), "pickle_and_write_s": round(t2 - t1, 4)}
-            atomic_write_json(sidecar_for(path), meta)
+            atomic_write_bytes(sidecar_for(path), sidecar_json_bytes(meta))
         except Exception as e:  # noqa: BLE001 - disk full, permissions: training goes on
             self._failed("writing a snapshot", e, where=path)
             return None, None

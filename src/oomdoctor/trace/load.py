@@ -260,8 +260,8 @@ def _drop_malformed(trace: Trace) -> None:
     itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
     ``device`` and non-negative integers or nulls, :func:`oomdoctor.capture.metadata.device_counters`), ``tensors`` (records of an integer
     ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`), ``modules`` (records of an
-    integer ``time_us`` and ``roots`` whose ``parameters`` / ``frozen`` / ``buffers`` are ``[data_ptr, nbytes, part]``
-    integer triples),
+    integer ``time_us`` and ``roots`` whose ``parameters`` / ``gradients`` / ``untouched`` / ``frozen`` / ``buffers``
+    are ``[data_ptr, nbytes, part]`` integer triples),
     ``phase_markers`` / ``step_markers`` (objects with an integer ``time_us``, phases a string ``phase``),
     ``memory_fraction`` (a number in [0, 1]), and the fields of :data:`_INT_FIELDS` (non-negative
     integers), :data:`_DICT_FIELDS` (objects) and :data:`_STR_FIELDS` (strings). A wrong ``rank`` falls back
@@ -287,7 +287,8 @@ def _drop_malformed(trace: Trace) -> None:
     if mods is not None and not (isinstance(mods, list) and all(
             isinstance(r, dict) and _is_int(r.get("time_us")) and isinstance(r.get("roots"), list) and all(
                 isinstance(root, dict) and isinstance(root.get("class", ""), str)
-                and all(_part_list(root.get(k, [])) for k in ("parameters", "frozen", "buffers"))
+                and all(_part_list(root.get(k, [])) for k in ("parameters", "gradients", "untouched", "frozen",
+                                                               "buffers"))
                 for root in r["roots"]) for r in mods)):
         bad.append("modules")
     marks = meta.get("phase_markers")
