@@ -324,7 +324,8 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         evidence |= ~pre & (ph.source[np.clip(b, 0, n - 1)] != INFERRED)
     state_like = (((bp == OPTIMIZER_PHASE) & evidence) | (gap & ~model_code)) & outlives_pass & ~comm
     regrown = (bp == BACKWARD_PHASE) & engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
-    trainable_sizes = np.union1d(_recorded_trained_sizes(trace), distinct(lt.requested[state_like | regrown]))
+    # (np.union1d would import numpy.ma: tests/unit/test_startup.py)
+    trainable_sizes = distinct(np.concatenate([_recorded_trained_sizes(trace), lt.requested[state_like | regrown]]))
     trainable = np.isin(lt.requested, trainable_sizes) if trainable_sizes.size else np.ones(rows, bool)
     trained = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end)) & trainable
     has_gradient = np.isin(lt.requested, distinct(lt.requested[trained]))
