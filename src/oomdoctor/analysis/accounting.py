@@ -324,8 +324,16 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         evidence |= ~pre & (ph.source[np.clip(b, 0, n - 1)] != INFERRED)
     state_like = (((bp == OPTIMIZER_PHASE) & evidence) | (gap & ~model_code)) & outlives_pass & ~comm
     regrown = (bp == BACKWARD_PHASE) & engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
+    # ... and a backward's block a step found alive that the next backward replaced (FSDP1's sharded gradient of a
+    # flat parameter, whose optimizer state is per original parameter, of other sizes), or that never goes and
+    # lived through two steps (zero_grad(set_to_none=False) keeps each .grad): a leaf's .grad that the next
+    # forward replaces (LoRA) is neither
+    replaced = (bp == BACKWARD_PHASE) & ~persistent & alive_at_step & (dp == BACKWARD_PHASE) & (d > s)
+    kept_two = (bp == BACKWARD_PHASE) & engine & persistent & (s_opt.size >= 2) & (
+        b < (s_opt[-2] if s_opt.size >= 2 else -1))
     # (np.union1d would import numpy.ma: tests/unit/test_startup.py)
-    trainable_sizes = distinct(np.concatenate([_recorded_trained_sizes(trace), lt.requested[state_like | regrown]]))
+    trainable_sizes = distinct(np.concatenate([_recorded_trained_sizes(trace),
+                                               lt.requested[state_like | regrown | replaced | kept_two]]))
     trainable = np.isin(lt.requested, trainable_sizes) if trainable_sizes.size else np.ones(rows, bool)
     trained = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end)) & trainable
     has_gradient = np.isin(lt.requested, distinct(lt.requested[trained]))
