@@ -26,7 +26,7 @@ from types import SimpleNamespace
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-from oomdoctor.capture.facts import FACT_STEPS, module_roots  # noqa: E402
+from oomdoctor.capture.facts import FACT_STEPS, MODULE_KINDS, module_roots  # noqa: E402
 from oomdoctor.capture.files import json_bytes, sidecar_json_bytes  # noqa: E402
 from oomdoctor.capture.recorder import Recorder  # noqa: E402
 
@@ -182,13 +182,18 @@ def write(name: str, roots: list, optimizers: list, alloc, out_dir: str) -> dict
     meta = rec.metadata(None, "final", None, rec._dump_facts(), [], rec._dump_modules())
     data = sidecar_json_bytes(meta)  # what the recorder writes
     indented = json_bytes(meta)  # one number a line, as sidecars were written before
+    # what the recorder wrote before issue 54: no modules, step records without optimizer and class, one number a line
+    before = {k: v for k, v in meta.items() if k != "modules"}
+    before["tensors"] = [{k: v for k, v in r.items() if k not in ("optimizer", "class", "optimizers")}
+                         for r in meta["tensors"]]
+    old_bytes = len(json_bytes(before))
     counts = {"storages_noted": sum(len(r[k]) for r in meta["tensors"] for k in ("parameters", "gradients",
                                                                                  "optimizer_state"))
-              + sum(len(root[k]) for m in meta["modules"] for root in m["roots"] for k in ("parameters", "frozen",
-                                                                                             "buffers"))}
+              + sum(len(root[k]) for m in meta["modules"] for root in m["roots"] for k in MODULE_KINDS)}
     parts = {k: len(sidecar_json_bytes(meta[k])) for k in ("tensors", "modules")}
     return {"job": name, "optimizers": len(optimizers), "parameter_tensors": sum(
         len(o.param_groups[0]["params"]) for o in optimizers), **counts, "sidecar_bytes": len(data), "one_number_a_line_bytes": len(indented),
+        "before_issue54_bytes": old_bytes,
         "tensors_bytes": parts["tensors"], "modules_bytes": parts["modules"], "ranks": RANKS,
         "total_bytes_512_ranks": len(data) * RANKS}
 
@@ -221,12 +226,13 @@ def main() -> None:
             rows.append(job_sidecar(name, spec, tmp))
         rows.append(gan_sidecar(tmp))
     print("| job | optimizers | trained tensors | storages noted | sidecar, one rank | of which tensors / modules | "
-          f"{RANKS} ranks |")
-    print("|---|---|---|---|---|---|---|")
+          f"{RANKS} ranks | one number a line | before issue 54 (no modules, one number a line) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['job']} | {r['optimizers']} | {r['parameter_tensors']:,} | {r['storages_noted']:,} | "
               f"{r['sidecar_bytes'] / 1e6:.2f} MB | {r['tensors_bytes'] / 1e6:.2f} / {r['modules_bytes'] / 1e6:.2f} MB | "
-              f"{r['total_bytes_512_ranks'] / 1e9:.2f} GB |")
+              f"{r['total_bytes_512_ranks'] / 1e9:.2f} GB | {r['one_number_a_line_bytes'] / 1e6:.2f} MB | "
+              f"{r['before_issue54_bytes'] / 1e6:.2f} MB |")
     g = gc_pass(a.objects)
     print(f"\nthe gc pass: {g['gc_objects']:,} objects, module_roots {g['module_roots_s']} s")
     if a.json:

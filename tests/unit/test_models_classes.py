@@ -241,3 +241,45 @@ def test_adam_state_made_before_a_wrapped_window_is_never_read_as_gradients(tmp_
     assert b.categories["gradients"] == 80 * MiB, b.categories
     assert b.categories["optimizer_state"] + b.categories["unknown"] + b.categories["parameters"] == 240 * MiB
     assert b.categories["parameters"] <= 80 * MiB
+
+
+# --------------------------------------------------------------------------- BYOL: a target made in the first forward
+
+DEEPCOPY_IN_FORWARD = frames((f"{TORCH}/nn/parameter.py", 70, "__deepcopy__"),
+                             ("/usr/lib/python3.12/copy.py", 153, "deepcopy"),
+                             ("/w/byol.py", 40, "_get_target_encoder"), ("/w/byol.py", 60, "forward"),
+                             (f"{TORCH}/nn/modules/module.py", 1790, "_call_impl"), ("/w/train.py", 30, "main"), MAIN)
+
+
+def test_a_target_encoder_made_in_the_first_forward_is_a_weight_copy_never_outputs(tmp_path):
+    """BYOL (lucidrains' byol-pytorch): the target encoder is ``copy.deepcopy(online_encoder)`` made lazily inside the
+    first forward, kept for good and updated by EMA in place; before issue 54 it read as outputs kept."""
+    j = Job()
+    online = [(j.alloc(4 * MiB, SETUP), 4 * MiB) for _ in range(4)]
+    marks: dict = {}
+    for i in range(3):
+        x = j.alloc(MiB, INPUT)
+        if i == 0:
+            for _a, s in online:
+                j.alloc(s, DEEPCOPY_IN_FORWARD)
+        acts = [j.alloc(8 * MiB, model(20 + n)) for n in range(2)]
+        grads = [j.alloc(s, BACKWARD) for _a, s in online]
+        for t in acts:
+            j.b.free(t)
+        j.b.free(x)
+        marks.setdefault("optimizer_start", []).append(len(j.b.events) - 1)
+        j.b.annotate("Optimizer.step#LARS.step", "START")
+        if i == 0:
+            for _a, s in online:
+                j.alloc(s, OPT_STATE)
+        j.b.annotate("Optimizer.step#LARS.step", "END")
+        j.b.annotate("Optimizer.zero_grad#LARS.zero_grad", "START")
+        for g in grads:
+            j.b.free(g, fr=ZERO_GRAD)
+        j.b.annotate("Optimizer.zero_grad#LARS.zero_grad", "END")
+    a = analysed(tmp_path, j.b)
+    for k in marks["optimizer_start"]:
+        b = bd(a, k)
+        assert b.categories["outputs"] == 0, b.categories
+        assert b.categories["weight_copy"] == 16 * MiB and b.categories["parameters"] == 16 * MiB, b.categories
+        assert b.weight_copy_by == {"copy.deepcopy": 16 * MiB}
