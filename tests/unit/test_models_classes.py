@@ -283,3 +283,36 @@ def test_a_target_encoder_made_in_the_first_forward_is_a_weight_copy_never_outpu
         assert b.categories["outputs"] == 0, b.categories
         assert b.categories["weight_copy"] == 16 * MiB and b.categories["parameters"] == 16 * MiB, b.categories
         assert b.weight_copy_by == {"copy.deepcopy": 16 * MiB}
+
+
+def test_untouched_parameters_are_copies_only_where_the_optimizers_step_the_modules_own(tmp_path):
+    """The sidecar's ``untouched`` parameters (require gradients, had none at the step's end, no optimizer steps
+    them): a ``deepcopy`` EMA where the optimizer steps the model's own parameters; where it steps tensors no module
+    holds (DeepSpeed's fp32 master copies, its engine having moved every bf16 gradient into its partition) they are
+    the model's parameters, left to the trace."""
+    j = Job()
+    params = [(j.alloc(s, SETUP), s) for s in (32 * MiB, 16 * MiB)]
+    copy = [(j.alloc(s, SETUP), s) for s in (32 * MiB, 16 * MiB)]
+    marks: dict = {}
+    for i in range(3):
+        step(j, params, [s for _a, s in params], state=i == 0, marks=marks)
+    t1 = marks["time_after_step"][0]
+
+    def meta(optimizer_params):
+        return {"rank": 0, "tensors": [{"step": 0, "time_us": t1, "optimizer": 0, "class": "torch.optim.adamw.AdamW",
+                                        "parameters": [[a, s] for a, s in optimizer_params], "gradients": [],
+                                        "optimizer_state": []}],
+                "modules": [{"step": 0, "time_us": t1, "roots": [
+                    {"class": "train.Net", "parts": [], "parameters": [], "gradients": [], "frozen": [], "buffers": [],
+                     "untouched": [[a, s, -1] for a, s in params]},
+                    {"class": "train.Net", "parts": [], "parameters": [], "gradients": [], "frozen": [], "buffers": [],
+                     "untouched": [[a, s, -1] for a, s in copy]}]}]}
+
+    (tmp_path / "ema").mkdir()
+    b = bd(analysed(tmp_path / "ema", j.b, meta(params)), marks["optimizer_start"][2])
+    assert b.categories["weight_copy"] == 48 * MiB and b.weight_copy_by == {"module train.Net": 48 * MiB}
+    assert b.categories["parameters"] == 48 * MiB
+    masters = [(0x1000 + i, s) for i, (_a, s) in enumerate(params)]  # tensors no module holds
+    (tmp_path / "ds").mkdir()
+    b = bd(analysed(tmp_path / "ds", j.b, meta(masters)), marks["optimizer_start"][2])
+    assert b.weight_copy_by.get("module train.Net", 0) == 0

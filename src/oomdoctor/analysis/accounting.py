@@ -839,10 +839,19 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
     t = dt.events["time_us"]
     n = dt.num_events
     makers = [] if makers is None else makers
-    stepped = {(int(p[0]), int(p[1])) for rec in records for p in rec.get("parameters", ())}
+    by_optimizer = {(int(p[0]), int(p[1])) for rec in records for p in rec.get("parameters", ())}
+    stepped = set(by_optimizer)
+    held: set[tuple[int, int]] = set()
     for rec in modules:
         for root in rec.get("roots", ()):
             stepped.update((int(p[0]), int(p[1])) for p in root.get("parameters", ()))
+            for kind in ("parameters", "untouched", "frozen"):
+                held.update((int(p[0]), int(p[1])) for p in root.get(kind, ()))
+    # a parameter that requires gradients, had none and no optimizer steps is a copy (a deepcopy EMA) only where the
+    # optimizers step the modules' own parameters: DeepSpeed's torch optimizer steps fp32 master copies that no
+    # module holds, and its engine moves each bf16 parameter's gradient into its partition (none is left at the
+    # step's end): those parameters are the trace's to place
+    copies_untouched = bool(by_optimizer & held)
     for rec in modules:
         k = _when(rec, t, n)
         if k is None:
@@ -856,7 +865,7 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
                                    ("gradients", GRADIENTS), ("parameters", PARAMETERS)):
                 items = root.get(kind, [])
                 if kind == "untouched":  # requires_grad, no gradient when noted: a copy unless an optimizer steps it
-                    items = [p for p in items if (int(p[0]), int(p[1])) not in stepped]
+                    items = [p for p in items if copies_untouched and (int(p[0]), int(p[1])) not in stepped]
                 hit, idx = _hits(order, lo, hi, [p[0] for p in items])
                 cat[hit] = category
                 src[hit] = RECORDED
