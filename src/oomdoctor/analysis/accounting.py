@@ -315,14 +315,15 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # .grad, AccumulateGrad): the sidecar's (what the optimizers step, their gradients, the modules' parameters with
     # a gradient), the optimizer's state (Adam's moments, SGD's momentum: one of each trained parameter's shape,
     # made by the optimizer and kept), and the engine's blocks a torch optimizer step found alive that the
-    # optimizer's work then freed (zero_grad(set_to_none=True)). None of these (no step, a plain SGD with
-    # set_to_none=False): every size may be a gradient's, as before
+    # optimizer's work then freed (zero_grad(set_to_none=True)). None of these (no torch optimizer step in the
+    # trace, a plain SGD with set_to_none=False), or sizes no block a backward kept has: every size may be a
+    # gradient's, as before
     outlives_pass = np.where(s < n, alive_at_step, persistent | (d >= nxt2))
     model_code = np.isin(own, PASS_PHASES) | model
     evidence = (own == OPTIMIZER_PHASE) | optim
     if n and ph.source is not None:
         evidence |= ~pre & (ph.source[np.clip(b, 0, n - 1)] != INFERRED)
-    state_like = (((bp == OPTIMIZER_PHASE) & evidence) | (gap & ~model_code)) & outlives_pass & ~comm
+    state_like = (bp == OPTIMIZER_PHASE) & evidence & outlives_pass & ~comm & (s_opt.size > 0)
     regrown = (bp == BACKWARD_PHASE) & engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
     # ... and a backward's block a step found alive that the next backward replaced (FSDP1's sharded gradient of a
     # flat parameter, whose optimizer state is per original parameter, of other sizes), or that never goes and
@@ -335,7 +336,10 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     trainable_sizes = distinct(np.concatenate([_recorded_trained_sizes(trace),
                                                lt.requested[state_like | regrown | replaced | kept_two]]))
     trainable = np.isin(lt.requested, trainable_sizes) if trainable_sizes.size else np.ones(rows, bool)
-    trained = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end)) & trainable
+    kept_past = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end))
+    if not (kept_past & trainable).any():  # the sizes match no block a backward kept: they say nothing here
+        trainable = np.ones(rows, bool)
+    trained = kept_past & trainable
     has_gradient = np.isin(lt.requested, distinct(lt.requested[trained]))
     construct = (own == SETUP_PHASE) | _library_init(trace, lt.stack) | (
         _stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
