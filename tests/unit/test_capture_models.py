@@ -225,3 +225,25 @@ def test_the_sidecar_puts_each_storage_on_one_line_and_keeps_the_value(value):
     assert json.loads(data) == value
     assert len(data) < len(json_bytes(value))
     assert b"[140737488355328, 4096]" in data or b"[1, -2, 3]" in data
+
+
+def test_a_step_window_notes_each_optimizer_again_inside_it(tmp_path):
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    cuda = FakeCuda(small_snapshot(tmp_path))
+    rec = Recorder(str(tmp_path / "out"), steps="3:4", on_oom=False, stack_steps="all")
+    rec._torch = SimpleNamespace(cuda=cuda, nn=nn, __version__="2.11.0+cu130", version=SimpleNamespace(cuda="13.0"))
+    rec.active, rec.fact_device = True, HOST
+    rec.markers.append({"step": 0, "time_us": 0})
+    handle = register_optimizer_step_post_hook(rec._optimizer_hook)
+    try:
+        gan(steps=5)
+    finally:
+        handle.remove()
+    # two records per optimizer at the first steps, and more once the window opened (when the discriminator's step
+    # made the count 3): the generator's, then the discriminator's next (whose step closes the window)
+    got = [(r["optimizer"], r["step"]) for r in rec.tensor_facts]
+    assert got[:4] == [(0, 0), (1, 1), (0, 1), (1, 2)]
+    assert got[4:6] == [(1, 3), (0, 3)]  # the count when noted: the discriminator notes before it advances
+    before = [(o, st) for o, st in got if st < 3]
+    assert len(before) == 4 and len(got) > 4

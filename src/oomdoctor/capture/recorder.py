@@ -455,7 +455,8 @@ class Recorder:
 
     @_guarded("noting the optimizer's tensors")
     def _note_tensors(self, optimizer: Any) -> None:
-        """At the end of each optimizer's first :data:`~.facts.FACT_STEPS` steps, whichever optimizer steps first:
+        """At the end of each optimizer's first :data:`~.facts.FACT_STEPS` steps (and its first ones inside a ``steps``
+        window), whichever optimizer steps first:
         the storages of its parameters, their gradients and its state, one record per optimizer and step (noted at
         that optimizer's own step end, so that the accounting places them at their own time)."""
         if not self.active or self._torch is None or getattr(optimizer, "param_groups", None) is None:
@@ -506,6 +507,9 @@ class Recorder:
             a, b = self.window
             if self.step_count == a and a > 0:
                 self._enable(clear=True)
+                # the records of the first steps lie before the window, which the accounting cannot place: each
+                # optimizer's first FACT_STEPS steps inside it are noted as well
+                self._fact_counts = [0] * len(self._fact_counts)
             elif self.step_count == b + 1:
                 self._dump(snapshot_name(self.rank, step=b), "window")
                 self._disable()
