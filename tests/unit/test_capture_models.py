@@ -247,3 +247,62 @@ def test_a_step_window_notes_each_optimizer_again_inside_it(tmp_path):
     assert got[4:6] == [(1, 3), (0, 3)]  # the count when noted: the discriminator notes before it advances
     before = [(o, st) for o, st in got if st < 3]
     assert len(before) == 4 and len(got) > 4
+
+
+def snapshot_of(tensors) -> dict:
+    """A snapshot whose blocks are the storages of ``tensors`` where they are (one segment each, allocated at times
+    1, 2, ... before anything the recorder notes): what the allocator's final state would hold of them on a GPU."""
+    seen, segs, events = {}, [], []
+    for t in tensors:
+        st = t.untyped_storage()
+        seen.setdefault(st.data_ptr(), st.nbytes())
+    for i, (ptr, n) in enumerate(sorted(seen.items())):
+        size = n  # exact: the host's allocator packs small storages closer than the CUDA allocator's 512 bytes
+        segs.append({"device": 0, "address": ptr, "total_size": size, "allocated_size": size, "active_size": size,
+                     "requested_size": n, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+                     "is_expandable": False, "frames": [],
+                     "blocks": [{"address": ptr, "size": size, "requested_size": n, "state": "active_allocated",
+                                 "frames": []}]})
+        events += [{"action": "segment_alloc", "addr": ptr, "size": size, "stream": 0, "time_us": 2 * i + 1,
+                    "frames": []},
+                   {"action": "alloc", "addr": ptr, "size": n, "stream": 0, "time_us": 2 * i + 2, "frames": []}]
+    return {"segments": segs, "device_traces": [events], "allocator_settings": {}, "external_annotations": []}
+
+
+def test_what_the_recorder_notes_places_every_model_in_the_diagnosis(recorder):
+    """End to end on this machine's CPU: a GAN (AdamW, SGD with momentum), a frozen teacher, a ``deepcopy`` EMA of
+    the generator and a model with a registered buffer, trained under the recorder's hook; the snapshot holds
+    their storages where they live; the sidecar's dump records place each one."""
+    teacher = nn.Sequential(nn.Linear(12, 64), nn.Linear(64, 12)).requires_grad_(False)
+    ema = copy.deepcopy(teacher).requires_grad_(True)  # requires gradients, never gets one, in no optimizer
+    banked = MoCo()
+    gen, disc, opt_g, opt_d = gan(steps=2)  # the models above exist at its first step, where they are found
+    for p in [*gen.parameters(), *disc.parameters()]:  # the gradients of the last step are still there
+        assert p.grad is not None
+    state = [v for o in (opt_g, opt_d) for st in o.state.values() for v in st.values() if torch.is_tensor(v)]
+    trained = [*gen.parameters(), *disc.parameters()]
+    grads = [p.grad for p in trained]
+    recorder._torch.cuda.snap = snapshot_of([*trained, *grads, *state, *teacher.parameters(), *ema.parameters(),
+                                             *banked.parameters(), *banked.buffers()])
+    recorder.stop()
+    from oomdoctor.analysis import analyze
+
+    a = analyze(load(recorder.written[0]))
+    b = a.breakdown_at(a.num_events - 1, "end")
+
+    def nbytes(ts):
+        return sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in ts}.values())
+
+    c = b.categories
+    assert c["parameters"] == nbytes(trained) and c["gradients"] == nbytes(grads)
+    assert c["optimizer_state"] == nbytes(state)
+    # the frozen teacher, the copy that never gets a gradient, MoCo's key encoder (frozen) and, here, its query
+    # encoder too (it requires gradients, never had one, and no optimizer steps it), each named by its module
+    assert c["weight_copy"] == nbytes([*teacher.parameters(), *ema.parameters(), *banked.parameters()])
+    assert b.weight_copy_by["module test_capture_models.MoCo.encoder_k"] == nbytes(banked.encoder_k.parameters())
+    assert b.weight_copy_by["module test_capture_models.MoCo.encoder_q"] == nbytes(banked.encoder_q.parameters())
+    seq = "module torch.nn.modules.container.Sequential"  # the teacher and its copy, by child: .0 and .1
+    assert {k: v for k, v in b.weight_copy_by.items() if k.startswith(seq)} == {
+        f"{seq}.0": 2 * nbytes(teacher[0].parameters()), f"{seq}.1": 2 * nbytes(teacher[1].parameters())}
+    assert c["buffers"] == nbytes([banked.queue]) and list(b.buffers_by) == ["module test_capture_models.MoCo"]
+    assert c["unknown"] == 0 and all(acc == "recorded" for acc in b.sources.values())
