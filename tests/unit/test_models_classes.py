@@ -349,3 +349,23 @@ def test_a_gradient_the_next_backward_replaces_is_of_a_trained_size(tmp_path):
     a = analysed(tmp_path, j.b)
     for k in marks["optimizer_start"][1:]:
         assert bd(a, k).categories["gradients"] == 10 * MiB, bd(a, k).categories
+
+
+def test_a_reference_model_without_the_policy_s_value_head_is_still_a_copy(tmp_path):
+    """RL with a reference model: ``copy.deepcopy(policy.lm)`` moved with the module (construction), while the
+    policy trains its LM (two 32 MiB weights) and a value head (a 4 KiB weight the copy lacks): the extras hold
+    all but 0.006% of one step's gradient bytes (WHOLE_COPY), a copy; two BatchNorm statistics beside their
+    weights hold far less: unknown, copy_or_buffer."""
+    from oomdoctor.analysis.accounting import WHOLE_COPY
+
+    j = Job()
+    lm = [(j.alloc(32 * MiB, SETUP), 32 * MiB) for _ in range(2)]
+    head = (j.alloc(4096, SETUP), 4096)
+    for _ in range(2):
+        j.alloc(32 * MiB, SETUP)  # the reference model's copy of the LM's two weights
+    marks: dict = {}
+    for i in range(3):
+        step(j, lm + [head], [32 * MiB, 32 * MiB, 4096], state=i == 0, marks=marks)
+    b = bd(analysed(tmp_path, j.b), marks["optimizer_start"][2])
+    assert b.categories["weight_copy"] == 64 * MiB and b.categories["unknown"] == 0, b.categories
+    assert (64 * MiB) / (64 * MiB + 4096) >= WHOLE_COPY
