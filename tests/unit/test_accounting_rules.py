@@ -333,7 +333,8 @@ def test_breakdown_counts_requested_bytes_rounding_apart_and_the_source_of_most_
     assert bd.unknown_why == {}
     assert bd.categories == {"parameters": 500 + 512, "gradients": 200 + 300, "optimizer_state": 1000 + 512,
                              "activations": 2048, "temporaries": 0, "communication": 0, "outputs": 0,
-                             "kv_cache": 0, "workspaces": 0, "weight_copy": 0, "unknown": 0, "rounding": 12 + 24}
+                             "kv_cache": 0, "workspaces": 0, "weight_copy": 0, "buffers": 0, "unknown": 0,
+                             "rounding": 12 + 24}
     assert list(bd.categories) == list(CATEGORIES) + ["rounding"]
     # recorded bytes: half of the parameters' (not most), 2/3 of the state's, 2/5 of the gradients'
     assert bd.sources == {"parameters": "trace", "gradients": "trace", "optimizer_state": "recorded",
@@ -494,7 +495,17 @@ def test_module_state_no_gradient_reaches_in_a_training_job_is_a_weight_copy():
         blk("engine", 10, 12, req=1000),
     ]
     got = accounted(trace, blocks, passes=[4, 9], opt_starts=[7, 11], first="setup")
-    assert got == ["weight_copy", "weight_copy", "parameters", "gradients", "gradients"]
+    # issue 54: the teacher's block of a size no gradient has could as well be a registered buffer (a memory bank):
+    # unknown, and why; its block of the student's size, beyond the gradients, copies every trained size: a copy
+    assert got == ["unknown", "weight_copy", "parameters", "gradients", "gradients"]
+    acc = accounted(trace, blocks, passes=[4, 9], opt_starts=[7, 11], first="setup", raw=True)
+    assert [UNKNOWN_WHY[w] if w >= 0 else None for w in acc.why] == ["frozen_or_buffer", None, None, None, None]
+    # a second block of the student's size beside a second gradient size: the extras no longer copy every trained
+    # size (BatchNorm's statistics beside its weight): unknown, copy_or_buffer, never a weight copy
+    two = blocks + [blk("setup", 3, req=3000), blk("engine", 6, 8, req=3000), blk("engine", 10, 12, req=3000)]
+    acc = accounted(trace, two, passes=[4, 9], opt_starts=[7, 11], first="setup", raw=True)
+    assert [CATEGORIES[c] for c in acc.category[:3]] == ["unknown", "unknown", "parameters"]
+    assert [UNKNOWN_WHY[w] for w in acc.why[:2]] == ["frozen_or_buffer", "copy_or_buffer"]
     # no optimizer step (inference, evaluation): the model's state stays parameters
     assert accounted(trace, blocks, passes=[4, 9], opt_starts=[], first="setup")[:3] == ["parameters"] * 3
     # a collective in a backward (FSDP's reduce-scatter, DeepSpeed, DDP's buckets): gradients are not one per

@@ -188,7 +188,7 @@ def nested_options() -> dict[type, dict[str, Any]]:
         Fits: {"enums": {"peak_source": PEAK_SOURCES, "bound": ("lower",)}, "values": {"margin": b("")}},
         Breakdown: {"enums": {"at": BREAKDOWN_POINTS},
                     "values": {"categories": b(""), "sources": s("", ("recorded", "trace")), "counts": i(""),
-                               "unknown_why": b("")}},
+                               "unknown_why": b(""), "weight_copy_by": b(""), "buffers_by": b("")}},
         HolderRef: {"enums": {"category": CATEGORIES}},
     }
 
@@ -322,7 +322,7 @@ def document(command: str, body: Schema, optional: tuple[str, ...] = ()) -> Sche
 
 VERDICT_KINDS = KINDS
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
-              "kv_cache", "workspaces", "weight_copy", "unknown", "rounding")
+              "kv_cache", "workspaces", "weight_copy", "buffers", "unknown", "rounding")
 CAPACITY_KINDS = ("device", "fraction", "none")
 DEFERRED_FREES = ("recorded", "immediate")
 BREAKDOWN_POINTS = ("oom", "peak_allocated", "peak_reserved", "optimizer_start", "backward_end")

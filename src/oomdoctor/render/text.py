@@ -47,7 +47,7 @@ _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black 
 _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
                    "activations": "activations", "temporaries": "temporaries", "communication": "communication",
                    "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
-                   "weight_copy": "weight copies (frozen, EMA)",
+                   "weight_copy": "weight copies (frozen, EMA)", "buffers": "module buffers",
                    "unknown": "unknown", "rounding": "allocator rounding"}
 _PHASE_SOURCE = {"markers": "marked by the framework", "annotations": "from PyTorch's annotations",
                  "autograd engine thread": "from the autograd engine's thread", "frames": "from the call stacks",
@@ -145,7 +145,11 @@ def _rank_table(report: Report) -> Table:
 
 _UNKNOWN_WHY = {"before_trace_no_stack": "born before the trace, no stack of their allocation left (the ring buffer "
                                         "dropped it, or recording began after it): nothing says what they are",
-                "before_trace": "born before the trace; their stack places nothing"}
+                "before_trace": "born before the trace; their stack places nothing",
+                "frozen_or_buffer": "module state of a size no trained parameter has: frozen weights or registered "
+                                    "buffers (record with oomdoctor run to tell them apart)",
+                "copy_or_buffer": "module state of a trained parameter's size beyond its gradients that copies no "
+                                  "whole model: buffers (BatchNorm's statistics) or part of a model kept frozen"}
 
 
 def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None) -> Group:
@@ -170,6 +174,11 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
     if why:
         out.append(hang("unknown: " + "; ".join(f"{format_bytes(v)} {_UNKNOWN_WHY[k]}" for k, v in why.items()),
                         style="dim"))
+    for line, by in (("weight copies", bd.weight_copy_by), ("module buffers", bd.buffers_by)):
+        named = {k: v for k, v in by.items() if k != "unnamed"}
+        if named:
+            out.append(hang(f"{line}: " + "; ".join(f"{format_bytes(v)} {k}" for k, v in list(named.items())[:4]),
+                            style="dim"))
     if r.holders:
         out.append(Text("  largest holders:", style="bold"))
         rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}", h.label)

@@ -251,11 +251,17 @@ def _storage_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(_is_int(x) for x in p) for p in v)
 
 
+def _part_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(p, list) and len(p) == 3 and all(_is_int(x) for x in p) for p in v)
+
+
 def _drop_malformed(trace: Trace) -> None:
     """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
     itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
     ``device`` and non-negative integers or nulls, :func:`oomdoctor.capture.metadata.device_counters`), ``tensors`` (records of an integer
-    ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`),
+    ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`), ``modules`` (records of an
+    integer ``time_us`` and ``roots`` whose ``parameters`` / ``gradients`` / ``untouched`` / ``frozen`` / ``buffers``
+    are ``[data_ptr, nbytes, part]`` integer triples),
     ``phase_markers`` / ``step_markers`` (objects with an integer ``time_us``, phases a string ``phase``),
     ``memory_fraction`` (a number in [0, 1]), and the fields of :data:`_INT_FIELDS` (non-negative
     integers), :data:`_DICT_FIELDS` (objects) and :data:`_STR_FIELDS` (strings). A wrong ``rank`` falls back
@@ -277,6 +283,14 @@ def _drop_malformed(trace: Trace) -> None:
             and all(_storage_list(r.get(k, [])) for k in ("parameters", "gradients", "optimizer_state", "workspaces"))
             for r in recs)):
         bad.append("tensors")
+    mods = meta.get("modules")
+    if mods is not None and not (isinstance(mods, list) and all(
+            isinstance(r, dict) and _is_int(r.get("time_us")) and isinstance(r.get("roots"), list) and all(
+                isinstance(root, dict) and isinstance(root.get("class", ""), str)
+                and all(_part_list(root.get(k, [])) for k in ("parameters", "gradients", "untouched", "frozen",
+                                                               "buffers"))
+                for root in r["roots"]) for r in mods)):
+        bad.append("modules")
     marks = meta.get("phase_markers")
     if marks is not None and not (isinstance(marks, list) and all(
             isinstance(m, dict) and _is_int(m.get("time_us")) and isinstance(m.get("phase"), str) for m in marks)):
