@@ -19,9 +19,9 @@ the best evidence, in order:
 (:func:`oomdoctor.simulate.scale.largest_scale`, searched over the whole room: up to the room less the
 margin filled with the growing blocks alone), under the recorded settings and with
 ``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. The
-replay keeps free the prediction margin (:mod:`.margin`: the job's step variation, the model's error on
-this trace, what lives outside the allocator, what the trace did not record) plus the rounding of the
-blocks that grow (:func:`job_margin`). A trace cut by an OOM lacks the rest of its step: the
+replay keeps free the margin of a claim about the recorded steps (:mod:`.margin`: the model's error on
+this trace, what the memory outside the allocator may grow by) plus the rounding of the blocks that grow
+(:func:`job_margin`); the answer holds for inputs up to the heaviest recorded step. A trace cut by an OOM lacks the rest of its step: the
 replay also keeps free the persistent memory the job created after the first step's peak (optimizer
 state made lazily), or, when no step finished, an estimate of the optimizer state still to come (twice
 the parameters: Adam's two moments, said as such). A trace that ends inside its first forward pass is not
@@ -51,7 +51,7 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
 from ..trace.model import OOM
-from .margin import complete_steps, step_variation
+from .margin import complete_steps
 from .margin import margin as prediction_margin
 
 # The planner (plan/) and the replay (simulate/) are imported where they are used: a report that replays
@@ -81,12 +81,16 @@ ROOM_SOURCES = {
     "sidecar-free": "the sidecar: free device bytes at the dump plus reserved bytes then",
     "gpu-total": "the GPU's total memory less the CUDA context and, with world_size > 1, NCCL's buffers "
                  "(given: --gpu-memory; nccl: NCCL's buffers taken off)",
+    "gpu-total-less-outside": "the GPU's total memory less the process's memory outside the allocator the sidecar "
+                              "gives (given: --gpu-memory; outside_bytes)",
     "none": "no OOM and no sidecar with the GPU's memory",
 }
 
 
-def device_room(a: DeviceAnalysis) -> Room:
-    """See the module doc. Pure."""
+def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
+    """See the module doc (``outside_bytes``: the process's memory outside the allocator, rule 4). Pure. Outside
+    memory is taken off the room here, once; the margin keeps free only what it may grow by
+    (:func:`.margin.outside_allocator`)."""
     meta = a.trace.meta
     cap, source, values = None, "", {}
     if meta.get("memory_cap_bytes") is not None or meta.get("memory_fraction") is not None:
@@ -113,6 +117,9 @@ def device_room(a: DeviceAnalysis) -> Room:
     if isinstance(free, int) and isinstance(reserved, int):
         return Room(free + reserved, "device", "sidecar-free")
     total = meta.get("gpu_total_memory_bytes")
+    if isinstance(total, int) and total > 0 and outside_bytes is not None:
+        return Room(total - int(outside_bytes), "estimated", "gpu-total-less-outside",
+                    {"given": bool(meta.get("gpu_total_memory_given")), "outside_bytes": int(outside_bytes)})
     if isinstance(total, int) and total > 0:
         from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 
@@ -159,11 +166,11 @@ class Fits:
     batch_scaled_bytes_at_peak: int = 0
     """bytes at the peak that grow with the micro-batch (bytes)"""
     margin_bytes: int = 0
-    """kept free in the replay: the prediction margin (margin) plus the rounding of the blocks that grow, and on a
-    trace cut by its OOM the state still to come (bytes)"""
+    """kept free in the replay: the margin of a claim about the recorded steps (margin) plus the rounding of the
+    blocks that grow, and on a trace cut by its OOM the state still to come (bytes)"""
     #: the prediction margin's parts (:mod:`.margin`, bytes), included in ``margin_bytes``
     margin: dict[str, int] = field(default_factory=dict)
-    """the prediction margin's parts (report/margin.py; the keys of a prediction's margin; all but extension_bytes are
+    """the margin's parts (report/margin.py: model_error_bytes, outside_bytes, the keys of a prediction's margin; all
     in margin_bytes), empty where no replay was tried"""
     checkpointing_frees_at_most_bytes: int = 0
     """activations saved for backward at the peak (what activation checkpointing frees at most) (bytes)"""
@@ -256,19 +263,15 @@ def _scale_events(a: DeviceAnalysis) -> np.ndarray:
 
 
 def job_margin(a: DeviceAnalysis) -> tuple[int, int]:
-    """What the job itself says the replay should keep free (bytes), and the number of complete steps it was read
-    from: the step-to-step variation (:func:`.margin.step_variation`: how much the peak allocated or reserved moved
-    from step to step over the steps that completed: the run-to-run wobble of the same work, allocation order,
-    caches made lazily), plus the allocator's rounding of every block that grows with the batch (up to 512 bytes
-    each, ``round_size``, ``c10/cuda/CUDACachingAllocator.cpp``). With fewer than two complete steps there is no
-    spread to read, and only the rounding is kept (the count says so: ``< 2``)."""
+    """What the replay of a scaled micro-batch keeps free beyond the claim's margin (bytes), and the number of
+    complete steps the trace holds: the allocator's rounding of every block that grows with the batch (up to 512
+    bytes each, ``round_size``, ``c10/cuda/CUDACachingAllocator.cpp``): a scaled request is rounded up to whole
+    bytes of its own, where the recorded one may have used its rounding. The spread of the job's step peaks is no
+    part of it (issue 49): the replay runs those very steps; what they do not cover (longer inputs) is said as a
+    condition (:mod:`.margin`)."""
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1]) & acc.batch_scaled
-    rounding = 512 * int(np.count_nonzero(alive))
-    n = len(complete_steps(a))
-    if n < 2:
-        return rounding, n
-    return step_variation(a)[0] + rounding, n
+    return 512 * int(np.count_nonzero(alive)), len(complete_steps(a))
 
 
 def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
@@ -450,12 +453,13 @@ def _search_top(room: int, margin: int, grows: int, lo: float) -> float:
 
 def _with_prediction_margin(out: Fits, a: DeviceAnalysis, base: int, model_error: int = 0,
                             inputs: dict[str, int | None] | None = None) -> int:
-    """``base`` plus the prediction margin (:func:`.margin.margin`, with ``inputs``: its ``outside_bytes`` /
-    ``job_peak_reserved_bytes``; less the step variation ``base`` holds already: :func:`job_margin`); fills
-    ``out.margin`` and ``out.margin_bytes``."""
+    """``base`` plus the margin of a claim about the recorded steps (:func:`.margin.margin`, with ``inputs``: its
+    ``outside_bytes`` / ``job_peak_reserved_bytes``: the model's error on this trace and the memory outside the
+    allocator not already off the room); fills ``out.margin`` and ``out.margin_bytes``. The job's own peak above
+    the trace's is :func:`job_peak_bound`'s, not the margin's."""
     m = prediction_margin(a, model_error_bytes=model_error, **(inputs or {}))
-    out.margin = m.parts()
-    out.margin_bytes = base + m.bytes - m.step_variation_bytes
+    out.margin = dict(m.parts())
+    out.margin_bytes = base + m.bytes
     return out.margin_bytes
 
 

@@ -95,7 +95,8 @@ REASONS = {
     "graph-pools": "CUDA graph private pools reserved memory (evidence graph_pool_bytes)",
     "fix-simulated": "the fragmentation fix was replayed (evidence defragmented_config, fix_*)",
     "fragmentation-hit-first": "the fix was replayed and fragmentation hit first, but the job is at capacity",
-    "step-does-not-fit": "... the step does not fit even without fragmentation",
+    "continuation-runs-out": ("fragmentation: the fix gets through the recorded steps, but the rest of the step, "
+                              "replayed as the previous step ran it, runs out (evidence extended_request_bytes)"),
     "runs-out-without-it": "... the replay with the fix runs out too",
     "at-edge-without-it": "... the replay with the fix gets through with less spare room than the margin",
     "kv-generation-at-capacity": "... the fix leaves less than one token's KV-cache growth",
@@ -112,7 +113,7 @@ REASONS = {
 
 ACTIONS = ("pipeline-schedule", "kv-cache-smaller", "micro-batch-at-most", "micro-batch-scale",
            "activation-checkpointing", "shard-optimizer", "framework-activations", "alloc-conf-not-simulated",
-           "alloc-conf-simulated", "alloc-conf-not-enough", "or-micro-batch-at-most", "finding-fix", "logits")
+           "alloc-conf-simulated", "alloc-conf-not-enough", "finding-fix", "logits")
 """The ids of a verdict's actions (:class:`Action`); their numbers are in the verdict's ``evidence``."""
 
 
@@ -387,14 +388,9 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         ev["defragmented_reach"] = fixed["reach"]
         ev.update({f"fix_{k}": val for k, val in fixed.items()})
         reasons.append("fix-simulated")
-        if fixed["reach"] == "step-ran-out":
-            # fragmentation hit first, but without it the step still does not fit: capacity
-            ev["extended_request_bytes"] = fixed["extended_oom_requested_bytes"]
-            reasons += ["fragmentation-hit-first", "step-does-not-fit", *_fit_reason(get_fits(), ev)]
-            return Verdict("capacity", fixed["extended_oom_requested_bytes"], [rank], None, None, ev, reasons)
         if fixed.get("oom") is not None or fixed.get("at_edge"):
-            # the fix does not get through with margin (report/margin.py): fragmentation hit first, but the job is
-            # at capacity; never counted as a fix
+            # no setting gets the replay through the recorded steps with margin (report/margin.py): fragmentation hit
+            # first, but the job is at capacity; never counted as a fix
             ev["margin_bytes"] = fixed.get("margin_bytes", 0)
             reasons += ["fragmentation-hit-first",
                         "runs-out-without-it" if fixed.get("oom") is not None else "at-edge-without-it",
@@ -403,6 +399,12 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
                        else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
             return Verdict("capacity", decides, [rank], None, None, ev, reasons)
+        # the setting gets the replay past the recorded OOM and through every recorded step: the OOM that happened
+        # was fragmentation. Whether the job keeps running (the rest of the step, later steps) is the prediction's
+        # continuation, a second statement with its own margin: it never changes the cause (issue 49)
+        if fixed["reach"] == "step-ran-out":
+            ev["extended_request_bytes"] = fixed["extended_oom_requested_bytes"]
+            reasons.append("continuation-runs-out")
         left = _kv_fit(a, bd, ev, room_b, need, fixed.get("margin_bytes"))
         if left is not None and left < ev["kv_cache_growth_per_token_bytes"]:
             # generate(): the cache grows by the same bytes every token to come; a fix that leaves less than one
@@ -543,8 +545,8 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
             out.append(Action("alloc-conf-simulated"))
         else:
             out.append(Action("alloc-conf-not-enough"))
-        if "largest_micro_batch" in ev:
-            out.append(Action("or-micro-batch-at-most"))
+        # no micro-batch cut: the free setting clears the recorded steps (issue 49); what fits with the recorded
+        # settings stays in the summary and the fits section, as a fact
     elif v.finding is not None:
         f = (_own_imbalance(mine, v.ranks[0]) if v.kind == "imbalance"
              else next((x for x in mine if x.id == v.finding), None))

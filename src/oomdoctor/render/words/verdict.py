@@ -86,9 +86,7 @@ def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
                 "release cached segments while a graph is being captured.")
     if "fix-simulated" in r:
         out += " Simulated with {defragmented_config}, it " + fix_outcome_template(ev)
-        if "step-does-not-fit" in r:
-            out += ": fragmentation hit first, but the step does not fit even without it."
-        elif "runs-out-without-it" in r:
+        if "runs-out-without-it" in r:
             out += ": fragmentation hit first, but the job runs out even without it."
         elif "at-edge-without-it" in r:
             out += ": fragmentation hit first, but the job is at the edge of the GPU even without it."
@@ -192,8 +190,6 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     if a.id == "alloc-conf-not-enough":
         return (ALLOC_CONF.format(setting=setting) + " to stop stranding free memory; simulated, it is not enough "
                 "here: lower the micro-batch too.")
-    if a.id == "or-micro-batch-at-most":
-        return "Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}."
     if a.id == "finding-fix":
         return literal(fix_text(a.fix)) if a.fix is not None else ""
     if a.id == "logits":
