@@ -9,9 +9,10 @@ unpacked into a temporary directory. Writes, per measurement:
 
 - ``outside``: per OOM run (rank), the memory outside the caching allocator read at its OOM (GPU total - the OOM's
   ``cudaMemGetInfo`` free bytes - reserved bytes then) and at a dump of a run of the same job that completed (same
-  world size and rank; sidecar free bytes + ``memory_stats`` reserved), and whether the OOM came after a whole pass of
-  the work it is in (a backward ended before it, or an earlier pass of the same inference loop): the *growth* of that
-  memory after the room was read, the ``outside_bytes`` term of a claim (``report/margin.py``);
+  world size and rank; sidecar free bytes + ``memory_stats`` reserved), and whether the OOM came after the job's
+  work had run once in full (``report/margin.py`` ``step_ran_before``: an optimizer step ended, or an earlier pass of
+  the same inference loop): the *growth* of that memory after the room was read, the ``outside_bytes`` term of a
+  claim;
 - ``outside_all``: the outside memory of every run, by world size: the planner constants' error
   (``plan/terms.py`` ``CUDA_CONTEXT_BYTES``, ``NCCL_FIRST_COMMUNICATOR_BYTES``) where the room is estimated from them,
   and the largest outside share of the GPU (``DEVICE_LIMIT_SHARE``);
@@ -36,8 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from oomdoctor.analysis.device import analyze
-from oomdoctor.analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, GENERATION_PHASE
-from oomdoctor.report.margin import step_peaks
+from oomdoctor.report.margin import step_peaks, step_ran_before
 from oomdoctor.simulate.capacity import infer_capacity
 from oomdoctor.simulate.config import parse_config
 from oomdoctor.simulate.replay import SimulationError, prepare, replay
@@ -65,21 +65,6 @@ COMPLETED_PAIR = {
     "pipelining-1f1b-b32": "pipelining-1f1b-b28",
     "pipeline-gpipe-b32": "pipeline-gpipe-b28",
 }
-
-
-def work_seen_before(a, k: int) -> bool:
-    """Did a whole pass of the work the OOM at event ``k`` is in run before it: a backward that ended (the
-    step's kernels, NCCL's buffers of the gradient collectives, are loaded and made), or, in an inference loop
-    (generation, evaluation), an earlier pass of it?"""
-    ph = a.phases.phase[:k]
-    bw = np.flatnonzero(ph == BACKWARD_PHASE)
-    if bw.size and np.any(ph[bw[0]:] != BACKWARD_PHASE):
-        return True
-    kind = a.phases.phase[k]
-    if kind in (GENERATION_PHASE, EVALUATION_PHASE):
-        starts = a.phases.pass_starts[a.phases.pass_starts < k]
-        return bool(np.count_nonzero(a.phases.phase[starts] == kind) >= 2)
-    return False
 
 
 def _outside_at_oom(a) -> int | None:
@@ -128,7 +113,7 @@ def measure(corpus: Path | None) -> dict:
                                            "gpu_total_memory_bytes": meta.get("gpu_total_memory_bytes")})
             if a.oom_events.size and o_oom is not None:
                 out["outside"].append({**row, "outside_at_oom_bytes": o_oom,
-                                       "after_a_pass": work_seen_before(a, int(a.oom_events[-1]))})
+                                       "after_a_step": step_ran_before(a)})
             try:
                 p = prepare(a.trace, a.device, a.lifetimes)
                 v = replay(p, capacity=infer_capacity(a.trace, a.device), validate=True).validation
@@ -209,8 +194,8 @@ def reserved_over_allocated() -> list[dict]:
 
 def summary(out: dict) -> dict:
     growth = [r for r in out["outside"] if r["growth_bytes"] is not None]
-    before = [r["growth_bytes"] for r in growth if not r["after_a_pass"]]
-    after = [r["growth_bytes"] for r in growth if r["after_a_pass"]]
+    before = [r["growth_bytes"] for r in growth if not r["after_a_step"]]
+    after = [r["growth_bytes"] for r in growth if r["after_a_step"]]
     from oomdoctor.plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 
     const_err = {}
@@ -228,10 +213,10 @@ def summary(out: dict) -> dict:
             and not r["private_pools"]]
     ratios = [r["ratio"] for r in out["reserved_over_allocated"]]
     return {
-        "outside_growth_before_a_pass_max_bytes": max(before) if before else None,
-        "outside_growth_before_a_pass_pairs": len(before),
-        "outside_growth_after_a_pass_max_bytes": max(after) if after else None,
-        "outside_growth_after_a_pass_pairs": len(after),
+        "outside_growth_before_a_step_max_bytes": max(before) if before else None,
+        "outside_growth_before_a_step_pairs": len(before),
+        "outside_growth_after_a_step_max_bytes": max(after) if after else None,
+        "outside_growth_after_a_step_pairs": len(after),
         "planner_constants_shortfall_max_bytes": const_err,
         "smallest_device_share": round(min(share), 5) if share else None,
         "largest_outside_bytes": max(max(r["outside_at_oom_bytes"] or 0, r["outside_at_dump_bytes"] or 0)
@@ -253,8 +238,8 @@ def main() -> None:
     out = measure(a.corpus)
     print(json.dumps(out["summary"], indent=1))
     for r in out["outside"]:
-        print(f"{r['run']:45s} r{r['rank']} outside at OOM {r['outside_at_oom_bytes']:>14,} after a pass "
-              f"{str(r['after_a_pass']):5s} completed {r['completed_run'] or '-':28s} growth {r['growth_bytes']}")
+        print(f"{r['run']:45s} r{r['rank']} outside at OOM {r['outside_at_oom_bytes']:>14,} after a step "
+              f"{str(r['after_a_step']):5s} completed {r['completed_run'] or '-':28s} growth {r['growth_bytes']}")
     for r in out["setting_error"]:
         print(f"{r['recording']:35s} {r['setting']:55s} {r['difference_bytes']:>+14,}")
     if a.json:

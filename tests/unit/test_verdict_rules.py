@@ -93,11 +93,14 @@ class Calls:
 
 
 def judge(a, room: int | None, mine=(), outputs: int = 0, fits: Fits | None = None, defragmented=None,
-          in_flight: int | None = None):
-    """``_oom_verdict`` as ``rank_verdict`` calls it, with the evidence it starts from."""
+          in_flight: int | None = None, schedule: str | None = "sidecar-stage"):
+    """``_oom_verdict`` as ``rank_verdict`` calls it, with the evidence it starts from (``schedule``: what says the
+    job runs a pipeline, :func:`oomdoctor.report.verdict.schedule_evidence`)."""
     ev = {"rank": a.rank, "phase": "forward", "room_bytes": room}
     if in_flight is not None:
         ev["in_flight"] = in_flight
+        if schedule is not None:
+            ev["schedule_evidence"] = schedule
     calls = Calls(fits)
     bd = SimpleNamespace(categories={"outputs": outputs}, phase="forward")
     v = _oom_verdict(a, list(mine), Room(room, "device" if room is not None else "none", "test"), bd, calls,
@@ -157,9 +160,12 @@ def test_capacity_by_one_byte_and_not_at_need_equal_to_room(tmp_path):
     assert v.kind == "fragmentation" and v.evidence["shortfall_bytes"] == 0 and v.bytes == need - ALLOCATED
 
 
-@pytest.mark.parametrize("in_flight, says", [(None, False), (1, False), (2, True), (4, True)])
-def test_capacity_names_the_micro_batches_in_flight_from_two(tmp_path, in_flight, says):
-    v, _ = judge(oom_rank(tmp_path, 768 * MiB), RESERVED, in_flight=in_flight)
+@pytest.mark.parametrize("in_flight, schedule, says", [(None, None, False), (1, "sidecar-stage", False),
+                                                       (2, "sidecar-stage", True), (4, "point-to-point", True),
+                                                       (2, None, False)])
+def test_capacity_names_the_micro_batches_in_flight_from_two(tmp_path, in_flight, schedule, says):
+    # two passes alive without anything saying the job runs a pipeline: no schedule is named (issue 49)
+    v, _ = judge(oom_rank(tmp_path, 768 * MiB), RESERVED, in_flight=in_flight, schedule=schedule)
     assert v.kind == "capacity"
     text = said(v)
     assert ("micro-batches were in flight" in text) is says

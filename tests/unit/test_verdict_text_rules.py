@@ -212,17 +212,20 @@ def test_capacity_sentence_whole(a768):
 @pytest.mark.parametrize("in_flight, kv, fits, tail", [
     (3, None, None, " 3 micro-batches were in flight, their activations awaiting their backward: the pipeline "
                     "schedule holds them at once."),
+    (-2, None, None, ""),  # two passes alive without a pipeline (issue 49): nothing said of a schedule
     (1, 300 * MiB, None, f" The KV cache holds {B(300 * MiB)}, and grows with the batch and every generated token."),
     (2, 300 * MiB, Fits(1, "t", largest_micro_batch=2),
      " 2 micro-batches were in flight, their activations awaiting their backward: the pipeline schedule holds them at "
      f"once. The KV cache holds {B(300 * MiB)}, and grows with the batch and every generated token. The largest "
      "micro-batch that fits: 2."),
     (None, None, Fits(1, "t", batch_scale=0.5), " What fits: 0.5x the current micro-batch."),
-], ids=["in-flight", "kv-cache", "all", "scale"])
+], ids=["in-flight", "no-pipeline", "kv-cache", "all", "scale"])
 def test_capacity_sentence_with_its_additions(a768, in_flight, kv, fits, tail):
     extra = {}
-    if in_flight is not None:
-        extra["in_flight"] = in_flight
+    if in_flight is not None:  # negative: that many passes alive, without a pipeline's evidence
+        extra["in_flight"] = abs(in_flight)
+        if in_flight > 0:
+            extra["schedule_evidence"] = "sidecar-stage"
     if kv is not None:
         extra["kv_cache_bytes"] = kv
     v, calls = judge(a768, CAP_ROOM, extra, fits=fits)
@@ -545,11 +548,15 @@ def actions(kind, ev=None, fits=None, files=(TRAIN,), mine=(), finding_id=None):
     ("capacity", 1, []),
     ("capacity", 2, [PIPELINE]),
     ("capacity", 3, [PIPELINE]),
+    ("capacity", -2, []),  # two passes alive without a pipeline's evidence (issue 49): no schedule advice
     ("capacity", None, []),
     ("fragmentation", 2, [not_simulated("expandable_segments:True")]),  # a schedule is no fragmentation's cause
 ])
 def test_pipeline_knob_from_two_micro_batches_in_flight_at_capacity(kind, in_flight, expected):
-    got, _ = actions(kind, {} if in_flight is None else {"in_flight": in_flight})
+    ev = {} if in_flight is None else {"in_flight": abs(in_flight)}
+    if in_flight is not None and in_flight > 0:
+        ev["schedule_evidence"] = "losses-in-one-forward"
+    got, _ = actions(kind, ev)
     assert got == expected
 
 
@@ -603,7 +610,7 @@ def test_no_sharding_action_without_unsharded_data_parallel(files):
     ((TRAIN,), None),
 ])
 def test_capacity_names_the_first_framework_with_an_activations_knob(files, fw):
-    got, _ = actions("capacity", {"in_flight": 2}, files=files)
+    got, _ = actions("capacity", {"in_flight": 2, "schedule_evidence": "sidecar-stage"}, files=files)
     expected = [PIPELINE]
     if fw is not None:
         f = framework(fw)

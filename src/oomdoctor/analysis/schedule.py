@@ -31,20 +31,28 @@ LOSS_NAMES = ("cross_entropy", "log_softmax", "nll_loss", "mse_loss", "binary_cr
 def in_flight(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> int:
     """Micro-batches whose activations are allocated after event ``k`` (see the module doc); 0 with none.
     ``stacks``: the trace's :class:`~oomdoctor.trace.model.StackTable`."""
+    return max(in_flight_parts(stacks, lt, acc, ph, k))
+
+
+def in_flight_parts(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> tuple[int, int]:
+    """The two readings of the module doc, apart: ``(passes, recurrences)``. Only the second is a schedule's own
+    signature (several micro-batches' forwards, each ending in a loss, before their backwards): two passes with
+    activations alive are also what a caught OOM whose exception keeps the failed pass leaves (issue 49), or any
+    graph kept from an earlier batch."""
     rows = np.flatnonzero(lt.allocated_mask(k) & (acc.category == ACTIVATIONS) & (lt.alloc >= 0))
     if rows.size == 0:
-        return 0
+        return 0, 0
     passes = int(distinct(ph.pass_of(lt.alloc[rows])).size)
     loss = {s for s, fids in enumerate(stacks.stacks)
             if fids and any(stacks.frames[f][2] in LOSS_NAMES for f in fids[:4])}
     if not loss:
-        return passes
+        return passes, 0
     runs = ph.run_starts(FORWARD_PHASE)
     latest = rows[lt.alloc[rows] >= runs[runs <= k][-1]] if np.any(runs <= k) else rows
     latest = latest[np.argsort(lt.alloc[latest], kind="stable")]
     model = table_roles(stacks).lookup(table_roles(stacks).model, lt.stack[latest])
     if not model.any():
-        return passes
+        return passes, 0
     first = lt.stack[latest[int(np.argmax(model))]]
     is_loss = np.isin(lt.stack[latest], list(loss))
     count, after_loss = 0, True
@@ -53,4 +61,4 @@ def in_flight(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> int
             count, after_loss = count + 1, False
         elif hit:
             after_loss = True
-    return max(passes, count)
+    return passes, count

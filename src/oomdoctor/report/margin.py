@@ -15,8 +15,10 @@ under the model's rules, so only two things stand between it and a rerun of the 
 - ``outside_bytes``: the memory outside the caching allocator (CUDA context, NCCL's buffers, kernels loaded
   lazily), counted once. Where the room was read from the device (at the OOM: reserved + ``cudaMemGetInfo``'s free
   bytes; at a dump: the sidecar's free + reserved bytes), what lived outside then is off the room already; only
-  what it grows by after that moment is not: :data:`OUTSIDE_GROWTH_BYTES`, the largest growth measured between
-  an OOM and a completed run of the same job (22 pairs of ranks). Under a memory-fraction cap it is 0: the cap is
+  what it grows by after that moment is not, measured between an OOM and a completed run of the same job (22 pairs
+  of ranks): up to :data:`OUTSIDE_GROWTH_BYTES` (92 MiB) where the room was read before the job's first optimizer
+  step ended (kernels still to load), up to :data:`OUTSIDE_GROWTH_AFTER_STEP_BYTES` (2 MiB) after it
+  (:func:`step_ran_before`). Under a memory-fraction cap it is 0: the cap is
   the allocator's own limit, outside memory does not count against it. Where the room is the GPU's total less the
   planner's constants (nothing read from the device), the constants' largest shortfall measured on the corpus
   (:data:`PLANNER_SHORTFALL_BYTES`), or, where the caller read the process's outside memory
@@ -48,19 +50,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDict from typing_extensions only
 
 from ..analysis.device import DeviceAnalysis
 from ..trace.oommessage import sidecar_oom_message
 
 OUTSIDE_GROWTH_BYTES = 96_468_992
-"""How much the memory outside the caching allocator grew after the room was read from the device, at most, on
-the corpus (``benchmarks/margin_terms.py``, ``docs/margin_terms.json`` ``outside``): 22 OOM ranks against a run
-of the same job that completed (same world size and rank). 17 of them grew by 0 to 2 MiB (``cudaMemGetInfo``
-counts 2 MiB pages); the five OOMs before the job's first optimizer step grew by 72-92 MiB as the rest of the
-step's kernels were loaded (CUDA's lazy module loading) and NCCL made its buffers: 79,691,776 bytes on both
-first-forward runs, 75,497,472 on ``pipeline-gpipe-b32``, 96,468,992 (92 MiB, the largest) on
-``pipelining-1f1b-b32``'s last stage."""
+"""How much the memory outside the caching allocator grew, at most, after the room was read from the device before
+the job's first optimizer step ended (:func:`step_ran_before`): the rest of the step's kernels are loaded then (CUDA's
+lazy module loading) and NCCL makes the buffers of its first collectives. Measured on the corpus
+(``benchmarks/margin_terms.py``, ``docs/margin_terms.json`` ``outside``) against a run of the same job that completed
+(same world size and rank): 79,691,776 bytes on both first-forward runs (both ranks), 75,497,472 on
+``pipeline-gpipe-b32``, 96,468,992 (92 MiB, the largest of the five pairs) on ``pipelining-1f1b-b32``'s last stage."""
+
+OUTSIDE_GROWTH_AFTER_STEP_BYTES = 2_097_152
+"""The same after an optimizer step ended (or, in an inference loop, after an earlier pass of it): at most 2 MiB on
+the corpus's 17 such pairs of ranks (0 on 15, 64 KiB on ``deepspeed-z1-gpt2-b120``, 2 MiB on
+``generate-gqa-b11264``): ``cudaMemGetInfo`` counts the device's memory in 2 MiB pages."""
 
 PLANNER_SHORTFALL_BYTES = {1: 1_058_111_232, 2: 327_074_560}
 """Where the room is the GPU's total less the planner's constants (``plan/terms.py``: the CUDA context, 740 MB, and
@@ -70,12 +78,14 @@ them on the corpus (``docs/margin_terms.json`` ``summary.planner_constants_short
 ranks (key 2: two or more), 327,074,560 (``pipelining-1f1b-b28`` rank 1: 1.95 GB, the world group and the
 point-to-point one)."""
 
-SOURCES = ("self-replay-difference", "self-replay-exact", "fraction-cap", "outside-growth", "planner-constants",
+SOURCES = ("self-replay-difference", "self-replay-exact", "fraction-cap", "outside-growth",
+           "outside-growth-after-a-step", "planner-constants",
            "gpu-size-unknown", "reserved-step-spread", "fewer-than-two-steps", "job-peak-above-trace",
            "job-peak-in-trace", "job-peak-unknown")
 """How a part of the margin was read (the module doc says each): the self-replay's difference from the
 recording, or none; outside the allocator: nothing under a memory-fraction cap, its growth after the room was read
-from the device (:data:`OUTSIDE_GROWTH_BYTES`), the planner's constants' shortfall (:data:`PLANNER_SHORTFALL_BYTES`),
+from the device before the first optimizer step ended (:data:`OUTSIDE_GROWTH_BYTES`) or after
+(:data:`OUTSIDE_GROWTH_AFTER_STEP_BYTES`), the planner's constants' shortfall (:data:`PLANNER_SHORTFALL_BYTES`),
 unknown without the GPU's size; the spread of the reserved step peaks, or too few complete steps; the job's own
 peak reserved above the trace's, within it, or not known."""
 
@@ -176,6 +186,24 @@ def _room_read_from_device(a: DeviceAnalysis) -> bool:
     return isinstance(meta.get("device_free_bytes"), int) and isinstance(reserved, int)
 
 
+def step_ran_before(a: DeviceAnalysis, k: int | None = None) -> bool:
+    """Had the job's work run once in full before event ``k`` (default: the last OOM, else the trace's end), so that
+    its kernels are loaded and NCCL's buffers made: a step that ended before ``k`` (a later step began:
+    ``analysis/phases.py`` steps), the window starting at a later step (``steps.first``), or, at an OOM inside
+    generation or evaluation, two earlier passes of that loop? (A ``zero_grad`` before the first forward is no step.)"""
+    from ..analysis.phases import EVALUATION_PHASE, GENERATION_PHASE
+
+    if k is None:
+        k = int(a.oom_events[-1]) if a.oom_events.size else a.num_events
+    steps = a.phases.steps
+    if steps is not None and (steps.first > 0 or bool(np.any(steps.starts[1:] <= k))):
+        return True
+    if k < a.num_events and a.phases.phase[k] in (GENERATION_PHASE, EVALUATION_PHASE):
+        starts = a.phases.pass_starts[a.phases.pass_starts < k]
+        return bool(np.count_nonzero(a.phases.phase[starts] == a.phases.phase[k]) >= 2)
+    return False
+
+
 def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tuple[int, str]:
     """The part of the memory outside the caching allocator a claim about the recorded steps keeps free (bytes),
     and how it was read (module doc). ``outside_bytes``: the process's own count of it (:func:`margin_inputs`)."""
@@ -187,6 +215,8 @@ def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tu
     if a.oom_events.size and infer_capacity(a.trace, a.device).kind == "fraction":
         return 0, "fraction-cap"  # the device still had the segment free at the OOM: a fraction cap failed it
     if _room_read_from_device(a) or outside_bytes is not None:
+        if step_ran_before(a):
+            return OUTSIDE_GROWTH_AFTER_STEP_BYTES, "outside-growth-after-a-step"
         return OUTSIDE_GROWTH_BYTES, "outside-growth"
     total = meta.get("gpu_total_memory_bytes")
     if not isinstance(total, int) or total <= 0:

@@ -7,7 +7,9 @@ SOURCES = {
     "self-replay-exact": "the self-replay reproduces the reserved bytes",
     "fraction-cap": "a memory-fraction cap: the allocator's own limit, which memory outside it does not count against",
     "outside-growth": ("what the memory outside the allocator grew by after the room was read from the device, at "
-                       "most, on the corpus (92 MiB)"),
+                       "most, on the corpus, before the job's first optimizer step ended (92 MiB)"),
+    "outside-growth-after-a-step": ("what the memory outside the allocator grew by after the room was read from the "
+                                    "device, at most, on the corpus, once a step had run (2 MiB)"),
     "planner-constants": ("the most the memory outside the allocator measured above the planner's constants (CUDA "
                           "context, NCCL) the room was estimated with"),
     "gpu-size-unknown": "unknown: the GPU's total memory is not recorded",

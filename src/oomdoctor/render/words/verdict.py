@@ -114,6 +114,11 @@ def summary_template(v: Verdict) -> str:
     if "kept-across-micro-batches" in r:
         return ("out of memory after {kept_bytes:bytes} were kept across micro-batches (outputs gathered or cached, "
                 "{phase} phase): the job accumulates; a larger GPU only delays it.")
+    if "held-by-exception" in r:
+        return ("out of memory while {kept_exception_bytes:bytes} of an earlier attempt were still allocated: the job "
+                "caught the OOM at event {kept_oom_event} and ran the same code again (event {kept_retry_event}) with "
+                "the exception, its traceback and the failed attempt's tensors still alive; without them the request "
+                "fits.")
     if "rank-excess" in r:
         return ("out of memory on this rank, which holds {excess_bytes:bytes} more than the others: without the excess "
                 "it would fit.")
@@ -131,6 +136,10 @@ def summary_template(v: Verdict) -> str:
                     "pipeline schedule holds them at once.")
         if "kv-cache-named" in r:
             out += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
+        if "oom-in-optimizer-step" in r:
+            out += (" It ran out inside optimizer.step(), holding {optimizer_state_bytes:bytes} of optimizer state "
+                    "beside {parameters_bytes:bytes} of parameters: the activations are freed by then, so a smaller "
+                    "micro-batch does not help.")
         return out + _fit(r, v.kind)
     if v.kind == "capacity" and "room-unknown" in r:
         return ("out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} allocated; the GPU's room "
@@ -165,6 +174,11 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     setting = ev.get("defragmented_config") or "expandable_segments:True"
     if a.id == "pipeline-schedule":
         return PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + "."
+    if a.id == "optimizer-memory":
+        return ("Give the optimizer less state: an 8-bit optimizer (bitsandbytes AdamW8bit) keeps Adam's two moments "
+                "in a quarter of the bytes, a factored one (Adafactor) keeps row and column statistics instead of "
+                "full moments, SGD with momentum one state instead of two (plain SGD none); or shard the state over "
+                "more GPUs (ZeRO-1 / FSDP, DeepSpeed) or offload it to the host.")
     if a.id == "kv-cache-smaller":
         return "Make the KV cache smaller or steadier: " + literal(framework(a.framework or "generate").knobs["kv-cache"]) + "."
     if a.id == "micro-batch-at-most":
