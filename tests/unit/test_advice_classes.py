@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from builder import MiB, SnapBuilder, frames
 from test_accounting import BACKWARD, OPT_STATE, OPT_TMP, SETUP, TORCH, model
@@ -23,7 +24,8 @@ from oomdoctor.analysis import analyze
 from oomdoctor.detectors import kept_exception
 from oomdoctor.detectors.context import Context
 from oomdoctor.report.pipeline import report_of
-from oomdoctor.report.verdict import Action, Verdict, _actions, schedule_evidence
+from oomdoctor.analysis.schedule import schedule_evidence
+from oomdoctor.report.verdict import Action, Verdict, _actions
 
 SIDE = {"format": "oomdoctor.sidecar/1", "rank": 0, "world_size": 1, "gpu_total_memory_bytes": 3 << 30}
 LOSS = frames((f"{TORCH}/nn/functional.py", 3104, "cross_entropy"), ("/w/train.py", 32, "main"))
@@ -217,3 +219,56 @@ class _Fake:
         class stacks:  # noqa: N801
             stacks: list = []
             frames: list = []
+
+
+# --------------------------------------------------------------------------- what grows with the batch (item 4)
+
+
+def moco(lazy: int = 0) -> SnapBuilder:
+    """MoCo-style: two trained 64 MiB weights and a 512 MiB memory bank (a buffer no gradient matches) made at setup;
+    three steps, each: three 64 MiB activations, ``queue.clone()`` (512 MiB), 128 MiB of logits against the bank,
+    the backward (two 64 MiB gradients), Adam's four 64 MiB moments at step 0. ``lazy``: a buffer of that many bytes
+    the first forward makes and keeps for good (state created lazily)."""
+    b = SnapBuilder()
+    seg = b.segment(4096 * MiB)
+    for i in range(2):
+        b.alloc(seg, i * 64 * MiB, 64 * MiB, fr=SETUP)
+    b.alloc(seg, 128 * MiB, 512 * MiB, fr=SETUP)  # the memory bank
+    for step in range(3):
+        acts = [b.alloc(seg, (1024 + 64 * i) * MiB, 64 * MiB, fr=model(20 + i)) for i in range(3)]
+        clone = b.alloc(seg, 1280 * MiB, 512 * MiB, fr=model(30))
+        logits = b.alloc(seg, 1792 * MiB, 128 * MiB, fr=model(31))
+        if step == 0 and lazy:
+            b.alloc(seg, 3072 * MiB, lazy, fr=model(32))
+        grads = [b.alloc(seg, (1920 + 64 * i) * MiB, 64 * MiB, fr=BACKWARD) for i in range(2)]
+        for x in (*acts, clone, logits):
+            b.free(x)
+        if step == 0:
+            for i in range(4):
+                b.alloc(seg, (640 + 64 * i) * MiB, 64 * MiB, fr=OPT_STATE)
+        b.free(b.alloc(seg, 900 * MiB, 8 * MiB, fr=OPT_TMP))
+        for g in grads:
+            b.free(g)
+    return b
+
+
+@pytest.mark.parametrize("lazy", [0, 256 * MiB])
+def test_copies_of_a_memory_bank_and_state_made_once_do_not_grow_with_the_batch(tmp_path, lazy):
+    from oomdoctor.report.fits import fits, grows_with_batch
+
+    a = analysed(tmp_path, moco(lazy), {"device_free_bytes": 0,
+                                       "memory_stats": {"reserved_bytes.all.current": 4096 * MiB}})
+    lt, acc = a.lifetimes, a.accounting
+    grows = grows_with_batch(a)
+    scaled = set(lt.size[acc.batch_scaled & (lt.alloc >= 0)].tolist())
+    assert 512 * MiB in scaled  # the accounting scaled the bank's clone (a temporary of every pass)
+    assert set(lt.size[grows].tolist()) == {64 * MiB, 128 * MiB}  # the activations (a trained weight's size) and logits
+    assert not np.any(grows & (lt.size == 512 * MiB)) and not np.any(grows & (lt.size == lazy))
+    f = fits(a, device_room_of(a), 8)
+    assert f.batch_scaled_bytes_at_peak == 3 * 64 * MiB + 128 * MiB
+
+
+def device_room_of(a):
+    from oomdoctor.report.fits import device_room
+
+    return device_room(a)

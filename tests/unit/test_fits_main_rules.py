@@ -119,6 +119,7 @@ def no_outside_growth(monkeypatch):
     from oomdoctor.report import margin as margin_module
 
     monkeypatch.setattr(margin_module, "OUTSIDE_GROWTH_BYTES", 0)
+    monkeypatch.setattr(margin_module, "OUTSIDE_GROWTH_AFTER_STEP_BYTES", 0)
 
 
 def analysed(tmp_path, r: Run | SnapBuilder, meta: dict | None = None, pool: int | None = None):

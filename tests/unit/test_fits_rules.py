@@ -49,6 +49,7 @@ def no_outside_growth(monkeypatch):
     from oomdoctor.report import margin as margin_module
 
     monkeypatch.setattr(margin_module, "OUTSIDE_GROWTH_BYTES", 0)
+    monkeypatch.setattr(margin_module, "OUTSIDE_GROWTH_AFTER_STEP_BYTES", 0)
 
 
 @pytest.fixture(autouse=True)

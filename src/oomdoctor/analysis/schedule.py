@@ -26,6 +26,11 @@ from .lifetimes import Lifetimes
 from .phases import FORWARD_PHASE, Phases, table_roles
 
 LOSS_NAMES = ("cross_entropy", "log_softmax", "nll_loss", "mse_loss", "binary_cross_entropy_with_logits")
+PIPELINE_FRAMEWORKS = ("pipelining",)
+"""Frameworks whose code runs a pipeline schedule (:mod:`oomdoctor.frameworks`)."""
+P2P_ANNOTATIONS = ("nccl:send", "nccl:recv")
+"""``record_function`` scopes ProcessGroupNCCL gives point-to-point transfers (``ProcessGroupNCCL.cpp``
+``send``/``recv``, their profiling titles): a pipeline stage's activations and gradients cross ranks this way."""
 
 
 def in_flight(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> int:
@@ -62,3 +67,24 @@ def in_flight_parts(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) 
         elif hit:
             after_loss = True
     return passes, count
+
+
+def schedule_evidence(a, recurrences: int) -> str | None:
+    """What says the job of ``a`` (a :class:`~oomdoctor.analysis.device.DeviceAnalysis`) runs a pipeline schedule,
+    the first that does: the sidecar's stage (``pp_rank`` / ``pipeline_stage``), a pipeline framework's code
+    (:data:`PIPELINE_FRAMEWORKS`), point-to-point transfers (:data:`P2P_ANNOTATIONS`), or several micro-batches'
+    forwards, each ending in a loss, in one forward run (a GPipe schedule on one GPU: ``recurrences``,
+    :func:`in_flight_parts`); None: no pipeline, whatever the passes with activations alive (a caught OOM's kept
+    exception leaves two: issue 49)."""
+    from ..frameworks import detect_frameworks, running_files
+
+    meta = a.trace.meta
+    if meta.get("pp_rank", meta.get("pipeline_stage")) is not None:
+        return "sidecar-stage"
+    if any(fw.id in PIPELINE_FRAMEWORKS for fw in detect_frameworks(running_files(a.trace.stacks))):
+        return "pipeline-framework"
+    if any(x.name.startswith(P2P_ANNOTATIONS) for x in a.device.annotations):
+        return "point-to-point"
+    if recurrences >= 2:
+        return "losses-in-one-forward"
+    return None

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
+from ..analysis.accounting import ACTIVATIONS, GRADIENTS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
@@ -227,6 +227,8 @@ NOTES = {
     "generate-not-replayed": "generate() is not replayed, and no lower bound is said",
     "first-forward-estimate": "the trace ends inside its first forward pass: a lower bound from the recorded part",
     "cut-in-first-forward": "the trace ends inside its first forward pass: what fits cannot be replayed",
+    "pipeline-warm-up": "a pipeline stage cut in its first warm-up forwards: how many micro-batches its schedule "
+                        "holds is not in the trace, so no lower bound is said",
     "optimizer-state-assumed": "no optimizer step finished before the OOM: room kept for Adam's state",
     "replay-failed": "the replay refuses the trace (note_values replay_error)",
     "private-pools": "CUDA graph private pools hold part of the memory: what fits is not replayed",
@@ -249,12 +251,64 @@ ASSUMPTIONS = {
 """The ids :attr:`Fits.assumptions` holds (the words: :mod:`oomdoctor.render.words.fits`)."""
 
 
+_GROWS: dict[int, tuple[DeviceAnalysis, np.ndarray]] = {}
+
+
+def grows_with_batch(a: DeviceAnalysis) -> np.ndarray:
+    """Per block (the lifetimes' rows): does its size grow with the micro-batch? The accounting's ``batch_scaled``
+    (activations, temporaries, outputs and KV cache made by a pass), less the blocks the trace shows do not (issue 49:
+    a MoCo job's 4 GiB memory bank and its clone were scaled with the batch, and what fits came out 30% low):
+
+    - **state made in a pass**: a block made by a pass before the trace's last one, alive at the trace's end, whose
+      size no later pass made again (a buffer created lazily in the first forward, a memory bank): per-batch tensors
+      are made by every pass;
+    - **a copy of persistent state**: a block the size of blocks that were alive before the trace's first pass and to
+      its end and that no gradient has the size of (a registered buffer, a frozen table: not ``batch_scaled``, not a
+      trained parameter; so only once a backward made gradients), made in every pass no more often than such blocks
+      exist (``queue.clone()`` once per step).
+      A batch-sized activation that matched a frozen weight's size would be made more often per pass than that
+      weight exists (every layer makes its own); a trained weight's size is never taken (its gradient has it).
+
+    Pure; kept per analysis (the replay asks several times)."""
+    got = _GROWS.get(id(a))
+    if got is not None and got[0] is a:
+        return got[1]
+    lt, acc, ph = a.lifetimes, a.accounting, a.phases
+    grows = acc.batch_scaled.copy()
+    rows = np.flatnonzero(grows & (lt.alloc >= 0))
+    if rows.size and ph.pass_starts.size:
+        end = lt.allocated_mask(a.num_events - 1)
+        pass_of = ph.pass_of(lt.alloc[rows])
+        last = int(ph.pass_of(a.num_events - 1))
+        # state made in a pass: alive at the end, made before the last pass, its size never made again later
+        for i in np.flatnonzero(end[rows] & (pass_of >= 0) & (pass_of < last)):
+            r = rows[i]
+            if not np.any((pass_of > pass_of[i]) & (lt.size[rows] == lt.size[r])):
+                grows[r] = False
+        # copies of persistent state made before the first pass; only where gradients were made (a backward ran):
+        # before that, a trained weight's size cannot be told from a buffer's, and every block keeps growing
+        first = int(ph.pass_starts[0])
+        if not np.any(acc.category == GRADIENTS):
+            first = -1
+        before = ~acc.batch_scaled & (lt.alloc < first) & end & lt.allocated_mask(max(first - 1, 0))
+        before &= ~np.isin(lt.size, lt.size[acc.category == GRADIENTS]) & (first >= 0)
+        sizes, counts = np.unique(lt.size[before], return_counts=True)
+        held = dict(zip(sizes.tolist(), counts.tolist()))
+        for size, n in held.items():
+            same = np.flatnonzero((lt.size[rows] == size) & (pass_of >= 0))
+            if same.size and np.bincount(pass_of[same]).max() <= n:
+                grows[rows[same]] = False
+    _GROWS.clear()  # one analysis at a time: a fresh analysis replaces it
+    _GROWS[id(a)] = (a, grows)
+    return grows
+
+
 def _scale_events(a: DeviceAnalysis) -> np.ndarray:
-    """Events whose request grows with the micro-batch: allocations of batch-scaled blocks, and an
-    ``oom`` request made by a forward, backward or evaluation pass."""
-    lt, acc = a.lifetimes, a.accounting
+    """Events whose request grows with the micro-batch: allocations of the blocks that grow with it
+    (:func:`grows_with_batch`), and an ``oom`` request made by a forward, backward or evaluation pass."""
+    lt = a.lifetimes
     mask = np.zeros(a.num_events, dtype=bool)
-    rows = np.flatnonzero(acc.batch_scaled & (lt.alloc >= 0))
+    rows = np.flatnonzero(grows_with_batch(a) & (lt.alloc >= 0))
     mask[lt.alloc[rows]] = True
     ph = a.phases.phase
     oom = a.device.events["action"] == OOM
@@ -269,8 +323,8 @@ def job_margin(a: DeviceAnalysis) -> tuple[int, int]:
     bytes of its own, where the recorded one may have used its rounding. The spread of the job's step peaks is no
     part of it (issue 49): the replay runs those very steps; what they do not cover (longer inputs) is said as a
     condition (:mod:`.margin`)."""
-    lt, acc = a.lifetimes, a.accounting
-    alive = lt.allocated_mask(a.peak_allocated[1]) & acc.batch_scaled
+    lt = a.lifetimes
+    alive = lt.allocated_mask(a.peak_allocated[1]) & grows_with_batch(a)
     return 512 * int(np.count_nonzero(alive)), len(complete_steps(a))
 
 
@@ -281,7 +335,7 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
         return base, None
     lt, acc, ph = a.lifetimes, a.accounting, a.phases
     end = a.num_events - 1
-    persistent = lt.allocated_mask(end) & ~acc.batch_scaled
+    persistent = lt.allocated_mask(end) & ~grows_with_batch(a)
     steps = ph.steps
     if steps is not None and len(steps) >= 2:
         lo, hi = int(steps.starts[0]), int(steps.starts[1])
@@ -293,6 +347,19 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
         params = int(lt.size[persistent & (acc.category == PARAMETERS)].sum())
         return base + 2 * params, "optimizer-state-assumed"
     return base, None
+
+
+def _pipeline_warm_up(a: DeviceAnalysis) -> bool:
+    """Is the trace a pipeline stage cut in its first step's warm-up (:func:`_pass_seen` is False and the job runs a
+    pipeline: :func:`oomdoctor.analysis.schedule.schedule_evidence`)? Its peak comes when every micro-batch the
+    schedule holds in flight is (1F1B's first stage: one per later stage; GPipe: all), and how many that is the trace
+    does not say: a lower bound from one pass and a mirrored backward would not be true (issue 49: stage 0 of a
+    2-stage 1F1B was told "at least 52" where 52 ran out), so none is said."""
+    from ..analysis.schedule import in_flight_parts, schedule_evidence
+
+    k = int(a.oom_events[-1])
+    _passes, recurrences = in_flight_parts(a.trace.stacks, a.lifetimes, a.accounting, a.phases, k)
+    return schedule_evidence(a, recurrences) is not None
 
 
 def _pass_seen(a: DeviceAnalysis) -> bool:
@@ -336,7 +403,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     # what the cut pass made and still holds: its activations, and any other block of it that grows with the
     # micro-batch (a KV cache a forward with use_cache makes, a temporary): the backward frees them all; kept,
     # the next step's forward would make them a second time (accelerate Llama b128: 16 GiB of cache counted twice)
-    held = (acc.category == ACTIVATIONS) | (acc.batch_scaled & (lt.alloc >= (start or 0)))
+    held = (acc.category == ACTIVATIONS) | (grows_with_batch(a) & (lt.alloc >= (start or 0)))
     saved = np.flatnonzero(alive & held & (lt.alloc >= 0))
     if saved.size == 0:
         return False
@@ -404,7 +471,7 @@ def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None,
         return False
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1])
-    fixed = int(lt.size[alive & ~acc.batch_scaled].sum())
+    fixed = int(lt.size[alive & ~grows_with_batch(a)].sum())
     peak = max(a.peak_reserved[0], jp.job_peak_reserved_bytes or 0)
     if peak <= fixed:
         return False
@@ -483,7 +550,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         return out
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1])
-    out.batch_scaled_bytes_at_peak = int(lt.size[alive & acc.batch_scaled].sum())
+    out.batch_scaled_bytes_at_peak = int(lt.size[alive & grows_with_batch(a)].sum())
     out.checkpointing_frees_at_most_bytes = int(lt.size[alive & (acc.category == ACTIVATIONS)].sum())
     world = a.trace.meta.get("world_size")
     if world and world > 1:  # the optimizer state at the peak or, made later, at the end
@@ -505,7 +572,9 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         out.notes.append("generate-not-replayed")
         return out
     if a.oom_events.size and not _pass_seen(a):
-        if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out, inputs):
+        if _pipeline_warm_up(a):
+            out.notes.append("pipeline-warm-up")
+        elif a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out, inputs):
             out.notes.append("cut-in-first-forward")
         return out
     margin, note = _margin(a, room.bytes)

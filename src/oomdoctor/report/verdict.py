@@ -47,7 +47,7 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import JobPeak, job_peak
 from ..analysis.rounding import round_size
 from ..analysis.phases import OPTIMIZER_PHASE
-from ..analysis.schedule import in_flight_parts
+from ..analysis.schedule import in_flight_parts, schedule_evidence
 from ..detectors.finding import Finding, Fix, SiteRef
 from ..frameworks import detect_frameworks, running_files
 from ..trace.model import DEFAULT_POOL
@@ -71,11 +71,7 @@ stage keeps its micro-batches' outputs until ``step()`` ends and frees them ther
 step to step; it is listed as a finding under whatever verdict the rank gets."""
 FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
                 "kept-exception": "kept-exception", **{f: "growth" for f in GROWTH_FINDINGS}}
-PIPELINE_FRAMEWORKS = ("pipelining",)
-"""Frameworks whose code runs a pipeline schedule (:mod:`oomdoctor.frameworks`)."""
-P2P_ANNOTATIONS = ("nccl:send", "nccl:recv")
-"""``record_function`` scopes ProcessGroupNCCL gives point-to-point transfers (``ProcessGroupNCCL.cpp``
-``send``/``recv``, their profiling titles): a pipeline stage's activations and gradients cross ranks this way."""
+
 MIN_DECISIVE_BYTES = 64 * MiB
 
 
@@ -609,24 +605,6 @@ _PREFER = ("fragmentation", "deferred-free", "growth", "kept-exception", "imbala
 
 _ORDER = {"kept-exception": 0, "growth": 0, "imbalance": 1, "capacity": 2, "deferred-free": 3, "fragmentation": 4,
           "healthy": 9, "empty": 10}
-
-
-def schedule_evidence(a: DeviceAnalysis, recurrences: int) -> str | None:
-    """What says the job runs a pipeline schedule, the first that does: the sidecar's stage (``pp_rank`` /
-    ``pipeline_stage``), a pipeline framework's code (:data:`PIPELINE_FRAMEWORKS`), point-to-point transfers
-    (:data:`P2P_ANNOTATIONS`), or several micro-batches' forwards, each ending in a loss, in one forward run (a GPipe
-    schedule on one GPU: ``recurrences``, :func:`oomdoctor.analysis.schedule.in_flight_parts`); None: no pipeline,
-    whatever the passes with activations alive (a caught OOM's kept exception leaves two, issue 49)."""
-    meta = a.trace.meta
-    if meta.get("pp_rank", meta.get("pipeline_stage")) is not None:
-        return "sidecar-stage"
-    if any(fw.id in PIPELINE_FRAMEWORKS for fw in _frameworks(a)):
-        return "pipeline-framework"
-    if any(x.name.startswith(P2P_ANNOTATIONS) for x in a.device.annotations):
-        return "point-to-point"
-    if recurrences >= 2:
-        return "losses-in-one-forward"
-    return None
 
 
 def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:
