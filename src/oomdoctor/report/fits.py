@@ -469,7 +469,7 @@ def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None,
     jp = job_peak(a)
     if jp.source == "unknown-before-window":
         return False
-    lt, acc = a.lifetimes, a.accounting
+    lt = a.lifetimes
     alive = lt.allocated_mask(a.peak_allocated[1])
     fixed = int(lt.size[alive & ~grows_with_batch(a)].sum())
     peak = max(a.peak_reserved[0], jp.job_peak_reserved_bytes or 0)

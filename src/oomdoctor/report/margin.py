@@ -51,7 +51,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDict from typing_extensions only
 
 from ..analysis.device import DeviceAnalysis

@@ -39,8 +39,8 @@ from ..detectors.registry import run_all
 from ..trace.model import Trace
 from .build import breakdowns, holder_refs, summarize
 from .fits import Fits, Room, device_room, fits
-from .margin import margin_inputs
 from .groups import with_groups
+from .margin import margin_inputs
 from .model import RankSummary, Report
 from .predict import Predictor, attach_predictions, predictor
 from .verdict import job_verdict, rank_verdict, state_verdict, with_findings, with_tightest_rank

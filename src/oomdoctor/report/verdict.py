@@ -45,8 +45,8 @@ import numpy as np
 from ..analysis.accounting import KV_CACHE, OPTIMIZER_STATE, PARAMETERS, Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import JobPeak, job_peak
-from ..analysis.rounding import round_size
 from ..analysis.phases import OPTIMIZER_PHASE
+from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight_parts, schedule_evidence
 from ..detectors.finding import Finding, Fix, SiteRef
 from ..frameworks import detect_frameworks, running_files
