@@ -52,6 +52,8 @@ ONE = {
     "moe-edge": (["--seq", "512"], 12, "1:128"),
 }
 LOCK = threading.Lock()
+DRY = False
+"""--dry: every job with --cpu (tiny shapes, no cap), nothing recorded: the driver's own flow on a machine without a GPU."""
 
 
 def write(out: str, row: dict) -> None:
@@ -60,7 +62,7 @@ def write(out: str, row: dict) -> None:
 
 
 def run(out: str, kind: str, stage: str, cmd: list[str], *, batch: int | None = None, conf: str = "",
-        record: str | None = None, timeout: int = 150, extra: dict | None = None) -> dict:
+        record: str | None = None, timeout: int = 150, extra: dict | None = None, truth_arg: bool = True) -> dict:
     """One process; its row (the job's truth merged in). ``record``: a run directory under ``out/rec/kind``."""
     d = os.path.join(out, "rec", kind, record) if record else os.path.join(out, "tmp", kind, f"{stage}-{batch}-{conf}")
     os.makedirs(d, exist_ok=True)
@@ -70,8 +72,9 @@ def run(out: str, kind: str, stage: str, cmd: list[str], *, batch: int | None = 
     env.pop("PYTORCH_ALLOC_CONF", None)
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = env["PYTORCH_ALLOC_CONF"] = conf
-    wrap = [*PY, "-m", "oomdoctor", "run", "--out", d, "--no-diagnose", "--"] if record else []
-    full = wrap + cmd + ["--ground-truth", truth]
+    wrap = [*PY, "-m", "oomdoctor", "run", "--out", d, "--no-diagnose", "--"] if record and not DRY else []
+    full = (wrap + cmd + (["--ground-truth", truth] if truth_arg else [])
+            + (["--cpu"] if DRY and "round14_jobs.py" in " ".join(cmd) else []))
     t0 = time.time()
     try:
         with open(os.path.join(d, "job.log"), "w") as log:
@@ -185,7 +188,7 @@ def optimizer(out: str, deadline: float) -> None:
         extra={"rerun_of": oom.get("recorded"), "variant": "sgd"})
     run(out, kind, "rerun", [*base, "--batch", "8"], batch=8, extra={"rerun_of": oom.get("recorded"),
                                                                      "variant": "batch/8"})
-    reruns(out, kind, base + ["--batch", "64"], 64, oom, deadline)
+    reruns(out, kind, base, 64, oom, deadline)
 
 
 def varlen(out: str, deadline: float) -> None:
@@ -199,7 +202,8 @@ def gnn(out: str, deadline: float) -> None:
     kind = "gnn-varsize-cap"
     d = os.path.join(out, "rec", kind)
     os.makedirs(d, exist_ok=True)
-    run(out, kind, "record", [*PY, os.path.join(HERE, "graphsage_gc.py"), "--out", d], record=None, timeout=200)
+    run(out, kind, "record", [*PY, os.path.join(HERE, "graphsage_gc.py"), "--out", d, *(["--cpu"] if DRY else [])],
+        timeout=200, truth_arg=False)
 
 
 def pending(out: str, deadline: float) -> None:
@@ -246,7 +250,10 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--part", choices=("one", "two"), default="one")
     p.add_argument("--budget-s", type=float, default=330)
+    p.add_argument("--dry", action="store_true", help="jobs with --cpu, nothing recorded (the driver's flow only)")
     a = p.parse_args()
+    global DRY
+    DRY = a.dry
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
     deadline = t0 + a.budget_s
