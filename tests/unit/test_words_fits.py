@@ -59,7 +59,7 @@ ASSUMPTION_WORDS = {
     "backward-mirrors-forward": "the backward mirrors the forward: it frees what the forward saved, last first, making "
                                 "a gradient of the same size for each; then the next step's forward runs as recorded, "
                                 "into the cache that backward left",
-    "unseen-fragmentation": "the blocks that grow with the micro-batch take 10% more room than replayed: the "
+    "unseen-fragmentation": "the blocks that grow with the micro-batch take 11% more room than replayed: the "
                             "fragmentation of the steps that were not recorded",
     "generate-settings-kept": "the prompt length and max_new_tokens stay as recorded",
     "generate-peak-grows": "every reserved byte of the peak above the blocks that do not grow with the batch grows in "
