@@ -212,7 +212,7 @@ def pending(out: str, deadline: float) -> None:
     path = os.path.join(ROOT, "docs", "corpus", "round14_pending.json")
     todo = json.load(open(path)).get("runs", []) if os.path.exists(path) else []
     for item in todo:
-        if time.time() + item.get("timeout", 120) > deadline + 60:
+        if time.time() + item.get("expected_s", 60) > deadline + 60:
             write(out, {"kind": "pending", "stage": "skipped-budget", **item})
             continue
         cmd = [*PY, os.path.join(ROOT, item["script"]), *item["args"], "--batch", str(item["batch"])]
@@ -249,7 +249,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--part", choices=("one", "two"), default="one")
-    p.add_argument("--budget-s", type=float, default=330)
+    p.add_argument("--budget-s", type=float, default=300)
     p.add_argument("--dry", action="store_true", help="jobs with --cpu, nothing recorded (the driver's flow only)")
     a = p.parse_args()
     global DRY
