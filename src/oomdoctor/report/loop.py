@@ -147,7 +147,10 @@ def claim_of(prediction: dict[str, Any], analysis: DeviceAnalysis) -> Claim:
         peak = max(peak, int(prediction["extended_peak_reserved_bytes"]))
     oom = prediction.get("oom") is not None or reach == "step-ran-out"
     if isinstance(prediction.get("margin_bytes"), int):
-        margin, source = int(prediction["margin_bytes"]), "prediction"
+        # a rerun measures the whole job: the recorded steps' margin and, where the job measured one, the margin of
+        # what they do not cover (issue 49: report/predict.py's continuation)
+        cont = (prediction.get("continuation") or {}).get("margin_bytes")
+        margin, source = int(prediction["margin_bytes"]) + int(cont or 0), "prediction"
     else:
         margin, source = job_margin(analysis)[0], "job-spread"
     return Claim(rank=int(prediction["rank"]), peak_reserved_bytes=peak, oom=oom, margin_bytes=margin,
