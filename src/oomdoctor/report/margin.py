@@ -61,12 +61,13 @@ OUTSIDE_GROWTH_BYTES = 96_468_992
 the job's first optimizer step ended (:func:`step_ran_before`): the rest of the step's kernels are loaded then (CUDA's
 lazy module loading) and NCCL makes the buffers of its first collectives. Measured on the corpus
 (``benchmarks/margin_terms.py``, ``docs/margin_terms.json`` ``outside``) against a run of the same job that completed
-(same world size and rank): 79,691,776 bytes on both first-forward runs (both ranks), 75,497,472 on
-``pipeline-gpipe-b32``, 96,468,992 (92 MiB, the largest of the five pairs) on ``pipelining-1f1b-b32``'s last stage."""
+(same world size and rank), 8 pairs of ranks: 0 on ``accelerate-ddp-llama-b76`` (both ranks), 79,691,776 bytes on both
+first-forward runs (both ranks), 75,497,472 on ``pipeline-gpipe-b32``, 96,468,992 (92 MiB, the largest) on
+``pipelining-1f1b-b32``'s last stage."""
 
 OUTSIDE_GROWTH_AFTER_STEP_BYTES = 2_097_152
 """The same after an optimizer step ended (or, in an inference loop, after an earlier pass of it): at most 2 MiB on
-the corpus's 17 such pairs of ranks (0 on 15, 64 KiB on ``deepspeed-z1-gpt2-b120``, 2 MiB on
+the corpus's 14 such pairs of ranks (0 on 12, 64 KiB on ``deepspeed-z1-gpt2-b120``, 2 MiB on
 ``generate-gqa-b11264``): ``cudaMemGetInfo`` counts the device's memory in 2 MiB pages."""
 
 PLANNER_SHORTFALL_BYTES = {1: 1_058_111_232, 2: 327_074_560}
