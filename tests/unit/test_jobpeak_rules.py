@@ -13,8 +13,9 @@ from builder import MiB, SnapBuilder, frames
 from oomdoctor.analysis import analyze
 from oomdoctor.analysis.jobpeak import (
     MISS_SAID_BYTES,
-    MISS_TOLERANCE_BYTES,
+    REMAINDER_BYTES,
     JobPeak,
+    allocated_undercount_bound,
     counters,
     job_peak,
     starts_mid_job,
@@ -105,13 +106,26 @@ def test_a_counter_reset_below_the_window_leaves_the_windows_peak():
     assert not p.missed
 
 
-@pytest.mark.parametrize("above, missed", [(0, False), (MISS_TOLERANCE_BYTES, False),
-                                           (MISS_TOLERANCE_BYTES + 1, True)])
-def test_the_window_missed_the_peak_only_beyond_the_tolerance(above, missed):
+@pytest.mark.parametrize("extra, missed", [(-1, False), (0, False), (1, True)])
+def test_the_window_missed_the_allocated_peak_only_beyond_what_the_trace_can_undercount(extra, missed):
+    # issue 49: 1 MiB (kSmallSize) per large block whose size the trace infers, the most alive at once: the
+    # undercount a swallowed remainder can make; a fixed 2 MiB said "missed" on 41 of the corpus's 53 whole-job ranks
     window = GiB + 16 * MiB
-    a = _analysed({"memory_stats": {"allocated_bytes.all.peak": window + above}})
+    a = _analysed({})
+    bound = allocated_undercount_bound(a)
+    assert bound % REMAINDER_BYTES == 0
+    a = _analysed({"memory_stats": {"allocated_bytes.all.peak": window + bound + extra}})
     p = job_peak(a)
+    assert p.allocated_tolerance_bytes == bound
     assert p.allocated_missed is missed and p.job_peak_reserved_bytes is None and not p.reserved_missed
+
+
+def test_the_window_missed_the_reserved_peak_by_any_byte():
+    # reserved bytes are exact (the final segments less the segment events): any byte above is missed
+    a = _analysed({"memory_stats": {"reserved_bytes.all.peak": 5 * GiB + 1}})
+    assert job_peak(a).reserved_missed
+    a = _analysed({"memory_stats": {"reserved_bytes.all.peak": 5 * GiB}})
+    assert not job_peak(a).reserved_missed
 
 
 def test_counters_without_peaks_keep_the_retries_and_judge_the_peak_as_without():

@@ -80,8 +80,9 @@ def test_a_prediction_reads_without_internal_words_or_nested_parentheses():
          "peak_reserved_bytes": 37_339_791_360, "recorded_peak_reserved_bytes": 41_269_854_208,
          "recorded_oom_event_index": 13760, "reach": "step-completed", "self_replay_exact": False}
     assert _prediction_text(p) == (
-        "this recording replayed with expandable_segments:True on rank 0: gets past the recorded OOM, but the rest of "
-        "the step, replayed as the previous step ran it, runs out of memory asking for 2.00 GiB. "
+        "this recording replayed with expandable_segments:True on rank 0: gets past the recorded OOM and through the recorded steps (peak "
+        "reserved 34.78 GiB), but the rest of the step, replayed as the previous step ran it, runs out of memory "
+        "asking for 2.00 GiB. "
         "Recorded: peak reserved 38.44 GiB, OOM at event 13760. Approximate: the replay of the recorded run was not "
         "exact.")
 

@@ -210,6 +210,16 @@ def test_memory_growth():
         "128.00 MiB in all. Allocated memory at step start grew from 1.00 GiB to 1.12 GiB.")
 
 
+def test_kept_exception():
+    f = _f("kept-exception", "", {"oom_event": 46, "retry_event": 47, "held_bytes": 768 * MiB, "held_blocks": 3,
+                                  "held_at_last_oom_bytes": 768 * MiB, "caught_ooms": 1})
+    assert words.title(f) == "A caught out-of-memory error keeps the failed attempt's tensors (768.00 MiB) while the job runs again"
+    assert words.summary(f) == (
+        "The out-of-memory error at event 46 was caught, and when the same code ran again (event 47) the 3 blocks the "
+        "failed attempt had made (768.00 MiB) were still allocated: the exception (its traceback and the frames it "
+        "holds) keeps them alive. 768.00 MiB of them were still held at the last OOM.")
+
+
 KEPT = {"kept_bytes": 384 * MiB, "blocks": 3, "passes": 3, "allocated_bytes": 641 * MiB, "kept_fraction": 0.599,
         "at": "the peak", "phase": "forward", "sites_per_pass": 1, "kept_unit": "batch", "kept_at": [0, 1, 2],
         "kept_every": 1}
@@ -384,6 +394,9 @@ FIX_WORDS = {
                               "per-tensor temporaries."),
     "optimizer-state-first": ("Create optimizer state before the first forward (e.g. one zero-loss step) so it is not "
                               "interleaved with activations."),
+    "release-exception": ("Leave the except block before retrying (set a flag, retry after it), or del the exception "
+                          "and anything holding it or its traceback (a list of errors, sys.last_traceback): while it "
+                          "lives, its traceback keeps the failed attempt's frames and every tensor they hold."),
 }
 
 

@@ -29,6 +29,9 @@ OOM_EV = {"request_bytes": 256 * MiB, "allocated_bytes": GiB, "need_bytes": GiB 
           "graph_pool_bytes": 32 * MiB, "defragmented_config": "expandable_segments:True",
           "fix_outcome": "no-oom", "fix_peak_reserved_bytes": GiB, "fix_spare_bytes": 77 * MiB,
           "fix_margin_bytes": 20 * MiB, "fix_at_edge": False, "defragmented_outcome_template": "no-oom",
+          "fix_continuation": {"outcome": "later-steps", "heaviest_step_peak_allocated_bytes": GiB,
+                               "margin_bytes": None, "margin": {"reserved_step_spread_bytes": None,
+                                                                "unrecorded_bytes": 0}},
           "kv_cache_growth_per_token_bytes": 2 * MiB, "kv_room_after_fix_bytes": MiB, "kv_cache_tokens_fit": 160,
           "kv_cache_tokens": 150, "kv_tokens_more": 10, "checkpointing_frees_bytes": 300 * MiB,
           "sharding_frees_bytes": GiB, "logits_bytes": 400 * MiB, "logits_sites": "loss.py:3 in cross_entropy"}
@@ -148,7 +151,8 @@ def test_an_estimates_assumptions_are_listed_one_each():
 FRAGMENTATION = (f"{B(192 * MiB)} were free (cached or on the device) for a request of {B(256 * MiB)}, but not in one "
                  f"piece (largest free block {B(128 * MiB)}).")
 SIMULATED = (f" Simulated with expandable_segments:True, it no OOM, peak reserved {B(GiB)} with {B(77 * MiB)} to spare "
-             f"(margin {B(20 * MiB)})")
+             f"(margin {B(20 * MiB)}); later steps: for steps whose tensors peak at up to {B(GiB)}, the heaviest "
+             "recorded")
 
 
 @pytest.mark.parametrize("kind, reasons, tail", [
@@ -161,9 +165,6 @@ SIMULATED = (f" Simulated with expandable_segments:True, it no OOM, peak reserve
      SIMULATED + ". With it the KV cache fits 160 tokens per sequence at this batch (10 more than the 150 it holds)."
      " With the recorded settings the largest micro-batch that fits is 4."),
     ("fragmentation", ["fit-batch-scale"], " With the recorded settings 0.5x the current micro-batch fits."),
-    ("capacity", ["fix-simulated", "fragmentation-hit-first", "step-does-not-fit", "fit-micro-batch"],
-     SIMULATED + ": fragmentation hit first, but the step does not fit even without it. The largest micro-batch "
-                 "that fits: 4."),
     ("capacity", ["fix-simulated", "fragmentation-hit-first", "runs-out-without-it"],
      SIMULATED + ": fragmentation hit first, but the job runs out even without it."),
     ("capacity", ["fix-simulated", "fragmentation-hit-first", "at-edge-without-it", "fit-batch-scale"],
@@ -173,9 +174,19 @@ SIMULATED = (f" Simulated with expandable_segments:True, it no OOM, peak reserve
      SIMULATED + f": fragmentation hit first, but the KV cache grows {B(2 * MiB)} per generated token and the fix "
                  f"leaves {B(MiB)} beyond the request and the margin: the generation is at capacity. The cache fits "
                  "160 tokens per sequence at this batch (it holds 150 now)."),
-], ids=["alone", "graph-pools", "fix", "fix-kv-fit", "scale", "step-ran-out", "runs-out", "at-edge", "kv-capacity"])
+], ids=["alone", "graph-pools", "fix", "fix-kv-fit", "scale", "runs-out", "at-edge", "kv-capacity"])
 def test_fragmentation(kind, reasons, tail):
     assert said(kind, ["not-in-one-piece", *reasons], OOM_EV) == FRAGMENTATION + tail
+
+
+def test_a_fix_through_the_recorded_steps_whose_step_then_runs_out_is_fragmentation_said_so():
+    # issue 49: the cause is the recorded OOM's; the rest of the step running out is the second statement
+    ev = {**OOM_EV, "fix_outcome": "step-ran-out", "fix_extended_oom_requested_bytes": 512 * MiB,
+          "fix_extended_peak_reserved_bytes": GiB}
+    assert said("fragmentation", ["not-in-one-piece", "fix-simulated", "continuation-runs-out"], ev) == (
+        FRAGMENTATION + " Simulated with expandable_segments:True, it gets past the recorded OOM and through the "
+        f"recorded steps (peak reserved {B(GiB)}) with {B(77 * MiB)} to spare (margin {B(20 * MiB)}), but the rest of "
+        f"the step, replayed as the previous step ran it, runs out of memory asking for {B(512 * MiB)}.")
 
 
 def test_under_a_memory_fraction_cap():
@@ -218,10 +229,10 @@ ALLOC = "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CON
     (Action("alloc-conf-not-simulated"), ALLOC + " so that free memory is not stranded between segments (not "
                                                  "simulated: the allocator model cannot replay this recording)."),
     (Action("alloc-conf-simulated"), ALLOC + f": simulated, it no OOM, peak reserved {B(GiB)} with {B(77 * MiB)} to "
-                                             f"spare (margin {B(20 * MiB)})."),
+                                             f"spare (margin {B(20 * MiB)}); later steps: for steps whose tensors "
+                                             f"peak at up to {B(GiB)}, the heaviest recorded."),
     (Action("alloc-conf-not-enough"), ALLOC + " to stop stranding free memory; simulated, it is not enough here: "
                                               "lower the micro-batch too."),
-    (Action("or-micro-batch-at-most"), "Or keep the default allocator with a per-device micro-batch of at most 4."),
     (Action("finding-fix", fix=Fix("sharded-checkpoint", "all", "s")), fix_text(Fix("sharded-checkpoint", "all", "s"))),
     (Action("logits"), f"The loss's logits hold {B(400 * MiB)} (loss.py:3 in cross_entropy): compute the loss in "
                        "chunks or fuse the LM head with the cross-entropy."),

@@ -43,6 +43,7 @@ def sparkline(values: list[int], top: int) -> str:
 
 _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black on yellow",
                   "deferred-free": "bold black on yellow", "growth": "bold white on red", "imbalance": "bold black on yellow",
+                  "kept-exception": "bold white on red",
                   "healthy": "bold black on green", "empty": "bold black on white"}
 _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
                    "activations": "activations", "temporaries": "temporaries", "communication": "communication",

@@ -152,6 +152,11 @@ def claim_of(prediction: dict[str, Any]) -> Claim:
     oom = prediction.get("oom") is not None or reach == "step-ran-out"
     m = prediction.get("margin_bytes")
     margin = int(m) if isinstance(m, int) and not isinstance(m, bool) and m >= 0 else None
+    if margin is not None:
+        # a rerun measures the whole job: the recorded steps' margin and, where the job measured one, the margin of
+        # what they do not cover (issue 49: report/predict.py's continuation)
+        cont = (prediction.get("continuation") or {}).get("margin_bytes")
+        margin += int(cont or 0)
     return Claim(rank=int(prediction["rank"]), peak_reserved_bytes=peak, oom=oom, margin_bytes=margin,
                  margin_source="none" if margin is None else "prediction",
                  lower_bound=reach == "recorded" and not oom, reach=reach,

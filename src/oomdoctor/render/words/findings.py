@@ -35,6 +35,8 @@ TITLES: dict[tuple[str, str], str] = {
     ("deferred-free", "final-state"): "Frees deferred by record_stream hold memory across layers and steps",
     ("fragmentation", "oom"): "Out of memory with enough free memory, in pieces too small",
     ("fragmentation", "stranded"): "Reserved memory far above allocated: free space stranded in segments",
+    ("kept-exception", ""): ("A caught out-of-memory error keeps the failed attempt's tensors ({held_bytes:bytes}) "
+                             "while the job runs again"),
     ("memory-growth", ""): "Memory grows from step to step: tensors from earlier steps stay allocated",
     ("output-accumulation", "graph-kept"): "Every batch's autograd graph is kept alive (a loss summed without no_grad)",
     ("output-accumulation", "regrown"): "Outputs of every batch gathered into one growing buffer",
@@ -129,6 +131,11 @@ SUMMARIES: dict[tuple[str, str], str] = {
         "At the peak, {free_in_used_segments_bytes:bytes} of the {peak_reserved_bytes:bytes} reserved "
         "were free but stranded inside segments that still hold live blocks (largest free block "
         "{largest_free_block_bytes:bytes}); only {allocated_at_peak_bytes:bytes} were allocated."),
+    ("kept-exception", ""): (
+        "The out-of-memory error at event {oom_event} was caught, and when the same code ran again (event "
+        "{retry_event}) the {held_blocks} blocks the failed attempt had made ({held_bytes:bytes}) were still allocated: "
+        "the exception (its traceback and the frames it holds) keeps them alive. {held_at_last_oom_bytes:bytes} of "
+        "them were still held at the last OOM."),
     ("memory-growth", ""): (
         "Over {steps} training steps (found by {step_source}), of steps {first_counted_step} to "
         "{last_counted_step} (the two before are warm-up, the last two still running), steps {leaking_steps:list} "
@@ -220,6 +227,11 @@ FIXES: dict[str, str] = {
         "Under the memory fraction (torch.cuda.set_per_process_memory_fraction), add "
         "garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap."),
     "vary-shapes-less": "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
+    # kept-exception
+    "release-exception": (
+        "Leave the except block before retrying (set a flag, retry after it), or del the exception and anything "
+        "holding it or its traceback (a list of errors, sys.last_traceback): while it lives, its traceback keeps the "
+        "failed attempt's frames and every tensor they hold."),
     # memory-growth
     "detach-kept-tensors": (
         "Do not keep tensors that are attached to the graph or live on the GPU across steps: log with "

@@ -107,9 +107,7 @@ def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
                 "release cached segments while a graph is being captured.")
     if "fix-simulated" in r:
         out += " Simulated with {defragmented_config}, it " + fix_outcome_template(ev)
-        if "step-does-not-fit" in r:
-            out += ": fragmentation hit first, but the step does not fit even without it."
-        elif "runs-out-without-it" in r:
+        if "runs-out-without-it" in r:
             out += ": fragmentation hit first, but the job runs out even without it."
         elif "at-edge-without-it" in r:
             out += ": fragmentation hit first, but the job is at the edge of the GPU even without it."
@@ -137,6 +135,11 @@ def summary_template(v: Verdict) -> str:
     if "kept-across-micro-batches" in r:
         return ("out of memory after {kept_bytes:bytes} were kept across micro-batches (outputs gathered or cached, "
                 "{phase} phase): the job accumulates; a larger GPU only delays it.")
+    if "held-by-exception" in r:
+        return ("out of memory while {kept_exception_bytes:bytes} of an earlier attempt were still allocated: the job "
+                "caught the OOM at event {kept_oom_event} and ran the same code again (event {kept_retry_event}) with "
+                "the exception, its traceback and the failed attempt's tensors still alive; without them the request "
+                "fits.")
     if "rank-excess" in r:
         return ("out of memory on this rank, which holds {excess_bytes:bytes} more than the others: without the excess "
                 "it would fit.")
@@ -154,6 +157,10 @@ def summary_template(v: Verdict) -> str:
                     "pipeline schedule holds them at once.")
         if "kv-cache-named" in r:
             out += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
+        if "oom-in-optimizer-step" in r:
+            out += (" It ran out inside optimizer.step(), holding {optimizer_state_bytes:bytes} of optimizer state "
+                    "beside {parameters_bytes:bytes} of parameters: the activations are freed by then, so a smaller "
+                    "micro-batch does not help.")
         return out + _fit(r, v.kind, ev)
     if v.kind == "capacity" and "room-unknown" in r:
         return ("out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} allocated; the GPU's room "
@@ -188,6 +195,11 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     setting = ev.get("defragmented_config") or "expandable_segments:True"
     if a.id == "pipeline-schedule":
         return PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + "."
+    if a.id == "optimizer-memory":
+        return ("Give the optimizer less state: an 8-bit optimizer (bitsandbytes AdamW8bit) keeps Adam's two moments "
+                "in a quarter of the bytes, a factored one (Adafactor) keeps row and column statistics instead of "
+                "full moments, SGD with momentum one state instead of two (plain SGD none); or shard the state over "
+                "more GPUs (ZeRO-1 / FSDP, DeepSpeed) or offload it to the host.")
     if a.id == "kv-cache-smaller":
         return "Make the KV cache smaller or steadier: " + literal(framework(a.framework or "generate").knobs["kv-cache"]) + "."
     if a.id == "micro-batch-at-most":
@@ -213,8 +225,6 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     if a.id == "alloc-conf-not-enough":
         return (ALLOC_CONF.format(setting=setting) + " to stop stranding free memory; simulated, it is not enough "
                 "here: lower the micro-batch too.")
-    if a.id == "or-micro-batch-at-most":
-        return "Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}."
     if a.id == "finding-fix":
         return literal(fix_text(a.fix)) if a.fix is not None else ""
     if a.id == "logits":
