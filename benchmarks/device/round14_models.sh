@@ -17,10 +17,12 @@ set -u
 OUT=${1:?out dir}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  2>&1 | tail -2
+if [ -z "${ROUND14_INSTALLED:-}" ]; then  # round14_a.sh installs once for the parts it runs side by side
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    2>&1 | tail -2
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation . 2>&1 | tail -2
+fi
 export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation . 2>&1 | tail -2
 { nvidia-smi -L; nproc; python3 --version; git log --oneline -1 2>/dev/null
   python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
   python3 -c "import diffusers; print('diffusers', diffusers.__version__)"; } > "$OUT/machine.txt" 2>&1
