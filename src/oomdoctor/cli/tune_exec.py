@@ -35,6 +35,8 @@ from ..report.tune import (
     cost_of,
 )
 
+#: the memory of a replay without a limit (bytes): what a configuration that runs out would need
+UNLIMITED_BYTES = 1 << 60
 #: the optimizer steps a trace runs (as ``oomdoctor preflight``'s default: the second step is the first with the
 #: optimizer's state alive)
 TRACE_STEPS = 2
@@ -150,9 +152,16 @@ def trace_point(job: TraceJob, point: TracePoint) -> Traced:
         write_snapshot(path, snap, meta)
         r, _ = replayed(path, room(job.gpu_total_bytes, job.outside_bytes), point.micro_batch, rec.events,
                         rec.wall_s, configs=tuple(others))
-    # the recorded (default) settings first, then each setting asked for, in order (simulate's results)
-    settings = {name: (int(s["peak_reserved_bytes"]), int(s["peak_allocated_bytes"]), bool(s["oom"]))
-                for name, s in zip((DEFAULT_ALLOCATOR, *others), r.settings)}
+        # the recorded (default) settings first, then each setting asked for, in order (simulate's results)
+        names = (DEFAULT_ALLOCATOR, *others)
+        settings = {name: (int(s["peak_reserved_bytes"]), int(s["peak_allocated_bytes"]), bool(s["oom"]))
+                    for name, s in zip(names, r.settings)}
+        if any(v[2] for v in settings.values()):  # what a setting that ran out would need: replayed with no limit
+            u, _ = replayed(path, room(UNLIMITED_BYTES, 0), point.micro_batch, rec.events, rec.wall_s,
+                            configs=tuple(others))
+            for name, s in zip(names, u.settings):
+                if settings[name][2]:
+                    settings[name] = (int(s["peak_reserved_bytes"]), int(s["peak_allocated_bytes"]), True)
     cost = cost_of(rec.op_costs, rec.collectives, rec.step_markers, rec.phase_markers, micro_batches=micro_batches,
                    world_size=job.world_size, ddp_bucket_bytes=buckets)
     return Traced(point, settings, params, kind("gradients"), kind("optimizer_state"), cost,

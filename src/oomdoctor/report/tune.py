@@ -309,9 +309,12 @@ def check_budget(room_bytes: int, parameter_bytes: int, what: str) -> None:
     """Raises :class:`TuneError` when the parameters alone (``parameter_bytes`` on one GPU, the least any
     configuration of the space holds) do not fit in the allocator's room: no configuration can."""
     if parameter_bytes > room_bytes:
-        raise TuneError(f"{what}: the parameters alone take {parameter_bytes / 2**30:.2f} GiB of a GPU, more than "
-                        f"the {room_bytes / 2**30:.2f} GiB the caching allocator has: nothing in the space can fit "
-                        "(more GPUs with a sharding stage, or a smaller model)")
+        def size(n: int) -> str:  # an error message's numbers (render/ formats outputs; errors are written here)
+            return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+        raise TuneError(f"{what}: the parameters alone take {size(parameter_bytes)} ({parameter_bytes} bytes) of a "
+                        f"GPU, more than the {size(room_bytes)} ({room_bytes} bytes) the caching allocator has: "
+                        "nothing in the space can fit (more GPUs with a sharding stage, or a smaller model)")
 
 
 # --------------------------------------------------------------------------------------------------- memory
@@ -423,7 +426,7 @@ def collective_factor(op_name: str, world_size: int) -> float:
 @dataclass
 class Traced:
     """One trace's facts: its point, per allocator setting the replay's ``(peak_reserved_bytes,
-    peak_allocated_bytes, oom)``, the model state the trace recorded (bytes), the cost, and its wall time (s)."""
+    peak_allocated_bytes, oom)`` (where it ran out, the peaks of its replay without a limit: what it needs), the model state the trace recorded (bytes), the cost, and its wall time (s)."""
 
     point: TracePoint
     settings: dict[str, tuple[int, int, bool]]
@@ -673,7 +676,7 @@ class TuneTrial:
     timed_seconds: float | None
     """wall time of the timed steps, the GPU waited for at both ends (s); null: not reached"""
     measured_samples_per_s: float | None
-    """samples per second over the timed steps"""
+    """over the timed steps (samples/s; null: not reached)"""
     measured_peak_reserved_bytes: int | None
     """torch.cuda.max_memory_reserved() on rank 0 at the stop (bytes)"""
     predicted_peak_reserved_bytes: int
@@ -697,8 +700,8 @@ class Candidate:
     for-loop; adamw8bit, sgd), sharding (none, ddp), allocator (defaults or a PYTORCH_ALLOC_CONF value); a
     script: its knobs, the derived accumulation, allocator"""
     predicted_peak_reserved_bytes: int
-    """the replay's peak reserved under this allocator setting: traced, or the line between the traced
-    micro-batches of its class (bytes)"""
+    """the replay's peak reserved under this allocator setting (where it runs out: its replay's without a limit,
+    what it needs): traced, or the line between the traced micro-batches of its class (bytes)"""
     predicted_peak_allocated_bytes: int
     """the replay's peak allocated (bytes)"""
     margin_bytes: int
@@ -716,9 +719,9 @@ class Candidate:
     predicted_step_s: float
     """the cost model's optimizer step (s)"""
     predicted_samples_per_s: float
-    """samples per second the cost model predicts"""
+    """what the cost model predicts (samples/s)"""
     measured_samples_per_s: float | None
-    """samples per second measured on the GPU (null: not run)"""
+    """measured on the GPU over the timed steps (samples/s; null: not run)"""
     samples_per_step: int
     """samples an optimizer step takes over all GPUs"""
     step: dict[str, float]
@@ -907,7 +910,9 @@ def suggestions(space: Space, traced: dict[tuple[ClassKey, int], Traced], room_b
     if opts is not None and "adamw8bit" not in opts and t.optimizer_state_bytes:
         # 8-bit states: 2 bytes a parameter where AdamW keeps 8 (two fp32 moments)
         saved = t.optimizer_state_bytes - t.optimizer_state_bytes // 4
-        out.append(Suggestion("adamw8bit", None, peak - saved + margin, whole, other))
+        per_gpu = max(peak - saved, other) + margin
+        if per_gpu <= room_bytes:  # said only where it would fit
+            out.append(Suggestion("adamw8bit", None, per_gpu, whole, other))
     return out
 
 
