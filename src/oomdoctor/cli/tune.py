@@ -177,6 +177,15 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
             return hf_command(cfg, hf_config=hf_config or "", seq_len=int(seq_len or 0), dtype=dtype,
                               world_size=nproc)
     else:
+        from .tune_exec import launcher_world_size
+
+        launched = launcher_world_size(argv)
+        if launched is not None and nproc == 1:
+            nproc = launched
+            outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nproc > 1 else 0)
+            room_bytes = int(room(total, outside).limit_bytes or 0)
+        elif launched is not None and launched != nproc:
+            raise UsageError(f"--nproc-per-node {nproc} but the command launches {launched} processes")
         bk = batch_knob if batch_knob is not None else ("mb" if any(k.name == "mb" for k in parsed) else None)
         if not parsed:
             raise UsageError("tune -- COMMAND: give --knob NAME=VALUES for each {NAME} in the command")

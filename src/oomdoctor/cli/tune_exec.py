@@ -88,12 +88,34 @@ def substitute(command: tuple[str, ...] | list[str], values: dict[str, Any]) -> 
     return out
 
 
+LAUNCHERS = (["torchrun"], ["-m", "torch.distributed.run"])
+
+
 def script_argv(command: list[str]) -> list[str]:
-    """The script and its arguments of ``python train.py ...`` (``python`` dropped), as preflight traces it."""
+    """The script and its arguments, as preflight traces it: ``python train.py ...`` without ``python``;
+    ``torchrun [options] train.py ...`` (or ``python -m torch.distributed.run``) from the script on (preflight
+    traces rank 0 of ``--nproc-per-node`` in a fake process group)."""
     args = list(command)
     if args and os.path.basename(args[0]).startswith("python"):
         args = args[1:]
+    if args and (os.path.basename(args[0]) == "torchrun" or args[:2] == LAUNCHERS[1]):
+        i = next((k for k, a in enumerate(args) if a.endswith(".py")), None)
+        if i is not None:
+            args = args[i:]
     return args
+
+
+def launcher_world_size(command: list[str]) -> int | None:
+    """``--nproc_per_node`` (or ``--nproc-per-node``) of a ``torchrun`` command, None when not one or not given."""
+    for i, a in enumerate(command):
+        for name in ("--nproc_per_node", "--nproc-per-node"):
+            if a == name and i + 1 < len(command) and command[i + 1].isdigit():
+                return int(command[i + 1])
+            if a.startswith(name + "=") and a.split("=", 1)[1].isdigit():
+                return int(a.split("=", 1)[1])
+        if a.endswith(".py"):
+            break
+    return None
 
 
 def trace_point(job: TraceJob, point: TracePoint) -> Traced:

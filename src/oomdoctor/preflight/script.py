@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+import torch.utils.checkpoint
 from torch.overrides import TorchFunctionMode
 
 from .steps import PreflightError
@@ -238,6 +239,27 @@ def _backward_on_gpu(orig: Any, tracer: AllocationTracer) -> Any:
             return orig(*a, **k)
 
     return run
+
+
+def _checkpoint_with_policies(orig: Any, tracer: AllocationTracer) -> Any:
+    """``torch.utils.checkpoint.checkpoint`` (non-reentrant) with CUDA's policies entered again in the recomputation,
+    through its ``context_fn``, as the Hugging Face path does (:func:`.steps.checkpoint_kwargs`): the autograd engine
+    recomputes without the caller's ``TorchFunctionMode``, so the recomputed attention took CPU's math kernel where
+    the first forward took flash attention and checkpoint refused the step (measured: "A different number of
+    tensors was saved during the original forward and recomputation", a causal-SDPA block under FSDP2). A
+    ``context_fn`` of the script's own is kept."""
+    from torch.utils.checkpoint import noop_context_fn
+
+    from .tracer import CudaAutocastPolicy
+
+    def checkpoint(function: Any, *args: Any, use_reentrant: Any = None, context_fn: Any = noop_context_fn,
+                   **kwargs: Any) -> Any:
+        if context_fn is noop_context_fn and use_reentrant is False:
+            def context_fn() -> Any:
+                return contextlib.nullcontext(), CudaAutocastPolicy(tracer)
+        return orig(function, *args, use_reentrant=use_reentrant, context_fn=context_fn, **kwargs)
+
+    return checkpoint
 
 
 def _loader_iter_init(orig: Any) -> Any:
@@ -442,6 +464,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
             (loader_iter, "__init__", _loader_iter_init(loader_iter.__init__)),
+            (torch.utils.checkpoint, "checkpoint", _checkpoint_with_policies(torch.utils.checkpoint.checkpoint, tracer)),
             (torch.autograd, "_engine_run_backward", _backward_on_gpu(torch.autograd._engine_run_backward, tracer)),
             (torch.autograd.graph, "_engine_run_backward",
              _backward_on_gpu(torch.autograd.graph._engine_run_backward, tracer)),
