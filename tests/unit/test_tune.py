@@ -114,7 +114,7 @@ def test_accumulation_beyond_2_allocates_what_2_does(hf_tune, tiny, capsys):
 
 def test_the_answer_without_a_gpu_is_predicted_traced_and_fits(hf_tune):
     best = hf_tune["best"]
-    assert hf_tune["measured"] is False and "no-gpu" in hf_tune["notes"] and hf_tune["trials"] == []
+    assert hf_tune["measured"] is False and "not-run" in hf_tune["notes"] and hf_tune["trials"] == []
     assert best["memory_basis"] == "traced" and best["fits"] and best["predicted_rank"] == 1
     assert best["predicted_peak_reserved_bytes"] + best["margin_bytes"] <= best["room_bytes"]
     assert best["measured_samples_per_s"] is None and best["predicted_samples_per_s"] > 0
@@ -252,3 +252,34 @@ def test_nothing_fits_says_what_would_with_numbers(tiny, capsys):
     rc = main(argv + ["--gpu-memory", "880MB"])
     out = capsys.readouterr().out
     assert rc == 1 and "nothing in the space fits" in out and "GPUs with FSDP2 full shard: about" in out
+
+
+def test_the_trainer_job_runs_the_configuration_as_trainer_takes_it(tiny, tmp_path):
+    """The --hf-config job's runner (oomdoctor.integrations.tune_trainer) trains with transformers.Trainer until the
+    injection stops it: here on the CPU in fp32, every-2 checkpointing, fused AdamW, accumulation 2."""
+    from oomdoctor.cli.tune_exec import hf_command, run_candidates
+    from oomdoctor.report.tune import Candidate
+
+    cfg = {"micro_batch": 2, "grad_accum": 2, "checkpointing": "every-2", "optimizer": "fused", "sharding": "none",
+           "allocator": "defaults"}
+    c = Candidate(config=cfg, predicted_peak_reserved_bytes=1, predicted_peak_allocated_bytes=1, margin_bytes=0,
+                  room_bytes=2, fits=True, oom=False, memory_basis="traced", interpolated_between=None,
+                  predicted_step_s=0.1, predicted_samples_per_s=40.0, measured_samples_per_s=None, samples_per_step=4,
+                  step={}, predicted_rank=1)
+    argv = hf_command(cfg, hf_config=str(tiny / "config.json"), seq_len=32, dtype="fp32", world_size=1)
+    assert argv[1:3] == ["-m", "oomdoctor.integrations.tune_trainer"] and "--grad-accum" in argv
+    [t] = run_candidates([c], lambda x: argv, str(tmp_path), steps=2, warmup=1, timeout_s=300)
+    log = open(t.log).read()
+    assert t.outcome == "ran", log[-2000:]
+    assert "stopped after 3 optimizer steps" in log and t.measured_samples_per_s > 0
+
+
+def test_a_torchrun_command_is_traced_from_its_script():
+    from oomdoctor.cli.tune_exec import launcher_world_size, script_argv
+
+    cmd = ["torchrun", "--standalone", "--nproc_per_node=4", "train.py", "--bs", "8"]
+    assert script_argv(cmd) == ["train.py", "--bs", "8"] and launcher_world_size(cmd) == 4
+    cmd = ["python3", "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py", "--nproc_per_node=9"]
+    assert script_argv(cmd) == ["train.py", "--nproc_per_node=9"] and launcher_world_size(cmd) == 2
+    assert script_argv(["python", "train.py", "--x"]) == ["train.py", "--x"]
+    assert launcher_world_size(["python", "train.py", "--nproc_per_node=3"]) is None

@@ -204,7 +204,9 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
         if importlib.util.find_spec("deepspeed") is None:
             notes.append("deepspeed-not-installed")
     run = not no_run and top_k > 0 and gpu_count() >= nproc
-    if not no_run and top_k > 0 and not run:
+    if no_run or top_k == 0:
+        notes.append("not-run")
+    elif not run:
         notes.append("no-gpu")
     out_dir = os.path.abspath(out or f"oomdoctor-tune-{time.strftime('%Y%m%d-%H%M%S')}")
     workers = jobs or max(1, min(os.cpu_count() or 1, 8))

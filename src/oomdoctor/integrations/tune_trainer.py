@@ -37,9 +37,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class RandomTokens:
-    """A map-style dataset of random token ids (``input_ids`` and ``labels``), as long as asked."""
+    """A map-style dataset of random token ids (``input_ids`` and ``labels``), as long as asked (Trainer's sampler
+    draws a permutation of it each epoch: 2**20 samples, more than any short run takes)."""
 
-    def __init__(self, vocab: int, seq_len: int, length: int = 1 << 30) -> None:
+    def __init__(self, vocab: int, seq_len: int, length: int = 1 << 20) -> None:
         self.vocab, self.seq_len, self.length = vocab, seq_len, length
 
     def __len__(self) -> int:

@@ -20,6 +20,8 @@ NOTE_TEXT = {
     "trace-budget-reached": "the trace budget (--max-traces) ran out: some micro-batches are interpolated "
                             "between traced ones and are not recommended",
     "no-gpu": "no GPU here: the ranking is the cost model's prediction (measured: false)",
+    "not-run": "nothing run on the GPU (--no-run, --top 0): the ranking is the cost model's prediction "
+               "(measured: false)",
     "deepspeed-not-installed": "DeepSpeed's ZeRO stages are not searched: deepspeed is not installed",
     "fsdp2-needs-a-script": "FSDP2 (full shard, hybrid) is searched through a script (--knob) with fully_shard in "
                             "it; --hf-config traces Trainer's DDP",

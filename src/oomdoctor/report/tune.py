@@ -57,7 +57,7 @@ DEFAULT_ALLOCATOR = "defaults"
 #: allocator settings searched by default (``PYTORCH_ALLOC_CONF``); every trace replays under each
 ALLOCATORS = (DEFAULT_ALLOCATOR, "expandable_segments:True", "max_split_size_mb:512")
 #: what the output can say about the search, by id (render/tune.py words them)
-NOTES = ("accumulation-traced-at-2", "trace-budget-reached", "no-gpu", "deepspeed-not-installed",
+NOTES = ("accumulation-traced-at-2", "trace-budget-reached", "no-gpu", "not-run", "deepspeed-not-installed",
          "fsdp2-needs-a-script", "interpolated-not-run", "samples-are-steps", "top-not-measured")
 MEMORY_BASES = ("traced", "interpolated")
 TRIAL_OUTCOMES = ("ran", "oom", "failed")
@@ -812,7 +812,7 @@ class TuneOutcome:
     nothing_fits: list[Suggestion]
     """when no candidate fits: what would, with numbers"""
     notes: list[str]
-    """ids: accumulation-traced-at-2, trace-budget-reached, no-gpu, deepspeed-not-installed, fsdp2-needs-a-script,
+    """ids: accumulation-traced-at-2, trace-budget-reached, no-gpu, not-run, deepspeed-not-installed, fsdp2-needs-a-script,
     interpolated-not-run, samples-are-steps, top-not-measured"""
     trace_seconds: float
     """wall time spent tracing on the CPU (s)"""
@@ -1051,7 +1051,7 @@ def tune(space: Space, configs: list[Config], trace_many: TraceMany, *, run_tria
     if run_trials is not None and chosen:
         trials = run_trials(chosen)
         attach_trials(ranked, trials)
-    elif run_trials is None and "no-gpu" not in all_notes:
+    elif run_trials is None and "no-gpu" not in all_notes and "not-run" not in all_notes:
         all_notes.append("no-gpu")
     best, measured = choose(space, ranked, trials, top_k)
     if space.batch_axis is None:
