@@ -7,8 +7,8 @@
 #                                      then torchvision's ViT-B/16 script, global batch 256: micro-batch 32..256 x
 #                                      checkpointing none, full (8)
 #   two  (nvidia-h200-x2, about 5 min) a 0.95B Llama-shaped decoder under torchrun on 2 GPUs, sequence 2048, global
-#                                      batch 32: micro-batch 8, 16 x DDP, FSDP2 full shard, FSDP2 without resharding x
-#                                      checkpointing none, full (12)
+#                                      batch 32: micro-batch 8, 16 x DDP, FSDP2 full shard x checkpointing none,
+#                                      full (8)
 # DeepSpeed is not installed on these machines and is not built here: its ZeRO stages are not in the space (FSDP2's
 # full shard and no-reshard modes stand for ZeRO-3 and ZeRO-2), and DeepSpeed's Autotuner is not run.
 # Needs .mwhl/ (the package's dependencies as cp312 wheels; the machine has no network) carried with the tree.
@@ -33,10 +33,10 @@ run() {  # run PART_NAME SECONDS ARGS...: one comparison, guarded; a failure is 
   cp $W/$name/summary.json $OUT/summary-$PART-$name.json 2>/dev/null || true
 }
 case $PART in
-  one) run gpt2 330 --top 2 --jobs 12 --tune-timeout 200
+  one) run gpt2 350 --top 2 --jobs 12 --tune-timeout 200
        run vit 140 --top 2 --jobs 12 --tune-timeout 90
        (cd $W && tar cJf $OUT/round14-tune-one.tar.xz gpt2 vit gpt2.log vit.log 2>/dev/null) ;;
-  two) run llama 290 --top 2 --jobs 16 --tune-timeout 150
+  two) run llama 330 --top 2 --jobs 16 --tune-timeout 170
        (cd $W && tar cJf $OUT/round14-tune-two.tar.xz llama llama.log 2>/dev/null) ;;
   *) echo "unknown part $PART"; exit 2 ;;
 esac

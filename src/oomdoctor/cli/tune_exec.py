@@ -257,7 +257,11 @@ class Tracer:
         index = {f: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(points)
         for f in as_completed(futures):
-            results[index[f]] = f.result()
+            try:
+                results[index[f]] = f.result()
+            except Exception as e:  # noqa: BLE001 - a worker that died (killed, out of host memory): one line
+                raise UsageError(f"a trace's worker process failed ({type(e).__name__}: {e}); try fewer at once "
+                                 "(-j)") from None
             if self.progress:
                 self.progress(points[index[f]])
         for r in results:
