@@ -283,3 +283,25 @@ def test_a_torchrun_command_is_traced_from_its_script():
     assert script_argv(cmd) == ["train.py", "--nproc_per_node=9"] and launcher_world_size(cmd) == 2
     assert script_argv(["python", "train.py", "--x"]) == ["train.py", "--x"]
     assert launcher_world_size(["python", "train.py", "--nproc_per_node=3"]) is None
+
+
+def test_with_a_gpu_the_top_k_run_and_the_answer_is_measured(tiny, tmp_path, capsys, monkeypatch):
+    """The whole command with its runs, the GPU stood in by the CPU (the runs' machinery does not need one): the top
+    2 configurations run, each timed after its warm-up, and the answer is the measured best of them."""
+    import oomdoctor.cli.tune_exec as X
+
+    monkeypatch.setattr(X, "gpu_count", lambda: 1)
+    script = str(tiny / "train.py")
+    d = _json(capsys, ["tune", "--knob", "mb=2,4", "--knob", "ck=none,full", "--global-batch", "4", "--allocator",
+                       "defaults", "-j", "1", "--top", "2", "--steps", "2", "--warmup", "1", "--out",
+                       str(tmp_path / "runs"), "--format", "json", "--", sys.executable, script, "--bs", "{mb}",
+                       "--ck", "{ck}", "--ga", "{ga}"])
+    assert len(d["trials"]) == 2 and all(t["outcome"] == "ran" for t in d["trials"])
+    ran = {json.dumps(t["config"], sort_keys=True): t["measured_samples_per_s"] for t in d["trials"]}
+    assert d["measured"] is True and "no-gpu" not in d["notes"]
+    assert d["best"]["measured_samples_per_s"] == max(ran.values())
+    assert json.dumps(d["best"]["config"], sort_keys=True) in ran
+    # the runs are the two fastest predicted, each traced and fitting
+    top2 = [c for c in d["candidates"] if c["predicted_rank"] in (1, 2)]
+    assert {json.dumps(c["config"], sort_keys=True) for c in top2} == set(ran)
+    assert d["gpu_seconds"] == pytest.approx(sum(t["seconds"] for t in d["trials"]), abs=0.05)

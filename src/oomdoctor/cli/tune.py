@@ -218,6 +218,7 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
             return tracer(points)
 
         def run_trials(chosen: list) -> list:
+            tracer.close()  # the traces are done: their workers leave the CPUs to the runs
             bar.grow(len(chosen), "running on the GPU")
             return run_candidates(chosen, command_of, out_dir, steps=steps, warmup=warmup, timeout_s=trial_timeout,
                                   progress=lambda c: bar.advance("running on the GPU"))
