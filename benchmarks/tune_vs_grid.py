@@ -35,8 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "benchmarks" / "tune_jobs"
 
 
-def tune_argv(part: str) -> list[str]:
+def tune_argv(part: str, smoke: bool = False) -> list[str]:
     py = sys.executable
+    if smoke:  # the driver itself on a CPU, in minutes: a ViT on 32 x 32 images (no GPU: tune runs nothing)
+        return ["--knob", "mb=2,4", "--knob", "ac=none,full", "--global-batch", "4", "--allocator", "defaults",
+                "--gpu", "H200", "--", py, str(JOBS / "vit_train.py"), "--bs", "{mb}", "--ga", "{ga}", "--ac",
+                "{ac}", "--image", "32"]
     if part == "gpt2":
         return ["--hf-config", str(JOBS / "gpt2-medium.json"), "--seq-len", "1024", "--global-batch", "16",
                 "--micro-batch", "4,8,16", "--checkpointing", "none,full", "--optimizer", "fused,foreach",
@@ -64,12 +68,13 @@ def main() -> None:
     ap.add_argument("--trial-timeout", type=float, default=180)
     ap.add_argument("--tune-timeout", type=float, default=300)
     ap.add_argument("--skip-grid", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="a tiny ViT on the CPU: checks this script, measures nothing")
     a = ap.parse_args()
     out = Path(a.out) / a.part
     out.mkdir(parents=True, exist_ok=True)
 
     # 1. tune: traces on the CPU, the top K for real
-    argv = ["tune", *tune_argv(a.part)]
+    argv = ["tune", *tune_argv(a.part, a.smoke)]
     dash = argv.index("--") if "--" in argv else len(argv)
     opts = ["--top", str(a.top), "--steps", str(a.steps), "--warmup", str(a.warmup), "-j", str(a.jobs),
             "--out", str(out / "tune-runs"), "--trial-timeout", str(a.trial_timeout), "--format", "json",

@@ -20,7 +20,7 @@ p.add_argument("--steps", type=int, default=1_000_000)
 a = p.parse_args()
 
 torch.manual_seed(0)
-dev = "cuda"
+dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: the driver's smoke test only
 
 
 @torch.no_grad()
@@ -42,7 +42,7 @@ for step in range(a.steps):
     for _ in range(a.ga):
         x = torch.randn(a.bs, 3, a.image, a.image, device=dev)
         y = torch.randint(0, 1000, (a.bs,), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(dev, dtype=torch.bfloat16):
             loss = F.cross_entropy(model(x).float(), y) / a.ga
         loss.backward()
     opt.step()
