@@ -96,11 +96,12 @@ def command(hf_config: str | None, seq_len: int | None, global_batch: int | None
     of a script. Memory comes from preflight's traces on the CPU; on a GPU the top candidates run for real and the
     measured fastest is the answer.
 
+    \b
     Examples:
-
-      oomdoctor tune --hf-config config.json --seq-len 1024 --global-batch 64 --gpu H100-80GB
-
-      oomdoctor tune --knob mb=1..512 --knob ac=none,full -- python train.py --bs {mb} --checkpointing {ac}
+      oomdoctor tune --hf-config config.json --seq-len 1024 --global-batch 64 \\
+          --gpu H100-80GB
+      oomdoctor tune --knob mb=1..512 --knob ac=none,full -- \\
+          python train.py --bs {mb} --checkpointing {ac}
     """
     try:
         return _tune(**locals())
