@@ -190,8 +190,9 @@ def render_tune_text(t: "TuneOutcome", rows: int = 20) -> str:
         lines.append(f"warning: {len(bad)} trial(s) ran out of memory though predicted to fit: "
                      + "; ".join(_config_text(t, tr.config) for tr in bad))
     for tr in t.trials:
-        if tr.outcome == "failed":
-            lines.append(f"a trial failed ({_config_text(t, tr.config)}): its output is in {tr.log}")
+        if tr.outcome in ("failed", "ended-early"):
+            what = "failed" if tr.outcome == "failed" else "ended before its timed steps"
+            lines.append(f"a run {what} ({_config_text(t, tr.config)}): its output is in {tr.log}")
     if t.notes:
         lines.append("")
         lines += ["note: " + NOTE_TEXT.get(x, x) for x in t.notes]

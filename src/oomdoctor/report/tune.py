@@ -60,7 +60,8 @@ ALLOCATORS = (DEFAULT_ALLOCATOR, "expandable_segments:True", "max_split_size_mb:
 NOTES = ("accumulation-traced-at-2", "trace-budget-reached", "no-gpu", "not-run", "deepspeed-not-installed",
          "fsdp2-needs-a-script", "interpolated-not-run", "samples-are-steps", "top-not-measured")
 MEMORY_BASES = ("traced", "interpolated")
-TRIAL_OUTCOMES = ("ran", "oom", "failed")
+#: a run's outcome, as ``oomdoctor fit``'s trials say it (``ended-early``: exit code 0 before the steps asked)
+TRIAL_OUTCOMES = ("ran", "oom", "failed", "ended-early")
 
 MATMUL_EFFICIENCY = 0.7
 """Share of the dense bf16 peak a training step's FLOPs run at: 788 of 989 TFLOP/s measured for an 8192³ bf16 GEMM on
@@ -668,7 +669,8 @@ class TuneTrial:
     config: dict[str, Any]
     """the configuration run (axis -> value, allocator included)"""
     outcome: str
-    """'ran', 'oom' (PyTorch's out-of-memory message) or 'failed'"""
+    """'ran', 'oom' (PyTorch's out-of-memory message), 'failed', or 'ended-early' (exit code 0 before the steps
+    asked)"""
     seconds: float
     """wall time of the run, its start included: the GPU time it took (s)"""
     steps_timed: int
