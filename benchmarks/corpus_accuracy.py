@@ -124,8 +124,9 @@ def main() -> None:
                     if gpu and not isinstance(t.meta.get("gpu_total_memory_bytes"), int):
                         t.meta["gpu_total_memory_bytes"], t.meta["gpu_total_memory_given"] = gpu, True
                 if mode == "trace":
-                    for t in traces:
+                    for t in traces:  # what an older recorder's sidecar lacks: every storage it notes
                         t.meta.pop("tensors", None)
+                        t.meta.pop("modules", None)
                 elif not traces[0].meta.get("tensors"):
                     continue
                 t0 = time.perf_counter()

@@ -21,6 +21,12 @@ Each part writes ``OUT_DIR/<part>.json``; ``OUT_DIR/summary.md`` is the table of
   ``auto_find_batch_size`` under torchrun. Lightning's tuner refuses distributed strategies: not run.
 - ``verify``: ``oomdoctor verify --steps 14`` on ``scenarios/fragmentation_oom.py`` (a fragmentation OOM under a
   memory fraction; the diagnosis proposes expandable segments, max_split_size_mb and the garbage collector).
+- ``vit``: issue 49 item 6's case, ``scenarios/vit_job.py`` (ViT-B/16, synthetic 224 x 224 images, AdamW, bf16
+  autocast, one GPU) under a memory-fraction cap of ``--vit-cap-gib`` (8 GiB: the edge near 100, so that the three
+  searches fit one device call; the job is the real one, the room is smaller): ``oomdoctor fit`` started at 1 (the
+  recorded trial at 1 guides the search), the doubling search on the same job (``oomdoctor fit --no-record`` from
+  1: the same trials without the replay's guess), and accelerate's ``find_executable_batch_size`` (the search of
+  ``auto_find_batch_size``) from ``--vit-peer-start``.
 
 The answer of each tool is compared with ``oomdoctor fit``'s, which is bracketed by real runs (the largest that
 ran, and that plus one, which ran out of memory).
@@ -39,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 JOB = str(ROOT / "scenarios" / "fit_job.py")
 PY = sys.executable
-PARTS = ("trainer", "plain", "torchrun", "verify")
+PARTS = ("trainer", "plain", "torchrun", "verify", "vit")
+VIT = str(ROOT / "scenarios" / "vit_job.py")
 
 
 def run(argv: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int, float, bool]:
@@ -64,22 +71,25 @@ def env() -> dict:
     return e
 
 
-def fit(out: Path, name: str, cmd: list[str], a: argparse.Namespace) -> dict:
+def fit(out: Path, name: str, cmd: list[str], a: argparse.Namespace, start: int | None = None,
+        extra: tuple[str, ...] = (), tool: str = "oomdoctor fit") -> dict:
     res = out / f"fit-{name}.json"
-    argv = [PY, "-m", "oomdoctor", "fit", "--steps", "2", "--start", str(a.start), "--high", str(a.high),
-            "--out", str(out / f"fit-{name}"), "--trial-timeout", "150", "--format", "json", "-o", str(res), "--", *cmd]
+    argv = [PY, "-m", "oomdoctor", "fit", "--steps", "2", "--start", str(a.start if start is None else start),
+            "--high", str(a.high), *extra, "--out", str(out / f"fit-{name}"), "--trial-timeout", "150", "--format",
+            "json", "-o", str(res), "--", *cmd]
     code, secs, timed_out = run(argv, out / f"fit-{name}.log", a.timeout, env())
     doc = json.loads(res.read_text()) if res.is_file() else {}
-    return {"tool": "oomdoctor fit", "exit_code": code, "timed_out": timed_out, "seconds": secs,
+    return {"tool": tool, "exit_code": code, "timed_out": timed_out, "seconds": secs,
             "answer": doc.get("largest_micro_batch"), "smallest_oom": doc.get("smallest_oom_micro_batch"),
             "trials": doc.get("trial_count"), "guide": doc.get("guide"),
             "predicted": doc.get("predicted_micro_batch"), "analysis_seconds": doc.get("analysis_seconds"),
+            "error": doc.get("error"), "guess_contradicted": doc.get("guess_contradicted"),
             "tried": [(t["micro_batch"], t["outcome"], t["seconds"]) for t in doc.get("trials", [])]}
 
 
-def peer(out: Path, name: str, argv: list[str], a: argparse.Namespace) -> dict:
+def peer(out: Path, name: str, argv: list[str], a: argparse.Namespace, timeout: float | None = None) -> dict:
     res = out / f"{name}.json"
-    code, secs, timed_out = run([*argv, "--result", str(res)], out / f"{name}.log", a.timeout, env())
+    code, secs, timed_out = run([*argv, "--result", str(res)], out / f"{name}.log", timeout or a.timeout, env())
     doc = json.loads(res.read_text()) if res.is_file() else {}
     return {"tool": doc.get("tool", name), "exit_code": code, "timed_out": timed_out, "seconds": secs,
             "search_seconds": doc.get("seconds"), "answer": doc.get("answer"), "trials": doc.get("trials"),
@@ -99,6 +109,15 @@ def part(name: str, out: Path, a: argparse.Namespace) -> dict:
                                                     "--steps", "2"], a),
                 peer(out, "lightning-binsearch", [PY, JOB, "--harness", "lightning", "--binsearch", "--steps", "2"],
                      a)]
+    elif name == "vit":
+        job = [PY, VIT, "--cap-gib", str(a.vit_cap_gib)]
+        rows = [fit(out, "vit", [*job, "--batch", "{mb}"], a, start=1),
+                fit(out, "vit-doubling", [*job, "--batch", "{mb}"], a, start=1, extra=("--no-record",),
+                    tool="doubling search (oomdoctor fit --no-record)"),
+                peer(out, "accelerate-find-vit", [*job, "--auto-find", "--batch", str(a.vit_peer_start),
+                                                  "--steps", "2"], a, timeout=a.vit_peer_timeout)]
+        if rows[0].get("trials") and rows[1].get("trials"):
+            rows[0]["trials_vs_doubling"] = rows[0]["trials"] - rows[1]["trials"]  # issue 49: at most EXTRA_TRIALS
     elif name == "torchrun":
         tr = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", JOB, "--harness", "trainer"]
         rows = [fit(out, "torchrun", [*tr, "--batch", "{mb}"], a),
@@ -134,7 +153,8 @@ def gpu() -> str:
 
 
 def table(out: Path) -> str:
-    lines = ["| job | tool | answer | vs fit | trials | wall s |", "|---|---|---|---|---|---|"]
+    lines = ["| job | tool | answer | vs fit | trials | wall s | tried (* ran out, ! neither) |",
+             "|---|---|---|---|---|---|---|"]
     for name in PARTS:
         f = out / f"{name}.json"
         if not f.is_file():
@@ -145,10 +165,12 @@ def table(out: Path) -> str:
                 for s in r.get("settings", []):
                     lines.append(f"| fragmentation_oom | verify {s['config']} | "
                                  f"{'confirmed' if s['confirmed'] else 'refuted' if s['confirmed'] is False else s['why']}"
-                                 f" | | | {s['seconds']} |")
+                                 f" | | | {s['seconds']} | |")
                 continue
+            tried = " ".join(f"{t[0]}{'' if t[1] == 'ran' else '*' if t[1] == 'oom' else '!'}"
+                             for t in r.get("tried", []))
             lines.append(f"| {name} | {r['tool']} | {r.get('answer')} | {r.get('versus_fit', '')} | "
-                         f"{r.get('trials', '')} | {r.get('seconds', '')} |")
+                         f"{r.get('trials', '')} | {r.get('seconds', '')} | {tried} |")
     return "\n".join(lines) + "\n"
 
 
@@ -160,6 +182,9 @@ def main() -> None:
     ap.add_argument("--high", type=int, default=512)
     ap.add_argument("--peer-start", type=int, default=256, help="auto_find_batch_size's starting batch")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per tool run (a hung one is killed)")
+    ap.add_argument("--vit-cap-gib", type=float, default=8.0, help="the ViT job's memory-fraction cap (GiB)")
+    ap.add_argument("--vit-peer-start", type=int, default=512, help="find_executable_batch_size's start on ViT")
+    ap.add_argument("--vit-peer-timeout", type=float, default=90, help="seconds for find_executable_batch_size on ViT")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

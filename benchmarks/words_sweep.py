@@ -2,9 +2,12 @@
 
 ``python benchmarks/words_sweep.py [SNAPSHOTS_DIR] [--out DIR] [--quick]`` runs ``COLUMNS=80 oomdoctor <cmd> ...``
 (stdout piped, so rich writes plain text) for diagnose, report, simulate (recorded settings, ``--search``,
-``--config expandable_segments:True``), slice, export, diff, plan estimate/search/validate and every ``--help``, on
-every ``*.pickle`` under ``SNAPSHOTS_DIR`` (default ``../shared/snapshots``, or ``$OOMDOCTOR_SHARED/snapshots``),
-on every directory of ranks there and on the bundled demo, and checks each output with :func:`problems`.
+``--config expandable_segments:True``), slice (by event and by step), export (Perfetto and folded), diff (two
+directories, two files), plan estimate/search/validate and every ``--help``, on every ``*.pickle`` under
+``SNAPSHOTS_DIR`` (default ``../shared/snapshots``, or ``$OOMDOCTOR_SHARED/snapshots``), on every directory of ranks
+there and on the bundled demo; then the commands that run or trace a job (:func:`tool_commands`: preflight of a
+Hugging Face config and of a script, diagnose and simulate of preflight's snapshot, run, fit, verify, plan estimate of
+a Trainer job); and checks each output with :func:`problems`. Issue 52: every command, preflight included.
 Prints one line per problem and a count; exit 1 when any is found. ``--out DIR`` also writes ``sweep.json``
 (every command, its seconds and its problems). ``--quick``: one snapshot per folder.
 
@@ -47,8 +50,16 @@ INTERNAL_WORDS = {
     "from inferred": re.compile(r"\bfrom inferred\b"),
     "rank(s)": re.compile(r"\b(?:rank|finding|time|block|pair|option|column|file|step|segment|event|byte)\(s\)"),
     "raw byte count": re.compile(r"(?<![\d,.\w])\d{11,}(?![\d,.])"),
+    "material finding": re.compile(r"\bmaterial finding"),
+    "the rest read from the trace": re.compile(r"\bthe rest read from the trace"),
+    "snapshot has": re.compile(r">= \d+\.\d+ \(snapshot has"),
+    "a category of a few bytes": re.compile(r"\b(?:outputs kept|allocator rounding|unknown|temporaries) \d{1,3} B\b"),
+    "1 + plural": re.compile(r"(?<![\d.,])\b1 (?:trials|micro-batches|ranks|steps|blocks|events|files|findings|segments"
+                             r"|passes|stages|replays|runs|GPUs|processes|frees|allocations|settings|rank pairs)\b"),
 }
-"""Words a newcomer has to decode (issue 37): internal terms, ``(s)`` plurals and raw 11+-digit byte counts."""
+"""Words a newcomer has to decode (issues 37, 52): internal terms, ``(s)`` plurals, raw 11+-digit byte counts, the
+materiality rule's own word, a breakdown's category of a few bytes, a lower bound of PyTorch's version as the code
+writes it, and a count of one with a plural noun."""
 
 _BOX_LEFT = re.compile(r"^[│┃║] ?")
 _BOX_RIGHT = re.compile(r" ?[│┃║]$")
@@ -158,11 +169,15 @@ def problems(text: str, width: int = WIDTH) -> list[str]:
                     break
                 depth = max(depth - (ch == ")"), 0)
         left = min(_indent(s) for _n, s in para)
-        for (_a, prev), (n, s) in zip(para, para[1:]):
+        for k, ((_a, prev), (n, s)) in enumerate(zip(para, para[1:])):
             inner_width = width - 4 if _BOX_LEFT.match(lines[n]) else width
             cells = "   " in prev.strip()  # a table row, not a wrapped paragraph
+            # a hanging indent: prev continues the filled, less indented line above it, so s starts a new item
+            before = para[k - 1][1] if k > 0 else None
+            hanging = (before is not None and _indent(before) < _indent(prev)
+                       and len(before) >= inner_width - FULL)
             if (_indent(s) == left and _indent(prev) > left and len(prev) >= inner_width - FULL and not cells
-                    and not _RULE.match(prev) and not s.lstrip().startswith(("─", "note", "rank"))):
+                    and not hanging and not _RULE.match(prev) and not s.lstrip().startswith(("─", "note", "rank"))):
                 out.append(f"line {n + 1}: a wrapped line lost its indent: {s.strip()!r}")
     for n, (prev, ln) in enumerate(zip(lines, lines[1:]), 2):
         if _NUMBER_END.search(_inner(prev)) and _UNIT_START.match(_inner(ln)):
@@ -190,7 +205,7 @@ def _ints(x) -> set[int]:
 def headline_problems(doc: dict) -> list[str]:
     """Where the headline (``diagnose --format json``'s verdict) disagrees with the body of its own report:
 
-    - it says "no material finding" while a finding is MEDIUM or above;
+    - it says "nothing worth fixing" while a finding is MEDIUM or above;
     - it is ``healthy`` on a rank that ran out of memory;
     - it quotes a size (``7.99 GiB``) that no number of its evidence, the findings or the ranks' peaks formats to;
     - under a memory-fraction cap (``room_kind`` ``fraction``) it counts the device's free memory;
@@ -208,8 +223,8 @@ def headline_problems(doc: dict) -> list[str]:
     ev = v.get("evidence") or {}
     summary = fill(v["summary"], ev) if "{" in v["summary"] else v["summary"]
     material = [f for f in doc.get("findings", []) if f["severity"] in _MATERIAL]
-    if "no material finding" in summary and material:
-        out.append(f"headline says no material finding; the report has {material[0]['severity'].upper()} "
+    if "nothing worth fixing" in summary and material:
+        out.append(f"headline says nothing worth fixing; the report has {material[0]['severity'].upper()} "
                    f"{material[0]['id']}")
     if v["kind"] == "healthy" and any(r.get("oom") for r in doc.get("ranks", []) if r["rank"] in v["ranks"]):
         out.append("headline healthy on a rank that ran out of memory")
@@ -253,8 +268,47 @@ HELPS = [[], ["diagnose"], ["simulate"], ["run"], ["report"], ["diff"], ["slice"
          ["schema"]]
 
 
-def commands(snapshots: Path | None, demo: str, tmp: str, *, quick: bool = False) -> list[list[str]]:
-    """The sweep's command lines (without ``oomdoctor``)."""
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 50257, "n_positions": 1024}
+"""A Hugging Face config preflight traces in seconds of CPU (two 128-wide layers)."""
+
+TRAIN_PY = """import torch
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).to("cuda")
+opt = torch.optim.AdamW(model.parameters())
+for step in range(3):
+    loss = model(torch.randn(64, 512, device="cuda")).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+"""A user's script for ``preflight -- python train.py`` (and ``fit``/``verify``, which run it on the CPU here)."""
+
+
+def tool_commands(tmp: str, *, search: bool = True) -> list[list[str]]:
+    """The commands that run a job or trace one rather than read snapshots: ``preflight`` (a Hugging Face config,
+    with the search of the largest micro-batch unless ``search`` is False, and a script), then ``diagnose`` and
+    ``simulate`` of preflight's own snapshot; ``run``, ``fit`` and ``verify`` of a short script (no GPU here: they
+    say what that means); ``plan estimate`` of a Trainer job. Writes its inputs into ``tmp``, and names them relative
+    to it: the commands run there (as a user names a file in the directory they work in)."""
+    (Path(tmp) / "tiny-gpt2.json").write_text(json.dumps(TINY_GPT2))
+    (Path(tmp) / "train.py").write_text(TRAIN_PY)
+    cfg, script, snap, tmp = "tiny-gpt2.json", "train.py", "pf.pickle", "."
+    return [
+        ["preflight", "--hf-config", str(cfg), "--micro-batch", "2", "--seq-len", "64", "--gpu", "H100-80GB", "-o", snap,
+         *(() if search else ("--no-search",))],
+        ["diagnose", snap], ["simulate", snap],
+        ["preflight", "--gpu", "H100-80GB", "--", "python", str(script)],
+        ["run", "--out", f"{tmp}/run", "--", sys.executable, "-c", "print('no CUDA here')"],
+        ["fit", "--high", "2", "--out", f"{tmp}/fit", "--", sys.executable, "-c", "import sys", "{mb}"],
+        ["verify", "--setting", "expandable_segments:True", "--out", f"{tmp}/verify", "--", sys.executable, "-c",
+         "pass"],
+        ["plan", "estimate", "--model", "gpt2", "--framework", "hf", "--loop", "trainer", "--sharding", "none", "--gpus",
+         "2", "--gpu", "h200", "--seq", "1024", "--mbs", "8", "--gbs", "16"],
+    ]
+
+
+def commands(snapshots: Path | None, demo: str, tmp: str, *, quick: bool = False,
+             tools: bool = True) -> list[list[str]]:
+    """The sweep's command lines (without ``oomdoctor``); ``tools``: with :func:`tool_commands`."""
     root = Path(__file__).resolve().parents[1]
     cmds = [[*h, "--help"] for h in HELPS]
     cmds += [
@@ -279,14 +333,20 @@ def commands(snapshots: Path | None, demo: str, tmp: str, *, quick: bool = False
                  ["simulate", f, "--config", "expandable_segments:True"],
                  ["report", f, "-o", f"{tmp}/r{i}.html", "-j", "1"],
                  ["slice", f, "--end", "100", "-o", f"{tmp}/s{i}.pickle"],
-                 ["export", f, "-o", f"{tmp}/e{i}.json", "-j", "1"]]
+                 ["export", f, "-o", f"{tmp}/e{i}.json", "-j", "1"],
+                 ["export", f, "--format", "folded", "-o", f"{tmp}/f{i}.folded"]]
     for group in runs[:2] if quick else runs:
         cmds += [["diagnose", *group, "-j", "1"]]
     clean = [g for g in runs if "ddp-clean" in g[0]]
     bug = [g for g in runs if "ddp-imbalance" in g[0]]
     if clean and bug:
-        cmds += [["diff", str(Path(bug[0][0]).parent), str(Path(clean[0][0]).parent), "-j", "1"]]
-    return cmds
+        cmds += [["diff", str(Path(bug[0][0]).parent), str(Path(clean[0][0]).parent), "-j", "1"],
+                 ["slice", clean[0][0], "--by", "step", "--start", "10", "--end", "12", "-o", f"{tmp}/steps.pickle"]]
+    legacy = [f for f in files if f.endswith("tp-allreduce/legacy-rank0.pickle")]
+    modern = [f for f in files if f.endswith("tp-allreduce/modern-rank0.pickle")]
+    if legacy and modern:
+        cmds += [["diff", legacy[0], modern[0], "-j", "1"]]
+    return cmds + (tool_commands(tmp, search=not quick) if tools else [])
 
 
 def sweep(snapshots: Path | None, *, quick: bool = False) -> list[dict]:

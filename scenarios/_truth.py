@@ -127,3 +127,49 @@ class GroundTruth:
                           **versions)
         with open(self.path.replace("{rank}", str(self.rank)), "w") as f:
             json.dump(self.truth, f, indent=1)
+
+
+class EveryOptimizerTruth(GroundTruth):
+    """:class:`GroundTruth` for a job with several optimizers (a GAN) or weights no optimizer steps (a frozen
+    teacher, an EMA copy, a momentum encoder, a reference model, LoRA's frozen base), counted per distinct storage:
+
+    - ``parameters_bytes``: the parameters of every optimizer seen so far, at each pre-step hook (the largest);
+    - ``gradients_bytes``: the ``.grad`` of every seen optimizer's parameters at each pre-step hook (the largest: at a
+      GAN's generator step the discriminator's gradients from the generator's loss are held too);
+    - ``optimizer_state_bytes``: the state tensors of every seen optimizer at each post-step hook (the largest);
+    - ``held``: what the job keeps besides them, noted by :meth:`hold` (``{name: {"bytes", "kind"}}``, ``kind``:
+      ``weight_copy`` or ``buffers``, what the accounting should call it), and ``weight_copy_bytes`` /
+      ``buffers_bytes``, their sums per kind.
+    """
+
+    def __init__(self, path: str | None, **config: Any) -> None:
+        super().__init__(path, **config)
+        self.optimizers: list[Any] = []
+        self.truth["held"] = {}
+
+    def _all(self, opt) -> list[Any]:
+        if all(o is not opt for o in self.optimizers):
+            self.optimizers.append(opt)
+        return self.optimizers
+
+    def _pre(self, opt, args, kwargs) -> None:
+        dev = self._device()
+        params = [p for o in self._all(opt) for g in o.param_groups for p in g["params"]]
+        self.truth["parameters_bytes"] = max(self.truth["parameters_bytes"], sum(_storages(params, dev).values()))
+        grads = [p.grad for p in params if p.grad is not None]
+        self.truth["gradients_bytes"] = max(self.truth["gradients_bytes"], sum(_storages(grads, dev).values()))
+        self.truth.setdefault("allocated_at_first_step_start_bytes", torch.cuda.memory_allocated(dev))
+
+    def _post(self, opt, args, kwargs) -> None:
+        state = [v for o in self._all(opt) for st in o.state.values() if isinstance(st, dict) for v in st.values()]
+        state = [v for v in state if isinstance(v, torch.Tensor)]
+        self.truth["optimizer_state_bytes"] = max(self.truth["optimizer_state_bytes"],
+                                                  sum(_storages(state, self._device()).values()))
+        self.truth["optimizer_steps"] += 1
+
+    def hold(self, name: str, tensors, kind: str) -> None:
+        """Note ``tensors`` (on this rank's GPU) as held by the job besides the model state, under ``name``."""
+        n = sum(_storages(list(tensors), self._device()).values()) if torch.cuda.is_available() else 0
+        self.truth["held"][name] = {"bytes": n, "kind": kind}
+        for k in ("weight_copy", "buffers"):
+            self.truth[f"{k}_bytes"] = sum(v["bytes"] for v in self.truth["held"].values() if v["kind"] == k)

@@ -42,7 +42,8 @@ def diagnose(paths, *, micro_batch=None, progress=None):
 
     Returns a :class:`~oomdoctor.notebook.Diagnosis`: ``.report`` (the
     :class:`~oomdoctor.report.model.Report`), ``.verdict``, ``.findings`` and ``.ranks`` with their texts
-    rendered, ``.skipped`` (files of a directory that are not snapshots, skipped and named as the CLI does),
+    rendered, ``.skipped`` (files of a directory that are not snapshots, skipped and named as the CLI does; those
+    that claim a rank and could not be read are also the report's ``unread``: the report covers the other ranks),
     ``str()`` the terminal text, ``.to_json()``, ``.to_html()``; Jupyter shows the HTML report.
     ``micro_batch``: the recorded per-device micro-batch (samples), to say the largest that fits.
 
@@ -52,13 +53,16 @@ def diagnose(paths, *, micro_batch=None, progress=None):
     """
     from .analysis.device import analyze
     from .notebook import Diagnosis
+    from .report.job import unread
     from .report.pipeline import report_of
     from .trace import load_ranks
     from .views.visual import build_visual
 
     skipped: list = []
     analyses = [analyze(t) for t in load_ranks(_paths(paths), progress=progress, skipped=skipped)]
-    return Diagnosis(report_of(analyses, micro_batch=micro_batch), build_visual(analyses), skipped)
+    report = report_of(analyses, micro_batch=micro_batch)
+    report.unread = unread(skipped)
+    return Diagnosis(report, build_visual(analyses), skipped)
 
 
 def diff(before, after):
@@ -155,7 +159,7 @@ def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None
                snapshot=None, search=True):
     """``oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)``: trace ``steps`` training steps of any
     ``nn.Module`` on the CPU under fake tensors (no GPU, no memory for tensors) and predict its memory on
-    ``gpu``. Needs torch (``pip install 'oomdoctor[preflight]'``).
+    ``gpu``. Needs torch (``pip install torch``; from a checkout of oomdoctor, ``pip install '.[preflight]'``).
 
     Args:
         model_fn: ``() -> nn.Module``, built on the CPU (it runs under ``FakeTensorMode``).
@@ -194,7 +198,7 @@ def _preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None
     f = module_tracer(model_fn, step_fn, batch_fn, optimizer_fn=optimizer_fn, steps=steps, gpu_name=name,
                       gpu_total_bytes=total, sm_major=sm)
     return answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total, outside_bytes=CUDA_CONTEXT_BYTES,
-                  outside_source="CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11",
+                  outside_source="cuda-context",
                   snapshot_path=None if snapshot is None else str(snapshot), search=search and micro_batch is not None)
 
 

@@ -7,6 +7,16 @@ its traceback.
 
 from __future__ import annotations
 
+EXTRAS = {"preflight": "torch transformers", "dask": "distributed"}
+"""The packages of each optional extra of ``pyproject.toml`` (``[project.optional-dependencies]``), by name."""
+
+
+def install_hint(extra: str) -> str:
+    """How to get what an optional extra holds: its packages by name, which works however oomdoctor was installed,
+    and the extra itself from a checkout of oomdoctor (the package is installed from its repository, not from an
+    index, so the extra named after the package finds nothing). Raises KeyError for an unknown extra."""
+    return f"pip install {EXTRAS[extra]} (from a checkout of oomdoctor: pip install '.[{extra}]')"
+
 
 class OomdoctorError(Exception):
     """Base class of every error oomdoctor raises on purpose. ``exit_code`` is what the CLI returns."""

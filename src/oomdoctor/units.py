@@ -46,6 +46,17 @@ def parse_duration_us(text: str, *, unit_required: bool = False) -> float | None
     return float(m.group(1)) * _DURATION_SCALE[m.group(2)]
 
 
+def format_duration_us(us: int | float) -> str:
+    """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"`` (``render.format.format_us``; here for the
+    messages of the layers below ``render``)."""
+    us = float(us)
+    if us < 1000:
+        return f"{us:.0f} µs"
+    if us < 1_000_000:
+        return f"{us / 1000:.1f} ms"
+    return f"{us / 1_000_000:.1f} s"
+
+
 def span(ranks: list[int]) -> str:
     """Ranks as spans: ``[0, 1, 2, 5, 7, 8]`` -> ``"0–2, 5, 7–8"``."""
     out, start = [], None

@@ -71,3 +71,35 @@ def test_every_rank_of_a_torchrun_job_stops_after_k_steps(tmp_path):
         assert t["measured_peak_reserved_bytes"] > 0
     assert doc["snapshot"] is True
     assert len(list((tmp_path / "baseline").glob("rank*.pickle"))) == 2
+
+
+VIT = str(ROOT / "scenarios" / "vit_job.py")
+
+
+def test_a_job_that_catches_its_oom_and_exits_0_is_an_oom(tmp_path):
+    """issue 49 item 6: ViT-B/16 under a 4 GiB cap, catching its OOM (``except torch.OutOfMemoryError``, exit 0).
+    A micro-batch that does not fit is 'oom' from memory_stats' num_ooms, with exit code 0; one that fits is
+    'ran' from the stop after 2 optimizer steps (before: exit code 0 was 'ran', and fit answered the top)."""
+    code, doc, err = oomdoctor("fit", "--no-record", "--start", "16", "--high", "256", "--out", str(tmp_path),
+                               "--format", "json", "--", sys.executable, VIT, "--cap-gib", "4", "--catch-oom",
+                               "--batch", "{mb}")
+    assert code == 0, err[-3000:]
+    answer = doc["largest_micro_batch"]
+    # about 65 MiB an image (2,135 fit an H200, issue 49) and 1.4 GB of weights, gradients and AdamW state: ~40
+    assert answer is not None and doc["smallest_oom_micro_batch"] == answer + 1 and answer < 256
+    above = [t for t in doc["trials"] if t["micro_batch"] > answer]
+    assert above and all((t["outcome"], t["evidence"], t["exit_code"]) == ("oom", "num-ooms", 0) for t in above)
+    assert all(t["evidence"] == "stop" and t["stopped"] for t in doc["trials"] if t["micro_batch"] <= answer)
+    print(json.dumps({"answer": answer, "trials": [(t["micro_batch"], t["outcome"], t["evidence"])
+                                                   for t in doc["trials"]]}))
+
+
+def test_fit_refuses_where_no_device_is_visible(tmp_path):
+    env_code = subprocess.run([sys.executable, "-m", "oomdoctor", "fit", "--out", str(tmp_path / "f"), "--",
+                               sys.executable, VIT, "--batch", "{mb}"], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT, env=dict(os.environ, CUDA_VISIBLE_DEVICES="",
+                                                 PYTHONPATH=os.pathsep.join([str(ROOT / "src"),
+                                                                             os.environ.get("PYTHONPATH", "")])))
+    assert env_code.returncode == 2 and env_code.stdout == ""
+    assert env_code.stderr.count("\n") == 1 and "no CUDA device is visible" in env_code.stderr
+    assert not (tmp_path / "f").exists()

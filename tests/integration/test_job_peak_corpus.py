@@ -38,6 +38,12 @@ def _sidecars(run: Path) -> dict[int, Path]:
     return {int(p.name[4:p.name.index(".")]): p for p in run.glob("rank*.meta.json")}
 
 
+def analyses(run):
+    from oomdoctor.analysis import analyze
+
+    return [analyze(t) for t in load_ranks([run], skipped=[])]
+
+
 def _rewrite(run: Path, how: str, truth: dict) -> None:
     for rank, p in _sidecars(run).items():
         meta = json.loads(p.read_text())
@@ -86,21 +92,34 @@ def test_the_jobs_peak_exact_with_a_sidecar_and_unknown_without(tmp_path, name, 
             # the retries are the allocator's own count
             assert r.alloc_retries == jr["alloc_retries"] == stats["num_alloc_retries"]
             assert r.alloc_ooms == stats["num_ooms"] and r.alloc_retries_source == "sidecar"
-            # the window missed the allocated peak on every rank (by 20.5 to 660.5 MiB), not the reserved one
-            assert r.allocated_peak_missed and r.peak_allocated_bytes < want_a
-            assert r.reserved_peak_missed is (want_r > r.peak_reserved_bytes + 2 * 2**20)
+            # the job's peak allocated is above the window's on every rank (by 20.5 to 660.5 MiB), the reserved one
+            # nowhere; the window missed it only where that is more than the trace can undercount (issue 49: 1 MiB
+            # per large block sized from its request, the most alive at once; analysis/jobpeak.py): rank 0 of the
+            # accelerate job (660.5 MiB), not the others (20.5 and 23.2 MiB, within it)
+            assert r.peak_allocated_bytes < want_a
+            from oomdoctor.analysis.jobpeak import allocated_undercount_bound
+            a = [x for x in analyses(run) if x.rank == r.rank][0]
+            missed = want_a - r.peak_allocated_bytes > allocated_undercount_bound(a)
+            assert missed is (name == "wrapped-accelerate-ddp-llama-b16" and r.rank == 0)
+            assert r.allocated_peak_missed is missed and not r.reserved_peak_missed
             # the verdict's headroom is the room less the job's peak reserved
             v = r.verdict
             assert v.kind == "healthy" and v.evidence["peak_reserved_bytes"] == want_r
             assert v.headroom_bytes == r.fits.room_bytes - want_r
             assert v.evidence["window_peak_allocated_bytes"] == r.peak_allocated_bytes
-            assert "the window missed it" in jr["verdict"]["summary"]
-            # what fits is held to the job's peak
+            # said as a miss only where it is one and the gap is material (issue 52: 29.70 vs 29.72 GiB is not)
+            material = missed and want_a - r.peak_allocated_bytes >= max(0.01 * want_a, 64 * 2**20)
+            assert r.allocated_peak_missed_material is material
+            assert ("the window missed it" in jr["verdict"]["summary"]) is material
+            if missed and not material:
+                assert f"(the job's; {_gib(r.peak_allocated_bytes)} in the recorded window)" in jr["verdict"]["summary"]
+            # what fits is held to the job's peak where the window missed it
             assert r.fits.job_peak_reserved_bytes == want_r and r.fits.peak_source == "sidecar"
-            assert r.fits.job_peak_scale_bound is not None
-            if r.fits.batch_scale is not None:
+            assert (r.fits.job_peak_scale_bound is not None) is missed
+            if r.fits.batch_scale is not None and missed:
                 assert r.fits.batch_scale <= r.fits.job_peak_scale_bound
-            assert f"the job's peak {_gib(want_a)}" in text
+            if missed:
+                assert f"the job's peak {_gib(want_a)}" in text
         else:
             assert (r.job_peak_allocated_bytes, r.job_peak_reserved_bytes, r.peak_source) == (
                 None, None, "unknown-before-window")

@@ -82,6 +82,22 @@ def test_expandable_segments_avoid_the_oom_within_1_percent_of_the_real_run(snap
     assert abs(r.peak_reserved_bytes - target) / target < 0.01
 
 
+def test_a_setting_past_the_recorded_oom_says_the_replay_ends_there(snapshots):
+    """Issue 52: ``simulate default-oom.pickle --config expandable_segments:True`` said "none" in its OOM column: the
+    replay gets past the recorded OOM (event 13760), where the recording ends; it says so, and the text says how far
+    every replay reaches."""
+    from oomdoctor.render.json import simulation_dict
+    from oomdoctor.render.text import render_simulation_text_plain
+
+    sim = simulate(load(snapshots / "fragmentation-oom/default-oom.pickle"), configs=["expandable_segments:True"])
+    assert sim.reach == "recorded" and sim.results[1].oom is None
+    text = render_simulation_text_plain(sim, width=200)
+    (row,) = [x for x in text.splitlines() if x.strip().startswith("expandable_segments:True")]
+    assert row.split()[-1] == "it" and row.endswith("past it")
+    assert "replayed: up to the recorded OOM (event 13760), where the recording ends" in text
+    assert [r["reach"] for r in simulation_dict(sim)["results"]] == ["recorded", "recorded"]
+
+
 def test_search_recommends_a_setting_without_oom(snapshots):
     sim = simulate(load(snapshots / "fragmentation-oom/default-oom.pickle"), search=True,
                    capacity=Capacity(FRAG_CAP, "fraction", "README"))

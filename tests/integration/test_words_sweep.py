@@ -40,10 +40,25 @@ FOLDERS = ["allgather", "ddp-clean", "ddp-imbalance", "fragmentation-oom", "fsdp
     ("  note: the trace starts after some blocks were allocated (0 frees without their\n"
      "alloc, 225 blocks never seen): their state at the start was reconstructed", "lost its indent"),
     ("a table\n name    bytes\n ─────────────────────\n x       1.00 GiB    in forward\n", "no header"),
+    ("no OOM and no material finding; peak reserved 5.97 GiB", "material finding"),
+    ("  the rest read from the trace", "the rest read from the trace"),
+    ("[deferred-free] rank 0 · 1.62 GiB at stake · PyTorch >= 2.10 (snapshot has 'user_metadata')", "snapshot has"),
+    ("  workspaces 65.00 MiB + communication 24.03 MiB + outputs kept 4 B", "a category of a few bytes"),
+    ("1 trials of 2 optimizer steps", "1 + plural"),
+    ("gpt2: TP1 PP1 DP2, 1f1b, 1 micro-batches of 8 x 1024 tokens", "1 + plural"),
 ], ids=lambda x: x if len(x) < 20 else None)
 def test_the_checker_catches_each_defect_the_issue_found(text, what):
     found = sweep.problems(text)
     assert any(what in p for p in found), found
+
+
+def test_the_checker_passes_a_hanging_indent():
+    """A line wrapped with a hanging indent (its continuation two columns in), then the next item at the left edge:
+    preflight's output (issue 52)."""
+    text = ("oomdoctor preflight: /tmp/a/long/path/to/the/users/script/train.py, micro-batch\n"
+            "  8 x 1024 tokens, bf16, adamw, and so on until the line is filled to the edge\n"
+            "traced on the CPU under fake tensors in 0.8 s (131 events)\n")
+    assert sweep.problems(text) == []
 
 
 def test_the_checker_passes_what_reads_well():
@@ -62,9 +77,9 @@ def _verdict_doc(summary: str, evidence: dict, findings=(), kind="fragmentation"
 
 def test_the_headline_check_catches_the_issues_contradictions():
     medium = {"id": "allgather-list", "severity": "medium", "bytes": 99_418_112, "fixes": []}
-    doc = _verdict_doc("no OOM and no material finding; peak reserved 1.07 GiB", {"peak_reserved_bytes": 1_148_846_080},
+    doc = _verdict_doc("no OOM and nothing worth fixing; peak reserved 1.07 GiB", {"peak_reserved_bytes": 1_148_846_080},
                        [medium], kind="healthy")
-    assert any("no material finding" in p for p in sweep.headline_problems(doc))
+    assert any("nothing worth fixing" in p for p in sweep.headline_problems(doc))
     pred = {"rank": 0, "config": "expandable_segments:True", "peak_reserved_bytes": 37339791360,
             "extended_peak_reserved_bytes": None, "capacity_kind": "fraction", "self_replay_exact": True,
             "outcome": "gets past the recorded OOM, and the rest of the step completes (peak reserved 31.06 GiB)"}
@@ -104,14 +119,26 @@ def _sweep(cmds: list[list[str]], capsys, monkeypatch) -> list[str]:
 
 
 def test_every_help_and_plan_reads_at_80_columns(capsys, monkeypatch, tmp_path):
-    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path)) if c[0] == "plan" or "--help" in c]
+    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path), tools=False)
+            if c[0] == "plan" or "--help" in c]
     assert len(cmds) == len(sweep.HELPS) + 3
     assert _sweep(cmds, capsys, monkeypatch) == []
 
 
 def test_the_demo_reads_at_80_columns(capsys, monkeypatch, tmp_path):
-    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path)) if c[0] != "plan" and "--help" not in c]
+    cmds = [c for c in sweep.commands(None, demo_path(), str(tmp_path), tools=False)
+            if c[0] != "plan" and "--help" not in c]
     assert {c[0] for c in cmds} == {"diagnose", "simulate", "report", "slice", "export"}
+    assert _sweep(cmds, capsys, monkeypatch) == []
+
+
+def test_preflight_run_fit_and_verify_read_at_80_columns(capsys, monkeypatch, tmp_path):
+    """Issue 52: every command, preflight included: preflight of a Hugging Face config and of a script, diagnose and
+    simulate of preflight's own snapshot, run, fit and verify of a short script, plan estimate of a Trainer job."""
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)  # the commands name their files relative to it
+    cmds = sweep.tool_commands(str(tmp_path), search=False)
+    assert {c[0] for c in cmds} == {"preflight", "diagnose", "simulate", "run", "fit", "verify", "plan"}
     assert _sweep(cmds, capsys, monkeypatch) == []
 
 

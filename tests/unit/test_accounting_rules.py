@@ -333,7 +333,8 @@ def test_breakdown_counts_requested_bytes_rounding_apart_and_the_source_of_most_
     assert bd.unknown_why == {}
     assert bd.categories == {"parameters": 500 + 512, "gradients": 200 + 300, "optimizer_state": 1000 + 512,
                              "activations": 2048, "temporaries": 0, "communication": 0, "outputs": 0,
-                             "kv_cache": 0, "workspaces": 0, "weight_copy": 0, "unknown": 0, "rounding": 12 + 24}
+                             "kv_cache": 0, "workspaces": 0, "weight_copy": 0, "buffers": 0, "unknown": 0,
+                             "rounding": 12 + 24}
     assert list(bd.categories) == list(CATEGORIES) + ["rounding"]
     # recorded bytes: half of the parameters' (not most), 2/3 of the state's, 2/5 of the gradients'
     assert bd.sources == {"parameters": "trace", "gradients": "trace", "optimizer_state": "recorded",
@@ -400,6 +401,11 @@ STACKS: dict[str, list[tuple[str, int, str]]] = {
     "cublas": [("", 0, "at::cuda::getCUDABlasLtWorkspace()"), ("/w/model.py", 22, "forward"), CALL, MAIN],
     "fwd_opt": [(f"{TORCH}/nn/functional.py", 5000, "normalize"), (f"{TORCH}/optim/optimizer.py", 533, "wrapper"),
                 MAIN],
+    # one line of model code reached from a pipeline schedule's warm-up loop and from its steady loop
+    "head_warmup": [("/w/model.py", 40, "forward"), CALL,
+                    (f"{TORCH}/distributed/pipelining/schedules.py", 873, "_step_microbatches"), MAIN],
+    "head_steady": [("/w/model.py", 40, "forward"), CALL,
+                    (f"{TORCH}/distributed/pipelining/schedules.py", 931, "_step_microbatches"), MAIN],
 }
 PHASE = {"s": SETUP_PHASE, "f": FORWARD_PHASE, "b": BACKWARD_PHASE, "o": OPTIMIZER_PHASE, "e": EVALUATION_PHASE,
          "x": OTHER_PHASE, "g": GENERATION_PHASE}
@@ -489,7 +495,17 @@ def test_module_state_no_gradient_reaches_in_a_training_job_is_a_weight_copy():
         blk("engine", 10, 12, req=1000),
     ]
     got = accounted(trace, blocks, passes=[4, 9], opt_starts=[7, 11], first="setup")
-    assert got == ["weight_copy", "weight_copy", "parameters", "gradients", "gradients"]
+    # issue 54: the teacher's block of a size no gradient has could as well be a registered buffer (a memory bank):
+    # unknown, and why; its block of the student's size, beyond the gradients, copies every trained size: a copy
+    assert got == ["unknown", "weight_copy", "parameters", "gradients", "gradients"]
+    acc = accounted(trace, blocks, passes=[4, 9], opt_starts=[7, 11], first="setup", raw=True)
+    assert [UNKNOWN_WHY[w] if w >= 0 else None for w in acc.why] == ["frozen_or_buffer", None, None, None, None]
+    # a second block of the student's size beside a second gradient size: the extras no longer copy every trained
+    # size (BatchNorm's statistics beside its weight): unknown, copy_or_buffer, never a weight copy
+    two = blocks + [blk("setup", 3, req=3000), blk("engine", 6, 8, req=3000), blk("engine", 10, 12, req=3000)]
+    acc = accounted(trace, two, passes=[4, 9], opt_starts=[7, 11], first="setup", raw=True)
+    assert [CATEGORIES[c] for c in acc.category[:3]] == ["unknown", "unknown", "parameters"]
+    assert [UNKNOWN_WHY[w] for w in acc.why[:2]] == ["frozen_or_buffer", "copy_or_buffer"]
     # no optimizer step (inference, evaluation): the model's state stays parameters
     assert accounted(trace, blocks, passes=[4, 9], opt_starts=[], first="setup")[:3] == ["parameters"] * 3
     # a collective in a backward (FSDP's reduce-scatter, DeepSpeed, DDP's buckets): gradients are not one per
@@ -824,6 +840,19 @@ def test_micro_batches_in_flight_are_activations_whatever_their_sizes():
     got = accounted("sfffbbb", [blk("model3", 1, 4, req=100), blk("model3", 2, 5, req=200),
                                 blk("model3", 3, 6, req=300)], passes=[1, 2, 3])
     assert got == ["activations"] * 3
+
+
+def test_outputs_kept_from_two_call_paths_of_one_site_are_all_outputs():
+    """A pipeline's last stage keeps every micro-batch's logits until step() ends (issue 52): the first comes from
+    the schedule's warm-up loop, the others from its steady loop, so their stacks differ though their site (the
+    model's line) and their size are the same. All of them are outputs kept, the first too; a one-off block of
+    another size at that site stays a temporary."""
+    #                 0123456789
+    got = accounted("sfbfbfbfbf", [
+        blk("head_warmup", 1, req=500), blk("head_steady", 3, req=500), blk("head_steady", 5, req=500),
+        blk("head_steady", 7, req=500), blk("head_warmup", 1, req=300),
+    ], passes=[1, 3, 5, 7, 9])
+    assert got == ["outputs"] * 4 + ["temporaries"]
 
 
 def test_open_blocks_learn_only_from_blocks_of_the_passes():

@@ -144,6 +144,8 @@ def test_directory_with_other_files_loads_its_snapshots_and_lists_the_rest(tmp_p
     assert set(reasons) == {"checkpoint-10", "metrics.json", "train.log", "optimizer.pkl", "state.pkl.gz",
                             "model.pt.json", "rank5.pickle"}
     assert "no 'segments' key" in reasons["metrics.json"] and "truncated" in reasons["rank5.pickle"]
+    # the cut-off rank5.pickle is a rank lost, not a file beside the snapshots (issue 52)
+    assert {s.path.rsplit("/", 1)[1]: s.rank for s in skipped if s.rank is not None} == {"rank5.pickle": 5}
     with pytest.raises(Exception, match="truncated"):  # a file named on the command line must load
         load_ranks([d / "rank5.pickle"])
 
@@ -154,7 +156,10 @@ def test_cli_diagnoses_a_mixed_directory_and_names_what_it_skipped(tmp_path, sna
     out, err = capsys.readouterr()
     assert [r["rank"] for r in json.loads(out)["ranks"]] == [0, 1]
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("oomdoctor: skipped 7 files") and "metrics.json" in lines[0]
+    # the files beside the snapshots on one line; the cut-off rank 5 on its own, and in the JSON (issue 52)
+    assert len(lines) == 2 and lines[0].startswith("oomdoctor: skipped 6 files") and "metrics.json" in lines[0]
+    assert lines[1].startswith("oomdoctor: rank 5 could not be read") and "rank5.pickle (rank 5)" in lines[1]
+    assert [u["rank"] for u in json.loads(out)["unread"]] == [5]
 
 
 def test_a_json_file_beside_one_snapshot_takes_no_rank_from_it(tmp_path, snapshots, capsys):

@@ -545,3 +545,14 @@ def test_a_block_pending_since_before_the_trace_is_nobody_s_it_can_tell(tmp_path
     assert f.evidence["held_at_peak_bytes"] == 256 * MiB
     assert f.evidence["held_at_peak_by_owner"] == {"unknown": 256 * MiB}
     assert f.evidence["owner"] == "unknown"
+
+
+def test_the_expandable_segments_warning_carries_the_runs_it_cites():
+    """Issue 52: its words cite runs measured on H200 GPUs (shared/snapshots/tp-allreduce/stats.jsonl, peak reserved
+    of rank 0 and rank 1): the numbers are the fix's data (the JSON has them), not only words."""
+    fixes = deferred_free._fixes("collective", VERSIONS["2.11"])
+    (fx,) = [f for f in fixes if f.id == "expandable-segments-no-help"]
+    assert fx.measured == {"record_stream": [2_449_473_536, 3_053_453_312],
+                           "expandable_segments": [2_390_753_280, 2_663_383_040],
+                           "without_record_stream": [1_308_622_848, 1_308_622_848]}
+    assert all(f.measured is None for f in fixes if f is not fx)

@@ -174,9 +174,11 @@ def _accumulation(b: SnapBuilder, drop_first: int = 0):
 
 
 def _check_accumulation(f, *, kept, blocks, passes, allocated, at, phase, per_pass, variant, fixes,
-                        severity="high", regrown=None):
+                        severity="high", regrown=None, kept_at=None, unit="batch", every=1):
     evidence = {"kept_bytes": kept, "blocks": blocks, "passes": passes, "allocated_bytes": allocated,
-                "kept_fraction": round(kept / allocated, 3), "at": at, "phase": phase, "sites_per_pass": per_pass}
+                "kept_fraction": round(kept / allocated, 3), "at": at, "phase": phase, "sites_per_pass": per_pass,
+                "kept_unit": unit, "kept_at": list(range(passes)) if kept_at is None else kept_at,
+                "kept_every": every}
     if regrown is not None:
         evidence["regrown_passes"] = regrown
     assert f is not None
@@ -196,6 +198,15 @@ def test_outputs_of_three_batches_kept_at_the_peak():
                         fixes=[KEEP_LESS_FIX])
     assert f.evidence["kept_fraction"] == 0.599  # 384 / 641: three decimals, not four (its words: test_words_findings)
     assert [(s.label, s.bytes, s.count) for s in f.sites] == [("/w/model.py:40 in forward", 3 * 128 * MiB, 3)]
+
+
+def test_outputs_kept_every_other_batch_say_when_they_were_kept():
+    """Issue 52: the words said "one batch per step" whatever the cadence; the evidence says at which batches (or
+    steps) the outputs kept were made and, when evenly spaced, how many apart."""
+    f = _accumulation(_evaluation(5, keeps=[(128 * MiB,), (), (128 * MiB,), (), (128 * MiB,)]))
+    assert (f.evidence["kept_unit"], f.evidence["kept_at"], f.evidence["kept_every"]) == ("batch", [0, 2, 4], 2)
+    f = _accumulation(_evaluation(5, keeps=[(128 * MiB,), (128 * MiB,), (), (), (128 * MiB,)]))
+    assert (f.evidence["kept_unit"], f.evidence["kept_at"], f.evidence["kept_every"]) == ("batch", [0, 1, 4], 0)
 
 
 def test_outputs_of_two_batches_are_the_last_batch_still_referenced():
@@ -318,8 +329,9 @@ def test_one_buffer_regrown_every_batch(batches):
     # at the peak the new buffer (batches x 64 MiB) and the last one are both alive, with the input
     kept = (2 * batches - 1) * 64 * MiB
     allocated = 256 * MiB + kept + MiB
+    # the two buffers alive were made by the last two batches
     _check_accumulation(f, kept=kept, blocks=2, passes=2, allocated=allocated, at="the peak", phase="evaluation",
-                        per_pass=0, variant="regrown",
+                        per_pass=0, variant="regrown", kept_at=[batches - 2, batches - 1],
                         fixes=[TRAINER_FIX, KEEP_LESS_FIX], regrown=batches)
     a = _analysis(_regrowing(batches))
     assert oa.detect(Context([a])) == [oa.detect_rank(a, Context([a]))]
@@ -328,7 +340,7 @@ def test_one_buffer_regrown_every_batch(batches):
 def test_one_regrown_buffer_alone_at_the_oom():
     f = _accumulation(_regrowing(4, oom=True))
     _check_accumulation(f, kept=4 * 64 * MiB, blocks=1, passes=1, allocated=256 * MiB + 4 * 64 * MiB, at="the OOM",
-                        phase="evaluation", per_pass=0, variant="regrown",
+                        phase="evaluation", per_pass=0, variant="regrown", kept_at=[3], every=0,
                         fixes=[TRAINER_FIX, KEEP_LESS_FIX], regrown=4)
 
 
@@ -398,7 +410,7 @@ def test_three_batches_kept_and_regrown_are_outputs():
     assert _regrown_of(b) == 4
     f = _accumulation(b)
     _check_accumulation(f, kept=3 * 128 * MiB, blocks=3, passes=3, allocated=256 * MiB + 3 * 128 * MiB,
-                        at="the OOM", phase="forward", per_pass=1,
+                        at="the OOM", phase="forward", per_pass=1, kept_at=[1, 2, 3],
                         variant="kept-outputs", fixes=[KEEP_LESS_FIX])
 
 
@@ -811,6 +823,23 @@ def test_pipeline_outputs_never_freed_are_held_to_the_last_event():
     assert held == [1230, 920, 610, 300]
     assert (f.evidence["outputs_kept"], f.evidence["micro_batches_seen"], f.evidence["median_held_us"]) == (
         4, 4, 765)
+
+
+def test_pipeline_outputs_kept_are_the_blocks_alive_at_once_with_their_own_sizes():
+    """Issue 52: the first micro-batch's output took a block 1 MiB larger than asked (an unsplit remainder, which
+    the final segments show: the trace ends before step() frees them); the bytes kept are the blocks' own sizes
+    added up, as the report's holders and the finding's site say them, never the count times the largest."""
+    b = SnapBuilder()
+    seg = b.segment(64 * GiB)
+    outs = [b.alloc(seg, 0, 501 * MiB, requested=500 * MiB, fr=_pp_frames())]
+    for m in range(1, 4):
+        outs.append(b.alloc(seg, m * 512 * MiB, 500 * MiB, fr=_pp_frames()))
+        for _ in range(10):
+            b.free(b.alloc(seg, 50 * GiB, 100 * MiB))
+    f = _pipeline_finding(b)
+    assert (f.evidence["outputs_kept"], f.evidence["output_bytes"]) == (4, 500 * MiB)
+    assert f.evidence["kept_bytes"] == f.bytes == f.per_rank_bytes[0] == 4 * 500 * MiB + MiB
+    assert [(s.bytes, s.count) for s in f.sites] == [(f.bytes, 4)]
 
 
 def test_pipeline_outputs_freed_one_by_one_are_not_cached():

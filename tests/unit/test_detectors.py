@@ -168,7 +168,7 @@ def training(leak_every: int | None, steps: int = 9) -> SnapBuilder:
 def test_memory_growth(tmp_path):
     (f,) = memory_growth.detect(ctx_of(tmp_path, training(leak_every=2)))
     assert f.evidence["steps"] == 9 and f.evidence["step_source"] == "annotations"
-    assert f.evidence["leaking_steps"] == "2, 4, 6"
+    assert f.evidence["leaking_steps"] == [2, 4, 6]
     assert f.bytes == 3 * 128 * MiB
     assert f.sites[0].label == "/w/model.py:90 in forward"
     assert memory_growth.detect(ctx_of(tmp_path, training(leak_every=None))) == []

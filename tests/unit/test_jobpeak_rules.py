@@ -11,7 +11,15 @@ import pytest
 from builder import MiB, SnapBuilder, frames
 
 from oomdoctor.analysis import analyze
-from oomdoctor.analysis.jobpeak import MISS_TOLERANCE_BYTES, JobPeak, counters, job_peak, starts_mid_job
+from oomdoctor.analysis.jobpeak import (
+    MISS_SAID_BYTES,
+    REMAINDER_BYTES,
+    JobPeak,
+    allocated_undercount_bound,
+    counters,
+    job_peak,
+    starts_mid_job,
+)
 from oomdoctor.detectors import Context
 from oomdoctor.detectors import cache_flush as cf
 from oomdoctor.render.json import render_json
@@ -98,13 +106,26 @@ def test_a_counter_reset_below_the_window_leaves_the_windows_peak():
     assert not p.missed
 
 
-@pytest.mark.parametrize("above, missed", [(0, False), (MISS_TOLERANCE_BYTES, False),
-                                           (MISS_TOLERANCE_BYTES + 1, True)])
-def test_the_window_missed_the_peak_only_beyond_the_tolerance(above, missed):
+@pytest.mark.parametrize("extra, missed", [(-1, False), (0, False), (1, True)])
+def test_the_window_missed_the_allocated_peak_only_beyond_what_the_trace_can_undercount(extra, missed):
+    # issue 49: 1 MiB (kSmallSize) per large block whose size the trace infers, the most alive at once: the
+    # undercount a swallowed remainder can make; a fixed 2 MiB said "missed" on 41 of the corpus's 53 whole-job ranks
     window = GiB + 16 * MiB
-    a = _analysed({"memory_stats": {"allocated_bytes.all.peak": window + above}})
+    a = _analysed({})
+    bound = allocated_undercount_bound(a)
+    assert bound % REMAINDER_BYTES == 0
+    a = _analysed({"memory_stats": {"allocated_bytes.all.peak": window + bound + extra}})
     p = job_peak(a)
+    assert p.allocated_tolerance_bytes == bound
     assert p.allocated_missed is missed and p.job_peak_reserved_bytes is None and not p.reserved_missed
+
+
+def test_the_window_missed_the_reserved_peak_by_any_byte():
+    # reserved bytes are exact (the final segments less the segment events): any byte above is missed
+    a = _analysed({"memory_stats": {"reserved_bytes.all.peak": 5 * GiB + 1}})
+    assert job_peak(a).reserved_missed
+    a = _analysed({"memory_stats": {"reserved_bytes.all.peak": 5 * GiB}})
+    assert not job_peak(a).reserved_missed
 
 
 def test_counters_without_peaks_keep_the_retries_and_judge_the_peak_as_without():
@@ -175,6 +196,43 @@ def test_without_counters_the_verdict_and_the_text_say_peaks_before_the_window_a
     # the whole trace: its peak is the job's and nothing is said about it
     rep = _report(None, drop=False)
     assert rep.ranks[0].peak_source == "trace" and "not known" not in render_text_plain(rep, width=200)
+
+
+def _near_window_peak(gap: int):
+    """12 GiB allocated for good, then 30 steps of a 512 MiB temporary in a 1.89 GiB segment: the window's peaks are
+    13.89 GiB reserved and 12.50 GiB allocated; the sidecar's counters put the job's ``gap`` bytes above both."""
+    b = SnapBuilder()
+    w = b.segment(12 * GiB)
+    b.alloc(w, 0, 12 * GiB)
+    seg = int(1.89 * GiB) // (2 * MiB) * (2 * MiB)
+    s = b.segment(seg)
+    for _ in range(30):
+        b.free(b.alloc(s, 0, 512 * MiB, fr=DECODE))
+    window_r = 12 * GiB + seg
+    stats = {"allocated_bytes.all.peak": 12 * GiB + 512 * MiB + gap, "reserved_bytes.all.peak": window_r + gap,
+             "num_alloc_retries": 0, "num_ooms": 0}
+    meta = {"memory_stats": stats, "device": 0, "gpu_total_memory_bytes": 80 * GiB}
+    return build_report([from_snapshot(b.snapshot(drop_first=2), "rank0.pickle", meta)])
+
+
+@pytest.mark.parametrize("gap, said", [(20 * MiB, False), (120 * MiB, False), (200 * MiB, True)])
+def test_the_window_missed_it_only_where_it_matters(gap, said):
+    """Issue 52: "the window missed it" for 13.89 vs 13.91 GiB. The job's peak is still the peak the verdict judges
+    (its headroom), and both numbers are said; "the window missed it" only where the gap is material by the
+    materiality rule's defaults (1% of the job's peak and 64 MiB: about 142 MiB reserved, 128 MiB allocated here)."""
+    rep = _near_window_peak(gap)
+    r = rep.ranks[0]
+    assert r.reserved_peak_missed and r.allocated_peak_missed  # the fact: the job's peak is above the window's
+    assert (r.reserved_peak_missed_material, r.allocated_peak_missed_material) == (said, said)
+    v = r.verdict
+    assert v.evidence["peak_reserved_bytes"] == r.peak_reserved_bytes + gap  # judged by the job's peak either way
+    want = ["reserved-window-missed", "allocated-window-missed"] if said else ["reserved-job-peak",
+                                                                              "allocated-job-peak"]
+    assert [x for x in v.reasons if x.startswith(("reserved-", "allocated-"))] == want
+    text = render_text_plain(rep, width=200)
+    assert ("missed it" in text) is said
+    assert "13.89 GiB" in text and "recorded window" in words.summary(v)
+    assert MISS_SAID_BYTES == 64 * MiB  # the materiality rule's floor (detectors/materiality.py DEFAULT_MIN_BYTES)
 
 
 def test_the_peak_lines_name_the_windows_and_the_jobs_peaks():

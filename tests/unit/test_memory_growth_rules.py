@@ -7,6 +7,8 @@ allocated in all; blocks under ``torch/distributed/pipelining/`` belong to ``pip
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from builder import SnapBuilder, frames
 
@@ -43,7 +45,8 @@ def test_six_steps_are_the_fewest_that_can_show_growth(tmp_path):
     # steps 2 and 3 are the counted ones of six; each leaves 64 MiB
     (f,) = run(tmp_path, [0, 0, 64 * MiB, 64 * MiB, 0, 0])
     assert f.bytes == 128 * MiB and f.evidence["steps"] == 6
-    assert f.evidence["steps_leaving_memory"] == 2 and f.evidence["leaking_steps"] == "2, 3"
+    assert f.evidence["steps_leaving_memory"] == 2 and f.evidence["leaking_steps"] == [2, 3]
+    assert (f.evidence["first_counted_step"], f.evidence["last_counted_step"]) == (2, 3)
     assert f.evidence["retained_bytes_per_step"] == [64 * MiB, 64 * MiB]
     assert f.per_rank_bytes == {0: 128 * MiB}
     assert (f.evidence["step_source"], f.evidence["retained_bytes"], f.variant) == ("annotations", 128 * MiB, "")
@@ -55,7 +58,8 @@ def test_warm_up_and_the_last_two_steps_are_not_counted(tmp_path):
     # leaks in steps 0, 1 (warm-up: optimizer state, buckets) and 6, 7 (the last two) are never growth
     assert run(tmp_path, [GiB, GiB, 0, 0, 0, 0, GiB, GiB]) == []
     (f,) = run(tmp_path, [GiB, GiB, 32 * MiB, 64 * MiB, 0, 64 * MiB, GiB, GiB])
-    assert f.evidence["leaking_steps"] == "2, 3, 5" and f.bytes == 160 * MiB
+    assert f.evidence["leaking_steps"] == [2, 3, 5] and f.bytes == 160 * MiB
+    assert (f.evidence["first_counted_step"], f.evidence["last_counted_step"]) == (2, 5)
     assert f.evidence["retained_bytes_per_step"] == [32 * MiB, 64 * MiB, 0, 64 * MiB]
     # allocated at the start of step 2 (the first counted): the warm-up's 2 GiB; at the start of the last step:
     # that plus what steps 2, 3, 5 and 6 left
@@ -87,3 +91,24 @@ def test_at_least_two_percent_of_the_peak_in_all(tmp_path):
 
 def test_what_a_pipeline_schedule_keeps_is_left_to_its_own_detector(tmp_path):
     assert run(tmp_path, [0, 0, 64 * MiB, 64 * MiB, 0, 0], fr=PIPE) == []
+
+
+def test_steps_are_numbered_as_the_job_counts_them(tmp_path):
+    """Issue 52: a trace of steps 10 to 17 (step markers of a recording window) names the steps the job's way, as the
+    breakdown's "step N" and output-accumulation's steps do: steps 12, 13 and 15, counted from 12 to 15."""
+    b = SnapBuilder()
+    s = b.segment(64 * GiB)
+    off, markers = 64 * MiB, []
+    for i, leak in enumerate([0, 0, 32 * MiB, 64 * MiB, 0, 64 * MiB, 0, 0]):
+        act = b.alloc(s, 0, 64 * MiB, fr=frames(("/w/model.py", 50, "forward")))
+        markers.append({"step": 10 + i, "time_us": b.events[-1]["time_us"]})
+        b.free(act)
+        if leak:
+            b.alloc(s, off, leak, fr=LEAK)
+            off += leak
+    path = b.write(tmp_path / "rank0.pickle")
+    (tmp_path / "rank0.meta.json").write_text(json.dumps({"format": 1, "rank": 0, "step_markers": markers}))
+    (f,) = memory_growth.detect(Context([analyze(load(path))]))
+    assert f.evidence["step_source"] == "markers"
+    assert f.evidence["leaking_steps"] == [12, 13, 15]
+    assert (f.evidence["first_counted_step"], f.evidence["last_counted_step"]) == (12, 15)

@@ -14,7 +14,7 @@ from test_capture import fake_recorder, small_snapshot
 
 from oomdoctor import load
 from oomdoctor.analysis import analyze
-from oomdoctor.report.margin import margin, outside_allocator
+from oomdoctor.report.margin import OUTSIDE_GROWTH_BYTES, margin, margin_inputs, outside_allocator
 from oomdoctor.trace.oommessage import parse_oom_message, sidecar_oom_message
 
 MiB = 1 << 20
@@ -107,27 +107,30 @@ def built_oom(tmp_path, sidecar: dict | None):
     return analyze(load(path))
 
 
-def test_the_margin_takes_the_memory_outside_the_allocator_from_the_oom_message(tmp_path):
-    """The message says the process uses 7.50 GiB, of which PyTorch reserved 1.00 + 3.00 GiB: 3.50 GiB outside.
-    Without it the margin reads the GPU's total less the free and reserved bytes at the OOM: 74 GiB here (an 80 GiB
-    GPU shared with another process, which the message's own usage leaves out)."""
+def test_the_margins_inputs_take_the_memory_outside_the_allocator_from_the_oom_message(tmp_path):
+    """The message says the process uses 7.50 GiB, of which PyTorch reserved 1.00 + 3.00 GiB: 3.50 GiB outside,
+    what the sidecar gives the margin (``margin_inputs``; the GPU is shared with another process here, which the
+    message's own usage leaves out: the GPU's total less the free and reserved bytes at the OOM is 74 GiB). The room
+    was read at the OOM, so that memory is off it already: the claim keeps free only what it may grow by (issue 49:
+    counted once)."""
     text = ("CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of 80.00 GiB of which 2.00 GiB "
             "is free. Including non-PyTorch memory, this process has 7.50 GiB memory in use. Of the allocated memory "
             "1.00 GiB is allocated by PyTorch, and 3.00 GiB is reserved by PyTorch but unallocated.")
     a = built_oom(tmp_path / "with", {"oom": {"device": 0, "alloc_bytes": 8 * GiB, "message": text}})
     assert sidecar_oom_message(a.trace.meta).outside_bytes == gib(3.5)
-    got, how = outside_allocator(a)
-    assert got == gib(3.5) and how == "oom-message"
-    assert margin(a).outside_bytes == gib(3.5)
+    assert margin_inputs(a)["outside_bytes"] == gib(3.5)
+    inputs = margin_inputs(a)
+    assert outside_allocator(a, inputs["outside_bytes"]) == (OUTSIDE_GROWTH_BYTES, "outside-growth")
+    assert margin(a, **inputs).outside_bytes == OUTSIDE_GROWTH_BYTES
     b = built_oom(tmp_path / "without", None)
-    got, how = outside_allocator(b)
-    assert got == 80 * GiB - 2 * GiB - 4 * GiB and how == "device-free-at-oom"
+    assert margin_inputs(b)["outside_bytes"] is None
+    assert outside_allocator(b) == (OUTSIDE_GROWTH_BYTES, "outside-growth")
 
 
 def test_a_message_that_is_not_a_string_is_ignored(tmp_path):
     a = built_oom(tmp_path, {"oom": {"device": 0, "message": ["CUDA out of memory"]}})
     assert sidecar_oom_message(a.trace.meta) is None
-    assert outside_allocator(a)[0] == 74 * GiB
+    assert margin_inputs(a)["outside_bytes"] is None
 
 
 class OutOfMemoryError(RuntimeError):

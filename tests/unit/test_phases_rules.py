@@ -777,6 +777,41 @@ def test_find_phases_drops_a_last_step_of_teardown_only(tmp_path):
     assert ph.kind == "one optimizer step"
 
 
+def test_a_last_update_no_marker_follows_is_counted(tmp_path):
+    """Issue 52: preflight's own snapshot read "one optimizer step" and "2 steps (markers)": its markers start each
+    step (step 0 at the trace's first event, step 1 after the first update) and none follows the last update, which
+    the trace shows (the optimizer's allocations). The updates are the steps whose optimizer work the trace shows,
+    where that is more than the markers count; a last step that ends in an OOM has not updated."""
+    j = Job()
+    marks = []
+    for step in (0, 1):
+        marks.append({"step": step, "time_us": j.b.events[-1]["time_us"] if step == 0 else j.b.t})
+        j.alloc(MODEL)
+        j.alloc(BWD_PY)
+        j.alloc(OPT)
+    ph = j.phases(tmp_path, step_markers=marks)
+    _eq(ph.steps, [0, 4], "markers", 2, 0)
+    assert ph.kind == "2 optimizer steps"
+    # the same job out of memory in its last optimizer step: one update
+    j.b.oom(MiB, device_free=0)
+    ph = j.phases(tmp_path, step_markers=marks)
+    _eq(ph.steps, [0, 4], "markers", 1, 0)
+    assert ph.kind == "one optimizer step"
+    # oomdoctor run's markers: one after each update too; the optimizer's work after the last one, with no pass
+    # before it (a Trainer's teardown), is no third update (the corpus's Trainer runs: 4 steps, not 5)
+    j = Job()
+    marks = [{"step": 0, "time_us": j.b.events[-1]["time_us"]}]
+    for step in (1, 2):
+        j.alloc(MODEL)
+        j.alloc(BWD_PY)
+        j.alloc(OPT)
+        marks.append({"step": step, "time_us": j.b.t})
+    j.alloc(OPT)
+    j.alloc(OPT)
+    ph = j.phases(tmp_path, step_markers=marks)
+    assert ph.steps.updates == 2 and ph.kind == "2 optimizer steps"
+
+
 def test_find_phases_dropping_the_teardown_step_keeps_the_step_numbers(tmp_path):
     j = Job()
     marks = []

@@ -69,7 +69,7 @@ def test_each_stage_calls_only_the_stages_below_it():
     decision (3), decisions none of the path functions (report_of, summarize_*, build_report)."""
     src = Path(pipeline.__file__).read_text()
     funcs = {n.name: n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    stage = {"analyse": 1, "rank_facts": 1, "predict": 2, "_versions": 2, "defragmenting_setting": 2,
+    stage = {"analyse": 1, "rank_facts": 1, "predict": 2, "_versions": 2, "defragmenting_setting": 2, "defragmenting_settings": 2,
              "_recorded_micro_batch": 2, "RankPredictions": 2, "decide_rank": 3, "decide": 3, "report_of": 4,
              "summarize_analysis": 5, "summarize_rank": 6, "build_report": 5}
     assert set(stage) == {n for n in funcs if not n.startswith("__")} - {"RankContext", "RankOutcome"}

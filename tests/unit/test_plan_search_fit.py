@@ -19,8 +19,10 @@ def test_the_readme_search_ranks_first_a_plan_whose_shown_peak_fits(capsys):
     relaxed = [c for c in fitting if c["fits"] == "with expandable_segments"]
     assert relaxed and all(c["setting"] == "expandable_segments:True" for c in relaxed)
     assert all(c["setting"] == "" for c in d["candidates"] if c["fits"] in ("yes", "no"))
-    # the first is such a plan here: with the default allocator's margin it would need 96.9 GiB of 79.6 GiB
-    # (104.1 GB of 85.5 GB: plan prints GiB, 2^30 bytes, as diagnose does)
-    first = d["candidates"][0]
-    assert first["fits"] == "with expandable_segments" and first["peak_device_bytes"] <= gpu
+    # the fastest is such a plan here: with the default allocator's margin it would need 96.9 GiB of 79.6 GiB
+    # (104.1 GB of 85.5 GB: plan prints GiB, 2^30 bytes, as diagnose does); it ranks below the plans that fit with
+    # the default allocator, being less than 5% faster (issue 52, plan/search.py PREFER_GAIN)
+    first = max(relaxed, key=lambda c: c["relative_throughput"])
+    assert first["relative_throughput"] == 1.0 and first["peak_device_bytes"] <= gpu
+    assert d["candidates"][0]["fits"] == "yes"
     assert any("would take it to 96.9 GiB" in w for w in first["why"]) and round(gpu / 2**30, 1) == 79.6

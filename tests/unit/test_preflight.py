@@ -404,13 +404,15 @@ def test_a_script_is_traced_with_only_its_gpu_tensors(train_py, tmp_path, capsys
     assert 64 * 4096 * 2 in sizes
 
 
-def test_a_script_reading_a_value_is_one_line_and_exit_2(train_py, capsys):
-    """``.item()`` on a fake tensor has no value: one line naming the script's line, exit 2."""
-    rc = main(["preflight", "--no-search", "--", "python", str(train_py), "--item"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+def test_a_script_reading_a_value_gets_a_stand_in_listed_with_its_line(train_py, capsys):
+    """``loss.item()`` on the GPU has no value under fake tensors: the read gets a finite stand-in and the line is
+    listed in ``invented_values`` (kind ``finite``, once per traced step), the trace unchanged by it."""
+    rc = main(["preflight", "--no-search", "--format", "json", "--", "python", str(train_py), "--item"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
     line = _SCRIPT.splitlines().index("        print(loss.item())") + 1
-    assert f"{train_py}:{line}:" in err and "value" in err
+    assert out["invented_values"] == [{"file": str(train_py), "line": line, "kind": "finite", "read": "item",
+                                       "count": 1}]  # the second step's read comes after the stop
 
 
 def test_a_script_runs_on_a_cuda_build_of_torch_with_no_visible_device(train_py, tmp_path, capsys, monkeypatch):

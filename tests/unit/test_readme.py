@@ -109,5 +109,6 @@ def test_the_api_names_the_readme_gives_analyze_exist(demo_trace):
 
 def test_the_readme_says_what_skips_without_the_snapshots_and_where_they_go():
     text = " ".join(README.read_text(encoding="utf-8").split())
-    assert re.search(r"\d+ tests skip, each with its reason \(`-rs`\)", text)
+    # no count: none of docs/*.json holds it, and the README's went stale (issue 52: "162" where 201 skipped)
+    assert "the tests that read them skip, each with its reason (`-rs`)" in text
     assert "OOMDOCTOR_SHARED=DIR" in text and "`DIR/snapshots/`" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.text import Text
 
 from oomdoctor.render.console import TidyConsole, hang, plain_console
@@ -79,7 +80,24 @@ def test_a_prediction_reads_without_internal_words_or_nested_parentheses():
          "peak_reserved_bytes": 37_339_791_360, "recorded_peak_reserved_bytes": 41_269_854_208,
          "recorded_oom_event_index": 13760, "reach": "step-completed", "self_replay_exact": False}
     assert _prediction_text(p) == (
-        "with expandable_segments:True on rank 0: gets past the recorded OOM, but the rest of the step, replayed as "
-        "the previous step ran it, runs out of memory asking for 2.00 GiB. "
+        "this recording replayed with expandable_segments:True on rank 0: gets past the recorded OOM and through the recorded steps (peak "
+        "reserved 34.78 GiB), but the rest of the step, replayed as the previous step ran it, runs out of memory "
+        "asking for 2.00 GiB. "
         "Recorded: peak reserved 38.44 GiB, OOM at event 13760. Approximate: the replay of the recorded run was not "
         "exact.")
+
+
+@pytest.mark.parametrize("mode, held, words", [
+    ("recorded", True, "this recording replayed with expandable_segments:True on rank 0, its deferred frees held "
+                       "as long as they were"),
+    ("recorded", False, "this recording replayed with expandable_segments:True on rank 0"),
+    ("immediate", True, "this recording replayed with expandable_segments:True + frees not deferred on rank 0"),
+])
+def test_a_prediction_says_it_replays_this_recording_and_its_deferred_frees(mode, held, words):
+    """Issue 52: the demo's fix 4 cites 2.23 GiB measured with expandable segments on another run, and its
+    prediction 2.85 GiB: the prediction says it is this recording's own events, its frees held as long as they were
+    (the measured runs' frees waited as long as those runs made them)."""
+    p = {"config": "expandable_segments:True", "deferred_frees": mode, "recorded_deferred_frees": held, "rank": 0,
+         "outcome": "no-oom", "peak_reserved_bytes": 3_060_000_000, "recorded_peak_reserved_bytes": 3_053_453_312,
+         "recorded_oom_event_index": None, "reach": "complete", "self_replay_exact": True}
+    assert _prediction_text(p) == f"{words}: no OOM, peak reserved 2.85 GiB. Recorded: peak reserved 2.84 GiB."

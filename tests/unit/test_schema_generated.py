@@ -28,13 +28,16 @@ RENDERED = {
     "$.after_anatomy+allocated_bytes": "the same, diff",
     "$+peak_reserved_saved_bytes": "render/json.py diff_dict: before - after (a property of RankDiff)",
     "$+peak_allocated_saved_bytes": "the same",
-    "$.sites[]+delta_bytes": "render/json.py diff_dict: after - before (a property of SiteDelta)",
+    "$.sites[]+saved_bytes": "render/json.py diff_dict: before - after (a property of SiteDelta)",
+    "$.sites[]+delta_bytes": "render/json.py diff_dict: after - before (a property of SiteDelta, for schema 1.3)",
     "$.prediction~free": "a finding's prediction: a dict the schema spells out (report/predict.py Prediction)",
     "$.fixes[].prediction~free": "the same, per fix",
     "$+summary": "render/json.py verdict_dict / finding_dict: a verdict's or a finding's summary in words (render/words/)",
     "$+actions": "the same, its actions in words",
     "$.verdict+summary": "the same, a rank's verdict",
     "$.verdict+actions": "the same",
+    "$+assumptions": "render/json.py verdict_dict: what a verdict's estimate of what fits rests on, in words (issue 52)",
+    "$.verdict+assumptions": "the same, a rank's verdict",
     "$+title": "render/json.py finding_dict: the finding's title in words (render/words/findings.py, id + variant)",
     "$.fixes[]+text": "the same: the fix's text (render/words/findings.py, by fix id)",
     "$-variant": "the finding's wording, in the JSON as its title and summary (the contract is unchanged)",
@@ -169,9 +172,15 @@ def test_the_oom_object_is_generated_from_oominfo():
 def test_a_derived_property_is_typed_by_its_annotation_and_described_by_its_docstring():
     from oomdoctor.report.diff import SiteDelta
 
-    site = S.generated(SiteDelta, "a site", derived=("delta_bytes",))
-    assert site["properties"]["delta_bytes"] == {"type": "integer", "description": "after minus before (bytes)"}
-    assert site["required"][-1] == "delta_bytes" and site["additionalProperties"] is False
+    site = S.generated(SiteDelta, "a site", derived=("saved_bytes", "delta_bytes"))
+    assert site["properties"]["saved_bytes"] == {
+        "type": "integer",
+        "description": "before minus after, as every saving of the diff (negative: the site holds more after) (bytes)"}
+    assert site["properties"]["delta_bytes"] == {
+        "type": "integer",
+        "description": "after minus before, the opposite of saved_bytes (kept for readers of schema 1.3 and before) "
+                       "(bytes)"}
+    assert site["required"][-2:] == ["saved_bytes", "delta_bytes"] and site["additionalProperties"] is False
     rank = S.diff_schema()["properties"]["ranks"]["items"]
     assert list(rank["properties"])[-2:] == ["peak_reserved_saved_bytes", "peak_allocated_saved_bytes"]
     items = rank["properties"]["sites"]["items"]
@@ -247,7 +256,7 @@ def test_the_verdict_finding_and_fix_are_what_the_renderer_writes():
     assert fix["properties"]["prediction"]["description"] == "the simulator's replay of the fix"
     verdict = S.verdict_schema("v")
     assert verdict["type"] == ["object", "null"] and verdict["description"] == "v"
-    assert set(verdict["properties"]) == {f.name for f in fields(Verdict)} | {"summary", "actions"}
+    assert set(verdict["properties"]) == {f.name for f in fields(Verdict)} | {"summary", "actions", "assumptions"}
     assert verdict["properties"]["kind"]["enum"] == list(S.VERDICT_KINDS)
     assert verdict["properties"]["reasons"]["items"]["enum"] == list(REASONS)
     action = verdict["properties"]["to_do"]["items"]

@@ -450,3 +450,34 @@ def test_settle_leaves_other_evidence_alone(monkeypatch):
     for cap in (UNLIMITED, Capacity(5, "device", "oom-device", "exact", 5, 5, "oom")):
         assert settle_capacity(None, cap) is cap
     assert calls == []
+
+
+def full_oom_trace(tmp_path):
+    """A 12 MiB block fills a 12 MiB device; a 4 MiB request then runs out of memory (the trace ends at its OOM, as a
+    dump at the failure does)."""
+    b = SnapBuilder()
+    b.alloc(b.segment(12 * MiB), 0, 12 * MiB)
+    b.oom(4 * MiB, device_free=0)
+    return load(b.write(tmp_path / "full.pickle"))
+
+
+def test_every_replay_says_how_far_it_reaches(tmp_path):
+    """Issue 52: simulate said "none" in its OOM column for a setting that gets past the recorded OOM, without saying
+    that the replay ends there. A recording that ends at its OOM is replayed up to it (reach 'recorded'); one
+    without is replayed to its end ('complete'): in the JSON per result, and in the text (the real case, a setting
+    that gets past it: tests/integration/test_simulate_real.py)."""
+    from oomdoctor.render.json import simulation_dict
+    from oomdoctor.render.text import render_simulation_text_plain
+
+    sim = simulate(full_oom_trace(tmp_path), configs=["expandable_segments:True"])
+    assert sim.reach == "recorded" and all(r.oom is not None for r in sim.results)
+    assert [r["reach"] for r in simulation_dict(sim)["results"]] == ["recorded", "recorded"]
+    text = render_simulation_text_plain(sim, width=200)
+    assert "at 2" in text and "none" not in text
+    assert ("replayed: up to the recorded OOM (event 2), where the recording ends; 'past it': a setting gets past "
+            "that request, and what the job would have run after it was never recorded") in text
+    plain = simulate(plain_trace(tmp_path), configs=["expandable_segments:True"])
+    assert plain.reach == "complete" and [r["reach"] for r in simulation_dict(plain)["results"]] == ["complete"] * 2
+    text = render_simulation_text_plain(plain, width=200)
+    assert "none" in text and "past it" not in text
+    assert "replayed: every recorded event (the recording has no OOM)" in text

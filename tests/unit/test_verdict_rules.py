@@ -93,11 +93,14 @@ class Calls:
 
 
 def judge(a, room: int | None, mine=(), outputs: int = 0, fits: Fits | None = None, defragmented=None,
-          in_flight: int | None = None):
-    """``_oom_verdict`` as ``rank_verdict`` calls it, with the evidence it starts from."""
+          in_flight: int | None = None, schedule: str | None = "sidecar-stage"):
+    """``_oom_verdict`` as ``rank_verdict`` calls it, with the evidence it starts from (``schedule``: what says the
+    job runs a pipeline, :func:`oomdoctor.report.verdict.schedule_evidence`)."""
     ev = {"rank": a.rank, "phase": "forward", "room_bytes": room}
     if in_flight is not None:
         ev["in_flight"] = in_flight
+        if schedule is not None:
+            ev["schedule_evidence"] = schedule
     calls = Calls(fits)
     bd = SimpleNamespace(categories={"outputs": outputs}, phase="forward")
     v = _oom_verdict(a, list(mine), Room(room, "device" if room is not None else "none", "test"), bd, calls,
@@ -157,9 +160,12 @@ def test_capacity_by_one_byte_and_not_at_need_equal_to_room(tmp_path):
     assert v.kind == "fragmentation" and v.evidence["shortfall_bytes"] == 0 and v.bytes == need - ALLOCATED
 
 
-@pytest.mark.parametrize("in_flight, says", [(None, False), (1, False), (2, True), (4, True)])
-def test_capacity_names_the_micro_batches_in_flight_from_two(tmp_path, in_flight, says):
-    v, _ = judge(oom_rank(tmp_path, 768 * MiB), RESERVED, in_flight=in_flight)
+@pytest.mark.parametrize("in_flight, schedule, says", [(None, None, False), (1, "sidecar-stage", False),
+                                                       (2, "sidecar-stage", True), (4, "point-to-point", True),
+                                                       (2, None, False)])
+def test_capacity_names_the_micro_batches_in_flight_from_two(tmp_path, in_flight, schedule, says):
+    # two passes alive without anything saying the job runs a pipeline: no schedule is named (issue 49)
+    v, _ = judge(oom_rank(tmp_path, 768 * MiB), RESERVED, in_flight=in_flight, schedule=schedule)
     assert v.kind == "capacity"
     text = said(v)
     assert ("micro-batches were in flight" in text) is says
@@ -333,7 +339,10 @@ def test_fragmentation_names_the_bytes_of_cuda_graph_pools(tmp_path):
 def test_fragmentation_says_what_the_defragmented_replay_did(tmp_path):
     fixed = {"config": "expandable_segments:True", "reach": "step-completed", "outcome": "step-completed",
              "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB, "spare_bytes": 77 * MiB,
-             "margin_bytes": 10 * MiB, "at_edge": False}
+             "margin_bytes": 10 * MiB, "at_edge": False,
+             "continuation": {"outcome": "step-completed", "heaviest_step_peak_allocated_bytes": 800 * MiB,
+                              "margin_bytes": None, "margin": {"reserved_step_spread_bytes": None,
+                                                               "unrecorded_bytes": 0}}}
     v, _ = judge(oom_rank(tmp_path, 384 * MiB), RESERVED + 128 * MiB, defragmented=fixed)
     assert v.kind == "fragmentation"
     ev = v.evidence
@@ -346,16 +355,20 @@ def test_fragmentation_says_what_the_defragmented_replay_did(tmp_path):
     assert "expandable_segments:True" in text and format_bytes(77 * MiB) in text
 
 
-def test_capacity_when_the_defragmented_step_still_runs_out(tmp_path):
-    fixed = {"config": "expandable_segments:True", "reach": "step-ran-out", "outcome": "step-ran-out",
+def test_a_fix_through_the_recorded_steps_is_fragmentation_even_when_the_rest_of_the_step_runs_out(tmp_path):
+    # issue 49: the cause is the recorded OOM's; whether the job keeps running is a second statement that never flips
+    # it. The rest of the step, replayed, running out is said with its request; no micro-batch cut is advised
+    fixed = {"config": "expandable_segments:True", "reach": "step-ran-out", "outcome": "step-ran-out", "oom": None,
+             "peak_reserved_bytes": 900 * MiB, "spare_bytes": 77 * MiB, "margin_bytes": 10 * MiB, "at_edge": False,
              "extended_oom_requested_bytes": 900 * MiB}
     fits = Fits(None, "test", largest_micro_batch=2)
     v, calls = judge(oom_rank(tmp_path, 384 * MiB), RESERVED + 128 * MiB, defragmented=fixed, fits=fits)
-    assert (v.kind, v.bytes, v.ranks, v.finding) == ("capacity", 900 * MiB, [RANK], None)
-    assert v.evidence["extended_request_bytes"] == 900 * MiB and v.evidence["largest_micro_batch"] == 2
+    assert (v.kind, v.bytes, v.ranks, v.finding) == ("fragmentation", RESERVED + 128 * MiB - ALLOCATED, [RANK],
+                                                     "fragmentation")
+    assert v.evidence["extended_request_bytes"] == 900 * MiB and "continuation-runs-out" in v.reasons
     assert calls.n == 1
     text = said(v)
-    assert format_bytes(900 * MiB) in text and "fit-micro-batch" in v.reasons
+    assert format_bytes(900 * MiB) in text
 
 
 # --------------------------------------------------------------------------- _fit_reason (its words: test_words_verdict)
@@ -563,8 +576,11 @@ def test_an_oom_inside_generate_is_capacity_unless_the_fix_leaves_a_tokens_growt
     (3 more tokens): fragmentation, with the same data."""
     a = oom_rank(tmp_path, 384 * MiB)
     fixed = {"config": "expandable_segments:True", "reach": "recorded", "oom": None, "at_edge": False,
-             "outcome": "past-recorded-oom", "spare_bytes": 100 * MiB,
-             "margin_bytes": 32 * MiB}
+             "outcome": "past-recorded-oom", "spare_bytes": 100 * MiB, "peak_reserved_bytes": RESERVED - 100 * MiB,
+             "margin_bytes": 32 * MiB,
+             "continuation": {"outcome": "later-steps", "heaviest_step_peak_allocated_bytes": 896 * MiB,
+                              "margin_bytes": None, "margin": {"reserved_step_spread_bytes": None,
+                                                               "unrecorded_bytes": 0}}}
     room = RESERVED
     for growth, kind, more in ((256 * MiB, "capacity", 0), (32 * MiB, "fragmentation", 3)):
         ev = {"rank": a.rank, "phase": "generation", "room_bytes": room, "kv_cache_growth_per_token_bytes": growth}

@@ -95,13 +95,26 @@ def not_simulated(setting) -> str:
             "stranded between segments (not simulated: the allocator model cannot replay this recording).")
 
 
-PAST = "gets past the recorded OOM; the rest of the step was not recorded (no complete step before it to replay)"
+HEAVIEST = 800 * MiB  # the heaviest recorded step's peak allocated: the condition a claim holds under (issue 49)
+CONT = {"outcome": "later-steps", "heaviest_step_peak_allocated_bytes": HEAVIEST, "margin_bytes": None,
+        "margin": {"reserved_step_spread_bytes": None, "unrecorded_bytes": 0}}
+CONDITION = f"for steps whose tensors peak at up to {B(HEAVIEST)}, the heaviest recorded"
+PAST_PEAK = 700 * MiB
+PAST = (f"gets past the recorded OOM and through the recorded steps (peak reserved {B(PAST_PEAK)}); the rest of the "
+        "step was not recorded (no complete step before it to replay): it holds " + CONDITION)
 
 
 def completes(peak: int, extended: int) -> str:
     """The words of a ``step-completed`` prediction without a known room (render/words/predict.py)."""
-    return (f"gets past the recorded OOM with a peak reserved of {B(peak)}, and the rest of the step, replayed as the "
-            "previous step ran it, completes" + (f", peaking at {B(extended)}" if extended > peak else ""))
+    return (f"gets past the recorded OOM and through the recorded steps (peak reserved {B(peak)}); the rest of the "
+            "step, replayed as the previous step ran it, completes"
+            + (f", peaking at {B(extended)}" if extended > peak else "") + ", " + CONDITION)
+
+
+def ran_out(peak: int, request: int) -> str:
+    """The words of a ``step-ran-out`` prediction without a known room."""
+    return (f"gets past the recorded OOM and through the recorded steps (peak reserved {B(peak)}), but the rest of "
+            f"the step, replayed as the previous step ran it, runs out of memory asking for {B(request)}")
 
 
 def simulated(setting, outcome) -> str:
@@ -111,10 +124,6 @@ def simulated(setting, outcome) -> str:
 def not_enough(setting) -> str:
     return (f"Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9) to stop stranding free "
             "memory; simulated, it is not enough here: lower the micro-batch too.")
-
-
-def or_keep(n) -> str:
-    return f"Or keep the default allocator with a per-device micro-batch of at most {n}."
 
 
 def logits(n, sites, knob=CHUNKS) -> str:
@@ -203,17 +212,20 @@ def test_capacity_sentence_whole(a768):
 @pytest.mark.parametrize("in_flight, kv, fits, tail", [
     (3, None, None, " 3 micro-batches were in flight, their activations awaiting their backward: the pipeline "
                     "schedule holds them at once."),
+    (-2, None, None, ""),  # two passes alive without a pipeline (issue 49): nothing said of a schedule
     (1, 300 * MiB, None, f" The KV cache holds {B(300 * MiB)}, and grows with the batch and every generated token."),
     (2, 300 * MiB, Fits(1, "t", largest_micro_batch=2),
      " 2 micro-batches were in flight, their activations awaiting their backward: the pipeline schedule holds them at "
      f"once. The KV cache holds {B(300 * MiB)}, and grows with the batch and every generated token. The largest "
      "micro-batch that fits: 2."),
     (None, None, Fits(1, "t", batch_scale=0.5), " What fits: 0.5x the current micro-batch."),
-], ids=["in-flight", "kv-cache", "all", "scale"])
+], ids=["in-flight", "no-pipeline", "kv-cache", "all", "scale"])
 def test_capacity_sentence_with_its_additions(a768, in_flight, kv, fits, tail):
     extra = {}
-    if in_flight is not None:
-        extra["in_flight"] = in_flight
+    if in_flight is not None:  # negative: that many passes alive, without a pipeline's evidence
+        extra["in_flight"] = abs(in_flight)
+        if in_flight > 0:
+            extra["schedule_evidence"] = "sidecar-stage"
     if kv is not None:
         extra["kv_cache_bytes"] = kv
     v, calls = judge(a768, CAP_ROOM, extra, fits=fits)
@@ -260,7 +272,7 @@ def test_fragmentation_sentence_whole(a384, fits, tail):
 def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp_path):
     a = oom_rank(tmp_path, 384 * MiB, graph_pool=128 * MiB)
     pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None, "outcome": "step-completed",
-            "peak_reserved_bytes": 800 * MiB, "extended_peak_reserved_bytes": 900 * MiB}
+            "peak_reserved_bytes": 800 * MiB, "extended_peak_reserved_bytes": 900 * MiB, "continuation": CONT}
     v, _ = judge(a, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", largest_micro_batch=4))
     assert v.kind == "fragmentation"
     assert words.summary(v) == (
@@ -271,18 +283,18 @@ def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp
 
 
 @pytest.mark.parametrize("fits, tail", [
-    (Fits(1, "t", largest_micro_batch=2), " The largest micro-batch that fits: 2."),
-    (Fits(1, "t", batch_scale=0.25), " What fits: 0.25x the current micro-batch."),
+    (Fits(1, "t", largest_micro_batch=2), " With the recorded settings the largest micro-batch that fits is 2."),
+    (Fits(1, "t", batch_scale=0.25), " With the recorded settings 0.25x the current micro-batch fits."),
 ], ids=["whole", "scale"])
 def test_step_ran_out_sentence_whole(a384, fits, tail):
+    # issue 49: the fix gets through the recorded steps, so the recorded OOM was fragmentation; the rest of the step
+    # running out is said, and changes no cause
     pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None, "outcome": "step-ran-out",
-            "extended_oom_requested_bytes": 900 * MiB}
+            "peak_reserved_bytes": 800 * MiB, "extended_oom_requested_bytes": 900 * MiB, "continuation": CONT}
     v, _ = judge(a384, FRAG_ROOM, defragmented=pred, fits=fits)
-    assert v.kind == "capacity"
+    assert v.kind == "fragmentation" and "continuation-runs-out" in v.reasons
     assert words.summary(v) == (
-        FRAGMENTATION + " Simulated with expandable_segments:True, it gets past the recorded OOM, but the rest of the "
-        f"step, replayed as the previous step ran it, runs out of memory asking for {B(900 * MiB)}: "
-        "fragmentation hit first, but the step does not fit even without it." + tail)
+        FRAGMENTATION + " Simulated with expandable_segments:True, it " + ran_out(800 * MiB, 900 * MiB) + "." + tail)
 
 
 # --------------------------------------------------------------------------- _fit_reason: the estimate
@@ -329,7 +341,7 @@ def test_healthy_evidence_and_sentence_with_the_room(h900):
                           "job_peak_allocated_bytes": PEAK_ALLOC, "peak_source": "trace",
                           "headroom_bytes": room - PEAK}
     assert words.summary(v) == (
-        f"no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room)} the allocator could use on this "
+        f"no OOM and nothing worth fixing; peak reserved {B(PEAK)} of the {B(room)} the allocator could use on this "
         f"GPU ({B(room - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
     assert calls.n == 0
 
@@ -339,7 +351,7 @@ def test_healthy_without_the_room(h900):
     assert v.headroom_bytes is None and "headroom_bytes" not in v.evidence and v.evidence["step"] == "-"
     assert v.evidence["room_bytes"] is None and v.evidence["room_source"] == "oom-device"
     assert words.summary(v) == (
-        f"no OOM and no material finding; peak reserved {B(PEAK)}, peak allocated {B(PEAK_ALLOC)} in the backward "
+        f"no OOM and nothing worth fixing; peak reserved {B(PEAK)}, peak allocated {B(PEAK_ALLOC)} in the backward "
         "phase (the GPU's size is not recorded).")
 
 
@@ -348,11 +360,11 @@ def test_headroom_of_exactly_a_tenth_of_the_room_is_not_the_edge(h900):
     assert room - PEAK == EDGE_FRACTION * room
     v, _ = verdict(h900, room)
     assert "headroom_percent" not in v.evidence
-    assert words.summary(v).startswith("no OOM and no material finding; ")
+    assert words.summary(v).startswith("no OOM and nothing worth fixing; ")
     v, _ = verdict(h900, room - 1)  # one byte less room: under a tenth
     assert v.evidence["headroom_percent"] == 10.0
     assert words.summary(v) == (
-        f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(room - 1)} the allocator "
+        f"at the edge: no OOM and nothing worth fixing; peak reserved {B(PEAK)} of the {B(room - 1)} the allocator "
         f"could use on this GPU ({B(room - 1 - PEAK)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase.")
 
 
@@ -377,7 +389,7 @@ def test_kv_cache_named_at_the_edge_only(h900):
     v, _ = verdict(h900, 950 * MiB, b=bd(kv=kv, allocated=PEAK_ALLOC))
     assert v.evidence["kv_cache_bytes"] == kv
     assert words.summary(v) == (
-        f"at the edge: no OOM and no material finding; peak reserved {B(PEAK)} of the {B(950 * MiB)} the allocator "
+        f"at the edge: no OOM and nothing worth fixing; peak reserved {B(PEAK)} of the {B(950 * MiB)} the allocator "
         f"could use on this GPU ({B(50 * MiB)} headroom), peak allocated {B(PEAK_ALLOC)} in the forward phase. The KV "
         f"cache holds {B(kv)}: it grows with the batch and with every generated token.")
     v, _ = verdict(h900, 2 * GiB, b=bd(kv=kv, allocated=kv))
@@ -431,16 +443,17 @@ def test_growth_asks_nothing_of_fits(a768):
 def test_fragmentation_actions_through_rank_verdict(a384):
     v, _ = verdict(a384, FRAG_ROOM, fits=Fits(1, "t", largest_micro_batch=2))
     assert v.kind == "fragmentation"
-    assert rendered(v) == [not_simulated("expandable_segments:True"), or_keep(2)]
+    assert rendered(v) == [not_simulated("expandable_segments:True")]  # no micro-batch cut: the setting is the fix
     v, _ = verdict(a384, FRAG_ROOM, fits=Fits(1, "t", batch_scale=0.5))
     assert rendered(v) == [not_simulated("expandable_segments:True")]
 
 
 @pytest.mark.parametrize("pred, action", [
     ({"config": "max_split_size_mb:128", "reach": "step-completed", "oom": None, "outcome": "step-completed",
-      "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB},
+      "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB, "continuation": CONT},
      simulated("max_split_size_mb:128", completes(900 * MiB, 900 * MiB))),
-    ({"config": "expandable_segments:True", "reach": "recorded", "oom": None, "outcome": "past-recorded-oom"},
+    ({"config": "expandable_segments:True", "reach": "recorded", "oom": None, "outcome": "past-recorded-oom",
+      "peak_reserved_bytes": PAST_PEAK, "continuation": CONT},
      simulated("expandable_segments:True", PAST)),
 ], ids=["step-completed", "recorded-past"])
 def test_fragmentation_action_says_what_the_replay_did(a384, pred, action):
@@ -461,7 +474,7 @@ def test_a_fix_whose_replay_still_runs_out_is_capacity_fragmentation_hit_first(a
 def test_a_fix_that_gets_through_inside_its_margin_is_at_the_edge_and_capacity(a384, spare, kind):
     pred = {"config": "expandable_segments:True", "reach": "step-completed", "oom": None,
             "outcome": "step-completed", "peak_reserved_bytes": 900 * MiB, "extended_peak_reserved_bytes": 900 * MiB,
-            "margin_bytes": 100 * MiB, "spare_bytes": spare,
+            "margin_bytes": 100 * MiB, "spare_bytes": spare, "continuation": CONT,
             "at_edge": spare < 100 * MiB}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
     assert v.kind == kind
@@ -470,11 +483,12 @@ def test_a_fix_that_gets_through_inside_its_margin_is_at_the_edge_and_capacity(a
         assert "the job is at the edge of the GPU even without it" in words.summary(v)
 
 
-def test_step_ran_out_is_capacity_with_its_actions(a384):
+def test_step_ran_out_is_fragmentation_with_the_setting_alone(a384):
     pred = {"config": "expandable_segments:True", "reach": "step-ran-out", "oom": None, "outcome": "step-ran-out",
-            "extended_oom_requested_bytes": 900 * MiB}
+            "peak_reserved_bytes": 800 * MiB, "extended_oom_requested_bytes": 900 * MiB, "continuation": CONT}
     v, _ = verdict(a384, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", batch_scale=0.5))
-    assert v.kind == "capacity" and rendered(v) == [cut(0.5)]
+    assert v.kind == "fragmentation"
+    assert rendered(v) == [simulated("expandable_segments:True", ran_out(800 * MiB, 900 * MiB))]
 
 
 def test_imbalance_action_is_the_fix_of_the_finding_on_this_rank_alone(a768):
@@ -534,11 +548,15 @@ def actions(kind, ev=None, fits=None, files=(TRAIN,), mine=(), finding_id=None):
     ("capacity", 1, []),
     ("capacity", 2, [PIPELINE]),
     ("capacity", 3, [PIPELINE]),
+    ("capacity", -2, []),  # two passes alive without a pipeline's evidence (issue 49): no schedule advice
     ("capacity", None, []),
     ("fragmentation", 2, [not_simulated("expandable_segments:True")]),  # a schedule is no fragmentation's cause
 ])
 def test_pipeline_knob_from_two_micro_batches_in_flight_at_capacity(kind, in_flight, expected):
-    got, _ = actions(kind, {} if in_flight is None else {"in_flight": in_flight})
+    ev = {} if in_flight is None else {"in_flight": abs(in_flight)}
+    if in_flight is not None and in_flight > 0:
+        ev["schedule_evidence"] = "losses-in-one-forward"
+    got, _ = actions(kind, ev)
     assert got == expected
 
 
@@ -592,7 +610,7 @@ def test_no_sharding_action_without_unsharded_data_parallel(files):
     ((TRAIN,), None),
 ])
 def test_capacity_names_the_first_framework_with_an_activations_knob(files, fw):
-    got, _ = actions("capacity", {"in_flight": 2}, files=files)
+    got, _ = actions("capacity", {"in_flight": 2, "schedule_evidence": "sidecar-stage"}, files=files)
     expected = [PIPELINE]
     if fw is not None:
         f = framework(fw)
@@ -630,14 +648,14 @@ def test_logits_action_with_the_framework_knob_else_the_generic_advice(kind, fil
     ({}, [not_simulated("expandable_segments:True")]),
     ({"defragmented_config": "max_split_size_mb:64"}, [not_simulated("max_split_size_mb:64")]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "complete",
-      "fix_outcome": "no-oom", "fix_peak_reserved_bytes": GiB},  # a replay to the end, whatever else it holds
-     [simulated("expandable_segments:True", f"no OOM, peak reserved {B(GiB)}")]),
+      "fix_outcome": "no-oom", "fix_peak_reserved_bytes": GiB, "fix_continuation": CONT},  # to the end, whatever else
+     [simulated("expandable_segments:True", f"no OOM, peak reserved {B(GiB)}; later steps: " + CONDITION)]),
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "step-completed",
       "fix_oom": {"event_index": 3}, "fix_outcome": "step-completed", "fix_peak_reserved_bytes": GiB,
-      "fix_extended_peak_reserved_bytes": GiB},
+      "fix_extended_peak_reserved_bytes": GiB, "fix_continuation": CONT},
      [simulated("expandable_segments:True", completes(GiB, GiB))]),
     ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded", "fix_oom": None,
-      "fix_outcome": "past-recorded-oom"},
+      "fix_outcome": "past-recorded-oom", "fix_peak_reserved_bytes": PAST_PEAK, "fix_continuation": CONT},
      [simulated("max_split_size_mb:64", PAST)]),
     ({"defragmented_config": "max_split_size_mb:64", "defragmented_reach": "recorded",
       "fix_oom": {"event_index": 3}, "fix_outcome": "still-oom"},
@@ -645,7 +663,7 @@ def test_logits_action_with_the_framework_knob_else_the_generic_advice(kind, fil
     ({"defragmented_config": "expandable_segments:True", "defragmented_reach": "recorded",
       "fix_outcome": "past-recorded-oom"},  # no oom field: not said to get past
      [not_enough("expandable_segments:True")]),
-    ({"largest_micro_batch": 2}, [not_simulated("expandable_segments:True"), or_keep(2)]),
+    ({"largest_micro_batch": 2}, [not_simulated("expandable_segments:True")]),  # never a micro-batch cut
 ], ids=["not-simulated", "not-simulated-config", "complete", "step-completed", "recorded-past", "recorded-oom",
         "recorded-no-oom-field", "smaller-micro-batch"])
 def test_fragmentation_actions(ev, expected):

@@ -33,6 +33,10 @@ NOTE_WORDS = {
     "cut-in-first-forward": "the trace ends inside its first forward pass: the rest of that pass is not in it, so what "
                             "fits cannot be replayed from it; record a run that fits and diagnose it with "
                             "--micro-batch",
+    "pipeline-warm-up": "a pipeline stage ran out in the warm-up forwards of its first step: its peak comes when every "
+                        "micro-batch its schedule holds in flight is there (1F1B's first stage: one per later stage), "
+                        "which the trace does not show, so no lower bound is said; record a step that finished and "
+                        "diagnose it with --micro-batch",
     "optimizer-state-assumed": "no optimizer step finished before the OOM: the replay keeps room for optimizer state "
                                "of twice the parameters (Adam's two moments)",
     "replay-failed": "the trace cannot be replayed: cudaMallocAsync {is} not modelled",
@@ -55,7 +59,7 @@ ASSUMPTION_WORDS = {
     "backward-mirrors-forward": "the backward mirrors the forward: it frees what the forward saved, last first, making "
                                 "a gradient of the same size for each; then the next step's forward runs as recorded, "
                                 "into the cache that backward left",
-    "unseen-fragmentation": "the blocks that grow with the micro-batch take 10% more room than replayed: the "
+    "unseen-fragmentation": "the blocks that grow with the micro-batch take 11% more room than replayed: the "
                             "fragmentation of the steps that were not recorded",
     "generate-settings-kept": "the prompt length and max_new_tokens stay as recorded",
     "generate-peak-grows": "every reserved byte of the peak above the blocks that do not grow with the batch grows in "

@@ -1,6 +1,8 @@
 """The words of a prediction's outcome (:mod:`oomdoctor.render.words.predict`), id by id, from predictions built in
 code; the rules that choose the id (report/predict.py) are tested on real replays in test_margin_rules,
-test_verdict_rules and the corpus tests."""
+test_verdict_rules and the corpus tests. A prediction says the recorded steps first, with their margin, then what
+they do not cover: the condition (the heaviest recorded step's peak allocated) and, where measured, its own margin
+(issue 49)."""
 
 from __future__ import annotations
 
@@ -13,25 +15,29 @@ from oomdoctor.units import MiB
 
 GiB = 1024 * MiB
 ROOM = {"spare_bytes": 300 * MiB, "margin_bytes": 100 * MiB, "at_edge": False}
+CONT = {"outcome": "later-steps", "heaviest_step_peak_allocated_bytes": GiB, "margin_bytes": None,
+        "margin": {"reserved_step_spread_bytes": None, "unrecorded_bytes": 0}}
 P = {"peak_reserved_bytes": 2 * GiB, "extended_peak_reserved_bytes": 2 * GiB, "oom": {"event_index": 41},
-     "extended_oom_requested_bytes": 512 * MiB}
-NOT_RECORDED = "; the rest of the step was not recorded (no complete step before it to replay)"
-COMPLETES = (f"gets past the recorded OOM with a peak reserved of {B(2 * GiB)}, and the rest of the step, replayed as "
-             "the previous step ran it, completes")
+     "extended_oom_requested_bytes": 512 * MiB, "continuation": CONT}
+THROUGH = f"gets past the recorded OOM and through the recorded steps (peak reserved {B(2 * GiB)})"
+SPARE = f" with {B(300 * MiB)} to spare (margin {B(100 * MiB)})"
+CONDITION = f"for steps whose tensors peak at up to {B(GiB)}, the heaviest recorded"
+NOT_RECORDED = "; the rest of the step was not recorded (no complete step before it to replay): it holds " + CONDITION
+COMPLETES = THROUGH + "; the rest of the step, replayed as the previous step ran it, completes"
 
 
 @pytest.mark.parametrize("id_, room, text", [
     ("oom", False, "out of memory at event 41"),
-    ("no-oom", False, f"no OOM, peak reserved {B(2 * GiB)}"),
-    ("no-oom", True, f"no OOM, peak reserved {B(2 * GiB)} with {B(300 * MiB)} to spare (margin {B(100 * MiB)})"),
+    ("no-oom", False, f"no OOM, peak reserved {B(2 * GiB)}; later steps: " + CONDITION),
+    ("no-oom", True, f"no OOM, peak reserved {B(2 * GiB)}" + SPARE + "; later steps: " + CONDITION),
     ("still-oom", False, "still out of memory, at event 41 of the recording"),
-    ("past-recorded-oom", False, "gets past the recorded OOM" + NOT_RECORDED),
-    ("past-recorded-oom", True, f"gets past the recorded OOM with {B(300 * MiB)} to spare (margin {B(100 * MiB)})"
-                                + NOT_RECORDED),
-    ("step-completed", False, COMPLETES),
-    ("step-completed", True, COMPLETES + f" with {B(300 * MiB)} to spare (margin {B(100 * MiB)})"),
-    ("step-ran-out", False, "gets past the recorded OOM, but the rest of the step, replayed as the previous step ran "
-                            f"it, runs out of memory asking for {B(512 * MiB)}"),
+    ("past-recorded-oom", False, THROUGH + NOT_RECORDED),
+    ("past-recorded-oom", True, THROUGH + SPARE + NOT_RECORDED),
+    ("step-completed", False, COMPLETES + ", " + CONDITION),
+    ("step-completed", True, THROUGH + SPARE + "; the rest of the step, replayed as the previous step ran it, "
+                             "completes, " + CONDITION),
+    ("step-ran-out", False, THROUGH + ", but the rest of the step, replayed as the previous step ran it, runs out of "
+                            f"memory asking for {B(512 * MiB)}"),
 ], ids=lambda x: str(x)[:20])
 def test_each_outcome(id_, room, text):
     assert outcome({**P, **(ROOM if room else {}), "outcome": id_}) == text
@@ -40,12 +46,26 @@ def test_each_outcome(id_, room, text):
 def test_at_the_edge_says_the_margin_it_is_inside():
     p = {**P, **ROOM, "at_edge": True, "outcome": "no-oom"}
     assert outcome(p) == (f"no OOM, peak reserved {B(2 * GiB)} with {B(300 * MiB)} to spare, inside its margin of "
-                          f"{B(100 * MiB)} (at the edge: it may still run out)")
+                          f"{B(100 * MiB)} (at the edge: it may still run out); later steps: " + CONDITION)
 
 
 def test_a_completed_step_above_the_recorded_peak_says_its_own():
     p = {**P, "extended_peak_reserved_bytes": 3 * GiB, "outcome": "step-completed"}
-    assert outcome(p) == COMPLETES + f", peaking at {B(3 * GiB)}"
+    assert outcome(p) == COMPLETES + f", peaking at {B(3 * GiB)}, " + CONDITION
+
+
+@pytest.mark.parametrize("margin_bytes, edge, said", [
+    (None, None, f" ({B(200 * MiB)} to spare; no step-to-step spread measured: fewer than two complete steps)"),
+    (300 * MiB, True, f" ({B(200 * MiB)} to spare, inside the {B(300 * MiB)} its steps' reserved peaks spread by: "
+                      "later steps may still run out)"),
+    (100 * MiB, False, f" ({B(200 * MiB)} to spare, more than the {B(100 * MiB)} its steps' reserved peaks spread by)"),
+])
+def test_the_continuation_says_its_own_margin_where_one_was_measured(margin_bytes, edge, said):
+    cont = {**CONT, "outcome": "step-completed", "margin_bytes": margin_bytes, "spare_bytes": 200 * MiB,
+            "at_edge": edge}
+    p = {**P, **ROOM, "outcome": "step-completed", "continuation": cont}
+    assert outcome(p) == (THROUGH + SPARE + "; the rest of the step, replayed as the previous step ran it, completes"
+                          + said + ", " + CONDITION)
 
 
 def test_every_outcome_has_its_words():
@@ -61,6 +81,6 @@ def test_every_margin_source_has_its_words():
 
     said = [source(x) for x in SOURCES]
     assert len(set(said)) == len(SOURCES) and all(said)
-    assert source("oom-message").startswith("the OOM message: this process's memory in use less what PyTorch reserved")
+    assert source("outside-growth").startswith("what the memory outside the allocator grew by after the room was read")
     with pytest.raises(KeyError):
         source("no-such-source")

@@ -20,7 +20,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
 
 1. ``recorded``: the sidecar's storages of parameters, gradients and optimizer state, noted by
    ``oomdoctor run`` at the end of the first optimizer steps and at every dump
-   (:mod:`oomdoctor.capture.facts`); the block that contained a storage then is that category.
+   (:mod:`oomdoctor.capture.facts`), and the workspaces ``oomdoctor preflight``'s tracer made (cuBLAS's, one per
+   thread, kept for good: :mod:`oomdoctor.preflight.snapshot`); the block that contained a storage then is that
+   category.
 2. ``trace``: the block's lifetime against the phases of :mod:`.phases` (born and freed where), and its
    allocation stack. A block born before the trace (a wrapped ring buffer) is placed by its allocation
    stack (the final segments keep it; a free event carries it under ``context="alloc"``) and by its
@@ -48,7 +50,9 @@ Each block (a row of :class:`~.lifetimes.Lifetimes`) gets one category, from two
      micro-batches in flight too); a KV cache when transformers' ``Cache`` code made it (a name rule), or
      when model code replaces it pass after pass by a larger one (a cache concatenated by hand); outputs
      when still allocated after the next pass began and no backward frees it (freed later, or one of
-     several such blocks of the same site: accumulation); communication for a collective's buffer; else
+     several such blocks of the same stack, or of the same site and size from different call paths, as a
+     pipeline schedule's warm-up and steady loops make them: accumulation); communication for a collective's
+     buffer; else
      temporaries;
    - still allocated when the trace ends inside its own pass (an OOM): what the same allocation became
      in the last finished pass; in a first pass with none before it, an activation when its site recurs
@@ -89,17 +93,27 @@ from .phases import (
     Phases,
     role_index,
 )
+from .sites import site_index
 
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-                               "communication", "outputs", "kv_cache", "workspaces", "weight_copy", "unknown")
+                               "communication", "outputs", "kv_cache", "workspaces", "weight_copy", "buffers",
+                               "unknown")
 (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, COMMUNICATION, OUTPUTS, KV_CACHE, WORKSPACES,
- WEIGHT_COPY, UNKNOWN) = range(11)
+ WEIGHT_COPY, BUFFERS, UNKNOWN) = range(12)
 ROUNDING = "rounding"
 LINES: tuple[str, ...] = CATEGORIES + (ROUNDING,)
 """The lines of a breakdown: the categories' requested bytes, then the allocator's rounding of them."""
 RECORDED, TRACE = 1, 0
-UNKNOWN_WHY: tuple[str, ...] = ("before_trace_no_stack", "before_trace", "in_trace")
-"""Why blocks are ``unknown`` (:attr:`Breakdown.unknown_why`)."""
+UNKNOWN_WHY: tuple[str, ...] = ("before_trace_no_stack", "before_trace", "in_trace", "frozen_or_buffer",
+                                "copy_or_buffer")
+"""Why blocks are ``unknown`` (:attr:`Breakdown.unknown_why`). The first three are read off each block's birth and
+stack; the last two are said by a rule (:attr:`Accounting.why`): module state of a size no trained parameter has
+(``frozen_or_buffer``: frozen weights or registered buffers, which only the sidecar's modules tell apart), and
+blocks of a trained parameter's size beyond its gradients that module construction made without copying every
+weight (``copy_or_buffer``: BatchNorm's statistics, say, or a part of a model kept frozen)."""
+(_BEFORE_NO_STACK, _BEFORE, _IN_TRACE, FROZEN_OR_BUFFER, COPY_OR_BUFFER) = range(5)
+UNNAMED = "unnamed"
+"""The maker of weight copies or buffers no module record or frame names (:attr:`Breakdown.weight_copy_by`)."""
 
 #: Categories whose bytes grow with the micro-batch (used by what fits): tensors of the batch's passes.
 BATCH_SCALED = (ACTIVATIONS, TEMPORARIES, OUTPUTS, KV_CACHE)
@@ -116,6 +130,13 @@ class Accounting:
     source: np.ndarray
     born_phase: np.ndarray
     batch_scaled: np.ndarray
+    why: np.ndarray | None = None
+    """per row, why a rule left it ``unknown`` (an index into :data:`UNKNOWN_WHY`; -1: read off its birth)"""
+    maker: np.ndarray | None = None
+    """per row of ``weight_copy`` or ``buffers``, who made it (an index into ``makers``; -1: unnamed)"""
+    makers: list[str] = field(default_factory=list)
+    """the makers: ``module <class path>[.<child>]`` from the sidecar's modules, ``copy.deepcopy`` or
+    ``<file>:<line> <function>`` from the block's stack"""
 
 
 @dataclass
@@ -157,8 +178,18 @@ class Breakdown:
     """what set the phase: markers, annotations, autograd engine thread, frames or inferred"""
     unknown_why: dict[str, int] = field(default_factory=dict)
     """the unknown bytes by why no signal placed them: before_trace_no_stack (born before the trace, no allocation
-    stack survives), before_trace (born before it, its stack places nothing), in_trace; they add up to
+    stack survives), before_trace (born before it, its stack places nothing), in_trace, frozen_or_buffer (module
+    state of a size no trained parameter has: frozen weights or registered buffers, which only a sidecar's modules
+    tell apart), copy_or_buffer (module state of a trained parameter's size beyond its gradients that copies no
+    whole model: buffers such as BatchNorm's statistics, or part of a model kept frozen); they add up to
     categories.unknown (bytes)"""
+    weight_copy_by: dict[str, int] = field(default_factory=dict)
+    """the weight_copy bytes by who made them: 'module <class path>[.<child>]' (the sidecar's modules: a frozen
+    teacher, a reference model, a momentum encoder, LoRA's frozen base), 'copy.deepcopy' or '<file>:<line>
+    <function>' (the frame that made the copy), 'unnamed'; they add up to categories.weight_copy (bytes)"""
+    buffers_by: dict[str, int] = field(default_factory=dict)
+    """the buffers bytes by the module that registered them ('module <class path>[.<child>]'), 'unnamed'; they add
+    up to categories.buffers (bytes)"""
 
     def check(self) -> None:
         """Assert the identity: the lines add up to the allocated bytes."""
@@ -285,7 +316,35 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # KV cache made in a module's ``__init__`` has none, and stays unknown
     setup = bp == SETUP_PHASE
     lives = persistent | (d >= last_pass)
-    trained = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end))
+    # the sizes of the parameters that are trained (the engine accumulates a gradient of each one's shape into its
+    # .grad, AccumulateGrad): the sidecar's (what the optimizers step, their gradients, the modules' parameters with
+    # a gradient), the optimizer's state (Adam's moments, SGD's momentum: one of each trained parameter's shape,
+    # made by the optimizer and kept), and the engine's blocks a torch optimizer step found alive that the
+    # optimizer's work then freed (zero_grad(set_to_none=True)). None of these (no torch optimizer step in the
+    # trace, a plain SGD with set_to_none=False), or sizes no block a backward kept has: every size may be a
+    # gradient's, as before
+    outlives_pass = np.where(s < n, alive_at_step, persistent | (d >= nxt2))
+    model_code = np.isin(own, PASS_PHASES) | model
+    evidence = (own == OPTIMIZER_PHASE) | optim
+    if n and ph.source is not None:
+        evidence |= ~pre & (ph.source[np.clip(b, 0, n - 1)] != INFERRED)
+    state_like = (bp == OPTIMIZER_PHASE) & evidence & outlives_pass & ~comm & (s_opt.size > 0)
+    regrown = (bp == BACKWARD_PHASE) & engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
+    # ... and a backward's block a step found alive that the next backward replaced (FSDP1's sharded gradient of a
+    # flat parameter, whose optimizer state is per original parameter, of other sizes), or that never goes and
+    # lived through two steps (zero_grad(set_to_none=False) keeps each .grad): a leaf's .grad that the next
+    # forward replaces (LoRA) is neither
+    replaced = (bp == BACKWARD_PHASE) & ~persistent & alive_at_step & (dp == BACKWARD_PHASE) & (d > s)
+    kept_two = (bp == BACKWARD_PHASE) & engine & persistent & (s_opt.size >= 2) & (
+        b < (s_opt[-2] if s_opt.size >= 2 else -1))
+    # (np.union1d would import numpy.ma: tests/unit/test_startup.py)
+    trainable_sizes = distinct(np.concatenate([_recorded_trained_sizes(trace),
+                                               lt.requested[state_like | regrown | replaced | kept_two]]))
+    trainable = np.isin(lt.requested, trainable_sizes) if trainable_sizes.size else np.ones(rows, bool)
+    kept_past = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end))
+    if not (kept_past & trainable).any():  # the sizes match no block a backward kept: they say nothing here
+        trainable = np.ones(rows, bool)
+    trained = kept_past & trainable
     has_gradient = np.isin(lt.requested, distinct(lt.requested[trained]))
     construct = (own == SETUP_PHASE) | _library_init(trace, lt.stack) | (
         _stacks_with(trace, lt.stack, ("__init__",)) & has_gradient)
@@ -296,7 +355,11 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # the autograd engine's own: no collective ran in a backward (FSDP's and DeepSpeed's gradients are a
     # reduce-scatter's shards, DDP's may be views of its buckets)
     per_param = s_opt.size > 0 and not ((bp == BACKWARD_PHASE) & comm).any()
-    put(_frozen(setup & lives & todo, construct, lt.stack, lt.requested, b, trained, s, per_param), WEIGHT_COPY)
+    copies, unsure = _frozen(setup & lives & todo, construct, lt.stack, lt.requested, b, trained, s, per_param)
+    put(copies, WEIGHT_COPY)
+    why = np.full(rows, -1, dtype=np.int8)
+    why[unsure >= 0] = unsure[unsure >= 0]
+    put(unsure >= 0, UNKNOWN)
     put(setup & lives & construct, PARAMETERS)
     put(setup & lives, UNKNOWN)
     put(setup, TEMPORARIES)
@@ -307,15 +370,9 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     fed = alive_at_step & ~persistent & (s < nxt) & (d < bounds[np.searchsorted(starts, s, side="right")])
     put(opt & fed, GRADIENTS)
     # state is still there when the next torch optimizer step begins (where the trace shows one), else it
-    # outlives the next whole pass
-    outlives_pass = np.where(s < n, alive_at_step, persistent | (d >= nxt2))
-    model_code = np.isin(own, PASS_PHASES) | model
-    # state needs the optimizer's own evidence: its frames or annotation window, or the update's place (the
-    # main thread between a backward and the next pass), not a phase merely continued (the next batch's
-    # transfer after the step)
-    evidence = (own == OPTIMIZER_PHASE) | optim
-    if n and ph.source is not None:
-        evidence |= ~pre & (ph.source[np.clip(b, 0, n - 1)] != INFERRED)
+    # outlives the next whole pass (outlives_pass, above); state needs the optimizer's own evidence (above): its
+    # frames or annotation window, or the update's place (the main thread between a backward and the next pass),
+    # not a phase merely continued (the next batch's transfer after the step)
     put(((opt & evidence) | (gap & ~model_code)) & outlives_pass & ~comm, OPTIMIZER_STATE)
     put(opt & comm, COMMUNICATION)
     put(opt, TEMPORARIES)
@@ -333,7 +390,6 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     shapes = lt.requested[cat == PARAMETERS]
     if not shapes.size:
         shapes = lt.requested[(persistent | (d >= last_pass)) & ((bp == SETUP_PHASE) | (pre & (bp < 0)))]
-    regrown = (bp == BACKWARD_PHASE) & engine & ~persistent & alive_at_step & (dp == OPTIMIZER_PHASE)
     gradient_shaped = np.isin(lt.requested, distinct(shapes))
     gradient_shaped |= (s >= n) & np.isin(lt.requested, distinct(lt.requested[regrown]))
     kept_for_good = (persistent & (b_end < n - 1)) | ((b < last_pass) & (d >= last_pass))  # to the end, or teardown
@@ -351,13 +407,19 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         fate = np.where(reduce[op] & (fate == TEMPORARIES), GRADIENTS, fate)
         cat[op] = fate
         todo &= ~op
+    # a gradient is what the engine accumulates into a trained parameter's .grad: of a trained parameter's size
+    # (above); anything else the backward made and kept past it (the .grad of a leaf that is no parameter, such as
+    # the embeddings' output made to require gradients for LoRA) is a temporary of that backward, however long
+    # it lives
+    put(bw & outlives & ~trainable & ~comm, TEMPORARIES)
     put(bw & outlives, GRADIENTS)  # FSDP's reduce-scatter output, a collective's, is the sharded gradient
     put(bw & comm, COMMUNICATION)
     put(bw, TEMPORARIES)
 
     # forward, evaluation, generation and other code run by a pass
     fw = np.isin(bp, PASS_PHASES + (OTHER_PHASE,)) & todo
-    _forward(cat, fw, b, d, dp, nxt, model, model_code, persistent, comm, lt, ph, n, pre, first_pass)
+    _forward(cat, fw, b, d, dp, nxt, model, model_code, persistent, comm, lt, ph, n, pre, first_pass,
+             site_index(trace).sites_of(lt.stack))
     todo &= ~fw
 
     # born before the trace where no stack says how: only the lifetime speaks; what lives through a whole
@@ -376,64 +438,141 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     put(loose & ~persistent & (dp == OPTIMIZER_PHASE) & param_shaped, GRADIENTS)
     put(loose & ~persistent & (d < first_pass), TEMPORARIES)
     src = np.full(rows, TRACE, dtype=np.int8)
-    _apply_facts(trace, dt, lt, cat, src)
+    makers: list[str] = []
+    maker = np.full(rows, -1, dtype=np.int32)
+    _name_copies(trace, lt, cat == WEIGHT_COPY, maker, makers)
+    _apply_facts(trace, dt, lt, cat, src, maker, makers)
+    why[cat != UNKNOWN] = -1
     scaled = np.isin(cat, BATCH_SCALED) & (np.isin(bp, PASS_PHASES + (BACKWARD_PHASE, OTHER_PHASE)))
-    return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled)
+    return Accounting(cat, src, np.where(bp >= 0, bp, SETUP_PHASE).astype(np.int8), scaled, why, maker, makers)
+
+
+WHOLE_COPY = 0.9
+"""The share of one step's trained gradient bytes that construction-made extras must copy to be a copy of the model
+(:func:`_frozen`). A reference model or momentum encoder copies every trained weight but, at most, a small head the
+copy leaves out (RL's value head, a classifier: a few per cent of the weights); what else construction makes of
+trained sizes covers far less: BatchNorm's running statistics are 2 of the 4 per-channel tensors of each BatchNorm
+(0.2 MiB of ResNet-50's 98 MiB, ``plain-record-resnet50``), and a teacher's weights whose sizes happen to equal the
+student's covered 29% of the student's (``new-kinds-teacher-large``: 312.7 MiB against its 1,114,327,040 gradient bytes)."""
 
 
 def _frozen(cand: np.ndarray, construct: np.ndarray, stack: np.ndarray, requested: np.ndarray, born: np.ndarray,
-            trained: np.ndarray, step_of: np.ndarray, per_param: bool) -> np.ndarray:
-    """Per row: a copy of the weights no gradient reaches, in a training job whose other parameters get theirs: a
-    frozen model's weights (a teacher or reference model kept on the GPU, ``requires_grad_(False)``) and buffers
-    (BatchNorm's running statistics), and a copy of the trained weights kept beside them (an EMA or SWA copy:
-    ``p.detach().clone()``, ``copy.deepcopy(model)``). ``cand``: the set-up blocks that live through the training
-    passes and nothing placed yet; ``construct``: those module construction, loading or moving made;
-    ``requested``: their sizes (bytes); ``born``: their birth (event index); ``trained``: the blocks the autograd
-    engine's thread made in a backward that lived to a step (``AccumulateGrad``,
-    ``torch/csrc/autograd/functions/accumulate_grad.h``, makes each parameter's gradient of its shape there);
-    ``step_of``: the step each row was born before; ``per_param``: a torch optimizer step was seen and the engine
-    made every gradient (no collective in a backward). Per size, the blocks beyond the most gradients of that size
-    one step had are copies: a block of a size no gradient has is one only where construction made it (a frozen
-    module; else a GPU dataset, a static KV cache: unknown); of a size some gradients have, the copies are first
-    the blocks construction did not make where their stack (``stack``: one line copying every weight) made at least
-    two such blocks (a model has more than one parameter; one block of a weight's size, a batch preloaded, is no
-    copy of the weights: unknown), then those born nearest the blocks
-    no gradient matches at all (module construction runs one module at a time), else the last born (a copy is
-    made from the model, after it). No step, a collective in a backward, or no such block with a gradient
-    (inference): none are. Pure; O(rows log rows)."""
+            trained: np.ndarray, step_of: np.ndarray, per_param: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: a copy of the trained weights kept beside them, in a training job whose other parameters get their
+    gradients (issue 54's class: a persistent block of a trained parameter's size that is neither it nor its
+    gradient or state), and which other module state the trace cannot name.
+
+    ``cand``: the set-up blocks that live through the training passes and nothing placed yet; ``construct``: those
+    module construction, loading or moving made; ``requested``: their sizes (bytes); ``born``: their birth (event
+    index); ``trained``: the blocks the autograd engine's thread made in a backward, of a trained parameter's size,
+    that lived to a step (``AccumulateGrad``, ``torch/csrc/autograd/functions/accumulate_grad.h``, makes each
+    parameter's gradient of its shape there); ``step_of``: the step each row was born before; ``per_param``: a
+    torch optimizer step was seen and the engine made every gradient (no collective in a backward).
+
+    Per size, the blocks beyond the most gradients of that size one step had are not all parameters. Of a size some
+    gradients have, the extras are taken first among the blocks construction did not make where their stack (one
+    line copying every weight) made at least two such blocks (a model has more than one parameter; one block of a
+    weight's size, a batch preloaded, is no copy: unknown), then those born nearest the blocks no gradient matches
+    at all (module construction runs one module at a time), else the last born (a copy is made from the model,
+    after it). They are copies (``weight_copy``) where the job's code made them (``p.detach().clone()``, an EMA
+    helper's shadow parameters, ``copy.deepcopy``) or where construction made a copy of the trained weights (the
+    extras, at most one per gradient, hold :data:`WHOLE_COPY` of one step's gradient bytes: a reference model
+    without the policy's value head, a momentum encoder); else ``unknown``
+    (``copy_or_buffer``: buffers of a parameter's size, BatchNorm's running statistics, or part of a model kept
+    frozen). A block construction made of a size no gradient has is ``unknown`` (``frozen_or_buffer``): a frozen
+    teacher's weight or a registered buffer (a memory bank), which the trace cannot tell apart; the sidecar's
+    modules name both (:func:`_apply_facts`). No step, a collective in a backward, or no such block with a
+    gradient (inference): none. Returns ``(copies, why)``: ``why`` per row is :data:`FROZEN_OR_BUFFER`,
+    :data:`COPY_OR_BUFFER` or -1. Pure; O(rows log rows)."""
     out = np.zeros(cand.shape, bool)
+    why = np.full(cand.shape, -1, dtype=np.int8)
     if not per_param or not cand.any() or not trained.any():
-        return out
+        return out, why
     grads: dict[int, int] = {}
     pairs, counts = np.unique(np.stack([requested[trained], step_of[trained]]), axis=1, return_counts=True)
     for size, k in zip(pairs[0].tolist(), counts.tolist()):
         grads[size] = max(grads.get(size, 0), k)
     rows = np.flatnonzero(cand)
     if not any(int(requested[r]) in grads for r in rows):
-        return out
+        return out, why
     shaped = np.isin(requested[rows], np.array(list(grads), dtype=np.int64))
     own = rows[shaped & ~construct[rows]]
     site, n = np.unique(stack[own], return_counts=True)
     lone = own[np.isin(stack[own], site[n < 2]) | (stack[own] < 0)]
     rows = rows[~np.isin(rows, lone)]
-    sure = [r for r in rows if int(requested[r]) not in grads and construct[r]]
-    out[sure] = True
-    lo, hi = (int(born[sure].min()), int(born[sure].max())) if sure else (0, -1)
+    sure = np.array([r for r in rows if int(requested[r]) not in grads and construct[r]], dtype=np.int64)
+    why[sure] = FROZEN_OR_BUFFER
+    lo, hi = (int(born[sure].min()), int(born[sure].max())) if sure.size else (0, -1)
+    extras: list[np.ndarray] = []
+    copied = trained_bytes = 0
     for size, k in grads.items():
         same = rows[requested[rows] == size]
         extra = same.size - k
+        copied += min(max(extra, 0), k) * size
+        trained_bytes += k * size
         if extra > 0:
-            near = np.maximum(lo - born[same], born[same] - hi).clip(min=0) if sure else -born[same]
+            near = np.maximum(lo - born[same], born[same] - hi).clip(min=0) if sure.size else -born[same]
             order = np.lexsort((near, construct[same]))  # not made by construction first, then nearest / last born
-            out[same[order[:extra]]] = True
-    return out
+            extras.append(same[order[:extra]])
+    picked = np.concatenate(extras) if extras else np.zeros(0, np.int64)
+    whole = copied >= WHOLE_COPY * trained_bytes
+    copy = picked[~construct[picked] | whole]
+    out[copy] = True
+    why[picked[construct[picked] & (not whole)]] = COPY_OR_BUFFER
+    return out, why
+
+
+def _recorded_trained_sizes(trace: Trace) -> np.ndarray:
+    """The sizes (bytes) of what the sidecar says is trained: the optimizers' parameters and gradients
+    (``tensors``), the modules' parameters that had a gradient and those gradients (``modules``). Empty without."""
+    sizes: set[int] = set()
+    for rec in trace.meta.get("tensors") or ():
+        for kind in ("parameters", "gradients"):
+            sizes.update(int(p[1]) for p in rec.get(kind, ()))
+    for rec in trace.meta.get("modules") or ():
+        for root in rec.get("roots", ()):
+            for kind in ("parameters", "gradients"):
+                sizes.update(int(p[1]) for p in root.get(kind, ()))
+    return np.array(sorted(sizes), dtype=np.int64)
+
+
+def _frame_maker(trace: Trace, sid: int) -> str:
+    """Who made a block, from its stack ``sid``: ``copy.deepcopy`` where a frame is the standard library's
+    ``deepcopy`` (``copy.py``, by file name and function: exact names), else the innermost Python frame outside
+    torch's own code (``<file>:<line> <function>``, the file's last two path parts), else :data:`UNNAMED`."""
+    if sid < 0:
+        return UNNAMED
+    frames = trace.stacks.frames
+    fids = trace.stacks.stacks[sid]
+    for f in fids:
+        file, _line, name = frames[f][:3]
+        if name == "deepcopy" and file.replace("\\", "/").rsplit("/", 1)[-1] == "copy.py":
+            return "copy.deepcopy"
+    for f in fids:
+        file, line, name = frames[f][:3]
+        path = file.replace("\\", "/")
+        if path and "/torch/" not in path and path.endswith(".py"):
+            return f"{'/'.join(path.split('/')[-2:])}:{line} {name}"
+    return UNNAMED
+
+
+def _name_copies(trace: Trace, lt: Lifetimes, rows: np.ndarray, maker: np.ndarray, makers: list[str]) -> None:
+    """``maker`` of each of ``rows`` (weight copies the trace found) from its stack (:func:`_frame_maker`)."""
+    for sid in distinct(lt.stack[rows]).tolist():
+        label = _frame_maker(trace, int(sid))
+        if label == UNNAMED:
+            continue
+        if label not in makers:
+            makers.append(label)
+        maker[rows & (lt.stack == sid)] = makers.index(label)
 
 
 def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: np.ndarray, nxt: np.ndarray,
              model: np.ndarray, model_code: np.ndarray, persistent: np.ndarray, comm: np.ndarray, lt: Lifetimes,
-             ph: Phases, n: int, pre: np.ndarray, first_pass: int) -> None:
+             ph: Phases, n: int, pre: np.ndarray, first_pass: int, site: np.ndarray) -> None:
     """Categories of the rows ``fw`` (born in a pass, or before the trace by pass code; ``nxt``: the first
-    pass beginning after each row was born). Mutates ``cat``."""
+    pass beginning after each row was born; ``site``: each row's allocation site, :mod:`.sites`). Mutates
+    ``cat``."""
     if not fw.any():
         return
     stack = lt.stack
@@ -485,8 +624,15 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
         idx = np.flatnonzero(pk)
         k_idx = np.flatnonzero(kept)
         pairs = distinct_columns(np.stack([stack[k_idx], bpass[k_idx]]))
-        site, count = np.unique(pairs[0], return_counts=True)
-        repeated = np.isin(stack[idx], site[count >= 2])
+        kept_stack, count = np.unique(pairs[0], return_counts=True)
+        repeated = np.isin(stack[idx], kept_stack[count >= 2])
+        # or one line of model code keeping blocks of one size from several passes, reached from different call
+        # paths (a pipeline schedule's warm-up and steady loops append every micro-batch's output to one list):
+        # the key of pipeline-output-cache's signature, a site and a requested size
+        key = _row_ids(site, lt.requested)
+        pairs = distinct_columns(np.stack([key[k_idx], bpass[k_idx]]))
+        kept_key, count = np.unique(pairs[0], return_counts=True)
+        repeated |= np.isin(key[idx], kept_key[count >= 2])
         out[idx[repeated]] = True
         one = idx[~repeated]
         cat[one] = np.where(comm[one], COMMUNICATION, TEMPORARIES)
@@ -673,36 +819,108 @@ def _fate_of_open(cat: np.ndarray, done: np.ndarray, op: np.ndarray, b: np.ndarr
     return fate.astype(np.int8), matched
 
 
-_FACT_CATEGORY = {"parameters": PARAMETERS, "gradients": GRADIENTS, "optimizer_state": OPTIMIZER_STATE}
+_FACT_CATEGORY = {"workspaces": WORKSPACES, "parameters": PARAMETERS, "gradients": GRADIENTS,
+                  "optimizer_state": OPTIMIZER_STATE}
 
 
-def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, src: np.ndarray) -> None:
-    """Recorded storages -> the rows that held them at the time they were noted (``cat`` and ``src`` in place)."""
-    records = trace.meta.get("tensors")  # shape checked at load (trace/load.py _drop_malformed)
-    if not records or dt.num_events == 0:
+def _when(rec: dict, t: np.ndarray, n: int) -> int | None:
+    """The event after which a sidecar record (noted at ``rec["time_us"]``) holds, or None when it lies outside the
+    trace: a record noted before its first event (ring buffer) or after its last may name reused addresses; a dump's
+    record (``"at": "dump"``), noted right after the snapshot, holds at its final state."""
+    when = rec["time_us"]
+    if rec.get("at") == "dump" and when >= t[-1]:
+        return n - 1
+    if when < t[0] or when > t[-1]:
+        return None
+    return int(np.searchsorted(t, when, side="right")) - 1
+
+
+def _holders(lt: Lifetimes, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows allocated after event ``k``, by address, with their address ranges."""
+    alive = np.flatnonzero(lt.allocated_mask(k))
+    order = alive[np.argsort(lt.addr[alive], kind="stable")]
+    return order, lt.addr[order], lt.addr[order] + lt.size[order]
+
+
+def _hits(order: np.ndarray, lo: np.ndarray, hi: np.ndarray, ptrs: list) -> tuple[np.ndarray, np.ndarray]:
+    """The rows (of ``order``) whose block contains each pointer, and which of ``ptrs`` hit one."""
+    arr = np.array(ptrs, dtype=object)
+    keep = (arr >= 0) & (arr < 1 << 63) if arr.size else np.zeros(0, bool)
+    p = arr[keep].astype(np.int64) if arr.size else np.zeros(0, np.int64)
+    j = np.searchsorted(lo, p, side="right") - 1
+    ok = (j >= 0) & (p < hi[np.maximum(j, 0)]) if p.size else np.zeros(0, bool)
+    idx = np.flatnonzero(keep)[ok]
+    return order[j[ok]], idx
+
+
+def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, src: np.ndarray,
+                 maker: np.ndarray | None = None, makers: list[str] | None = None) -> None:
+    """Recorded storages -> the rows that held them at the time they were noted (``cat``, ``src`` and ``maker`` in
+    place). First the modules (``modules``, :mod:`oomdoctor.capture.facts`): a registered buffer is ``buffers``; a
+    parameter no optimizer steps is ``weight_copy``, named by its module (a frozen one, ``requires_grad=False``: a
+    teacher, a reference model, a momentum encoder, LoRA's base; one that requires gradients but had none and is
+    in no optimizer: a ``deepcopy`` EMA); a parameter with a gradient and that gradient are ``parameters`` and
+    ``gradients``. Then the optimizers' storages (``tensors``), which win a block both name: parameters, gradients,
+    optimizer state."""
+    records = trace.meta.get("tensors") or []  # shape checked at load (trace/load.py _drop_malformed)
+    modules = trace.meta.get("modules") or []
+    if (not records and not modules) or dt.num_events == 0:
         return
     t = dt.events["time_us"]
-    for rec in records:
-        when = rec["time_us"]
-        if rec.get("at") == "dump" and when >= t[-1]:
-            k = dt.num_events - 1  # noted right after the snapshot was taken: its final state
-        elif when < t[0] or when > t[-1]:
-            continue  # noted before the trace's first event (ring buffer) or after it: addresses may be reused
-        else:
-            k = int(np.searchsorted(t, when, side="right")) - 1
-        alive = np.flatnonzero(lt.allocated_mask(k))
-        if alive.size == 0:
+    n = dt.num_events
+    makers = [] if makers is None else makers
+    by_optimizer = {(int(p[0]), int(p[1])) for rec in records for p in rec.get("parameters", ())}
+    stepped = set(by_optimizer)
+    held: set[tuple[int, int]] = set()
+    for rec in modules:
+        for root in rec.get("roots", ()):
+            stepped.update((int(p[0]), int(p[1])) for p in root.get("parameters", ()))
+            for kind in ("parameters", "untouched", "frozen"):
+                held.update((int(p[0]), int(p[1])) for p in root.get(kind, ()))
+    # a parameter that requires gradients, had none and no optimizer steps is a copy (a deepcopy EMA) only where the
+    # optimizers step the modules' own parameters: DeepSpeed's torch optimizer steps fp32 master copies that no
+    # module holds, and its engine moves each bf16 parameter's gradient into its partition (none is left at the
+    # step's end): those parameters are the trace's to place
+    copies_untouched = bool(by_optimizer & held)
+    for rec in modules:
+        k = _when(rec, t, n)
+        if k is None:
             continue
-        order = alive[np.argsort(lt.addr[alive], kind="stable")]
-        lo, hi = lt.addr[order], lt.addr[order] + lt.size[order]
-        for kind in ("gradients", "optimizer_state", "parameters"):  # later kinds win a shared block
-            ptrs = np.array([p[0] for p in rec.get(kind, [])], dtype=object)
-            ptrs = ptrs[(ptrs >= 0) & (ptrs < 1 << 63)].astype(np.int64) if ptrs.size else np.zeros(0, np.int64)
-            j = np.searchsorted(lo, ptrs, side="right") - 1
-            ok = (j >= 0) & (ptrs < hi[np.maximum(j, 0)])
-            hit = order[j[ok]]
+        order, lo, hi = _holders(lt, k)
+        if order.size == 0:
+            continue
+        for root in rec.get("roots", ()):
+            parts = root.get("parts") or []
+            for kind, category in (("buffers", BUFFERS), ("frozen", WEIGHT_COPY), ("untouched", WEIGHT_COPY),
+                                   ("gradients", GRADIENTS), ("parameters", PARAMETERS)):
+                items = root.get(kind, [])
+                if kind == "untouched":  # requires_grad, no gradient when noted: a copy unless an optimizer steps it
+                    items = [p for p in items if copies_untouched and (int(p[0]), int(p[1])) not in stepped]
+                hit, idx = _hits(order, lo, hi, [p[0] for p in items])
+                cat[hit] = category
+                src[hit] = RECORDED
+                if maker is None or category not in (BUFFERS, WEIGHT_COPY):
+                    continue
+                for r, i in zip(hit.tolist(), idx.tolist()):
+                    part = int(items[i][2])
+                    name = parts[part][0] if 0 <= part < len(parts) and parts[part] else None
+                    label = f"module {root.get('class', '?')}" + (f".{name}" if name else "")
+                    if label not in makers:
+                        makers.append(label)
+                    maker[r] = makers.index(label)
+    for rec in records:
+        k = _when(rec, t, n)
+        if k is None:
+            continue
+        order, lo, hi = _holders(lt, k)
+        if order.size == 0:
+            continue
+        for kind in ("workspaces", "gradients", "optimizer_state", "parameters"):  # later kinds win a shared block
+            hit, _ = _hits(order, lo, hi, [p[0] for p in rec.get(kind, [])])
             cat[hit] = _FACT_CATEGORY[kind]
             src[hit] = RECORDED
+            if maker is not None:
+                maker[hit] = -1
 
 
 def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, allocated_bytes: int) -> Breakdown:
@@ -722,11 +940,27 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
     sources = {c: ("recorded" if rec[i] * 2 > whole[i] else "trace") for i, c in enumerate(CATEGORIES) if total[i]}
     unk = rows[cats == UNKNOWN]
     born_before = (lt.alloc[unk] < 0) | (lt.start_state[unk] != IN_TRACE)
-    why = np.where(born_before, np.where(lt.stack[unk] < 0, 0, 1), 2)
-    per_why = np.bincount(why, weights=np.minimum(lt.requested[unk], lt.size[unk]), minlength=3).astype(np.int64)
+    why = np.where(born_before, np.where(lt.stack[unk] < 0, _BEFORE_NO_STACK, _BEFORE), _IN_TRACE)
+    if acc.why is not None:
+        why = np.where(acc.why[unk] >= 0, acc.why[unk], why)
+    per_why = np.bincount(why, weights=np.minimum(lt.requested[unk], lt.size[unk]),
+                          minlength=len(UNKNOWN_WHY)).astype(np.int64)
+
+    def by_maker(category: int) -> dict[str, int]:
+        sel = rows[cats == category]
+        got: dict[str, int] = {}
+        for r, q in zip(sel.tolist(), np.minimum(lt.requested[sel], lt.size[sel]).tolist()):
+            m = int(acc.maker[r]) if acc.maker is not None else -1
+            label = acc.makers[m] if m >= 0 else UNNAMED
+            got[label] = got.get(label, 0) + int(q)
+        return dict(sorted(got.items(), key=lambda kv: (-kv[1], kv[0])))
+
     out = Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes),
                     {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k),
-                    {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]})
+                    {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]},
+                    by_maker(WEIGHT_COPY), by_maker(BUFFERS))
     assert sum(out.unknown_why.values()) == categories["unknown"]
+    assert sum(out.weight_copy_by.values()) == categories["weight_copy"]
+    assert sum(out.buffers_by.values()) == categories["buffers"]
     out.check()
     return out

@@ -71,7 +71,7 @@ from ..frameworks import (
     matches,
     normalize_path,
 )
-from ..trace.model import ALLOC, Annotation, DeviceTrace, StackTable, Trace
+from ..trace.model import ALLOC, OOM, Annotation, DeviceTrace, StackTable, Trace
 from ..trace.stackmatch import unmatched_allocations
 from .arrays import distinct
 from .sites import per_table
@@ -403,6 +403,11 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
         source[inside] = ANNOTATIONS
     has_b = bool(np.any(smoothed == BACKWARD_PHASE))
     steps = _steps(trace, dt, allocs, smoothed)
+    if steps is not None and steps.source == "markers":
+        seen = _updates_seen(steps.starts, allocs[np.isin(smoothed, (FORWARD_PHASE, BACKWARD_PHASE))],
+                             allocs[smoothed == OPTIMIZER_PHASE], bool(np.any(action == OOM)))
+        if seen > steps.updates:
+            steps = Steps(steps.starts, steps.source, seen, steps.first)
     model_allocs = allocs[np.isin(smoothed, (FORWARD_PHASE, BACKWARD_PHASE, EVALUATION_PHASE, GENERATION_PHASE))]
     if steps is not None and len(steps) > 1 and model_allocs.size and not np.any(model_allocs >= steps.starts[-1]):
         # after the last update only teardown ran: not a step
@@ -557,6 +562,25 @@ def _passes(allocs: np.ndarray, model: np.ndarray, smoothed: np.ndarray, stack: 
         # ones; a run opening with model code (a trace that begins mid-batch): the first entry is the next batch's
         starts.extend((same[same > rs] if model[rs] else same[1:]).tolist())
     return distinct(allocs[np.array(starts, dtype=np.int64)])
+
+
+def _updates_seen(starts: np.ndarray, pass_events: np.ndarray, optimizer_events: np.ndarray, ends_in_oom: bool) -> int:
+    """The optimizer updates a trace shows between its step markers (``starts``: the event each marked step begins
+    at): the stretches between markers, and before the first and after the last, in which a training pass allocated
+    (``pass_events``: forward, backward) and then the optimizer's work (``optimizer_events``). A marker starts each
+    step, and none need follow the last update (preflight marks each step's start), so the markers alone can count
+    one update too few; optimizer work with no pass before it in its stretch (a job's teardown after its last
+    marker) is no update. The last stretch of a trace that ends in an OOM is a step that did not finish: it has no
+    update yet."""
+    n = starts.size + 1
+    first_pass = np.full(n, np.iinfo(np.int64).max)
+    np.minimum.at(first_pass, np.searchsorted(starts, pass_events, side="right"), pass_events)
+    last_update = np.full(n, -1)
+    np.maximum.at(last_update, np.searchsorted(starts, optimizer_events, side="right"), optimizer_events)
+    updated = first_pass < last_update
+    if ends_in_oom:
+        updated[-1] = False
+    return int(np.count_nonzero(updated))
 
 
 def _steps(trace: Trace, dt: DeviceTrace, allocs: np.ndarray, smoothed: np.ndarray) -> Steps | None:

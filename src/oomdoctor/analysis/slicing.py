@@ -22,11 +22,21 @@ import numpy as np
 
 from ..errors import UsageError
 from ..trace.model import ACTION_NAMES, OOM, DeviceTrace, Trace
+from ..units import format_duration_us
 from .fragmentation import STATE_ALLOCATED, STATE_FREE, STATE_PENDING_FREE, segment_states
 from .iterations import find_steps
 from .lifetimes import Lifetimes
 
 WINDOW_UNITS = ("event", "time", "step")
+
+
+def said_time(us: float) -> str:
+    """A time bound in the words it was likely given in: ``20 s``, ``500 ms``, ``350 µs`` (whole numbers of the
+    largest unit that fits), else as :func:`~oomdoctor.units.format_duration_us` rounds it."""
+    for scale, unit in ((1_000_000, "s"), (1000, "ms"), (1, "µs")):
+        if us >= scale and us % scale == 0:
+            return f"{int(us // scale)} {unit}"
+    return format_duration_us(us)
 
 
 @dataclass
@@ -58,6 +68,12 @@ def event_window(trace: Trace, dt: DeviceTrace, start: float | None, end: float 
     n = dt.num_events
     if unit not in WINDOW_UNITS:
         raise UsageError(f"unknown window unit {unit!r}: one of {', '.join(WINDOW_UNITS)}")
+    if start is not None and end is not None and end <= start:
+        said = said_time if unit == "time" else (lambda x: f"{int(x)}")
+        if end == start:
+            raise UsageError(f"{trace.path}: the window --start {said(start)} to --end {said(end)} holds no event "
+                             "(--end is exclusive)")
+        raise UsageError(f"{trace.path}: the window is reversed: --start {said(start)} is after --end {said(end)}")
     if n == 0:
         raise UsageError(f"{trace.path}: no allocation history to slice (the snapshot holds the final state only)")
     how = ""
@@ -70,6 +86,11 @@ def event_window(trace: Trace, dt: DeviceTrace, start: float | None, end: float 
         t = dt.events["time_us"] - int(dt.events["time_us"][0])
         lo = 0 if start is None else int(np.searchsorted(t, start, side="left"))
         hi = n if end is None else int(np.searchsorted(t, end, side="left"))
+        if hi <= lo:
+            window = (f"{said_time(start) if start is not None else 'the start'} to "
+                      f"{said_time(end) if end is not None else 'the end'}")
+            raise UsageError(f"{trace.path}: the window {window} holds no event: the trace's events span "
+                             f"{format_duration_us(int(t[-1]))} from its first")
     else:
         steps = find_steps(trace, dt)
         if steps is None:

@@ -11,7 +11,9 @@
    ``free_stacks``, ``summarize``, ``summary_timeout_s``) and stops it at exit (``atexit``). ``"record": false``
    records nothing (``oomdoctor fit``'s later trials only need to stop).
 4. With ``"stop_after_steps": K`` (``oomdoctor fit`` / ``verify``), the process ends itself with exit
-   code 0 right after its K-th optimizer step (:func:`install_stop`), every rank at the same step.
+   code 0 right after its K-th optimizer step (:func:`install_stop`), every rank at the same step. With
+   ``"exits": DIR`` as well, a process that used CUDA or stepped an optimizer writes how it ended in ``DIR``
+   (:mod:`.exits`: stopped or not, ``memory_stats()``'s ``num_ooms``), at the stop or at its exit.
 
 No signal handler is installed. A Python-level ``SIGTERM`` handler runs only when the main thread is back
 in the interpreter: a rank blocked in an NCCL collective (what ``torchrun`` tears down with ``SIGTERM``
@@ -30,6 +32,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from .exits import exit_record, write_exit_record
 from .recorder import ALL_STEPS, DEFAULT_MAX_ENTRIES, Recorder, warn
 
 CONFIG_ENV = "OOMDOCTOR_RUN_CONFIG"
@@ -80,7 +83,7 @@ def on_torch_imported(torch: Any) -> None:
         cfg = {}
     if cfg.get("stop_after_steps"):
         try:
-            install_stop(torch, int(cfg["stop_after_steps"]))
+            install_stop(torch, int(cfg["stop_after_steps"]), exits=cfg.get("exits"))
         except Exception as e:  # noqa: BLE001
             warn(f"the stop after {cfg['stop_after_steps']} steps not set up in pid {os.getpid()}: "
                  f"{type(e).__name__}: {e}")
@@ -96,9 +99,11 @@ def on_torch_imported(torch: Any) -> None:
 #: the line a process prints on stderr when it stops itself (``oomdoctor fit`` / ``verify`` read it)
 STOP_LINE = "oomdoctor: stopped after {steps} optimizer steps (pid {pid}, rank {rank}): exit 0"
 _stop_installed = False
+#: the stop's state: optimizer steps counted, K, the exit records' directory, a record written
+_stop: dict[str, Any] = {"counted": 0, "asked": 0, "exits": None, "written": False}
 
 
-def install_stop(torch: Any, steps: int) -> None:
+def install_stop(torch: Any, steps: int, exits: str | None = None) -> None:
     """End this process with exit code 0 right after its ``steps``-th optimizer step.
 
     Steps are counted as the recorder counts them: the first optimizer that steps is the one counted
@@ -113,19 +118,23 @@ def install_stop(torch: Any, steps: int) -> None:
     At the K-th step: wait for the GPU (``torch.cuda.synchronize``), then, in a distributed job, a
     barrier, so that no rank leaves while a peer still runs a collective of that step: every rank of a
     data-parallel (DDP, FSDP, DeepSpeed, accelerate) job steps its optimizer at the same step, after that
-    step's collectives; then dump the recording (:meth:`Recorder.stop`), flush, and ``os._exit(0)``
-    (``atexit`` handlers and the process group's teardown are skipped: they can hang once a peer is gone).
+    step's collectives; then dump the recording (:meth:`Recorder.stop`), write the exit record (``exits``:
+    :mod:`.exits`, ``"stopped": true``), flush, and ``os._exit(0)`` (``atexit`` handlers and the process
+    group's teardown are skipped: they can hang once a peer is gone).
     The training loop's code after that ``optimizer.step()`` call never runs.
     Accelerate's ``AcceleratedOptimizer`` calls the wrapped optimizer's ``step`` only at a gradient
     accumulation boundary, so steps are optimizer steps there too; a step skipped by a ``GradScaler``
     (inf/NaN gradients) is not counted, as PyTorch never calls ``step``.
+
+    ``exits``: also write an exit record at interpreter exit when the stop never fired, if this process
+    initialised CUDA or stepped an optimizer (a job that caught its OOM and returned, or ended early).
     """
     global _stop_installed
     if _stop_installed or steps < 1:
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook
     first: list[int] = []  # id() of the first optimizer that stepped
-    counted: list[int] = []
+    _stop.update(counted=0, asked=int(steps), exits=exits, written=False)
 
     timing = _StepTiming.from_env(torch, steps)
 
@@ -134,15 +143,17 @@ def install_stop(torch: Any, steps: int) -> None:
             first.append(id(optimizer))
         if id(optimizer) != first[0]:
             return
-        counted.append(1)
+        _stop["counted"] += 1
         if timing is not None:
-            timing.step(len(counted))
-        if len(counted) >= steps:
+            timing.step(_stop["counted"])
+        if _stop["counted"] >= steps:
             if _recorder is not None:
                 _recorder.optimizer_step_ended(optimizer, args, kwargs, after=handle.id)
-            _stop_now(torch, len(counted), timing)
+            _stop_now(torch, _stop["counted"], timing)
 
     handle = register_optimizer_step_post_hook(count)
+    if exits:
+        atexit.register(_exit_unstopped, torch)
     _stop_installed = True
 
 
@@ -217,12 +228,49 @@ def _stop_now(torch: Any, steps: int, timing: _StepTiming | None = None) -> None
         warn(f"before stopping: {type(e).__name__}: {e}")
     if _recorder is not None:
         _recorder.stop()
+    _write_exit(torch, stopped=True, rank=rank)
     try:
         print(STOP_LINE.format(steps=steps, pid=os.getpid(), rank=rank), file=sys.stderr, flush=True)
         sys.stdout.flush()
     except Exception:  # noqa: BLE001
         pass
     os._exit(0)
+
+
+def _exit_unstopped(torch: Any) -> None:
+    """At interpreter exit without the stop: the exit record of a process that used CUDA or stepped."""
+    if _stop["written"]:
+        return
+    try:
+        cuda = bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        cuda = False
+    if cuda or _stop["counted"]:
+        _write_exit(torch, stopped=False, rank=os.environ.get("RANK", "0"))
+
+
+def _write_exit(torch: Any, *, stopped: bool, rank: str) -> None:
+    """The exit record (:mod:`.exits`) of this process, when the run asked for them; never raises."""
+    if not _stop["exits"]:
+        return
+    try:
+        cuda = bool(torch.cuda.is_initialized())
+        stats = None
+        if cuda:
+            try:
+                stats = dict(torch.cuda.memory_stats())
+            except Exception:  # noqa: BLE001
+                stats = None
+        try:
+            r = int(rank)
+        except ValueError:
+            r = 0
+        write_exit_record(_stop["exits"], exit_record(stopped=stopped, steps=_stop["counted"],
+                                                      steps_asked=_stop["asked"], rank=r, pid=os.getpid(),
+                                                      cuda=cuda, memory_stats=stats))
+        _stop["written"] = True
+    except Exception as e:  # noqa: BLE001 - the job goes on; the trial is then read from its exit code
+        warn(f"the exit record not written in pid {os.getpid()}: {type(e).__name__}: {e}")
 
 
 def _report_unused(torch: Any) -> None:

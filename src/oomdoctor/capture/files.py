@@ -245,6 +245,17 @@ def atomic_write_json(path: str, obj: Any) -> None:
     atomic_write_bytes(path, json_bytes(obj))
 
 
+# an indented list of integers: every break is a newline, which no JSON string holds unescaped
+_NUMBER_ROW = re.compile(r"\[\n *(-?\d+(?:,\n *-?\d+)*)\n *\]")
+
+
+def sidecar_json_bytes(obj: Any) -> bytes:
+    """:func:`json_bytes`, with every innermost list of integers on one line (a sidecar's ``[data_ptr, nbytes]``
+    storages: 2.2 times fewer bytes than one number a line, ``benchmarks/sidecar_size.py``). The same JSON value."""
+    text = json_bytes(obj).decode("utf-8")
+    return _NUMBER_ROW.sub(lambda m: "[" + re.sub(r",\n *", ", ", m.group(1)) + "]", text).encode("utf-8")
+
+
 def json_bytes(obj: Any) -> bytes:
     """``obj`` as indented JSON in UTF-8, with a final newline (tuples and sets as lists, numpy scalars as
     numbers, anything else as its ``str``)."""

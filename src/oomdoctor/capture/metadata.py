@@ -18,7 +18,11 @@ recorder writes them here. Keys (bytes, µs since the Unix epoch)::
                           "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
                           "device_free_bytes", "device_total_bytes", "gpu_total_memory_bytes"}],
                                   # per device recorded, read right after _snapshot() (see device_counters)
-     "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state", "at"?}],  # .facts
+     "tensors": [{"step", "time_us", "parameters", "gradients", "optimizer_state",
+                  "optimizer"?, "class"?, "at"?, "optimizers"?}],  # .facts: per optimizer and step, + each dump
+     "modules": [{"step", "time_us", "at"?, "roots": [{"class", "parts", "parameters", "gradients", "untouched", "frozen",
+                                                 "buffers"}]}],
+                                  # .facts: every root module's parameters and buffers at the first step, + each dump
      "step_markers": [{"step", "time_us", "event_index"}],  # start of each step
      "phase_markers": [{"phase", "time_us", "event_index"}],  # from then on: train | optimizer | evaluation
      "micro_batch": null | samples per device per forward pass (set by the framework callbacks),

@@ -38,6 +38,7 @@ step (:mod:`oomdoctor.analysis.stackmatch`).
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import pickle
 import sys
@@ -46,13 +47,14 @@ import time
 import weakref
 from typing import Any, Callable
 
-from .facts import FACT_STEPS, fact_record, optimizer_storages
+from .facts import FACT_STEPS, class_path, fact_record, module_record, module_roots, optimizer_storages
 from .files import (
     CaptureError,
     atomic_write_bytes,
     atomic_write_json,
     ensure_writable,
     sidecar_for,
+    sidecar_json_bytes,
     snapshot_name,
 )
 from .metadata import (
@@ -252,9 +254,21 @@ class Recorder:
         self._hook_handle: Any = None
         self._first_optimizer: int | None = None
         self._manual_steps = manual_steps
-        #: storages of parameters, gradients and optimizer state at the first optimizer steps (``.facts``)
+        #: storages of parameters, gradients and optimizer state at the end of each optimizer's first steps
+        #: (``.facts``), one record per optimizer and step
         self.tensor_facts: list[dict[str, Any]] = []
-        self._facts_step: dict[str, Any] | None = None
+        #: per optimizer (by its index, in the order first seen): how many step records it has
+        self._fact_counts: list[int] = []
+        self._opt_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._opt_index_by_id: dict[int, int] = {}  # optimizers that take no weak reference
+        #: the modules' parameters and buffers at the end of the first optimizer step (``.facts``), and the roots
+        #: found then, held weakly, noted again at every dump
+        self.module_facts: list[dict[str, Any]] = []
+        self._roots: list[weakref.ref] = []
+        self._modules_noted = False
+        #: where facts are noted: this process's CUDA device (None: ``torch.cuda.current_device()`` at the time);
+        #: the recorder's tests on a CPU build of torch set :data:`.facts.HOST`
+        self.fact_device: int | str | None = None
         #: every optimizer the step hook has seen (weakly: the recorder keeps none alive), whose storages
         #: are noted again at each dump, so that a dump says what the job holds whatever the ring buffer kept
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
@@ -413,29 +427,72 @@ class Recorder:
             self._optimizers.add(optimizer)
         except TypeError:  # an optimizer object that takes no weak reference: noted at its steps only
             pass
-        self._note_tensors(optimizer, new_step=first)
+        self._note_tensors(optimizer)
+        if not self._modules_noted and getattr(optimizer, "param_groups", None) is not None:
+            self._modules_noted = True  # once, whether it works or not: a scan is never repeated step after step
+            self._note_modules()
         if first and not self._manual_steps:
             self._advance()
-        elif self._manual_steps and len(self.tensor_facts) >= FACT_STEPS:
-            self._remove_hook()  # nothing left for it to do
+
+    def _device(self) -> int | str:
+        return self.fact_device if self.fact_device is not None else self._torch.cuda.current_device()
+
+    def _index_of(self, optimizer: Any) -> int:
+        """The optimizer's index, in the order the hook first saw each (a new one gets the next)."""
+        try:
+            got = self._opt_index.get(optimizer)
+        except TypeError:  # no weak reference (or unhashable): by id, for as long as the process runs
+            got = self._opt_index_by_id.get(id(optimizer))
+        if got is not None:
+            return got
+        got = len(self._fact_counts)
+        self._fact_counts.append(0)
+        try:
+            self._opt_index[optimizer] = got
+        except TypeError:
+            self._opt_index_by_id[id(optimizer)] = got
+        return got
 
     @_guarded("noting the optimizer's tensors")
-    def _note_tensors(self, optimizer: Any, new_step: bool) -> None:
-        """At the end of the first :data:`~.facts.FACT_STEPS` optimizer steps: the storages of the
-        parameters, gradients and optimizer state (all optimizers of a step merged into one record)."""
+    def _note_tensors(self, optimizer: Any) -> None:
+        """At the end of each optimizer's first :data:`~.facts.FACT_STEPS` steps (and its first ones inside a ``steps``
+        window), whichever optimizer steps first:
+        the storages of its parameters, their gradients and its state, one record per optimizer and step (noted at
+        that optimizer's own step end, so that the accounting places them at their own time)."""
         if not self.active or self._torch is None or getattr(optimizer, "param_groups", None) is None:
             return
-        if new_step:
-            if len(self.tensor_facts) >= FACT_STEPS:
-                return
-            self._facts_step = {"step": self.step_count, "time_us": now_us(), "storages": {}}
-            self.tensor_facts.append(self._facts_step)
-        elif self._facts_step is None or self._facts_step["step"] != self.step_count:
+        i = self._index_of(optimizer)
+        if self._fact_counts[i] >= FACT_STEPS:
             return
-        found = optimizer_storages(optimizer, self._torch.cuda.current_device())
-        merged = self._facts_step["storages"]
-        for kind, items in found.items():
-            merged.setdefault(kind, set()).update(items)
+        when = now_us()
+        found = optimizer_storages(optimizer, self._device())
+        self._fact_counts[i] += 1
+        self.tensor_facts.append({"step": self.step_count, "time_us": when, "storages": found, "optimizer": i,
+                                  "class": class_path(optimizer)})
+
+    @_guarded("noting the modules")
+    def _note_modules(self) -> None:
+        """Once, at the end of the first optimizer step: every root module's parameters and buffers on this device
+        (:func:`.facts.module_roots` over ``gc.get_objects()``; the roots are then kept weakly for the dumps)."""
+        module_type = getattr(getattr(self._torch, "nn", None), "Module", None)
+        if not self.active or not isinstance(module_type, type):
+            return
+        when = now_us()
+        t0 = time.perf_counter()
+        objects = gc.get_objects()
+        try:
+            roots = module_roots(objects, module_type)
+        finally:
+            del objects
+        roots_rec = module_record(roots, self._device())
+        self._roots = []
+        for r in roots:
+            try:
+                self._roots.append(weakref.ref(r))
+            except TypeError:
+                pass
+        self.module_facts.append({"step": self.step_count, "time_us": when, "roots": roots_rec,
+                                  "scan_s": round(time.perf_counter() - t0, 4)})
 
     def _advance(self) -> None:
         if not self.active or self.finished:
@@ -450,6 +507,9 @@ class Recorder:
             a, b = self.window
             if self.step_count == a and a > 0:
                 self._enable(clear=True)
+                # the records of the first steps lie before the window, which the accounting cannot place: each
+                # optimizer's first FACT_STEPS steps inside it are noted as well
+                self._fact_counts = [0] * len(self._fact_counts)
             elif self.step_count == b + 1:
                 self._dump(snapshot_name(self.rank, step=b), "window")
                 self._disable()
@@ -549,14 +609,27 @@ class Recorder:
         if not optimizers:
             return None
         try:
-            device = self._torch.cuda.current_device()
+            device = self._device()
             merged: dict[str, set[tuple[int, int]]] = {}
             for opt in optimizers:
                 for kind, items in optimizer_storages(opt, device).items():
                     merged.setdefault(kind, set()).update(items)
-            return {**fact_record(self.step_count, now_us(), merged), "at": "dump"}
+            return fact_record(self.step_count, now_us(), merged, at="dump", optimizers=len(optimizers))
         except Exception as e:  # noqa: BLE001 - an optimizer mid-update: the dump goes on without facts
             self._failed("noting the optimizer's tensors at a dump", e)
+            return None
+
+    def _dump_modules(self) -> dict[str, Any] | None:
+        """The roots found at the first optimizer step, noted again now (right after ``_snapshot()``): a record with
+        ``"at": "dump"`` for the snapshot's final state. None before the first step, or when none is left."""
+        roots = [r for r in (ref() for ref in self._roots) if r is not None]
+        if not roots:
+            return None
+        try:
+            return {"step": self.step_count, "time_us": now_us(), "at": "dump",
+                    "roots": module_record(roots, self._device())}
+        except Exception as e:  # noqa: BLE001 - a module mid-change: the dump goes on without it
+            self._failed("noting the modules at a dump", e)
             return None
 
     def _counters(self, snap: dict | None) -> list[dict[str, Any]] | None:
@@ -571,9 +644,11 @@ class Recorder:
 
     def metadata(self, snap: dict | None, kind: str, oom: dict | None = None,
                  dump_facts: dict[str, Any] | None = None,
-                 counters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The sidecar of a dump (see :mod:`.metadata`); ``dump_facts``: :meth:`_dump_facts` of this dump;
-        ``counters``: :meth:`_counters` of this dump (read here when not given)."""
+                 counters: list[dict[str, Any]] | None = None,
+                 dump_modules: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The sidecar of a dump (see :mod:`.metadata`); ``dump_facts`` / ``dump_modules``: :meth:`_dump_facts` /
+        :meth:`_dump_modules` of this dump; ``counters``: :meth:`_counters` of this dump (read here when not
+        given)."""
         torch = self._torch
         device = torch.cuda.current_device()
         meta: dict[str, Any] = {"format": SIDECAR_FORMAT, "kind": kind, "rank": self.rank,
@@ -594,9 +669,11 @@ class Recorder:
         except Exception:  # noqa: BLE001
             meta["device_free_bytes"] = None
         meta["device_counters"] = counters if counters is not None else self._counters(snap)
-        meta["tensors"] = [fact_record(f["step"], f["time_us"], f["storages"]) for f in self.tensor_facts]
+        meta["tensors"] = [fact_record(f["step"], f["time_us"], f["storages"], optimizer=f["optimizer"],
+                                       **{"class": f["class"]}) for f in self.tensor_facts]
         if dump_facts is not None:
             meta["tensors"].append(dump_facts)
+        meta["modules"] = [*self.module_facts, *([dump_modules] if dump_modules is not None else [])]
         times: list[int] = []
         if snap is not None:
             traces = snap.get("device_traces") or []
@@ -625,12 +702,13 @@ class Recorder:
             snap = self._torch.cuda.memory._snapshot()
             counters = self._counters(snap)  # the job's own peaks, at the state the snapshot holds
             facts = self._dump_facts()
+            modules = self._dump_modules()
             t1 = time.perf_counter()
             atomic_write_bytes(path, pickle.dumps(snap))
             t2 = time.perf_counter()
-            meta = self.metadata(snap, kind, oom, facts, counters)
+            meta = self.metadata(snap, kind, oom, facts, counters, modules)
             meta["dump"] = {"snapshot_s": round(t1 - t0, 4), "pickle_and_write_s": round(t2 - t1, 4)}
-            atomic_write_json(sidecar_for(path), meta)
+            atomic_write_bytes(sidecar_for(path), sidecar_json_bytes(meta))
         except Exception as e:  # noqa: BLE001 - disk full, permissions: training goes on
             self._failed("writing a snapshot", e, where=path)
             return None, None

@@ -8,6 +8,7 @@ from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
 from ..render import render_json, render_text
 from ..render.text import GROUPED_RANKS, render_text_plain
+from ..render.words import gate as gate_words
 from ..report.gate import LEVELS, gate
 from ..report.job import Want, job_report
 from ..units import parse_bytes
@@ -35,6 +36,12 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
     return inputs
 
 
+FAIL_ON_HELP = ("A CI gate: exit 1 when a finding at or above this severity is found, or (unhealthy) when the "
+                "verdict is anything but healthy (a HIGH finding under a healthy verdict passes it: add --fail-on "
+                "high, the option repeats). A rank file that could not be read fails every level. The report is "
+                "written first.")
+
+
 @click.command("diagnose")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True,
@@ -51,15 +58,13 @@ def inputs_or_demo(paths: tuple[str, ...], demo: bool, command: str) -> list[str
               help="Findings under this fraction of peak reserved (and under --material-bytes) are shown as LOW.")
 @click.option("--material-bytes", default="64MiB", show_default=True,
               help="Floor of the materiality threshold (bytes, or with a unit: 64MiB, 1GiB).")
-@click.option("--fail-on", type=click.Choice(LEVELS), default=None,
-              help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
-                   "is anything but healthy: a CI gate. The report is written first.")
+@click.option("--fail-on", type=click.Choice(LEVELS), multiple=True, help=FAIL_ON_HELP)
 @click.option("--all-ranks", is_flag=True,
               help="Text: every rank's section and every finding in full, however many ranks (above "
                    f"{GROUPED_RANKS} ranks, alike ranks are grouped by default).")
 @parallel_options
 def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, micro_batch: int | None,
-            gpu_memory: str | None, material_fraction: float, material_bytes: str, fail_on: str | None, all_ranks: bool, jobs: int | None,
+            gpu_memory: str | None, material_fraction: float, material_bytes: str, fail_on: tuple[str, ...], all_ranks: bool, jobs: int | None,
             executor: str, scheduler: str | None) -> int:
     """Diagnose snapshot files or directories (one file per rank) of a failing or bloated run."""
     rule = Materiality(material_fraction, parse_bytes(material_bytes))
@@ -76,9 +81,10 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
                                   scheduler=scheduler, gpu_memory_bytes=gpu_bytes)
         text = render_html(report, visual)
     else:
-        results = read_job(inputs, lambda n: Want(micro_batch, rule, gpu_memory_bytes=gpu_bytes), jobs=jobs, executor=executor,
-                           scheduler=scheduler)
-        report = job_report(results)
+        skipped: list = []
+        results = read_job(inputs, lambda n: Want(micro_batch, rule, gpu_memory_bytes=gpu_bytes), jobs=jobs,
+                           executor=executor, scheduler=scheduler, skipped=skipped)
+        report = job_report(results, skipped)
         if fmt == "json":
             text = render_json(report)
         elif output:
@@ -90,10 +96,17 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
     return fail_on_exit(report, fail_on)
 
 
-def fail_on_exit(report, level: str | None) -> int:
-    """0, or 1 with one line on standard error when ``report`` fails the ``--fail-on`` gate."""
-    why = gate(report, level) if level else None
-    if why is None:
+def fail_on_exit(report, levels: tuple[str, ...]) -> int:
+    """0, or 1 with one line on standard error when ``report`` fails the ``--fail-on`` gate at ``levels``; where
+    ``unhealthy`` passes a HIGH finding, one line says so and names the level that fails on it."""
+    if not levels:
         return 0
-    click.echo(f"oomdoctor: --fail-on {level}: {why}", err=True)
+    g = gate(report, levels)
+    asked = " ".join(f"--fail-on {lvl}" for lvl in levels)
+    if not g.failed:
+        note = gate_words.passed_note(g)
+        if note:
+            click.echo(f"oomdoctor: {asked} {note}", err=True)
+        return 0
+    click.echo(f"oomdoctor: {asked}: {gate_words.why_failed(g)}", err=True)
     return 1

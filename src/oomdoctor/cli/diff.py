@@ -13,9 +13,10 @@ from ..render.text import render_diff_text, render_diff_text_plain
 from ..report.diff import diff_of
 from ..report.job import Want, gather, job_report, map_pairs, pair_tasks, plan_tasks
 from ..trace import Skipped
+from ..trace.load import lost_rank
 from ..views.overlay import DiffVisual
 from .console import terminal
-from .inputs import parallel_options, skipped_line
+from .inputs import parallel_options, say_skipped
 from .output import OUTPUT, write_output
 
 
@@ -56,15 +57,14 @@ def read_diff(before: str, after: str, *, html: bool, jobs: int | None, executor
                 continue
             if r.task.named:
                 raise SnapshotError(r.task.path, r.error)
-            skipped.append(Skipped(r.task.path, r.error))
+            skipped.append(Skipped(r.task.path, r.error, lost_rank(r.task.path)))
             if other.error is None:  # as a rank found in one run only
                 notes.append(f"{os.path.basename(other.task.path)} is only in the {side} run "
                              f"({other.task.path}): its pair {os.path.basename(r.task.path)} does not load")
     got = sorted((p for p in got if p.diff is not None), key=lambda p: p.before.rank)
     if not got:
         raise SnapshotError(before, f"no rank of it could be paired with a rank of {after} that loads")
-    if skipped:
-        click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+    say_skipped(skipped)
     b_res, a_res = gather([p.before for p in got], []), gather([p.after for p in got], [])
     diff = diff_of([p.diff for p in got], notes, [p.before.task.path for p in got], [p.after.task.path for p in got],
                    job_report(b_res), job_report(a_res))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
+from ..render.words.gate import skipped_line, unread_line
 from ..trace import Skipped, Trace, load_ranks
 from .output import write_output, write_rendered, write_text  # noqa: F401 - their home is .output
 
@@ -25,20 +26,22 @@ def load_with_progress(inputs: list[str], *, replay_only: bool = False) -> list[
     ``replay_only``: the columns the allocator replay reads (:func:`oomdoctor.trace.load.load`)."""
     skipped: list[Skipped] = []
     traces = _load(inputs, skipped, replay_only)
-    if skipped:
-        click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+    say_skipped(skipped)
     return traces
 
 
-def skipped_line(skipped: list[Skipped], most: int = 6) -> str:
-    """``skipped 3 files (not snapshots, or unreadable): metrics.json (why); train.log; ckpt (a directory)``."""
-    def one(s: Skipped) -> str:
-        return os.path.basename(s.path) + (f" ({s.reason})" if s.reason else "")
+def say_skipped(skipped: list[Skipped]) -> None:
+    """On standard error: one line naming the files that are not snapshots (:func:`~oomdoctor.render.words.gate.
+    skipped_line`), one naming the rank files that could not be read (:func:`~oomdoctor.render.words.gate.
+    unread_line`)."""
+    from ..report.job import unread
 
-    shown = "; ".join(one(s) for s in skipped[:most])
-    more = f"; and {len(skipped) - most} more" if len(skipped) > most else ""
-    noun = "file" if len(skipped) == 1 else "files"
-    return f"skipped {len(skipped)} {noun} (not snapshots, or unreadable): {shown}{more}"
+    other = [s for s in skipped if s.rank is None]
+    if other:
+        click.echo(f"oomdoctor: {skipped_line(other)}", err=True)
+    lost = unread(skipped)
+    if lost:
+        click.echo(f"oomdoctor: {unread_line(lost)}", err=True)
 
 
 def _load(inputs: list[str], skipped: list[Skipped], replay_only: bool = False) -> list[Trace]:
@@ -67,25 +70,27 @@ def parallel_options(f):
                           "machine's cores.")(f)
     f = click.option("--executor", type=click.Choice(["process", "dask"]), default="process", show_default=True,
                      help="Where the per-rank work runs: processes of this machine, or Dask distributed "
-                          "(pip install 'oomdoctor[dask]').")(f)
+                          "(pip install distributed).")(f)
     f = click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
                      help="Ranks read in parallel (default: all cores; 1: one after another). Each process "
                           "loads one rank, analyses it and keeps only its summary.")(f)
     return f
 
 
-def read_job(inputs: list[str], want_for, *, jobs: int | None, executor: str, scheduler: str | None):
+def read_job(inputs: list[str], want_for, *, jobs: int | None, executor: str, scheduler: str | None,
+             skipped: list[Skipped] | None = None):
     """The ranks of ``inputs`` read in parallel, each reduced to its summary (:func:`~oomdoctor.report.job.
     read_ranks`); ``want_for(n)`` says what each summary holds for a job of ``n`` files. Files of a directory
-    that are not snapshots are skipped and named on one line of standard error."""
+    that are not snapshots are skipped and named on one line of standard error, and the rank files that could not
+    be read on another (:func:`say_skipped`); both are appended to ``skipped`` when given (for
+    :func:`~oomdoctor.report.job.job_report`, whose ``unread`` they make)."""
     from ..report.job import gather, map_ranks, plan_tasks
 
-    skipped: list[Skipped] = []
+    skipped = [] if skipped is None else skipped
     tasks = plan_tasks(inputs, skipped)
     results = gather(map_ranks(tasks, want_for(len(tasks)), jobs=jobs, executor=executor, scheduler=scheduler),
                      skipped)
-    if skipped:
-        click.echo(f"oomdoctor: {skipped_line(skipped)}", err=True)
+    say_skipped(skipped)
     return results
 
 

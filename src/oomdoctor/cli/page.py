@@ -18,8 +18,9 @@ def job_page(inputs: list[str], *, micro_batch: int | None = None, rule: Materia
             return Want(micro_batch, rule, view_moments=moments_per_rank(n), gpu_memory_bytes=gpu_memory_bytes)
         return Want(micro_batch, rule, heat_buckets=HEAT_READ, gpu_memory_bytes=gpu_memory_bytes)
 
-    results = read_job(inputs, want, jobs=jobs, executor=executor, scheduler=scheduler)
-    report = job_report(results)
+    skipped: list = []
+    results = read_job(inputs, want, jobs=jobs, executor=executor, scheduler=scheduler, skipped=skipped)
+    report = job_report(results, skipped)
     if len(results) <= PAGE_RANKS:
         return report, Visual(ranks=[r.view for r in results])
     shown = set(page_ranks(report))

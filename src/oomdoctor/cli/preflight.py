@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..errors import UsageError
+from ..errors import UsageError, install_hint
 from ..units import parse_bytes
-from .inputs import write_output
+from .console import terminal
+from .output import OUTPUT, write_output
 
 
 @click.command("preflight", context_settings={"allow_interspersed_args": False})
@@ -27,6 +28,8 @@ from .inputs import write_output
 @click.option("--nproc-per-node", "nproc", type=click.IntRange(min=1), default=1, metavar="N",
               help="A script launched by torchrun on N GPUs: rank 0 traced, in a fake process group (every "
                    "collective faked); NCCL's buffers counted outside the allocator.")
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, metavar="R",
+              help="With --nproc-per-node: the rank traced (RANK and LOCAL_RANK as torchrun sets them).")
 @click.option("--ddp", "world_size", type=click.IntRange(min=1), default=1, metavar="WORLD_SIZE",
               help="DistributedDataParallel over this many GPUs (torchrun): one rank traced, with DDP's gradient "
                    "buckets and output clones; NCCL's buffers counted outside the allocator.")
@@ -34,19 +37,24 @@ from .inputs import write_output
 @click.option("--gpu-memory", metavar="SIZE", help="The GPU's total memory instead: 80GiB, 80GB, or bytes.")
 @click.option("--no-search", is_flag=True, help="Do not look for the largest micro-batch (one trace only).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", "snapshot", type=click.Path(dir_okay=False, path_type=str),
-              help="Write the traced snapshot here (and its .meta.json beside it).")
+@click.option("-o", "--output", "snapshot", type=OUTPUT,
+              help="Write the traced snapshot here, laid out by the allocator model (its .meta.json beside a "
+                   "regular file; replaced atomically).")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- python train.py ARGS...]")
 def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None, dtype: str, optimizer: str,
-            gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, world_size: int,
+            gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, rank: int,
+            world_size: int,
             gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str, snapshot: str | None,
             script: tuple[str, ...]) -> None:
     """Trace a Hugging Face Trainer step (--hf-config), or your own script (-- python train.py ...), on the
     CPU (no GPU, no memory for tensors) and predict, for a GPU: peak allocated and reserved, OOM or not, the
     largest micro-batch that fits (--hf-config), what allocator settings do, and the breakdown. Needs torch
-    (and transformers for --hf-config): pip install 'oomdoctor[preflight]'."""
+    (and transformers for --hf-config): pip install torch transformers."""
+    _check_output(snapshot)
     if script:
-        return _script(script, steps=steps, nproc=nproc, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt, snapshot=snapshot,
+        if rank >= nproc:
+            raise UsageError(f"--rank {rank}: not a rank of --nproc-per-node {nproc} (0 to {nproc - 1})")
+        return _script(script, steps=steps, nproc=nproc, rank=rank, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt, snapshot=snapshot,
                        hf_config=hf_config)
     if not hf_config or not micro_batch or not seq_len:
         raise UsageError("preflight: give --hf-config with --micro-batch and --seq-len, or a script after --")
@@ -55,7 +63,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
         import transformers  # noqa: F401
     except ImportError as e:
         raise UsageError(f"preflight needs torch and transformers ({e.name} is missing): "
-                         "pip install 'oomdoctor[preflight]'") from None
+                         f"{install_hint('preflight')}") from None
     from ..preflight import hf_tracer
     from ..preflight.snapshot import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
     from ..preflight.snapshot import write as write_snapshot
@@ -67,16 +75,38 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     job = HfJob(hf_config, micro_batch, seq_len, dtype, optimizer, gradient_checkpointing, steps,
                 world_size=world_size, loop=loop, grad_accum=grad_accum)
     outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if world_size > 1 else 0)
-    source = ("CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11"
-              + ("; NCCL's world communicator, 883 MB measured (same run)" if world_size > 1 else ""))
     try:
         f = hf_tracer(job, gpu_name=name, gpu_total_bytes=total, sm_major=sm)
         a = answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total,
-                   outside_bytes=outside, outside_source=source,
-                   snapshot_path=snapshot, search=not no_search)
+                   outside_bytes=outside, outside_source=_outside_source(world_size),
+                   snapshot_path=snapshot, search=not no_search, gpu_memory_given=bool(gpu_memory))
     except PreflightError as e:
         raise UsageError(str(e)) from None
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))
+    except OSError as e:  # writing -o failed (disk full): the previous file is left untouched
+        raise UsageError(f"{snapshot}: cannot write ({e.strerror or e})") from None
+    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))
+
+
+def _outside_source(world_size: int) -> str:
+    """The id of what runs outside the caching allocator (``PreflightAnswer.outside_allocator_source``)."""
+    return "cuda-context+nccl" if world_size > 1 else "cuda-context"
+
+
+def _check_output(path: str | None) -> None:
+    """Refuse, before any trace, an ``-o`` the snapshot cannot be written to: standard output (the answer goes
+    there), a directory, a name in a missing directory (``cli.output.write_bytes`` says the same after)."""
+    import os
+
+    if not path:
+        return
+    if path == "-":
+        raise UsageError("preflight -o -: the answer goes to standard output; give a file for the snapshot")
+    real = os.path.realpath(path)
+    if os.path.isdir(real):
+        raise UsageError(f"{path}: is a directory; give a file for the snapshot")
+    parent = os.path.dirname(real) or "."
+    if not os.path.isdir(parent):
+        raise UsageError(f"{path}: its directory {os.path.dirname(path) or '.'} does not exist")
 
 
 def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]:
@@ -99,7 +129,7 @@ def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]
     return name, total, next(v[1] for k, v in GPUS.items() if k.lower() == name.lower())
 
 
-def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, gpu_memory: str | None, fmt: str,
+def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu: str | None, gpu_memory: str | None, fmt: str,
             snapshot: str | None, hf_config: str | None) -> None:
     """``oomdoctor preflight -- python train.py ...``: the script traced (:mod:`oomdoctor.preflight.script`)."""
     import os
@@ -115,7 +145,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, g
     try:
         import torch
     except ImportError:
-        raise UsageError("preflight needs torch: pip install 'oomdoctor[preflight]'") from None
+        raise UsageError(f"preflight needs torch: {install_hint('preflight')}") from None
     from ..preflight.script import ScriptJob, trace_script
     from ..preflight.snapshot import (
         CUDA_CONTEXT_BYTES,
@@ -130,10 +160,8 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, g
     from ..report.preflight import answer
 
     name, total, sm = _gpu(gpu, gpu_memory)
-    job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc)
+    job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc, rank=rank)
     outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nproc > 1 else 0)
-    source = ("CUDA context and kernels, 737 MB measured on H200, CUDA 13.0, torch 2.11"
-              + ("; NCCL's world communicator, 883 MB measured (same run)" if nproc > 1 else ""))
 
     def f(n: int | None) -> tuple[dict, dict, object]:
         rec = trace_script(job, gpu_name=name or "GPU", gpu_total_bytes=total, sm_major=sm,
@@ -141,13 +169,17 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, gpu: str | None, g
         meta = sidecar(rec, gpu_name=name, gpu_total_bytes=total, torch_version=torch.__version__, micro_batch=None,
                        job=job.as_dict())
         meta["world_size"] = nproc
+        meta["rank"] = meta["local_rank"] = rank
         return snapshot_dict(rec), meta, rec
 
     try:
         a = answer(f, write=write_snapshot, micro_batch=None, gpu_name=name, gpu_total_bytes=total,
-                   outside_bytes=outside, outside_source=source, snapshot_path=snapshot, search=False)
+                   outside_bytes=outside, outside_source=_outside_source(nproc), snapshot_path=snapshot,
+                   search=False, gpu_memory_given=bool(gpu_memory))
     except PreflightError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{snapshot}: cannot write ({e.strerror or e})") from None
     # a script's foreach step counters are made on the host, as on CUDA: not recorded, nothing left out
     a.not_traced = [k for k in a.not_traced if k != "cpu_resident_optimizer_steps"]
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a))
+    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))

@@ -6,7 +6,7 @@ import click
 
 from ..render.html import render_html
 from ..report.gate import LEVELS
-from .diagnose import DEMO_SNAPSHOT, fail_on_exit, inputs_or_demo
+from .diagnose import DEMO_SNAPSHOT, FAIL_ON_HELP, fail_on_exit, inputs_or_demo
 from .inputs import parallel_options
 from .output import OUTPUT, write_bytes
 from .page import job_page
@@ -19,11 +19,9 @@ DEFAULT_OUTPUT = "oomdoctor-report.html"
 @click.option("-o", "--output", type=OUTPUT,
               default=DEFAULT_OUTPUT, show_default=True, help="The HTML file to write (- for standard output).")
 @click.option("--demo", is_flag=True, help=f"Report on the snapshot shipped with oomdoctor ({DEMO_SNAPSHOT}).")
-@click.option("--fail-on", type=click.Choice(LEVELS), default=None,
-              help="Exit 1 when a finding at or above this severity is found, or (unhealthy) when the verdict "
-                   "is anything but healthy: a CI gate. The report is written first.")
+@click.option("--fail-on", type=click.Choice(LEVELS), multiple=True, help=FAIL_ON_HELP)
 @parallel_options
-def command(paths: tuple[str, ...], output: str, demo: bool, fail_on: str | None, jobs: int | None, executor: str,
+def command(paths: tuple[str, ...], output: str, demo: bool, fail_on: tuple[str, ...], jobs: int | None, executor: str,
             scheduler: str | None) -> int:
     """Write one HTML page that opens offline: timelines, fragmentation, segment maps, sites, findings,
     and the ranks side by side (above 8 ranks: the odd ranks and one of each group, and a ranks x time heatmap

@@ -55,10 +55,11 @@ def inject_dir() -> str:
 def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summarize: bool,
               timeout_s: float, base: dict[str, str] | None = None, free_stacks: bool = False,
               stop_after_steps: int | None = None, record: bool = True,
-              stack_steps: str = DEFAULT_STACK_STEPS) -> dict[str, str]:
+              stack_steps: str = DEFAULT_STACK_STEPS, exits: str | None = None) -> dict[str, str]:
     """The command's environment: ``base`` (default ``os.environ``) plus the injection. ``stop_after_steps``:
     each process ends itself with exit code 0 after that many optimizer steps
-    (:func:`oomdoctor.capture.autorecord.install_stop`); ``record=False``: nothing is recorded."""
+    (:func:`oomdoctor.capture.autorecord.install_stop`), and writes how it ended in ``exits``
+    (:mod:`oomdoctor.capture.exits`); ``record=False``: nothing is recorded."""
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (inject_dir(), env.get("PYTHONPATH", "")) if p)
     env["OOMDOCTOR_PACKAGE_ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,6 +68,7 @@ def child_env(out: str, steps: str | None, max_entries: int, stacks: str, summar
                                               "summarize": summarize,
                                               "summary_timeout_s": timeout_s, "print_summary": False,
                                               **({"stop_after_steps": stop_after_steps} if stop_after_steps else {}),
+                                              **({"exits": exits} if exits and stop_after_steps else {}),
                                               **({} if record else {"record": False})})
     return env
 
@@ -112,7 +114,9 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, s
     if out == "-":
         raise UsageError("--out -: run writes a directory of snapshots, which standard output cannot hold; "
                          "give a directory")
-    out = ensure_writable(out or f"oomdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out or f"oomdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}"
+    made = not os.path.lexists(out)  # created for this run: removed again if nothing is written in it
+    out = ensure_writable(out)
     env = child_env(out, steps, max_entries, stacks, summarize, summary_timeout, free_stacks=free_stacks,
                     stack_steps=stack_steps)
     code = _run(argv, env)
@@ -121,7 +125,7 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, s
     except OomdoctorError:
         files = []
     where = f"snapshots in {out}" if files else \
-        f"no snapshot was written in {out} (no process of the command used CUDA)"
+        f"no snapshot was written (no process of the command used CUDA){remove_if_empty(out, made)}"
     click.echo(f"oomdoctor: command exited with {_describe(code)}; {where}", err=True)
     if not no_diagnose and files:
         _report(out, files, summarize, fmt)
@@ -130,6 +134,18 @@ def command(out: str | None, steps: str | None, max_entries: int, stacks: str, s
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     raise click.exceptions.Exit(code if code >= 0 else 128 - code)
+
+
+def remove_if_empty(path: str, made: bool) -> str:
+    """Remove the directory ``path`` when this run ``made`` it and it is empty (a directory the user had stays);
+    the words to add after "no snapshot was written": where, or that nothing was left behind."""
+    if made:
+        try:
+            os.rmdir(path)  # only an empty directory: never what a process of the command wrote there
+            return f"; {path}, made for the run, is removed"
+        except OSError:
+            pass
+    return f" in {path}"
 
 
 def _run(argv: list[str], env: dict[str, str]) -> int:

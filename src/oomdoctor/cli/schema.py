@@ -18,7 +18,9 @@ def command(command: tuple[str, ...], output: str | None) -> None:
     """Print the JSON Schema (draft 2020-12) of COMMAND's --format json output: diagnose (also run and the
     in-job summary.json), diff, simulate, plan estimate, plan search, plan validate, fit, verify, preflight, tune."""
     name = " ".join(command)
+    if name == "run":  # run --format json prints diagnose's report of the snapshots (or the in-job summary.json)
+        name = "diagnose"
     if name not in COMMANDS:
-        raise click.BadParameter(f"{name!r} has no JSON output; one of: {', '.join(COMMANDS)}",
+        raise click.BadParameter(f"{name!r} has no JSON output; one of: {', '.join(COMMANDS)}, run",
                                  param_hint="COMMAND")
     write_output(output, json.dumps(schema(name), indent=2) + "\n")

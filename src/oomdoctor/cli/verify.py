@@ -1,6 +1,8 @@
 """``oomdoctor verify [options] -- COMMAND ...``: rerun the job with each setting and check the replay's claim for
-it (:func:`oomdoctor.report.loop.judge`). Exit code 1 when a rerun refutes a claim, 2 when a rerun failed without
-an out-of-memory message, else 0."""
+it (:func:`oomdoctor.report.loop.judge`: confirmed only with the measured peak inside the claim's band,
+:func:`oomdoctor.report.loop.band`). Exit code 1 when a rerun refutes a claim; 2 when no CUDA device is visible
+(unless ``--allow-no-gpu``), or a rerun failed without an out-of-memory error or ended before its K-th optimizer
+step; else 0."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from ..report.loop import (
 )
 from ..trace.load import discover
 from .inputs import write_output
-from .trials import command_argv, run_trial
+from .trials import command_argv, require_gpu, run_trial
 
 
 @click.command("verify", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -35,11 +37,14 @@ from .trials import command_argv, run_trial
               help="Directory for the runs' snapshots and logs [default: ./oomdoctor-verify-<time>].")
 @click.option("--trial-timeout", type=click.FloatRange(min=1), default=None,
               help="Seconds a run may take before it is killed (counted as failed).")
+@click.option("--allow-no-gpu", is_flag=True,
+              help="Run even where no CUDA device is visible (a stand-in job, a dry run); without it, verify refuses "
+                   "at once: such reruns never run out of GPU memory.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), help="Write to this file.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeout: float | None, fmt: str,
-            output: str | None, command: tuple[str, ...]) -> None:
+def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeout: float | None, allow_no_gpu: bool,
+            fmt: str, output: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND under recording for a few optimizer steps, then rerun it with each setting (those given, or
     those the diagnosis of the first run proposes) and say, per setting, the predicted and the measured peak
     reserved, whether it ran out of memory, and whether the prediction is confirmed or refuted.
@@ -51,6 +56,7 @@ def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeou
         given = [parse_setting(s) for s in settings]
     except SettingError as e:
         raise UsageError(str(e)) from None
+    require_gpu("verify", allow_no_gpu)
     out = os.path.abspath(out or f"oomdoctor-verify-{time.strftime('%Y%m%d-%H%M%S')}")
     t0 = time.monotonic()
     base_dir = os.path.join(out, "baseline")

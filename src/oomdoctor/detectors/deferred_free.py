@@ -38,6 +38,17 @@ MIN_HELD_FRACTION = 0.05
 PLATEAU_FRACTION = 0.02
 PLATEAU_BYTES = 20 * MiB
 
+NO_HELP_MEASURED: dict[str, list[int]] = {
+    "record_stream": [2_449_473_536, 3_053_453_312],
+    "expandable_segments": [2_390_753_280, 2_663_383_040],
+    "without_record_stream": [1_308_622_848, 1_308_622_848],
+}
+"""What the ``expandable-segments-no-help`` fix cites: peak reserved (``torch.cuda.max_memory_reserved``) of rank 1 and
+rank 0 of the two-rank tensor-parallel job of ``shared/snapshots/tp-allreduce`` (``stats.jsonl``, tags tp-legacy,
+tp-legacy-expandable, tp-modern), smallest and largest. How long a deferred free waits depends on the run's timing, so
+one rank with expandable segments (2.23 GiB) lands below a run without them (2.84 GiB on the other run's rank 0), while
+the same recording replayed with them (the fix's prediction) holds as much as recorded."""
+
 _P2P_NAMES = ("isend", "irecv", "send", "recv", "batch_isend_irecv", "_batch_p2p", "P2POp")
 
 
@@ -184,7 +195,7 @@ def _fixes(owner: str, v) -> list[Fix]:
         "expandable-segments-no-help", versions="all", source="measured on H200 GPUs with PyTorch 2.11: a two-rank tensor-parallel job that "
                                "all-reduces after each of 8 layers, with its inputs record_stream-ed, with "
                                "expandable segments too, and with a plain all_reduce", kind="config", applies=True,
-        what_if={"config": "expandable_segments:True"}))
+        what_if={"config": "expandable_segments:True"}, measured=dict(NO_HELP_MEASURED)))
     return fixes
 
 

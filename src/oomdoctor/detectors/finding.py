@@ -23,7 +23,8 @@ class Fix:
 
     ``what_if`` says how the allocator simulator can replay the fix: ``{"config": "<alloc conf>"}``
     (options applied on top of the recorded ones) and/or ``{"deferred_frees": "immediate"}``.
-    ``prediction`` is what that replay gave (filled by the report, see ``report/predict.py``).
+    ``prediction`` is what that replay gave (filled by the report, see ``report/predict.py``): this recording
+    replayed. ``measured``: numbers the fix's words cite from other runs, measured on a GPU.
 
     ``id`` is stable (e.g. ``expandable-segments``, ``avoid-record-streams``): the key of its words
     (:data:`oomdoctor.render.words.findings.FIXES`). ``framework``: the id of the framework
@@ -51,6 +52,9 @@ class Fix:
     """the simulator's replay of the fix"""
     framework: str | None = None
     """the id of the framework whose knob the fix names (the JSON has it in the fix's words, ``text``)"""
+    measured: dict[str, list[int]] | None = None
+    """what runs measured on a GPU, which the fix's words cite: per setting, the smallest and largest peak reserved
+    over those runs' ranks (bytes); other runs than the one diagnosed (its own replay is the prediction)"""
 
 
 @dataclass

@@ -52,7 +52,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "steps": len(steps),
         "step_source": steps.source,
         "steps_leaving_memory": len(growing),
-        "leaking_steps": ", ".join(str(i) for i in growing),
+        # numbered as the job counts them (a recording window's first step is not 0), as the breakdown's step is
+        "leaking_steps": [i + steps.first for i in growing],
+        "first_counted_step": counted[0] + steps.first,
+        "last_counted_step": counted[-1] + steps.first,
         "retained_bytes": total,
         "retained_bytes_per_step": per_step,
         "allocated_at_first_step_bytes": int(start_alloc[WARMUP_STEPS]),

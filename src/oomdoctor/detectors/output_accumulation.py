@@ -70,6 +70,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     in_model = rows[(lt.alloc[rows] >= 0) & ri.lookup(ri.model, lt.stack[rows])]
     sites = distinct_columns(np.stack([ph.pass_of(lt.alloc[in_model]), lt.stack[in_model]]))
     per_pass = int(np.median(np.unique(sites[0], return_counts=True)[1])) if in_model.size else 0
+    unit, kept_at = _kept_at(a, rows)
     evidence = {
         "kept_bytes": kept,
         "blocks": int(rows.size),
@@ -79,6 +80,9 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         "at": "the OOM" if at_oom else "the peak",
         "phase": phase,
         "sites_per_pass": per_pass,
+        "kept_unit": unit,
+        "kept_at": kept_at,
+        "kept_every": _every(kept_at),
     }
     frameworks = detect_frameworks(running_files(a.trace.stacks))
     graph = per_pass >= GRAPH_SITES and passes.size >= MIN_PASSES
@@ -106,6 +110,28 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     sev = "high" if kept >= HIGH_FRACTION * allocated else "medium"
     return Finding(ID, sev, [a.rank], kept, evidence, site_refs(a, group_sites(a.trace, lt, rows)), fixes,
                    per_rank_bytes={a.rank: kept}, variant=variant)
+
+
+def _kept_at(a: DeviceAnalysis, rows: np.ndarray) -> tuple[str, list[int]]:
+    """When the outputs kept (``rows``) were made: ``("step", [step numbers])`` where the trace shows its optimizer
+    steps and each batch that kept outputs ran in a step of its own (numbered as the job counts them,
+    ``Phases.step_of``), else ``("batch", [pass indices])``. Blocks born before the trace are left out."""
+    lt, ph = a.lifetimes, a.phases
+    born = lt.alloc[rows][lt.alloc[rows] >= 0]
+    passes = distinct(ph.pass_of(born))
+    steps = a.steps
+    if steps is not None and len(steps) and born.size:
+        index = np.searchsorted(steps.starts, born, side="right") - 1
+        if (index >= 0).all() and distinct(index).size == passes.size:
+            return "step", (distinct(index) + steps.first).tolist()
+    return "batch", passes.tolist()
+
+
+def _every(kept_at: list[int]) -> int:
+    """How many steps (or batches) apart the outputs kept were made, when evenly spaced (``kept_at``: sorted); 0 when
+    not (or fewer than two)."""
+    gaps = set(np.diff(kept_at).tolist())
+    return gaps.pop() if len(gaps) == 1 else 0
 
 
 def _regrown(a: DeviceAnalysis, rows: np.ndarray) -> int:

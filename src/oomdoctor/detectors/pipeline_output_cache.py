@@ -51,11 +51,24 @@ def _by_step(g: np.ndarray, lt, n: int) -> list[np.ndarray]:
     return [part for part in np.split(g[order], cuts) if part.size >= MIN_CONCURRENT]
 
 
+def _kept_at_once(g: np.ndarray, lt, n: int) -> int:
+    """The bytes of ``g``'s blocks allocated at once when most of them are: their own sizes added up (a block may
+    be larger than the others by an unsplit remainder), as the report's holders count them."""
+    alloc, free = lt.alloc[g], np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n)
+    d = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(d, alloc, 1)
+    np.subtract.at(d, free, 1)
+    k = int(np.argmax(np.cumsum(d[:n])))
+    return int(lt.size[g][(alloc <= k) & (free > k)].sum())
+
+
 def _candidate(g: np.ndarray, lt, n: int) -> tuple[int, int, np.ndarray] | None:
     """``(bytes kept at once, blocks kept at once, rows)`` when ``g`` is kept and freed in one burst."""
     conc = _max_concurrent(lt.alloc[g], lt.free_requested[g], n)
-    total = conc * int(lt.size[g].max())
-    if conc < MIN_CONCURRENT or total < MIN_BYTES:
+    if conc < MIN_CONCURRENT:
+        return None
+    total = _kept_at_once(g, lt, n)
+    if total < MIN_BYTES:
         return None
     frees = np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n - 1)
     span = max(int(lt.alloc[g].max() - lt.alloc[g].min()), 1)

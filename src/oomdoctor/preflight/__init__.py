@@ -1,7 +1,7 @@
 """Preflight: trace a training step on a CPU under fake tensors, as the CUDA caching allocator would see it,
 and write it as a memory snapshot every command reads (issue 42; ``docs/preflight.md``).
 
-Imports torch (the ``oomdoctor[preflight]`` extra); sits at the capture layer: it writes snapshots, the
+Imports torch (the ``preflight`` extra); sits at the capture layer: it writes snapshots, the
 answers (replay, breakdown, largest micro-batch) come from :mod:`oomdoctor.report.preflight`.
 
 - :mod:`.tracer`: the allocation tracer and CUDA's behaviour applied over fake CPU tensors;

@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.utils.checkpoint
 from torch.overrides import TorchFunctionMode
 
-from .steps import PreflightError
-from .tracer import AllocationTracer, TraceRecord, run_traced
+from ._private import PreflightError, require
+from .tracer import AllocationTracer, TraceRecord, gpu_device_property, run_traced
 
 
 @dataclass(frozen=True)
@@ -57,10 +56,11 @@ class ScriptJob:
     argv: tuple[str, ...]
     max_steps: int = 2
     world_size: int = 1
+    rank: int = 0  # the rank traced (torchrun's RANK and LOCAL_RANK; one node)
 
     def as_dict(self) -> dict[str, Any]:
         return {"script": list(self.argv), "max_steps": self.max_steps, "world_size": self.world_size,
-                "ranks_traced": [0], "collectives": "faked (fake process group)" if self.world_size > 1 else None,
+                "ranks_traced": [self.rank], "collectives": "faked (fake process group)" if self.world_size > 1 else None,
                 "ddp_if_used": "modelled: gradient buckets from construction, output clones with find_unused_parameters; "
                        "the all-reduces not traced",
                 "step": "the script's own, to its optimizer's step number max_steps"}
@@ -129,8 +129,19 @@ class CudaDevices(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        owner = getattr(func, "__self__", None)
+        if owner is not None and owner in _GPU_ATTRS and args and _is_fake(args[0]):
+            return _GPU_ATTRS[owner]  # a fake tensor is the GPU's: device cuda:0, is_cuda True
         if func is torch.Tensor.pin_memory:
             return args[0]
+        if func is torch.Tensor.get_device and args and _is_fake(args[0]):
+            return 0
+        if func is torch.Tensor.record_stream:
+            _note("cuda_streams")
+            return None
+        read = _READS.get(func)
+        if read is not None and args and _is_fake(args[0]):
+            return self._read(func, read, args, kwargs)
         where, args, kwargs = self._target(func, args, kwargs)
         if where is None:
             return func(*args, **kwargs)
@@ -140,6 +151,14 @@ class CudaDevices(TorchFunctionMode):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
                 return src
             return func(*args, **kwargs)  # already there: a dtype change at most
+        if moving and src is not None and where == "cpu" and func is torch.Tensor.to and _from_torch():
+            # torch's own code moving to a device it read in C++ (``_group_tensors_by_device_and_dtype`` says
+            # cpu for a fake tensor): the GPU's tensor stays where it is, as it would on CUDA
+            return func(*args, **kwargs)
+        if moving and src is not None and where == "cpu":  # the GPU's values to the host: stand-ins
+            out = self._host_copy(src, "cpu")
+            dtype = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)), None)
+            return out.to(dtype) if dtype is not None else out
         with self.tracer.on_gpu(where == "cuda"):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
                 return src.clone()
@@ -147,6 +166,65 @@ class CudaDevices(TorchFunctionMode):
             if moving and src is not None and _storage(out) == _storage(src):
                 out = out.clone()  # a copy to the other device, never an alias
             return out
+
+    # -- values read from the GPU (values.py: the policy)
+    def _host_copy(self, t: torch.Tensor, read: str) -> torch.Tensor:
+        """A real host tensor of ``t``'s shape and dtype holding the stand-in value (a broadcast view beyond
+        2**24 elements: no host memory for a large one)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        values = self.tracer.values
+        values.read = read
+        try:
+            v = values.value_of(t)
+        finally:
+            values.read = "item"
+        with unset_fake_temporarily(), self.tracer.on_gpu(False):
+            if t.numel() <= 1 << 24:
+                return torch.full(tuple(t.shape), v, dtype=t.dtype)
+            return torch.full((), v, dtype=t.dtype).expand(tuple(t.shape))
+
+    def _read(self, func: Any, read: str, args: tuple, kwargs: dict) -> Any:
+        values = self.tracer.values
+        t = args[0]
+        if read == "numpy":
+            return self._host_copy(t, read).numpy()
+        if read == "tolist":
+            return self._host_copy(t, read).tolist()
+        if read == "print" and (t.dim() > 0 or func is torch.Tensor.__repr__):
+            host = self._host_copy(t, read)
+            text = repr(host)
+            return text[:-1] + ", device='cuda:0')" if text.endswith(")") else text
+        values.read = read
+        try:
+            if func is torch.Tensor.__format__:  # a 0-dim tensor in an f-string: its value, formatted
+                return format(t.item(), *args[1:])
+            return func(*args, **kwargs)  # reaches _local_scalar_dense: the tracer's stand-in
+        finally:
+            values.read = "item"
+
+
+def _from_torch() -> bool:
+    """Whether the call being handled comes from torch's own Python code (not the script's, nor a library's)."""
+    f = sys._getframe(2)
+    while f is not None and "oomdoctor/preflight/" in f.f_code.co_filename:
+        f = f.f_back
+    return f is not None and "/torch/" in f.f_code.co_filename
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+#: attributes a fake (GPU) tensor answers as a CUDA tensor does (getset descriptors of ``torch._C.TensorBase``)
+_GPU_ATTRS = {torch._C.TensorBase.device: torch.device("cuda", 0), torch._C.TensorBase.is_cuda: True,
+              torch._C.TensorBase.is_cpu: False}
+#: how a value is read from a tensor, by the function that reads it
+_READS = {torch.Tensor.item: "item", torch.Tensor.__bool__: "bool", torch.Tensor.__float__: "float",
+          torch.Tensor.__int__: "int", torch.Tensor.__index__: "index", torch.Tensor.tolist: "tolist",
+          torch.Tensor.__format__: "print", torch.Tensor.__repr__: "print", torch.Tensor.numpy: "numpy"}
 
 
 def _device_properties(name: str, total: int, sm_major: int) -> Any:
@@ -241,27 +319,6 @@ def _backward_on_gpu(orig: Any, tracer: AllocationTracer) -> Any:
     return run
 
 
-def _checkpoint_with_policies(orig: Any, tracer: AllocationTracer) -> Any:
-    """``torch.utils.checkpoint.checkpoint`` (non-reentrant) with CUDA's policies entered again in the recomputation,
-    through its ``context_fn``, as the Hugging Face path does (:func:`.steps.checkpoint_kwargs`): the autograd engine
-    recomputes without the caller's ``TorchFunctionMode``, so the recomputed attention took CPU's math kernel where
-    the first forward took flash attention and checkpoint refused the step (measured: "A different number of
-    tensors was saved during the original forward and recomputation", a causal-SDPA block under FSDP2). A
-    ``context_fn`` of the script's own is kept."""
-    from torch.utils.checkpoint import noop_context_fn
-
-    from .tracer import CudaAutocastPolicy
-
-    def checkpoint(function: Any, *args: Any, use_reentrant: Any = None, context_fn: Any = noop_context_fn,
-                   **kwargs: Any) -> Any:
-        if context_fn is noop_context_fn and use_reentrant is False:
-            def context_fn() -> Any:
-                return contextlib.nullcontext(), CudaAutocastPolicy(tracer)
-        return orig(function, *args, use_reentrant=use_reentrant, context_fn=context_fn, **kwargs)
-
-    return checkpoint
-
-
 def _loader_iter_init(orig: Any) -> Any:
     """``torch.utils.data``'s ``_BaseDataLoaderIter.__init__`` outside the fake mode: it draws the loader's
     seed with ``torch.empty((), dtype=torch.int64).random_().item()`` (and shares it over the process group,
@@ -274,6 +331,42 @@ def _loader_iter_init(orig: Any) -> Any:
             orig(self, *a, **k)
 
     return init
+
+
+@contextlib.contextmanager
+def _policies(tracer: AllocationTracer, inner: Any = None) -> Iterator[None]:
+    """The script's torch-function layers (CUDA's devices, autocast lists and attention kernel) entered again,
+    then ``inner``: the autograd engine runs checkpoint recomputation without the caller's ``TorchFunctionMode``
+    (measured on the ``--hf-config`` path: CPU's math attention and dropout; on a script, non-reentrant
+    checkpointing then failed with ``CheckpointError``, "a different number of tensors was saved")."""
+    from .tracer import CudaAutocastPolicy
+
+    with CudaDevices(tracer), CudaAutocastPolicy(tracer), (inner if inner is not None else contextlib.nullcontext()):
+        yield
+
+
+def _checkpoint_recomputed_as_traced(orig: Any, tracer: AllocationTracer) -> Any:
+    """``torch.utils.checkpoint``'s non-reentrant generator with the script's policies in the recomputation
+    (its ``context_fn``'s second context, the user's own kept inside)."""
+    from torch.utils.checkpoint import noop_context_fn
+
+    def gen(fn: Any, preserve_rng_state: bool = True, context_fn: Any = noop_context_fn, *a: Any, **k: Any) -> Any:
+        def ctx() -> tuple[Any, Any]:
+            fwd, rec = context_fn()
+            return fwd, _policies(tracer, rec)
+        return orig(fn, preserve_rng_state, ctx, *a, **k)
+
+    return gen
+
+
+def _reentrant_backward(orig: Any, tracer: AllocationTracer) -> Any:
+    """``CheckpointFunction.backward`` (reentrant checkpointing) with the script's policies in its
+    recomputation."""
+    def backward(ctx: Any, *args: Any) -> Any:
+        with _policies(tracer):
+            return orig(ctx, *args)
+
+    return staticmethod(backward)
 
 
 def _none(*a: Any, **k: Any) -> None:
@@ -319,6 +412,14 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         out.append((c, name, _zero))
     out.append((c, "is_current_stream_capturing", lambda: False))
+    out += [(c, "Stream", _Stream), (c, "Event", _Event), (c, "stream", _stream_context),
+            (c, "current_stream", lambda *a, **k: _DEFAULT_STREAM), (c, "default_stream", lambda *a, **k: _DEFAULT_STREAM),
+            (c, "set_stream", _none), (c, "CUDAGraph", _Graph), (c, "graph", _graph),
+            (c, "make_graphed_callables", lambda callables, *a, **k: callables),
+            (c, "graph_pool_handle", lambda: (0, 0)), (c, "device", _DeviceContext),
+            (torch, "compile", _compile),
+            # the build's accelerator, which FSDP2's default mesh reads (_fsdp_init._init_default_mesh)
+            (torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))]
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
         out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
@@ -328,6 +429,19 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
     out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
             (mem, "empty_cache", _none)]
     return out
+
+
+class _DeviceContext:
+    """``torch.cuda.device(i)`` while traced: one GPU, nothing to switch."""
+
+    def __init__(self, device: Any = None) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 class _NotCapturing:
@@ -349,6 +463,121 @@ class _NotCapturing:
 _NOT_CAPTURING = _NotCapturing()
 
 
+class _Event:
+    """``torch.cuda.Event`` while traced: recording and waiting do nothing (one stream is traced);
+    ``elapsed_time`` answers 0.0 ms."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        _note("cuda_streams")
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
+
+
+class _Stream:
+    """``torch.cuda.Stream`` while traced: every kernel is traced on stream 0 (``docs/preflight.md``), so a side
+    stream is the same stream: waits and syncs do nothing."""
+
+    device = property(lambda self: torch.device("cuda", 0))
+    cuda_stream = 0
+    priority = 0
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        _note("cuda_streams")
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> _Event:
+        return event if event is not None else _Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_DEFAULT_STREAM = _Stream()
+
+
+class _Graph:
+    """``torch.cuda.CUDAGraph`` while traced: what is captured runs once, eagerly (its tensors traced as any);
+    ``replay`` does nothing. The graph's private memory pool is not modelled."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def capture_begin(self, *a: Any, **k: Any) -> None:
+        _note("cuda_graph")
+
+    def capture_end(self) -> None:
+        return None
+
+    def replay(self) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None
+
+    def pool(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+@contextlib.contextmanager
+def _graph(cuda_graph: Any, pool: Any = None, stream: Any = None, **k: Any) -> Iterator[None]:
+    _note("cuda_graph")
+    yield
+
+
+@contextlib.contextmanager
+def _stream_context(stream: Any) -> Iterator[None]:
+    _note("cuda_streams")
+    yield
+
+
+#: what was met while tracing that the trace treats in a stated way (ids; the CLI words them): "cuda_streams"
+#: (side streams traced on stream 0), "cuda_graph" (captured work run once eagerly), "torch_compile" (eager)
+_NOTES: set[str] = set()
+
+
+def _note(what: str) -> None:
+    _NOTES.add(what)
+
+
+def _compile(model: Any = None, *a: Any, **k: Any) -> Any:
+    """``torch.compile`` while traced: the eager module or function (``torch._dynamo`` cannot trace a fake
+    tensor's dispatch here); its memory is the eager one's, which the output says."""
+    _note("torch_compile")
+    if model is None:
+        return lambda m: m
+    return model
+
+
 def _autocast_init(orig: Any) -> Any:
     def init(self: Any, device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None) -> None:
         if device_type == "cuda":  # CPU autocast, CUDA's lists (CudaAutocastPolicy) and CUDA's default dtype
@@ -364,17 +593,18 @@ def _cuda_amp_autocast_init(self: Any, enabled: bool = True, dtype: Any = torch.
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int) -> Iterator[None]:
-    """``init_process_group`` joins a fake process group as rank 0 of ``world_size`` (the module doc)."""
+def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
+    """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc)."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    FakeStore = require("torch.testing._internal.distributed.fake_pg.FakeStore")
 
     orig = dist.init_process_group
 
     def init_process_group(*a: Any, **k: Any) -> None:
-        orig(backend="fake", store=FakeStore(), rank=0, world_size=world_size)
+        orig(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
 
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -451,10 +681,13 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
 
         import torch.nn.parallel as parallel
         import torch.nn.parallel.distributed as ddp_mod
+        import torch.utils.checkpoint as ckpt
         from torch.distributed.device_mesh import DeviceMesh
+        from torch.utils.data._utils import pin_memory as pin_mod
         from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
 
         ddp_cls = ddp_stand_in(tracer)
+        engine_entry = require("torch.autograd.graph._engine_run_backward")
         tracer.mark_step(0)
         tracer.mark_phase("train")
         autocast = torch.amp.autocast_mode.autocast
@@ -463,11 +696,15 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
+            (ckpt, "_checkpoint_without_reentrant_generator",
+             _checkpoint_recomputed_as_traced(require("torch.utils.checkpoint._checkpoint_without_reentrant_generator"),
+                                              tracer)),
+            (ckpt.CheckpointFunction, "backward", _reentrant_backward(ckpt.CheckpointFunction.backward, tracer)),
             (loader_iter, "__init__", _loader_iter_init(loader_iter.__init__)),
-            (torch.utils.checkpoint, "checkpoint", _checkpoint_with_policies(torch.utils.checkpoint.checkpoint, tracer)),
-            (torch.autograd, "_engine_run_backward", _backward_on_gpu(torch.autograd._engine_run_backward, tracer)),
-            (torch.autograd.graph, "_engine_run_backward",
-             _backward_on_gpu(torch.autograd.graph._engine_run_backward, tracer)),
+            # the loader's pin-memory thread (no torch-function mode there): host memory, not the GPU's
+            (pin_mod, "pin_memory", lambda data, device=None: data),
+            (torch.autograd, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
+            (torch.autograd.graph, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
             (ddp_mod, "DistributedDataParallel", ddp_cls), (parallel, "DistributedDataParallel", ddp_cls),
             (sys, "argv", sys_argv),
             (sys, "path", [str(Path(script).resolve().parent) if module is None else os.getcwd(), *sys.path]),
@@ -475,8 +712,10 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         h1, h2 = register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)
         kept: Any = None
         try:
-            with _patched(patches), (_fake_process_group(job.world_size) if job.world_size > 1
-                                     else contextlib.nullcontext()), CudaDevices(tracer):
+            # the script's own prints go to standard error: standard output is preflight's answer
+            with _patched(patches), (_fake_process_group(job.world_size, job.rank) if job.world_size > 1
+                                     else contextlib.nullcontext()), CudaDevices(tracer), \
+                    gpu_device_property(tracer), contextlib.redirect_stdout(sys.stderr):
                 try:
                     if module is None:
                         kept = runpy.run_path(script, run_name="__main__")
@@ -500,4 +739,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
                                  "measure a training step by")
         return kept
 
-    return run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
+    _NOTES.clear()
+    rec = run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
+    rec.notes = sorted(_NOTES)
+    return rec

@@ -15,6 +15,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from ..capture.files import FILE, sidecar_for, write_target
 from ..capture.metadata import SIDECAR_FORMAT, place_markers
 from .tracer import TraceRecord
 
@@ -72,6 +73,17 @@ def snapshot_dict(record: TraceRecord) -> dict[str, Any]:
             "external_annotations": []}
 
 
+def tensor_facts(record: TraceRecord) -> list[dict[str, Any]]:
+    """The sidecar's ``tensors`` records (:mod:`oomdoctor.capture.facts`): the tracer's notes of parameters, gradients
+    and optimizer state, each with ``workspaces``: the kernel buffers the tracer made through the allocator before
+    the note and keeps for good (cuBLAS's workspace of each thread, ``TraceRecord.extra_allocations``), as
+    ``[[addr, bytes], ...]``. The accounting places them from these facts: the autograd engine's workspace has a
+    weight's size when a weight is 32 MiB, and its lifetime alone reads as a gradient's (issue 52)."""
+    born = {e["addr"]: e["time_us"] for e in record.events if e["action"] == "alloc"}
+    kept = [(born[k["addr"]], k["addr"], k["bytes"]) for k in record.extra_allocations if k["addr"] in born]
+    return [{**rec, "workspaces": sorted([a, n] for t, a, n in kept if t <= rec["time_us"])} for rec in record.tensors]
+
+
 def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int | None, torch_version: str,
             micro_batch: int | None, job: dict[str, Any]) -> dict[str, Any]:
     """The sidecar of a traced snapshot (:mod:`oomdoctor.capture.metadata` keys, plus ``preflight``)."""
@@ -82,7 +94,7 @@ def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int |
         "nccl_version": None, "device": 0, "gpu_name": gpu_name, "gpu_total_memory_bytes": gpu_total_bytes,
         "memory_fraction": None, "memory_cap_bytes": None, "env": {},
         "recording": {"max_entries": None, "stacks": "python", "context": "alloc", "steps": None},
-        "tensors": record.tensors,
+        "tensors": tensor_facts(record),
         "step_markers": place_markers(record.step_markers, times),
         "phase_markers": place_markers(record.phase_markers, times),
         "micro_batch": micro_batch, "oom": None,
@@ -100,14 +112,25 @@ def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int |
                                "engine's entry",
             "streams": [0],
             "trace_wall_s": round(record.wall_s, 3),
+            "invented_values": record.invented_values,
+            "notes": record.notes,
         },
     }
 
 
-def write(path: str | Path, snap: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path]:
-    """Write ``path`` (the pickle) and ``<stem>.meta.json`` beside it. Returns both paths."""
-    p = Path(path)
-    p.write_bytes(pickle.dumps(snap, protocol=4))
-    side = p.with_name(p.stem + ".meta.json")
-    side.write_text(json.dumps(meta, indent=1, default=str))
-    return p, side
+def write(path: str | Path, snap: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path | None]:
+    """Write ``path`` (the pickle) and its sidecar beside it (``capture.files.sidecar_for``: ``x.pickle`` ->
+    ``x.meta.json``) through the project's one output writer (:func:`oomdoctor.capture.files.write_target`:
+    a temporary file renamed over the target, atomic; a link followed; a FIFO or device written as a
+    stream, and then no sidecar, which has nowhere beside it to go). Returns both paths (the sidecar's None
+    when not written).
+
+    Raises:
+        OutputError: ``path`` is a directory, its directory is missing, or it may not be written.
+        OSError: the write failed (disk full); a previous file is left untouched."""
+    p = str(path)
+    if write_target(p, pickle.dumps(snap, protocol=4)) != FILE:
+        return Path(p), None
+    side = sidecar_for(p)
+    write_target(side, json.dumps(meta, indent=1, default=str).encode("utf-8"))
+    return Path(p), Path(side)

@@ -31,7 +31,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ._private import PreflightError
 from .tracer import AllocationTracer, CudaAutocastPolicy, TraceRecord, run_traced
+
+__all__ = ["PreflightError", "HfJob", "trace_hf", "trace_module"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
@@ -42,10 +45,6 @@ LOOPS = {
     "accelerate": "accelerate's README loop: accumulate(model), model(input_ids, labels).loss, "
                   "accelerator.backward (loss / grad_accum), optimizer.step, zero_grad",
 }
-
-
-class PreflightError(ValueError):
-    """A job preflight cannot trace (bad config file, unsupported option): one line, naming the input."""
 
 
 def _facts(tracer: AllocationTracer, step: int, model: torch.nn.Module, opt: Any) -> None:

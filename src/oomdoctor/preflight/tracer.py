@@ -35,10 +35,20 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import DynamicOutputShapeException as _DynamicOutputShape
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily as _unset_fake
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from ._private import require
+from .values import StandIns
+
+
+def _is_fake(t: Any) -> bool:
+    return isinstance(t, _FakeTensor)
 
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
@@ -65,9 +75,6 @@ def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
             out.append({"filename": fn, "line": f.f_lineno or 0, "name": code.co_name})
         f = f.f_back
     return [] if skip_to_engine else out[:_MAX_FRAMES]
-
-
-_expired = torch._C.StorageBase._expired  # the builtin under StorageWeakRef.expired, called per live storage per op
 
 
 @dataclass
@@ -101,6 +108,11 @@ class TraceRecord:
     #: the collectives the step issues (the fake process group's, FSDP2's): ``(time_us, op name, bytes)``, bytes
     #: the largest tensor it moves (an all-gather's output, a reduce-scatter's input)
     collectives: list[tuple[int, str, int]] = field(default_factory=list)
+    #: stand-in values given for reads of the GPU's values (:mod:`.values`): file, line, kind, read, count
+    invented_values: list[dict[str, Any]] = field(default_factory=list)
+    #: ids of what the script used that is traced in a stated way (``cuda_streams``, ``cuda_graph``,
+    #: ``torch_compile``: :mod:`.script`)
+    notes: list[str] = field(default_factory=list)
 
 
 class AllocationTracer(TorchDispatchMode):
@@ -117,6 +129,8 @@ class AllocationTracer(TorchDispatchMode):
         self.gpu_only = gpu_only
         self._gpu_depth = 0
         self._host_depth = 0
+        #: ops being dispatched under this mode (torch's own code runs there: a fake tensor's device is its own)
+        self.dispatch_depth = 0
         self.record = TraceRecord()
         self._live: dict[int, _Live] = {}
         self._weak: dict[int, int] = {}  # storage key -> weak reference handle, for collect()
@@ -124,6 +138,12 @@ class AllocationTracer(TorchDispatchMode):
         self._t = start_us if start_us is not None else time.time_ns() // 1000
         self._cublas = cublas_workspace_bytes
         self._cublas_threads: set[Any] = set()
+        #: private builtins, each behind a check (:mod:`._private`): the one under StorageWeakRef.expired, called
+        #: per live storage per op, and the autograd engine's current node (inside backward or not)
+        self._expired = require("torch._C.StorageBase._expired")
+        self._autograd_node = require("torch._C._current_autograd_node")
+        #: the values read from the GPU, by the policy of :mod:`.values`, and where
+        self.values = StandIns()
 
     # -- clock and events
     def _tick(self) -> int:
@@ -149,9 +169,10 @@ class AllocationTracer(TorchDispatchMode):
 
     def collect(self) -> None:
         """Record the frees of every storage that died since the last call."""
-        if not any(map(_expired, self._weak.values())):  # a C loop: most ops free nothing
+        expired = self._expired
+        if not any(map(expired, self._weak.values())):  # a C loop: most ops free nothing
             return
-        dead = [k for k, w in self._weak.items() if _expired(w)]
+        dead = [k for k, w in self._weak.items() if expired(w)]
         for k in dead:
             v = self._live.pop(k)
             del self._weak[k]
@@ -217,7 +238,7 @@ class AllocationTracer(TorchDispatchMode):
             return True
         if isinstance(t, torch.device):  # a factory's device=: a fake CUDA tensor (made where no
             return t.type == "cuda"      # TorchFunctionMode runs: hooks in the autograd engine)
-        return isinstance(t, torch.Tensor) and (t.device.type == "cuda" or self.addr_of(t) is not None)
+        return _is_fake(t)  # the host is real: every fake tensor is the GPU's
 
     # -- markers and facts
     def mark_step(self, step: int) -> None:
@@ -239,11 +260,29 @@ class AllocationTracer(TorchDispatchMode):
 
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.dispatch_depth += 1  # inside, a fake tensor's device is the fake CPU one (gpu_device_property)
+        try:
+            return self._dispatch(func, args, kwargs or {})
+        finally:
+            self.dispatch_depth -= 1
+
+    def _dispatch(self, func, args, kwargs):
+        if self.gpu_only and isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "cuda":
+            kwargs = {**kwargs, "device": _CPU}  # a factory given a GPU tensor's device: the fake CPU one
+            with self.on_gpu(True):
+                return self._dispatch(func, args, kwargs)
+        if func in _VALUE_READS and _is_fake(args[0]):  # a value read from the GPU: a stand-in (values.py)
+            if func is _aten.equal.default:
+                self.values.note("false", "equal")
+                return False
+            return self.values.scalar(args[0])
         self.collect()
-        backward = torch._C._current_autograd_node() is not None
+        backward = self._autograd_node() is not None
+        leaves = tree_leaves((args, kwargs))
         if self.gpu_only and not self._gpu_depth:
-            if self._host_depth or not any(self.is_gpu(t) for t in tree_leaves((args, kwargs))):
-                return func(*args, **(kwargs or {}))  # the host's: not the caching allocator's
+            if self._host_depth or not any(self.is_gpu(t) for t in leaves):
+                with _unset_fake():  # the host's: run for real, not the caching allocator's
+                    return func(*args, **kwargs)
         if self._cublas and backward not in self._cublas_threads and func in _MATMULS:
             self._cublas_threads.add(backward)
             addr = self.temporary(self._cublas, backward, keep=True)
@@ -255,8 +294,16 @@ class AllocationTracer(TorchDispatchMode):
             self.record.extra_allocations.append({"what": "cublaslt_workspace", "addr": addr,
                                                   "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
         extra = _kernel_buffers(func, args)
+        if self.gpu_only and not self._gpu_depth:  # host tensors a device op reads are copied in (index tensors)
+            extra += [t.untyped_storage().nbytes() for t in leaves
+                      if isinstance(t, torch.Tensor) and t.dim() > 0 and not _is_fake(t)]
         addrs = [self.temporary(n, backward, keep=True) for n in extra]
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **kwargs)
+        except _DynamicOutputShape:
+            out = self.values.upper_bound(func, args, kwargs)  # a data-dependent shape: its largest size
+            if out is None:
+                raise
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 # a DTensor's shard is made by its own dispatch, below this mode: seen here
@@ -264,6 +311,8 @@ class AllocationTracer(TorchDispatchMode):
         for a, n in zip(addrs, extra):
             self._free(a, n)
         self._cost(func, args, kwargs, out)
+        if self.gpu_only:
+            self.values.propagate(func, args, kwargs, out)
         return out
 
     def _cost(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
@@ -317,6 +366,9 @@ def _flop_registry() -> dict[Any, Any]:
     return _FLOPS
 
 
+_CPU = torch.device("cpu")
+#: ops that read a value from a tensor (``.item()``, ``bool()``, ``float()``, ``tolist()``, ``torch.equal``)
+_VALUE_READS = {_aten._local_scalar_dense.default, _aten.equal.default}
 _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
 #: GEMMs with a bias epilogue, which go through cuBLASLt and its own workspace
 _LT_MATMULS = {_aten.addmm.default}
@@ -422,8 +474,13 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     """Scaled dot-product attention through the kernel CUDA picks (``sdp_utils.cpp``
     ``select_sdp_backend``: flash, then memory-efficient, then math): NotImplemented for math."""
     if torch.is_autocast_enabled("cpu"):
+        # CUDA autocast's lower-precision list casts every floating argument of scaled_dot_product_attention,
+        # the attention mask too (autocast_mode.cpp, KERNEL_CUDA(scaled_dot_product_attention, lower_precision_fp)):
+        # T5's fp32 position bias becomes a low-precision copy, kept for backward
         low = torch.get_autocast_dtype("cpu")
         query, key, value = (_cast(x, low) for x in (query, key, value))
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = _cast(attn_mask, low)
     if query.dim() != 4 or enable_gqa or query.shape[-1] > 256 or key.shape[1] != query.shape[1]:
         return NotImplemented
     with torch.autocast("cpu", enabled=False):
@@ -447,6 +504,12 @@ def cuda_optimizer_defaults() -> Iterator[None]:
     import torch.utils._foreach_utils as fu
     from torch._subclasses.fake_tensor import FakeTensor
 
+    for name in ("torch.optim.optimizer._get_foreach_kernels_supported_devices",
+                 "torch.optim.optimizer._get_fused_kernels_supported_devices",
+                 "torch.optim.optimizer._foreach_supported_types",
+                 "torch.utils._foreach_utils._get_foreach_kernels_supported_devices",
+                 "torch.utils._foreach_utils._get_fused_kernels_supported_devices"):
+        require(name)
     saved = (opt._get_foreach_kernels_supported_devices, opt._get_fused_kernels_supported_devices,
              fu._get_foreach_kernels_supported_devices, fu._get_fused_kernels_supported_devices)
     types = list(opt._foreach_supported_types)
@@ -493,5 +556,29 @@ def run_traced(fn: Callable[[AllocationTracer], Any], **tracer_kw: Any) -> Trace
     tracer.collect()
     del kept
     tracer.record.wall_s = time.perf_counter() - t0
+    tracer.record.invented_values = tracer.values.as_list()
     return tracer.record
 
+
+
+@contextlib.contextmanager
+def gpu_device_property(tracer: AllocationTracer) -> Iterator[None]:
+    """While active, a fake tensor answers ``.device`` as ``cuda:0`` to the traced program's Python code (the
+    host is real, only the GPU's tensors are fake: ``torch.zeros(n, device=x.device)`` then makes a GPU tensor,
+    and ``x.device.type == "cuda"`` holds), and its own fake CPU device inside the ops ``tracer`` dispatches
+    (``FakeTensorMode`` computes its outputs' device from it: a fake CUDA tensor would abort on a CPU build).
+    ``FakeTensor.device`` is a Python property (``torch/_subclasses/fake_tensor.py``), replaced for the while."""
+    cuda0 = torch.device("cuda", 0)
+    meta = torch.device("meta")
+    orig = _FakeTensor.__dict__["device"]
+
+    def device(self: Any) -> torch.device:
+        if self.fake_mode.in_kernel_invocation:
+            return meta
+        return cuda0 if tracer.dispatch_depth == 0 else self.fake_device
+
+    _FakeTensor.device = property(device, orig.fset)
+    try:
+        yield
+    finally:
+        _FakeTensor.device = orig

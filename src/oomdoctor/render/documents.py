@@ -15,7 +15,7 @@ from typing_extensions import (  # pydantic (the schema) reads typing_extensions
 
 from ..report.diff import FindingChange, RankDiff
 from ..report.groups import RankGroups
-from ..report.model import RankSummary
+from ..report.model import RankSummary, Unread
 from ..simulate.capacity import Capacity
 from ..simulate.replay import SimulatedOom, Validation
 from .words import simulate as sim_words
@@ -57,6 +57,10 @@ class DiagnoseDoc(TypedDict):
     """the job's verdict: its worst rank's (ranks that ran out of memory first)"""
     inputs: list[str]
     """the snapshot files read"""
+    unread: list[Unread]
+    """the files that claim a rank (by their sidecar or their name) and could not be read: cut off, corrupt, or
+    refused because unpickling them would run code; the report covers the other ranks only, and every --fail-on
+    level fails (empty: every rank found was read)"""
     ranks: list[RankSummary]
     """every rank, by rank"""
     findings: list[Any]
@@ -146,14 +150,19 @@ class ReplayDoc:
     """segment allocations and frees in the replay"""
     warnings: list[str]
     """warnings"""
+    reach: str
+    """how far the replay reaches: 'complete' (no OOM recorded, every event replayed) or 'recorded' (the recording
+    ends at its OOM: without an OOM here the setting gets past that request; what would have run after it was never
+    recorded)"""
 
     @classmethod
-    def of(cls, r: ReplayResult) -> ReplayDoc:
+    def of(cls, r: ReplayResult, reach: str) -> ReplayDoc:
         return cls(config=r.config.to_string(), deferred_frees=r.deferred_frees,
                    peak_reserved_bytes=r.peak_reserved_bytes, peak_allocated_bytes=r.peak_allocated_bytes,
                    end_reserved_bytes=r.end_reserved_bytes, oom=r.oom, matches_recorded=r.matches_recorded,
                    validation=r.validation, initial_state=r.initial_state, events_replayed=r.events_replayed,
-                   num_alloc_retries=r.num_alloc_retries, segment_events=r.segment_events, warnings=r.warnings)
+                   num_alloc_retries=r.num_alloc_retries, segment_events=r.segment_events, warnings=r.warnings,
+                   reach=reach)
 
 
 @dataclass
@@ -210,7 +219,7 @@ class SimulationDoc:
             recorded=RecordedDoc(sim.recorded_config.to_string(), sim.recorded_peak_reserved_bytes,
                                  sim.recorded_peak_allocated_bytes, sim.recorded_oom_event),
             capacity=sim.capacity, has_deferred_frees=sim.has_deferred_frees,
-            results=[ReplayDoc.of(r) for r in sim.results],
+            results=[ReplayDoc.of(r, sim.reach) for r in sim.results],
             recommendation=None if rec is None else RecommendationDoc(
                 rec.result.config.to_string(), rec.result.deferred_frees, rec.result.peak_reserved_bytes,
                 sim_words.REASONS[rec.reason], [sim_words.INCOMPATIBILITIES[i] for i in rec.incompatibilities]),

@@ -8,7 +8,7 @@ import string
 import textwrap
 from typing import Any, Mapping
 
-from ..units import GiB, KiB, MiB
+from ..units import GiB, KiB, MiB, format_duration_us
 from ..units import span as span  # defined below the report layer, which writes it in notes too
 
 
@@ -23,6 +23,27 @@ def format_bytes(n: int | float) -> str:
     return f"{sign}{int(n)} B"
 
 
+def plural(noun: str) -> str:
+    """``trial`` -> ``trials``, ``micro-batch`` -> ``micro-batches``, ``pass`` -> ``passes``."""
+    return noun + ("es" if noun.endswith(("ch", "sh", "s", "x", "z")) else "s")
+
+
+def count(n: int, noun: str) -> str:
+    """``1 trial``, ``2 trials``, ``0 micro-batches``: a count with its noun, never ``trial(s)`` or ``1 trials``."""
+    return f"{n} {noun if n == 1 else plural(noun)}"
+
+
+_SINCE = re.compile(r"^>= (\d+\.\d+) \(snapshot has '[^']*'\)$")
+
+
+def torch_version_words(text: str) -> str:
+    """A PyTorch version as :func:`oomdoctor.detectors.context.torch_version` writes it, for people: ``2.11.0+cu130``
+    as it is; a lower bound read off the snapshot's fields (``>= 2.10 (snapshot has 'user_metadata')``) as
+    ``2.10 or later (read off the snapshot)``."""
+    m = _SINCE.match(text)
+    return f"{m.group(1)} or later (read off the snapshot)" if m else text
+
+
 def format_signed_bytes(n: int) -> str:
     """A change in bytes: ``"+64.00 MiB"``, ``"-1.66 GiB"``, ``"0 B"``."""
     return ("+" if n > 0 else "") + format_bytes(n) if n else "0 B"
@@ -30,16 +51,20 @@ def format_signed_bytes(n: int) -> str:
 
 def format_us(us: int | float) -> str:
     """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"``."""
-    us = float(us)
-    if us < 1000:
-        return f"{us:.0f} µs"
-    if us < 1_000_000:
-        return f"{us / 1000:.1f} ms"
-    return f"{us / 1_000_000:.1f} s"
+    return format_duration_us(us)
+
+
+def format_list(items: Any) -> str:
+    """``[0, 3, 6, 9]`` -> ``"0, 3, 6 and 9"``; one item alone; ``""`` for none; more than eight as the first three
+    and the last two (``"0, 3, 6, …, 27 and 30"``)."""
+    words = [str(x) for x in items]
+    if len(words) > 8:
+        words = words[:3] + ["…"] + words[-2:]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1] if words else ""
 
 
 class _EvidenceFormatter(string.Formatter):
-    """``{key:bytes}`` and ``{key:us}`` formats; a key the evidence lacks is kept visible as ``{key}`` (or raises
+    """``{key:bytes}``, ``{key:us}`` and ``{key:list}`` formats; a key the evidence lacks is kept visible as ``{key}`` (or raises
     :class:`KeyError` when ``strict``)."""
 
     def __init__(self, strict: bool) -> None:
@@ -61,6 +86,8 @@ class _EvidenceFormatter(string.Formatter):
             return format_bytes(value)
         if format_spec == "us":
             return format_us(value)
+        if format_spec == "list":
+            return format_list(value)
         return super().format_field(value, format_spec)
 
 
@@ -74,7 +101,7 @@ STRICT_ENV = "OOMDOCTOR_STRICT_TEMPLATES"
 
 
 def fill(template: str, evidence: Mapping[str, Any]) -> str:
-    """Fill ``{key}``, ``{key:bytes}``, ``{key:us}``, ``{key[sub]}`` from ``evidence``. A key the evidence lacks
+    """Fill ``{key}``, ``{key:bytes}``, ``{key:us}``, ``{key:list}``, ``{key[sub]}`` from ``evidence``. A key the evidence lacks
     stays visible as ``{key}`` and the rest is filled; with ``OOMDOCTOR_STRICT_TEMPLATES=1`` it raises.
 
     Raises:
@@ -111,3 +138,23 @@ def fit_site(label: str, width: int) -> str:
     if not rest:
         return where
     return f"{where} {rest}" if len(where) + 1 + len(rest) <= width else f"{where}\n{rest}"
+
+
+_UNIT_GAP = re.compile(r"(\d) (?=(?:[KMGT]iB|B|GB|MB|µs|ms|s)\b)")
+
+
+def wrap_lines(text: str, width: int = 80) -> str:
+    """Each line of ``text`` wrapped at ``width`` columns: a wrapped line keeps the line's indent plus two (a list
+    item's continuation), a number stays on the line of its unit, and no word is cut (a path longer than the width
+    stays whole on its own line)."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        glued = _UNIT_GAP.sub("\\1\u00a0", line)  # a no-break space: textwrap breaks at ASCII whitespace only
+        out += [x.replace("\u00a0", " ") for x in textwrap.wrap(
+            glued.lstrip(" "), width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 2), break_long_words=False,
+            break_on_hyphens=False)]
+    return "\n".join(out)

@@ -26,6 +26,7 @@ from ..views.visual import RankView, Visual
 from .format import format_bytes, format_signed_bytes, format_us, span
 from .json import diff_dict, report_dict, simulation_dict
 from .words import fits as fits_words
+from .words import gate as gate_words
 from .words.findings import resolve_title
 
 
@@ -116,7 +117,8 @@ def render_html(report: Report, visual: Visual) -> str:
         ranks=ranks, groups=plain.get("groups") if heat else None, heat=heat,
         data={"views": views, "categories": categories, "heat": heat},
         category_color={c["name"]: c["color"] for c in categories}, points=visual.timeline_points,
-        version=__version__)
+        ranks_read=gate_words.headline_ranks(report),
+        unread=gate_words.unread_line(report.unread) if report.unread else None, version=__version__)
 
 
 def render_diff_html(diff: Diff, visual: DiffVisual) -> str:
@@ -130,8 +132,11 @@ def render_diff_html(diff: Diff, visual: DiffVisual) -> str:
 
 def render_simulation_html(sim: Simulation) -> str:
     """``oomdoctor simulate``'s result as one HTML page (the JSON contract's numbers in a table)."""
+    from .words import simulate as sim_words
+
     return _environment().get_template("simulation.html.j2").render(
-        title="oomdoctor simulate", sim=simulation_dict(sim), data={"views": {}}, version=__version__)
+        title="oomdoctor simulate", sim=simulation_dict(sim), data={"views": {}}, version=__version__,
+        no_oom=sim_words.NO_OOM[sim.reach], reach=sim_words.REACH[sim.reach].format(event=sim.recorded_oom_event))
 
 
 def embed(page: str, height_px: int = 720) -> str:

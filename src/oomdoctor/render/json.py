@@ -47,7 +47,7 @@ def verdict_dict(v) -> dict[str, Any] | None:
     to_do = [{"id": a.id, "framework": a.framework, "fix": a.fix.id if a.fix is not None else None} for a in v.to_do]
     return {"kind": d["kind"], "summary": words.summary(v), "bytes": d["bytes"], "ranks": d["ranks"],
             "headroom_bytes": d["headroom_bytes"], "finding": d["finding"], "evidence": ev,
-            "actions": words.actions(v), "reasons": d["reasons"], "to_do": to_do}
+            "actions": words.actions(v), "assumptions": words.assumptions(v), "reasons": d["reasons"], "to_do": to_do}
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -71,8 +71,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         findings.append(d)
     out = {"schema_version": SCHEMA_VERSION, "oomdoctor_version": report.oomdoctor_version,
            "verdict": verdict_dict(report.verdict),
-           "inputs": report.inputs, "ranks": ranks, "findings": findings, "notes": report.notes,
-           "materiality": report.materiality}
+           "inputs": report.inputs, "unread": [asdict(u) for u in report.unread], "ranks": ranks,
+           "findings": findings, "notes": report.notes, "materiality": report.materiality}
     if report.groups is not None:
         out["groups"] = asdict(report.groups)
     if report.extra:  # the in-job summary: {"in_job_summary", "world_size", "missing_ranks"}
@@ -80,7 +80,7 @@ def report_dict(report: Report) -> dict[str, Any]:
     return out
 
 
-_FIX_KEYS = ("versions", "source", "kind", "setting", "applies", "what_if", "prediction")
+_FIX_KEYS = ("versions", "source", "kind", "setting", "applies", "what_if", "prediction", "measured")
 """A fix's keys in the JSON contract after its ``text``."""
 
 
@@ -145,12 +145,13 @@ def diff_dict(diff: Diff) -> dict[str, Any]:
                     "after_peak_reserved_bytes", "peak_reserved_saved_bytes", "before_peak_allocated_bytes",
                     "after_peak_allocated_bytes", "peak_allocated_saved_bytes", "before_oom", "after_oom",
                     "before_anatomy", "after_anatomy",
-                    "sites": [{"label", "before_bytes", "after_bytes", "delta_bytes", ...}]}],
+                    "sites": [{"label", "before_bytes", "after_bytes", "saved_bytes", "delta_bytes", ...}]}],
          "findings": [{"id", "status": "resolved"|"new"|"changed"|"unchanged", "title", "before_bytes",
-                       "after_bytes", "before_ranks", "after_ranks", "peak_reserved_saved_bytes"}],
+                       "after_bytes", "before_ranks", "after_ranks", "peak_reserved_saved_bytes", "same_bytes_as"}],
          "notes": [...]}
 
-    Saved bytes are before minus after (negative: the after run needs more).
+    Saved bytes are before minus after (negative: the after run needs more); ``delta_bytes``, after minus before,
+    stays for readers of schema 1.3.
     """
     ranks = []
     for r in diff.ranks:
@@ -160,6 +161,7 @@ def diff_dict(diff: Diff) -> dict[str, Any]:
         d["before_anatomy"] = anatomy_dict(r.before_anatomy)
         d["after_anatomy"] = anatomy_dict(r.after_anatomy)
         for s, sd in zip(r.sites, d["sites"]):
+            sd["saved_bytes"] = s.saved_bytes
             sd["delta_bytes"] = s.delta_bytes
         ranks.append(d)
     return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, "before": diff.before_inputs,

@@ -19,6 +19,7 @@ from ..plan.specs import ModelSpec, ParallelPlan, TrainingSpec
 from ..plan.validate import Validation
 from ..units import GiB
 from .console import hang, plain_console
+from .format import count
 
 
 def _gb(n: int) -> str:
@@ -70,8 +71,18 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
 
 
 def render_estimate_text(e: Estimate, console: Console) -> None:
-    console.print(Text(f"{e.model.name}: {e.plan.label()}, {e.plan.schedule}, {e.microbatches} micro-batches of "
-                       f"{e.train.micro_batch} x {e.train.seq_len} tokens; GiB = 2^30 bytes", style="bold"))
+    """The answer first (fits or not: the worst stage's device bytes against the GPU's), then the plan, the stages
+    term by term, and each stage's peak in ``diagnose``'s categories."""
+    plan = (f"{e.plan.label()}, {e.plan.schedule}, {count(e.microbatches, 'micro-batch')} of {e.train.micro_batch} x "
+            f"{e.train.seq_len} tokens; GiB = 2^30 bytes")
+    if e.hardware is not None:
+        p = e.peak
+        verdict = "fits" if e.fits else "does NOT fit"
+        console.print(Text(f"{e.model.name}: {verdict}: worst stage {p.stage} needs {_gb(p.device_bytes)} GiB of "
+                           f"{_gb(e.hardware.gpu_memory_bytes)} GiB", style="bold green" if e.fits else "bold red"))
+        console.print(Text(plan, style="bold"))
+    else:
+        console.print(Text(f"{e.model.name}: {plan}", style="bold"))
     console.print(Text("per stage, GiB at its peak (params: parameters on the stage; in flight: micro-batches "
                        "whose activations are held at once)", style="dim"))
     # no box: its column separators would take the columns past 80; the header row is bold instead
@@ -86,11 +97,6 @@ def render_estimate_text(e: Estimate, console: Console) -> None:
                   _gb(b["activations"]), _gb(b["logits_and_loss"]), _gb(b["other"]), _gb(s.allocated_bytes),
                   _gb(s.reserved_bytes), _gb(s.device_bytes))
     console.print(t)
-    if e.hardware is not None:
-        p = e.peak
-        verdict = ("fits" if e.fits else "does NOT fit")
-        console.print(Text(f"worst stage {p.stage}: {_gb(p.device_bytes)} GiB of {_gb(e.hardware.gpu_memory_bytes)} GiB "
-                           f"-> {verdict}", style="green" if e.fits else "bold red"))
     for s in e.stages:
         cats = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k, v in s.categories.items() if v)
         at = f" ({s.loss_moment})" if s.loss_moment else ""
@@ -207,6 +213,7 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
     for i, c in enumerate(shown, 1):
         if c.why:
             console.print(hang("; ".join(c.why), 2, f"{i:>2}. "))
+    console.print()  # the legend is not one more item of the list above
     console.print(Text("peak = device memory of the worst stage (reserved + context + NCCL), under the setting "
                        f"that makes the plan fit; expandable: fits with {alloc_conf_env()}=expandable_segments:True "
                        "(its peak is shown with it); GiB = 2^30 bytes", style="dim"))

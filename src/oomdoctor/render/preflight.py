@@ -6,17 +6,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .format import format_bytes
+from .format import format_bytes, wrap_lines
 
 #: what each ``not_traced`` id means
 NOT_TRACED_TEXT = {
     "kernel_workspaces_chosen_at_run_time": "workspaces of kernels chosen at run time (cuDNN convolution "
                                             "algorithms, some GEMM splits) are not traced; cuBLAS's and flash "
                                             "attention's are",
-    "torch_compile": "torch.compile is not traced: its kernels fuse and reuse buffers differently",
+    "torch_compile": "torch.compile is traced eager (the module as written): compiled kernels fuse and reuse "
+                     "buffers, so the compiled peak differs",
+    "cuda_streams": "side CUDA streams and events are traced on stream 0 (record_stream's deferred frees are not)",
+    "cuda_graph": "CUDA graph captures ran once, eagerly; replays and the graph's private pool are not traced",
     "cpu_resident_optimizer_steps": "the step counters foreach Adam keeps on the host are counted on the GPU "
                                     "(4 bytes each, at most 512 bytes each once rounded)",
-    "collectives": "collectives are not traced: one rank, no NCCL buffers",
+    "collectives": "collectives are not traced (one rank; NCCL's communicator is counted outside the allocator "
+                   "when there are several)",
 }
 
 
@@ -32,20 +36,42 @@ def render_preflight_json(a: Any) -> str:
     return json.dumps(preflight_dict(a), indent=2, default=str) + "\n"
 
 
-def render_preflight_text(a: Any) -> str:
+#: what ``outside_allocator_source`` ids mean (the constants: ``oomdoctor.preflight.snapshot``, docs/plan.md)
+OUTSIDE_SOURCE_TEXT = {
+    "cuda-context": "the CUDA context and a training step's kernels (measured on an H200: 703 MiB)",
+    "cuda-context+nccl": "the CUDA context and a training step's kernels (measured on an H200: 703 MiB) and "
+                         "NCCL's world communicator (842 MiB)",
+}
+#: what each kind of invented value is (``oomdoctor.preflight.values``: the policy)
+INVENTED_TEXT = {
+    "false": "False (a check: isnan/isinf False, found_inf 0)",
+    "finite": "a finite number, smaller at each read (early stopping never triggers)",
+    "upper_bound": "its upper bound (traced on the largest path)",
+    "assumed": "a value carried from an assumed check",
+}
+
+
+def render_preflight_text(a: Any, width: int = 80) -> str:
+    """The answer as text wrapped at ``width`` columns (a wrapped line keeps its indent; a number stays with its
+    unit): the job, where it was traced, the GPU, fits or not, the largest micro-batch, the breakdown, the allocator
+    settings replayed, the values invented for reads from the fake GPU, what is not traced."""
     job = a.job
     gpu = a.gpu_name or "the GPU"
     what = job.get("hf_config") or (" ".join(job["script"]) if job.get("script") else job.get("model_fn", "the job"))
-    lines = [f"oomdoctor preflight: {what}"
-             + (f", micro-batch {a.micro_batch}" if a.micro_batch is not None else "")
-             + (f" x {job['seq_len']} tokens" if job.get("seq_len") else "")
-             + (f", {job['dtype']}" if job.get("dtype") else "") + (f", {job['optimizer']}" if job.get("optimizer") else "")
-             + (", gradient checkpointing" if job.get("gradient_checkpointing") else ""),
-             f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events} events)"
-             + (f"; rank 0 of {job['world_size']}, collectives {job['collectives']}" if job.get("collectives") else "")
+    details = ", ".join(x for x in (
+        (f"micro-batch {a.micro_batch}" if a.micro_batch is not None else "")
+        + (f" x {job['seq_len']} tokens" if job.get("seq_len") else ""),
+        job.get("dtype") or "", job.get("optimizer") or "",
+        "gradient checkpointing" if job.get("gradient_checkpointing") else "") if x)
+    outside = OUTSIDE_SOURCE_TEXT.get(a.outside_allocator_source, a.outside_allocator_source)
+    lines = ["oomdoctor preflight" + (f": {details}" if details else ""),
+             f"job: {what}",  # a line of its own: a long path never leaves the first line without its words
+             f"traced on the CPU under fake tensors in {a.trace_wall_s:.1f} s ({a.events:,} events)"
+             + (f"; rank {(job.get('ranks_traced') or [0])[0]} of {job['world_size']}, collectives "
+                f"{job['collectives']}" if job.get("collectives") else "")
              + (f"; {job['max_steps']} optimizer steps, then stopped" if job.get("max_steps") else ""),
-             f"on {gpu} ({format_bytes(a.gpu_total_bytes)}; {format_bytes(a.room_bytes)} for the caching allocator "
-             f"after {format_bytes(a.outside_allocator_bytes)} outside it: {a.outside_allocator_source})", ""]
+             f"on {gpu} ({format_bytes(a.gpu_total_bytes)}): {format_bytes(a.room_bytes)} for the caching "
+             f"allocator, after {format_bytes(a.outside_allocator_bytes)} outside it, {outside}", ""]
     if a.oom:
         lines.append(f"OUT OF MEMORY: a request of {format_bytes(a.oom_request_bytes or 0)} does not fit "
                      f"(peak reserved {format_bytes(a.peak_reserved_bytes)} before it)")
@@ -63,12 +89,21 @@ def render_preflight_text(a: Any) -> str:
     for cat, n in sorted(a.breakdown.items(), key=lambda kv: -kv[1]):
         if n:
             src = a.breakdown_sources.get(cat)
-            lines.append(f"  {format_bytes(n):>12}  {cat}" + (" (recorded by the tracer)" if src == "recorded" else ""))
+            lines.append(f"  {format_bytes(n):>12}  {cat.replace('_', ' ')}"
+                         + (" (recorded by the tracer)" if src == "recorded" else ""))
     lines += ["", "allocator settings (PYTORCH_CUDA_ALLOC_CONF), replayed:"]
-    for s in a.settings:
-        lines.append(f"  {s['config']:<52} peak reserved {format_bytes(s['peak_reserved_bytes']):>11}"
-                     + ("  OOM" if s["oom"] else ""))
+    col = min(max((len(s["config"]) for s in a.settings), default=0), max(width - 2 - 31, 12))
+    for s in a.settings:  # a setting longer than its column gets a line of its own, its numbers under it
+        numbers = f"peak reserved {format_bytes(s['peak_reserved_bytes']):>11}" + ("  OOM" if s["oom"] else "")
+        config = s["config"] if len(s["config"]) <= col else s["config"] + "\n" + " " * (col + 2)
+        lines.append(f"  {config:<{col}} {numbers}")
+    if a.invented_values:
+        lines += ["", "values read from the GPU were invented (fake tensors have none); control flow that "
+                      "depends on them may differ from the GPU's:"]
+        for v in a.invented_values:
+            lines.append(f"  {v['file']}:{v['line']}: {v['read']} -> {INVENTED_TEXT.get(v['kind'], v['kind'])}"
+                         + (f" ({v['count']} reads)" if v["count"] > 1 else ""))
     lines += ["", "not traced: " + "; ".join(NOT_TRACED_TEXT.get(k, k) for k in a.not_traced)]
     if a.snapshot:
         lines.append(f"snapshot: {a.snapshot} (oomdoctor diagnose / simulate / report read it)")
-    return "\n".join(lines) + "\n"
+    return wrap_lines("\n".join(lines), width) + "\n"

@@ -130,7 +130,18 @@ def nested_options() -> dict[type, dict[str, Any]]:
     from ..detectors.finding import Finding, Fix
     from ..report.diff import STATUSES, FindingChange, RankDiff, SiteDelta
     from ..report.fits import Fits
-    from ..report.loop import GUIDES, OUTCOMES, WHY, FitOutcome, Trial, Verified, VerifyOutcome
+    from ..report.loop import (
+        EVIDENCE,
+        FIT_ERRORS,
+        GUIDES,
+        MARGIN_SOURCES,
+        OUTCOMES,
+        WHY,
+        FitOutcome,
+        Trial,
+        Verified,
+        VerifyOutcome,
+    )
     from ..report.model import HolderRef, RankSummary
     from ..report.predict import REACHES, Prediction
     from ..report.tune import MEMORY_BASES, TRIAL_OUTCOMES, Candidate, TuneTrial
@@ -146,8 +157,10 @@ def nested_options() -> dict[type, dict[str, Any]]:
         # render/json.py verdict_dict: the summary and actions in words; each action's fix as its id
         Verdict: {"enums": {"kind": VERDICT_KINDS}, "values": {"reasons": s("a reason", tuple(REASONS))},
                   "made": {"summary": s("one sentence, filled in"),
-                           "actions": arr(s(""), "what to do, in order, filled in")},
-                  "after": {"summary": "kind", "actions": "evidence"}},
+                           "actions": arr(s(""), "what to do, in order, filled in"),
+                           "assumptions": arr(s(""), "what its estimate of what fits rests on, in words, one each, "
+                                                     "in order (empty: a replayed answer, or none)")},
+                  "after": {"summary": "kind", "actions": "evidence", "assumptions": "actions"}},
         Action: {"enums": {"id": ACTIONS}, "made": {"fix": null(s(""))}},
         # render/json.py finding_dict: the title, summary and each fix's text in words, for the ids they replace
         Finding: {"enums": {"severity": SEVERITIES}, "values": {"per_rank_bytes": b("")},
@@ -162,22 +175,23 @@ def nested_options() -> dict[type, dict[str, Any]]:
                         "made": {"title": s("one line")}},  # a FindingTitle (data), in words by the renderer
         Prediction: {"enums": {"reach": REACHES, "deferred_frees": DEFERRED_FREES,
                                "capacity_kind": CAPACITY_KINDS}},
-        FitOutcome: {"enums": {"guide": GUIDES, "error": ("failed", "max-trials")}, "derived": ("trial_count",)},
+        FitOutcome: {"enums": {"guide": GUIDES, "error": FIT_ERRORS}, "derived": ("trial_count",)},
         VerifyOutcome: {"enums": {"source": ("given", "diagnosis")}, "derived": ("refuted",)},
-        Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": ("prediction", "job-spread")}},
-        Trial: {"enums": {"outcome": OUTCOMES}},
         TuneTrial: {"enums": {"outcome": TRIAL_OUTCOMES}},
         Candidate: {"enums": {"memory_basis": MEMORY_BASES}},
-        SiteDelta: {"derived": ("delta_bytes",)},
+        Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": MARGIN_SOURCES}},
+        Trial: {"enums": {"outcome": OUTCOMES, "evidence": EVIDENCE}},
+        SiteDelta: {"derived": ("saved_bytes", "delta_bytes")},
         Validation: {"derived": ("segment_events_compared",)},
         Capacity: {"enums": {"kind": CAPACITY_KINDS, "certainty": ("exact", "bounded", "given", "none")}},
-        ReplayDoc: {"enums": {"deferred_frees": DEFERRED_FREES, "initial_state": ("recorded", "reallocated", "empty")}},
+        ReplayDoc: {"enums": {"deferred_frees": DEFERRED_FREES, "initial_state": ("recorded", "reallocated", "empty"),
+                              "reach": ("complete", "recorded")}},
         RecommendationDoc: {"enums": {"deferred_frees": DEFERRED_FREES}},
         Anatomy: {"derived": ("allocated_bytes",)},
         Fits: {"enums": {"peak_source": PEAK_SOURCES, "bound": ("lower",)}, "values": {"margin": b("")}},
         Breakdown: {"enums": {"at": BREAKDOWN_POINTS},
                     "values": {"categories": b(""), "sources": s("", ("recorded", "trace")), "counts": i(""),
-                               "unknown_why": b("")}},
+                               "unknown_why": b(""), "weight_copy_by": b(""), "buffers_by": b("")}},
         HolderRef: {"enums": {"category": CATEGORIES}},
     }
 
@@ -311,7 +325,7 @@ def document(command: str, body: Schema, optional: tuple[str, ...] = ()) -> Sche
 
 VERDICT_KINDS = KINDS
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
-              "kv_cache", "workspaces", "weight_copy", "unknown", "rounding")
+              "kv_cache", "workspaces", "weight_copy", "buffers", "unknown", "rounding")
 CAPACITY_KINDS = ("device", "fraction", "none")
 DEFERRED_FREES = ("recorded", "immediate")
 BREAKDOWN_POINTS = ("oom", "peak_allocated", "peak_reserved", "optimizer_start", "backward_end")

@@ -13,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .console import hang, plain_console
-from .format import fit_site, format_bytes, format_signed_bytes, format_us, span
+from .format import count, fit_site, format_bytes, format_signed_bytes, format_us, span, torch_version_words
+from .words import gate as gate_words
 from .words import simulate as sim_words
 from .words.capacity import said as capacity_said
 
@@ -28,9 +29,7 @@ _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium"
 _APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
 
 
-def _count(n: int, noun: str) -> str:
-    """``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)``."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+_count = count  # ``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)`` (render/format.py)
 
 
 def sparkline(values: list[int], top: int) -> str:
@@ -44,11 +43,12 @@ def sparkline(values: list[int], top: int) -> str:
 
 _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black on yellow",
                   "deferred-free": "bold black on yellow", "growth": "bold white on red", "imbalance": "bold black on yellow",
+                  "kept-exception": "bold white on red",
                   "healthy": "bold black on green", "empty": "bold black on white"}
 _CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
                    "activations": "activations", "temporaries": "temporaries", "communication": "communication",
                    "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
-                   "weight_copy": "weight copies (frozen, EMA)",
+                   "weight_copy": "weight copies (frozen, EMA)", "buffers": "module buffers",
                    "unknown": "unknown", "rounding": "allocator rounding"}
 _PHASE_SOURCE = {"markers": "marked by the framework", "annotations": "from PyTorch's annotations",
                  "autograd engine thread": "from the autograd engine's thread", "frames": "from the call stacks",
@@ -64,6 +64,28 @@ def _by_size(bd) -> list[tuple[str, int]]:
     return sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
 
 
+SMALL_CATEGORY_BYTES = 1 << 20
+"""Categories under this (1 MiB) are said in one term after the others, summed and named (``12.80 KiB in allocator
+rounding and outputs kept``), so that a 4-byte loss scalar kept across steps does not read as a category of the
+breakdown (issue 52); the terms still add up to the allocated bytes."""
+
+
+def _terms(bd, sep: str = " ") -> list[str]:
+    """A breakdown's categories as terms, largest first (``activations 7.49 GiB``), those under
+    :data:`SMALL_CATEGORY_BYTES` in one last term."""
+    parts = _by_size(bd)
+    big = [(c, b) for c, b in parts if b >= SMALL_CATEGORY_BYTES]
+    small = [(c, b) for c, b in parts if b < SMALL_CATEGORY_BYTES]
+    out = [f"{_CATEGORY_LABEL[c]}{sep}{format_bytes(b)}" for c, b in big]
+    if len(small) == 1 and not big:
+        out.append(f"{_CATEGORY_LABEL[small[0][0]]}{sep}{format_bytes(small[0][1])}")
+    elif small:
+        names = [_CATEGORY_LABEL[c] for c, _ in small]
+        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        out.append(f"{format_bytes(sum(b for _, b in small))} in {listed}")
+    return out
+
+
 def _scale(scale: float, at_limit: bool) -> str:
     """``2.5x``, or ``at least 4.0x`` where the search stopped at its top."""
     return f"{'at least ' if at_limit else ''}{scale}x"
@@ -75,6 +97,10 @@ def _verdict_panel(report: Report) -> Panel | None:
     if v is None:
         return None
     parts: list = [Text(verdict_words.summary(v))]
+    said = verdict_words.assumptions(v)
+    if said:  # listed once, here: the summary says the answer and its kind, each rank's line refers to these
+        parts.append(Text("\nWhat fits assumes:", style="bold"))
+        parts += [hang(a, 2, "- ") for a in said]
     if v.to_do:
         parts.append(Text("\nWhat to do:", style="bold"))
         for i, act in enumerate(verdict_words.actions(v), 1):
@@ -120,10 +146,17 @@ def _rank_table(report: Report) -> Table:
 
 _UNKNOWN_WHY = {"before_trace_no_stack": "born before the trace, no stack of their allocation left (the ring buffer "
                                         "dropped it, or recording began after it): nothing says what they are",
-                "before_trace": "born before the trace; their stack places nothing"}
+                "before_trace": "born before the trace; their stack places nothing",
+                "frozen_or_buffer": "module state of a size no trained parameter has: frozen weights or registered "
+                                    "buffers (record with oomdoctor run to tell them apart)",
+                "copy_or_buffer": "module state of a trained parameter's size beyond its gradients that copies no "
+                                  "whole model: buffers (BatchNorm's statistics) or part of a model kept frozen"}
 
 
-def _breakdown_text(r: RankSummary, width: int) -> Group:
+def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None) -> Group:
+    """What holds the memory of rank ``r`` at its breakdown's event, its largest holders, and what fits;
+    ``listed``: the assumptions already listed under the verdict (an estimate resting on the same is not
+    listed again)."""
     from .words import fits as fits_words
     bd = r.breakdown
     if bd is None:
@@ -132,16 +165,21 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
     step = f"step {bd.step}, " if bd.step is not None else ""
     text = Text(f"{where} ({step}{bd.phase} phase, {_PHASE_SOURCE.get(bd.phase_source, bd.phase_source)}): "
                 f"{format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
-    parts = _by_size(bd)
-    text.append(" + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) or "nothing")
+    text.append(" + ".join(_terms(bd)) or "nothing")
     recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
-    source = Text(("recorded by oomdoctor run: " + ", ".join(_CATEGORY_LABEL[c] for c in recorded) + "; "
-                   if recorded else "") + "the rest read from the trace", style="dim")
+    source = Text(", ".join(_CATEGORY_LABEL[c] for c in recorded) + " as oomdoctor run recorded them; the other "
+                  "categories from the allocation trace" if recorded else
+                  "every category from the allocation trace (its stacks, annotations and lifetimes)", style="dim")
     out: list = [Text(), hang(text), hang(source)]
     why = {k: v for k, v in bd.unknown_why.items() if k in _UNKNOWN_WHY}
     if why:
         out.append(hang("unknown: " + "; ".join(f"{format_bytes(v)} {_UNKNOWN_WHY[k]}" for k, v in why.items()),
                         style="dim"))
+    for line, by in (("weight copies", bd.weight_copy_by), ("module buffers", bd.buffers_by)):
+        named = {k: v for k, v in by.items() if k != "unnamed"}
+        if named:
+            out.append(hang(f"{line}: " + "; ".join(f"{format_bytes(v)} {k}" for k, v in list(named.items())[:4]),
+                            style="dim"))
     if r.holders:
         out.append(Text("  largest holders:", style="bold"))
         rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}", h.label)
@@ -165,24 +203,32 @@ def _breakdown_text(r: RankSummary, width: int) -> Group:
         out += [hang(n, 2, "note: ", style="dim") for n in fits_words.notes(f)]
     elif f is not None and (f.estimated_batch_scale is not None or f.notes):
         tail.append("what fits: ", style="bold")
+        own = fits_words.assumptions(f)
         if f.estimated_batch_scale is not None:
             n = f.estimated_largest_micro_batch
-            what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x"
-            tail.append((f"a lower bound, not a replay: {what} fits" if f.bound == "lower" else
-                         f"an estimate, not a replay: about {what}") + " if " + "; ".join(fits_words.assumptions(f)))
+            what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x the micro-batch"
+            source = ("from the job's peak reserved, scaled with the batch" if "generate-estimate" in f.notes
+                      else "from the first forward pass")
+            tail.append((f"at least {what}, a lower bound {source}" if f.bound == "lower" else
+                         f"about {what}, an estimate {source}") + ", not a replay"
+                        + (", on the assumptions listed under the verdict" if own and own == listed else
+                           ", assuming:" if own else ""))
         else:
             tail.append("not said: " + fits_words.note(f.notes[-1], f.note_values))
         out.append(hang(tail))
+        if f.estimated_batch_scale is not None and own and own != listed:
+            out += [hang(a, 4, "- ") for a in own]
     return Group(*out)
 
 
-def _job_peak_words(r: RankSummary, job: int | None, missed: bool) -> str:
-    """After a window's peak: the job's own where the window missed it (issue 41)."""
+def _job_peak_words(r: RankSummary, job: int | None, missed: bool, material: bool) -> str:
+    """After a window's peak: the job's own where it is above (issue 41), said as a miss where the gap is material
+    (issue 52)."""
     if not missed or job is None:
         return ""
     src = "the sidecar" if r.peak_source == "sidecar" else "a memory_stats file"
-    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src}): the window "
-            "missed it")
+    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src})"
+            + (": the window missed it" if material else ""))
 
 
 def _timeline(r: RankSummary) -> Group:
@@ -204,11 +250,13 @@ def _timeline(r: RankSummary) -> Group:
     text.append("\n  reserved  ")
     text.append(sparkline(r.series.get("reserved", []), top), style="magenta")
     text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed), style="bold")
+    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed, r.reserved_peak_missed_material),
+                style="bold")
     text.append("\n  allocated ")
     text.append(sparkline(r.series.get("allocated", []), top), style="green")
     text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed), style="bold")
+    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed,
+                                r.allocated_peak_missed_material), style="bold")
     out: list = [text]
     if r.peak_source == "unknown-before-window":
         out.append(hang("peaks before the recorded window are not known: the trace starts after the job's first "
@@ -232,8 +280,11 @@ def _prediction_text(p: dict) -> str:
         what.append(p["config"])
     if p["deferred_frees"] == "immediate":
         what.append("frees not deferred")
-    text = (f"with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}: {predict_words.outcome(p)}. "
-            f"Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    # this recording's own events (a fix's words may cite other runs, measured: issue 52)
+    held = (", its deferred frees held as long as they were"
+            if p["deferred_frees"] == "recorded" and p.get("recorded_deferred_frees") else "")
+    text = (f"this recording replayed with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}{held}: "
+            f"{predict_words.outcome(p)}. Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
     if p["recorded_oom_event_index"] is not None:
         text += f", OOM at event {p['recorded_oom_event_index']}"
     text += "."
@@ -245,9 +296,9 @@ def _prediction_text(p: dict) -> str:
 def _finding_panel(i: int, f) -> Panel:
     from .words import findings as finding_words
     ranks = ",".join(str(r) for r in f.ranks)
-    head = f"[{f.id}] rank {ranks} · {format_bytes(f.bytes)} at stake"
+    head = f"rank{'s' if len(f.ranks) > 1 else ''} {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
-        head += f" · PyTorch {f.evidence['torch_version']}"
+        head += f" · PyTorch {torch_version_words(f.evidence['torch_version'])}"
     parts: list = [Text(head, style="dim"), Text(finding_words.summary(f))]
     if f.sites:
         parts.append(Text("\nWhere:", style="bold"))
@@ -264,18 +315,11 @@ def _finding_panel(i: int, f) -> Panel:
             if fx.prediction:
                 parts.append(hang(_prediction_text(fx.prediction), 5, "simulated: ", style="cyan"))
             parts.append(hang(fx.source, 5, "source: ", style="dim"))
-    body = Group(*parts)
+    # the heading is the finding's id, always; its title opens the box, whole (rich cuts a long box title with an
+    # ellipsis, so a title in the heading was there only when it was short: issue 52)
+    body = Group(Text(finding_words.title(f), style="bold"), *parts)
     sev = Text(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-    words = finding_words.title(f)
-    if len(words) > TITLE_ROOM:  # rich cuts a long box title with an ellipsis: it goes in the box, whole
-        body = Group(Text(words, style="bold"), body)
-        words = f.id
-    title = Text.assemble(sev, f" {i}. {words} ")
-    return Panel(body, title=title, title_align="left", box=box.ROUNDED)
-
-
-TITLE_ROOM = 56
-"""The longest finding title a box's top edge shows whole at 80 columns (after the severity and the number)."""
+    return Panel(body, title=Text.assemble(sev, f" {i}. {f.id} "), title_align="left", box=box.ROUNDED)
 
 
 GROUPED_RANKS = 4
@@ -308,15 +352,22 @@ def _group_lines(report: Report, width: int) -> list[Text]:
     return out
 
 
-def _rank_section(r: RankSummary, console: Console) -> None:
+def _rank_section(r: RankSummary, console: Console, listed: list[str] | None = None) -> None:
     console.print(_timeline(r))
-    console.print(_breakdown_text(r, console.width))
+    console.print(_breakdown_text(r, console.width, listed))
     for w in r.warnings:
         console.print(hang(w, 2, "note: ", style="yellow"))
     if r.truncated and r.has_history:
         console.print(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
                            f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
                            "reconstructed from the final segments", 2, "note: ", style="dim"))
+
+
+def _listed(report: Report) -> list[str]:
+    """The assumptions the verdict box lists (:func:`oomdoctor.render.words.verdict.assumptions`)."""
+    from .words import verdict as verdict_words
+
+    return verdict_words.assumptions(report.verdict) if report.verdict is not None else []
 
 
 def _render_grouped(report: Report, console: Console) -> None:
@@ -329,7 +380,7 @@ def _render_grouped(report: Report, console: Console) -> None:
         console.print(hang(Text(line.plain.lstrip(), style=line.style), 2))
     odd = next((x for x in report.groups.groups if x.odd), None)
     first = odd.ranks[0] if odd else report.ranks[0].rank
-    _rank_section(next(x for x in report.ranks if x.rank == first), console)
+    _rank_section(next(x for x in report.ranks if x.rank == first), console, _listed(report))
     for n in report.notes[:3]:
         console.print(Text(f"note: {n}", style="yellow"))
     shown = report.findings[:MAX_FINDING_LINES]
@@ -358,10 +409,12 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 else "")
         head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {span(v.ranks)}",
                     style="bold")
-        head.append(f"; {_count(len(report.ranks), 'rank')} read")
+        head.append(f"; {gate_words.headline_ranks(report)}")
     else:
-        head.append(_count(len(report.ranks), "rank"))
+        head.append(gate_words.headline_ranks(report))
     console.print(head)
+    if report.unread:
+        console.print(hang(gate_words.unread_line(report.unread), 0, style="bold yellow"))
     if grouped:
         odd = [x for x in report.groups.groups if x.odd]
         console.print(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
@@ -375,30 +428,30 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
         return
     console.print(_rank_table(report))
     for r in report.ranks:
-        _rank_section(r, console)
+        _rank_section(r, console, _listed(report))
     for n in report.notes:
         console.print(Text(f"note: {n}", style="yellow"))
     console.print()
     material = [f for f in report.findings if f.severity not in ("low", "info")]
     minor = [f for f in report.findings if f.severity in ("low", "info")]
     if not material:
-        console.print(Text("No material finding.", style="bold green"))
+        console.print(Text("No finding worth fixing.", style="bold green"))
     else:
         console.print(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
         for i, f in enumerate(material, 1):
             console.print(_finding_panel(i, f))
     if minor:
         m = report.materiality or {}
-        rule = (f" (under max({m['fraction']:.0%} of peak reserved, {format_bytes(m['min_bytes'])}), or of no memory)"
-                if m else "")
-        console.print(Text(f"Also noted, not material{rule}:", style="dim"))
+        rule = (f" (under max({m['fraction']:.0%} of peak reserved, {format_bytes(m['min_bytes'])}) at stake, or a cost "
+                "in time only)" if m else "")
+        console.print(Text(f"Also noted, too small to be worth fixing first{rule}:", style="dim"))
         for f in minor:
             console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
 
 
-def _oom_text(oom) -> Text:
+def _oom_text(oom, reach: str = "complete") -> Text:
     if oom is None:
-        return Text("none", style="green")
+        return Text(sim_words.NO_OOM[reach], style="green")
     return Text(f"at {oom.event_index}", style="bold red")
 
 
@@ -444,10 +497,8 @@ def capacity_words(cap, oom_event: int | None = None) -> str:
 def render_simulation_text(sim: Simulation, console: Console) -> None:
     """Print an ``oomdoctor simulate`` result: the replays side by side, the self-replay check, and the
     recommendation."""
-    head = f"oomdoctor simulate: {sim.path}"
-    if sim.rank is not None:
-        head += f" (rank {sim.rank})"
-    console.print(Text(head, style="bold"))
+    console.print(Text(sim_words.headline(sim), style="bold"))
+    console.print(hang(sim.path + (f" (rank {sim.rank})" if sim.rank is not None else ""), 0, "file: "))
     recorded = str(sim.recorded_config)
     oom = f", OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None else ""
     console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
@@ -468,11 +519,13 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
             table.add_column(col, justify="right" if col.startswith("peak") else "left", no_wrap=True)
         for r in rows:
             cells = [Text.assemble(("★ ", "bold green") if id(r) == rec_id else "  ", _one_a_line(str(r.config))),
-                     format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes), _oom_text(r.oom)]
+                     format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes),
+                     _oom_text(r.oom, sim.reach)]
             table.add_row(*cells, *((_matches_text(r.matches_recorded),) if checked else ()))
         console.print(table)
     if sim.recommendation:
         console.print(Text("★ recommended", style="dim"))
+    console.print(hang(sim_words.REACH[sim.reach].format(event=sim.recorded_oom_event), 0, "replayed: ", style="dim"))
     v = sim.self_replay.validation
     if v is not None:
         style = "green" if v.exact else "bold red"
@@ -496,7 +549,8 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
         reason = sim_words.REASONS[rec.reason]
-        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, no OOM. "
+        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, "
+                    f"{'gets past the recorded OOM' if sim.reach == 'recorded' else 'no OOM'}. "
                     f"{reason[:1].upper()}{reason[1:]}.")
         parts: list = [body]
         if sim.search_wall_s is not None:
@@ -526,10 +580,29 @@ def render_simulation_text_plain(sim: Simulation, width: int = 120) -> str:
 _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow", "unchanged": "dim"}
 
 
+def diff_headline(diff: Diff) -> str:
+    """The first line of ``oomdoctor diff``: the rank whose peak reserved moved most, before → after and by how much,
+    then how many rank pairs and what became of the findings."""
+    out = "oomdoctor diff: "
+    if diff.ranks:
+        r = max(diff.ranks, key=lambda x: (abs(x.peak_reserved_saved_bytes), -x.rank))
+        saved = r.peak_reserved_saved_bytes
+        moved = (f"{format_bytes(saved)} less after" if saved > 0 else f"{format_bytes(-saved)} more after" if saved
+                 else "unchanged")
+        where = f"on rank {r.rank}" if len(diff.ranks) == 1 or saved else "on every rank"
+        out += (f"peak reserved {format_bytes(r.before_peak_reserved_bytes)} → "
+                f"{format_bytes(r.after_peak_reserved_bytes)} {where}, {moved}; ")
+    out += count(len(diff.ranks), "rank pair")
+    by = {st: sum(1 for f in diff.findings if f.status == st) for st in ("resolved", "new", "changed")}
+    said = [f"{count(n, 'finding')} {st}" if i == 0 else f"{n} {st}" for i, (st, n) in
+            enumerate((st, n) for st, n in by.items() if n)]
+    return out + ("; " + ", ".join(said) if said else "")
+
+
 def render_diff_text(diff: Diff, console: Console) -> None:
     """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
-    console.print(Text(f"oomdoctor diff: {_count(len(diff.ranks), 'rank pair')}; peaks in bytes, saved = before - after",
-                       style="bold"))
+    console.print(Text(diff_headline(diff), style="bold"))
+    console.print(Text("peaks per rank; saved = before − after (negative: the after run needs more)", style="dim"))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "peak", "before", "after", "saved", "OOM"):
         t.add_column(col, justify="left" if col in ("peak", "OOM") else "right", no_wrap=True)
@@ -557,24 +630,26 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         console.print(Text("No finding in either run.", style="green"))
     for f in diff.findings:
         line = Text()
+        ranks = f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}"
+        saved = (f"the same blocks as {f.same_bytes_as}, whose saving it is" if f.same_bytes_as else
+                 f"peak reserved saved on {ranks}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
         if f.status == "resolved":
-            line.append(f"{format_bytes(f.before_bytes)} at stake before; its share of the peak reserved saved on "
-                        f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+            line.append(f"{format_bytes(f.before_bytes)} at stake before; {saved}")
         elif f.status == "new":
             line.append(f"{format_bytes(f.after_bytes)} at stake on rank{'s' if len(f.after_ranks) > 1 else ''} {','.join(map(str, f.after_ranks))}")
         else:
             line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
             if f.status == "changed":
-                line.append(f"; its share of the peak reserved saved {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+                line.append(f"; {saved}")
         console.print(hang(line, 0, Text.assemble((f"{f.status:>9} ", _STATUS_STYLE[f.status]), f"[{f.id}] ")))
     for r in diff.ranks:
         if not r.sites:
             continue
         console.print(Text(f"rank {r.rank}: sites whose bytes at peak reserved moved", style="italic"))
-        rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.delta_bytes), x.label)
+        rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.saved_bytes), x.label)
                 for x in r.sites]
         st = _fitted_table(rows, console.width, justify=("right", "right", "right", "left"),
-                           headers=("before", "after", "change", "site"))
+                           headers=("before", "after", "saved", "site"))
         console.print(st)
 
 
@@ -599,14 +674,15 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     many = len(v.ranks) > 1
     lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {span(v.ranks)}. "
              f"{verdict_words.summary(v)}"]
+    if verdict_words.assumptions(v):
+        lines.append("What fits assumes: " + " ".join(f"({i}) {a}." for i, a in
+                                                       enumerate(verdict_words.assumptions(v), 1)))
     bd = r.breakdown
     if bd is not None:
         step = f"step {bd.step}, " if bd.step is not None else ""
-        parts = _by_size(bd)
         at = _AT_LABEL.get(bd.at, bd.at)
         lines.append(f"{at[:1].upper()}{at[1:]} ({step}{bd.phase} phase) rank {r.rank} had "
-                     f"{format_bytes(bd.allocated_bytes)} allocated: "
-                     + ", ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts) + ".")
+                     f"{format_bytes(bd.allocated_bytes)} allocated: " + ", ".join(_terms(bd)) + ".")
     if r.holders:
         lines.append("Largest holders: " + "; ".join(
             f"{format_bytes(h.bytes)} {_CATEGORY_LABEL[h.category]} ({h.phase}) at {h.label}"
@@ -632,9 +708,8 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
         return "no allocation history was recorded: holders unknown"
     r = report.ranks[0]
     bd = r.breakdown
-    parts = _by_size(bd)
     lines = [f"{_AT_LABEL.get(bd.at, bd.at)}: {format_bytes(bd.allocated_bytes)} allocated = "
-             + " + ".join(f"{_CATEGORY_LABEL[c]} {format_bytes(b)}" for c, b in parts)]
+             + " + ".join(_terms(bd))]
     if r.holders:
         lines.append("largest holders:")
         lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {_CATEGORY_LABEL[h.category]}  {h.label}"

@@ -28,7 +28,7 @@ TOP_SITE_DELTAS = 15
 class SiteDelta:
     """Bytes one site held at peak reserved, before and after (0 where absent).
 
-    The docstring under each field (and of ``delta_bytes``) is its description in the JSON schema (``oomdoctor
+    The docstring under each field (and of ``saved_bytes``, ``delta_bytes``) is its description in the JSON schema (``oomdoctor
     schema diff``)."""
 
     __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
@@ -45,8 +45,13 @@ class SiteDelta:
     """blocks after"""
 
     @property
+    def saved_bytes(self) -> int:
+        """before minus after, as every saving of the diff (negative: the site holds more after) (bytes)"""
+        return self.before_bytes - self.after_bytes
+
+    @property
     def delta_bytes(self) -> int:
-        """after minus before (bytes)"""
+        """after minus before, the opposite of saved_bytes (kept for readers of schema 1.3 and before) (bytes)"""
         return self.after_bytes - self.before_bytes
 
 
@@ -100,7 +105,10 @@ class FindingChange:
     """A finding id across the two runs. ``peak_reserved_saved_bytes`` is, for a resolved or changed finding,
     the part of its ranks' drop of peak reserved that its own bytes account for (:func:`_shares`: each rank's
     drop is shared among the findings that changed there in proportion to their own drop of bytes at stake,
-    never more than that own drop; negative: grew). The shares of one rank add up to at most its drop.
+    never more than that own drop; negative: grew). The shares of one rank add up to at most its drop. Findings
+    that point at the same allocation site on a rank describe the same blocks (:func:`_same_blocks`: a rank keeping
+    a batch's logits is a rank imbalance, kept outputs and memory growth at once): their saving is attributed once,
+    to the first of them in the report's order, and the others name it in ``same_bytes_as``.
 
     The docstring under each field is its description in the JSON schema (``oomdoctor schema diff``)."""
 
@@ -122,7 +130,10 @@ class FindingChange:
     """ranks after"""
     peak_reserved_saved_bytes: int
     """the peak reserved saved on the finding's ranks that this finding's own bytes account for (a share of each
-    rank's saving, never more than it) (bytes)"""
+    rank's saving, never more than it; 0 where same_bytes_as names the finding the saving is attributed to) (bytes)"""
+    same_bytes_as: str | None = None
+    """the finding of this diff whose allocation sites on a rank this one shares: the same blocks, whose saving is
+    attributed to that one only (null: its own)"""
 
 
 STATUSES = ("resolved", "new", "changed", "unchanged")
@@ -202,6 +213,24 @@ def _shares(changes: dict[str, dict[int, int]], saved_by_rank: dict[int, int]) -
     return out
 
 
+def _same_blocks(order: list[str], findings: dict[str, Finding]) -> dict[str, str]:
+    """Per finding id of ``order``: the first id in ``order`` it shares blocks with, through any chain of findings
+    that point at the same allocation site (``SiteRef.label``) on one of their ranks; itself when it shares none."""
+    lead: dict[str, str] = {}
+    owner: dict[tuple[int, str], str] = {}  # (rank, site) -> the lead of the first finding seen there
+    for fid in order:
+        f = findings[fid]
+        keys = {(r, s.label) for r in f.ranks for s in f.sites}
+        leads = {lead[owner[k]] for k in keys if k in owner}
+        first = min(leads, key=order.index) if leads else fid
+        for other in [x for x, y in lead.items() if y in leads]:
+            lead[other] = first  # two groups met through this finding
+        lead[fid] = first
+        for k in keys:
+            owner.setdefault(k, fid)
+    return lead
+
+
 def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int]) -> list[FindingChange]:
     b = {f.id: f for f in before.findings}
     a = {f.id: f for f in after.findings}
@@ -217,12 +246,21 @@ def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int
         else:
             statuses[fid] = "unchanged"
     moved = {fid: _own_change(b.get(fid), a.get(fid)) for fid, st in statuses.items() if st in ("resolved", "changed")}
-    shares = _shares(moved, saved_by_rank)
+    # findings on the same blocks are one change: the largest own change among them, attributed to the first
+    lead = _same_blocks(list(moved), {fid: b.get(fid) or a[fid] for fid in moved})
+    groups: dict[str, dict[int, int]] = {}
+    for fid, change in moved.items():
+        g = groups.setdefault(lead[fid], {})
+        for r, c in change.items():
+            g[r] = max(g.get(r, 0), c, key=abs)
+    shares = _shares(groups, saved_by_rank)
     out = []
     for fid, status in statuses.items():
         fb, fa = b.get(fid), a.get(fid)
+        same = lead.get(fid, fid)
         out.append(FindingChange(fid, status, (fb or fa).title_ref(), fb.bytes if fb else 0, fa.bytes if fa else 0,
-                                 list(fb.ranks) if fb else [], list(fa.ranks) if fa else [], shares.get(fid, 0)))
+                                 list(fb.ranks) if fb else [], list(fa.ranks) if fa else [],
+                                 shares.get(fid, 0) if same == fid else 0, None if same == fid else same))
     order = {"resolved": 0, "new": 1, "changed": 2, "unchanged": 3}
     return sorted(out, key=lambda f: (order[f.status], -max(f.before_bytes, f.after_bytes)))
 

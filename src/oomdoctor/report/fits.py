@@ -19,9 +19,9 @@ the best evidence, in order:
 (:func:`oomdoctor.simulate.scale.largest_scale`, searched over the whole room: up to the room less the
 margin filled with the growing blocks alone), under the recorded settings and with
 ``expandable_segments:True``; with the current micro-batch given, the largest whole micro-batch. The
-replay keeps free the prediction margin (:mod:`.margin`: the job's step variation, the model's error on
-this trace, what lives outside the allocator, what the trace did not record) plus the rounding of the
-blocks that grow (:func:`job_margin`). A trace cut by an OOM lacks the rest of its step: the
+replay keeps free the margin of a claim about the recorded steps (:mod:`.margin`: the model's error on
+this trace, what the memory outside the allocator may grow by) plus the rounding of the blocks that grow
+(:func:`job_margin`); the answer holds for inputs up to the heaviest recorded step. A trace cut by an OOM lacks the rest of its step: the
 replay also keeps free the persistent memory the job created after the first step's peak (optimizer
 state made lazily), or, when no step finished, an estimate of the optimizer state still to come (twice
 the parameters: Adam's two moments, said as such). A trace that ends inside its first forward pass is not
@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis.accounting import ACTIVATIONS, OPTIMIZER_STATE, PARAMETERS
+from ..analysis.accounting import ACTIVATIONS, GRADIENTS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
 from ..trace.model import OOM
-from .margin import complete_steps, step_variation
+from .margin import complete_steps
 from .margin import margin as prediction_margin
 
 # The planner (plan/) and the replay (simulate/) are imported where they are used: a report that replays
@@ -81,12 +81,16 @@ ROOM_SOURCES = {
     "sidecar-free": "the sidecar: free device bytes at the dump plus reserved bytes then",
     "gpu-total": "the GPU's total memory less the CUDA context and, with world_size > 1, NCCL's buffers "
                  "(given: --gpu-memory; nccl: NCCL's buffers taken off)",
+    "gpu-total-less-outside": "the GPU's total memory less the process's memory outside the allocator the sidecar "
+                              "gives (given: --gpu-memory; outside_bytes)",
     "none": "no OOM and no sidecar with the GPU's memory",
 }
 
 
-def device_room(a: DeviceAnalysis) -> Room:
-    """See the module doc. Pure."""
+def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
+    """See the module doc (``outside_bytes``: the process's memory outside the allocator, rule 4). Pure. Outside
+    memory is taken off the room here, once; the margin keeps free only what it may grow by
+    (:func:`.margin.outside_allocator`)."""
     meta = a.trace.meta
     cap, source, values = None, "", {}
     if meta.get("memory_cap_bytes") is not None or meta.get("memory_fraction") is not None:
@@ -113,6 +117,9 @@ def device_room(a: DeviceAnalysis) -> Room:
     if isinstance(free, int) and isinstance(reserved, int):
         return Room(free + reserved, "device", "sidecar-free")
     total = meta.get("gpu_total_memory_bytes")
+    if isinstance(total, int) and total > 0 and outside_bytes is not None:
+        return Room(total - int(outside_bytes), "estimated", "gpu-total-less-outside",
+                    {"given": bool(meta.get("gpu_total_memory_given")), "outside_bytes": int(outside_bytes)})
     if isinstance(total, int) and total > 0:
         from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 
@@ -159,11 +166,11 @@ class Fits:
     batch_scaled_bytes_at_peak: int = 0
     """bytes at the peak that grow with the micro-batch (bytes)"""
     margin_bytes: int = 0
-    """kept free in the replay: the prediction margin (margin) plus the rounding of the blocks that grow, and on a
-    trace cut by its OOM the state still to come (bytes)"""
+    """kept free in the replay: the margin of a claim about the recorded steps (margin) plus the rounding of the
+    blocks that grow, and on a trace cut by its OOM the state still to come (bytes)"""
     #: the prediction margin's parts (:mod:`.margin`, bytes), included in ``margin_bytes``
     margin: dict[str, int] = field(default_factory=dict)
-    """the prediction margin's parts (report/margin.py; the keys of a prediction's margin; all but extension_bytes are
+    """the margin's parts (report/margin.py: model_error_bytes, outside_bytes, the keys of a prediction's margin; all
     in margin_bytes), empty where no replay was tried"""
     checkpointing_frees_at_most_bytes: int = 0
     """activations saved for backward at the peak (what activation checkpointing frees at most) (bytes)"""
@@ -220,6 +227,8 @@ NOTES = {
     "generate-not-replayed": "generate() is not replayed, and no lower bound is said",
     "first-forward-estimate": "the trace ends inside its first forward pass: a lower bound from the recorded part",
     "cut-in-first-forward": "the trace ends inside its first forward pass: what fits cannot be replayed",
+    "pipeline-warm-up": "a pipeline stage cut in its first warm-up forwards: how many micro-batches its schedule "
+                        "holds is not in the trace, so no lower bound is said",
     "optimizer-state-assumed": "no optimizer step finished before the OOM: room kept for Adam's state",
     "replay-failed": "the replay refuses the trace (note_values replay_error)",
     "private-pools": "CUDA graph private pools hold part of the memory: what fits is not replayed",
@@ -242,12 +251,64 @@ ASSUMPTIONS = {
 """The ids :attr:`Fits.assumptions` holds (the words: :mod:`oomdoctor.render.words.fits`)."""
 
 
+_GROWS: dict[int, tuple[DeviceAnalysis, np.ndarray]] = {}
+
+
+def grows_with_batch(a: DeviceAnalysis) -> np.ndarray:
+    """Per block (the lifetimes' rows): does its size grow with the micro-batch? The accounting's ``batch_scaled``
+    (activations, temporaries, outputs and KV cache made by a pass), less the blocks the trace shows do not (issue 49:
+    a MoCo job's 4 GiB memory bank and its clone were scaled with the batch, and what fits came out 30% low):
+
+    - **state made in a pass**: a block made by a pass before the trace's last one, alive at the trace's end, whose
+      size no later pass made again (a buffer created lazily in the first forward, a memory bank): per-batch tensors
+      are made by every pass;
+    - **a copy of persistent state**: a block the size of blocks that were alive before the trace's first pass and to
+      its end and that no gradient has the size of (a registered buffer, a frozen table: not ``batch_scaled``, not a
+      trained parameter; so only once a backward made gradients), made in every pass no more often than such blocks
+      exist (``queue.clone()`` once per step).
+      A batch-sized activation that matched a frozen weight's size would be made more often per pass than that
+      weight exists (every layer makes its own); a trained weight's size is never taken (its gradient has it).
+
+    Pure; kept per analysis (the replay asks several times)."""
+    got = _GROWS.get(id(a))
+    if got is not None and got[0] is a:
+        return got[1]
+    lt, acc, ph = a.lifetimes, a.accounting, a.phases
+    grows = acc.batch_scaled.copy()
+    rows = np.flatnonzero(grows & (lt.alloc >= 0))
+    if rows.size and ph.pass_starts.size:
+        end = lt.allocated_mask(a.num_events - 1)
+        pass_of = ph.pass_of(lt.alloc[rows])
+        last = int(ph.pass_of(a.num_events - 1))
+        # state made in a pass: alive at the end, made before the last pass, its size never made again later
+        for i in np.flatnonzero(end[rows] & (pass_of >= 0) & (pass_of < last)):
+            r = rows[i]
+            if not np.any((pass_of > pass_of[i]) & (lt.size[rows] == lt.size[r])):
+                grows[r] = False
+        # copies of persistent state made before the first pass; only where gradients were made (a backward ran):
+        # before that, a trained weight's size cannot be told from a buffer's, and every block keeps growing
+        first = int(ph.pass_starts[0])
+        if not np.any(acc.category == GRADIENTS):
+            first = -1
+        before = ~acc.batch_scaled & (lt.alloc < first) & end & lt.allocated_mask(max(first - 1, 0))
+        before &= ~np.isin(lt.size, lt.size[acc.category == GRADIENTS]) & (first >= 0)
+        sizes, counts = np.unique(lt.size[before], return_counts=True)
+        held = dict(zip(sizes.tolist(), counts.tolist()))
+        for size, n in held.items():
+            same = np.flatnonzero((lt.size[rows] == size) & (pass_of >= 0))
+            if same.size and np.bincount(pass_of[same]).max() <= n:
+                grows[rows[same]] = False
+    _GROWS.clear()  # one analysis at a time: a fresh analysis replaces it
+    _GROWS[id(a)] = (a, grows)
+    return grows
+
+
 def _scale_events(a: DeviceAnalysis) -> np.ndarray:
-    """Events whose request grows with the micro-batch: allocations of batch-scaled blocks, and an
-    ``oom`` request made by a forward, backward or evaluation pass."""
-    lt, acc = a.lifetimes, a.accounting
+    """Events whose request grows with the micro-batch: allocations of the blocks that grow with it
+    (:func:`grows_with_batch`), and an ``oom`` request made by a forward, backward or evaluation pass."""
+    lt = a.lifetimes
     mask = np.zeros(a.num_events, dtype=bool)
-    rows = np.flatnonzero(acc.batch_scaled & (lt.alloc >= 0))
+    rows = np.flatnonzero(grows_with_batch(a) & (lt.alloc >= 0))
     mask[lt.alloc[rows]] = True
     ph = a.phases.phase
     oom = a.device.events["action"] == OOM
@@ -256,19 +317,15 @@ def _scale_events(a: DeviceAnalysis) -> np.ndarray:
 
 
 def job_margin(a: DeviceAnalysis) -> tuple[int, int]:
-    """What the job itself says the replay should keep free (bytes), and the number of complete steps it was read
-    from: the step-to-step variation (:func:`.margin.step_variation`: how much the peak allocated or reserved moved
-    from step to step over the steps that completed: the run-to-run wobble of the same work, allocation order,
-    caches made lazily), plus the allocator's rounding of every block that grows with the batch (up to 512 bytes
-    each, ``round_size``, ``c10/cuda/CUDACachingAllocator.cpp``). With fewer than two complete steps there is no
-    spread to read, and only the rounding is kept (the count says so: ``< 2``)."""
-    lt, acc = a.lifetimes, a.accounting
-    alive = lt.allocated_mask(a.peak_allocated[1]) & acc.batch_scaled
-    rounding = 512 * int(np.count_nonzero(alive))
-    n = len(complete_steps(a))
-    if n < 2:
-        return rounding, n
-    return step_variation(a)[0] + rounding, n
+    """What the replay of a scaled micro-batch keeps free beyond the claim's margin (bytes), and the number of
+    complete steps the trace holds: the allocator's rounding of every block that grows with the batch (up to 512
+    bytes each, ``round_size``, ``c10/cuda/CUDACachingAllocator.cpp``): a scaled request is rounded up to whole
+    bytes of its own, where the recorded one may have used its rounding. The spread of the job's step peaks is no
+    part of it (issue 49): the replay runs those very steps; what they do not cover (longer inputs) is said as a
+    condition (:mod:`.margin`)."""
+    lt = a.lifetimes
+    alive = lt.allocated_mask(a.peak_allocated[1]) & grows_with_batch(a)
+    return 512 * int(np.count_nonzero(alive)), len(complete_steps(a))
 
 
 def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
@@ -278,7 +335,7 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
         return base, None
     lt, acc, ph = a.lifetimes, a.accounting, a.phases
     end = a.num_events - 1
-    persistent = lt.allocated_mask(end) & ~acc.batch_scaled
+    persistent = lt.allocated_mask(end) & ~grows_with_batch(a)
     steps = ph.steps
     if steps is not None and len(steps) >= 2:
         lo, hi = int(steps.starts[0]), int(steps.starts[1])
@@ -292,6 +349,19 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
     return base, None
 
 
+def _pipeline_warm_up(a: DeviceAnalysis) -> bool:
+    """Is the trace a pipeline stage cut in its first step's warm-up (:func:`_pass_seen` is False and the job runs a
+    pipeline: :func:`oomdoctor.analysis.schedule.schedule_evidence`)? Its peak comes when every micro-batch the
+    schedule holds in flight is (1F1B's first stage: one per later stage; GPipe: all), and how many that is the trace
+    does not say: a lower bound from one pass and a mirrored backward would not be true (issue 49: stage 0 of a
+    2-stage 1F1B was told "at least 52" where 52 ran out), so none is said."""
+    from ..analysis.schedule import in_flight_parts, schedule_evidence
+
+    k = int(a.oom_events[-1])
+    _passes, recurrences = in_flight_parts(a.trace.stacks, a.lifetimes, a.accounting, a.phases, k)
+    return schedule_evidence(a, recurrences) is not None
+
+
 def _pass_seen(a: DeviceAnalysis) -> bool:
     """Before the OOM, did a forward pass run to its end (a backward began)? Otherwise the trace holds
     only the beginning of a pass and its peak is unknown."""
@@ -303,15 +373,20 @@ LOSS_COPIES = 5
 planner's loss region at its peak, 12 bytes per bf16 logit (``plan/hf.py``: fp32 log-probabilities and their
 gradient beside the logits), is six times the output; an assumption for any other model, said as such."""
 
-UNSEEN_FRAGMENTATION = 0.10
-"""At an OOM in the first forward pass, the blocks that grow with the micro-batch are replayed this much larger
-(10%) for the lower bound: the fragmentation of the steps after the first, which no trace of one pass holds, and
-which the mirrored backward reproduces only in part. Measured: at their peak, the corpus' eager training runs
-that completed reserve 1.00x to 1.13x what they allocate (``docs/corpus/*-sweep.jsonl``: Trainer DDP GPT-2 1.07,
-accelerate Llama 1.13, FSDP2 1.09); the mirrored replay of the two first-forward runs reserves 1.01x. Tuned on
-those two runs (``first-forward-*``, both ``tuning`` since): with 0% they get 99 and 75 (94 and 72 ran: both
-above), 5% 94 and 71, 10% 90 and 68, 13% 87 and 66 (more than one sweep step below 72). 10% is the most that
-keeps both within the target (at most 5% or one sweep step below what ran)."""
+RESERVED_OVER_ALLOCATED = 1.1243
+"""The most a completed eager training run of the corpus reserves over what it allocates at its peak, at the largest
+micro-batch its sweep ran (``benchmarks/margin_terms.py``, ``docs/margin_terms.json`` ``reserved_over_allocated``:
+seven jobs, 1.0057 to 1.1243, the largest ``accelerate-ddp-llama`` at 72)."""
+MIRRORED_RESERVED_OVER_ALLOCATED = 1.01
+"""What the mirrored replay of a first-forward trace reserves over what it allocates at its peak (issue 35, measured
+on the two first-forward corpus runs)."""
+UNSEEN_FRAGMENTATION = RESERVED_OVER_ALLOCATED / MIRRORED_RESERVED_OVER_ALLOCATED - 1
+"""At an OOM in the first forward pass, the blocks that grow with the micro-batch are replayed this much larger for the
+lower bound (11.3%): the fragmentation of the steps after the first, which no trace of one pass holds, and which the
+mirrored backward reproduces only in part. Derived (issue 49), no longer tuned: the most a completed eager run of the
+corpus reserves over what it allocates at its peak (:data:`RESERVED_OVER_ALLOCATED`) over what the mirrored replay
+does (:data:`MIRRORED_RESERVED_OVER_ALLOCATED`). Issue 35 had tuned 10% on the two first-forward runs (0% said 99 and
+75 where 94 and 72 ran)."""
 
 
 def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits,
@@ -333,7 +408,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     # what the cut pass made and still holds: its activations, and any other block of it that grows with the
     # micro-batch (a KV cache a forward with use_cache makes, a temporary): the backward frees them all; kept,
     # the next step's forward would make them a second time (accelerate Llama b128: 16 GiB of cache counted twice)
-    held = (acc.category == ACTIVATIONS) | (acc.batch_scaled & (lt.alloc >= (start or 0)))
+    held = (acc.category == ACTIVATIONS) | (grows_with_batch(a) & (lt.alloc >= (start or 0)))
     saved = np.flatnonzero(alive & held & (lt.alloc >= 0))
     if saved.size == 0:
         return False
@@ -399,9 +474,9 @@ def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None,
     jp = job_peak(a)
     if jp.source == "unknown-before-window":
         return False
-    lt, acc = a.lifetimes, a.accounting
+    lt = a.lifetimes
     alive = lt.allocated_mask(a.peak_allocated[1])
-    fixed = int(lt.size[alive & ~acc.batch_scaled].sum())
+    fixed = int(lt.size[alive & ~grows_with_batch(a)].sum())
     peak = max(a.peak_reserved[0], jp.job_peak_reserved_bytes or 0)
     if peak <= fixed:
         return False
@@ -450,12 +525,13 @@ def _search_top(room: int, margin: int, grows: int, lo: float) -> float:
 
 def _with_prediction_margin(out: Fits, a: DeviceAnalysis, base: int, model_error: int = 0,
                             inputs: dict[str, int | None] | None = None) -> int:
-    """``base`` plus the prediction margin (:func:`.margin.margin`, with ``inputs``: its ``outside_bytes`` /
-    ``job_peak_reserved_bytes``; less the step variation ``base`` holds already: :func:`job_margin`); fills
-    ``out.margin`` and ``out.margin_bytes``."""
+    """``base`` plus the margin of a claim about the recorded steps (:func:`.margin.margin`, with ``inputs``: its
+    ``outside_bytes`` / ``job_peak_reserved_bytes``: the model's error on this trace and the memory outside the
+    allocator not already off the room); fills ``out.margin`` and ``out.margin_bytes``. The job's own peak above
+    the trace's is :func:`job_peak_bound`'s, not the margin's."""
     m = prediction_margin(a, model_error_bytes=model_error, **(inputs or {}))
-    out.margin = m.parts()
-    out.margin_bytes = base + m.bytes - m.step_variation_bytes
+    out.margin = dict(m.parts())
+    out.margin_bytes = base + m.bytes
     return out.margin_bytes
 
 
@@ -479,7 +555,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         return out
     lt, acc = a.lifetimes, a.accounting
     alive = lt.allocated_mask(a.peak_allocated[1])
-    out.batch_scaled_bytes_at_peak = int(lt.size[alive & acc.batch_scaled].sum())
+    out.batch_scaled_bytes_at_peak = int(lt.size[alive & grows_with_batch(a)].sum())
     out.checkpointing_frees_at_most_bytes = int(lt.size[alive & (acc.category == ACTIVATIONS)].sum())
     world = a.trace.meta.get("world_size")
     if world and world > 1:  # the optimizer state at the peak or, made later, at the end
@@ -501,7 +577,9 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         out.notes.append("generate-not-replayed")
         return out
     if a.oom_events.size and not _pass_seen(a):
-        if a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out, inputs):
+        if _pipeline_warm_up(a):
+            out.notes.append("pipeline-warm-up")
+        elif a.phases.has_backward or not _first_forward_estimate(a, room, micro_batch, out, inputs):
             out.notes.append("cut-in-first-forward")
         return out
     margin, note = _margin(a, room.bytes)

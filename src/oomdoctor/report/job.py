@@ -19,22 +19,21 @@ from typing import Any, Iterable, Sequence
 
 from ..analysis.ranks import RankProfile
 from ..detectors.materiality import Materiality
-from ..errors import SnapshotError, UsageError
+from ..errors import SnapshotError, UsageError, install_hint
 from ..trace.load import (
     Skipped,
+    claimed_rank,
     discover,
     load,
+    lost_rank,
     none_loads,
-    rank_from_name,
-    read_sidecar,
     refuse_unranked,
-    sidecar_path,
 )
 from .merge import merge_reports
-from .model import Report
+from .model import Report, Unread
 
 EXECUTORS = ("process", "dask")
-DASK_MISSING = "--executor dask needs Dask distributed: pip install 'oomdoctor[dask]'"
+DASK_MISSING = f"--executor dask needs Dask distributed: {install_hint('dask')}"
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ def plan_tasks(paths: Iterable[str | os.PathLike], skipped: list[Skipped]) -> li
     paths = [os.fspath(p) for p in paths]
     files = discover(paths, skipped)
     named = {p for p in paths if not os.path.isdir(p)}
-    hints = [_rank_hint(f) for f in files]
+    hints = [claimed_rank(f) for f in files]
     nxt = max((h for h in hints if h is not None), default=-1) + 1
     tasks = []
     for f, h in zip(files, hints):
@@ -105,19 +104,6 @@ def plan_tasks(paths: Iterable[str | os.PathLike], skipped: list[Skipped]) -> li
             fallback, nxt = nxt, nxt + 1
         tasks.append(RankTask(f, fallback, f in named))
     return tasks
-
-
-def _rank_hint(path: str) -> int | None:
-    """The rank a sidecar or the file name gives, without reading the snapshot (None when neither does)."""
-    side = sidecar_path(path)
-    if side is not None:
-        try:
-            r = read_sidecar(side).get("rank")
-        except SnapshotError:
-            r = None
-        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-            return r
-    return rank_from_name(path)
 
 
 def rank_result(task: RankTask, want: Want) -> RankResult:
@@ -225,7 +211,7 @@ def pair_tasks(before: list[RankTask], after: list[RankTask]) -> tuple[list[tupl
     if len(before) == 1 and len(after) == 1:
         return [(before[0], after[0])], []
     def rank(t: RankTask) -> int:
-        h = _rank_hint(t.path)
+        h = claimed_rank(t.path)
         return h if h is not None else (t.fallback_rank or 0)
 
     a_by = {rank(t): t for t in after}
@@ -347,7 +333,8 @@ def _map_dask(fn, items: Sequence, want: Want, scheduler: str | None) -> list:
 
 def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult]:
     """The results that loaded, by rank. A file the user named that does not load is an error; one found in a
-    directory goes to ``skipped`` with its problem, unless no file of that directory loads.
+    directory goes to ``skipped`` with its problem and the rank it claims (:func:`~oomdoctor.trace.load.lost_rank`:
+    a rank lost, :func:`unread`), unless no file of that directory loads.
 
     Raises:
         SnapshotError: as above, two files claim the same rank, or a directory holds several that load and give
@@ -362,7 +349,8 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
         else:
             bad.append(r)
     if bad:
-        skipped.extend(sorted((Skipped(r.task.path, r.error or "") for r in bad), key=lambda s: s.path))
+        skipped.extend(sorted((Skipped(r.task.path, r.error or "", lost_rank(r.task.path)) for r in bad),
+                              key=lambda s: s.path))
         dirs = {os.path.dirname(r.task.path) for r in bad}
         for d in sorted(dirs):
             if not any(os.path.dirname(r.task.path) == d for r in ok):  # what discover skipped, and these
@@ -406,7 +394,16 @@ def page_ranks(report: Report, limit: int = PAGE_RANKS) -> list[int]:
     return sorted(g.ranks[0] for g in report.groups.groups[:limit])
 
 
-def job_report(results: list[RankResult]) -> Report:
-    """The job's report from its ranks' summaries: the same shape as one built from all the traces at once."""
-    return merge_reports([r.report for r in results], [r.profile for r in results], in_job=False)
+def unread(skipped: Iterable[Skipped]) -> list[Unread]:
+    """The rank files among ``skipped`` that could not be read (those that claim a rank: :class:`~oomdoctor.trace.
+    load.Skipped`), by path: the ranks a job's result is missing."""
+    return sorted((Unread(s.path, s.rank, s.reason) for s in skipped if s.rank is not None), key=lambda u: u.path)
+
+
+def job_report(results: list[RankResult], skipped: Iterable[Skipped] = ()) -> Report:
+    """The job's report from its ranks' summaries: the same shape as one built from all the traces at once. The rank
+    files of ``skipped`` that could not be read are its ``unread`` (:func:`unread`)."""
+    report = merge_reports([r.report for r in results], [r.profile for r in results], in_job=False)
+    report.unread = unread(skipped)
+    return report
 

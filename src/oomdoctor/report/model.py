@@ -174,6 +174,11 @@ class RankSummary:
     """the job's peak allocated is above the recorded window's by more than 2 MiB: the ring buffer dropped it"""
     reserved_peak_missed: bool = False
     """the same for the peak reserved"""
+    allocated_peak_missed_material: bool = False
+    """allocated_peak_missed by a gap worth saying: at least 1% of the job's peak and 64 MiB, the materiality rule's
+    defaults (below, the job's peak is said beside the window's, not as a miss)"""
+    reserved_peak_missed_material: bool = False
+    """the same for the peak reserved"""
     #: the allocator's own ``num_alloc_retries`` / ``num_ooms`` (since the process started); None without counters
     alloc_retries: int | None = None
     """the allocator's own num_alloc_retries (cudaMalloc failed, cache freed, retried; an OOM counts one too),
@@ -189,9 +194,28 @@ class RankSummary:
 
 
 @dataclass
+class Unread:
+    """A rank's snapshot file that could not be read: it claims a rank (by its sidecar or its name) and is cut off,
+    corrupt, or refused because unpickling it would run code (:class:`oomdoctor.trace.load.Skipped`). The job's
+    result is incomplete without it, and every ``--fail-on`` level fails (:mod:`oomdoctor.report.gate`).
+
+    The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
+    path: str
+    """the file"""
+    rank: int
+    """the rank it claims (its sidecar's, else the one in its name)"""
+    reason: str
+    """why it could not be read"""
+
+
+@dataclass
 class Report:
     """Everything about a job's ranks; ``verdict`` is the job's (its worst rank's), ``materiality``
-    the rule's parameters (``fraction``, ``min_bytes``)."""
+    the rule's parameters (``fraction``, ``min_bytes``); ``unread`` the rank files that could not be read (the
+    report covers the other ranks only)."""
 
     ranks: list[RankSummary]
     findings: list[Finding]
@@ -203,3 +227,4 @@ class Report:
     materiality: dict[str, Any] = field(default_factory=dict)
     groups: Any = None
     """:class:`~oomdoctor.report.groups.RankGroups`: alike ranks collapsed, the odd ones first."""
+    unread: list[Unread] = field(default_factory=list)

@@ -40,6 +40,7 @@ from ..trace.model import Trace
 from .build import breakdowns, holder_refs, summarize
 from .fits import Fits, Room, device_room, fits
 from .groups import with_groups
+from .margin import margin_inputs
 from .model import RankSummary, Report
 from .predict import Predictor, attach_predictions, predictor
 from .verdict import job_verdict, rank_verdict, state_verdict, with_findings, with_tightest_rank
@@ -106,10 +107,30 @@ def defragmenting_setting(a: DeviceAnalysis) -> str:
     """The allocator setting that undoes fragmentation at ``a``'s OOM: ``expandable_segments:True``, or, where
     segments are expandable already, ``max_split_size_mb`` at half the failed request (as the fragmentation
     detector proposes it)."""
-    if a.trace.allocator_settings.get("expandable_segments") or any(s.is_expandable for s in a.device.segments):
-        request = int(a.device.events["size"][int(a.oom_events[-1])]) if a.oom_events.size else 0
-        return f"max_split_size_mb:{split_mb(request)}"
-    return "expandable_segments:True"
+    return defragmenting_settings(a)[0]
+
+
+def defragmenting_settings(a: DeviceAnalysis) -> list[str]:
+    """The free allocator settings the verdict tries at ``a``'s OOM, in order, the first that gets the replay
+    through the recorded steps with margin deciding (issue 49: "an allocator setting"): the
+    fragmentation fix (:func:`defragmenting_setting`'s rule), ``max_split_size_mb`` at half the failed request, and,
+    under a memory-fraction cap (the collector runs only there), ``garbage_collection_threshold:0.8``: the settings
+    the fragmentation detector proposes (``detectors/fragmentation.py``)."""
+    request = int(a.device.events["size"][int(a.oom_events[-1])]) if a.oom_events.size else 0
+    split = f"max_split_size_mb:{split_mb(request)}"
+    expandable = (a.trace.allocator_settings.get("expandable_segments")
+                  or any(s.is_expandable for s in a.device.segments))
+    out = [split] if expandable else ["expandable_segments:True", split]
+    meta = a.trace.meta
+    capped = meta.get("memory_cap_bytes") is not None or (
+        isinstance(meta.get("memory_fraction"), (int, float)) and meta["memory_fraction"] < 1)
+    if not capped and a.oom_events.size:
+        from ..simulate.capacity import infer_capacity
+
+        capped = infer_capacity(a.trace, a.device).kind == "fraction"
+    if capped:
+        out.append("garbage_collection_threshold:0.8")
+    return out
 
 
 def _versions(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
@@ -137,23 +158,36 @@ class RankPredictions:
 
     def __init__(self, a: DeviceAnalysis, predictors: dict[int, Predictor | None], micro_batch: int | None):
         self.a, self.predictors = a, predictors
-        self.room: Room = device_room(a)
+        #: what the sidecar says that the margins need (the process's memory outside the allocator, the job's own
+        #: peak reserved): passed to every replay's margin (issue 49)
+        self.inputs = margin_inputs(a)
+        self.room: Room = device_room(a, outside_bytes=self.inputs["outside_bytes"])
         self.micro_batch = micro_batch or _recorded_micro_batch(a)
         self._fits: Fits | None = None
 
     def fits(self) -> Fits:
         """What fits (replays at most once)."""
         if self._fits is None:
-            self._fits = fits(self.a, self.room, self.micro_batch)
+            self._fits = fits(self.a, self.room, self.micro_batch, **self.inputs)
         return self._fits
 
     def defragmented(self) -> dict | None:
-        """The replay under :func:`defragmenting_setting`; None when the trace cannot be replayed faithfully."""
+        """The replay under the first of :func:`defragmenting_settings` that gets through the recorded steps with
+        margin (no OOM, not at the edge), else under the first of them; None when the trace cannot be replayed
+        faithfully."""
         a = self.a
         if a.rank not in self.predictors:
-            self.predictors[a.rank] = predictor(a)
+            self.predictors[a.rank] = predictor(a, **self.inputs)
         p = self.predictors[a.rank]
-        return None if p is None or not p.reproduces else p.run({"config": defragmenting_setting(a)})
+        if p is None or not p.reproduces:
+            return None
+        tried = []
+        for setting in defragmenting_settings(a):
+            got = p.run({"config": setting})
+            if got.get("oom") is None and not got.get("at_edge"):
+                return got
+            tried.append(got)
+        return tried[0]
 
     def fits_made(self) -> Fits:
         """What fits if a decision asked for it, else the room alone (nothing replayed)."""

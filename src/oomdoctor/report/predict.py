@@ -13,12 +13,20 @@ replayed, which it says (``reach``, :data:`REACHES`):
 - ``step-completed`` / ``step-ran-out``: the trace cut by its OOM was extended by the rest of its step
   as the previous step ran it (:mod:`..simulate.extend`), and that step completes, or runs out later.
 
-Every prediction also carries its margin (:mod:`.margin`: ``margin_bytes``, the parts in ``margin``) and,
-where the room is known and the replay does not run out, ``spare_bytes`` (room - the claim's peak reserved:
-for an extended step that completes, the higher of the recorded events' peak, ``peak_reserved_bytes``,
-which ``oomdoctor simulate`` prints for the same setting, and the extended replay's,
-``extended_peak_reserved_bytes``) and ``at_edge``: the spare room is inside the margin, so the claim
-may still run out and is never counted as a fix.
+Every prediction says two things, each with its own margin (:mod:`.margin`, issue 49):
+
+- **the recorded steps**: the replay of the recorded events under the setting: no OOM (it gets past the recorded
+  OOM and through every recorded step) or an OOM; its peak reserved (``peak_reserved_bytes``, what ``oomdoctor
+  simulate`` prints for the same setting); where the room is known and the replay does not run out,
+  ``spare_bytes`` (room - that peak) and ``at_edge`` (the spare room is inside ``margin_bytes``: the model's error
+  on this trace plus the memory outside the allocator not already off the room; the claim may still run out and is
+  never counted as a fix). This is what the verdict's cause rests on.
+- **what the recorded steps do not cover** (``continuation``): the rest of a step cut by its OOM, replayed as the
+  previous step ran it (``step-completed`` / ``step-ran-out``), or later steps and longer inputs (``later-steps``:
+  not replayed). Always the condition that the claim holds for inputs up to the heaviest recorded step
+  (``heaviest_step_peak_allocated_bytes``: the replay's peak allocated); a margin only where the job measured one
+  (the spread of its reserved step peaks, :attr:`.margin.Margin.continuation_bytes`), with its own spare room and
+  ``at_edge``. It never changes what the recorded steps say.
 
 ``outcome`` is the id of how the replay ended (:data:`OUTCOMES`); :mod:`oomdoctor.render.words.predict` says it.
 """
@@ -36,7 +44,7 @@ from typing_extensions import (  # pydantic (the schema) reads typing_extensions
 from ..analysis.device import DeviceAnalysis
 from ..detectors.finding import Finding
 from .fits import reproduces
-from .margin import Margin, MarginParts, at_edge, margin
+from .margin import ContinuationParts, Margin, MarginParts, at_edge, margin, margin_inputs
 
 # The replay (simulate/) is imported where a prediction is made: a report with nothing to predict does not
 # pay for importing it (docs/benchmarks.md, start-up).
@@ -66,6 +74,33 @@ class PredictionExtension(TypedDict):
     """events appended after the recording"""
 
 
+CONTINUATIONS = ("later-steps", "step-completed", "step-ran-out")
+"""What a prediction says of what the recorded steps do not cover (``continuation.outcome``): not replayed (a
+condition: later steps, longer inputs), or the rest of the step cut by the OOM, replayed as the previous step ran
+it, completes or runs out."""
+
+
+class Continuation(TypedDict):
+    """What the recorded steps do not cover: a second statement, with its own margin; it never changes the first."""
+
+    outcome: str
+    """'later-steps' (not replayed: a condition), 'step-completed' or 'step-ran-out' (the rest of the step cut by
+    the OOM, replayed as the previous step ran it)"""
+    heaviest_step_peak_allocated_bytes: int
+    """the condition: the claim holds for steps whose tensors peak up to this, the heaviest recorded step's (the
+    replay's peak allocated) (bytes)"""
+    margin_bytes: int | None
+    """the margin of what the recorded steps do not cover, where the job measured it: the spread of its reserved step
+    peaks plus the job's peak reserved above the trace's; null: not measured (fewer than two complete steps), the
+    condition alone (bytes)"""
+    margin: ContinuationParts
+    """its parts"""
+    spare_bytes: NotRequired[int]
+    """room left at the higher of the recorded events' peak and the extended step's (bytes)"""
+    at_edge: NotRequired[bool | None]
+    """spare_bytes is below margin_bytes; null where no margin was measured"""
+
+
 class Prediction(TypedDict):
     """A fix's prediction as :meth:`Predictor.run` returns it and the JSON writes it (the renderer fills in
     ``outcome``). The docstring under each key is its description in the JSON schema (``oomdoctor schema
@@ -77,8 +112,13 @@ class Prediction(TypedDict):
     """the allocator setting replayed (PYTORCH_ALLOC_CONF text; '' for the defaults)"""
     deferred_frees: str
     """'recorded' (frees held for other streams as recorded) or 'immediate'"""
+    recorded_deferred_frees: bool
+    """the recording has frees deferred by record_stream: a 'recorded' replay holds each as long as this run did
+    (another run's may wait longer or shorter)"""
     peak_reserved_bytes: int
-    """the replay's peak reserved (bytes)"""
+    """the replay's peak reserved over the recorded events (bytes)"""
+    peak_allocated_bytes: int
+    """the replay's peak allocated over the recorded events (bytes)"""
     recorded_peak_reserved_bytes: int
     """the recording's peak reserved (bytes)"""
     oom: PredictedOom | None
@@ -92,8 +132,8 @@ class Prediction(TypedDict):
     self_replay_exact: bool
     """the replay of the recorded settings reproduced the recording's segments"""
     margin_bytes: int
-    """the claim's margin (report/margin.py): the sum of the parts in margin, extension_bytes only for a step
-    extended by the previous step's events (bytes)"""
+    """the margin of the claim about the recorded steps (report/margin.py): the model's error on this trace plus the
+    memory outside the allocator not already off the room (bytes)"""
     margin: MarginParts
     """the margin's parts"""
     reach: str
@@ -102,8 +142,10 @@ class Prediction(TypedDict):
     step ran it)"""
     outcome: str
     """the sentence a user reads, filled in"""
+    continuation: Continuation
+    """what the recorded steps do not cover: a second statement with its own margin"""
     spare_bytes: NotRequired[int]
-    """capacity left at the claim's peak, the extended replay's for a step that completes (bytes)"""
+    """capacity left at the recorded events' peak reserved (bytes)"""
     at_edge: NotRequired[bool]
     """spare_bytes is below margin_bytes: at the edge, the claim may still run out and is never counted as a fix"""
     extended_peak_reserved_bytes: NotRequired[int]
@@ -114,7 +156,7 @@ class Prediction(TypedDict):
     """the request the extended replay ran out of memory on (bytes)"""
 
 
-for _shape in (PredictedOom, PredictionExtension, Prediction):
+for _shape in (PredictedOom, PredictionExtension, Continuation, Prediction):
     _shape.__pydantic_config__ = {"use_attribute_docstrings": True}  # type: ignore[attr-defined]
 
 
@@ -189,11 +231,14 @@ class Predictor:
         r: ReplayResult = replay(self.prepared, config, deferred_frees=mode, capacity=self.capacity)
         peak, _ = self.analysis.peak_reserved
         recorded_oom = self.prepared.recorded_oom
+        m = self.margin
         out: Prediction = {
             "rank": self.analysis.rank,
             "config": config.to_string(),
             "deferred_frees": mode,
+            "recorded_deferred_frees": bool(self.analysis.lifetimes.deferred.any()),
             "peak_reserved_bytes": r.peak_reserved_bytes,
+            "peak_allocated_bytes": r.peak_allocated_bytes,
             "recorded_peak_reserved_bytes": int(peak),
             "oom": None if r.oom is None else {"event_index": r.oom.event_index,
                                                  "requested_bytes": r.oom.requested_bytes},
@@ -201,42 +246,38 @@ class Predictor:
             "capacity_bytes": self.capacity.limit_bytes,
             "capacity_kind": self.capacity.kind,
             "self_replay_exact": self.self_replay.matches_recorded,
+            "margin_bytes": m.bytes,
+            "margin": m.parts(),
         }
-        out["margin_bytes"] = self.margin.bytes
-        out["margin"] = self.margin.parts()
         limit = self.capacity.limit_bytes
+        cont: Continuation = {"outcome": "later-steps", "heaviest_step_peak_allocated_bytes": r.peak_allocated_bytes,
+                              "margin_bytes": m.continuation_bytes, "margin": m.continuation_parts()}
+        out["continuation"] = cont
         if recorded_oom is None:
             out["reach"] = "complete"
-            if r.oom is not None:
-                out["outcome"] = "oom"
-                return out
-            out["outcome"] = "no-oom"
-            return _edge(out, limit, r.peak_reserved_bytes, self.margin.bytes)
+            out["outcome"] = "oom" if r.oom is not None else "no-oom"
+        elif r.oom is not None:
+            out["reach"], out["outcome"] = "recorded", "still-oom"
+        elif self.extended is None:
+            out["reach"], out["outcome"] = "recorded", "past-recorded-oom"
+        else:
+            e = replay(self.extended, config, deferred_frees=mode, capacity=self.capacity)
+            ext = self.extension
+            out["extended_peak_reserved_bytes"] = e.peak_reserved_bytes
+            out["extension"] = {"previous_step_events": list(ext.previous_step), "appended_events": ext.appended}
+            if e.oom is None:
+                out["reach"] = out["outcome"] = cont["outcome"] = "step-completed"
+                cont["heaviest_step_peak_allocated_bytes"] = max(r.peak_allocated_bytes, e.peak_allocated_bytes)
+            else:
+                out["reach"] = out["outcome"] = cont["outcome"] = "step-ran-out"
+                out["extended_oom_requested_bytes"] = e.oom.requested_bytes
         if r.oom is not None:
-            out["reach"] = "recorded"
-            out["outcome"] = "still-oom"
             return out
-        if self.extended is None:
-            out["reach"] = "recorded"
-            out["outcome"] = "past-recorded-oom"
-            return _edge(out, limit, r.peak_reserved_bytes, self.margin.bytes)
-        if limit is not None:  # the recorded events' spare room; a step that completes says its own (_edge)
-            out["spare_bytes"] = max(limit - r.peak_reserved_bytes, 0)
-        e = replay(self.extended, config, deferred_frees=mode, capacity=self.capacity)
-        ext = self.extension
-        out["extended_peak_reserved_bytes"] = e.peak_reserved_bytes
-        out["extension"] = {"previous_step_events": list(ext.previous_step), "appended_events": ext.appended}
-        out["margin_bytes"] = self.margin.for_claim(True)
-        if e.oom is None:
-            # the claim's peak is the higher of the recorded events' (what `simulate` says of the setting) and the
-            # completed step's: one number, one meaning in both commands (issue 37)
-            out["reach"] = "step-completed"
-            claim = max(r.peak_reserved_bytes, e.peak_reserved_bytes)
-            out["outcome"] = "step-completed"
-            return _edge(out, limit, claim, out["margin_bytes"])
-        out["reach"] = "step-ran-out"
-        out["extended_oom_requested_bytes"] = e.oom.requested_bytes
-        out["outcome"] = "step-ran-out"
+        _edge(out, limit, r.peak_reserved_bytes, m.bytes)
+        if cont["outcome"] != "step-ran-out" and limit is not None:
+            top = max(r.peak_reserved_bytes, out.get("extended_peak_reserved_bytes", 0))
+            cont["spare_bytes"] = max(limit - top, 0)
+            cont["at_edge"] = at_edge(limit - top, cont["margin_bytes"])
         return out
 
 
@@ -244,12 +285,13 @@ OUTCOMES = ("oom", "no-oom", "still-oom", "past-recorded-oom", "step-completed",
 """A prediction's ``outcome``: the replay of a trace without OOM runs out (``oom``) or not (``no-oom``); of a trace
 with one, it runs out again (``still-oom``), gets past it with no complete step before it to replay the rest of
 the step from (``past-recorded-oom``), or gets past it and the rest of the step, replayed as the previous step ran
-it, completes (``step-completed``) or runs out (``step-ran-out``). Its words: :mod:`oomdoctor.render.words.predict`."""
+it, completes (``step-completed``) or runs out (``step-ran-out``): every outcome but ``oom`` and ``still-oom`` gets
+through the recorded steps. Its words: :mod:`oomdoctor.render.words.predict`."""
 
 
 def _edge(out: Prediction, limit: int | None, peak: int, margin_bytes: int) -> Prediction:
-    """``out`` with the claim's ``spare_bytes`` (room - ``peak``, 0 at least) and ``at_edge`` (the spare room is
-    inside the margin); unchanged when the room is unknown."""
+    """``out`` with the recorded steps' ``spare_bytes`` (room - ``peak``, 0 at least) and ``at_edge`` (the spare room
+    is inside the margin); unchanged when the room is unknown."""
     if limit is None:
         return out
     out["spare_bytes"] = max(limit - peak, 0)
@@ -286,7 +328,7 @@ def attach_predictions(findings: list[Finding], analyses: list[DeviceAnalysis],
         if a is None:
             continue
         if rank not in predictors:
-            predictors[rank] = predictor(a)
+            predictors[rank] = predictor(a, **margin_inputs(a))
         p = predictors[rank]
         if p is None:
             continue

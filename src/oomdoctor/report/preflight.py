@@ -13,8 +13,9 @@ model (:mod:`oomdoctor.simulate`) within the memory the GPU leaves to PyTorch.
   prediction is then checked by tracing at it and at its neighbours, so the answer is a traced size that
   replays without OOM, and the next one does not (never a fit above what replays);
 - **settings**: the same trace replayed under other ``PYTORCH_CUDA_ALLOC_CONF`` values;
-- **breakdown**: the accounting (:mod:`oomdoctor.analysis.accounting`) of the traced snapshot at its peak,
-  parameters, gradients and optimizer state from the sidecar's recorded storages (the tracer knows them).
+- **breakdown**: the accounting (:mod:`oomdoctor.analysis.accounting`) of the snapshot preflight writes (the trace
+  laid out by the allocator model) at its peak allocated, parameters, gradients, optimizer state and the tracer's
+  workspaces from the sidecar's recorded storages (the tracer knows them): what ``diagnose`` says of that snapshot.
 
 Bytes throughout; facts only (the CLI renders them).
 """
@@ -80,7 +81,8 @@ class PreflightAnswer:
     """memory outside the caching allocator: the CUDA context and kernels, and NCCL's communicator for more than one
     rank (bytes, measured constants)"""
     outside_allocator_source: str
-    """where outside_allocator_bytes comes from"""
+    """where outside_allocator_bytes comes from, an id: 'cuda-context' (the CUDA context and a training step's
+    kernels, measured) or 'cuda-context+nccl' (and NCCL's world communicator, measured)"""
     room_bytes: int
     """the allocator's room: gpu_total_bytes less outside_allocator_bytes (bytes)"""
     peak_allocated_bytes: int
@@ -118,10 +120,17 @@ class PreflightAnswer:
     trace_wall_s: float
     """wall time of the traces (s)"""
     events: int
-    """allocation and free events traced"""
+    """the events of the snapshot preflight writes, as diagnose counts them: the allocations and frees traced and
+    the allocator model's segment calls"""
     not_traced: list[str]
-    """ids of what the trace leaves out (kernel_workspaces_chosen_at_run_time, torch_compile,
-    cpu_resident_optimizer_steps, collectives)"""
+    """ids of what the trace leaves out or treats in a stated way (kernel_workspaces_chosen_at_run_time,
+    torch_compile, cpu_resident_optimizer_steps, collectives; a script's cuda_streams, cuda_graph)"""
+    invented_values: list[dict[str, Any]] = field(default_factory=list)
+    """every line where the trace read a value from the GPU and was given a stand-in (fake tensors have no values):
+    file, line, kind ('false': a check such as isnan/isinf, found_inf 0; 'finite': a loss or metric, a positive
+    finite number decreasing at each read of the line; 'upper_bound': a data-dependent shape or count at its
+    largest; 'assumed': a constant carried from those), read (item, bool, float, int, index, tolist, print, cpu,
+    numpy, equal, or the shape op), count. Control flow that depends on them may differ from the GPU's"""
     largest_micro_batch_margin_bytes: int = 0
     """what largest_micro_batch keeps free of the room: its replay's peak reserved is at most room_bytes less this
     (3.5% of the room, preflight's largest measured error on peak reserved; bytes; 0: not searched)"""
@@ -130,11 +139,14 @@ class PreflightAnswer:
         return asdict(self)
 
 
-def room(gpu_total_bytes: int, outside_bytes: int) -> Capacity:
-    """The allocator's room on the GPU, as a device limit given by preflight."""
+def room(gpu_total_bytes: int, outside_bytes: int, *, given: bool = False, nccl: bool = False) -> Capacity:
+    """The allocator's room on the GPU (bytes), as a device limit: source ``device-room`` (an id of
+    :data:`oomdoctor.simulate.capacity.SOURCES`) with ``room_source`` ``gpu-total``, the words of what fits'
+    room (``render/words/capacity.py``). ``given``: the total came from ``--gpu-memory``; ``nccl``: NCCL's
+    communicator is among what runs outside the allocator (more than one rank)."""
     limit = max(gpu_total_bytes - outside_bytes, 0)
-    return Capacity(limit, "device", "the GPU's total memory less the CUDA context (preflight)", "given",
-                    evidence="given")
+    return Capacity(limit, "device", "device-room", "given", evidence="given",
+                    source_values={"room_source": "gpu-total", "given": given, "nccl": nccl})
 
 
 def _peak_requested(events: list[dict[str, Any]]) -> int:
@@ -242,7 +254,8 @@ def breakdown_of(trace: Any) -> tuple[dict[str, int], dict[str, str], dict[str, 
                                                  "allocated_bytes": b.allocated_bytes}
 
 
-def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
+def lay_out(snapshot: dict[str, Any], room_bytes: int | None,
+            addresses: dict[int, int] | None = None) -> dict[str, Any]:
     """The traced snapshot as the allocator model would have recorded it on the GPU: every request
     replayed (default settings) through :class:`oomdoctor.simulate.allocator.CachingAllocator` with the
     device limit ``room_bytes``; ``alloc``/``free_*`` entries at the model's block addresses (sizes stay the
@@ -250,8 +263,9 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
     ``segment_free`` entries before the request that caused them, an ``oom`` entry (``size`` the rounded
     request, ``device_free`` the room left) where the model runs out, the trace ending there as an OOM
     snapshot does, and ``segments`` the model's final state. ``diagnose`` then reads reserved memory,
-    fragmentation and the OOM from it. Raises nothing the model does not (a trace it cannot replay keeps
-    its original form: the caller decides)."""
+    fragmentation and the OOM from it. ``addresses``: filled with each traced allocation's address -> its block's
+    address in the model (for the sidecar's facts, :func:`laid_out_meta`). Raises nothing the model does not (a
+    trace it cannot replay keeps its original form: the caller decides)."""
     import numpy as np
 
     from ..analysis.rounding import round_size
@@ -286,6 +300,8 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
                             "user_metadata": "", "frames": e["frames"]})
                 break
             live[e["addr"]] = b
+            if addresses is not None:
+                addresses[e["addr"]] = b.ptr  # a block's address holds while it is allocated
             frames_of[b.ptr] = e["frames"]
             out.append({**e, "addr": b.ptr})
         elif a == "free_requested":
@@ -321,15 +337,34 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None) -> dict[str, Any]:
     return {**snapshot, "segments": segments, "device_traces": [out]}
 
 
+def laid_out_meta(meta: dict[str, Any], addresses: dict[int, int]) -> dict[str, Any]:
+    """The sidecar of a laid-out snapshot (:func:`lay_out`): its facts (``tensors``, the kernel buffers) at the
+    addresses the allocator model gave the blocks, so that ``diagnose`` places them on the snapshot's blocks as
+    preflight placed them on the traced ones (issue 52: it read the parameters as unknown). A storage the model never
+    laid out (after its OOM) is left out."""
+    def moved(pairs: list) -> list:
+        return sorted([addresses[a], n] for a, n in pairs if a in addresses)
+
+    out = dict(meta)
+    out["tensors"] = [{k: moved(v) if k in ("parameters", "gradients", "optimizer_state", "workspaces") else v
+                       for k, v in rec.items()} for rec in meta.get("tensors") or []]
+    pf = dict(meta.get("preflight") or {})
+    if pf.get("kernel_buffers"):
+        pf["kernel_buffers"] = [{**k, "addr": addresses[k["addr"]]} for k in pf["kernel_buffers"]
+                                if k["addr"] in addresses]
+    out["preflight"] = pf
+    return out
+
+
 #: what the trace leaves out, said by id (the CLI words them)
-NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "torch_compile", "cpu_resident_optimizer_steps",
+NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "cpu_resident_optimizer_steps",
               "collectives")
 
 
 def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
            gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
            snapshot_path: str | None, write: Callable[[str, dict, dict], None],
-           search: bool = True) -> PreflightAnswer:
+           search: bool = True, gpu_memory_given: bool = False) -> PreflightAnswer:
     """Trace, replay and answer.
 
     ``trace_fn(n)`` traces the job at micro-batch ``n`` (None: as given) and returns ``(snapshot dict,
@@ -339,7 +374,7 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
     micro-batch (needs ``micro_batch``).
     """
 
-    cap = room(gpu_total_bytes, outside_bytes)
+    cap = room(gpu_total_bytes, outside_bytes, given=gpu_memory_given, nccl=outside_source.endswith("+nccl"))
     tmp = tempfile.TemporaryDirectory()
     kept: dict[str, Any] = {}
     try:
@@ -358,12 +393,11 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
                 return at(n)[0]
             largest, traces = largest_micro_batch(at_n, first, int(cap.limit_bytes or 0))
             method = "traced"
-        cats, sources, where = breakdown_of(trace)
-    finally:
-        tmp.cleanup()
-    if snapshot_path:
-        laid = lay_out(kept["snap"], cap.limit_bytes)
-        meta = dict(kept["meta"])
+        # the snapshot as written (-o) is the one every number below is read from, as diagnose reads it: its
+        # events (the allocator model's segment calls too) and its breakdown (issue 52)
+        addresses: dict[int, int] = {}
+        laid = lay_out(kept["snap"], cap.limit_bytes, addresses)
+        meta = laid_out_meta(kept["meta"], addresses)
         last = laid["device_traces"][0][-1] if laid["device_traces"][0] else {}
         if last.get("action") == "oom":
             meta["kind"] = "oom"
@@ -373,7 +407,14 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
                              "laid_out_by": "oomdoctor.simulate's allocator model, default settings, device limit "
                                             f"{cap.limit_bytes} bytes (the GPU's total less what runs outside the "
                                             "allocator)"}
-        write(snapshot_path, laid, meta)
+        written = snapshot_path or str(Path(tmp.name) / "laid-out.pickle")
+        write(written, laid, meta)
+        from ..trace import load
+
+        cats, sources, where = breakdown_of(load(written))
+        events = len(laid["device_traces"][0])
+    finally:
+        tmp.cleanup()
     return PreflightAnswer(
         job=dict(trace.meta.get("preflight", {}).get("job", {})), gpu_name=gpu_name, gpu_total_bytes=gpu_total_bytes,
         outside_allocator_bytes=outside_bytes, outside_allocator_source=outside_source,
@@ -386,5 +427,6 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
                              "peak_reserved_bytes": r.peak_reserved_bytes, "oom": r.oom,
                              "trace_wall_s": round(r.trace_wall_s, 2)} for r in traces],
         breakdown=cats, breakdown_sources=sources, breakdown_at=where, settings=first.settings,
-        snapshot=snapshot_path, trace_wall_s=round(sum(r.trace_wall_s for r in traces), 2), events=first.events,
-        not_traced=list(NOT_TRACED))
+        snapshot=snapshot_path, trace_wall_s=round(sum(r.trace_wall_s for r in traces), 2), events=events,
+        not_traced=list(NOT_TRACED) + [n for n in trace.meta.get("preflight", {}).get("notes", []) if n not in NOT_TRACED],
+        invented_values=list(trace.meta.get("preflight", {}).get("invented_values", [])))

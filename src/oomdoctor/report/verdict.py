@@ -9,8 +9,12 @@ At an OOM (the last ``oom`` entry of the rank; ``need`` = allocated bytes then +
 - ``growth``: memory kept across micro-batches (``outputs`` in the breakdown, or a material
   ``output-accumulation`` / ``memory-growth`` finding on the rank) at least
   the shortfall ``need - room`` and 64 MiB: the job accumulates, a bigger GPU only delays it;
+- ``kept-exception``: a ``kept-exception`` finding on the rank: an earlier attempt's tensors, held by its caught
+  exception when the work ran again, cover the shortfall (and 64 MiB): releasing the exception is the fix;
 - ``imbalance``: a ``rank-imbalance`` finding on this rank whose excess covers the shortfall;
-- ``capacity``: ``need > room``: the live tensors alone do not fit; no allocator setting helps;
+- ``capacity``: ``need > room``: the live tensors alone do not fit; no allocator setting helps. Pipeline knobs are
+  advised only where the job runs a pipeline (:func:`schedule_evidence`); inside ``optimizer.step()`` the optimizer's
+  own memory is (``optimizer-memory``), never a smaller micro-batch;
 - ``deferred-free``: ``need <= room < need + pending frees``: blocks freed by Python but held for
   ``record_stream`` made the difference;
 - ``fragmentation``: ``need <= room``: enough memory was free, cached or on the device, but not in
@@ -38,11 +42,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis.accounting import KV_CACHE, Breakdown
+from ..analysis.accounting import KV_CACHE, OPTIMIZER_STATE, PARAMETERS, Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import JobPeak, job_peak
+from ..analysis.phases import OPTIMIZER_PHASE
 from ..analysis.rounding import round_size
-from ..analysis.schedule import in_flight
+from ..analysis.schedule import in_flight_parts, schedule_evidence
 from ..detectors.finding import Finding, Fix, SiteRef
 from ..frameworks import detect_frameworks, running_files
 from ..trace.model import DEFAULT_POOL
@@ -50,7 +55,7 @@ from ..units import MiB
 from .fits import Fits, Room
 from .margin import margin as prediction_margin
 
-KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "imbalance", "healthy", "empty")
+KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "kept-exception", "imbalance", "healthy", "empty")
 EDGE_FRACTION = 0.10
 """A healthy rank with less headroom than this fraction of its room is said to be at the edge."""
 VERDICT_FRACTION = EDGE_FRACTION
@@ -65,7 +70,8 @@ GROWTH_FINDINGS = ("output-accumulation", "memory-growth")
 stage keeps its micro-batches' outputs until ``step()`` ends and frees them there, so memory does not grow from
 step to step; it is listed as a finding under whatever verdict the rank gets."""
 FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
-                **{f: "growth" for f in GROWTH_FINDINGS}}
+                "kept-exception": "kept-exception", **{f: "growth" for f in GROWTH_FINDINGS}}
+
 MIN_DECISIVE_BYTES = 64 * MiB
 
 
@@ -73,8 +79,11 @@ REASONS = {
     # healthy, with history
     "room-known": "the room the allocator could use is known: the headroom is stated",
     "room-unknown": "the GPU's size is not recorded (healthy), or at an OOM capacity cannot be told from fragmentation",
-    "reserved-window-missed": "the job's peak reserved (PyTorch's counters) is above the recorded window's",
-    "allocated-window-missed": "the job's peak allocated is above the recorded window's",
+    "reserved-window-missed": "the job's peak reserved (PyTorch's counters) is above the recorded window's by a "
+                              "material gap (analysis/jobpeak.py MISS_SAID_BYTES)",
+    "allocated-window-missed": "the job's peak allocated is above the recorded window's by a material gap",
+    "reserved-job-peak": "the job's peak reserved is above the recorded window's by less: said beside it, no miss",
+    "allocated-job-peak": "the job's peak allocated is above the recorded window's by less: said beside it",
     "peaks-before-window-unknown": "the trace starts after the job's first allocation and nothing says the peaks before",
     "at-edge": "healthy with less than EDGE_FRACTION of the room left",
     "kv-cache-named": "the KV cache holds at least KV_CACHE_FRACTION of the allocated bytes",
@@ -88,14 +97,21 @@ REASONS = {
     "kept-across-micro-batches": "growth: memory kept across micro-batches covers the shortfall",
     "rank-excess": "imbalance: this rank's excess over the others covers the shortfall",
     "live-tensors-exceed-room": "capacity: the live tensors plus the failed request need more than the room",
-    "pipeline-in-flight": "two or more micro-batches were in flight at the OOM (a pipeline schedule)",
+    "pipeline-in-flight": ("two or more micro-batches were in flight at the OOM and the job runs a pipeline schedule "
+                           "(evidence schedule_evidence: sidecar-stage, pipeline-framework, point-to-point, "
+                           "losses-in-one-forward)"),
+    "held-by-exception": ("kept-exception: an earlier attempt's tensors, held by its caught exception, cover the "
+                          "shortfall (evidence kept_exception_bytes, kept_oom_event, kept_retry_event)"),
+    "oom-in-optimizer-step": ("the OOM is inside optimizer.step(): a smaller micro-batch does not help (evidence "
+                              "optimizer_state_bytes, parameters_bytes)"),
     "pending-frees": "deferred-free: blocks held for other streams made the difference",
     "not-in-one-piece": "fragmentation: enough was free, but not in one piece",
     "fraction-cap": "the room is a memory-fraction cap (evidence room_kind)",
     "graph-pools": "CUDA graph private pools reserved memory (evidence graph_pool_bytes)",
     "fix-simulated": "the fragmentation fix was replayed (evidence defragmented_config, fix_*)",
     "fragmentation-hit-first": "the fix was replayed and fragmentation hit first, but the job is at capacity",
-    "step-does-not-fit": "... the step does not fit even without fragmentation",
+    "continuation-runs-out": ("fragmentation: the fix gets through the recorded steps, but the rest of the step, "
+                              "replayed as the previous step ran it, runs out (evidence extended_request_bytes)"),
     "runs-out-without-it": "... the replay with the fix runs out too",
     "at-edge-without-it": "... the replay with the fix gets through with less spare room than the margin",
     "kv-generation-at-capacity": "... the fix leaves less than one token's KV-cache growth",
@@ -110,9 +126,9 @@ REASONS = {
 """The ids a verdict's ``reasons`` may hold: each wording choice its summary makes, in the order they are made
 (the words: :mod:`oomdoctor.render.words.verdict`)."""
 
-ACTIONS = ("pipeline-schedule", "kv-cache-smaller", "micro-batch-at-most", "micro-batch-scale",
+ACTIONS = ("pipeline-schedule", "optimizer-memory", "kv-cache-smaller", "micro-batch-at-most", "micro-batch-scale",
            "activation-checkpointing", "shard-optimizer", "framework-activations", "alloc-conf-not-simulated",
-           "alloc-conf-simulated", "alloc-conf-not-enough", "or-micro-batch-at-most", "finding-fix", "logits")
+           "alloc-conf-simulated", "alloc-conf-not-enough", "finding-fix", "logits")
 """The ids of a verdict's actions (:class:`Action`); their numbers are in the verdict's ``evidence``."""
 
 
@@ -200,7 +216,18 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         if growth is not None:
             ev["kv_cache_growth_per_token_bytes"] = growth
     if a.oom_events.size:
-        ev["in_flight"] = in_flight(a.trace.stacks, a.lifetimes, a.accounting, a.phases, int(a.oom_events[-1]))
+        k = int(a.oom_events[-1])
+        passes, recurrences = in_flight_parts(a.trace.stacks, a.lifetimes, a.accounting, a.phases, k)
+        ev["in_flight"] = max(passes, recurrences)
+        why = schedule_evidence(a, recurrences)
+        if why is not None:
+            ev["schedule_evidence"] = why
+        if a.phases.phase[k] == OPTIMIZER_PHASE:
+            lt, acc = a.lifetimes, a.accounting
+            alive = lt.allocated_mask(k)
+            ev["in_optimizer_step"] = True
+            ev["optimizer_state_bytes"] = int(lt.size[alive & (acc.category == OPTIMIZER_STATE)].sum())
+            ev["parameters_bytes"] = int(lt.size[alive & (acc.category == PARAMETERS)].sum())
         v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
         v.to_do = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
@@ -225,10 +252,14 @@ def peak_evidence(jp: JobPeak) -> dict[str, Any]:
 
 
 def _peak_reasons(jp: JobPeak) -> list[str]:
-    """The reasons of a healthy verdict about its peaks: the window's peak is named where the job's is above it, and
-    peaks before the window are said to be unknown where nothing says them (issue 41)."""
-    return ([*(["reserved-window-missed"] if jp.reserved_missed else []),
-             *(["allocated-window-missed"] if jp.allocated_missed else []),
+    """The reasons of a healthy verdict about its peaks: the window's peak is named where the job's is above it, as a
+    miss where the gap is material (issue 52), and peaks before the window are said to be unknown where nothing says
+    them (issue 41)."""
+    def said(missed: bool, material: bool, what: str) -> list[str]:
+        return [f"{what}-window-missed" if material else f"{what}-job-peak"] if missed else []
+
+    return ([*said(jp.reserved_missed, jp.reserved_missed_material, "reserved"),
+             *said(jp.allocated_missed, jp.allocated_missed_material, "allocated"),
              *(["peaks-before-window-unknown"] if jp.source == "unknown-before-window" else [])])
 
 
@@ -350,6 +381,14 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         ev["shortfall_bytes"] = short
         ev["free_bytes"] = room_b - allocated - an.pending_free_bytes  # pending frees are not free yet
     decisive = max(short or 0, MIN_DECISIVE_BYTES)
+    kept_ex = next((f for f in mine if f.id == "kept-exception"), None)
+    if kept_ex is not None and kept_ex.evidence.get("held_at_last_oom_bytes", 0) >= decisive:
+        # an earlier attempt's tensors, held by its caught exception, cover the shortfall: that is the cause, not
+        # growth or capacity (issue 49)
+        ev |= {"kept_exception_bytes": kept_ex.evidence["held_at_last_oom_bytes"],
+               "kept_oom_event": kept_ex.evidence["oom_event"], "kept_retry_event": kept_ex.evidence["retry_event"]}
+        return Verdict("kept-exception", ev["kept_exception_bytes"], [rank], None, kept_ex.id, ev,
+                       ["held-by-exception"])
     growth = [f for f in mine if f.id in GROWTH_FINDINGS]
     kept = max([bd.categories["outputs"]] + [_rank_bytes(f, rank) for f in growth])
     if kept >= decisive and (short is None or short > 0 or growth):
@@ -364,8 +403,10 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     if short > 0:
         fits = get_fits()
         reasons = ["live-tensors-exceed-room"]
-        if ev.get("in_flight", 0) >= 2:
+        if ev.get("in_flight", 0) >= 2 and "schedule_evidence" in ev:
             reasons.append("pipeline-in-flight")
+        if ev.get("in_optimizer_step"):
+            reasons.append("oom-in-optimizer-step")
         if "kv_cache_bytes" in ev:
             reasons.append("kv-cache-named")
         reasons += _fit_reason(fits, ev)
@@ -387,14 +428,9 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         ev["defragmented_reach"] = fixed["reach"]
         ev.update({f"fix_{k}": val for k, val in fixed.items()})
         reasons.append("fix-simulated")
-        if fixed["reach"] == "step-ran-out":
-            # fragmentation hit first, but without it the step still does not fit: capacity
-            ev["extended_request_bytes"] = fixed["extended_oom_requested_bytes"]
-            reasons += ["fragmentation-hit-first", "step-does-not-fit", *_fit_reason(get_fits(), ev)]
-            return Verdict("capacity", fixed["extended_oom_requested_bytes"], [rank], None, None, ev, reasons)
         if fixed.get("oom") is not None or fixed.get("at_edge"):
-            # the fix does not get through with margin (report/margin.py): fragmentation hit first, but the job is
-            # at capacity; never counted as a fix
+            # no setting gets the replay through the recorded steps with margin (report/margin.py): fragmentation hit
+            # first, but the job is at capacity; never counted as a fix
             ev["margin_bytes"] = fixed.get("margin_bytes", 0)
             reasons += ["fragmentation-hit-first",
                         "runs-out-without-it" if fixed.get("oom") is not None else "at-edge-without-it",
@@ -403,6 +439,12 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
                        else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
             return Verdict("capacity", decides, [rank], None, None, ev, reasons)
+        # the setting gets the replay past the recorded OOM and through every recorded step: the OOM that happened
+        # was fragmentation. Whether the job keeps running (the rest of the step, later steps) is the prediction's
+        # continuation, a second statement with its own margin: it never changes the cause (issue 49)
+        if fixed["reach"] == "step-ran-out":
+            ev["extended_request_bytes"] = fixed["extended_oom_requested_bytes"]
+            reasons.append("continuation-runs-out")
         left = _kv_fit(a, bd, ev, room_b, need, fixed.get("margin_bytes"))
         if left is not None and left < ev["kv_cache_growth_per_token_bytes"]:
             # generate(): the cache grows by the same bytes every token to come; a fix that leaves less than one
@@ -516,8 +558,17 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
     """What to do, in order (:data:`ACTIONS`); the numbers they name go into ``v.evidence``."""
     ev, out = v.evidence, []
     fws = _frameworks(a)
-    if v.kind == "capacity" and ev.get("in_flight", 0) >= 2:
+    if v.kind == "capacity" and ev.get("in_flight", 0) >= 2 and "schedule_evidence" in ev:
         out.append(Action("pipeline-schedule"))
+    if v.kind == "capacity" and ev.get("in_optimizer_step"):
+        # inside optimizer.step() the activations are gone: neither a smaller micro-batch nor checkpointing helps;
+        # an optimizer with less state, or its state sharded, does (issue 49)
+        out.append(Action("optimizer-memory"))
+        if (fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES
+                and _unsharded_data_parallel(fws)):
+            ev["sharding_frees_bytes"] = fits.sharding_optimizer_frees_bytes
+            out.append(Action("shard-optimizer"))
+        return out
     if v.kind in ("capacity", "fragmentation") and "kv_cache_bytes" in ev:
         out.append(Action("kv-cache-smaller", framework="generate"))
     if v.kind == "capacity":
@@ -543,8 +594,8 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
             out.append(Action("alloc-conf-simulated"))
         else:
             out.append(Action("alloc-conf-not-enough"))
-        if "largest_micro_batch" in ev:
-            out.append(Action("or-micro-batch-at-most"))
+        # no micro-batch cut: the free setting clears the recorded steps (issue 49); what fits with the recorded
+        # settings stays in the summary and the fits section, as a fact
     elif v.finding is not None:
         f = (_own_imbalance(mine, v.ranks[0]) if v.kind == "imbalance"
              else next((x for x in mine if x.id == v.finding), None))
@@ -557,10 +608,10 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
 
 
 # on equal bytes, the more specific kind: one rank's excess over the others says where the growth is
-_PREFER = ("fragmentation", "deferred-free", "growth", "imbalance")
+_PREFER = ("fragmentation", "deferred-free", "growth", "kept-exception", "imbalance")
 
-_ORDER = {"growth": 0, "imbalance": 1, "capacity": 2, "deferred-free": 3, "fragmentation": 4, "healthy": 9,
-          "empty": 10}
+_ORDER = {"kept-exception": 0, "growth": 0, "imbalance": 1, "capacity": 2, "deferred-free": 3, "fragmentation": 4,
+          "healthy": 9, "empty": 10}
 
 
 def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:

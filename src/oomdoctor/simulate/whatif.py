@@ -81,6 +81,13 @@ class Simulation:
     def self_replay(self) -> ReplayResult:
         return self.results[0]
 
+    @property
+    def reach(self) -> str:
+        """How far every replay of it reaches (the ids of ``report/predict.py`` ``REACHES``): ``complete`` (the
+        recording has no OOM; every event was replayed) or ``recorded`` (the recording ends at its OOM: a replay
+        without OOM gets past that request, and what the job would have run after it was never recorded)."""
+        return "complete" if self.recorded_oom_event is None else "recorded"
+
 
 def grid(prepared: Prepared, capacity: Capacity, has_deferred: bool) -> list[WhatIf]:
     """The settings ``--search`` tries: expandable segments; max_split_size 128-1024 MiB; rounding

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 from ..errors import SnapshotError
 from .build import Drained, build_trace
 from .model import Trace
-from .reader import SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
+from .reader import OBJECTS_PICKLE, SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
 from .stackmatch import match_stackless_steps
 from .store import load_trace
 from .stream import load_streaming, should_stream
@@ -251,11 +251,17 @@ def _storage_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(_is_int(x) for x in p) for p in v)
 
 
+def _part_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(p, list) and len(p) == 3 and all(_is_int(x) for x in p) for p in v)
+
+
 def _drop_malformed(trace: Trace) -> None:
     """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
     itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
     ``device`` and non-negative integers or nulls, :func:`oomdoctor.capture.metadata.device_counters`), ``tensors`` (records of an integer
-    ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`),
+    ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`), ``modules`` (records of an
+    integer ``time_us`` and ``roots`` whose ``parameters`` / ``gradients`` / ``untouched`` / ``frozen`` / ``buffers``
+    are ``[data_ptr, nbytes, part]`` integer triples),
     ``phase_markers`` / ``step_markers`` (objects with an integer ``time_us``, phases a string ``phase``),
     ``memory_fraction`` (a number in [0, 1]), and the fields of :data:`_INT_FIELDS` (non-negative
     integers), :data:`_DICT_FIELDS` (objects) and :data:`_STR_FIELDS` (strings). A wrong ``rank`` falls back
@@ -274,9 +280,17 @@ def _drop_malformed(trace: Trace) -> None:
     recs = meta.get("tensors")
     if recs is not None and not (isinstance(recs, list) and all(
             isinstance(r, dict) and _is_int(r.get("time_us"))
-            and all(_storage_list(r.get(k, [])) for k in ("parameters", "gradients", "optimizer_state"))
+            and all(_storage_list(r.get(k, [])) for k in ("parameters", "gradients", "optimizer_state", "workspaces"))
             for r in recs)):
         bad.append("tensors")
+    mods = meta.get("modules")
+    if mods is not None and not (isinstance(mods, list) and all(
+            isinstance(r, dict) and _is_int(r.get("time_us")) and isinstance(r.get("roots"), list) and all(
+                isinstance(root, dict) and isinstance(root.get("class", ""), str)
+                and all(_part_list(root.get(k, [])) for k in ("parameters", "gradients", "untouched", "frozen",
+                                                               "buffers"))
+                for root in r["roots"]) for r in mods)):
+        bad.append("modules")
     marks = meta.get("phase_markers")
     if marks is not None and not (isinstance(marks, list) and all(
             isinstance(m, dict) and _is_int(m.get("time_us")) and isinstance(m.get("phase"), str) for m in marks)):
@@ -302,10 +316,37 @@ def _drop_malformed(trace: Trace) -> None:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A file that a directory holds beside its snapshots and that was not read as one, with why."""
+    """A file that a directory holds beside its snapshots and that was not read as one, with why.
+
+    ``rank`` is the rank the file claims (:func:`claimed_rank`: its sidecar, else its name) when it is named like a
+    snapshot and could not be read as one: cut off, corrupt, or refused because unpickling it would run code. Such a
+    file is a rank of the job that was lost, not a file beside the snapshots: the job's result is incomplete
+    (:attr:`oomdoctor.report.model.Report.unread`, and ``--fail-on`` fails). None for a file that is plainly not a
+    snapshot (a log, a metrics JSON, a zip checkpoint) or that claims no rank."""
 
     path: str
     reason: str
+    rank: int | None = None
+
+
+def claimed_rank(path: str) -> int | None:
+    """The rank a file claims without being read: its sidecar's ``rank`` (:func:`sidecar_path`), else the rank in
+    its name (:func:`rank_from_name`); None when neither says. A sidecar that is not valid JSON claims nothing."""
+    side = sidecar_path(path)
+    if side is not None:
+        try:
+            r = read_sidecar(side).get("rank")
+        except SnapshotError:
+            r = None
+        if _is_int(r) and r >= 0:
+            return r
+    return rank_from_name(path)
+
+
+def lost_rank(path: str) -> int | None:
+    """The rank a file named like a snapshot claims (:func:`claimed_rank`), for a file of a directory that could not
+    be read: that rank's data is lost. None for a name that is not a snapshot's."""
+    return claimed_rank(path) if _looks_like_snapshot(os.path.basename(path)) else None
 
 
 def refuse_unranked(files: list[str], ranks: list[int | None], named: set[str]) -> None:
@@ -365,7 +406,9 @@ def discover(paths: Iterable[str | os.PathLike], skipped: list[Skipped] | None =
                 elif not _looks_like_snapshot(f.name):
                     other.append(Skipped(str(f), ""))
                 elif (why := sniff(str(f), walk=f.stat().st_size > SNIFF_WALK_MIN_BYTES)) is not None:
-                    other.append(Skipped(str(f), why))
+                    # a zip or a JSON of other things is plainly not a snapshot; a pickle that would run code,
+                    # named as a rank's, is that rank's snapshot refused (as load refuses a small one)
+                    other.append(Skipped(str(f), why, lost_rank(str(f)) if why.startswith(OBJECTS_PICKLE) else None))
                 else:
                     found.append(str(f))
             if not found:
@@ -448,7 +491,7 @@ def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | Non
         try:
             traces.append(load(f, progress=progress, replay_only=replay_only))
         except SnapshotError as e:
-            own.append(Skipped(f, e.problem))
+            own.append(Skipped(f, e.problem, lost_rank(f)))
     if skipped is not None:
         skipped.extend(sorted(own, key=lambda s: s.path))
         dirs = [p for p in paths if os.path.isdir(p)]

@@ -206,6 +206,8 @@ def _head_decompressed(head: bytes) -> bytes | None:
 
 
 SNIFF_WALK_MIN_BYTES = 64 << 20
+OBJECTS_PICKLE = "a pickle of Python objects"
+"""How :func:`sniff`'s reason for a pickle that imports or calls begins (unpickling it would run code)."""
 
 
 def no_segments(obj: dict) -> str:
@@ -251,7 +253,7 @@ def sniff(path: str, walk: bool = True) -> str | None:
         for op, arg, _ in pickletools.genops(io.BytesIO(data)):
             if op.name in _OBJECT_OPCODES:
                 what = f" {str(arg)[:60]!r}" if op.name in ("GLOBAL", "INST") and arg else ""
-                return f"a pickle of Python objects ({op.name}{what}), not plain data"
+                return f"{OBJECTS_PICKLE} ({op.name}{what}), not plain data"
             if op.name == "STOP":
                 break
     except Exception:  # noqa: BLE001 - the first MiB ends mid-opcode, or the bytes are not a pickle

@@ -42,7 +42,7 @@ TREE_NODES = 2000
 CATEGORY_COLORS = {
     "parameters": "#a0cbe8", "gradients": "#ffbe7d", "optimizer_state": "#d4a6c8", "activations": "#8cd17d",
     "temporaries": "#f1ce63", "communication": "#86bcb6", "outputs": "#ff9d9a", "kv_cache": "#d7b5a6",
-    "workspaces": "#fabfd2", "weight_copy": "#b6992d", "unknown": "#bab0ac",
+    "workspaces": "#fabfd2", "weight_copy": "#b6992d", "buffers": "#9d7660", "unknown": "#bab0ac",
 }
 """The colour of each category of the breakdown (the light half of Tableau 20, under dark text); a category not
 named here gets :data:`OTHER_COLOR`."""

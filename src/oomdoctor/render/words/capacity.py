@@ -73,6 +73,9 @@ def room_source(source: str, values: dict[str, Any]) -> str:
         given = " (given with --gpu-memory)" if values.get("given") else ""
         nccl = " and NCCL's buffers" if values.get("nccl") else ""
         return f"the GPU's total memory{given} less the CUDA context{nccl} (planner constants)"
+    if source == "gpu-total-less-outside":
+        given = " (given with --gpu-memory)" if values.get("given") else ""
+        return f"the GPU's total memory{given} less the process's memory outside the allocator (sidecar)"
     return ROOM_SOURCES[source]
 
 

@@ -35,6 +35,8 @@ TITLES: dict[tuple[str, str], str] = {
     ("deferred-free", "final-state"): "Frees deferred by record_stream hold memory across layers and steps",
     ("fragmentation", "oom"): "Out of memory with enough free memory, in pieces too small",
     ("fragmentation", "stranded"): "Reserved memory far above allocated: free space stranded in segments",
+    ("kept-exception", ""): ("A caught out-of-memory error keeps the failed attempt's tensors ({held_bytes:bytes}) "
+                             "while the job runs again"),
     ("memory-growth", ""): "Memory grows from step to step: tensors from earlier steps stay allocated",
     ("output-accumulation", "graph-kept"): "Every batch's autograd graph is kept alive (a loss summed without no_grad)",
     ("output-accumulation", "regrown"): "Outputs of every batch gathered into one growing buffer",
@@ -59,8 +61,23 @@ _IMBALANCE = ("Rank {rank} peaks at {peak_allocated_bytes:bytes} allocated, {exc
               "median of the other ranks ({others_median_peak_allocated_bytes:bytes}); at the end it still "
               "holds {end_allocated_bytes:bytes} against {others_median_end_allocated_bytes:bytes}.")
 
+#: ``output-accumulation`` of kept outputs: how they grow, by the evidence's ``kept_every`` (1: with every step or
+#: batch; more: evenly that many apart; 0: unevenly) and ``kept_unit`` (``step``, ``batch``), put in as
+#: ``{growth_words}``.
+KEPT_GROWTH: dict[tuple[str, str], str] = {
+    ("every", "batch"): "They grow by one batch's outputs with every batch until the device is full.",
+    ("every", "step"): "They grow by one batch's outputs with every step until the device is full.",
+    ("apart", "batch"): ("They grow by one batch's outputs every {kept_every} batches (batches {kept_at:list}) until "
+                         "the device is full."),
+    ("apart", "step"): ("They grow by one batch's outputs every {kept_every} steps (steps {kept_at:list}) until the "
+                        "device is full."),
+    ("uneven", "batch"): "They were kept at batches {kept_at:list}, and grow until the device is full.",
+    ("uneven", "step"): "They were kept at steps {kept_at:list}, and grow until the device is full.",
+}
+
 #: ``(finding id, variant)`` -> the summary template (``deferred-free`` at the peak: ``{owner_words}`` is
-#: :data:`DEFERRED_OWNERS` of its evidence's ``owner``, put in by :func:`summary_template`).
+#: :data:`DEFERRED_OWNERS` of its evidence's ``owner``; ``output-accumulation`` of kept outputs: ``{growth_words}``
+#: is :data:`KEPT_GROWTH`'s; both put in by :func:`summary_template`).
 SUMMARIES: dict[tuple[str, str], str] = {
     ("allgather-list", ""): (
         "{calls} calls of all_gather into a list allocated a temporary flat buffer each (largest "
@@ -114,8 +131,15 @@ SUMMARIES: dict[tuple[str, str], str] = {
         "At the peak, {free_in_used_segments_bytes:bytes} of the {peak_reserved_bytes:bytes} reserved "
         "were free but stranded inside segments that still hold live blocks (largest free block "
         "{largest_free_block_bytes:bytes}); only {allocated_at_peak_bytes:bytes} were allocated."),
+    ("kept-exception", ""): (
+        "The out-of-memory error at event {oom_event} was caught, and when the same code ran again (event "
+        "{retry_event}) the {held_blocks} blocks the failed attempt had made ({held_bytes:bytes}) were still allocated: "
+        "the exception (its traceback and the frames it holds) keeps them alive. {held_at_last_oom_bytes:bytes} of "
+        "them were still held at the last OOM."),
     ("memory-growth", ""): (
-        "Over {steps} training steps (found by {step_source}), steps {leaking_steps} each left blocks "
+        "Over {steps} training steps (found by {step_source}), of steps {first_counted_step} to "
+        "{last_counted_step} (the two before are warm-up, the last two still running), steps {leaking_steps:list} "
+        "each left blocks "
         "allocated that are still alive at the last step: {retained_bytes:bytes} in all. Allocated memory "
         "at step start grew from {allocated_at_first_step_bytes:bytes} to {allocated_at_last_step_bytes:bytes}."),
     ("output-accumulation", "graph-kept"): (
@@ -130,10 +154,11 @@ SUMMARIES: dict[tuple[str, str], str] = {
     ("output-accumulation", "kept-outputs"): (
         "At {at}, {kept_bytes:bytes} in {blocks} blocks are outputs of {passes} micro-batches kept on the "
         "GPU while later ones ran ({phase} phase): {kept_fraction:.0%} of the {allocated_bytes:bytes} "
-        "allocated. They grow by one batch per step until the device is full."),
+        "allocated. {growth_words}"),
     ("pipeline-output-cache", ""): (
-        "This pipeline stage keeps {outputs_kept} micro-batch outputs of {output_bytes:bytes} each "
-        "({kept_bytes:bytes}) allocated at once until step() ends (median {median_held_us:us} each): "
+        "This pipeline stage keeps {outputs_kept} micro-batch outputs ({kept_bytes:bytes} in the allocator's "
+        "blocks, {output_bytes:bytes} requested each) allocated at once until step() ends (median "
+        "{median_held_us:us} each): "
         "the schedule caches every output of the last stage to merge them, so memory grows with the "
         "number of micro-batches."),
     ("rank-imbalance", ""): _IMBALANCE,
@@ -183,8 +208,12 @@ FIXES: dict[str, str] = {
         "Point-to-point sends still call record_stream in every version: wait on isend/irecv works "
         "promptly and keep fewer micro-batches in flight."),
     "expandable-segments-no-help": (
-        "Do not expect expandable_segments:True to help: the blocks are held, not fragmented (measured: "
-        "2.84 GiB legacy vs 2.23 GiB with expandable segments vs 1.22 GiB without record_stream)."),
+        "Do not expect expandable_segments:True to help: the blocks are held, not fragmented. Measured on other runs "
+        "of a two-rank tensor-parallel job, peak reserved per rank: {measured[record_stream][0]:bytes} to "
+        "{measured[record_stream][1]:bytes} with record_stream, {measured[expandable_segments][0]:bytes} to "
+        "{measured[expandable_segments][1]:bytes} with expandable segments too, "
+        "{measured[without_record_stream][1]:bytes} without record_stream; how long the frees wait changes from run "
+        "to run, so one run with expandable segments can land below another without."),
     # fragmentation
     "expandable-segments": (
         "Set {setting} (" + _ENV_NOTE + "): segments grow by mapping pages, so free space "
@@ -198,6 +227,11 @@ FIXES: dict[str, str] = {
         "Under the memory fraction (torch.cuda.set_per_process_memory_fraction), add "
         "garbage_collection_threshold:0.8 to {env} to release old cached blocks before hitting the cap."),
     "vary-shapes-less": "Vary shapes less: pad or bucket sequence lengths so freed blocks fit the next step's requests.",
+    # kept-exception
+    "release-exception": (
+        "Leave the except block before retrying (set a flag, retry after it), or del the exception and anything "
+        "holding it or its traceback (a list of errors, sys.last_traceback): while it lives, its traceback keeps the "
+        "failed attempt's frames and every tensor they hold."),
     # memory-growth
     "detach-kept-tensors": (
         "Do not keep tensors that are attached to the graph or live on the GPU across steps: log with "
@@ -261,6 +295,10 @@ def summary_template(f: Finding) -> str:
     template = SUMMARIES[(f.id, f.variant)]
     if "{owner_words}" in template:
         template = template.replace("{owner_words}", DEFERRED_OWNERS[f.evidence["owner"]])
+    if "{growth_words}" in template:
+        every = f.evidence["kept_every"]
+        kind = "every" if every == 1 else "apart" if every else "uneven"
+        template = template.replace("{growth_words}", KEPT_GROWTH[(kind, f.evidence["kept_unit"])])
     return template
 
 
@@ -282,8 +320,9 @@ def resolve_title(ref: FindingTitle) -> str:
 def fix_params(fx: Fix) -> dict[str, Any]:
     """What a fix's words name besides its id: ``setting`` (e.g. ``PYTORCH_ALLOC_CONF=max_split_size_mb:512``),
     ``env`` (the variable the setting goes in), ``framework`` and ``knob`` (the framework's name and its advice
-    on the fix's topic, :mod:`oomdoctor.frameworks`)."""
-    out: dict[str, Any] = {"setting": fx.setting, "env": (fx.setting or "").partition("=")[0]}
+    on the fix's topic, :mod:`oomdoctor.frameworks`), ``measured`` (what runs on a GPU measured, which it cites)."""
+    out: dict[str, Any] = {"setting": fx.setting, "env": (fx.setting or "").partition("=")[0],
+                           "measured": fx.measured}
     if fx.framework is not None:
         fw = next(x for x in FRAMEWORKS if x.id == fx.framework)
         out |= {"framework": fw.name, "knob": fw.knobs[FRAMEWORK_KNOBS[fx.id]]}
@@ -298,7 +337,7 @@ def fix_text(fx: Fix) -> str:
     template = FIXES[fx.id]
     if "{" not in template:
         return template
-    return template.format(**fix_params(fx))
+    return fill(template, fix_params(fx))
 
 
 def verdict_evidence(evidence: dict[str, Any]) -> dict[str, Any]:

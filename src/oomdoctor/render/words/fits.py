@@ -31,6 +31,10 @@ NOTES = {
     "cut-in-first-forward": ("the trace ends inside its first forward pass: the rest of that pass is not in it, so "
                              "what fits cannot be replayed from it; record a run that fits and diagnose it with "
                              "--micro-batch"),
+    "pipeline-warm-up": ("a pipeline stage ran out in the warm-up forwards of its first step: its peak comes when "
+                         "every micro-batch its schedule holds in flight is there (1F1B's first stage: one per later "
+                         "stage), which the trace does not show, so no lower bound is said; record a step that "
+                         "finished and diagnose it with --micro-batch"),
     "optimizer-state-assumed": ("no optimizer step finished before the OOM: the replay keeps room for optimizer "
                                 "state of twice the parameters (Adam's two moments)"),
     "replay-failed": "the trace cannot be replayed: {replay_error}",

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 SOURCES = {
-    "fewer-than-two-steps": "fewer than two complete steps: no step-to-step variation to read",
-    "steps-spread": "max - min of the peak allocated and reserved over the complete steps (the larger)",
-    "steps-rise": "largest rise of the peak reserved between consecutive complete steps",
     "self-replay-difference": "the self-replay's largest reserved difference from the recording",
     "self-replay-exact": "the self-replay reproduces the reserved bytes",
-    "fraction-cap": "a memory-fraction cap: the allocator's own limit, below what lives outside it",
-    "given": "given: the process's memory in use less the allocator's reserved bytes",
-    "oom-message": ("the OOM message: this process's memory in use less what PyTorch reserved (allocated plus "
-                    "reserved but unallocated)"),
+    "fraction-cap": "a memory-fraction cap: the allocator's own limit, which memory outside it does not count against",
+    "outside-growth": ("what the memory outside the allocator grew by after the room was read from the device, at "
+                       "most, on the corpus, before the job's first optimizer step ended (92 MiB)"),
+    "outside-growth-after-a-step": ("what the memory outside the allocator grew by after the room was read from the "
+                                    "device, at most, on the corpus, once a step had run (2 MiB)"),
+    "planner-constants": ("the most the memory outside the allocator measured above the planner's constants (CUDA "
+                          "context, NCCL) the room was estimated with"),
     "gpu-size-unknown": "unknown: the GPU's total memory is not recorded",
-    "device-free-at-oom": "the GPU's total memory less the free bytes and reserved bytes at the OOM",
-    "device-free-at-dump": "the GPU's total memory less the free and reserved bytes at the dump",
-    "cuda-context": "the planner's constants: the CUDA context",
-    "cuda-context-and-nccl": "the planner's constants: the CUDA context and NCCL's first communicator",
-    "job-peak-above-trace": "the job's own peak reserved (memory_stats) above the trace's",
+    "reserved-step-spread": "max - min of the peak reserved over the complete steps",
+    "fewer-than-two-steps": "fewer than two complete steps: no step-to-step spread measured",
+    "job-peak-above-trace": "the job's own peak reserved (PyTorch's counters) above the trace's",
+    "job-peak-in-trace": "the job's own peak reserved (PyTorch's counters) is the trace's",
+    "job-peak-unknown": "no counters: the job's own peak reserved is not known",
 }
 
 

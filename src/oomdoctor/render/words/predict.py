@@ -1,6 +1,8 @@
 """The words of a prediction (:mod:`oomdoctor.report.predict`, a dict): its ``outcome`` id
-(:data:`~oomdoctor.report.predict.OUTCOMES`) said with its numbers: the peak reserved, where the room is known the
-spare room and the margin (at the edge when ``at_edge``), the request the rest of the step runs out at."""
+(:data:`~oomdoctor.report.predict.OUTCOMES`) said with its numbers: first what the replay says of the recorded steps
+(the peak reserved; where the room is known, the spare room and the margin, at the edge when ``at_edge``), then what
+the recorded steps do not cover (``continuation``): the rest of the step, replayed, or later steps, said as the
+condition they hold under and, where the job measured it, with their own margin (issue 49)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,22 @@ from ..format import fill
 
 SPARE = " with {spare_bytes:bytes} to spare (margin {margin_bytes:bytes})"
 SPARE_AT_EDGE = " with {spare_bytes:bytes} to spare, inside its margin of {margin_bytes:bytes} (at the edge: it may still run out)"
+CONDITION = "for steps whose tensors peak at up to {continuation[heaviest_step_peak_allocated_bytes]:bytes}, the heaviest recorded"
+
+
+def _continuation(p: dict[str, Any]) -> str:
+    """The second statement: what the recorded steps do not cover, with its margin where one was measured."""
+    c = p.get("continuation") or {}
+    if "spare_bytes" not in c:
+        return ""
+    if c.get("margin_bytes") is None:
+        return (" ({continuation[spare_bytes]:bytes} to spare; no step-to-step spread measured: fewer than two "
+                "complete steps)")
+    if c.get("at_edge"):
+        return (" ({continuation[spare_bytes]:bytes} to spare, inside the {continuation[margin_bytes]:bytes} its "
+                "steps' reserved peaks spread by: later steps may still run out)")
+    return (" ({continuation[spare_bytes]:bytes} to spare, more than the {continuation[margin_bytes]:bytes} its "
+            "steps' reserved peaks spread by)")
 
 
 def outcome_template(p: dict[str, Any]) -> str:
@@ -19,20 +37,24 @@ def outcome_template(p: dict[str, Any]) -> str:
     if o == "oom":
         return "out of memory at event {oom[event_index]}"
     if o == "no-oom":
-        return "no OOM, peak reserved {peak_reserved_bytes:bytes}" + spare
+        return ("no OOM, peak reserved {peak_reserved_bytes:bytes}" + spare + "; later steps: " + CONDITION
+                + _continuation(p))
     if o == "still-oom":
         return "still out of memory, at event {oom[event_index]} of the recording"
     if o == "past-recorded-oom":
-        return ("gets past the recorded OOM" + spare
-                + "; the rest of the step was not recorded (no complete step before it to replay)")
+        return ("gets past the recorded OOM and through the recorded steps (peak reserved {peak_reserved_bytes:bytes})"
+                + spare + "; the rest of the step was not recorded (no complete step before it to replay): it holds "
+                + CONDITION)
     if o == "step-completed":
-        return ("gets past the recorded OOM with a peak reserved of {peak_reserved_bytes:bytes}, and the rest of the "
-                "step, replayed as the previous step ran it, completes"
-                + (", peaking at {extended_peak_reserved_bytes:bytes}"
-                   if p["extended_peak_reserved_bytes"] > p["peak_reserved_bytes"] else "") + spare)
+        ext = p.get("extended_peak_reserved_bytes", 0) > p["peak_reserved_bytes"]
+        return ("gets past the recorded OOM and through the recorded steps (peak reserved {peak_reserved_bytes:bytes})"
+                + spare + "; the rest of the step, replayed as the previous step ran it, completes"
+                + (", peaking at {extended_peak_reserved_bytes:bytes}" if ext else "") + _continuation(p)
+                + ", " + CONDITION)
     if o == "step-ran-out":
-        return ("gets past the recorded OOM, but the rest of the step, replayed as the previous step ran it, runs out "
-                "of memory asking for {extended_oom_requested_bytes:bytes}")
+        return ("gets past the recorded OOM and through the recorded steps (peak reserved {peak_reserved_bytes:bytes})"
+                + spare + ", but the rest of the step, replayed as the previous step ran it, runs out of memory asking "
+                "for {extended_oom_requested_bytes:bytes}")
     raise KeyError(o)
 
 

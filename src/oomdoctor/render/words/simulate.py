@@ -1,12 +1,15 @@
 """The words of a simulation (:class:`oomdoctor.simulate.whatif.Simulation`): why a setting is recommended
-(``RECOMMENDATION_REASONS``), what it does not mix with (``INCOMPATIBILITIES``, each with its source) and what a
-search says of itself (``SIMULATION_NOTES``). The JSON writes these words where the ids are, as it always has."""
+(``RECOMMENDATION_REASONS``), what it does not mix with (``INCOMPATIBILITIES``, each with its source), what a
+search says of itself (``SIMULATION_NOTES``) and how far its replays reach (``REACH``, ``NO_OOM``). The JSON writes these words where the ids are, as it always has."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..format import count, format_bytes
+
 if TYPE_CHECKING:
+    from ...simulate.replay import ReplayResult
     from ...simulate.whatif import Simulation
 
 REASONS = {
@@ -38,6 +41,17 @@ INCOMPATIBILITIES = {
                                    "record_stream in every version (ProcessGroupNCCL.cpp pointToPoint)"),
 }
 
+#: how far a simulation's replays reach (``Simulation.reach``), said under its table after "replayed: "
+REACH = {
+    "complete": "every recorded event (the recording has no OOM)",
+    "recorded": ("up to the recorded OOM (event {event}), where the recording ends; 'past it': a setting gets past "
+                 "that request, and what the job would have run after it was never recorded (oomdoctor diagnose "
+                 "replays the rest of the step as the previous step ran it)"),
+}
+
+#: the OOM column of a replay without OOM, by its reach
+NO_OOM = {"complete": "none", "recorded": "past it"}
+
 NOTES = {
     "no-deferred-frees": "the trace has no deferred frees, so immediate-free replays were not needed",
     "gc-not-tried": "garbage_collection_threshold was not tried: it acts only under a memory fraction cap",
@@ -47,3 +61,33 @@ NOTES = {
 def notes(sim: Simulation) -> list[str]:
     """What the simulation notes, in words: its own notes, then the replay's warnings (already words)."""
     return [NOTES[n] for n in sim.notes] + list(sim.warnings)
+
+
+def _setting(r: ReplayResult) -> str:
+    return str(r.config) + (" with frees not deferred" if r.deferred_frees == "immediate" else "")
+
+
+def headline(sim: Simulation) -> str:
+    """The first line of ``oomdoctor simulate``: how the recorded run replays, then the answer of the settings tried
+    (the recommendation; how many get past a recorded OOM; else the lowest peak reserved). The file is named on the
+    next line, so that a long path never pushes the answer off the first one."""
+    v = sim.self_replay.validation
+    how = "is replayed" if v is None else "replays exactly" if v.exact else "replays approximately"
+    seen = (f"OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None
+            else f"peak reserved {format_bytes(sim.recorded_peak_reserved_bytes)}")
+    out = f"oomdoctor simulate: the recorded run {how} ({seen})"
+    tried = sim.results[1:]
+    rec = sim.recommendation
+    if rec is not None:
+        out += (f"; recommended: {_setting(rec.result)}, peak reserved {format_bytes(rec.result.peak_reserved_bytes)}"
+                + (", past the recorded OOM" if sim.recorded_oom_event is not None else ""))
+    elif tried and sim.recorded_oom_event is not None:
+        past = sum(1 for r in tried if r.oom is None)
+        out += f"; {past} of {count(len(tried), 'setting')} tried get{'s' if past == 1 else ''} past the recorded OOM"
+    elif len(tried) == 1:
+        out += f"; with {_setting(tried[0])}: peak reserved {format_bytes(tried[0].peak_reserved_bytes)}"
+    elif tried:
+        best = min(tried, key=lambda r: r.peak_reserved_bytes)
+        out += (f"; the lowest of the {len(tried)} settings tried: peak reserved "
+                f"{format_bytes(best.peak_reserved_bytes)} with {_setting(best)}")
+    return out

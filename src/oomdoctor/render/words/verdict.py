@@ -17,7 +17,7 @@ from .findings import fix_text, verdict_evidence
 if TYPE_CHECKING:
     from ...report.verdict import Action, Verdict
 
-NO_MATERIAL = "no OOM and no material finding; "
+NO_MATERIAL = "no OOM and nothing worth fixing; "
 ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
 MATERIAL = " The findings below are worth fixing, but none decides another verdict."
 ALLOC_CONF = "Set PYTORCH_ALLOC_CONF={setting} (PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9)"
@@ -44,17 +44,38 @@ def _peak_words(r: set[str], ev: dict[str, Any]) -> tuple[str, str, str]:
     counters = "PyTorch's counters" + (", from the sidecar" if ev.get("peak_source") == "sidecar" else
                                        ", from the memory_stats file")
     reserved = (f" (the job's, {counters}; the recorded window's peak was {{window_peak_reserved_bytes:bytes}}: "
-                "the window missed it)") if "reserved-window-missed" in r else ""
+                "the window missed it)" if "reserved-window-missed" in r else
+                f" (the job's, {counters}; {{window_peak_reserved_bytes:bytes}} in the recorded window)"
+                if "reserved-job-peak" in r else "")
     allocated = (" (the job's; the recorded window's peak was {window_peak_allocated_bytes:bytes}: the window missed "
-                 "it)") if "allocated-window-missed" in r else " in the {phase} phase"
+                 "it)" if "allocated-window-missed" in r else
+                 " (the job's; {window_peak_allocated_bytes:bytes} in the recorded window) in the {phase} phase"
+                 if "allocated-job-peak" in r else " in the {phase} phase")
     unknown = (" Peaks before the recorded window are not known (the trace starts after the job's first allocation "
                "and no sidecar holds PyTorch's counters): these are the window's, and the job's may be higher."
                if "peaks-before-window-unknown" in r else "")
     return reserved, allocated, unknown
 
 
-def _fit(r: set[str], kind: str) -> str:
-    """What fits (reasons ``fit-*``); a fragmentation verdict says it is with the recorded settings."""
+def _estimated_from(ev: dict[str, Any]) -> str:
+    """What an estimate of what fits is made from: the job's peak of a generate() run (its assumptions say so), else
+    the first forward pass its trace ends in (:func:`oomdoctor.report.fits.fits`)."""
+    if "generate-peak-grows" in (ev.get("estimate_assumptions") or ()):
+        return "from the job's peak reserved, scaled with the batch"
+    return "from the first forward pass"
+
+
+def assumptions(v: Verdict) -> list[str]:
+    """What the verdict's estimate of what fits rests on, in words, one each (``estimate_assumptions``: ids of
+    :data:`oomdoctor.report.fits.ASSUMPTIONS`, said with ``fit_note_values``); empty for a replayed answer."""
+    ids = v.evidence.get("estimate_assumptions") or []
+    return [fits_words.assumption(x, v.evidence.get("fit_note_values", {})) for x in ids]
+
+
+def _fit(r: set[str], kind: str, ev: dict[str, Any] | None = None) -> str:
+    """What fits (reasons ``fit-*``); a fragmentation verdict says it is with the recorded settings. An estimate says
+    its answer and kind; its assumptions are listed apart (:func:`assumptions`), not chained into the sentence."""
+    ev = ev or {}
     if "fit-micro-batch" in r:
         return (" With the recorded settings the largest micro-batch that fits is {largest_micro_batch}."
                 if kind == "fragmentation" else " The largest micro-batch that fits: {largest_micro_batch}.")
@@ -62,12 +83,12 @@ def _fit(r: set[str], kind: str) -> str:
         return (" With the recorded settings {batch_scale}x the current micro-batch fits."
                 if kind == "fragmentation" else " What fits: {batch_scale}x the current micro-batch.")
     if "fit-lower-bound" in r:
-        return (" A lower bound, not a replay (the trace ends inside its first forward pass): {estimated_fit} "
-                "fits, and likely a little more, if {estimate_assumptions}.")
+        return (" At least {estimated_fit} fits: a lower bound " + _estimated_from(ev) + ", not a replay, on the "
+                "assumptions listed below.")
     if "fit-estimate" in r:
-        return (" An estimate, not a replay (the trace ends inside its first forward pass): about {estimated_fit} "
-                "would fit if {estimate_assumptions}; the fragmentation of the steps that were not recorded is not "
-                "in it, so take less.")
+        return (" About {estimated_fit} would fit: an estimate " + _estimated_from(ev) + ", not a replay, on the "
+                "assumptions listed below; the fragmentation of the steps that were not recorded is not in it, so take "
+                "less.")
     if "fit-not-said" in r:
         return " What fits is not said: {no_fit_reason}."
     return ""
@@ -86,9 +107,7 @@ def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
                 "release cached segments while a graph is being captured.")
     if "fix-simulated" in r:
         out += " Simulated with {defragmented_config}, it " + fix_outcome_template(ev)
-        if "step-does-not-fit" in r:
-            out += ": fragmentation hit first, but the step does not fit even without it."
-        elif "runs-out-without-it" in r:
+        if "runs-out-without-it" in r:
             out += ": fragmentation hit first, but the job runs out even without it."
         elif "at-edge-without-it" in r:
             out += ": fragmentation hit first, but the job is at the edge of the GPU even without it."
@@ -102,7 +121,7 @@ def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
             if "kv-fits-with-fix" in r:
                 out += (" With it the KV cache fits {kv_cache_tokens_fit} tokens per sequence at this batch "
                         "({kv_tokens_more} more than the {kv_cache_tokens} it holds).")
-    return out + _fit(r, kind)
+    return out + _fit(r, kind, ev)
 
 
 def summary_template(v: Verdict) -> str:
@@ -116,6 +135,11 @@ def summary_template(v: Verdict) -> str:
     if "kept-across-micro-batches" in r:
         return ("out of memory after {kept_bytes:bytes} were kept across micro-batches (outputs gathered or cached, "
                 "{phase} phase): the job accumulates; a larger GPU only delays it.")
+    if "held-by-exception" in r:
+        return ("out of memory while {kept_exception_bytes:bytes} of an earlier attempt were still allocated: the job "
+                "caught the OOM at event {kept_oom_event} and ran the same code again (event {kept_retry_event}) with "
+                "the exception, its traceback and the failed attempt's tensors still alive; without them the request "
+                "fits.")
     if "rank-excess" in r:
         return ("out of memory on this rank, which holds {excess_bytes:bytes} more than the others: without the excess "
                 "it would fit.")
@@ -133,7 +157,11 @@ def summary_template(v: Verdict) -> str:
                     "pipeline schedule holds them at once.")
         if "kv-cache-named" in r:
             out += " The KV cache holds {kv_cache_bytes:bytes}, and grows with the batch and every generated token."
-        return out + _fit(r, v.kind)
+        if "oom-in-optimizer-step" in r:
+            out += (" It ran out inside optimizer.step(), holding {optimizer_state_bytes:bytes} of optimizer state "
+                    "beside {parameters_bytes:bytes} of parameters: the activations are freed by then, so a smaller "
+                    "micro-batch does not help.")
+        return out + _fit(r, v.kind, ev)
     if v.kind == "capacity" and "room-unknown" in r:
         return ("out of memory asking for {request_bytes:bytes} with {allocated_bytes:bytes} allocated; the GPU's room "
                 "is unknown, so capacity cannot be told from fragmentation.")
@@ -167,6 +195,11 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     setting = ev.get("defragmented_config") or "expandable_segments:True"
     if a.id == "pipeline-schedule":
         return PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + "."
+    if a.id == "optimizer-memory":
+        return ("Give the optimizer less state: an 8-bit optimizer (bitsandbytes AdamW8bit) keeps Adam's two moments "
+                "in a quarter of the bytes, a factored one (Adafactor) keeps row and column statistics instead of "
+                "full moments, SGD with momentum one state instead of two (plain SGD none); or shard the state over "
+                "more GPUs (ZeRO-1 / FSDP, DeepSpeed) or offload it to the host.")
     if a.id == "kv-cache-smaller":
         return "Make the KV cache smaller or steadier: " + literal(framework(a.framework or "generate").knobs["kv-cache"]) + "."
     if a.id == "micro-batch-at-most":
@@ -192,8 +225,6 @@ def action_template(a: Action, ev: dict[str, Any]) -> str:
     if a.id == "alloc-conf-not-enough":
         return (ALLOC_CONF.format(setting=setting) + " to stop stranding free memory; simulated, it is not enough "
                 "here: lower the micro-batch too.")
-    if a.id == "or-micro-batch-at-most":
-        return "Or keep the default allocator with a per-device micro-batch of at most {largest_micro_batch}."
     if a.id == "finding-fix":
         return literal(fix_text(a.fix)) if a.fix is not None else ""
     if a.id == "logits":

@@ -1,0 +1,237 @@
+"""Values read from the fake GPU: the stand-ins preflight gives, by a stated policy, and where it gave them.
+
+A fake tensor has a shape and no values. A training script reads some anyway: ``loss.item()`` to log,
+``bool(torch.isnan(loss))`` to skip a step, GradScaler's ``found_inf``, ``x[mask]`` whose length is the number
+of true elements. Each read gets a **stand-in** (issue 50, item 2; ``docs/preflight.md``, "Values read from the
+GPU"):
+
+- ``false``: a check (``isnan``, ``isinf``, a comparison, ``any``/``all`` of one, ``torch.equal``) is False;
+  GradScaler's ``found_inf`` (written by ``_amp_foreach_non_finite_check_and_unscale_``) is 0, so every step
+  runs; ``isfinite`` is True. These are carried as **constants** through the ops that combine them (``logical_or``,
+  ``sum`` of the per-device ``found_inf``...): an op whose fake inputs are all small constants is computed on real
+  tensors, and its output is a constant when uniform.
+- ``finite``: a loss or metric read as a number (``.item()``, ``float()``, ``print``, an f-string) is finite:
+  ``1 / (1 + k)`` at the ``k``-th read of the same line, positive and decreasing, so a loss "improves" at every
+  read and early stopping on it never triggers (the longer path: the upper bound); an integer is 1.
+- ``upper_bound``: a data-dependent shape (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``) takes
+  its largest possible size, every element selected; the count of a boolean tensor (``mask.sum()``) is its size.
+  The peak is never under-predicted by them.
+
+Every read is recorded with the script's (or library's) file and line, the kind, how it was read, and a count
+(:attr:`StandIns.records`): the output lists them as ``invented_values`` and says that control flow depending on
+them may differ from the GPU's.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_aten = torch.ops.aten
+#: the attribute a fake tensor's known value is kept in: ("const", v) every element v; ("bound", n) each <= n
+TAG = "_oomdoctor_value"
+#: checks whose answer, on values preflight does not have, is False (isfinite: True)
+_FALSE_CHECKS = {_aten.isnan.default, _aten.isinf.default, _aten.isneginf.default, _aten.isposinf.default}
+_TRUE_CHECKS = {_aten.isfinite.default}
+#: counts of a boolean tensor: at most its size (every element true)
+_COUNTS = {_aten.sum.default, _aten.sum.dim_IntList, _aten.count_nonzero.default, _aten.count_nonzero.dim_IntList}
+#: ops through which an upper bound stays one
+_BOUND_KEEPS = {_aten.max.default, _aten.amax.default, _aten.clone.default, _aten.detach.default,
+                _aten._to_copy.default, _aten.view.default, _aten.alias.default, _aten.squeeze.default,
+                _aten.squeeze.dim, _aten.unsqueeze.default, _aten.select.int, _aten.lift_fresh.default}
+#: indexing ops whose boolean-mask indices have a data-dependent number of elements
+_INDEXING = {_aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_put.default, _aten.index_put_.default,
+             _aten._index_put_impl_.default}
+#: constants are computed through an op only while every input is at most this many elements
+_SMALL = 4096
+#: frames of these files are not the line that read a value
+_NOT_THE_READER = ("/torch/", "/oomdoctor/", "contextlib.py", "<frozen ", "/functools.py", "/_tensor_str.py")
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def tag_of(t: Any) -> tuple[str, Any] | None:
+    return getattr(t, TAG, None) if isinstance(t, torch.Tensor) else None
+
+
+def _set(t: Any, tag: tuple[str, Any] | None) -> None:
+    if isinstance(t, torch.Tensor):
+        try:
+            setattr(t, TAG, tag)
+        except (AttributeError, RuntimeError):  # pragma: no cover - a tensor type without a __dict__
+            pass
+
+
+def reader_line() -> tuple[str, int]:
+    """``(file, line)`` of the innermost frame that is neither torch's nor oomdoctor's: the line that read."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not any(s in fn for s in _NOT_THE_READER):
+            return fn, f.f_lineno or 0
+        f = f.f_back
+    return "<unknown>", 0
+
+
+@dataclass
+class StandIns:
+    """The stand-in values of one trace, and where each was given (``records``: ``{(file, line, kind, read):
+    count}``)."""
+
+    records: dict[tuple[str, int, str, str], int] = field(default_factory=dict)
+    #: how the value being read is read (``item``, ``bool``, ``float``, ``tolist``, ``print``, ``cpu``...): set by
+    #: the script's torch-function layer around the read, ``item`` otherwise
+    read: str = "item"
+    _reads_at: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def note(self, kind: str, read: str | None = None, n: int = 1) -> None:
+        file, line = reader_line()
+        key = (file, line, kind, read or self.read)
+        self.records[key] = self.records.get(key, 0) + n
+
+    def as_list(self) -> list[dict[str, Any]]:
+        """``invented_values``: one row per line, kind and read, in the order first seen."""
+        return [{"file": f, "line": ln, "kind": k, "read": r, "count": c} for (f, ln, k, r), c in self.records.items()]
+
+    # -- the value of one read
+    def scalar(self, t: torch.Tensor) -> Any:
+        """The Python number ``t.item()`` answers (``t`` a one-element fake tensor), by the policy."""
+        tag = tag_of(t)
+        if tag is not None and tag[0] == "const":
+            self.note("false" if not tag[1] else "assumed")
+            return _typed(tag[1], t.dtype)
+        if tag is not None and tag[0] == "bound":
+            self.note("upper_bound")
+            return _typed(tag[1], t.dtype)
+        if t.dtype == torch.bool:
+            self.note("false")
+            return False
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            file, line = reader_line()
+            k = self._reads_at.get((file, line), 0)
+            self._reads_at[(file, line)] = k + 1
+            self.note("finite")
+            return 1.0 / (1 + k)
+        self.note("finite")
+        return 1
+
+    def value_of(self, t: torch.Tensor) -> Any:
+        """The one value every element of ``t`` is given when copied to the host (``.cpu()``, ``tolist()``)."""
+        tag = tag_of(t)
+        if tag is not None:
+            self.note("false" if tag[0] == "const" and not tag[1] else
+                      "upper_bound" if tag[0] == "bound" else "assumed")
+            return _typed(tag[1], t.dtype)
+        if t.dtype == torch.bool:
+            self.note("false")
+            return False
+        self.note("finite")
+        return 1.0 if t.dtype.is_floating_point else 1
+
+    # -- data-dependent shapes at their upper bound
+    def upper_bound(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The output of a data-dependent-shape op at its largest size (fake tensors, no values), or None when
+        ``func`` is not one preflight bounds."""
+        x = args[0]
+        if func is _aten.nonzero.default or func is _aten.argwhere.default:
+            self.note("upper_bound", func.__name__.split(".")[0])
+            return torch.empty((x.numel(), x.dim()), dtype=torch.int64)
+        if func is _aten.masked_select.default:
+            n = torch.broadcast_shapes(x.shape, args[1].shape).numel()
+            self.note("upper_bound", "masked_select")
+            return torch.empty((n,), dtype=x.dtype)
+        if func in _INDEXING:  # boolean-mask indices: every element selected, one long index per mask dim
+            idx: list[Any] = []
+            for i in args[1]:
+                if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+                    idx += [torch.empty((i.numel(),), dtype=torch.int64) for _ in range(i.dim())]
+                else:
+                    idx.append(i)
+            self.note("upper_bound", "mask index")
+            return func(args[0], idx, *args[2:], **kwargs)
+        if func in (_aten._unique2.default, _aten.unique_consecutive.default):
+            self.note("upper_bound", "unique")
+            n = x.numel()
+            inverse = kwargs.get("return_inverse", args[2] if len(args) > 2 else False)
+            counts = kwargs.get("return_counts", args[3] if len(args) > 3 else False)
+            return (torch.empty((n,), dtype=x.dtype),
+                    torch.empty(x.shape if inverse else (0,), dtype=torch.int64),
+                    torch.empty((n,) if counts else (0,), dtype=torch.int64))
+        return None
+
+    # -- constants carried through ops
+    def propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Tag ``out`` (and an in-place op's target) with the value it is known to hold, if any."""
+        from torch.utils._pytree import tree_leaves
+
+        if func in _FALSE_CHECKS or func in _TRUE_CHECKS:
+            x = args[0]
+            tag = tag_of(x)
+            if tag is None or tag[0] != "const":
+                _set(out, ("const", func in _TRUE_CHECKS))
+                return
+        if func is _aten._amp_foreach_non_finite_check_and_unscale_.default:
+            _set(args[1], ("const", 0.0))  # found_inf: no gradient is inf or NaN, every step runs
+            return
+        if func in (_aten.full.default, _aten.full_like.default, _aten.fill_.Scalar, _aten.scalar_tensor.default):
+            v = args[1] if func is not _aten.scalar_tensor.default else args[0]
+            if isinstance(v, (int, float, bool)):
+                _set(out, ("const", v))
+            return
+        if func in (_aten.zeros.default, _aten.zeros_like.default, _aten.zero_.default):
+            _set(out, ("const", 0))
+            return
+        if func in (_aten.ones.default, _aten.ones_like.default):
+            _set(out, ("const", 1))
+            return
+        leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        fakes = [t for t in leaves if _is_fake(t)]
+        if not fakes:
+            return
+        tags = [tag_of(t) for t in fakes]
+        if func in _COUNTS and tags[0] is None and fakes[0].dtype == torch.bool and isinstance(out, torch.Tensor):
+            _set(out, ("bound", fakes[0].numel() // max(out.numel(), 1)))
+            return
+        if len(fakes) == 1 and tags[0] is not None and tags[0][0] == "bound" and func in _BOUND_KEEPS:
+            _set(out, tags[0])
+            return
+        if all(t is not None and t[0] == "const" for t in tags) and all(t.numel() <= _SMALL for t in leaves):
+            _set(out, _computed(func, args, kwargs))
+        elif func._schema.is_mutable and fakes:  # an in-place op with an unknown input: the target is unknown
+            _set(args[0], None)
+
+
+def _typed(v: Any, dtype: torch.dtype) -> Any:
+    if dtype == torch.bool:
+        return bool(v)
+    if dtype.is_floating_point:
+        return float(v)
+    return int(v)
+
+
+def _computed(func: Any, args: tuple, kwargs: dict) -> tuple[str, Any] | None:
+    """``func`` run on real tensors holding the constants: ("const", v) when its output is uniform."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._pytree import tree_map
+
+    def real(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and _is_fake(t):
+            return torch.full(tuple(t.shape), tag_of(t)[1], dtype=t.dtype)
+        return t
+
+    try:
+        with unset_fake_temporarily():
+            out = func(*tree_map(real, args), **tree_map(real, kwargs))
+            if not isinstance(out, torch.Tensor) or out.numel() == 0:
+                return None
+            flat = out.reshape(-1)
+            return ("const", flat[0].item()) if bool((flat == flat[0]).all()) else None
+    except Exception:  # noqa: BLE001 - an op that cannot run on these constants: its value stays unknown
+        return None

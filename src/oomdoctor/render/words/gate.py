@@ -1,0 +1,83 @@
+"""The words of a job's inputs and of its CI gate: how many ranks were read, the files that were skipped or could
+not be read, and why ``--fail-on`` fails or passes (:class:`oomdoctor.report.gate.Gate`). The decisions are made in
+``report/gate.py`` and ``report/job.py``; every sentence is here."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Iterable
+
+from ..format import count, span
+
+if TYPE_CHECKING:
+    from ...report.gate import Gate
+    from ...report.model import Report, Unread
+    from ...trace.load import Skipped
+
+
+def ranks_read(read: list[int], unread: list[Unread]) -> str:
+    """``2 ranks read``; with rank files that could not be read, ``1 of 2 ranks read`` (of the ranks read and those
+    the unread files claim); where every rank an unread file claims was read from another file, ``2 ranks read, 1
+    rank file not``."""
+    if not unread:
+        return f"{count(len(read), 'rank')} read"
+    claimed = set(read) | {u.rank for u in unread}
+    if len(claimed) == len(read):
+        return f"{count(len(read), 'rank')} read, {count(len(unread), 'rank file')} not"
+    return f"{len(read)} of {len(claimed)} ranks read"
+
+
+def unread_one(u: Unread) -> str:
+    """``rank0.pickle (rank 0): is not a valid pickle (...)``."""
+    return f"{os.path.basename(u.path)} (rank {u.rank}): {u.reason}"
+
+
+def unread_line(unread: list[Unread]) -> str:
+    """One line naming the rank files that could not be read, and what that does to the report."""
+    ranks = span(sorted({u.rank for u in unread}))
+    return (f"rank{'s' if len(unread) > 1 else ''} {ranks} could not be read, so this report covers the other ranks "
+            f"only: " + "; ".join(unread_one(u) for u in unread))
+
+
+def skipped_line(skipped: Iterable[Skipped], most: int = 6) -> str:
+    """``skipped 3 files (not snapshots, or unreadable): metrics.json (why); train.log; ckpt (a directory)``: the files
+    of a directory that claim no rank and were not read."""
+    skipped = list(skipped)
+
+    def one(s: Skipped) -> str:
+        return os.path.basename(s.path) + (f" ({s.reason})" if s.reason else "")
+
+    shown = "; ".join(one(s) for s in skipped[:most])
+    more = f"; and {len(skipped) - most} more" if len(skipped) > most else ""
+    return f"skipped {count(len(skipped), 'file')} (not snapshots, or unreadable): {shown}{more}"
+
+
+def why_failed(g: Gate) -> str:
+    """Why the gate fails, one line (``g.failed``)."""
+    parts = []
+    if g.unread:
+        parts.append(f"{ranks_read(g.ranks_read, g.unread)}: " + "; ".join(unread_one(u) for u in g.unread))
+    if g.verdict is not None:
+        kind, ranks = g.verdict
+        parts.append(f"the verdict is {kind} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})")
+    if g.findings:
+        listed = ", ".join(f"{i} {sev.upper()}" for i, sev in g.findings[:4]) + (", ..." if len(g.findings) > 4 else "")
+        parts.append(f"{count(len(g.findings), 'finding')} at or above {g.floor}: {listed}")
+    return "; ".join(parts)
+
+
+def passed_note(g: Gate) -> str | None:
+    """Where ``unhealthy`` passes a finding at HIGH or above (the verdict is healthy): which, and the level that
+    fails on it; None otherwise."""
+    if g.failed or not g.passed_findings:
+        return None
+    listed = ", ".join(f"{i} {sev.upper()}" for i, sev in g.passed_findings[:4])
+    high = "high" if all(sev != "critical" for _i, sev in g.passed_findings) else "critical"
+    return (f"passes: the verdict is healthy, and {count(len(g.passed_findings), 'finding')} ({listed}) "
+            f"decide{'s' if len(g.passed_findings) == 1 else ''} no verdict; --fail-on {high} (or both levels) fails "
+            "on findings")
+
+
+def headline_ranks(report: Report) -> str:
+    """The headline's count of ranks: :func:`ranks_read` of ``report``."""
+    return ranks_read([r.rank for r in report.ranks], report.unread)

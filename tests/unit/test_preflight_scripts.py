@@ -1,0 +1,106 @@
+"""Issue 50, items 1-3: training scripts as people write them, traced unmodified (``tests/data/preflight_scripts``):
+the host runs for real (numpy memmaps, host ``torch.randint``, DataLoader workers, timm's build-time ``.item()``,
+Trainer's ``randperm().tolist()``), only the GPU is fake, and every value read from the GPU is a stand-in listed
+with its line (``invented_values``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from oomdoctor.cli.main import main  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "data" / "preflight_scripts"
+
+
+def _run(capsys, *argv, opts=()):
+    rc = main(["preflight", "--format", "json", *opts, "--", "python", *argv])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err[-2000:]
+    return json.loads(cap.out)
+
+
+def _invented(out):
+    return {(Path(v["file"]).name, v["kind"], v["read"]) for v in out["invented_values"]}
+
+
+def test_a_minimal_gpt_trainer_with_a_memmap_loader_and_fp16_gradscaler(capsys, tmp_path):
+    """Host ``torch.randint`` indices slicing a numpy memmap (real), fp16 autocast with GradScaler: its
+    ``found_inf`` is 0 (the fused AdamW takes it as a tensor, the for-loop one reads it), so every optimizer step
+    runs (3 traced); ``loss.item()`` is a finite stand-in, listed at its line."""
+    for fused in ("1", "0"):
+        snap = tmp_path / f"g{fused}.pickle"
+        out = _run(capsys, str(SCRIPTS / "gpt_memmap.py"), "--fused", fused, opts=("--steps", "3", "-o", str(snap)))
+        meta = json.loads(snap.with_name(f"g{fused}.meta.json").read_text())
+        assert [t["step"] for t in meta["tensors"]] == [0, 1, 2]
+        got = _invented(out)
+        assert ("gpt_memmap.py", "finite", "item") in got  # loss.item() in the log line
+        assert (("gpt_memmap.py", "false", "item") in got) == (fused == "0")  # scaler.step reads found_inf: 0
+        assert out["breakdown"]["optimizer_state"] > 0 and not out["oom"]
+
+
+def test_a_transformer_encoder_with_loader_workers_streams_and_a_mask(capsys):
+    """DataLoader with 2 worker processes and pinned memory, ``torch.accelerator``, side streams, events and a
+    CUDA graph (no-ops, said), ``h[~pad]`` traced at its upper bound, accuracy from ``.sum().item()`` (a count of
+    a boolean tensor: its size)."""
+    out = _run(capsys, str(SCRIPTS / "encoder_loader.py"), "--workers", "2")
+    got = _invented(out)
+    assert ("encoder_loader.py", "upper_bound", "mask index") in got
+    assert ("encoder_loader.py", "upper_bound", "item") in got  # (pred == y).sum().item(): the batch size
+    assert {"cuda_streams", "cuda_graph"} <= set(out["not_traced"])
+
+
+@pytest.mark.parametrize("flag", ["", "--torchvision"])
+def test_timm_and_torchvision_vits_build_on_the_host(flag, capsys):
+    pytest.importorskip("timm")
+    pytest.importorskip("torchvision")
+    out = _run(capsys, str(SCRIPTS / "timm_vit.py"), *([flag] if flag else []))
+    assert out["breakdown"]["parameters"] > 1 << 20 and not out["oom"]
+    assert ("timm_vit.py", "finite", "item") in _invented(out)
+
+
+def test_a_hugging_face_trainer_script(capsys):
+    """Trainer's RandomSampler (``randperm().tolist()`` on the host, real) and its loss filter
+    (``isnan(tr_loss_step) or isinf(...)``, False: listed at transformers' own line)."""
+    pytest.importorskip("transformers")
+    out = _run(capsys, str(SCRIPTS / "hf_trainer.py"))
+    got = _invented(out)
+    assert ("trainer.py", "false", "bool") in got
+    last = out["breakdown"]
+    assert last["parameters"] > 0 and last["gradients"] > 0
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_peft_lora_with_checkpointing(reentrant, capsys):
+    """PEFT LoRA, gradient checkpointing non-reentrant (failed with CheckpointError before: the recomputation
+    lacked CUDA's policies) and reentrant; AdamW over the adapters only."""
+    pytest.importorskip("peft")
+    out = _run(capsys, str(SCRIPTS / "peft_lora.py"), *(["--reentrant"] if reentrant else []))
+    # the optimizer holds the adapters only (their parameters, as recorded) and AdamW's two states of each; the
+    # frozen base weights are on the GPU too (the peak holds them), not the optimizer's
+    assert out["breakdown"]["optimizer_state"] == 2 * out["breakdown"]["parameters"]  # step counters: host
+    assert out["peak_allocated_bytes"] > 100 * out["breakdown"]["parameters"]
+
+
+def test_torch_compile_is_traced_eager_and_said(capsys):
+    out = _run(capsys, str(SCRIPTS / "compiled.py"))
+    assert "torch_compile" in out["not_traced"] and out["breakdown"]["parameters"] > 0
+
+
+def test_the_rank_asked_for_is_traced(tmp_path, capsys):
+    """``--nproc-per-node 2 --rank 1``: the script sees RANK=1 and LOCAL_RANK=1 and the output says rank 1."""
+    f = tmp_path / "ranked.py"
+    f.write_text("import os, torch, torch.distributed as dist\n"
+                 "dist.init_process_group('nccl')\n"
+                 "assert dist.get_rank() == int(os.environ['RANK']) == int(os.environ['LOCAL_RANK']) == 1\n"
+                 "m = torch.nn.Linear(64, 64).cuda()\n"
+                 "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                 "for _ in range(3):\n"
+                 "    m(torch.randn(8, 64, device='cuda')).sum().backward(); o.step()\n")
+    out = _run(capsys, str(f), opts=("--nproc-per-node", "2", "--rank", "1"))
+    assert out["job"]["ranks_traced"] == [1]
+    assert main(["preflight", "--nproc-per-node", "2", "--rank", "2", "--", "python", str(f)]) == 2
