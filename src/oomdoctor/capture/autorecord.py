@@ -136,16 +136,20 @@ def install_stop(torch: Any, steps: int, exits: str | None = None) -> None:
     first: list[int] = []  # id() of the first optimizer that stepped
     _stop.update(counted=0, asked=int(steps), exits=exits, written=False)
 
+    timing = _StepTiming.from_env(torch, steps)
+
     def count(optimizer: Any, args: Any, kwargs: Any) -> None:
         if not first:
             first.append(id(optimizer))
         if id(optimizer) != first[0]:
             return
         _stop["counted"] += 1
+        if timing is not None:
+            timing.step(_stop["counted"])
         if _stop["counted"] >= steps:
             if _recorder is not None:
                 _recorder.optimizer_step_ended(optimizer, args, kwargs, after=handle.id)
-            _stop_now(torch, _stop["counted"])
+            _stop_now(torch, _stop["counted"], timing)
 
     handle = register_optimizer_step_post_hook(count)
     if exits:
@@ -153,11 +157,67 @@ def install_stop(torch: Any, steps: int, exits: str | None = None) -> None:
     _stop_installed = True
 
 
-def _stop_now(torch: Any, steps: int) -> None:
+#: ``oomdoctor tune``'s trials: the file (one per rank, ``{rank}`` in it) where a process stopped after K steps
+#: writes how long its steps after the warm-up took, and how many steps are warm-up
+STEP_TIMES_ENV = "OOMDOCTOR_STEP_TIMES"
+WARMUP_STEPS_ENV = "OOMDOCTOR_WARMUP_STEPS"
+
+
+class _StepTiming:
+    """The wall time of optimizer steps ``warmup + 1 .. steps`` of a process that stops after ``steps``
+    (:func:`install_stop`): the GPU is waited for (``torch.cuda.synchronize``) once at the end of step ``warmup``
+    and once at the stop, so the steps in between run as they always do. Written as JSON (``rank``, ``warmup``,
+    ``steps_timed``, ``seconds``, ``step_ends_s``: each step's end on the host, unsynchronised, from the first;
+    ``max_memory_reserved_bytes`` and ``max_memory_allocated_bytes``, PyTorch's peaks, where CUDA was used)."""
+
+    def __init__(self, torch: Any, path: str, warmup: int, steps: int) -> None:
+        self.torch, self.path, self.warmup, self.steps = torch, path, min(max(warmup, 0), steps - 1), steps
+        self.t0: float | None = None
+        self.ends: list[float] = []
+
+    @classmethod
+    def from_env(cls, torch: Any, steps: int) -> "_StepTiming | None":
+        path = os.environ.get(STEP_TIMES_ENV)
+        if not path:
+            return None
+        try:
+            warmup = int(os.environ.get(WARMUP_STEPS_ENV, "1"))
+        except ValueError:
+            warmup = 1
+        return cls(torch, path, warmup, steps)
+
+    def _now(self, sync: bool) -> float:
+        import time
+
+        if sync and self.torch.cuda.is_initialized():
+            self.torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def step(self, n: int) -> None:
+        self.ends.append(self._now(False))
+        if n == self.warmup:
+            self.t0 = self._now(True)
+
+    def write(self, rank: str) -> None:
+        t1 = self._now(True)
+        t0 = self.t0 if self.t0 is not None else (self.ends[0] if self.ends else t1)
+        body = {"rank": int(rank) if rank.isdigit() else rank, "warmup": self.warmup,
+                "steps_timed": self.steps - self.warmup, "seconds": t1 - t0,
+                "step_ends_s": [e - self.ends[0] for e in self.ends] if self.ends else []}
+        if self.torch.cuda.is_initialized():
+            body["max_memory_reserved_bytes"] = int(self.torch.cuda.max_memory_reserved())
+            body["max_memory_allocated_bytes"] = int(self.torch.cuda.max_memory_allocated())
+        with open(self.path.replace("{rank}", str(rank)), "w", encoding="utf-8") as f:
+            json.dump(body, f)
+
+
+def _stop_now(torch: Any, steps: int, timing: _StepTiming | None = None) -> None:
     rank = os.environ.get("RANK", "0")
     try:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()
+        if timing is not None:
+            timing.write(rank)  # before the barrier: this rank's own steps
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             rank = str(dist.get_rank())

@@ -32,6 +32,8 @@ COMMANDS = {
     "verify": ("verify", "Rerun COMMAND with each proposed setting and confirm or refute the prediction for it."),
     "preflight": ("preflight", "Trace a training step on the CPU under fake tensors and predict its GPU memory: "
                                "peaks, OOM, the largest micro-batch."),
+    "tune": ("tune", "Find the fastest configuration that fits: preflight's traces on the CPU, a cost model, and "
+                     "short real runs of the best on a GPU."),
     "schema": ("schema", "Print the JSON Schema of a command's --format json output."),
 }
 

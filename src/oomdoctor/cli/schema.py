@@ -16,7 +16,7 @@ from .output import OUTPUT, write_output
               help="Write to this file instead of standard output.")
 def command(command: tuple[str, ...], output: str | None) -> None:
     """Print the JSON Schema (draft 2020-12) of COMMAND's --format json output: diagnose (also run and the
-    in-job summary.json), diff, simulate, plan estimate, plan search, plan validate, fit, verify, preflight."""
+    in-job summary.json), diff, simulate, plan estimate, plan search, plan validate, fit, verify, preflight, tune."""
     name = " ".join(command)
     if name == "run":  # run --format json prints diagnose's report of the snapshots (or the in-job summary.json)
         name = "diagnose"

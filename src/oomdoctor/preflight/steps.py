@@ -38,6 +38,7 @@ __all__ = ["PreflightError", "HfJob", "trace_hf", "trace_module"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
+OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
 #: the training loops traced, and the step each runs
 LOOPS = {
     "trainer": "transformers.Trainer.training_step + clip_grad_norm_ + optimizer.step + zero_grad",
@@ -97,6 +98,12 @@ class HfJob:
     world_size: int = 1  # > 1: DistributedDataParallel under torchrun (one rank traced)
     loop: str = "trainer"  # "trainer" | "accelerate" (LOOPS)
     grad_accum: int = 1  # micro-batches per optimizer step
+    #: AdamW's kernels (Trainer's loop): "fused" (``optim="adamw_torch_fused"``, the default), "foreach"
+    #: (``adamw_torch``: ``torch.optim.AdamW``'s default on CUDA), "for-loop" (``foreach=False``)
+    optimizer_impl: str = "fused"
+    #: with gradient checkpointing, every k-th decoder layer checkpointed (transformers' ``every_n_layers``:
+    #: layer i is when ``i % k == 0``); 1: all of them
+    checkpoint_every: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"hf_config": self.config, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
@@ -104,7 +111,9 @@ class HfJob:
                 "gradient_checkpointing": self.gradient_checkpointing, "steps": self.steps,
                 "max_grad_norm": self.max_grad_norm if self.loop == "trainer" else None,
                 "world_size": self.world_size, "ddp": self.world_size > 1, "loop": self.loop,
-                "grad_accum": self.grad_accum, "use_reentrant": False, "step": LOOPS[self.loop]}
+                "grad_accum": self.grad_accum, "use_reentrant": False, "step": LOOPS[self.loop],
+                **({"optimizer_impl": self.optimizer_impl} if self.optimizer_impl != "fused" else {}),
+                **({"checkpoint_every": self.checkpoint_every} if self.checkpoint_every != 1 else {})}
 
 
 def load_config(path: str) -> Any:
@@ -304,6 +313,8 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
         raise PreflightError(f"unknown optimizer {job.optimizer!r}: one of {', '.join(OPTIMIZERS)}")
     if job.loop not in LOOPS:
         raise PreflightError(f"unknown loop {job.loop!r}: one of {', '.join(LOOPS)}")
+    if job.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise PreflightError(f"unknown optimizer kernels {job.optimizer_impl!r}: one of {', '.join(OPTIMIZER_IMPLS)}")
     trainer = job.loop == "trainer"
     cfg = config if config is not None else load_config(job.config)
     if trainer:
@@ -322,6 +333,12 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
         m = materialize(model)  # Trainer / accelerate move the model to the GPU: one block per tensor
         if job.gradient_checkpointing:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(tracer))
+            if job.checkpoint_every > 1:  # transformers' every_n_layers (modeling_utils _set_gradient_checkpointing)
+                from transformers.modeling_layers import GradientCheckpointingLayer
+
+                layers = [x for x in m.modules() if isinstance(x, GradientCheckpointingLayer)]
+                for i, layer in enumerate(layers):
+                    layer.gradient_checkpointing = i % job.checkpoint_every == 0
         m.train()
         params = [p for p in m.parameters() if p.requires_grad]
         buckets = [torch.empty(n, dtype=torch.uint8) for n in ddp_buckets(params)] if job.world_size > 1 else []
@@ -330,7 +347,8 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
         elif job.optimizer == "adamw8bit":
             opt = AdamW8bitState(params, lr=5e-5)
         elif trainer:
-            opt = torch.optim.AdamW(params, lr=5e-5, fused=True)
+            kernels = {"fused": {"fused": True}, "foreach": {}, "for-loop": {"foreach": False}}[job.optimizer_impl]
+            opt = torch.optim.AdamW(params, lr=5e-5, **kernels)
         else:
             opt = torch.optim.AdamW(params, lr=3e-4)
         for step in range(job.steps):

@@ -99,6 +99,15 @@ class TraceRecord:
     tensors: list[dict[str, Any]] = field(default_factory=list)
     extra_allocations: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
+    #: every kernel the step would launch on the GPU, in order: ``(time_us, flops, bytes)``, ``time_us`` on the
+    #: events' clock (phase markers split them), ``flops`` by ``torch.utils.flop_counter``'s formulas (matrix
+    #: multiplies, convolutions, attention; 0 for the others), ``bytes`` the tensors it reads and writes
+    #: (inputs' and outputs' elements times their size). Views, ``empty*`` and the collectives are not kernels here
+    #: (``oomdoctor tune``'s cost model reads them, :mod:`oomdoctor.report.tune`)
+    op_costs: list[tuple[int, int, int]] = field(default_factory=list)
+    #: the collectives the step issues (the fake process group's, FSDP2's): ``(time_us, op name, bytes)``, bytes
+    #: the largest tensor it moves (an all-gather's output, a reduce-scatter's input)
+    collectives: list[tuple[int, str, int]] = field(default_factory=list)
     #: stand-in values given for reads of the GPU's values (:mod:`.values`): file, line, kind, read, count
     invented_values: list[dict[str, Any]] = field(default_factory=list)
     #: ids of what the script used that is traced in a stated way (``cuda_streams``, ``cuda_graph``,
@@ -301,12 +310,62 @@ class AllocationTracer(TorchDispatchMode):
                 self.see(getattr(t, "_local_tensor", t), backward)
         for a, n in zip(addrs, extra):
             self._free(a, n)
+        self._cost(func, args, kwargs, out)
         if self.gpu_only:
             self.values.propagate(func, args, kwargs, out)
         return out
 
+    def _cost(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """Note the op as a kernel (:attr:`TraceRecord.op_costs`) or a collective (:attr:`TraceRecord.collectives`).
+        Facts for a cost model only: nothing here changes what is allocated."""
+        ns = func.namespace
+        if ns in _COLLECTIVE_NAMESPACES:
+            size = max((_nbytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)), default=0)
+            self.record.collectives.append((self._t, func.__name__, size))
+            return
+        if ns not in _KERNEL_NAMESPACES or func.is_view or func in _NOT_KERNELS:
+            return
+        moved = sum(_nbytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        flops = 0
+        formula = _flop_registry().get(func._overloadpacket)
+        if formula is not None:
+            try:
+                flops = int(formula(*args, **(kwargs or {}), out_val=out))
+            except Exception:  # noqa: BLE001 - a formula that does not take these arguments: no FLOPs counted
+                flops = 0
+        self.record.op_costs.append((self._t, flops, moved))
+
 
 _aten = torch.ops.aten
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+#: namespaces whose ops run a kernel on the device (``prim``, ``profiler``: bookkeeping, no kernel)
+_KERNEL_NAMESPACES = frozenset({"aten", "fsdp"})
+#: allocations without a kernel
+_NOT_KERNELS = frozenset({_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default,
+                          _aten.lift_fresh.default, _aten._local_scalar_dense.default})
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = getattr(t, "_local_tensor", t)
+    try:
+        return int(t.numel()) * t.element_size()
+    except (NotImplementedError, RuntimeError):
+        return 0
+
+
+_FLOPS: dict[Any, Any] = {}
+
+
+def _flop_registry() -> dict[Any, Any]:
+    """``torch.utils.flop_counter``'s FLOP formulas by op (matmuls ``2·m·n·k``, convolutions, attention forward and
+    backward), loaded once."""
+    if not _FLOPS:
+        from torch.utils.flop_counter import flop_registry
+
+        _FLOPS.update(flop_registry)
+    return _FLOPS
+
+
 _CPU = torch.device("cpu")
 #: ops that read a value from a tensor (``.item()``, ``bool()``, ``float()``, ``tolist()``, ``torch.equal``)
 _VALUE_READS = {_aten._local_scalar_dense.default, _aten.equal.default}

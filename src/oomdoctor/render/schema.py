@@ -144,6 +144,7 @@ def nested_options() -> dict[type, dict[str, Any]]:
     )
     from ..report.model import HolderRef, RankSummary
     from ..report.predict import REACHES, Prediction
+    from ..report.tune import MEMORY_BASES, TRIAL_OUTCOMES, Candidate, TuneTrial
     from ..report.verdict import Action, Verdict
     from ..simulate.capacity import Capacity
     from ..simulate.replay import Validation
@@ -176,6 +177,8 @@ def nested_options() -> dict[type, dict[str, Any]]:
                                "capacity_kind": CAPACITY_KINDS}},
         FitOutcome: {"enums": {"guide": GUIDES, "error": FIT_ERRORS}, "derived": ("trial_count",)},
         VerifyOutcome: {"enums": {"source": ("given", "diagnosis")}, "derived": ("refuted",)},
+        TuneTrial: {"enums": {"outcome": TRIAL_OUTCOMES}},
+        Candidate: {"enums": {"memory_basis": MEMORY_BASES}},
         Verified: {"enums": {"why": WHY, "reach": REACHES, "margin_source": MARGIN_SOURCES}},
         Trial: {"enums": {"outcome": OUTCOMES, "evidence": EVIDENCE}},
         SiteDelta: {"derived": ("saved_bytes", "delta_bytes")},
@@ -436,10 +439,24 @@ def preflight_schema() -> Schema:
                                                      "allocator setting and the breakdown"))
 
 
+# ------------------------------------------------------------------------------------------ tune
+
+def tune_schema() -> Schema:
+    from ..report.tune import NOTES, TuneOutcome
+
+    return document("tune", generated(
+        TuneOutcome, "the fastest configuration that fits: every candidate's memory from preflight's traces, its "
+                     "predicted (and, on a GPU, measured) throughput, the answer and the runs",
+        made={"best_as_written": null(arr(s(""), "the answer as the user writes it: TrainingArguments, the "
+                                                 "environment and the launcher, or the script's command, one line "
+                                                 "each"))},
+        values={"notes": s("a note", NOTES)}))
+
+
 COMMANDS = {"diagnose": diagnose_schema, "diff": diff_schema, "simulate": simulate_schema,
             "plan estimate": plan_estimate_schema, "plan search": plan_search_schema,
             "plan validate": plan_validate_schema, "fit": fit_schema, "verify": verify_schema,
-            "preflight": preflight_schema}
+            "preflight": preflight_schema, "tune": tune_schema}
 """command -> the function building its schema."""
 
 
