@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from oomdoctor.analysis.accounting import UNNAMED
 from oomdoctor.detectors.materiality import Materiality
 from oomdoctor.render.text import render_text_plain
 from oomdoctor.report import build_report
@@ -406,7 +407,9 @@ def test_what_a_job_holds_besides_its_model_is_named_or_unknown_with_a_reason(co
     if facts and (corpus_dir / name / f"{Path(r0.path).stem}.meta.json").exists():
         for k in ("weight_copy", "buffers"):  # the sidecar's modules name them
             assert abs(c[k] - held[k]) <= 0.05 * held[k] + 4096, (k, c[k], held[k], bd.weight_copy_by, bd.buffers_by)
-    else:  # never more copies than the job holds; the rest unknown with a reason, or buffers
-        assert c["weight_copy"] <= 1.05 * (held["weight_copy"] + held["buffers"]) + 4096, (c, held)
+    else:  # never more copies than the job holds copies (a buffer is never one); the rest unknown with a reason
+        assert c["weight_copy"] <= 1.05 * held["weight_copy"] + 4096, (c, held)
         assert c["weight_copy"] + c["buffers"] + reasons >= 0.95 * (held["weight_copy"] + held["buffers"]), (
             c, bd.unknown_why, held)
+    # who made them: the module (the sidecar), copy.deepcopy or the frame (an EMA helper's), never unnamed
+    assert UNNAMED not in bd.weight_copy_by and UNNAMED not in bd.buffers_by, (bd.weight_copy_by, bd.buffers_by)

@@ -6,6 +6,8 @@ categories' bytes, reasons and makers.
 
 from __future__ import annotations
 
+import json
+
 from builder import Job, frames
 from test_signal_classes import BACKWARD, INPUT, MAIN, SETUP, TORCH, ZERO_GRAD, analysed, model
 
@@ -104,6 +106,75 @@ def test_lora_with_the_sidecar_names_the_frozen_base_by_its_module(tmp_path):
     assert b.categories["weight_copy"] == 4 * 64 * MiB and b.categories["unknown"] == 0
     assert b.weight_copy_by == {"module peft.peft_model.PeftModelForCausalLM.base_model": 4 * 64 * MiB}
     assert b.categories["gradients"] == 8 * (256 << 10) and b.categories["parameters"] == 8 * (256 << 10)
+
+
+def test_a_leaf_s_grad_freed_as_the_job_ends_beside_a_workspace_of_its_size_is_never_a_gradient(tmp_path):
+    """As PEFT LoRA ran on an H200 (docs/corpus/models-lora, round 14): the backward thread's cuBLAS workspace (32 MiB
+    on Hopper) has the size of the leaf's .grad (a 4 x 1024 x 2048 fp32 output) and is kept for good from the first
+    backward; the last step's .grad goes after the optimizer's work, as the job ends. Neither makes that size a
+    gradient's: before, both did, and every step's .grad was counted as gradients (+800%)."""
+    j = Job()
+    adapters = [(j.alloc(256 << 10, SETUP), 256 << 10) for _ in range(8)]
+    for _ in range(4):  # the frozen base
+        j.alloc(64 * MiB, SETUP)
+    marks: dict = {}
+    keep: list = []
+    for i in range(4):
+        step(j, adapters, [s for _a, s in adapters], state=i == 0, extra_grads=[32 * MiB] * (2 if i == 0 else 1),
+             keep=keep, marks=marks)
+        if i == 0:
+            keep.pop()  # the workspace: never freed
+    j.b.free(keep[0])  # the last .grad, after the optimizer's work
+    a = analysed(tmp_path, j.b)
+    for k in marks["optimizer_start"][1:]:
+        b = bd(a, k)
+        assert b.categories["gradients"] == 8 * (256 << 10), b.categories
+        assert b.categories["parameters"] == 8 * (256 << 10), b.categories
+        assert b.categories["temporaries"] + b.categories["workspaces"] == 2 * 32 * MiB, b.categories
+    assert b.unknown_why == {"frozen_or_buffer": 4 * 64 * MiB}
+
+
+def test_a_module_record_noted_before_a_wrapped_window_names_the_state_born_before_it(tmp_path):
+    """The modules are noted once, at the first optimizer step; a ring buffer that wraps drops that step
+    (docs/corpus/models-lora-late, ``--max-entries 12000``). The record still names a block allocated when the trace
+    begins at its address, of its size: the frozen base a copy by its module, the buffer a buffer; at another size
+    (the address reused since) it names nothing and the trace's reason stays."""
+    j = Job()
+    base = [(j.alloc(64 * MiB, SETUP), 64 * MiB) for _ in range(4)]
+    adapters = [(j.alloc(256 << 10, SETUP), 256 << 10) for _ in range(8)]
+    buf = j.alloc(MiB, SETUP)  # a registered buffer (rotary tables, say)
+    m: dict = {}
+    keep: list = []
+    for i in range(4):
+        step(j, adapters, [s for _a, s in adapters], state=i == 0, extra_grads=[64 * MiB], keep=keep, marks=m)
+    cut = m["optimizer_start"][1] + 1  # the window begins after the first step's start: that step's end is dropped
+    t1 = m["time_after_step"][0]
+
+    def meta(scale: int) -> dict:
+        return {"rank": 0, "modules": [{"step": 0, "time_us": t1, "roots": [{
+            "class": "peft.peft_model.PeftModelForCausalLM", "parts": [["base_model", "peft.tuners.lora.LoraModel"]],
+            "parameters": [[a, s, 0] for a, s in adapters], "gradients": [[a, s, 0] for a, s in adapters],
+            "untouched": [], "frozen": [[a, s // scale, 0] for a, s in base], "buffers": [[buf, MiB, 0]]}]}]}
+
+    for scale, named in ((1, True), (2, False)):
+        d = tmp_path / f"x{scale}"
+        d.mkdir()
+        path = j.b.write(d / "rank0.pickle", drop_first=cut)
+        (d / "rank0.meta.json").write_text(json.dumps(meta(scale)))
+        from oomdoctor import load
+        from oomdoctor.analysis import analyze
+
+        a = analyze(load(path))
+        b = bd(a, m["optimizer_start"][3] - cut)
+        assert b.categories["gradients"] == 8 * (256 << 10), b.categories  # the record's gradients say nothing here
+        if named:
+            assert b.categories["weight_copy"] == 4 * 64 * MiB, b.categories
+            assert b.weight_copy_by == {"module peft.peft_model.PeftModelForCausalLM.base_model": 4 * 64 * MiB}
+        else:
+            assert b.categories["weight_copy"] == 0 and b.unknown_why.get("frozen_or_buffer", 0) >= 4 * 64 * MiB, (
+                b.categories, b.unknown_why)
+        assert b.categories["buffers"] == MiB and b.buffers_by == {
+            "module peft.peft_model.PeftModelForCausalLM.base_model": MiB}
 
 
 # --------------------------------------------------------------------------- a GAN: two optimizers

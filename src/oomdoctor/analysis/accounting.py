@@ -337,9 +337,16 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     replaced = (bp == BACKWARD_PHASE) & ~persistent & alive_at_step & (dp == BACKWARD_PHASE) & (d > s)
     kept_two = (bp == BACKWARD_PHASE) & engine & persistent & (s_opt.size >= 2) & (
         b < (s_opt[-2] if s_opt.size >= 2 else -1))
+    # none of these three says a size where a block of it is a leaf's .grad that no parameter owns (the embeddings'
+    # output made to require gradients for LoRA): the engine's block a step found alive that a later pass freed (the
+    # next forward rebinds the leaf); the last step's one goes after the optimizer's work, when the job ends (regrown,
+    # by its place), and the backward thread's cuBLAS workspace may have its size (kept_two): 32 MiB on Hopper, the
+    # .grad of a 4 x 1024 x 2048 fp32 output (issue 54's LoRA run on an H200, docs/corpus/models-lora)
+    leaf_grad = (bp == BACKWARD_PHASE) & engine & alive_at_step & np.isin(dp, PASS_PHASES)
+    leaf_sized = np.isin(lt.requested, distinct(lt.requested[leaf_grad]))
     # (np.union1d would import numpy.ma: tests/unit/test_startup.py)
-    trainable_sizes = distinct(np.concatenate([_recorded_trained_sizes(trace),
-                                               lt.requested[state_like | regrown | replaced | kept_two]]))
+    trainable_sizes = distinct(np.concatenate([_recorded_trained_sizes(trace), lt.requested[
+        state_like | ((regrown | replaced | kept_two) & ~leaf_sized)]]))
     trainable = np.isin(lt.requested, trainable_sizes) if trainable_sizes.size else np.ones(rows, bool)
     kept_past = (bp == BACKWARD_PHASE) & engine & np.where(s < n, alive_at_step, persistent | (d > b_end))
     if not (kept_past & trainable).any():  # the sizes match no block a backward kept: they say nothing here
@@ -826,7 +833,8 @@ _FACT_CATEGORY = {"workspaces": WORKSPACES, "parameters": PARAMETERS, "gradients
 def _when(rec: dict, t: np.ndarray, n: int) -> int | None:
     """The event after which a sidecar record (noted at ``rec["time_us"]``) holds, or None when it lies outside the
     trace: a record noted before its first event (ring buffer) or after its last may name reused addresses; a dump's
-    record (``"at": "dump"``), noted right after the snapshot, holds at its final state."""
+    record (``"at": "dump"``), noted right after the snapshot, holds at its final state. (:func:`_apply_facts` still
+    reads a module record noted before the first event, for the blocks of the noted sizes allocated when it begins.)"""
     when = rec["time_us"]
     if rec.get("at") == "dump" and when >= t[-1]:
         return n - 1
@@ -860,8 +868,9 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
     parameter no optimizer steps is ``weight_copy``, named by its module (a frozen one, ``requires_grad=False``: a
     teacher, a reference model, a momentum encoder, LoRA's base; one that requires gradients but had none and is
     in no optimizer: a ``deepcopy`` EMA); a parameter with a gradient and that gradient are ``parameters`` and
-    ``gradients``. Then the optimizers' storages (``tensors``), which win a block both name: parameters, gradients,
-    optimizer state."""
+    ``gradients``. A module record noted before the trace's first event (a ring buffer that wrapped) names the blocks
+    allocated when the trace begins at its addresses that have the noted storages' sizes, and no gradient. Then the
+    optimizers' storages (``tensors``), which win a block both name: parameters, gradients, optimizer state."""
     records = trace.meta.get("tensors") or []  # shape checked at load (trace/load.py _drop_malformed)
     modules = trace.meta.get("modules") or []
     if (not records and not modules) or dt.num_events == 0:
@@ -884,19 +893,29 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
     copies_untouched = bool(by_optimizer & held)
     for rec in modules:
         k = _when(rec, t, n)
-        if k is None:
+        before = k is None and rec.get("at") != "dump" and rec["time_us"] < t[0]
+        if k is None and not before:
             continue
-        order, lo, hi = _holders(lt, k)
+        # noted before the window (the modules are noted once, at the first optimizer step, and a ring buffer that
+        # wraps drops it): what it names holds for a block allocated when the trace begins, born before it, of the
+        # noted storage's size (an address reused since by another tensor would need its size too); a gradient is
+        # not module state and is freed each step, so only the module's own storages
+        order, lo, hi = _holders(lt, -1 if before else k)
         if order.size == 0:
             continue
         for root in rec.get("roots", ()):
             parts = root.get("parts") or []
             for kind, category in (("buffers", BUFFERS), ("frozen", WEIGHT_COPY), ("untouched", WEIGHT_COPY),
                                    ("gradients", GRADIENTS), ("parameters", PARAMETERS)):
+                if before and kind == "gradients":
+                    continue
                 items = root.get(kind, [])
                 if kind == "untouched":  # requires_grad, no gradient when noted: a copy unless an optimizer steps it
                     items = [p for p in items if copies_untouched and (int(p[0]), int(p[1])) not in stepped]
                 hit, idx = _hits(order, lo, hi, [p[0] for p in items])
+                if before:
+                    same = lt.requested[hit] == np.array([int(items[i][1]) for i in idx.tolist()], dtype=np.int64)
+                    hit, idx = hit[same], idx[same]
                 cat[hit] = category
                 src[hit] = RECORDED
                 if maker is None or category not in (BUFFERS, WEIGHT_COPY):
