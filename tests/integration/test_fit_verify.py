@@ -100,7 +100,7 @@ def test_fit_text_says_the_answer_the_trials_and_the_guide(capsys, monkeypatch, 
 
 def test_fit_takes_the_tightest_rank(capsys, monkeypatch, tmp_path, b88):
     """The b88 run with rank 1 under a memory-fraction cap of 133 GiB (its sidecar's memory_cap_bytes): rank 0's
-    replay says 93 fits, rank 1's 90. The first guided trial is 90, the smallest over the ranks."""
+    replay says 94 fits, rank 1's 90. The first guided trial is 90, the smallest over the ranks."""
     capped = tmp_path / "capped"
     shutil.copytree(b88, capped)
     meta = json.loads((capped / "rank1.meta.json").read_text())
@@ -115,8 +115,9 @@ def test_fit_takes_the_tightest_rank(capsys, monkeypatch, tmp_path, b88):
 
 @pytest.mark.parametrize("limit", [92, 94, 150, 700])
 def test_the_guided_fit_is_bounded_by_the_doubling_fit(capsys, monkeypatch, tmp_path, b88, limit):
-    """Stand-ins whose edge is known, from the same start (88): the search guided by the replay (it says 93)
-    against the doubling search (--no-record), each with real trials. The same answer, and never more than
+    """Stand-ins whose edge is known, from the same start (88): the search guided by the replay (it says 94, issue
+    49's margin: see test_fit_starts_at_the_replayed_answer) against the doubling search (--no-record), each with
+    real trials. The same answer, and never more than
     EXTRA_TRIALS trials beyond the doubling search; fewer near the guess."""
     runs = {}
     for how in ("guided", "doubling"):
@@ -125,7 +126,7 @@ def test_the_guided_fit_is_bounded_by_the_doubling_fit(capsys, monkeypatch, tmp_
                                  str(tmp_path / how), "--format", "json", "--", *JOB, "--mb", "{mb}")
         runs[how] = valid("fit", json.loads(out))
         assert code == 0 and runs[how]["largest_micro_batch"] == limit
-    assert runs["guided"]["predicted_micro_batch"] == 93 and runs["doubling"]["guide"] == "none"
+    assert runs["guided"]["predicted_micro_batch"] == 94 and runs["doubling"]["guide"] == "none"
     g, d = runs["guided"]["trial_count"], runs["doubling"]["trial_count"]
     assert g <= d + EXTRA_TRIALS
     if limit in (92, 94):
