@@ -177,9 +177,15 @@ def _findings_bytes(o):
 
 
 def _said(text: str, f: dict) -> bool:
-    """``text`` says finding ``f`` with its bytes: '[id] rank R · X at stake', or a LOW line 'X · title'."""
+    """``text`` says finding ``f`` with its bytes: in its own box (headed 'N. id', issue 52), the line
+    'rank(s) R · X at stake'; or a LOW line '[id] X · title'."""
     b = format_bytes(f["bytes"])
-    return f"[{f['id']}] rank" in text and f"{b} at stake" in text or f"{b} · " in text and f"[{f['id']}]" in text
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "╭" in line and re.search(rf"\d+\. {re.escape(f['id'])}\s", line):
+            box = lines[i + 1:next((j for j in range(i + 1, len(lines)) if "╰" in lines[j]), len(lines))]
+            return any(re.search(rf"\branks? [\d,]+ · {re.escape(b)} at stake", x) for x in box)
+    return any(x.strip().startswith(f"[{f['id']}] {b} · ") for x in lines)
 
 
 def _verdict_bytes(o):
