@@ -280,17 +280,31 @@ for step in range(3):
     opt.step()
     opt.zero_grad(set_to_none=True)
 """
-"""A user's script for ``preflight -- python train.py`` (and ``fit``/``verify``, which run it on the CPU here)."""
+"""A user's script for ``preflight -- python train.py``."""
+
+STEPS_PY = """import sys
+import torch
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    model(torch.ones(int(sys.argv[1]) if len(sys.argv) > 1 else 2, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+"""A job for ``fit`` and ``verify`` on the CPU: torch optimizer steps, which the stop they inject counts (a trial
+runs only when it fires after K steps: issue 49), and the micro-batch as its argument."""
 
 
 def tool_commands(tmp: str, *, search: bool = True) -> list[list[str]]:
     """The commands that run a job or trace one rather than read snapshots: ``preflight`` (a Hugging Face config,
     with the search of the largest micro-batch unless ``search`` is False, and a script), then ``diagnose`` and
-    ``simulate`` of preflight's own snapshot; ``run``, ``fit`` and ``verify`` of a short script (no GPU here: they
-    say what that means); ``plan estimate`` of a Trainer job. Writes its inputs into ``tmp``, and names them relative
+    ``simulate`` of preflight's own snapshot; ``run`` of a short script; ``fit`` and ``verify`` of a CPU job with
+    optimizer steps (:data:`STEPS_PY`; no GPU here: without ``--allow-no-gpu`` they refuse at once, issue 49; with it
+    they run the trials and say what that means); ``plan estimate`` of a Trainer job. Writes its inputs into ``tmp``, and names them relative
     to it: the commands run there (as a user names a file in the directory they work in)."""
     (Path(tmp) / "tiny-gpt2.json").write_text(json.dumps(TINY_GPT2))
     (Path(tmp) / "train.py").write_text(TRAIN_PY)
+    (Path(tmp) / "steps.py").write_text(STEPS_PY)
     cfg, script, snap, tmp = "tiny-gpt2.json", "train.py", "pf.pickle", "."
     return [
         ["preflight", "--hf-config", str(cfg), "--micro-batch", "2", "--seq-len", "64", "--gpu", "H100-80GB", "-o", snap,
@@ -298,9 +312,9 @@ def tool_commands(tmp: str, *, search: bool = True) -> list[list[str]]:
         ["diagnose", snap], ["simulate", snap],
         ["preflight", "--gpu", "H100-80GB", "--", "python", str(script)],
         ["run", "--out", f"{tmp}/run", "--", sys.executable, "-c", "print('no CUDA here')"],
-        ["fit", "--high", "2", "--out", f"{tmp}/fit", "--", sys.executable, "-c", "import sys", "{mb}"],
-        ["verify", "--setting", "expandable_segments:True", "--out", f"{tmp}/verify", "--", sys.executable, "-c",
-         "pass"],
+        ["fit", "--allow-no-gpu", "--high", "2", "--out", f"{tmp}/fit", "--", sys.executable, "steps.py", "{mb}"],
+        ["verify", "--allow-no-gpu", "--setting", "expandable_segments:True", "--out", f"{tmp}/verify", "--",
+         sys.executable, "steps.py"],
         ["plan", "estimate", "--model", "gpt2", "--framework", "hf", "--loop", "trainer", "--sharding", "none", "--gpus",
          "2", "--gpu", "h200", "--seq", "1024", "--mbs", "8", "--gbs", "16"],
     ]

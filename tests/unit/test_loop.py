@@ -207,30 +207,51 @@ def test_the_band_is_the_prediction_and_its_own_margin():
 
 
 def prediction(rank: int, peak: int, reach: str = "complete", ext: int | None = None, oom: bool = False,
-               margin: object = GiB) -> dict:
-    """A prediction as Predictor.run writes it (the keys claim_of reads)."""
+               margin: object = GiB, cont: int | None | str = "measured") -> dict:
+    """A prediction as Predictor.run writes it (the keys claim_of reads); ``cont``: its continuation's margin
+    (None: not measured, fewer than two complete steps, as always where a replay reaches only past the recorded OOM:
+    no complete step came before it)."""
+    if cont == "measured":
+        cont = None if reach == "recorded" else GiB // 4
     p = {"rank": rank, "peak_reserved_bytes": peak, "reach": reach, "oom": {"event_index": 9, "requested_bytes": 1}
-         if oom else None, "self_replay_exact": True, "margin_bytes": margin}
+         if oom else None, "self_replay_exact": True, "margin_bytes": margin,
+         "continuation": {"outcome": reach if reach.startswith("step-") else "later-steps", "margin_bytes": cont,
+                          "heaviest_step_peak_allocated_bytes": peak // 2}}
     if ext is not None:
         p["extended_peak_reserved_bytes"] = ext
     return p
 
 
 def test_a_claim_is_the_higher_of_the_recorded_and_the_extended_peaks():
-    assert claim_of(prediction(0, 30 * GiB, "step-completed", ext=33 * GiB)).peak_reserved_bytes == 33 * GiB
+    """Where the continuation's margin was measured; the claim's margin is both (issue 49)."""
+    c = claim_of(prediction(0, 30 * GiB, "step-completed", ext=33 * GiB))
+    assert (c.peak_reserved_bytes, c.margin_bytes, c.lower_bound) == (33 * GiB, GiB + GiB // 4, False)
     assert claim_of(prediction(0, 30 * GiB, "step-completed", ext=29 * GiB)).peak_reserved_bytes == 30 * GiB
     assert claim_of(prediction(0, 30 * GiB, "step-ran-out", ext=31 * GiB)).oom is True
+    assert claim_of(prediction(0, 30 * GiB, "step-ran-out", ext=31 * GiB, cont=None)).oom is True
+
+
+def test_an_extended_step_without_a_measured_margin_commits_only_to_the_recorded_events():
+    """Issue 49: the rest of the step, replayed as the previous step ran it, is what the recorded steps do not
+    cover; with no margin of it measured it is a condition, so the claim is the recorded events' peak as a lower
+    bound (the FSDP2 b120 rerun measured 0.24% above the extended replay, 2 MiB its margin: refuted before)."""
+    c = claim_of(prediction(0, 30 * GiB, "step-completed", ext=33 * GiB, margin=2 << 20, cont=None))
+    assert (c.peak_reserved_bytes, c.margin_bytes, c.lower_bound) == (30 * GiB, 2 << 20, True)
+    assert band(c) == (30 * GiB - (2 << 20), None)
+    # a recording without an OOM: nothing extended, the band has both ends
+    c = claim_of(prediction(0, 30 * GiB, margin=2 << 20, cont=None))
+    assert (c.lower_bound, band(c)) == (False, (30 * GiB - (2 << 20), 30 * GiB + (2 << 20)))
 
 
 def test_a_claim_replayed_only_up_to_the_recorded_oom_is_a_lower_bound():
     assert claim_of(prediction(0, 30 * GiB, "recorded")).lower_bound is True
     assert claim_of(prediction(0, 30 * GiB, "recorded", oom=True)).lower_bound is False  # still runs out
-    for reach in ("complete", "step-completed"):
-        assert claim_of(prediction(0, 30 * GiB, reach)).lower_bound is False
+    assert claim_of(prediction(0, 30 * GiB)).lower_bound is False
+    assert claim_of(prediction(0, 30 * GiB, "step-completed", ext=31 * GiB)).lower_bound is False
 
 
 def test_a_claim_takes_the_margin_the_prediction_carries_or_none():
-    c = claim_of(prediction(0, 30 * GiB, margin=123_456))
+    c = claim_of(prediction(0, 30 * GiB, margin=123_456, cont=None))
     assert (c.margin_bytes, c.margin_source) == (123_456, "prediction")
     for bad in (None, True, -1, "1 GiB"):
         c = claim_of(prediction(0, 30 * GiB, margin=bad))

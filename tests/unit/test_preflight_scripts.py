@@ -63,15 +63,32 @@ def test_timm_and_torchvision_vits_build_on_the_host(flag, capsys):
     assert ("timm_vit.py", "finite", "item") in _invented(out)
 
 
-def test_a_hugging_face_trainer_script(capsys):
+def test_a_hugging_face_trainer_script(capsys, tmp_path):
     """Trainer's RandomSampler (``randperm().tolist()`` on the host, real) and its loss filter
-    (``isnan(tr_loss_step) or isinf(...)``, False: listed at transformers' own line)."""
+    (``isnan(tr_loss_step) or isinf(...)``, False: listed at transformers' own line).
+
+    The model state is the sidecar's: the peak (allocated) is where step 1's backward begins (the logits'
+    gradient), after Trainer's ``zero_grad(set_to_none=True)`` freed step 0's ``.grad``s: the parameters are all
+    there and no gradient is (a 4-byte scalar kept by the backward was counted as one before issue 54's rule, a
+    gradient has a trained parameter's size); at each optimizer step every gradient the sidecar lists is alive and
+    counted as one, in ``diagnose`` of the snapshot preflight wrote."""
     pytest.importorskip("transformers")
-    out = _run(capsys, str(SCRIPTS / "hf_trainer.py"))
+    snap = tmp_path / "t.pickle"
+    out = _run(capsys, str(SCRIPTS / "hf_trainer.py"), opts=("-o", str(snap)))
     got = _invented(out)
     assert ("trainer.py", "false", "bool") in got
-    last = out["breakdown"]
-    assert last["parameters"] > 0 and last["gradients"] > 0
+    meta = json.loads(snap.with_name("t.meta.json").read_text())
+    params, grads = ({n for rec in meta["tensors"] for n in (sum(s for _, s in rec[kind]),)}
+                     for kind in ("parameters", "gradients"))
+    assert len(params) == len(grads) == 1 and params == grads  # every parameter trained, fp32 gradients
+    (param_bytes,), (grad_bytes,) = params, grads
+    peak = out["breakdown"]
+    assert (out["breakdown_at"]["step"], out["breakdown_at"]["phase"]) == (1, "backward")
+    assert (peak["parameters"], peak["gradients"]) == (param_bytes, 0)
+    assert main(["diagnose", str(snap), "--format", "json", "-o", str(tmp_path / "d.json")]) == 0
+    r = json.loads((tmp_path / "d.json").read_text())["ranks"][0]
+    at_steps = [b["categories"]["gradients"] for b in r["breakdowns"] if b["at"] == "optimizer_start"]
+    assert at_steps == [grad_bytes] * len(meta["tensors"])
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

@@ -176,6 +176,31 @@ def test_a_script_with_knobs(tiny, capsys):
     assert c["predicted_peak_reserved_bytes"] == pf["peak_reserved_bytes"]
 
 
+def test_samples_per_second_are_the_timed_seconds_said(tmp_path, monkeypatch):
+    """The trial's samples/s is its samples over the seconds its JSON says (issue 52: one number, said the same): a
+    3-step window of 15.3544 ms gave 781.55 samples/s beside timed_seconds 0.0154 (779.22 from it)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import oomdoctor.cli.trials as trials
+    from oomdoctor.capture.autorecord import STEP_TIMES_ENV
+    from oomdoctor.cli.tune_exec import run_candidates
+    from oomdoctor.report.tune import Candidate
+
+    def run_trial(command, d, *, env, **_):  # the job's stop writes its K steps' seconds where the env says
+        Path(env[STEP_TIMES_ENV].replace("{rank}", "0")).write_text(json.dumps({"seconds": 0.0153544,
+                                                                                 "steps_timed": 3}))
+        return SimpleNamespace(outcome="ran", seconds=1.0, log=str(tmp_path / "log"))
+
+    monkeypatch.setattr(trials, "run_trial", run_trial)
+    c = Candidate(config={"mb": 4}, predicted_peak_reserved_bytes=1, predicted_peak_allocated_bytes=1, margin_bytes=0,
+                  room_bytes=2, fits=True, oom=False, memory_basis="traced", interpolated_between=None,
+                  predicted_step_s=0.1, predicted_samples_per_s=40.0, measured_samples_per_s=None, samples_per_step=4,
+                  step={}, predicted_rank=0)
+    [t] = run_candidates([c], lambda cfg: ["job"], str(tmp_path), steps=3, warmup=2, timeout_s=None)
+    assert (t.timed_seconds, t.measured_samples_per_s) == (0.015354, round(4 * 3 / 0.015354, 3))
+
+
 def test_the_runs_are_timed_after_the_warm_up(tiny, tmp_path):
     """``fit``'s machinery, on the CPU: the job stops itself after warm-up + K optimizer steps and writes how long
     the K took; samples/s follow."""

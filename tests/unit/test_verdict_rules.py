@@ -326,6 +326,32 @@ def test_fragmentation_when_enough_was_free_but_not_in_one_piece(tmp_path):
     assert "1.5x" in text
 
 
+def test_fragmentation_says_its_free_bytes_as_the_finding_counts_them(tmp_path):
+    """Issue 52 met issue 49 on default-oom: the verdict (now fragmentation) said 7.99 GiB free under the cap, its
+    fragmentation finding 7.67 GiB at stake, and nothing said how they meet. The free bytes are the reserved but
+    unallocated ones (the finding's), less the deferred frees among them, plus those not yet reserved under the
+    room; the verdict says both parts, and they add up to its bytes."""
+    request = 384 * MiB  # more than the largest free block (256 MiB), less than the free bytes
+    room = RESERVED + 128 * MiB
+    v, _ = judge(oom_rank(tmp_path, request), room)
+    ev = v.evidence
+    assert (v.kind, ev["reserved_unallocated_bytes"], ev["unreserved_bytes"]) == (
+        "fragmentation", RESERVED - ALLOCATED, 128 * MiB)
+    assert v.bytes == ev["free_bytes"] == ev["reserved_unallocated_bytes"] + ev["unreserved_bytes"]
+    assert "free-split" in v.reasons
+    assert (f"{format_bytes(room - ALLOCATED)} were free ({format_bytes(RESERVED - ALLOCATED)} reserved but not "
+            f"allocated and {format_bytes(128 * MiB)} not yet reserved on the device)") in said(v)
+    # 64 MiB freed by Python but held for another stream: not free yet, said as such (need + pending <= room); the
+    # verdict's bytes are the free bytes it says (they were room - allocated, the pending frees counted as free)
+    (tmp_path / "p").mkdir()
+    v, _ = judge(oom_rank(tmp_path / "p", 128 * MiB + 512, pending=64 * MiB), room)
+    ev = v.evidence
+    assert (v.kind, ev["pending_free_bytes"]) == ("fragmentation", 64 * MiB)
+    assert v.bytes == ev["reserved_unallocated_bytes"] - ev["pending_free_bytes"] + ev["unreserved_bytes"]
+    assert (f"({format_bytes(RESERVED - ALLOCATED)} reserved but not allocated, less {format_bytes(64 * MiB)} held "
+            f"by deferred frees, and {format_bytes(128 * MiB)} not yet reserved on the device)") in said(v)
+
+
 def test_fragmentation_names_the_bytes_of_cuda_graph_pools(tmp_path):
     request = 384 * MiB
     room = RESERVED + 128 * MiB

@@ -198,7 +198,8 @@ def judge(a, room, ev_extra=None, mine=(), outputs=0, fits=None, defragmented=No
 CAPACITY = (f"the live tensors ({B(ALLOCATED)}) plus the failed request ({B(768 * MiB)}) need "
             f"{B(ALLOCATED + 768 * MiB)}, {B(CAP_SHORT)} more than the {B(CAP_ROOM)} the allocator could use on this "
             "GPU: no allocator setting helps.")
-FRAGMENTATION = (f"{B(FRAG_ROOM - ALLOCATED)} were free (cached or on the device) for a request of {B(384 * MiB)}, "
+FRAGMENTATION = (f"{B(FRAG_ROOM - ALLOCATED)} were free ({B(RESERVED - ALLOCATED)} reserved but not allocated and "
+                 f"{B(FRAG_ROOM - RESERVED)} not yet reserved on the device) for a request of {B(384 * MiB)}, "
                  f"but not in one piece (largest free block {B(256 * MiB)}).")
 
 
@@ -275,8 +276,11 @@ def test_fragmentation_sentence_with_graph_pools_and_the_defragmented_replay(tmp
             "peak_reserved_bytes": 800 * MiB, "extended_peak_reserved_bytes": 900 * MiB, "continuation": CONT}
     v, _ = judge(a, FRAG_ROOM, defragmented=pred, fits=Fits(1, "t", largest_micro_batch=4))
     assert v.kind == "fragmentation"
+    # the graph's segment is reserved too: every free byte is reserved, none is left to reserve
     assert words.summary(v) == (
-        FRAGMENTATION + f" {B(128 * MiB)} were reserved by CUDA graph private pools (torch.compile "
+        f"{B(FRAG_ROOM - ALLOCATED)} were free ({B(FRAG_ROOM - ALLOCATED)} reserved but not allocated) for a request "
+        f"of {B(384 * MiB)}, but not in one piece (largest free block {B(256 * MiB)}). {B(128 * MiB)} were reserved "
+        "by CUDA graph private pools (torch.compile "
         "mode='reduce-overhead'): their free space serves only their graphs, and the allocator cannot release "
         "cached segments while a graph is being captured. Simulated with expandable_segments:True, it "
         + completes(800 * MiB, 900 * MiB) + ". With the recorded settings the largest micro-batch that fits is 4.")

@@ -123,12 +123,14 @@ def proposed_settings(report: Report) -> list[str]:
 class Claim:
     """What the replay of the recorded run says a setting does, on the rank where it is tightest. Bytes.
 
-    ``peak_reserved_bytes``: the replay's peak reserved (for a step extended past a recorded OOM, the higher of the
-    recorded events' and the extended step's, as the prediction's ``spare_bytes`` takes it); ``oom``: the replay
-    ran out of memory (in the recorded events or in the extended step); ``margin_bytes``: the prediction's own
-    ``margin_bytes`` (:mod:`oomdoctor.report.margin`; None when it carries none: the peak is then not judged);
-    ``lower_bound``: only the recorded events were replayed past a recorded OOM, so the peak is at least this;
-    ``reach``: :data:`oomdoctor.report.predict.REACHES`."""
+    ``peak_reserved_bytes``: the replay's peak reserved (for a step extended past a recorded OOM whose continuation
+    has a measured margin, the higher of the recorded events' and the extended step's, as the prediction's
+    ``spare_bytes`` takes it; without one, the recorded events'); ``oom``: the replay ran out of memory (in the
+    recorded events or in the extended step); ``margin_bytes``: the prediction's own ``margin_bytes``
+    (:mod:`oomdoctor.report.margin`; None when it carries none: the peak is then not judged), plus its
+    continuation's where it counts the extended step; ``lower_bound``: the peak is at least this, nothing more is
+    committed: only the recorded events were replayed past a recorded OOM, or the rest of the step was replayed but
+    no margin of it was measured; ``reach``: :data:`oomdoctor.report.predict.REACHES`."""
 
     rank: int
     peak_reserved_bytes: int
@@ -147,19 +149,26 @@ def claim_of(prediction: dict[str, Any]) -> Claim:
     """A :class:`Claim` from a prediction (``Predictor.run``'s dict, as the JSON carries it)."""
     reach = prediction["reach"]
     peak = int(prediction["peak_reserved_bytes"])
-    if isinstance(prediction.get("extended_peak_reserved_bytes"), int):
-        peak = max(peak, int(prediction["extended_peak_reserved_bytes"]))
     oom = prediction.get("oom") is not None or reach == "step-ran-out"
     m = prediction.get("margin_bytes")
     margin = int(m) if isinstance(m, int) and not isinstance(m, bool) and m >= 0 else None
+    c = (prediction.get("continuation") or {}).get("margin_bytes")
+    cont = int(c) if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else None
+    lower_bound = reach == "recorded" and not oom
+    if isinstance(prediction.get("extended_peak_reserved_bytes"), int):
+        if cont is not None or oom:
+            peak = max(peak, int(prediction["extended_peak_reserved_bytes"]))
+        else:
+            # the rest of the step, replayed as the previous step ran it, is what the recorded steps do not cover:
+            # with no margin of it measured (fewer than two complete steps) it is a condition, not a number (issue
+            # 49): the claim commits to the recorded events, which the rerun runs too, so its peak is at least theirs
+            lower_bound = True
     if margin is not None:
         # a rerun measures the whole job: the recorded steps' margin and, where the job measured one, the margin of
         # what they do not cover (issue 49: report/predict.py's continuation)
-        cont = (prediction.get("continuation") or {}).get("margin_bytes")
-        margin += int(cont or 0)
+        margin += cont or 0
     return Claim(rank=int(prediction["rank"]), peak_reserved_bytes=peak, oom=oom, margin_bytes=margin,
-                 margin_source="none" if margin is None else "prediction",
-                 lower_bound=reach == "recorded" and not oom, reach=reach,
+                 margin_source="none" if margin is None else "prediction", lower_bound=lower_bound, reach=reach,
                  self_replay_exact=bool(prediction.get("self_replay_exact")))
 
 
@@ -195,8 +204,8 @@ def band(claim: Claim | None) -> tuple[int | None, int | None]:
     - the prediction's ``margin_bytes`` is the distance between a rerun's peak and the replay's that the prediction
       itself commits to (:mod:`oomdoctor.report.margin`: each term is a measured way for them to differ), taken as
       the JSON and the report carry it, on either side: ``[peak - margin, peak + margin]``;
-    - a claim replayed only up to the recorded OOM (``lower_bound``) says the peak is at least ``peak``: only
-      ``peak - margin`` bounds it;
+    - a claim replayed only up to the recorded OOM, or extended by the rest of the step with no margin of it measured
+      (``lower_bound``), says the peak is at least ``peak``: only ``peak - margin`` bounds it;
     - no band: a claim of an OOM (judged on the OOM alone: the measured peak is where the rerun stopped), or a
       prediction without a margin (the peak is not judged)."""
     if claim is None or claim.oom or claim.margin_bytes is None:
@@ -557,7 +566,7 @@ class Verified:
     """One setting's rerun against its claim: ``config`` as given; ``env``: the variable and value the rerun
     had; ``predicted_*`` from the replay of the recorded first run (None: no claim), with ``margin_bytes`` (the
     prediction's own, ``margin_source``) and the ``band_*`` of measured peaks that confirm it (:func:`band`),
-    ``predicted_peak_is_lower_bound`` (replayed only up to the recorded OOM) and ``reach``; ``measured_*`` and
+    ``predicted_peak_is_lower_bound`` (only the recorded events are committed: :class:`Claim`) and ``reach``; ``measured_*`` and
     ``oom`` from the rerun; ``confirmed`` True / False / None (no claim, or the rerun failed or ended before its
     K-th optimizer step) and ``why`` (:data:`WHY`).
 
@@ -584,7 +593,8 @@ class Verified:
     """the highest measured peak reserved that confirms the claim: predicted peak + margin (bytes; null: no upper
     end, for a lower bound, or no band)"""
     predicted_peak_is_lower_bound: bool
-    """replayed only up to the recorded OOM: the peak is at least the prediction"""
+    """replayed only up to the recorded OOM, or the rest of the step replayed with no margin of it measured: the peak
+    is at least the prediction (the recorded events')"""
     reach: str | None
     """how far the replay reaches"""
     predicted_rank: int | None

@@ -107,6 +107,8 @@ REASONS = {
     "pending-frees": "deferred-free: blocks held for other streams made the difference",
     "not-in-one-piece": "fragmentation: enough was free, but not in one piece",
     "fraction-cap": "the room is a memory-fraction cap (evidence room_kind)",
+    "free-split": ("the free bytes are reserved_unallocated_bytes less pending_free_bytes (cached) plus "
+                   "unreserved_bytes (not yet reserved under the room)"),
     "graph-pools": "CUDA graph private pools reserved memory (evidence graph_pool_bytes)",
     "fix-simulated": "the fragmentation fix was replayed (evidence defragmented_config, fix_*)",
     "fragmentation-hit-first": "the fix was replayed and fragmentation hit first, but the job is at capacity",
@@ -418,6 +420,13 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         return Verdict("deferred-free", an.pending_free_bytes, [rank], None, "deferred-free", ev, ["pending-frees"])
     ev["room_kind"] = room.kind
     reasons = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else [])]
+    unreserved = room_b - an.reserved_bytes
+    if unreserved >= 0 and ev["free_bytes"] == ev["reserved_unallocated_bytes"] - an.pending_free_bytes + unreserved:
+        # the free bytes, split: reserved but not allocated (the fragmentation finding's bytes at stake, less the
+        # deferred frees among them) and not yet reserved under the room; said so that the finding's number is the
+        # verdict's too (issue 52)
+        ev["unreserved_bytes"] = unreserved
+        reasons.append("free-split")
     graph = sum(p.reserved_bytes for p in an.pools if p.pool_id != DEFAULT_POOL)
     if graph:
         ev["graph_pool_bytes"] = graph
@@ -455,7 +464,8 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             reasons.append("kv-fits-with-fix")
         ev["defragmented_outcome_template"] = fixed["outcome"]  # the JSON writes the words' template here
     reasons += _fit_reason(get_fits(), ev)
-    return Verdict("fragmentation", room_b - allocated, [rank], None, "fragmentation", ev, reasons)
+    # the bytes that decide it: the free ones its words say (pending frees are not free yet)
+    return Verdict("fragmentation", ev["free_bytes"], [rank], None, "fragmentation", ev, reasons)
 
 
 def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, need: int,

@@ -97,8 +97,18 @@ def _fit(r: set[str], kind: str, ev: dict[str, Any] | None = None) -> str:
 def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
     """An OOM where enough was free but not in one piece, with what the fix's replay says (the verdict is
     ``capacity`` where fragmentation hit first but the job does not fit without it)."""
-    where = ("under the memory-fraction cap of {room_bytes:bytes}, cached or not yet reserved," if "fraction-cap" in r
-             else "(cached or on the device)")
+    if "free-split" in r:  # the fragmentation finding's bytes at stake are the reserved-but-unallocated ones
+        pending, unreserved = bool(ev.get("pending_free_bytes")), bool(ev.get("unreserved_bytes"))
+        split = "{reserved_unallocated_bytes:bytes} reserved but not allocated"
+        if pending:
+            split += ", less {pending_free_bytes:bytes} held by deferred frees" + ("," if unreserved else "")
+        if unreserved:
+            split += " and {unreserved_bytes:bytes} not yet reserved" + ("" if "fraction-cap" in r else " on the device")
+        where = ("under the memory-fraction cap of {room_bytes:bytes} (" + split + ")," if "fraction-cap" in r
+                 else "(" + split + ")")
+    else:
+        where = ("under the memory-fraction cap of {room_bytes:bytes}, cached or not yet reserved,"
+                 if "fraction-cap" in r else "(cached or on the device)")
     out = ("{free_bytes:bytes} were free " + where + " for a request of {request_bytes:bytes}, but not "
            "in one piece (largest free block {largest_free_block_bytes:bytes}).")
     if "graph-pools" in r:
