@@ -130,12 +130,16 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
     return Room(None, "none", "none")
 
 
-def room_capacity(room: Room) -> Capacity:
-    """The capacity a what-fits replay runs under: the room, a fraction cap when the room is one."""
-    from ..simulate.capacity import Capacity
+def room_capacity(room: Room, a: DeviceAnalysis | None = None) -> Capacity:
+    """The capacity a what-fits replay runs under: the room, a fraction cap when the room is one; a cap the sidecar
+    states holds from the first event it can have held at in ``a``'s trace (a cap set during the run:
+    :func:`oomdoctor.simulate.capacity.limit_from_event`)."""
+    from ..simulate.capacity import Capacity, limit_from_event
 
+    start = (limit_from_event(a.device, room.bytes) if a is not None and room.source == "sidecar-cap"
+             and room.bytes is not None else 0)
     return Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", "device-room",
-                    source_values={"room_source": room.source, **room.values})
+                    source_values={"room_source": room.source, **room.values}, from_event=start)
 
 
 @dataclass
@@ -420,7 +424,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     if est is None:
         return False
     margin = _with_prediction_margin(out, a, job_margin(a)[0], inputs=inputs)
-    cap = room_capacity(room)
+    cap = room_capacity(room, a)
     grow = 1.0 + UNSEEN_FRAGMENTATION  # the replay's scale is the micro-batch's times this
     unit = grow / micro_batch if micro_batch else None
     # the recorded micro-batch ran out of memory: the bound is below it (one less, or 0.99 of it)
@@ -596,7 +600,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         out.notes.append("private-pools")
         return out
     events = _scale_events(a)
-    cap = room_capacity(room)
+    cap = room_capacity(room, a)
     reproduced, model_error = _reproduced(a, prepared, cap)
     margin = _with_prediction_margin(out, a, margin, model_error, inputs)
     if not reproduced:

@@ -1,0 +1,79 @@
+"""Rules that issue 49's round-14 device runs refuted, fixed as classes, each on a small trace built in code (each
+test fails on the code before its fix; docs/diagnose.md "Round 14: the new kinds before and after"):
+
+- a memory-fraction cap set during the run holds only from the last event the recording's reserved bytes were above
+  it (a variable-length fine-tune sized its cap after two uncapped steps; the replay capped from the start freed a
+  segment the job kept, measured a model error of 2.93 GiB and called its fragmentation OOM capacity);
+- an OOM is inside ``optimizer.step()`` only inside torch.optim's own ``Optimizer.step#`` scope where the trace has
+  them (a GNN's next forward, recorded without stacks, read as the last update's and told the optimizer's advice);
+- a trace cut by its OOM before any step finished keeps room, in what fits, for the gradients the rest of its
+  backward makes (GPipe at 32 said 31 where 31 ran out).
+"""
+
+from __future__ import annotations
+
+from builder import MiB, SnapBuilder, frames
+from test_accounting import TORCH, model
+from test_advice_classes import analysed
+
+from oomdoctor.report.fits import Room, fits, room_capacity
+from oomdoctor.report.predict import Predictor
+from oomdoctor.simulate.capacity import infer_capacity, limit_from_event
+from oomdoctor.simulate.replay import prepare, replay
+
+EMPTY_CACHE = frames((f"{TORCH}/cuda/memory.py", 222, "empty_cache"), ("/w/train.py", 12, "main"))
+CAP = 120 * MiB
+
+
+# --------------------------------------------------------------------------- a cap set during the run
+
+
+def capped_later() -> tuple[SnapBuilder, int]:
+    """Two uncapped steps' worth of memory (100 + 60 MiB segments, 160 MiB reserved: above the 120 MiB cap the job
+    sets afterwards), ``empty_cache()``, then the capped part: a 100 MiB block, freed, and a 20 MiB one. Returns the
+    builder and the index of the first event after the last one above the cap (the first ``segment_free``)."""
+    b = SnapBuilder()
+    s1 = b.segment(100 * MiB)
+    a1 = b.alloc(s1, 0, 100 * MiB, fr=model(20))
+    s2 = b.segment(60 * MiB)
+    a2 = b.alloc(s2, 0, 60 * MiB, fr=model(21))
+    b.free(a1)
+    b.free(a2)
+    start = len(b.events)
+    b.free_segment(s2, fr=EMPTY_CACHE)  # release_cached_blocks frees the smaller first (the model's order)
+    b.free_segment(s1, fr=EMPTY_CACHE)
+    s3 = b.segment(100 * MiB)
+    b.free(b.alloc(s3, 0, 100 * MiB, fr=model(20)))
+    b.alloc(s3, 0, 20 * MiB, fr=model(21))
+    return b, start
+
+
+def test_a_cap_the_recording_was_above_holds_from_the_event_after_it(tmp_path):
+    b, start = capped_later()
+    a = analysed(tmp_path, b, {"memory_cap_bytes": CAP})
+    assert limit_from_event(a.device, CAP) == start
+    assert limit_from_event(a.device, 160 * MiB) == 0  # never above: the whole trace
+    cap = infer_capacity(a.trace, a.device)
+    assert (cap.limit_bytes, cap.kind, cap.from_event) == (CAP, "fraction", start)
+    # the replay reproduces the recording: before the cap's first event nothing is held to it
+    r = replay(prepare(a.trace, a.device, a.lifetimes), capacity=cap)
+    assert r.oom is None and r.validation.segment_events_differing == 0
+    assert r.validation.max_reserved_difference_bytes == 0
+    # its peaks are the capped part's: what a claim compares with the cap
+    assert (r.peak_reserved_bytes, r.peak_allocated_bytes) == (100 * MiB, 100 * MiB)
+    # capped from the first event (the rule before), the second segment does not fit under the cap
+    early = replay(prepare(a.trace, a.device, a.lifetimes), capacity=cap.__class__(CAP, "fraction", "x"))
+    assert early.oom is not None and early.oom.event_index < start
+
+
+def test_the_prediction_and_what_fits_replay_the_cap_from_its_first_event(tmp_path):
+    b, start = capped_later()
+    a = analysed(tmp_path, b, {"memory_cap_bytes": CAP})
+    p = Predictor(a)
+    assert p.margin.model_error_bytes == 0 and p.reproduces
+    room = Room(CAP, "fraction", "sidecar-cap")
+    assert room_capacity(room, a).from_event == start
+    assert room_capacity(room).from_event == 0  # no trace: nothing says when it was set
+    assert room_capacity(Room(CAP, "device", "oom-device"), a).from_event == 0  # a device's room holds throughout
+    f = fits(a, room, 4)
+    assert f.margin["model_error_bytes"] == 0 and "not-reproduced" not in f.notes
