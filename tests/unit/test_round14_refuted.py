@@ -13,11 +13,13 @@ test fails on the code before its fix; docs/diagnose.md "Round 14: the new kinds
 from __future__ import annotations
 
 from builder import MiB, SnapBuilder, frames
-from test_accounting import TORCH, model
-from test_advice_classes import analysed
+from test_accounting import OPT_STATE, OPT_TMP, SETUP, TORCH, model
+from test_advice_classes import analysed, oom_in_step
 
 from oomdoctor.report.fits import Room, fits, room_capacity
+from oomdoctor.report.pipeline import report_of
 from oomdoctor.report.predict import Predictor
+from oomdoctor.report.verdict import in_optimizer_step
 from oomdoctor.simulate.capacity import infer_capacity, limit_from_event
 from oomdoctor.simulate.replay import prepare, replay
 
@@ -77,3 +79,59 @@ def test_the_prediction_and_what_fits_replay_the_cap_from_its_first_event(tmp_pa
     assert room_capacity(Room(CAP, "device", "oom-device"), a).from_event == 0  # a device's room holds throughout
     f = fits(a, room, 4)
     assert f.margin["model_error_bytes"] == 0 and "not-reproduced" not in f.notes
+
+
+# --------------------------------------------------------------------------- inside optimizer.step(): its scopes
+
+
+def test_an_oom_inside_the_steps_scope_is_inside_the_step(tmp_path):
+    b = oom_in_step()
+    # the same trace with torch.optim's scope around the state and the failed request
+    b2 = SnapBuilder()
+    seg = b2.segment(1792 * MiB)
+    for i in range(2):
+        b2.alloc(seg, i * 256 * MiB, 256 * MiB, fr=SETUP)
+    acts = [b2.alloc(seg, (512 + 128 * i) * MiB, 128 * MiB, fr=model(20 + i)) for i in range(3)]
+    for i in range(2):
+        b2.alloc(seg, (1024 + 256 * i) * MiB, 256 * MiB, fr=[])
+    for x in acts:
+        b2.free(x)
+    b2.annotate("Optimizer.step#Adam.step", "START")
+    for i in range(2):
+        b2.alloc(seg, (512 + 256 * i) * MiB, 256 * MiB, fr=OPT_STATE)
+    b2.oom(512 * MiB, device_free=0)
+    b2.annotate("Optimizer.step#Adam.step", "END")
+    for builder, d in ((b, "plain"), (b2, "scoped")):
+        (tmp_path / d).mkdir()
+        a = analysed(tmp_path / d, builder, {"gpu_total_memory_bytes": 2 << 30})
+        assert in_optimizer_step(a, int(a.oom_events[-1])), d
+        v = report_of([a], micro_batch=8).verdict
+        assert v.to_do[0].id == "optimizer-memory", d
+
+
+def test_an_oom_after_the_steps_scope_closed_is_not_inside_the_step(tmp_path):
+    """A step inside its scope, then, after the scope closed, a temporary made by torch.optim's code (an averaged
+    model's update after the step) and an OOM: the frames say optimizer, the step's own scope says it had ended."""
+    b = SnapBuilder()
+    seg = b.segment(1792 * MiB)
+    for i in range(2):
+        b.alloc(seg, i * 256 * MiB, 256 * MiB, fr=SETUP)
+    acts = [b.alloc(seg, (512 + 128 * i) * MiB, 128 * MiB, fr=model(20 + i)) for i in range(3)]
+    grads = [b.alloc(seg, (1024 + 256 * i) * MiB, 256 * MiB, fr=[]) for i in range(2)]
+    for x in acts:
+        b.free(x)
+    b.annotate("Optimizer.step#Adam.step", "START")
+    for i in range(2):
+        b.alloc(seg, (512 + 256 * i) * MiB, 256 * MiB, fr=OPT_STATE)
+    b.annotate("Optimizer.step#Adam.step", "END")
+    for g in grads:
+        b.free(g)
+    b.alloc(seg, 1024 * MiB, 256 * MiB, fr=OPT_TMP)
+    b.oom(700 * MiB, device_free=0)
+    a = analysed(tmp_path, b, {"gpu_total_memory_bytes": 2 << 30})
+    k = int(a.oom_events[-1])
+    assert a.phases.phase_name(k) == "optimizer"  # what the phases infer
+    assert not in_optimizer_step(a, k)
+    v = report_of([a], micro_batch=8).verdict
+    assert v.kind == "capacity" and "in_optimizer_step" not in v.evidence
+    assert "oom-in-optimizer-step" not in v.reasons and "optimizer-memory" not in [x.id for x in v.to_do]
