@@ -16,7 +16,8 @@ from builder import MiB, SnapBuilder, frames
 from test_accounting import OPT_STATE, OPT_TMP, SETUP, TORCH, model
 from test_advice_classes import analysed, oom_in_step
 
-from oomdoctor.report.fits import Room, fits, room_capacity
+from oomdoctor.analysis.accounting import GRADIENTS
+from oomdoctor.report.fits import Room, _margin, fits, job_margin, room_capacity
 from oomdoctor.report.pipeline import report_of
 from oomdoctor.report.predict import Predictor
 from oomdoctor.report.verdict import in_optimizer_step
@@ -135,3 +136,48 @@ def test_an_oom_after_the_steps_scope_closed_is_not_inside_the_step(tmp_path):
     v = report_of([a], micro_batch=8).verdict
     assert v.kind == "capacity" and "in_optimizer_step" not in v.evidence
     assert "oom-in-optimizer-step" not in v.reasons and "optimizer-memory" not in [x.id for x in v.to_do]
+
+
+# --------------------------------------------------------------------------- what fits: the gradients still to come
+
+PARAM = 64 * MiB
+
+
+def cut_in_first_backward(grads_made: int) -> SnapBuilder:
+    """Two 64 MiB parameters, a forward (two 128 MiB activations), ``grads_made`` of the two gradients, then an OOM
+    in the backward: no step finished."""
+    b = SnapBuilder()
+    seg = b.segment(1024 * MiB)
+    for i in range(2):
+        b.alloc(seg, i * PARAM, PARAM, fr=SETUP)
+    for i in range(2):
+        b.alloc(seg, (256 + 128 * i) * MiB, 128 * MiB, fr=model(20 + i))
+    for i in range(grads_made):
+        b.alloc(seg, (512 + 64 * i) * MiB, PARAM, fr=[])
+    b.oom(300 * MiB, device_free=0)
+    return b
+
+
+def test_no_finished_step_keeps_room_for_the_gradients_still_to_come(tmp_path):
+    # the gradient made before the cut is not known as one (no step or zero_grad has shown it: a temporary to the
+    # accounting), so the rest of the backward is taken to make every parameter's; and Adam's two moments
+    a = analysed(tmp_path, cut_in_first_backward(1))
+    assert a.phases.has_backward and (a.phases.steps is None or not a.phases.steps.updates)
+    assert not (a.accounting.category == GRADIENTS).any()
+    base, _ = job_margin(a)
+    assert _margin(a, 1024 * MiB) == (base + 2 * PARAM + 2 * (2 * PARAM), "optimizer-state-assumed")
+
+
+def test_with_the_state_seen_only_the_gradients_still_to_come_are_kept(tmp_path):
+    b = cut_in_first_backward(1)
+    # the optimizer's state made before the step (a preallocated state): seen, so not assumed
+    b.events = [e for e in b.events if e["action"] != "oom"]
+    seg = next(iter(b.segments))
+    for i in range(4):
+        b.alloc(seg, (640 + 64 * i) * MiB, PARAM, fr=OPT_STATE)
+    b.oom(300 * MiB, device_free=0)
+    a = analysed(tmp_path, b)
+    # beside the optimizer's state the block the backward made is known for a gradient: one of two is still to come
+    assert int(a.lifetimes.size[a.accounting.category == GRADIENTS].sum()) == PARAM
+    base, _ = job_margin(a)
+    assert _margin(a, 2048 * MiB) == (base + PARAM, "gradients-assumed")
