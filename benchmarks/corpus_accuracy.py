@@ -124,13 +124,14 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--half", action="append", choices=("in-sample", "tuning", "held-out"),
                    help="only the runs of this half (docs/corpus/README.md; repeatable; default: all)")
-    p.add_argument("--only", help="only the runs whose name starts with this prefix (e.g. new-kinds-)")
+    p.add_argument("--only", action="append",
+                   help="only the runs whose name starts with this prefix (e.g. new-kinds-; repeatable)")
     a = p.parse_args()
     runs = json.loads((CORPUS / "runs.json").read_text())
     if a.half:
         runs = {k: v for k, v in runs.items() if v.get("half", "in-sample") in a.half}
     if a.only:
-        runs = {k: v for k, v in runs.items() if k.startswith(a.only)}
+        runs = {k: v for k, v in runs.items() if k.startswith(tuple(a.only))}
     steps = json.loads((CORPUS / "sweeps.json").read_text())
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,7 +146,7 @@ def main() -> None:
             rows = sweep_rows(spec["job"], name)
             gpu = next((r["gpu_total_memory_bytes"] for r in rows if r.get("gpu_total_memory_bytes")), None)
             row = {"run": name, "half": spec.get("half", "in-sample"), "expected": spec["verdict"],
-                   "batch": truth["batch"], "rank": rank}
+                   "batch": truth.get("batch"), "rank": rank}  # a job without a micro-batch (a GNN) has none
             for mode in ("trace", "recorded"):
                 traces = load_ranks([run], skipped=[])
                 for t in traces:  # a plain recording does not say the GPU's size: given as --gpu-memory would be
@@ -158,7 +159,7 @@ def main() -> None:
                 elif not traces[0].meta.get("tensors"):
                     continue
                 t0 = time.perf_counter()
-                rep = build_report(traces, micro_batch=truth["batch"])
+                rep = build_report(traces, micro_batch=truth.get("batch"))
                 row[f"{mode}_s"] = round(time.perf_counter() - t0, 3)
                 r0 = next((r for r in rep.ranks if r.rank == rank), rep.ranks[0])
                 bds = r0.breakdowns

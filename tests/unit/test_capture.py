@@ -195,7 +195,7 @@ def test_recorder_oom_observer_never_raises_and_final_dump_is_skipped(tmp_path, 
     rec, cuda = fake_recorder(tmp_path, snap)
     rec._enable(clear=False)
     rec._oom_observer(0, 4 * MiB, 37_529_939_968, 1 << 30)
-    rec._oom_observer(0, 4 * MiB, 37_529_939_968, 1 << 30)  # a second OOM is not dumped again
+    assert (tmp_path / "out" / "rank0_oom.pickle").exists()
     rec.stop()  # no step since the OOM: the OOM dump is the record of this run
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["rank0_oom.meta.json", "rank0_oom.pickle"]
@@ -206,6 +206,48 @@ def test_recorder_oom_observer_never_raises_and_final_dump_is_skipped(tmp_path, 
     fcuda.fail_snapshot = True
     failing._oom_observer(0, 1, 2, 3)  # must not raise into the allocator
     assert "illegal memory access" in capsys.readouterr().err
+
+
+def test_a_later_oom_with_no_step_after_it_is_dumped_over_the_first_at_the_stop(tmp_path):
+    """A job that catches its OOM and retries inside the ``except`` block, where it runs out again (issue 49): the
+    observer dumps at the first only, then notes the second; no step ran after it, so the job died of it, and the
+    stop dumps the OOM again with the second's numbers. A step after the later OOM: the job went on, and the run's
+    final dump is written as after any caught OOM."""
+    snap = small_snapshot(tmp_path)
+    rec, cuda = fake_recorder(tmp_path, snap)
+    rec._enable(clear=False)
+    rec._oom_observer(0, 4 * MiB, 37_529_939_968, 1 << 30)
+    first = (tmp_path / "out" / "rank0_oom.pickle").stat().st_mtime_ns
+    rec._oom_observer(0, 2 * MiB, 37_529_939_968, 1 << 20)  # noted, not dumped: the first dump is untouched
+    assert (tmp_path / "out" / "rank0_oom.pickle").stat().st_mtime_ns == first and len(rec.written) == 1
+    rec.stop()
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["rank0_oom.meta.json", "rank0_oom.pickle"]
+    assert len(rec.written) == 2
+    meta = json.loads((out / "rank0_oom.meta.json").read_text())
+    assert meta["kind"] == "oom" and meta["oom"] == {"device": 0, "alloc_bytes": 2 * MiB,
+                                                     "device_limit_bytes": 37_529_939_968, "device_free_bytes": 1 << 20}
+    # a step after the later OOM: recovered, the final dump as usual and the OOM dump left as it was
+    rec2, _ = fake_recorder(tmp_path / "b", snap)
+    rec2._enable(clear=False)
+    rec2._oom_observer(0, 4 * MiB, 37_529_939_968, 1 << 30)
+    rec2._oom_observer(0, 2 * MiB, 37_529_939_968, 1 << 20)
+    rec2.step()
+    rec2.stop()
+    out2 = tmp_path / "b" / "out"
+    assert sorted(p.name for p in out2.iterdir()) == ["rank0.meta.json", "rank0.pickle", "rank0_oom.meta.json",
+                                                      "rank0_oom.pickle"]
+    assert json.loads((out2 / "rank0_oom.meta.json").read_text())["oom"]["alloc_bytes"] == 4 * MiB
+    # a later OOM after a step, none after it: the job died of the later one
+    rec3, _ = fake_recorder(tmp_path / "c", snap)
+    rec3._enable(clear=False)
+    rec3._oom_observer(0, 4 * MiB, 37_529_939_968, 1 << 30)
+    rec3.step()
+    rec3._oom_observer(0, 6 * MiB, 37_529_939_968, 1 << 20)
+    rec3.stop()
+    out3 = tmp_path / "c" / "out"
+    assert sorted(p.name for p in out3.iterdir()) == ["rank0_oom.meta.json", "rank0_oom.pickle"]
+    assert json.loads((out3 / "rank0_oom.meta.json").read_text())["oom"]["alloc_bytes"] == 6 * MiB
 
 
 def test_recorder_failed_dump_warns_and_goes_on(tmp_path, capsys, monkeypatch):

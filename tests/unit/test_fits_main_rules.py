@@ -239,7 +239,9 @@ def test_no_finished_step_keeps_room_for_adams_two_moments_of_the_parameters(tmp
     a = analysed(tmp_path, r)
     base, _ = job_margin(a)
     margin, note = _margin(a, 2000 * MiB)
-    assert margin == base + 2 * (2 * PARAM)
+    # Adam's two moments of both parameters, and both gradients: the one the backward made before the OOM is not
+    # known for one yet (no step showed it), so the rest of the backward is taken to make them all (issue 49)
+    assert margin == base + 2 * (2 * PARAM) + 2 * GRAD
     assert note == "optimizer-state-assumed"
 
 
@@ -254,7 +256,7 @@ def test_an_oom_right_after_the_first_backward_allocation_is_sized_not_estimated
     f = fits(a, room(reserved / MiB + 10), 4)
     assert not {"first-forward-estimate", "cut-in-first-forward"} & set(f.notes) and f.estimated_batch_scale is None
     base, _ = job_margin(a)
-    assert f.margin_bytes == base + 2 * (2 * PARAM)  # the margin of a cut trace, with its note
+    assert f.margin_bytes == base + 2 * (2 * PARAM) + 2 * GRAD  # the margin of a cut trace, with its note
     assert "optimizer-state-assumed" in f.notes
     # the room less that margin is below the parameters alone: not even the smallest micro-batch fits, and
     # nothing says the recorded one did (it ran out of memory)

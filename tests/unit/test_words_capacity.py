@@ -83,3 +83,11 @@ def test_every_simulation_id_is_said():
     ids = [i for ids in INCOMPATIBILITIES.values() for i in ids]
     assert len(ids) == len(set(ids)) and set(ids) == set(S.INCOMPATIBILITIES)
     assert all("(" in S.INCOMPATIBILITIES[i] for i in ids if i != "max-split-at-least-20-mib")  # each names a source
+
+
+def test_a_cap_set_during_the_run_says_from_which_event():
+    cap = Capacity(12 << 30, "fraction", "sidecar-memory-cap", "exact", 12 << 30, 12 << 30, "sidecar", {},
+                   from_event=2177)
+    assert W.said(cap) == ("the memory cap in the sidecar (memory_cap_bytes), from event 2177 on (reserved bytes were "
+                           "above it before: it was set during the run; the replay's peaks are taken from there)")
+    assert W.said(Capacity(12 << 30, "fraction", "sidecar-memory-cap")) == "the memory cap in the sidecar (memory_cap_bytes)"

@@ -38,7 +38,10 @@ NOTE_WORDS = {
                         "which the trace does not show, so no lower bound is said; record a step that finished and "
                         "diagnose it with --micro-batch",
     "optimizer-state-assumed": "no optimizer step finished before the OOM: the replay keeps room for optimizer state "
-                               "of twice the parameters (Adam's two moments)",
+                               "of twice the parameters (Adam's two moments) and for the gradients the rest of the "
+                               "backward makes",
+    "gradients-assumed": "no optimizer step finished before the OOM: the replay keeps room for the gradients the rest "
+                         "of the backward makes",
     "replay-failed": "the trace cannot be replayed: cudaMallocAsync {is} not modelled",
     "private-pools": "CUDA graph private pools (e.g. torch.compile mode='reduce-overhead') hold part of this run's "
                      "memory and are replayed as recorded, not scaled with the micro-batch: what fits is not replayed",

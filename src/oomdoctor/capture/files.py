@@ -6,7 +6,8 @@ Names, per rank ``R`` (``rank_from_name`` in :mod:`oomdoctor.trace.load` reads t
 
     rank{R}.pickle            the whole run, dumped when recording stops (or the process exits)
     rank{R}_step{S}.pickle    a step window, dumped at the end of its last step S
-    rank{R}_oom.pickle        dumped by the out-of-memory observer at the failure
+    rank{R}_oom.pickle        dumped by the out-of-memory observer at the failure (a later OOM with no step
+                              after it: dumped over it when recording stops)
     <stem>.meta.json          the sidecar of each of them (rank, versions, GPU, env, memory_stats, steps)
     summary.json              the in-job summary written by rank 0 (diagnose's JSON schema)
 

@@ -5,7 +5,10 @@ Calls PyTorch's recording API (``shared/reference/snapshot_format_and_peers.md``
 max_entries=N)``, ``torch.cuda.memory._snapshot()`` (the dict ``_dump_snapshot`` pickles, so the
 files open in pytorch.org/memory_viz), and ``torch._C._cuda_attach_out_of_memory_observer``, whose
 callback runs after the ``oom`` trace entry and before the exception unwinds, so the dump holds the
-state at the failure. Steps are counted by a global optimizer step hook
+state at the failure. It dumps at the first OOM only (a job that catches its OOMs in a loop would dump at each);
+a later one with no step after it (a retry that ran out again, the OOM the job dies of) is dumped over it when
+recording stops (issue 49: a retry inside the ``except`` block, whose kept exception held the first attempt, was
+recorded at the first attempt's OOM only). Steps are counted by a global optimizer step hook
 (``torch.optim.optimizer.register_optimizer_step_post_hook``) until the user calls
 :meth:`Recorder.step` themselves.
 
@@ -247,6 +250,9 @@ class Recorder:
         self.finished = False
         self.oom_dumped = False
         self.steps_since_oom = 0
+        #: the observer's numbers of the last OOM after the one dumped (None: none): a job that caught its OOM and
+        #: ran out again with no step between (a retry) dies of this one, dumped at the stop (:meth:`stop`)
+        self.later_oom: dict[str, int] | None = None
         self.rank, self.local_rank, self.world_size = rank_info(os.environ)
         self.store: Any = None
         self._torch: Any = None
@@ -384,13 +390,20 @@ class Recorder:
                 self.finished = True
                 return
             self.finished = True
-        self.note_oom_message(getattr(sys, "last_value", None))  # at exit after an uncaught OOM
+        skip_final = self.oom_dumped and self.steps_since_oom == 0
+        # an OOM after the one dumped and no step since (a retry inside the except block that ran out again): the
+        # job dies of that one, which the dump at the first did not see; its message is the later one's
+        later = skip_final and self.later_oom is not None and dump and self.recording
+        if not later:
+            self.note_oom_message(getattr(sys, "last_value", None))  # at exit after an uncaught OOM
         self._remove_hook()
         self._refresh_dist()
         snap = meta = None
         window_done = self.window is not None and self.step_count > self.window[1]
-        skip_final = self.oom_dumped and self.steps_since_oom == 0
-        if dump and not window_done and not skip_final and self.recording:
+        if later:
+            snap, meta = self._dump(snapshot_name(self.rank, oom=True), "oom", oom=self.later_oom)
+            self.note_oom_message(getattr(sys, "last_value", None))
+        elif dump and not window_done and not skip_final and self.recording:
             name = snapshot_name(self.rank) if self.window is None else snapshot_name(self.rank, step=self.step_count)
             snap, meta = self._dump(name, "final" if self.window is None else "window")
         self._disable()
@@ -581,12 +594,15 @@ class Recorder:
     def _oom_observer(self, device: int, alloc: int, device_limit: int, device_free: int) -> None:
         # Runs inside the allocator's failing malloc: never raise (it would propagate into the allocator)
         try:
-            with self._lock:
-                if self.oom_dumped or self.finished:  # observers cannot be detached: a stopped one is inert
-                    return
-                self.oom_dumped = True
             oom = {"device": int(device), "alloc_bytes": int(alloc), "device_limit_bytes": int(device_limit),
                    "device_free_bytes": int(device_free)}
+            with self._lock:
+                if self.finished:  # observers cannot be detached: a stopped one is inert
+                    return
+                if self.oom_dumped:  # dumped once (a job catching OOMs in a loop would dump at each): noted only
+                    self.later_oom, self.steps_since_oom = oom, 0
+                    return
+                self.oom_dumped = True
             self._dump(snapshot_name(self.rank, oom=True), "oom", oom=oom)
         except BaseException as e:  # noqa: BLE001 - nothing may unwind into the allocator
             self._failed("the out-of-memory dump", e)

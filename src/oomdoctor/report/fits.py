@@ -23,8 +23,9 @@ replay keeps free the margin of a claim about the recorded steps (:mod:`.margin`
 this trace, what the memory outside the allocator may grow by) plus the rounding of the blocks that grow
 (:func:`job_margin`); the answer holds for inputs up to the heaviest recorded step. A trace cut by an OOM lacks the rest of its step: the
 replay also keeps free the persistent memory the job created after the first step's peak (optimizer
-state made lazily), or, when no step finished, an estimate of the optimizer state still to come (twice
-the parameters: Adam's two moments, said as such). A trace that ends inside its first forward pass is not
+state made lazily), or, when no step finished, the gradients the rest of the backward still makes (the
+parameters' bytes less the gradients alive at the cut) and an estimate of the optimizer state still to come
+(twice the parameters: Adam's two moments), said as such. A trace that ends inside its first forward pass is not
 replayed as it is (the pass's peak is not in it: replaying such a trace once said 117 fits where 117 ran
 out of memory); it gets a lower bound, said as one (``bound``: ``"lower"``), with its assumptions
 (:func:`_first_forward_estimate`): what surely fits, never the recorded micro-batch or more.
@@ -130,12 +131,16 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
     return Room(None, "none", "none")
 
 
-def room_capacity(room: Room) -> Capacity:
-    """The capacity a what-fits replay runs under: the room, a fraction cap when the room is one."""
-    from ..simulate.capacity import Capacity
+def room_capacity(room: Room, a: DeviceAnalysis | None = None) -> Capacity:
+    """The capacity a what-fits replay runs under: the room, a fraction cap when the room is one; a cap the sidecar
+    states holds from the first event it can have held at in ``a``'s trace (a cap set during the run:
+    :func:`oomdoctor.simulate.capacity.limit_from_event`)."""
+    from ..simulate.capacity import Capacity, limit_from_event
 
+    start = (limit_from_event(a.device, room.bytes) if a is not None and room.source == "sidecar-cap"
+             and room.bytes is not None else 0)
     return Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", "device-room",
-                    source_values={"room_source": room.source, **room.values})
+                    source_values={"room_source": room.source, **room.values}, from_event=start)
 
 
 @dataclass
@@ -229,7 +234,10 @@ NOTES = {
     "cut-in-first-forward": "the trace ends inside its first forward pass: what fits cannot be replayed",
     "pipeline-warm-up": "a pipeline stage cut in its first warm-up forwards: how many micro-batches its schedule "
                         "holds is not in the trace, so no lower bound is said",
-    "optimizer-state-assumed": "no optimizer step finished before the OOM: room kept for Adam's state",
+    "optimizer-state-assumed": "no optimizer step finished before the OOM: room kept for Adam's state and for the "
+                               "gradients the rest of the backward makes",
+    "gradients-assumed": "no optimizer step finished before the OOM: room kept for the gradients the rest of the "
+                         "backward makes",
     "replay-failed": "the replay refuses the trace (note_values replay_error)",
     "private-pools": "CUDA graph private pools hold part of the memory: what fits is not replayed",
     "not-reproduced": "the allocator model does not reproduce the recording: what fits is not replayed",
@@ -343,9 +351,17 @@ def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
         peak0 = lo + int(np.argmax(seg)) if seg.size else lo
         later = persistent & (lt.alloc > peak0) & (acc.category != PARAMETERS)
         return base + int(lt.size[later].sum()), None
-    if ph.has_backward and not np.any(acc.category[persistent] == OPTIMIZER_STATE):
+    if ph.has_backward:
+        # no step finished: the rest of the backward and the update are not in the trace. The backward still makes
+        # the gradients not alive at the cut (every trained parameter has one of its size), and they are alive at
+        # the peaks after it (GPipe's next micro-batch's backward: issue 49, pipeline-gpipe-b32 said 31 where 31
+        # ran out); the update makes the optimizer state, Adam's two moments where none was seen
         params = int(lt.size[persistent & (acc.category == PARAMETERS)].sum())
-        return base + 2 * params, "optimizer-state-assumed"
+        grads = int(lt.size[lt.allocated_mask(end) & (acc.category == GRADIENTS)].sum())
+        extra = max(params - grads, 0)
+        if np.any(acc.category[persistent] == OPTIMIZER_STATE):
+            return base + extra, "gradients-assumed" if extra else None
+        return base + extra + 2 * params, "optimizer-state-assumed"
     return base, None
 
 
@@ -420,7 +436,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
     if est is None:
         return False
     margin = _with_prediction_margin(out, a, job_margin(a)[0], inputs=inputs)
-    cap = room_capacity(room)
+    cap = room_capacity(room, a)
     grow = 1.0 + UNSEEN_FRAGMENTATION  # the replay's scale is the micro-batch's times this
     unit = grow / micro_batch if micro_batch else None
     # the recorded micro-batch ran out of memory: the bound is below it (one less, or 0.99 of it)
@@ -596,7 +612,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
         out.notes.append("private-pools")
         return out
     events = _scale_events(a)
-    cap = room_capacity(room)
+    cap = room_capacity(room, a)
     reproduced, model_error = _reproduced(a, prepared, cap)
     margin = _with_prediction_margin(out, a, margin, model_error, inputs)
     if not reproduced:

@@ -45,7 +45,7 @@ import numpy as np
 from ..analysis.accounting import KV_CACHE, OPTIMIZER_STATE, PARAMETERS, Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import JobPeak, job_peak
-from ..analysis.phases import OPTIMIZER_PHASE
+from ..analysis.phases import OPTIMIZER_PHASE, OPTIMIZER_STEP, annotation_windows
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight_parts, schedule_evidence
 from ..detectors.finding import Finding, Fix, SiteRef
@@ -224,7 +224,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         why = schedule_evidence(a, recurrences)
         if why is not None:
             ev["schedule_evidence"] = why
-        if a.phases.phase[k] == OPTIMIZER_PHASE:
+        if in_optimizer_step(a, k):
             lt, acc = a.lifetimes, a.accounting
             alive = lt.allocated_mask(k)
             ev["in_optimizer_step"] = True
@@ -466,6 +466,22 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     reasons += _fit_reason(get_fits(), ev)
     # the bytes that decide it: the free ones its words say (pending frees are not free yet)
     return Verdict("fragmentation", ev["free_bytes"], [rank], None, "fragmentation", ev, reasons)
+
+
+def in_optimizer_step(a: DeviceAnalysis, k: int) -> bool:
+    """Is event ``k`` (an OOM) inside an optimizer's step? Where the trace holds torch.optim's own scopes
+    (``Optimizer.step#``, its ``record_function``), only an event inside one is: they are the step's signal, the
+    phase analysis only infers it. Without them, the phase analysis' optimizer phase (an optimizer not written
+    with torch.optim). Issue 49: a GNN's next forward, its allocations recorded without stacks (the recorder's
+    stack steps), continued the last update's optimizer phase, and a capacity OOM 0.8 s after the step's scope
+    closed was told the optimizer's memory advice."""
+    if a.phases.phase[k] != OPTIMIZER_PHASE:
+        return False
+    w = annotation_windows(a.device, OPTIMIZER_STEP)
+    if not w.shape[0]:
+        return True
+    t = int(a.device.events["time_us"][k])
+    return bool(np.any((w[:, 0] <= t) & (t <= w[:, 1])))
 
 
 def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, need: int,

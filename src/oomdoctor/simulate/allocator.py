@@ -202,6 +202,12 @@ class CachingAllocator:
         self.oom_request: tuple[int, int] | None = None
         self.spare: list[Block] = []  # blocks merged away (free, mapped, no event), for reuse by the next split
 
+    def set_fraction_limit(self, limit: int | None) -> None:
+        """``setMemoryFraction`` during the run (``torch.cuda.set_per_process_memory_fraction`` after the first
+        allocations): the limit from now on, and the garbage collector, which only runs under one, with it."""
+        self.fraction_limit = limit
+        self.gc_active = limit is not None and self.config.garbage_collection_threshold > 0
+
     @property
     def active(self) -> int:
         """Bytes of the active blocks: allocated, or freed with an event pending (``active_bytes``)."""

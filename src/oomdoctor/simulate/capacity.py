@@ -15,6 +15,8 @@ Inference (:func:`infer_capacity`), the first rule that applies, each with its c
 
 1. ``exact``: the sidecar's ``memory_cap_bytes`` (``oomdoctor.record`` reads the fraction at the dump);
 2. ``exact``: the sidecar's ``memory_fraction`` (< 1) times its ``gpu_total_memory_bytes``;
+   either holds from the event after the last one whose recorded reserved bytes are above it
+   (:func:`limit_from_event`: a cap set during the run; ``from_event``);
 3. a recorded ``oom`` entry: its ``device_free`` (``cudaMemGetInfo`` at the failure) plus the reserved
    bytes then is the device limit (``exact``) when the device could not hold the segment; when it
    could, a fraction cap refused it, which lies between the peak reserved before the OOM and the
@@ -89,6 +91,9 @@ class Capacity:
     """the rule that set it: 'sidecar', 'oom', 'fallbacks', 'given' or ''"""
     source_values: dict[str, Any] = field(default_factory=dict)
     """the numbers its source is said with (bytes, counts, event indices; a fraction), by source"""
+    from_event: int = 0
+    """the first event the limit holds at (0: the whole trace): a fraction cap the recording's reserved bytes were
+    above was set later in the run (simulate/capacity.py limit_from_event); the replay's peaks are taken from it"""
 
 
 #: Where a capacity comes from (``Capacity.source``), and the keys of its ``source_values``.
@@ -114,12 +119,26 @@ def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     module doc). Pure; O(events)."""
     cap, source, values = sidecar_cap(trace.meta)
     if cap is not None:
-        return Capacity(cap, "fraction", source, EXACT, cap, cap, "sidecar", values)
+        return Capacity(cap, "fraction", source, EXACT, cap, cap, "sidecar", values,
+                        from_event=limit_from_event(device, cap))
     act = device.events["action"]
     ooms = np.flatnonzero(act == OOM)
     if ooms.size:
         return _from_oom(device, int(ooms[0]))
     return _from_fallbacks(trace, device)
+
+
+def limit_from_event(device: DeviceTrace, limit: int) -> int:
+    """The first event a memory-fraction cap the run was recorded under can have held at: the event after the last
+    one whose recorded reserved bytes are above it (0 when none is). ``alloc_block`` refuses any segment that would
+    take reserved bytes above the cap (``CUDACachingAllocator.cpp``, ``set_fraction``), so reserved bytes above it
+    mean it was not set yet: the sidecar reads the fraction at the dump, and a job may set it after its first steps
+    (issue 49: a variable-length fine-tune ran two uncapped steps to size its cap, and a replay capped from its
+    first event freed a cached segment the job kept: 24 of 101 segment events differed, a model error of 2.93 GiB).
+    Pure; O(events)."""
+    _start, reserved = reserved_series(device)
+    over = np.flatnonzero(reserved > limit)
+    return int(over[-1]) + 1 if over.size else 0
 
 
 def sidecar_cap(meta: dict) -> tuple[int | None, str, dict[str, Any]]:

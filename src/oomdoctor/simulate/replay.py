@@ -524,7 +524,10 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
         validate = same_config and deferred_frees == RECORDED
     va = _va_bytes(prepared)
     addresses = _RecordedAddresses(prepared, va) if same_config else AddressSpace(_fresh_base(prepared), va)
-    sim = CachingAllocator(config, fraction_limit=fraction_limit, device_limit=device_limit, addresses=addresses)
+    # a cap set during the run (Capacity.from_event): no fraction limit before its first event
+    limit_from = capacity.from_event if capacity.kind == "fraction" and fraction_limit is not None else 0
+    sim = CachingAllocator(config, fraction_limit=None if limit_from > 0 else fraction_limit, device_limit=device_limit,
+                           addresses=addresses)
     uncapped = fraction_limit is None and device_limit is None
     warnings: list[str] = []
     # The blocks the program holds, and those whose free waits for an event (record_stream), by recorded address.
@@ -555,8 +558,11 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     free_now = sim.free_block  # free() without an event, one call fewer
     seg_events = sim.segment_events
     last_event = prepared.device.num_events - 1
-    for kind, j, st, a, size, req in zip(prepared.op_kind, prepared.op_event, prepared.op_stream,
-                                         prepared.op_arg, op_sizes, op_requested.tolist()):
+    ops = zip(prepared.op_kind, prepared.op_event, prepared.op_stream, prepared.op_arg, op_sizes,
+              op_requested.tolist())
+    if limit_from > 0:
+        ops = _limit_from(ops, limit_from, sim, fraction_limit)
+    for kind, j, st, a, size, req in ops:
         if kind == _MALLOC:  # the common case, alone
             n0 = len(seg_events)
             b = malloc(size, req, st)
@@ -644,6 +650,23 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     result.model = sim  # the final state, for invariant checks (dropped by what-if batches)
     result.live_blocks = list(live.values())
     return result
+
+
+def _limit_from(ops, event: int, sim: CachingAllocator, limit: int):
+    """The replay's operations, setting ``sim``'s fraction limit before the first at or after ``event`` (a cap set
+    during the run, :func:`.capacity.limit_from_event`); the peaks start again there: before the cap nothing was
+    held to it, so what a claim compares with the cap is the peak under it."""
+    for op in ops:
+        if op[1] >= event:
+            sim.set_fraction_limit(limit)
+            sim.peak_reserved = sim.peak_allocated = 0
+            yield op
+            # after the cap's first event (an empty_cache() that brought reserved under it, or a malloc)
+            sim.peak_reserved, sim.peak_allocated = (max(sim.peak_reserved, sim.reserved),
+                                                     max(sim.peak_allocated, sim.allocated))
+            yield from ops
+            return
+        yield op
 
 
 def _install_start(prepared: Prepared, sim: CachingAllocator, same_config: bool, immediate: bool,

@@ -48,7 +48,7 @@ def fits_at(prepared: Prepared, scale_events: np.ndarray, s: float, capacity: Ca
     cap = capacity
     if margin_bytes and capacity.limit_bytes is not None:
         cap = Capacity(capacity.limit_bytes - margin_bytes, capacity.kind, capacity.source,
-                       source_values=capacity.source_values)
+                       source_values=capacity.source_values, from_event=capacity.from_event)
     return replay(scaled(prepared, scale_events, s), config, capacity=cap, validate=False)
 
 

@@ -61,8 +61,14 @@ def capacity_source(source: str, values: dict[str, Any], lower: int | None, uppe
 
 
 def said(cap: Any, count: Count = str) -> str:
-    """A :class:`~oomdoctor.simulate.capacity.Capacity`'s source in words."""
-    return capacity_source(cap.source, cap.source_values, cap.lower_bytes, cap.upper_bytes, count)
+    """A :class:`~oomdoctor.simulate.capacity.Capacity`'s source in words, and from which event it holds where the
+    run set it after its first events (``from_event``)."""
+    words = capacity_source(cap.source, cap.source_values, cap.lower_bytes, cap.upper_bytes, count)
+    start = getattr(cap, "from_event", 0)
+    if start:
+        words += (f", from event {start} on (reserved bytes were above it before: it was set during the run; the "
+                  "replay's peaks are taken from there)")
+    return words
 
 
 def room_source(source: str, values: dict[str, Any]) -> str:
