@@ -138,6 +138,33 @@ def test_checkpointing_recomputes_in_the_traced_flops(hf_tune):
     assert eight["train_flops"] == none["train_flops"] > 0
 
 
+FUSED_PY = """
+import torch
+model = torch.nn.Linear(64, 64).cuda()
+opt = torch.optim.AdamW(model.parameters(), fused=True)
+for step in range(10):
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_an_optimizer_step_that_allocates_nothing_is_the_optimizers_cost(tmp_path):
+    """Fused AdamW's second step allocates nothing (its state exists): its kernel is the optimizer phase's, not the
+    micro-batch's (before, a marker sat one tick after the clock and such ops fell in the phase before)."""
+    from oomdoctor.preflight.script import ScriptJob, trace_script
+    from oomdoctor.report.tune import cost_of
+
+    (tmp_path / "fused.py").write_text(FUSED_PY)
+    rec = trace_script(ScriptJob((str(tmp_path / "fused.py"),), max_steps=2), gpu_name="H200",
+                       gpu_total_bytes=80 << 30)
+    c = cost_of(rec.op_costs, rec.collectives, rec.step_markers, rec.phase_markers, micro_batches=1, world_size=1)
+    params = 64 * 64 + 64
+    # the fused step reads and writes parameters, gradients and both moments (fp32), and the step counts
+    assert len(c.optimizer_flops) >= 1 and max(c.optimizer_bytes) >= 4 * 4 * params
+    assert all(b < 4 * 4 * params for b in c.train_bytes)
+
+
 def test_the_json_validates_against_schema_tune(hf_tune, capsys):
     jsonschema = pytest.importorskip("jsonschema")
     v = jsonschema.Draft202012Validator(schema("tune"))

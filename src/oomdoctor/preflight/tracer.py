@@ -243,11 +243,13 @@ class AllocationTracer(TorchDispatchMode):
     # -- markers and facts
     def mark_step(self, step: int) -> None:
         self.collect()
-        self.record.step_markers.append({"step": step, "time_us": self._t + 1})
+        self.record.step_markers.append({"step": step, "time_us": self._tick()})
 
     def mark_phase(self, phase: str) -> None:
+        """From here on ``phase``. The marker takes a tick of its own: an op that allocates nothing (fused AdamW's
+        step) is noted at the clock's time, which is then the marker's, not the phase's before it."""
         self.collect()
-        self.record.phase_markers.append({"phase": phase, "time_us": self._t + 1})
+        self.record.phase_markers.append({"phase": phase, "time_us": self._tick()})
 
     def note_facts(self, step: int, kinds: dict[str, list[torch.Tensor]]) -> None:
         """The sidecar's ``tensors`` record (:mod:`oomdoctor.capture.facts`): the storages of each kind."""
