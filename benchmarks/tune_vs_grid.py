@@ -137,6 +137,7 @@ def main() -> None:
                      "measured_peak_reserved_bytes": t.measured_peak_reserved_bytes,
                      "peak_error": (c.predicted_peak_reserved_bytes / t.measured_peak_reserved_bytes - 1)
                      if t.measured_peak_reserved_bytes else None,
+                     "within_margin": t.within_margin,
                      "predicted_samples_per_s": c.predicted_samples_per_s,
                      "measured_samples_per_s": t.measured_samples_per_s, "outcome": t.outcome, "seconds": t.seconds,
                      "timed_seconds": t.timed_seconds, "log": t.log})
@@ -154,6 +155,12 @@ def main() -> None:
         "grid_oom": [r["config"] for r in rows if r["outcome"] == "oom"],
         "grid_oom_predicted_to_fit": [r["config"] for r in rows if r["outcome"] == "oom" and r["fits_predicted"]],
         "peak_errors": [round(r["peak_error"], 5) for r in rows if r["peak_error"] is not None],
+        # the margin covers an under-prediction when measured <= predicted + margin (report.tune.within_margin)
+        "margin_bytes": tuned["margin_bytes"],
+        "largest_under_prediction_bytes": max((r["measured_peak_reserved_bytes"] - r["predicted_peak_reserved_bytes"]
+                                               for r in rows if r["measured_peak_reserved_bytes"]), default=None),
+        "peaks_within_margin": sum(1 for r in rows if r["within_margin"]),
+        "peaks_measured": sum(1 for r in rows if r["within_margin"] is not None),
         "spearman_predicted_vs_measured": _spearman([r["predicted_samples_per_s"] for r in ran],
                                                     [r["measured_samples_per_s"] for r in ran]),
         "predicted_rank_of_grid_best": _rank_of(rows, best),
