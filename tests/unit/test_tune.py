@@ -249,6 +249,59 @@ def test_a_budget_smaller_than_the_parameters(tiny, capsys):
                      "the parameters alone take")
 
 
+def test_a_script_whose_parameters_alone_exceed_the_budget(tiny, capsys):
+    """A script's parameters are known from its first traces (no model to build on the meta device): 740 MB of a
+    740.3 MB GPU live outside the allocator, and the script's 3 blocks hold 0.4 MB of fp32 parameters."""
+    _one_line_exit_2(capsys, ["tune", "--knob", "mb=2,4", "--gpu-memory", "740.3MB", "-j", "1", "--no-run", "--",
+                              sys.executable, str(tiny / "train.py"), "--bs", "{mb}"], "the parameters alone take")
+
+
+def test_gpu_and_gpu_memory_together_is_bad_input(tiny, capsys):
+    _one_line_exit_2(capsys, ["tune", "--hf-config", str(tiny / "config.json"), "--seq-len", "32", "--global-batch",
+                              "2", "--gpu", "H200", "--gpu-memory", "80GiB", "--no-run"], "not both")
+
+
+def test_the_progress_bar_counts_every_trace(tiny, capsys, monkeypatch):
+    """On a terminal the bar's total grows with each batch of traces and advances once a trace: as many as the
+    search made (the JSON's traces)."""
+    import oomdoctor.cli.tune as C
+
+    calls = {"grow": 0, "advance": 0, "entered": 0}
+
+    class Counting(C._Bar):
+        def __enter__(self):
+            calls["entered"] += 1
+            return super().__enter__()
+
+        def grow(self, n, what):
+            calls["grow"] += n
+            super().grow(n, what)
+
+        def advance(self, what):
+            calls["advance"] += 1
+            super().advance(what)
+
+    monkeypatch.setattr(C, "_Bar", Counting)
+    d = _json(capsys, ["tune", "--knob", "mb=2,4", "--knob", "ck=none,full", "--allocator", "defaults", "-j", "1",
+                       "--no-run", "--format", "json", "--", sys.executable, str(tiny / "train.py"), "--bs", "{mb}",
+                       "--ck", "{ck}"])
+    assert calls["entered"] == 1 and calls["grow"] == calls["advance"] == len(d["traces"]) == 4
+
+
+def test_the_bar_draws_only_on_a_terminal(monkeypatch, capsys):
+    import oomdoctor.cli.tune as C
+
+    with C._Bar() as bar:  # standard error captured: not a terminal, nothing drawn
+        bar.grow(2, "tracing on the CPU")
+        bar.advance("tracing on the CPU")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with C._Bar() as bar:
+        bar.grow(2, "tracing on the CPU")
+        bar.advance("tracing on the CPU")
+        assert bar._p is not None and bar._p.tasks[0].total == 2 and bar._p.tasks[0].completed == 1
+
+
 def test_other_bad_input(tiny, capsys):
     script = str(tiny / "train.py")
     _one_line_exit_2(capsys, ["tune", "--knob", "mb=1,2", "--knob", "lr=1,2", "--", sys.executable, script,
