@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ..errors import UsageError
+from ..errors import UsageError, install_hint
 from ..report.tune import (
     ALLOCATORS,
     MAX_TRACES,
@@ -143,7 +143,7 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise UsageError("tune traces with torch: pip install 'oomdoctor[preflight]'") from None
+        raise UsageError(f"tune traces with torch: {install_hint('preflight')}") from None
     name, total, sm = _gpu(gpu, gpu_memory)
     from ..preflight.snapshot import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
 

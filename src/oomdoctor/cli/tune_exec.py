@@ -337,13 +337,14 @@ def run_candidates(chosen: list[Candidate], command_of: Callable[[dict[str, Any]
         t = run_trial(command_of(c.config), d, steps=warmup + steps, record=False, env=env, timeout_s=timeout_s,
                       label=label)
         timing = _read_json(times.replace("{rank}", "0"))
-        timed = float(timing["seconds"]) if timing and timing.get("seconds") else None
+        # the timed seconds as written (µs), and samples/s from them: the JSON's numbers agree with each other
+        timed = round(float(timing["seconds"]), 6) if timing and timing.get("seconds") else None
         n = int(timing.get("steps_timed", steps)) if timing else steps
         sps = c.samples_per_step * n / timed if timed and t.outcome == "ran" else None
         peak = timing.get("max_memory_reserved_bytes") if timing else None
         peak = int(peak) if isinstance(peak, int) else None
         trials.append(TuneTrial(config=dict(c.config), outcome=t.outcome, seconds=t.seconds, steps_timed=n,
-                            timed_seconds=round(timed, 4) if timed else None,
+                            timed_seconds=timed,
                             measured_samples_per_s=round(sps, 3) if sps else None,
                             measured_peak_reserved_bytes=peak,
                             predicted_peak_reserved_bytes=c.predicted_peak_reserved_bytes,
