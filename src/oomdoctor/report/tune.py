@@ -74,7 +74,9 @@ KERNEL_FLOOR_S = 3e-6
 """The shortest a kernel takes on the GPU, launch gaps included (a few µs on Hopper)."""
 HOST_OP_S = 10e-6
 """The host's time to dispatch one op from Python in eager PyTorch (Python, the dispatcher, the launch: about 10 µs):
-a step of small micro-batches is bound by it."""
+a step of small micro-batches is bound by it. Optimistic: on the lent H200 (round 14, docs/tune.md) the ViT script's
+small micro-batches took 24 µs (no checkpointing) to 43 µs (checkpointing) a traced kernel; not refitted on the two
+jobs the ranking was measured on (no held-out run yet)."""
 STEP_OVERHEAD_S = 2e-3
 """Fixed per optimizer step outside the kernels: the loop's Python, the data loader, the LR scheduler."""
 #: dense bf16 FLOP/s, HBM bytes/s and NVLink bus bytes/s per GPU (vendor data sheets: H100 SXM 989 TFLOP/s,
