@@ -424,3 +424,31 @@ def test_nothing_fits_says_how_many_gpus_would_with_numbers():
     assert s["more-gpus"].per_gpu_bytes == 48 * GiB + 10 * GiB + margin <= ROOM
     assert s["activation-checkpointing"].per_gpu_bytes == 106 * GiB + margin
     assert s["adamw8bit"].per_gpu_bytes == 106 * GiB - 36 * GiB + margin  # 8 of 2 bytes a parameter kept
+
+
+def test_nothing_fits_counts_the_whole_model_where_a_scripts_sharded_class_holds_a_share():
+    """A script on 2 GPUs with shard=ddp,full: DDP's rank holds the whole model state (96 GiB), FSDP's half; the
+    smallest peak is FSDP's (48 GiB of state + 40 of the rest = 88 on an 80 GiB room). What would fit is counted from
+    the whole state: 3 GPUs (32 + 40 + the margin), not the 2 the space already has and that do not fit."""
+    space = T.script_space([T.parse_knob("mb=1"), T.parse_knob("shard=ddp,full")],
+                           ["train.py", "--bs", "{mb}", "--shard", "{shard}"], world_size=2, global_batch=None,
+                           batch_knob="mb", allocators=("defaults",))
+    configs, dropped = T.candidates(space)
+
+    def many(points):
+        out = []
+        for p in points:
+            full = p.config.get("shard") == "full"
+            state = 48 * GiB if full else 96 * GiB
+            peak = state + 40 * GiB
+            out.append(T.Traced(p, {"defaults": (peak, peak, True)}, state // 4, state // 4, state // 2,
+                                _cost(p.micro_batch), 1.0))
+        return out
+    out = T.tune(space, configs, many, run_trials=None, job={}, dropped=dropped, gpu_name="H100-80GB",
+                 gpu_total_bytes=ROOM, room_bytes=ROOM, spec=T.gpu_spec("H100-80GB"))
+    assert out.best is None
+    s = {x.id: x for x in out.nothing_fits}
+    margin = margin_bytes(ROOM)
+    assert s["more-gpus"].model_state_bytes == 96 * GiB and s["more-gpus"].other_bytes == 40 * GiB
+    assert s["more-gpus"].gpus == -(-96 * GiB // (ROOM - margin - 40 * GiB)) == 3
+    assert s["more-gpus"].per_gpu_bytes == 32 * GiB + 40 * GiB + margin <= ROOM

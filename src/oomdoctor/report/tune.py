@@ -903,8 +903,14 @@ def suggestions(space: Space, traced: dict[tuple[ClassKey, int], Traced], room_b
     t = min(traced.values(), key=lambda x: x.settings[min(x.settings, key=lambda a: x.settings[a][0])][0])
     peak = min(v[0] for v in t.settings.values())
     state = t.parameter_bytes + t.gradient_bytes + t.optimizer_state_bytes
-    shards = space.world_size if dict(t.point.key).get("sharding") in ("fsdp2-full", "fsdp2-full-shard") else 1
-    whole = state * shards
+
+    def whole_of(x: Traced) -> int:  # a trace records its rank's state: a sharded one holds its share of it
+        shards = space.world_size if dict(x.point.key).get("sharding") in ("fsdp2-full", "fsdp2-full-shard") else 1
+        return (x.parameter_bytes + x.gradient_bytes + x.optimizer_state_bytes) * shards
+
+    # the largest any trace holds: a script's classes name their sharding in its own words (shard=ddp,full), and the
+    # smallest peak is often the sharded one's (its rank's share); where every class is sharded this is that share
+    whole = max(whole_of(x) for x in traced.values())
     other = max(peak - state, 0)
     out: list[Suggestion] = []
     free = room_bytes - margin - other
