@@ -4,6 +4,7 @@ out of memory unpredicted, and for every configuration of the grid the predicted
 ``max_memory_reserved`` and the predicted throughput against the measured one.
 
     python benchmarks/tune_vs_grid.py OUTDIR --part gpt2|vit|llama [--top K] [--steps S] [--warmup W] [--jobs J]
+    python benchmarks/tune_vs_grid.py OUTDIR --part gpt2|vit --from-archive    # the summary again, from a run's files
 
 - ``gpt2``: GPT-2 medium (``benchmarks/tune_jobs/gpt2-medium.json``), Hugging Face Trainer, 1 GPU, sequence 1024,
   global batch 16: micro-batch 4, 8, 16 x checkpointing none, full x AdamW fused, foreach (12 configurations);
@@ -69,8 +70,13 @@ def main() -> None:
     ap.add_argument("--tune-timeout", type=float, default=300)
     ap.add_argument("--skip-grid", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="a tiny ViT on the CPU: checks this script, measures nothing")
+    ap.add_argument("--from-archive", action="store_true",
+                    help="run nothing: print the summary made again from OUT/PART's summary, tune and grid JSON")
     a = ap.parse_args()
     out = Path(a.out) / a.part
+    if a.from_archive:
+        print(json.dumps(from_archive(out), indent=1))
+        return
     out.mkdir(parents=True, exist_ok=True)
 
     # 1. tune: traces on the CPU, the top K for real
@@ -142,24 +148,52 @@ def main() -> None:
                      "timed_seconds": t.timed_seconds, "log": t.log})
         (out / "grid.json").write_text(json.dumps(rows, indent=1))
     grid_wall = time.monotonic() - g0
+    summary.update(grid_summary(tuned, rows, grid_wall))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+def grid_summary(tuned: dict, rows: list[dict], grid_wall: float) -> dict:
+    """What the grid says of tune's answer (the module doc): throughput, GPU time, out-of-memory runs, peaks against
+    the predictions and the margin, the cost model's ranking."""
+    from oomdoctor.report.tune import within_margin
+
+    margin = tuned["margin_bytes"]
+    for r in rows:  # the margin covers an under-prediction when measured <= predicted + margin
+        r["within_margin"] = within_margin(r["measured_peak_reserved_bytes"], r["predicted_peak_reserved_bytes"], margin)
     ran = [r for r in rows if r["measured_samples_per_s"]]
     best = max(ran, key=lambda r: r["measured_samples_per_s"]) if ran else None
     grid_gpu = sum(r["seconds"] for r in rows)
-    summary.update({
+    tune_best = tuned["best"] and tuned["best"]["measured_samples_per_s"]
+    return {
         "grid_runs": len(rows), "grid_gpu_s": round(grid_gpu, 1), "grid_wall_s": round(grid_wall, 1),
         "grid_best": best and best["config"], "grid_best_samples_per_s": best and best["measured_samples_per_s"],
-        "tune_over_grid_throughput": (summary["tune_best_measured_samples_per_s"] / best["measured_samples_per_s"])
-        if best and summary["tune_best_measured_samples_per_s"] else None,
-        "tune_over_grid_gpu_time": summary["tune_gpu_s"] / grid_gpu if grid_gpu else None,
+        "tune_over_grid_throughput": (tune_best / best["measured_samples_per_s"]) if best and tune_best else None,
+        "tune_over_grid_gpu_time": tuned["gpu_seconds"] / grid_gpu if grid_gpu else None,
         "grid_oom": [r["config"] for r in rows if r["outcome"] == "oom"],
         "grid_oom_predicted_to_fit": [r["config"] for r in rows if r["outcome"] == "oom" and r["fits_predicted"]],
         "peak_errors": [round(r["peak_error"], 5) for r in rows if r["peak_error"] is not None],
+        "margin_bytes": margin,
+        "largest_under_prediction_bytes": max((r["measured_peak_reserved_bytes"] - r["predicted_peak_reserved_bytes"]
+                                               for r in rows if r["measured_peak_reserved_bytes"]), default=None),
+        "peaks_within_margin": sum(1 for r in rows if r["within_margin"]),
+        "peaks_measured": sum(1 for r in rows if r["within_margin"] is not None),
         "spearman_predicted_vs_measured": _spearman([r["predicted_samples_per_s"] for r in ran],
                                                     [r["measured_samples_per_s"] for r in ran]),
         "predicted_rank_of_grid_best": _rank_of(rows, best),
-    })
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, indent=1))
+        "predicted_over_measured_samples_per_s": [round(r["predicted_samples_per_s"] / r["measured_samples_per_s"], 3)
+                                                  for r in ran],
+    }
+
+
+def from_archive(part_dir: Path) -> dict:
+    """A part's summary made again from what its run left (``summary.json``, ``tune.json``, ``grid.json``): the
+    tune side as it was measured, the grid side by :func:`grid_summary` (fields added since are filled)."""
+    summary = json.loads((part_dir / "summary.json").read_text())
+    tuned = json.loads((part_dir / "tune.json").read_text())
+    rows = json.loads((part_dir / "grid.json").read_text())
+    summary.update(grid_summary(tuned, rows, summary.get("grid_wall_s", 0.0)))
+    return summary
 
 
 def _rank_of(rows: list[dict], best: dict | None) -> int | None:

@@ -138,6 +138,33 @@ def test_checkpointing_recomputes_in_the_traced_flops(hf_tune):
     assert eight["train_flops"] == none["train_flops"] > 0
 
 
+FUSED_PY = """
+import torch
+model = torch.nn.Linear(64, 64).cuda()
+opt = torch.optim.AdamW(model.parameters(), fused=True)
+for step in range(10):
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_an_optimizer_step_that_allocates_nothing_is_the_optimizers_cost(tmp_path):
+    """Fused AdamW's second step allocates nothing (its state exists): its kernel is the optimizer phase's, not the
+    micro-batch's (before, a marker sat one tick after the clock and such ops fell in the phase before)."""
+    from oomdoctor.preflight.script import ScriptJob, trace_script
+    from oomdoctor.report.tune import cost_of
+
+    (tmp_path / "fused.py").write_text(FUSED_PY)
+    rec = trace_script(ScriptJob((str(tmp_path / "fused.py"),), max_steps=2), gpu_name="H200",
+                       gpu_total_bytes=80 << 30)
+    c = cost_of(rec.op_costs, rec.collectives, rec.step_markers, rec.phase_markers, micro_batches=1, world_size=1)
+    params = 64 * 64 + 64
+    # the fused step reads and writes parameters, gradients and both moments (fp32), and the step counts
+    assert len(c.optimizer_flops) >= 1 and max(c.optimizer_bytes) >= 4 * 4 * params
+    assert all(b < 4 * 4 * params for b in c.train_bytes)
+
+
 def test_the_json_validates_against_schema_tune(hf_tune, capsys):
     jsonschema = pytest.importorskip("jsonschema")
     v = jsonschema.Draft202012Validator(schema("tune"))
@@ -245,6 +272,59 @@ def test_a_budget_smaller_than_the_parameters(tiny, capsys):
     _one_line_exit_2(capsys, ["tune", "--hf-config", str(tiny / "config.json"), "--seq-len", "32",
                               "--global-batch", "2", "--gpu-memory", "740.3MB", "--no-run"],
                      "the parameters alone take")
+
+
+def test_a_script_whose_parameters_alone_exceed_the_budget(tiny, capsys):
+    """A script's parameters are known from its first traces (no model to build on the meta device): 740 MB of a
+    740.3 MB GPU live outside the allocator, and the script's 3 blocks hold 0.4 MB of fp32 parameters."""
+    _one_line_exit_2(capsys, ["tune", "--knob", "mb=2,4", "--gpu-memory", "740.3MB", "-j", "1", "--no-run", "--",
+                              sys.executable, str(tiny / "train.py"), "--bs", "{mb}"], "the parameters alone take")
+
+
+def test_gpu_and_gpu_memory_together_is_bad_input(tiny, capsys):
+    _one_line_exit_2(capsys, ["tune", "--hf-config", str(tiny / "config.json"), "--seq-len", "32", "--global-batch",
+                              "2", "--gpu", "H200", "--gpu-memory", "80GiB", "--no-run"], "not both")
+
+
+def test_the_progress_bar_counts_every_trace(tiny, capsys, monkeypatch):
+    """On a terminal the bar's total grows with each batch of traces and advances once a trace: as many as the
+    search made (the JSON's traces)."""
+    import oomdoctor.cli.tune as C
+
+    calls = {"grow": 0, "advance": 0, "entered": 0}
+
+    class Counting(C._Bar):
+        def __enter__(self):
+            calls["entered"] += 1
+            return super().__enter__()
+
+        def grow(self, n, what):
+            calls["grow"] += n
+            super().grow(n, what)
+
+        def advance(self, what):
+            calls["advance"] += 1
+            super().advance(what)
+
+    monkeypatch.setattr(C, "_Bar", Counting)
+    d = _json(capsys, ["tune", "--knob", "mb=2,4", "--knob", "ck=none,full", "--allocator", "defaults", "-j", "1",
+                       "--no-run", "--format", "json", "--", sys.executable, str(tiny / "train.py"), "--bs", "{mb}",
+                       "--ck", "{ck}"])
+    assert calls["entered"] == 1 and calls["grow"] == calls["advance"] == len(d["traces"]) == 4
+
+
+def test_the_bar_draws_only_on_a_terminal(monkeypatch, capsys):
+    import oomdoctor.cli.tune as C
+
+    with C._Bar() as bar:  # standard error captured: not a terminal, nothing drawn
+        bar.grow(2, "tracing on the CPU")
+        bar.advance("tracing on the CPU")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with C._Bar() as bar:
+        bar.grow(2, "tracing on the CPU")
+        bar.advance("tracing on the CPU")
+        assert bar._p is not None and bar._p.tasks[0].total == 2 and bar._p.tasks[0].completed == 1
 
 
 def test_other_bad_input(tiny, capsys):

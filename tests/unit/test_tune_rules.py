@@ -295,11 +295,12 @@ def _ranked():
     return space, ranked, st
 
 
-def _trial(c, sps, outcome="ran"):
+def _trial(c, sps, outcome="ran", peak=None):
     return T.TuneTrial(config=dict(c.config), outcome=outcome, seconds=10.0, steps_timed=5, timed_seconds=1.0,
-                       measured_samples_per_s=sps, measured_peak_reserved_bytes=None,
+                       measured_samples_per_s=sps, measured_peak_reserved_bytes=peak,
                        predicted_peak_reserved_bytes=c.predicted_peak_reserved_bytes,
-                       unpredicted_oom=outcome == "oom" and c.fits, log="x.log")
+                       unpredicted_oom=outcome == "oom" and c.fits, log="x.log",
+                       within_margin=T.within_margin(peak, c.predicted_peak_reserved_bytes, c.margin_bytes))
 
 
 def test_the_answer_is_the_measured_best_not_the_predicted():
@@ -309,6 +310,63 @@ def test_the_answer_is_the_measured_best_not_the_predicted():
     T.attach_trials(ranked, trials)
     best, measured = T.choose(space, ranked, trials, 2)
     assert measured and best.config == second.config and best.measured_samples_per_s == 120.0
+
+
+def test_the_prediction_held_when_the_measured_peak_is_within_the_margin():
+    assert T.within_margin(105, 100, 5) is True and T.within_margin(106, 100, 5) is False
+    assert T.within_margin(None, 100, 5) is None and T.within_margin(10, 100, 0) is True
+
+
+def test_a_measured_best_whose_peak_plus_the_margin_leaves_the_room_is_not_the_answer():
+    """The answer rests on the larger of the predicted and the measured peak: the fastest run reserved more than
+    its prediction, and that plus the margin is above the room; the next run is the answer."""
+    space, ranked, _ = _ranked()
+    first, second = T.top(space, ranked, 2)
+    spare = first.room_bytes - first.margin_bytes  # the most a peak may be, the margin kept free
+    trials = [_trial(first, 150.0, peak=spare + 1), _trial(second, 120.0, peak=second.predicted_peak_reserved_bytes)]
+    assert trials[0].within_margin is False and trials[1].within_margin is True
+    best, measured = T.choose(space, ranked, trials, 2)
+    assert measured and best.config == second.config
+    assert T.answer_peak(first, trials[0]) == spare + 1
+    assert T.answer_peak(second, trials[1]) == second.predicted_peak_reserved_bytes
+    # at the edge exactly it is still the answer
+    trials[0] = _trial(first, 150.0, peak=spare)
+    assert T.choose(space, ranked, trials, 2)[0].config == first.config
+
+
+def test_a_configuration_a_run_refuted_is_never_the_predicted_answer():
+    """No run reached its timed steps: the answer falls back to the prediction, but never to a configuration that
+    ran out of memory on the GPU, nor to one whose measured peak plus the margin left the room."""
+    space, ranked, _ = _ranked()
+    first, second, third = T.top(space, ranked, 3)
+    trials = [_trial(first, None, outcome="oom")]
+    best, measured = T.choose(space, ranked, trials, 3)
+    assert not measured and best.config == second.config
+    over = _trial(second, None, peak=second.room_bytes)  # ran, no timing, and reserved the whole room
+    over.outcome = "ran"
+    best, measured = T.choose(space, ranked, [trials[0], over], 3)
+    assert not measured and best.config == third.config
+
+
+def test_the_outcome_says_which_runs_reserved_more_than_predicted_plus_the_margin():
+    space = _hf(mbs=(1, 2, 4, 8), gb=8, ck=("none", "full"), allocs=("defaults",))
+    configs, dropped = T.candidates(space)
+
+    def run(chosen):
+        return [_trial(c, 100.0 - i, peak=c.predicted_peak_reserved_bytes + (c.margin_bytes + 1 if i == 0 else 0))
+                for i, c in enumerate(chosen)]
+
+    out = T.tune(space, configs, _fake_tracer(space), run_trials=run, job={}, dropped=dropped, gpu_name="H200",
+                 gpu_total_bytes=ROOM, room_bytes=ROOM, spec=T.gpu_spec("H200"), top_k=2)
+    assert "measured-peak-over-margin" in out.notes
+    assert [t.within_margin for t in out.trials] == [False, True]
+    # the first run's measured peak is what the answer would rest on; within the room here, so it stays the answer
+    assert out.best.config == out.trials[0].config and out.measured
+    assert out.best_peak_reserved_bytes == out.trials[0].measured_peak_reserved_bytes
+    from oomdoctor.render.tune import render_tune_text
+    text = render_tune_text(out)
+    assert "1 trial(s) reserved more than predicted plus the margin" in text
+    assert "measured, " in text.split("best:")[1].splitlines()[0]
 
 
 def test_without_trials_the_answer_is_the_predicted_best_and_not_measured():
@@ -366,3 +424,31 @@ def test_nothing_fits_says_how_many_gpus_would_with_numbers():
     assert s["more-gpus"].per_gpu_bytes == 48 * GiB + 10 * GiB + margin <= ROOM
     assert s["activation-checkpointing"].per_gpu_bytes == 106 * GiB + margin
     assert s["adamw8bit"].per_gpu_bytes == 106 * GiB - 36 * GiB + margin  # 8 of 2 bytes a parameter kept
+
+
+def test_nothing_fits_counts_the_whole_model_where_a_scripts_sharded_class_holds_a_share():
+    """A script on 2 GPUs with shard=ddp,full: DDP's rank holds the whole model state (96 GiB), FSDP's half; the
+    smallest peak is FSDP's (48 GiB of state + 40 of the rest = 88 on an 80 GiB room). What would fit is counted from
+    the whole state: 3 GPUs (32 + 40 + the margin), not the 2 the space already has and that do not fit."""
+    space = T.script_space([T.parse_knob("mb=1"), T.parse_knob("shard=ddp,full")],
+                           ["train.py", "--bs", "{mb}", "--shard", "{shard}"], world_size=2, global_batch=None,
+                           batch_knob="mb", allocators=("defaults",))
+    configs, dropped = T.candidates(space)
+
+    def many(points):
+        out = []
+        for p in points:
+            full = p.config.get("shard") == "full"
+            state = 48 * GiB if full else 96 * GiB
+            peak = state + 40 * GiB
+            out.append(T.Traced(p, {"defaults": (peak, peak, True)}, state // 4, state // 4, state // 2,
+                                _cost(p.micro_batch), 1.0))
+        return out
+    out = T.tune(space, configs, many, run_trials=None, job={}, dropped=dropped, gpu_name="H100-80GB",
+                 gpu_total_bytes=ROOM, room_bytes=ROOM, spec=T.gpu_spec("H100-80GB"))
+    assert out.best is None
+    s = {x.id: x for x in out.nothing_fits}
+    margin = margin_bytes(ROOM)
+    assert s["more-gpus"].model_state_bytes == 96 * GiB and s["more-gpus"].other_bytes == 40 * GiB
+    assert s["more-gpus"].gpus == -(-96 * GiB // (ROOM - margin - 40 * GiB)) == 3
+    assert s["more-gpus"].per_gpu_bytes == 32 * GiB + 40 * GiB + margin <= ROOM

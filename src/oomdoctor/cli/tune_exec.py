@@ -33,6 +33,7 @@ from ..report.tune import (
     TuneTrial,
     checkpoint_every,
     cost_of,
+    within_margin,
 )
 
 #: the memory of a replay without a limit (bytes): what a configuration that runs out would need
@@ -342,12 +343,14 @@ def run_candidates(chosen: list[Candidate], command_of: Callable[[dict[str, Any]
         n = int(timing.get("steps_timed", steps)) if timing else steps
         sps = c.samples_per_step * n / timed if timed and t.outcome == "ran" else None
         peak = timing.get("max_memory_reserved_bytes") if timing else None
+        peak = int(peak) if isinstance(peak, int) else None
         trials.append(TuneTrial(config=dict(c.config), outcome=t.outcome, seconds=t.seconds, steps_timed=n,
                             timed_seconds=timed,
                             measured_samples_per_s=round(sps, 3) if sps else None,
-                            measured_peak_reserved_bytes=int(peak) if isinstance(peak, int) else None,
+                            measured_peak_reserved_bytes=peak,
                             predicted_peak_reserved_bytes=c.predicted_peak_reserved_bytes,
-                            unpredicted_oom=t.outcome == "oom" and c.fits, log=t.log))
+                            unpredicted_oom=t.outcome == "oom" and c.fits, log=t.log,
+                            within_margin=within_margin(peak, c.predicted_peak_reserved_bytes, c.margin_bytes)))
         if progress:
             progress(c)
     return trials

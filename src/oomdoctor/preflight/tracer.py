@@ -243,11 +243,13 @@ class AllocationTracer(TorchDispatchMode):
     # -- markers and facts
     def mark_step(self, step: int) -> None:
         self.collect()
-        self.record.step_markers.append({"step": step, "time_us": self._t + 1})
+        self.record.step_markers.append({"step": step, "time_us": self._tick()})
 
     def mark_phase(self, phase: str) -> None:
+        """From here on ``phase``. The marker takes a tick of its own: an op that allocates nothing (fused AdamW's
+        step) is noted at the clock's time, which is then the marker's, not the phase's before it."""
         self.collect()
-        self.record.phase_markers.append({"phase": phase, "time_us": self._t + 1})
+        self.record.phase_markers.append({"phase": phase, "time_us": self._tick()})
 
     def note_facts(self, step: int, kinds: dict[str, list[torch.Tensor]]) -> None:
         """The sidecar's ``tensors`` record (:mod:`oomdoctor.capture.facts`): the storages of each kind."""
@@ -433,6 +435,8 @@ class CudaAutocastPolicy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _ROUTED_INSIDE:
+            return self._routed(func, args, kwargs)
         if func is F.dropout:
             out = _dropout(*args, **kwargs)
             if out is not NotImplemented:
@@ -458,6 +462,45 @@ class CudaAutocastPolicy(TorchFunctionMode):
             with torch.autocast("cpu", enabled=False):
                 return func(*_cast(args, low), **kwargs)
         return func(*args, **kwargs)
+
+    def _routed(self, func: Any, args: Any, kwargs: dict) -> Any:
+        """Run ``func`` (a function of :data:`_ROUTED_INSIDE`) with the functions its body calls by name sent
+        through this policy. A mode is off inside its own ``__torch_function__``, so without this the body's
+        ``scaled_dot_product_attention`` would run CPU's kernel choice (``_scaled_dot_product_flash_attention_for_cpu``,
+        whose backward allocates nothing of its own) where a direct call runs CUDA's (flash, whose backward
+        allocates ``dq_accum`` and ``softmax_d``): torchvision's ViT, every ``nn.MultiheadAttention`` and
+        ``nn.TransformerEncoderLayer``."""
+        names = _ROUTED_INSIDE[func]
+        orig = {n: getattr(F, n) for n in names}
+
+        def via_policy(name: str) -> Callable[..., Any]:
+            def call(*a: Any, **k: Any) -> Any:
+                with _module_attrs(F, orig):  # the policy recognises F's own functions
+                    return self.__torch_function__(orig[name], (), a, k)
+            return call
+
+        with _module_attrs(F, {n: via_policy(n) for n in names}):
+            return func(*args, **kwargs)
+
+
+#: Python functions of torch whose body calls, by name from ``torch.nn.functional``, functions the policy changes
+#: (``F.multi_head_attention_forward``: ``scaled_dot_product_attention`` with ``need_weights=False``, else
+#: ``softmax`` and ``dropout`` of the weights)
+_ROUTED_INSIDE: dict[Any, tuple[str, ...]] = {
+    F.multi_head_attention_forward: ("scaled_dot_product_attention", "softmax", "dropout")}
+
+
+@contextlib.contextmanager
+def _module_attrs(module: Any, values: dict[str, Any]) -> Iterator[None]:
+    """``module``'s attributes set to ``values`` while active, restored after."""
+    saved = {n: getattr(module, n) for n in values}
+    for n, v in values.items():
+        setattr(module, n, v)
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(module, n, v)
 
 
 def _dropout(input, p=0.5, training=True, inplace=False):

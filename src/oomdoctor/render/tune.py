@@ -28,6 +28,9 @@ NOTE_TEXT = {
     "interpolated-not-run": "a top candidate known only by interpolation was not run (its trace was not made)",
     "samples-are-steps": "no micro-batch knob: throughput is in optimizer steps per second",
     "top-not-measured": "no trial ran to its timed steps: the answer is the prediction",
+    "measured-peak-over-margin": "a run reserved more than its predicted peak plus the margin: its configuration "
+                                 "is answered with the measured peak, and not at all where that plus the margin "
+                                 "leaves the room",
 }
 
 SUGGESTION_TEXT = {
@@ -180,15 +183,30 @@ def render_tune_text(t: "TuneOutcome", rows: int = 20) -> str:
         b = t.best
         how = (f"measured {_rate(b.measured_samples_per_s)} samples/s (predicted {_rate(b.predicted_samples_per_s)})"
                if t.measured else f"predicted {_rate(b.predicted_samples_per_s)} samples/s, not measured")
-        lines.append(f"best: {_config_text(t, b.config)}: {how}; peak reserved "
-                     f"{format_bytes(b.predicted_peak_reserved_bytes)} traced, "
-                     f"{format_bytes(b.room_bytes - b.predicted_peak_reserved_bytes)} to spare")
+        ran = next((tr for tr in t.trials if tr.config == b.config and tr.measured_peak_reserved_bytes), None)
+        peak = t.best_peak_reserved_bytes or b.predicted_peak_reserved_bytes
+        held = (f"{format_bytes(ran.measured_peak_reserved_bytes)} measured, "
+                f"{format_bytes(b.predicted_peak_reserved_bytes)} traced" if ran
+                else f"{format_bytes(b.predicted_peak_reserved_bytes)} traced")
+        lines.append(f"best: {_config_text(t, b.config)}: {how}; peak reserved {held}, "
+                     f"{format_bytes(b.room_bytes - peak)} to spare")
         lines.append("as you write it:")
         lines += ["  " + x for x in as_written(t, b)]
     bad = [tr for tr in t.trials if tr.unpredicted_oom]
     if bad:
         lines.append(f"warning: {len(bad)} trial(s) ran out of memory though predicted to fit: "
                      + "; ".join(_config_text(t, tr.config) for tr in bad))
+    over = [tr for tr in t.trials if tr.within_margin is False]
+    if over:
+        lines.append(f"warning: {len(over)} trial(s) reserved more than predicted plus the margin "
+                     f"({format_bytes(t.margin_bytes)}): "
+                     + "; ".join(f"{_config_text(t, tr.config)}: {format_bytes(tr.measured_peak_reserved_bytes or 0)} "
+                                 f"measured, {format_bytes(tr.predicted_peak_reserved_bytes)} predicted"
+                                 for tr in over))
+    checked = [tr for tr in t.trials if tr.within_margin is not None]
+    if checked and not over:
+        lines.append(f"every run's measured peak reserved was within its prediction plus the margin "
+                     f"({len(checked)} of {len(t.trials)} measured)")
     for tr in t.trials:
         if tr.outcome in ("failed", "ended-early"):
             what = "failed" if tr.outcome == "failed" else "ended before its timed steps"

@@ -58,7 +58,8 @@ DEFAULT_ALLOCATOR = "defaults"
 ALLOCATORS = (DEFAULT_ALLOCATOR, "expandable_segments:True", "max_split_size_mb:512")
 #: what the output can say about the search, by id (render/tune.py words them)
 NOTES = ("accumulation-traced-at-2", "trace-budget-reached", "no-gpu", "not-run", "deepspeed-not-installed",
-         "fsdp2-needs-a-script", "interpolated-not-run", "samples-are-steps", "top-not-measured")
+         "fsdp2-needs-a-script", "interpolated-not-run", "samples-are-steps", "top-not-measured",
+         "measured-peak-over-margin")
 MEMORY_BASES = ("traced", "interpolated")
 #: a run's outcome, as ``oomdoctor fit``'s trials say it (``ended-early``: exit code 0 before the steps asked)
 TRIAL_OUTCOMES = ("ran", "oom", "failed", "ended-early")
@@ -73,7 +74,9 @@ KERNEL_FLOOR_S = 3e-6
 """The shortest a kernel takes on the GPU, launch gaps included (a few µs on Hopper)."""
 HOST_OP_S = 10e-6
 """The host's time to dispatch one op from Python in eager PyTorch (Python, the dispatcher, the launch: about 10 µs):
-a step of small micro-batches is bound by it."""
+a step of small micro-batches is bound by it. Optimistic: on the lent H200 (round 14, docs/tune.md) the ViT script's
+small micro-batches took 24 µs (no checkpointing) to 43 µs (checkpointing) a traced kernel; not refitted on the two
+jobs the ranking was measured on (no held-out run yet)."""
 STEP_OVERHEAD_S = 2e-3
 """Fixed per optimizer step outside the kernels: the loop's Python, the data loader, the LR scheduler."""
 #: dense bf16 FLOP/s, HBM bytes/s and NVLink bus bytes/s per GPU (vendor data sheets: H100 SXM 989 TFLOP/s,
@@ -687,6 +690,9 @@ class TuneTrial:
     """ran out of memory though predicted to fit"""
     log: str
     """the file holding the run's output"""
+    within_margin: bool | None = None
+    """the measured peak reserved is at most the predicted one plus the margin: the prediction held (null: no peak
+    measured)"""
 
 
 @dataclass
@@ -815,13 +821,16 @@ class TuneOutcome:
     """when no candidate fits: what would, with numbers"""
     notes: list[str]
     """ids: accumulation-traced-at-2, trace-budget-reached, no-gpu, not-run, deepspeed-not-installed, fsdp2-needs-a-script,
-    interpolated-not-run, samples-are-steps, top-not-measured"""
+    interpolated-not-run, samples-are-steps, top-not-measured, measured-peak-over-margin"""
     trace_seconds: float
     """wall time spent tracing on the CPU (s)"""
     gpu_seconds: float
     """wall time of the real runs (s)"""
     seconds: float
     """wall time of the whole search (s)"""
+    best_peak_reserved_bytes: int | None = None
+    """the peak reserved the answer rests on: the larger of its predicted peak and, where it ran, PyTorch's measured
+    one (bytes; null: no answer)"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -894,8 +903,14 @@ def suggestions(space: Space, traced: dict[tuple[ClassKey, int], Traced], room_b
     t = min(traced.values(), key=lambda x: x.settings[min(x.settings, key=lambda a: x.settings[a][0])][0])
     peak = min(v[0] for v in t.settings.values())
     state = t.parameter_bytes + t.gradient_bytes + t.optimizer_state_bytes
-    shards = space.world_size if dict(t.point.key).get("sharding") in ("fsdp2-full", "fsdp2-full-shard") else 1
-    whole = state * shards
+
+    def whole_of(x: Traced) -> int:  # a trace records its rank's state: a sharded one holds its share of it
+        shards = space.world_size if dict(x.point.key).get("sharding") in ("fsdp2-full", "fsdp2-full-shard") else 1
+        return (x.parameter_bytes + x.gradient_bytes + x.optimizer_state_bytes) * shards
+
+    # the largest any trace holds: a script's classes name their sharding in its own words (shard=ddp,full), and the
+    # smallest peak is often the sharded one's (its rank's share); where every class is sharded this is that share
+    whole = max(whole_of(x) for x in traced.values())
     other = max(peak - state, 0)
     out: list[Suggestion] = []
     free = room_bytes - margin - other
@@ -996,17 +1011,41 @@ def recommendable(ranked: list[Candidate]) -> list[Candidate]:
     return [c for c in ranked if c.fits and c.memory_basis == "traced"]
 
 
+def within_margin(measured_peak_reserved: int | None, predicted_peak_reserved: int, margin: int) -> bool | None:
+    """Did the prediction hold: the measured peak reserved at most the predicted one plus the margin (None: nothing
+    measured)."""
+    return None if measured_peak_reserved is None else measured_peak_reserved <= predicted_peak_reserved + margin
+
+
+def answer_peak(c: Candidate, t: TuneTrial | None) -> int:
+    """The peak reserved an answer rests on (bytes): the larger of the predicted one and, where the configuration
+    ran, the one PyTorch measured; never a prediction the GPU contradicted upward."""
+    measured = t.measured_peak_reserved_bytes if t is not None else None
+    return max(c.predicted_peak_reserved_bytes, measured or 0)
+
+
 def choose(space: Space, ranked: list[Candidate], trials: list[TuneTrial], top_k: int) -> tuple[Candidate | None, bool]:
-    """The answer: the trial with the highest measured samples/s (its candidate, measured), else the predicted
-    fastest that may be recommended (not measured)."""
-    ran = [t for t in trials if t.outcome == "ran" and t.measured_samples_per_s]
+    """The answer: the trial with the highest measured samples/s whose peak (:func:`answer_peak`) plus the margin
+    is within the room (its candidate, measured), else the predicted fastest that may be recommended and that no
+    run refuted (not measured)."""
+    by = {_config_key(c.config): c for c in ranked}
+
+    def refuted(t: TuneTrial) -> bool:  # it ran out of memory, or its measured peak plus the margin left the room
+        c = by.get(_config_key(t.config))
+        return t.outcome == "oom" or (c is not None and answer_peak(c, t) + c.margin_bytes > c.room_bytes)
+
+    ran = [t for t in trials if t.outcome == "ran" and t.measured_samples_per_s and not refuted(t)
+           and _config_key(t.config) in by]
     if ran:
         best_t = max(ran, key=lambda t: t.measured_samples_per_s or 0.0)
-        for c in ranked:
-            if c.config == best_t.config:
-                return c, True
-    ok = recommendable(ranked)
+        return by[_config_key(best_t.config)], True
+    gone = {_config_key(t.config) for t in trials if refuted(t)}  # never one the GPU refuted
+    ok = [c for c in recommendable(ranked) if _config_key(c.config) not in gone]
     return (ok[0] if ok else None), False
+
+
+def _config_key(cfg: dict[str, Any]) -> tuple:
+    return tuple(sorted(cfg.items(), key=lambda kv: kv[0]))
 
 
 def attach_trials(ranked: list[Candidate], trials: list[TuneTrial]) -> None:
@@ -1060,10 +1099,15 @@ def tune(space: Space, configs: list[Config], trace_many: TraceMany, *, run_tria
         all_notes.append("samples-are-steps")
     if trials and not measured:
         all_notes.append("top-not-measured")
+    if any(t.within_margin is False for t in trials):
+        all_notes.append("measured-peak-over-margin")
     nothing = [] if any(c.fits for c in ranked) else suggestions(space, st.traced, room_bytes, margin)
+    best_trial = next((t for t in trials if best is not None and _config_key(t.config) == _config_key(best.config)
+                       and t.outcome == "ran"), None)
     return TuneOutcome(job=job, space=space.as_dict(), dropped_micro_batches=dropped, gpu_name=gpu_name,
                        gpu_total_bytes=gpu_total_bytes, room_bytes=room_bytes, margin_bytes=margin,
                        cost_model=cost_model_facts(spec), candidates=ranked, best=best, measured=measured,
                        trials=trials, traces=[trace_info(t) for t in st.order], nothing_fits=nothing,
                        notes=list(dict.fromkeys(all_notes)), trace_seconds=round(trace_s, 2),
-                       gpu_seconds=round(sum(t.seconds for t in trials), 2), seconds=round(now() - t0, 2))
+                       gpu_seconds=round(sum(t.seconds for t in trials), 2), seconds=round(now() - t0, 2),
+                       best_peak_reserved_bytes=answer_peak(best, best_trial) if best is not None else None)
