@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ._private import require
+from .attention import sdpa_as_cuda
 from .values import StandIns
 
 
@@ -53,7 +54,8 @@ def _is_fake(t: Any) -> bool:
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
 #: files whose frames are the tracer's or the fake mode's own, dropped from stacks
-_SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
+_SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "oomdoctor/preflight/attention.py",
+         "torch/utils/_python_dispatch.py", "torch/_subclasses/",
          "torch/overrides.py", "torch/_ops.py", "torch/utils/_stats.py", "contextlib.py",
          "torch/_dynamo/", "torch/_compile.py")
 #: the frame through which Python enters the autograd engine (``torch/autograd/graph.py``)
@@ -325,6 +327,13 @@ def _kernel_buffers(func, args) -> list[int]:
     Flash attention v2 backward (``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``
     ``mha_bwd``): ``softmax_d`` of ``b × h × round_up(s_q, 128)`` fp32 and ``dq_accum`` of
     ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``)."""
+    if func is _aten._safe_softmax.default:
+        # CompositeExplicitAutograd (attention.cpp ``_safe_softmax``): softmax, then ``self.eq(-inf)`` (bool, one
+        # byte an element), ``all`` over the dim (bool, one a row) and a 0-dim zero, freed when it returns; the fake
+        # mode computes the output only. Seen on the H200 in T5's math attention (64 MiB, 128 KiB, 4 B a call).
+        x, dim = args[0], args[1]
+        n = x.numel()
+        return [n, n // max(int(x.shape[dim]), 1), 4] if n else []
     if func is _aten._scaled_dot_product_flash_attention_backward.default:
         q = args[1]  # (grad_out, query, key, value, out, logsumexp, ...), query is b × h × s × d
         b, h, s, d = (int(x) for x in q.shape)
@@ -412,27 +421,17 @@ def _dropout(input, p=0.5, training=True, inplace=False):
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """Scaled dot-product attention through the kernel CUDA picks (``sdp_utils.cpp``
-    ``select_sdp_backend``: flash, then memory-efficient, then math): NotImplemented for math."""
+    """Scaled dot-product attention through the kernel CUDA picks (:mod:`.attention`), after CUDA autocast's cast."""
     if torch.is_autocast_enabled("cpu"):
         # CUDA autocast's lower-precision list casts every floating argument of scaled_dot_product_attention,
         # the attention mask too (autocast_mode.cpp, KERNEL_CUDA(scaled_dot_product_attention, lower_precision_fp)):
-        # T5's fp32 position bias becomes a low-precision copy, kept for backward
+        # T5's fp32 position bias becomes a low-precision copy
         low = torch.get_autocast_dtype("cpu")
         query, key, value = (_cast(x, low) for x in (query, key, value))
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = _cast(attn_mask, low)
-    if query.dim() != 4 or enable_gqa or query.shape[-1] > 256 or key.shape[1] != query.shape[1]:
-        return NotImplemented
     with torch.autocast("cpu", enabled=False):
-        if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16):
-            return _aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
-                                                             False, scale=scale)[0]
-        bias = attn_mask
-        if bias is not None and bias.dtype == torch.bool:
-            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
-        return _aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p,
-                                                             is_causal, scale=scale)[0]
+        return sdpa_as_cuda(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 # -- optimizers as on CUDA ---------------------------------------------------------------------------------
