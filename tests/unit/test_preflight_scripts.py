@@ -104,3 +104,27 @@ def test_the_rank_asked_for_is_traced(tmp_path, capsys):
     out = _run(capsys, str(f), opts=("--nproc-per-node", "2", "--rank", "1"))
     assert out["job"]["ranks_traced"] == [1]
     assert main(["preflight", "--nproc-per-node", "2", "--rank", "2", "--", "python", str(f)]) == 2
+
+
+def test_an_optimizer_built_before_the_model_moves_keeps_its_parameters(tmp_path, capsys):
+    """Fabric's ``setup(model, optimizer)`` and accelerate's ``prepare`` move a model its optimizer already holds:
+    on CUDA ``param.data = param.cuda()`` keeps each parameter the same object, so the optimizer steps the GPU's
+    parameters and its state is on the GPU. Traced, the moved parameters must stay the optimizer's (before: new
+    ``Parameter`` objects, the step ran on the host copies and no Adam state was traced)."""
+    f = tmp_path / "optimizer_first.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))\n"
+                 "o = torch.optim.Adam(m.parameters(), lr=1e-3)\n"
+                 "w = m[0].weight\n"
+                 "m.to('cuda')\n"
+                 "assert m[0].weight is w and o.param_groups[0]['params'][0] is w and w.is_cuda\n"
+                 "for _ in range(3):\n"
+                 "    m(torch.randn(32, 256, device='cuda')).sum().backward(); o.step(); o.zero_grad()\n")
+    snap = tmp_path / "s.pickle"
+    out = _run(capsys, str(f), opts=("-o", str(snap)))
+    params = (256 * 1024 + 1024 + 1024 * 256 + 256) * 4
+    assert out["breakdown"]["parameters"] == params
+    meta = json.loads(snap.with_name("s.meta.json").read_text())
+    last = meta["tensors"][-1]
+    assert sum(n for _, n in last["parameters"]) == params
+    assert sum(n for _, n in last["optimizer_state"]) >= 2 * params  # exp_avg and exp_avg_sq
