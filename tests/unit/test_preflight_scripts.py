@@ -128,3 +128,23 @@ def test_an_optimizer_built_before_the_model_moves_keeps_its_parameters(tmp_path
     last = meta["tensors"][-1]
     assert sum(n for _, n in last["parameters"]) == params
     assert sum(n for _, n in last["optimizer_state"]) >= 2 * params  # exp_avg and exp_avg_sq
+
+
+def test_a_host_value_copied_to_the_gpu_is_known_and_a_write_forgets_it(tmp_path, capsys):
+    """An all-ones attention mask copied from the host is known: ``mask.all()`` is True as on the GPU, and not a
+    stand-in (before: False, and Hugging Face built the masks the GPU skips: the T5 miss). A value written through
+    a view is forgotten: ``x[3] = 1`` on a zero tensor, ``x.sum()`` is no longer 0 (a stand-in, listed)."""
+    f = tmp_path / "known.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Linear(64, 64).cuda()\n"
+                 "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                 "mask = torch.ones(8, 128, dtype=torch.long).to('cuda')\n"
+                 "x = torch.zeros(16, device='cuda')\n"
+                 "x[3] = 1\n"
+                 "for _ in range(2):\n"
+                 "    keep = [] if mask.all() else [torch.empty(1 << 26, device='cuda')]\n"
+                 "    keep += [torch.empty(1 << 25, device='cuda')] if x.sum().item() == 0 else []\n"
+                 "    m(torch.randn(8, 64, device='cuda')).sum().backward(); o.step()\n")
+    out = _run(capsys, str(f))
+    assert out["peak_allocated_bytes"] < 1 << 27  # neither 256 MiB nor 128 MiB block was made
+    assert _invented(out) == {("known.py", "finite", "item")}  # x.sum(): a stand-in; mask.all(): exact

@@ -161,11 +161,14 @@ class CudaDevices(TorchFunctionMode):
             return out.to(dtype) if dtype is not None else out
         with self.tracer.on_gpu(where == "cuda"):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
-                return src.clone()
-            out = func(*args, **kwargs)
-            if moving and src is not None and _storage(out) == _storage(src):
-                out = out.clone()  # a copy to the other device, never an alias
-            return out
+                out = src.clone()
+            else:
+                out = func(*args, **kwargs)
+                if moving and src is not None and _storage(out) == _storage(src):
+                    out = out.clone()  # a copy to the other device, never an alias
+        if moving and where == "cuda":  # a host tensor copied in: its value is known when it is one value
+            self.tracer.values.from_host(out, src)
+        return out
 
     # -- values read from the GPU (values.py: the policy)
     def _host_copy(self, t: torch.Tensor, read: str) -> torch.Tensor:
