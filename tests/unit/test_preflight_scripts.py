@@ -148,3 +148,32 @@ def test_a_host_value_copied_to_the_gpu_is_known_and_a_write_forgets_it(tmp_path
     out = _run(capsys, str(f))
     assert out["peak_allocated_bytes"] < 1 << 27  # neither 256 MiB nor 128 MiB block was made
     assert _invented(out) == {("known.py", "finite", "item")}  # x.sum(): a stand-in; mask.all(): exact
+
+
+def test_small_known_tensors_are_computed_and_libraries_see_gpu_tensors(tmp_path, capsys):
+    """Values known one by one (a host copy of token ids, a position ``arange``) are carried through ops: a
+    data-dependent shape of them is exact (``nonzero`` of ``ids != -100``: 3 rows, not the upper bound), a packed-
+    sequence check on positions is answered as the GPU answers it, ``tolist()`` returns the ids. transformers'
+    ``is_tracing`` does not count the GPU's tensors as tracing while the script runs, and is restored after."""
+    pytest.importorskip("transformers")
+    import transformers.utils.import_utils as iu
+
+    before = iu.is_fake_tensor
+    f = tmp_path / "shadows.py"
+    f.write_text("import torch\n"
+                 "from transformers.utils.import_utils import is_tracing\n"
+                 "m = torch.nn.Linear(64, 64).cuda()\n"
+                 "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                 "ids = torch.tensor([[5, 7, -100, 9]]).to('cuda')\n"
+                 "assert not is_tracing(ids)\n"
+                 "assert ids.tolist() == [[5, 7, -100, 9]]\n"
+                 "rows = (ids != -100).nonzero()\n"
+                 "assert rows.shape == (3, 2), rows.shape\n"
+                 "pos = torch.arange(128, device='cuda')[None]\n"
+                 "packed = (torch.diff(pos, prepend=pos[:, :1] - 1) != 1).cumsum(-1)\n"
+                 "assert bool((packed[:, -1] == 0).all())\n"
+                 "for _ in range(2):\n"
+                 "    m(torch.randn(8, 64, device='cuda')).sum().backward(); o.step()\n")
+    out = _run(capsys, str(f))
+    assert out["invented_values"] == []
+    assert iu.is_fake_tensor is before

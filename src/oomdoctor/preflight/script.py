@@ -166,7 +166,7 @@ class CudaDevices(TorchFunctionMode):
                 out = func(*args, **kwargs)
                 if moving and src is not None and _storage(out) == _storage(src):
                     out = out.clone()  # a copy to the other device, never an alias
-        if moving and where == "cuda":  # a host tensor copied in: its value is known when it is one value
+        if moving and where == "cuda":  # a host tensor copied in: its values are known (one value, or a small one)
             self.tracer.values.from_host(out, src)
         return out
 
@@ -183,20 +183,25 @@ class CudaDevices(TorchFunctionMode):
         finally:
             values.read = "item"
         with unset_fake_temporarily(), self.tracer.on_gpu(False):
+            if isinstance(v, torch.Tensor):  # known one by one (values.py: a host copy, a position range)
+                return v.to(t.dtype).reshape(tuple(t.shape))
             if t.numel() <= 1 << 24:
                 return torch.full(tuple(t.shape), v, dtype=t.dtype)
             return torch.full((), v, dtype=t.dtype).expand(tuple(t.shape))
 
     def _read(self, func: Any, read: str, args: tuple, kwargs: dict) -> Any:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         values = self.tracer.values
         t = args[0]
-        if read == "numpy":
-            return self._host_copy(t, read).numpy()
-        if read == "tolist":
-            return self._host_copy(t, read).tolist()
-        if read == "print" and (t.dim() > 0 or func is torch.Tensor.__repr__):
+        if read in ("numpy", "tolist", "print") and (read != "print" or t.dim() > 0 or func is torch.Tensor.__repr__):
             host = self._host_copy(t, read)
-            text = repr(host)
+            with unset_fake_temporarily(), self.tracer.on_gpu(False):  # the host copy's values, not a fake's
+                if read == "numpy":
+                    return host.numpy()
+                if read == "tolist":
+                    return host.tolist()
+                text = repr(host)
             return text[:-1] + ", device='cuda:0')" if text.endswith(")") else text
         values.read = read
         try:
@@ -617,6 +622,72 @@ def _cuda_amp_autocast_init(self: Any, enabled: bool = True, dtype: Any = torch.
     torch.amp.autocast_mode.autocast.__init__(self, "cpu", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
+def _not_a_fake_tensor(x: Any) -> bool:
+    return False
+
+
+#: library functions that tell a FakeTensor from a GPU tensor, answered as the GPU's tensor would be, by module:
+#: transformers' ``is_tracing(tensor)`` counts a FakeTensor as tracing (``utils/import_utils.py`` ``is_fake_tensor``),
+#: and then builds the masks it skips on the GPU and ignores padding checks (measured: a T5 Trainer job traced a
+#: ``b × 1 × s × s`` mask and a ``b × h × s × s`` fp32 position-bias mask per layer the H200 never made)
+LIBRARY_PATCHES: dict[str, list[tuple[str, Any]]] = {
+    "transformers.utils.import_utils": [("is_fake_tensor", _not_a_fake_tensor)],
+}
+
+
+class _LibraryHooks:
+    """A ``sys.meta_path`` finder that applies :data:`LIBRARY_PATCHES` to a module when it is imported while a script
+    is traced (and at once to one already imported); :meth:`restore` undoes them."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def apply(self, module: Any) -> None:
+        for name, value in LIBRARY_PATCHES.get(getattr(module, "__name__", ""), []):
+            if hasattr(module, name):
+                self.saved.append((module, name, getattr(module, name)))
+                setattr(module, name, value)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in LIBRARY_PATCHES:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+        hooks = self
+
+        class _Loader(type(loader)):  # type: ignore[misc]
+            def exec_module(self, module: Any) -> None:
+                exec_module(module)
+                hooks.apply(module)
+
+        loader.__class__ = _Loader
+        return spec
+
+    def restore(self) -> None:
+        for module, name, value in reversed(self.saved):
+            setattr(module, name, value)
+        self.saved.clear()
+
+
+@contextlib.contextmanager
+def _library_hooks() -> Iterator[None]:
+    hooks = _LibraryHooks()
+    for name in LIBRARY_PATCHES:
+        if name in sys.modules:
+            hooks.apply(sys.modules[name])
+    sys.meta_path.insert(0, hooks)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(hooks)  # type: ignore[arg-type]
+        hooks.restore()
+
+
 @contextlib.contextmanager
 def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
     """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc)."""
@@ -707,11 +778,19 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         import torch.nn.parallel as parallel
         import torch.nn.parallel.distributed as ddp_mod
         import torch.utils.checkpoint as ckpt
+        from torch._subclasses.fake_tensor import FakeTensor
         from torch.distributed.device_mesh import DeviceMesh
         from torch.utils.data._utils import pin_memory as pin_mod
         from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
 
         ddp_cls = ddp_stand_in(tracer)
+        devices = CudaDevices(tracer)
+
+        def tolist(t: Any) -> Any:
+            """``FakeTensor.tolist`` reads element by element (``.item()`` each, in Python: no torch function
+            layer sees it); while traced it is one read, answered as a host copy (values.py)."""
+            return devices._read(torch.Tensor.tolist, "tolist", (t,), {})
+
         engine_entry = require("torch.autograd.graph._engine_run_backward")
         tracer.mark_step(0)
         tracer.mark_phase("train")
@@ -721,6 +800,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
             (torch.__future__, "_swap_module_params_on_conversion", True),
+            (FakeTensor, "tolist", tolist),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
             (ckpt, "_checkpoint_without_reentrant_generator",
              _checkpoint_recomputed_as_traced(require("torch.utils.checkpoint._checkpoint_without_reentrant_generator"),
@@ -739,8 +819,8 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         kept: Any = None
         try:
             # the script's own prints go to standard error: standard output is preflight's answer
-            with _patched(patches), (_fake_process_group(job.world_size, job.rank) if job.world_size > 1
-                                     else contextlib.nullcontext()), CudaDevices(tracer), \
+            with _patched(patches), _library_hooks(), (_fake_process_group(job.world_size, job.rank) if job.world_size > 1
+                                     else contextlib.nullcontext()), devices, \
                     gpu_device_property(tracer), contextlib.redirect_stdout(sys.stderr):
                 try:
                     if module is None:

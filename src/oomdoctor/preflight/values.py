@@ -41,8 +41,9 @@ import torch
 
 _aten = torch.ops.aten
 #: the attribute a fake tensor's known value is kept in: (kind, value, origin, storage key, generation); kind
-#: "const" (every element is the value) or "bound" (each element at most it); origin "exact" (a constant of the
-#: program or a host copy) or "assumed" (carried from a stand-in)
+#: "const" (every element is the value), "real" (the value is a host tensor of the same shape holding every element)
+#: or "bound" (each element at most it); origin "exact" (a constant of the program or a host copy) or "assumed"
+#: (carried from a stand-in)
 TAG = "_oomdoctor_value"
 #: checks whose answer, on values preflight does not have, is False (isfinite: True)
 _FALSE_CHECKS = {_aten.isnan.default, _aten.isinf.default, _aten.isneginf.default, _aten.isposinf.default}
@@ -61,6 +62,12 @@ _INDEXING = {_aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_put.def
 _SMALL = 1 << 20
 #: a host tensor copied to the GPU is checked for one value only up to this many elements
 HOST_VALUE_LIMIT = 1 << 24
+#: a known tensor that is not one value is kept as a host copy (``"real"``) up to this many elements (64 Ki: token
+#: ids, masks and positions of a batch; labels to compute a data-dependent shape exactly)
+SHADOW_LIMIT = 1 << 16
+#: deterministic factories whose output is known without inputs (``empty`` and the random ones are not)
+_FACTORIES = {_aten.arange.default, _aten.arange.start, _aten.arange.start_step, _aten.linspace.default,
+              _aten.eye.default, _aten.eye.m, _aten.tril_indices.default, _aten.triu_indices.default}
 #: frames of these files are not the line that read a value
 _NOT_THE_READER = ("/torch/", "/oomdoctor/", "contextlib.py", "<frozen ", "/functools.py", "/_tensor_str.py")
 
@@ -137,14 +144,25 @@ class StandIns:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():
-            flat = src.reshape(-1)
-            first = flat[0]
-            if bool(flat[-1] != first) or bool(flat[n // 2] != first):  # most (random weights) end here
+            if n > SHADOW_LIMIT:  # one value, or unknown
+                flat = src.reshape(-1)
+                first = flat[0]
+                if bool(flat[-1] != first) or bool(flat[n // 2] != first):  # most (random weights) end here
+                    return
+                if not bool((flat == first).all()):
+                    return
+                self._set(out, ("const", _typed(first.item(), out.dtype), "exact"))
                 return
-            if not bool((flat == first).all()):
-                return
-            v = first.item()
-        self._set(out, ("const", _typed(v, out.dtype), "exact"))
+            tag = _as_tag(src.detach().to(out.dtype).reshape(tuple(out.shape)))
+        if tag is not None:
+            self._set(out, (*tag, "exact"))
+
+    def known(self, t: Any) -> Any:
+        """A host tensor holding ``t``'s known values (``t``'s shape and dtype), or None."""
+        tag = self.tag_of(t)
+        if tag is None or tag[0] == "bound":
+            return None
+        return _host(lambda: _real_of(t, tag))
 
     def note(self, kind: str, read: str | None = None, n: int = 1) -> None:
         file, line = reader_line()
@@ -159,6 +177,10 @@ class StandIns:
     def scalar(self, t: torch.Tensor) -> Any:
         """The Python number ``t.item()`` answers (``t`` a one-element fake tensor), by the policy."""
         tag = self.tag_of(t)
+        if tag is not None and tag[0] == "real":
+            if tag[2] != "exact":
+                self.note("assumed")
+            return _typed(_host(lambda: tag[1].reshape(-1)[0].item()), t.dtype)
         if tag is not None and tag[0] == "const":
             if tag[2] != "exact":  # a known value is not a stand-in: not listed
                 self.note("false" if not tag[1] else "assumed")
@@ -179,8 +201,13 @@ class StandIns:
         return 1
 
     def value_of(self, t: torch.Tensor) -> Any:
-        """The one value every element of ``t`` is given when copied to the host (``.cpu()``, ``tolist()``)."""
+        """The value ``t`` is given when copied to the host (``.cpu()``, ``tolist()``): one number for every element,
+        or a host tensor of ``t``'s shape when its values are known one by one."""
         tag = self.tag_of(t)
+        if tag is not None and tag[0] == "real":
+            if tag[2] != "exact":
+                self.note("assumed")
+            return _host(tag[1].clone)
         if tag is not None:
             if tag[0] == "bound" or tag[2] != "exact":
                 self.note("false" if tag[0] == "const" and not tag[1] else
@@ -197,6 +224,9 @@ class StandIns:
         """The output of a data-dependent-shape op at its largest size (fake tensors, no values), or None when
         ``func`` is not one preflight bounds."""
         x = args[0]
+        exact = self._exact_shape(func, args, kwargs)
+        if exact is not None:
+            return exact
         if func is _aten.nonzero.default or func is _aten.argwhere.default:
             self.note("upper_bound", func.__name__.split(".")[0])
             return torch.empty((x.numel(), x.dim()), dtype=torch.int64)
@@ -222,6 +252,30 @@ class StandIns:
                     torch.empty(x.shape if inverse else (0,), dtype=torch.int64),
                     torch.empty((n,) if counts else (0,), dtype=torch.int64))
         return None
+
+    def _exact_shape(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A data-dependent-shape op on known inputs: fake outputs of the real outputs' shapes, their values kept."""
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and _is_fake(t)]
+        known = {id(t): self.tag_of(t) for t in leaves}
+        if not leaves or any(v is None or v[0] == "bound" for v in known.values()):
+            return None
+        real = _run_real(func, args, kwargs, known)
+        if real is None:
+            return None
+        flat, spec = tree_flatten(real)
+        outs = []
+        for r in flat:
+            if isinstance(r, torch.Tensor):
+                o = torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype)
+                tag = _as_tag(r)
+                if tag is not None:
+                    self._set(o, (*tag, "exact" if all(v[2] == "exact" for v in known.values()) else "assumed"))
+                outs.append(o)
+            else:
+                outs.append(r)
+        return tree_unflatten(outs, spec)
 
     # -- constants carried through ops
     def propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -254,7 +308,12 @@ class StandIns:
         if func in (_aten.ones.default, _aten.ones_like.default):
             self._set(target, ("const", 1, "exact"))
             return
-        if not fakes:
+        if func in _FACTORIES and isinstance(out, torch.Tensor) and out.numel() <= SHADOW_LIMIT:
+            real = _run_real(func, args, kwargs, {})
+            tag = _as_tag(real) if isinstance(real, torch.Tensor) else None
+            self._set(out, None if tag is None else (*tag, "exact"))
+            return
+        if not fakes or _NONDETERMINISTIC in getattr(func, "tags", ()) or func in _STRIDED:
             return
         if func in _COUNTS and tags[0] is None and fakes[0].dtype == torch.bool and isinstance(out, torch.Tensor):
             self._set(out, ("bound", fakes[0].numel() // max(out.numel(), 1), "assumed"))
@@ -262,11 +321,20 @@ class StandIns:
         if len(fakes) == 1 and tags[0] is not None and tags[0][0] == "bound" and func in _BOUND_KEEPS:
             self._set(out, tags[0])
             return
-        if all(t is not None and t[0] == "const" for t in tags) and all(t.numel() <= _SMALL for t in leaves):
+        if all(t is not None and t[0] != "bound" for t in tags) and all(t.numel() <= _SMALL for t in leaves):
             known = {id(t): tag for t, tag in zip(fakes, tags)}
-            value = _computed(func, args, kwargs, known)
+            real = _run_real(func, args, kwargs, known)
             origin = "exact" if all(t[2] == "exact" for t in tags) else "assumed"
-            self._set(target, None if value is None else ("const", value, origin))
+            if written:  # an in-place op: its target holds the result
+                outs, reals = [target], [real if isinstance(real, torch.Tensor) else None]
+            else:  # every output (unbind, split, max.dim...) with its value
+                outs, reals = tree_leaves(out), tree_leaves(real)
+                if len(outs) != len(reals):
+                    return
+            for o, r in zip(outs, reals):
+                if isinstance(o, torch.Tensor) and _is_fake(o):
+                    tag = _as_tag(r) if isinstance(r, torch.Tensor) and tuple(r.shape) == tuple(o.shape) else None
+                    self._set(o, None if tag is None else (*tag, origin))
 
 
 @functools.lru_cache(maxsize=None)
@@ -297,23 +365,64 @@ def _typed(v: Any, dtype: torch.dtype) -> Any:
     return int(v)
 
 
-def _computed(func: Any, args: tuple, kwargs: dict, known: dict[int, tuple[str, Any, str]]) -> Any:
-    """``func`` run on real tensors holding the constants (``known``: by ``id`` of each fake input, its tag): the
-    one value of its output when uniform, else None."""
+_NONDETERMINISTIC = torch.Tag.nondeterministic_seeded
+#: ops that read memory by strides: a known value is kept contiguous, so these are not computed on it
+_STRIDED = {_aten.as_strided.default, _aten.as_strided_.default, _aten.as_strided_scatter.default}
+
+
+def _host(fn: Any) -> Any:
+    """``fn()`` with the fake mode off: host tensors stay host tensors."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return fn()
+
+
+def _real_of(t: torch.Tensor, tag: tuple[str, Any, str]) -> torch.Tensor | None:
+    """A new host tensor of ``t``'s shape and dtype holding the values ``tag`` knows."""
+    if tag[0] == "const":
+        return torch.full(tuple(t.shape), tag[1], dtype=t.dtype)
+    if tag[0] == "real" and tuple(tag[1].shape) == tuple(t.shape):
+        return tag[1].clone()
+    return None
+
+
+def _as_tag(real: Any) -> tuple[str, Any] | None:
+    """The known value of a host tensor: ("const", v) when uniform, ("real", a contiguous copy) when small."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if not isinstance(real, torch.Tensor) or real.is_complex() or _is_fake(real):
+        return None
+    n = real.numel()
+    if n == 0:
+        return None
+    with unset_fake_temporarily():
+        flat = real.reshape(-1)
+        if bool((flat == flat[0]).all()):
+            return ("const", flat[0].item())
+        if n <= SHADOW_LIMIT:
+            return ("real", real.detach().contiguous().clone())
+    return None
+
+
+def _run_real(func: Any, args: tuple, kwargs: dict, known: dict[int, tuple[str, Any, str]]) -> Any:
+    """``func`` run on host tensors holding the known values (``known``: by ``id`` of each fake input, its tag);
+    None when it cannot run on them."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.utils._pytree import tree_map
 
     def real(t: Any) -> Any:
         if isinstance(t, torch.Tensor) and _is_fake(t):
-            return torch.full(tuple(t.shape), known[id(t)][1], dtype=t.dtype)
+            r = _real_of(t, known[id(t)])
+            if r is None:
+                raise ValueError("no value")
+            return r
+        if isinstance(t, torch.device) and t.type != "cpu":
+            return torch.device("cpu")
         return t
 
     try:
         with unset_fake_temporarily():
-            out = func(*tree_map(real, args), **tree_map(real, kwargs))
-            if not isinstance(out, torch.Tensor) or out.numel() == 0:
-                return None
-            flat = out.reshape(-1)
-            return flat[0].item() if bool((flat == flat[0]).all()) else None
-    except Exception:  # noqa: BLE001 - an op that cannot run on these constants: its value stays unknown
+            return func(*tree_map(real, args), **tree_map(real, kwargs))
+    except Exception:  # noqa: BLE001 - an op that cannot run on these values: its value stays unknown
         return None
