@@ -177,3 +177,24 @@ def test_small_known_tensors_are_computed_and_libraries_see_gpu_tensors(tmp_path
     out = _run(capsys, str(f))
     assert out["invented_values"] == []
     assert iu.is_fake_tensor is before
+
+
+def test_a_tensor_parallel_script_sees_the_nodes_gpus_and_its_mesh_joins_the_fake_group(tmp_path, capsys):
+    """``--nproc-per-node 2``: the node has 2 GPUs for ``torch.cuda`` and ``torch.accelerator`` (pytorch/examples'
+    tensor-parallel example exits before any step with fewer), and ``init_device_mesh`` joins the fake process group
+    (it calls ``init_process_group`` from ``distributed_c10d``: before, it waited for rank 1 in a TCP store). The
+    shards are traced: ColwiseParallel halves the first layer, RowwiseParallel the second's weight."""
+    f = tmp_path / "tp.py"
+    f.write_text("import torch\n"
+                 "from torch.distributed.device_mesh import init_device_mesh\n"
+                 "from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel\n"
+                 "assert torch.cuda.device_count() == 2 and torch.accelerator.device_count() == 2\n"
+                 "assert torch.accelerator.is_available()\n"
+                 "mesh = init_device_mesh('cuda', (2,))\n"
+                 "m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).to('cuda')\n"
+                 "m = parallelize_module(m, mesh, {'0': ColwiseParallel(), '2': RowwiseParallel()})\n"
+                 "o = torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True)\n"
+                 "for _ in range(3):\n"
+                 "    m(torch.rand(8, 64, device='cuda')).sum().backward(); o.step(); o.zero_grad()\n")
+    out = _run(capsys, str(f), opts=("--nproc-per-node", "2"))
+    assert out["breakdown"]["parameters"] == ((128 * 64 + 128) + (64 * 128 + 64)) * 4

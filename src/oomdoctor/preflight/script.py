@@ -422,14 +422,16 @@ def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
                 delattr(obj, name)
 
 
-def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tuple[Any, str, Any]]:
-    """The ``torch.cuda`` functions a script sees while traced (the module doc)."""
+def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int = 1) -> list[tuple[Any, str, Any]]:
+    """The ``torch.cuda`` functions a script sees while traced (the module doc); ``gpus``: the GPUs of the node
+    (``torch.cuda.device_count()``, ``torch.accelerator.device_count()``): a ``torchrun --nproc-per-node N`` job
+    sees N (measured: pytorch/examples' tensor-parallel example exits before any step when fewer than 2)."""
     import torch.cuda.memory as mem
 
     props = _device_properties(gpu_name, gpu_total_bytes, sm_major)
     c = torch.cuda
     out: list[tuple[Any, str, Any]] = [
-        (c, "is_available", lambda: True), (c, "device_count", lambda: 1), (c, "current_device", lambda: 0),
+        (c, "is_available", lambda: True), (c, "device_count", lambda: gpus), (c, "current_device", lambda: 0),
         (c, "is_initialized", lambda: True), (c, "init", _none), (c, "_lazy_init", _none),
         (c, "set_device", _none), (c, "synchronize", _none), (c, "empty_cache", _none),
         (c, "manual_seed", _none), (c, "manual_seed_all", _none), (c, "seed", _none), (c, "seed_all", _none),
@@ -454,6 +456,7 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
     if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
         out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
                 (acc, "current_device_index", lambda: 0), (acc, "current_device_idx", lambda: 0),
+                (acc, "is_available", lambda: True), (acc, "device_count", lambda: gpus),
                 (acc, "set_device_index", _none), (acc, "set_device_idx", _none), (acc, "synchronize", _none),
                 (acc, "current_stream", lambda *a, **k: _NOT_CAPTURING)]
     out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
@@ -704,11 +707,17 @@ def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    dist.init_process_group = init_process_group
+    # every module holding torch's function: torch.distributed, distributed_c10d, device_mesh (init_device_mesh
+    # calls it from there; measured: the tensor-parallel example then waited for rank 1 in a TCP store forever)
+    holders = [m for m in list(sys.modules.values())
+               if getattr(m, "__name__", "").startswith("torch") and getattr(m, "init_process_group", None) is orig]
+    for m in holders:
+        m.init_process_group = init_process_group
     try:
         yield
     finally:
-        dist.init_process_group = orig
+        for m in holders:
+            m.init_process_group = orig
         if dist.is_initialized():
             dist.destroy_process_group()
         for k, v in saved.items():
@@ -795,7 +804,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         tracer.mark_step(0)
         tracer.mark_phase("train")
         autocast = torch.amp.autocast_mode.autocast
-        patches = cuda_patches(gpu_name, gpu_total_bytes, sm_major) + [
+        patches = cuda_patches(gpu_name, gpu_total_bytes, sm_major, gpus=max(1, job.world_size)) + [
             (autocast, "__init__", _autocast_init(autocast.__init__)),
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
