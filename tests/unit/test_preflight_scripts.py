@@ -198,3 +198,23 @@ def test_a_tensor_parallel_script_sees_the_nodes_gpus_and_its_mesh_joins_the_fak
                  "    m(torch.rand(8, 64, device='cuda')).sum().backward(); o.step(); o.zero_grad()\n")
     out = _run(capsys, str(f), opts=("--nproc-per-node", "2"))
     assert out["breakdown"]["parameters"] == ((128 * 64 + 128) + (64 * 128 + 64)) * 4
+
+
+def test_what_runs_after_the_last_step_is_not_traced(tmp_path, capsys):
+    """A framework that catches the stop (Lightning's ``_call_and_handle_interrupt`` catches BaseException and tears
+    down: ``model.cpu()``) runs on after the K-th step: nothing it does is recorded (the trace ends at the step, as a
+    snapshot dumped there), and moving the GPU's parameters to the host does not fail (before: "Couldn't swap")."""
+    f = tmp_path / "teardown.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Linear(256, 256).cuda()\n"
+                 "o = torch.optim.Adam(m.parameters())\n"
+                 "try:\n"
+                 "    for _ in range(5):\n"
+                 "        m(torch.randn(8, 256, device='cuda')).sum().backward(); o.step()\n"
+                 "except BaseException:\n"
+                 "    keep = torch.empty(1 << 28, device='cuda')\n"
+                 "    m.cpu()\n"
+                 "    raise\n")
+    out = _run(capsys, str(f), opts=("--steps", "2"))
+    assert out["peak_allocated_bytes"] < 1 << 28
+    assert out["breakdown"]["optimizer_state"] > 0

@@ -272,7 +272,10 @@ def _swap_or_set(orig: Any) -> Any:
             forget(t2, fake.fake_mode)
         except (AttributeError, TypeError):  # pragma: no cover - a fake mode without these memos: swap as is
             pass
-        orig(t1, t2)
+        try:
+            orig(t1, t2)
+        except RuntimeError:  # swap_tensors' own checks (use counts, gradient edges): set in place, as before
+            t1.data = t2.data
 
     return swap
 
@@ -780,6 +783,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
                                            "optimizer_state": [_local(v) for v in state]})
             steps["n"] += 1
             if steps["n"] >= job.max_steps:
+                tracer.stop()  # a framework catching BaseException tears down (Lightning: model.cpu()): unrecorded
                 raise _Stop
             tracer.mark_step(steps["n"])
             tracer.mark_phase("train")

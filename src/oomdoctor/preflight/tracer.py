@@ -18,7 +18,7 @@ torch 2.13.0+cpu; see ``docs/preflight.md``). What CUDA would do differently is 
 
 :class:`AllocationTracer` is a ``TorchDispatchMode`` above the fake mode: every storage an op returns
 that it has not seen is an ``alloc`` of ``untyped_storage().nbytes()`` bytes (what the caching allocator
-is asked; the allocator model rounds), with the Python stack; before every op, storages that died
+is asked; the allocator model rounds), with the Python stack; before every allocation, storages that died
 (``StorageWeakRef.expired()``) are ``free_requested`` + ``free_completed``. Addresses are never reused
 (the replay lays blocks out itself). Backward runs on the calling thread on a CPU; on CUDA it runs on the
 autograd engine's device thread, so an allocation made inside backward keeps only the frames of Python
@@ -41,7 +41,6 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily as _unset_fake
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ._private import require
 from .attention import sdpa_as_cuda
@@ -50,6 +49,20 @@ from .values import StandIns
 
 def _is_fake(t: Any) -> bool:
     return isinstance(t, _FakeTensor)
+
+
+def _tensors(x: Any, out: list) -> list:
+    """The tensors in ``x`` (an op's arguments or outputs: tensors, lists, tuples, dicts of them): a plain walk,
+    several times cheaper than ``tree_leaves`` on every op."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _tensors(y, out)
+    return out
 
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
@@ -61,6 +74,8 @@ _SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "oomd
 #: the frame through which Python enters the autograd engine (``torch/autograd/graph.py``)
 _ENGINE_ENTRY = ("_engine_run_backward",)
 _MAX_FRAMES = 48
+#: filename -> whether its frames are dropped (``_SKIP``), decided once per file
+_SKIPPED: dict[str, bool] = {}
 
 
 def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
@@ -73,7 +88,10 @@ def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
         if skip_to_engine and code.co_name in _ENGINE_ENTRY:
             return out
         fn = code.co_filename
-        if not any(s in fn for s in _SKIP):
+        skip = _SKIPPED.get(fn)
+        if skip is None:
+            skip = _SKIPPED[fn] = any(s in fn for s in _SKIP)
+        if not skip:
             out.append({"filename": fn, "line": f.f_lineno or 0, "name": code.co_name})
         f = f.f_back
     return [] if skip_to_engine else out[:_MAX_FRAMES]
@@ -137,6 +155,8 @@ class AllocationTracer(TorchDispatchMode):
         self._autograd_node = require("torch._C._current_autograd_node")
         #: the values read from the GPU, by the policy of :mod:`.values`, and where
         self.values = StandIns()
+        #: set by :meth:`stop`: the trace has ended (a script stopped at its last step); ops still run, unrecorded
+        self.stopped = False
 
     # -- clock and events
     def _tick(self) -> int:
@@ -149,6 +169,10 @@ class AllocationTracer(TorchDispatchMode):
                                    "frames": frames})
 
     def _alloc(self, size: int, backward: bool) -> int:
+        # the frees of storages that died since the last allocation come first: collected here, not before every op
+        # (an op that allocates nothing needs no frees recorded before it; the order of allocations and frees is
+        # the same, and most ops are views, in-place updates or reads)
+        self.collect()
         addr = self._next
         self._next += (size + ALIGN - 1) // ALIGN * ALIGN or ALIGN
         self._event("alloc", addr, size, _frames(backward))
@@ -160,8 +184,16 @@ class AllocationTracer(TorchDispatchMode):
         self._event("free_requested", addr, size, [])
         self._event("free_completed", addr, size, [])
 
+    def stop(self) -> None:
+        """End the trace here: what runs after (a framework's teardown catching the stop, moving the model to the
+        host) is not recorded, as a snapshot dumped at this point does not hold it."""
+        self.collect()
+        self.stopped = True
+
     def collect(self) -> None:
         """Record the frees of every storage that died since the last call."""
+        if self.stopped:
+            return
         expired = self._expired
         if not any(map(expired, self._weak.values())):  # a C loop: most ops free nothing
             return
@@ -185,6 +217,8 @@ class AllocationTracer(TorchDispatchMode):
         if live is not None and not live.ref.expired():
             return live.addr
         if live is not None:  # the address of a dead storage reused before we looked
+            del self._live[key]
+            self._weak.pop(key, None)
             self._free(live.addr, live.size)
         addr = self._alloc(n, backward)
         ref = StorageWeakRef(st)
@@ -260,6 +294,8 @@ class AllocationTracer(TorchDispatchMode):
             self.dispatch_depth -= 1
 
     def _dispatch(self, func, args, kwargs):
+        if self.stopped:
+            return func(*args, **kwargs)
         if self.gpu_only and isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "cuda":
             kwargs = {**kwargs, "device": _CPU}  # a factory given a GPU tensor's device: the fake CPU one
             with self.on_gpu(True):
@@ -269,9 +305,8 @@ class AllocationTracer(TorchDispatchMode):
                 self.values.note("false", "equal")
                 return False
             return self.values.scalar(args[0])
-        self.collect()
         backward = self._autograd_node() is not None
-        leaves = tree_leaves((args, kwargs))
+        leaves = _tensors(kwargs, _tensors(args, []))
         if self.gpu_only and not self._gpu_depth:
             if self._host_depth or not any(self.is_gpu(t) for t in leaves):
                 with _unset_fake():  # the host's: run for real, not the caching allocator's
@@ -288,8 +323,7 @@ class AllocationTracer(TorchDispatchMode):
                                                   "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
         extra = _kernel_buffers(func, args)
         if self.gpu_only and not self._gpu_depth:  # host tensors a device op reads are copied in (index tensors)
-            extra += [t.untyped_storage().nbytes() for t in leaves
-                      if isinstance(t, torch.Tensor) and t.dim() > 0 and not _is_fake(t)]
+            extra += [t.untyped_storage().nbytes() for t in leaves if t.dim() > 0 and not _is_fake(t)]
         addrs = [self.temporary(n, backward, keep=True) for n in extra]
         try:
             out = func(*args, **kwargs)
@@ -297,14 +331,13 @@ class AllocationTracer(TorchDispatchMode):
             out = self.values.upper_bound(func, args, kwargs)  # a data-dependent shape: its largest size
             if out is None:
                 raise
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                # a DTensor's shard is made by its own dispatch, below this mode: seen here
-                self.see(getattr(t, "_local_tensor", t), backward)
+        for t in _tensors(out, []):
+            # a DTensor's shard is made by its own dispatch, below this mode: seen here
+            self.see(getattr(t, "_local_tensor", t), backward)
         for a, n in zip(addrs, extra):
             self._free(a, n)
         if self.gpu_only:
-            self.values.propagate(func, args, kwargs, out)
+            self.values.propagate(func, args, kwargs, out, leaves)
         return out
 
 

@@ -153,7 +153,7 @@ class StandIns:
                     return
                 self._set(out, ("const", _typed(first.item(), out.dtype), "exact"))
                 return
-            tag = _as_tag(src.detach().to(out.dtype).reshape(tuple(out.shape)))
+            tag = _as_tag(src.detach().to(out.dtype).reshape(tuple(out.shape)).clone())  # the host may reuse src
         if tag is not None:
             self._set(out, (*tag, "exact"))
 
@@ -278,17 +278,22 @@ class StandIns:
         return tree_unflatten(outs, spec)
 
     # -- constants carried through ops
-    def propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    def propagate(self, func: Any, args: tuple, kwargs: dict, out: Any, leaves: list | None = None) -> None:
         """Tag ``out`` (and an in-place op's target) with the value it is known to hold, if any; every tensor the
-        op writes has its storage's generation bumped first (its views' known values are forgotten)."""
+        op writes has its storage's generation bumped first (its views' known values are forgotten). ``leaves``:
+        ``tree_leaves((args, kwargs))`` when the caller has them."""
         from torch.utils._pytree import tree_leaves
 
-        leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if leaves is None:
+            leaves = tree_leaves((args, kwargs))
+        leaves = [t for t in leaves if isinstance(t, torch.Tensor)]
         fakes = [t for t in leaves if _is_fake(t)]
         tags = [self.tag_of(t) for t in fakes]  # the inputs' values, read before the writes below
-        written = _written(func, args, kwargs)
+        written = _written(func, args, kwargs) if _writes(func) else []
         for t in written:
             self._wrote(t)
+        if func not in _SPECIAL and (not fakes or None in tags):  # most ops: an unknown input, nothing known
+            return
         target = written[0] if written else out
         if func in _FALSE_CHECKS or func in _TRUE_CHECKS:
             if tags and (tags[0] is None or tags[0][0] != "const"):
@@ -323,7 +328,7 @@ class StandIns:
             return
         if all(t is not None and t[0] != "bound" for t in tags) and all(t.numel() <= _SMALL for t in leaves):
             known = {id(t): tag for t, tag in zip(fakes, tags)}
-            real = _run_real(func, args, kwargs, known)
+            real = _run_real(func, args, kwargs, known, copy={id(t) for t in written})
             origin = "exact" if all(t[2] == "exact" for t in tags) else "assumed"
             if written:  # an in-place op: its target holds the result
                 outs, reals = [target], [real if isinstance(real, torch.Tensor) else None]
@@ -366,6 +371,11 @@ def _typed(v: Any, dtype: torch.dtype) -> Any:
 
 
 _NONDETERMINISTIC = torch.Tag.nondeterministic_seeded
+#: ops :meth:`StandIns.propagate` answers whatever their inputs are known to hold
+_SPECIAL = {*_FALSE_CHECKS, *_TRUE_CHECKS, *_COUNTS, _aten._amp_foreach_non_finite_check_and_unscale_.default,
+            _aten.full.default, _aten.full_like.default, _aten.fill_.Scalar, _aten.scalar_tensor.default,
+            _aten.zeros.default, _aten.zeros_like.default, _aten.zero_.default, _aten.ones.default,
+            _aten.ones_like.default, *_FACTORIES}
 #: ops that read memory by strides: a known value is kept contiguous, so these are not computed on it
 _STRIDED = {_aten.as_strided.default, _aten.as_strided_.default, _aten.as_strided_scatter.default}
 
@@ -378,12 +388,13 @@ def _host(fn: Any) -> Any:
         return fn()
 
 
-def _real_of(t: torch.Tensor, tag: tuple[str, Any, str]) -> torch.Tensor | None:
-    """A new host tensor of ``t``'s shape and dtype holding the values ``tag`` knows."""
+def _real_of(t: torch.Tensor, tag: tuple[str, Any, str], copy: bool = True) -> torch.Tensor | None:
+    """A host tensor of ``t``'s shape and dtype holding the values ``tag`` knows (a new one with ``copy``; else the
+    kept one, which nothing may write)."""
     if tag[0] == "const":
         return torch.full(tuple(t.shape), tag[1], dtype=t.dtype)
     if tag[0] == "real" and tuple(tag[1].shape) == tuple(t.shape):
-        return tag[1].clone()
+        return tag[1].clone() if copy else tag[1]
     return None
 
 
@@ -397,23 +408,24 @@ def _as_tag(real: Any) -> tuple[str, Any] | None:
     if n == 0:
         return None
     with unset_fake_temporarily():
+        if n <= SHADOW_LIMIT:  # kept as computed: the host tensors a value is computed from are never written
+            return ("real", real.detach())
         flat = real.reshape(-1)
         if bool((flat == flat[0]).all()):
             return ("const", flat[0].item())
-        if n <= SHADOW_LIMIT:
-            return ("real", real.detach().contiguous().clone())
     return None
 
 
-def _run_real(func: Any, args: tuple, kwargs: dict, known: dict[int, tuple[str, Any, str]]) -> Any:
-    """``func`` run on host tensors holding the known values (``known``: by ``id`` of each fake input, its tag);
-    None when it cannot run on them."""
+def _run_real(func: Any, args: tuple, kwargs: dict, known: dict[int, tuple[str, Any, str]],
+              copy: set[int] | frozenset = frozenset()) -> Any:
+    """``func`` run on host tensors holding the known values (``known``: by ``id`` of each fake input, its tag; the
+    inputs in ``copy``, which it writes, are copies); None when it cannot run on them."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.utils._pytree import tree_map
 
     def real(t: Any) -> Any:
         if isinstance(t, torch.Tensor) and _is_fake(t):
-            r = _real_of(t, known[id(t)])
+            r = _real_of(t, known[id(t)], copy=id(t) in copy)
             if r is None:
                 raise ValueError("no value")
             return r
