@@ -218,3 +218,19 @@ def test_what_runs_after_the_last_step_is_not_traced(tmp_path, capsys):
     out = _run(capsys, str(f), opts=("--steps", "2"))
     assert out["peak_allocated_bytes"] < 1 << 28
     assert out["breakdown"]["optimizer_state"] > 0
+
+
+def test_a_scripts_own_error_is_said_as_its_own(tmp_path, capsys):
+    """A script that fails in its own code (minGPT's chargpt: a character missing from its table, KeyError at its
+    line, on the GPU too) is refused with its line, named as the script's error, not a limit of tracing."""
+    f = tmp_path / "own.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Linear(8, 8).cuda()\n"
+                 "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                 "m(torch.randn(2, 8, device='cuda')).sum().backward(); o.step()\n"
+                 "table = {'a': 1}\n"
+                 "x = table[',']\n")
+    assert main(["preflight", "--steps", "3", "--", "python", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{f}:6: the script raised KeyError" in err and "not a limit of tracing" in err
+    assert "after 1 optimizer step(s) traced" in err

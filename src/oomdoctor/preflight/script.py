@@ -738,6 +738,21 @@ def _where(exc: BaseException, script: str) -> str:
     return f"{f.filename}:{f.lineno}" if f is not None else script
 
 
+def _own_error(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by the script's (or a library's) own Python code, not inside torch or preflight:
+    its innermost frame is outside them and it is not one of the fake mode's exceptions (minGPT's chargpt samples
+    from a character table the generated corpus lacks: KeyError ',' at its line, on the H200 as here)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException, RuntimeError, NotImplementedError)):
+        return False  # RuntimeError: torch's C++ errors surface as it, from any frame
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return False
+    inner = frames[-1].filename.replace(os.sep, "/")
+    return "/torch/" not in inner and "/oomdoctor/" not in inner
+
+
 def _reason(exc: BaseException) -> str:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
@@ -848,6 +863,10 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
                 except PreflightError:
                     raise
                 except Exception as e:  # noqa: BLE001 - any failure of the user's script: one line
+                    if _own_error(e):
+                        raise PreflightError(
+                            f"{_where(e, script)}: the script raised {_reason(e)} in its own code, not in torch "
+                            f"(not a limit of tracing), after {steps['n']} optimizer step(s) traced") from None
                     raise PreflightError(f"{_where(e, script)}: cannot be traced under fake tensors: "
                                          f"{_reason(e)}") from None
         finally:
