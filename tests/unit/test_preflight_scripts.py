@@ -172,6 +172,8 @@ def test_small_known_tensors_are_computed_and_libraries_see_gpu_tensors(tmp_path
                  "pos = torch.arange(128, device='cuda')[None]\n"
                  "packed = (torch.diff(pos, prepend=pos[:, :1] - 1) != 1).cumsum(-1)\n"
                  "assert bool((packed[:, -1] == 0).all())\n"
+                 "assert torch.equal(ids, torch.tensor([[5, 7, -100, 9]], device='cuda'))\n"
+                 "assert not torch.equal(ids, ids + 1)\n"
                  "for _ in range(2):\n"
                  "    m(torch.randn(8, 64, device='cuda')).sum().backward(); o.step()\n")
     out = _run(capsys, str(f))

@@ -46,6 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._private import PreflightError, require
 from .tracer import AllocationTracer, TraceRecord, gpu_device_property, run_traced
+from .values import SHADOW_LIMIT
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,12 @@ class CudaDevices(TorchFunctionMode):
                     out = out.clone()  # a copy to the other device, never an alias
         if moving and where == "cuda":  # a host tensor copied in: its values are known (one value, or a small one)
             self.tracer.values.from_host(out, src)
+        elif where == "cuda" and func in _FROM_DATA and isinstance(out, torch.Tensor) and out.numel() <= SHADOW_LIMIT:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily(), self.tracer.on_gpu(False):  # the same data on the host: its values
+                host = func(*args, **kwargs)
+            self.tracer.values.from_host(out, host)
         return out
 
     # -- values read from the GPU (values.py: the policy)
@@ -229,6 +236,8 @@ def _is_fake(t: Any) -> bool:
 #: attributes a fake (GPU) tensor answers as a CUDA tensor does (getset descriptors of ``torch._C.TensorBase``)
 _GPU_ATTRS = {torch._C.TensorBase.device: torch.device("cuda", 0), torch._C.TensorBase.is_cuda: True,
               torch._C.TensorBase.is_cpu: False}
+#: factories of a tensor from host data (``torch.tensor([...], device="cuda")``): its values are the data's
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 #: how a value is read from a tensor, by the function that reads it
 _READS = {torch.Tensor.item: "item", torch.Tensor.__bool__: "bool", torch.Tensor.__float__: "float",
           torch.Tensor.__int__: "int", torch.Tensor.__index__: "index", torch.Tensor.tolist: "tolist",

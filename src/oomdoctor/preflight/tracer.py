@@ -302,8 +302,7 @@ class AllocationTracer(TorchDispatchMode):
                 return self._dispatch(func, args, kwargs)
         if func in _VALUE_READS and _is_fake(args[0]):  # a value read from the GPU: a stand-in (values.py)
             if func is _aten.equal.default:
-                self.values.note("false", "equal")
-                return False
+                return self.values.equal(args[0], args[1])
             return self.values.scalar(args[0])
         backward = self._autograd_node() is not None
         leaves = _tensors(kwargs, _tensors(args, []))

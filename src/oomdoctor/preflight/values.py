@@ -200,6 +200,16 @@ class StandIns:
         self.note("finite")
         return 1
 
+    def equal(self, a: Any, b: Any) -> bool:
+        """``torch.equal(a, b)``: exact when both values are known (a fake tensor's, or a host tensor's), else False
+        (a check: the stand-in)."""
+        ra = self.known(a) if _is_fake(a) else a
+        rb = self.known(b) if _is_fake(b) else b
+        if isinstance(ra, torch.Tensor) and isinstance(rb, torch.Tensor):
+            return bool(_host(lambda: torch.equal(ra, rb)))
+        self.note("false", "equal")
+        return False
+
     def value_of(self, t: torch.Tensor) -> Any:
         """The value ``t`` is given when copied to the host (``.cpu()``, ``tolist()``): one number for every element,
         or a host tensor of ``t``'s shape when its values are known one by one."""
