@@ -76,3 +76,22 @@ def test_a_strided_position_bias_runs_the_math_kernel_in_fp32():
     assert scores not in efficient
     assert B * H * S * 4 in efficient  # the log-sum-exp
     assert sum(math_sizes) > 3 * sum(efficient)
+
+
+def test_multihead_attention_inside_reaches_cudas_kernel():
+    """``nn.MultiheadAttention`` calls SDPA from inside ``F.multi_head_attention_forward``, a Python torch function:
+    the trace's torch-function layer is off there, so before, SDPA ran CPU's choice (math, for dropout: ``b × h × s ×
+    s`` scores). On CUDA a bf16 call without a mask takes flash attention: no score matrix, a ``b × h × s`` fp32
+    log-sum-exp."""
+    b, h, s, e = 2, 8, 320, 512  # no other allocation has a score matrix's size
+
+    def fn(tr):
+        mha = torch.nn.MultiheadAttention(e, h, dropout=0.1, batch_first=True)
+        x = torch.randn(b, s, e)
+        with torch.autocast("cpu", dtype=BF):
+            out, _ = mha(x, x, x, need_weights=False)
+        out.float().sum().backward()
+
+    sizes = [e["size"] for e in run_traced(fn).events if e["action"] == "alloc"]
+    assert not {b * h * s * s * k for k in (1, 2, 4)} & set(sizes)  # no scores, softmax or dropout mask of them
+    assert b * h * s * 4 in sizes

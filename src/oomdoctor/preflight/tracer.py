@@ -415,7 +415,7 @@ class CudaAutocastPolicy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.dropout:
+        if func is _F_DROPOUT:
             out = _dropout(*args, **kwargs)
             if out is not NotImplemented:
                 return out
@@ -425,11 +425,8 @@ class CudaAutocastPolicy(TorchFunctionMode):
             if out is not NotImplemented:
                 return out
             return func(*args, **kwargs)
-        if func is F.scaled_dot_product_attention:
-            out = _sdpa(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-            return func(*args, **kwargs)
+        if func is _F_SDPA:
+            return _sdpa(*args, **kwargs)
         if not torch.is_autocast_enabled("cpu"):
             return func(*args, **kwargs)
         low = torch.get_autocast_dtype("cpu")
@@ -445,6 +442,38 @@ class CudaAutocastPolicy(TorchFunctionMode):
             with torch.autocast("cpu", enabled=False):
                 return func(*_cast(args, low), **kwargs)
         return func(*args, **kwargs)
+
+
+#: ``torch.nn.functional``'s own functions, kept before :func:`composites_as_cuda` rebinds the names
+_F_SDPA = F.scaled_dot_product_attention
+_F_DROPOUT = F.dropout
+
+
+def _sdpa_entry(*args: Any, **kwargs: Any) -> Any:
+    return _sdpa(*args, **kwargs)
+
+
+def _dropout_entry(*args: Any, **kwargs: Any) -> Any:
+    out = _dropout(*args, **kwargs)
+    return _F_DROPOUT(*args, **kwargs) if out is NotImplemented else out
+
+
+@contextlib.contextmanager
+def composites_as_cuda() -> Iterator[None]:
+    """While active, ``torch.nn.functional``'s names ``scaled_dot_product_attention`` and ``dropout`` run CUDA's kernel
+    choice (:func:`_sdpa`, :func:`_dropout`) wherever they are called from. A ``TorchFunctionMode`` does not see the
+    torch functions that a Python-implemented torch function calls (the mode is off while it handles the outer
+    one): ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.Transformer``) called SDPA and dropout
+    past :class:`CudaAutocastPolicy`, so they ran CPU's kernels (measured on Lightning's ``nn.Transformer`` example:
+    CPU's attention with its ``b × h × s × s`` scores, 2.4% over the H200's peak). Its body looks them up in
+    ``torch.nn.functional``'s namespace at each call; rebinding the names there reaches it. A call through another
+    binding still meets :class:`CudaAutocastPolicy`."""
+    saved = (F.scaled_dot_product_attention, F.dropout)
+    F.scaled_dot_product_attention, F.dropout = _sdpa_entry, _dropout_entry
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.dropout = saved
 
 
 def _dropout(input, p=0.5, training=True, inplace=False):
@@ -536,7 +565,7 @@ def traced(tracer: AllocationTracer) -> Iterator[Any]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake, cuda_optimizer_defaults(), tracer, CudaAutocastPolicy(tracer):
+    with fake, cuda_optimizer_defaults(), tracer, CudaAutocastPolicy(tracer), composites_as_cuda():
         yield fake
     tracer.collect()
 
