@@ -36,8 +36,9 @@ def _events(path: str) -> list[dict]:
 def _site(frames: list[dict]) -> str:
     for f in frames or []:
         fn = f.get("filename", "")
-        if any(s in fn for s in SITES):
-            return f"{fn.split('site-packages/')[-1]}:{f.get('line')}:{f.get('name')}"
+        at = min((i for i in (fn.find(s) for s in SITES) if i >= 0), default=-1)
+        if at >= 0:  # from the package's own directory on: the same site wherever the package is installed
+            return f"{fn[at:]}:{f.get('line')}:{f.get('name')}"
     return "(no Python frame: backward)" if not frames else f"{frames[0].get('filename', '?').split('/')[-1]}:" \
                                                                f"{frames[0].get('line')}"
 

@@ -2,6 +2,11 @@
 output).
 
     taskset -c 0,1 python benchmarks/preflight_speed.py [--layers 22] [--width 2048] [--json OUT.json]
+        [--src NAME=PATH ...] [--rounds 1]
+
+With ``--src`` (repeatable), each named oomdoctor source tree (``PATH`` first on ``PYTHONPATH``: main's code and a
+branch's, side by side) is run in turn, ``--rounds`` times, interleaved (A B A B ...) so that the machine's load
+falls on both alike; each row says the load average before it.
 
 Writes a training script (a GPT of ``layers`` blocks of ``width``: 12·width² parameters a block plus the embeddings,
 1.2 B at the defaults; bf16 autocast, fused AdamW, micro-batch 4 × 1024; built on the host and moved with
@@ -68,33 +73,50 @@ for step in range(10):
 '''
 
 
+def _one(f: Path, a: argparse.Namespace, src: str | None) -> dict:
+    env = {**os.environ}
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (src, env.get("PYTHONPATH", "")) if x)
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "oomdoctor", "preflight", "--gpu", "H100-80GB", "--format", "json",
+                        "--", "python", str(f), str(a.layers), str(a.width), "1" if a.on_device else "0"],
+                       capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        return {"error": p.stderr[-2000:], "wall_s": round(wall, 1)}
+    out = json.loads(p.stdout)
+    params = a.layers * 12 * a.width**2 + 2 * 32000 * a.width
+    return {"parameters": params, "layers": a.layers, "width": a.width, "built": "cuda device" if a.on_device else
+            "host, then .to('cuda')", "wall_s": round(wall, 1), "trace_wall_s": out["trace_wall_s"],
+            "events": out["events"], "peak_allocated_bytes": out["peak_allocated_bytes"],
+            "peak_reserved_bytes": out["peak_reserved_bytes"], "cpus": len(os.sched_getaffinity(0)),
+            "load_before": round(load, 2)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--on-device", action="store_true")
+    ap.add_argument("--src", action="append", default=[], help="NAME=PATH of an oomdoctor src tree (repeatable)")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json")
     a = ap.parse_args()
+    trees = [tuple(s.split("=", 1)) for s in a.src] or [("installed", None)]
+    rows = []
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "gpt1b.py"
         f.write_text(SCRIPT)
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "oomdoctor", "preflight", "--gpu", "H100-80GB", "--format", "json",
-                            "--", "python", str(f), str(a.layers), str(a.width), "1" if a.on_device else "0"],
-                           capture_output=True, text=True, env={**os.environ})
-        wall = time.perf_counter() - t0
-    if p.returncode:
-        print(p.stderr[-2000:])
-        return p.returncode
-    out = json.loads(p.stdout)
-    params = a.layers * 12 * a.width**2 + 2 * 32000 * a.width
-    row = {"parameters": params, "layers": a.layers, "width": a.width, "built": "cuda device" if a.on_device else
-           "host, then .to('cuda')", "wall_s": round(wall, 1), "trace_wall_s": out["trace_wall_s"],
-           "events": out["events"], "peak_allocated_bytes": out["peak_allocated_bytes"],
-           "peak_reserved_bytes": out["peak_reserved_bytes"], "cpus": len(os.sched_getaffinity(0))}
-    print(json.dumps(row))
+        for r in range(a.rounds):
+            for name, src in trees:
+                row = {"tree": name, "src": src, "round": r, **_one(f, a, src)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    if any("error" in r for r in rows):
+        return 1
     if a.json:
-        Path(a.json).write_text(json.dumps(row, indent=1))
+        Path(a.json).write_text(json.dumps(rows[0] if len(rows) == 1 else rows, indent=1) + "\n")
     return 0
 
 

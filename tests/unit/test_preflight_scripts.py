@@ -121,3 +121,135 @@ def test_the_rank_asked_for_is_traced(tmp_path, capsys):
     out = _run(capsys, str(f), opts=("--nproc-per-node", "2", "--rank", "1"))
     assert out["job"]["ranks_traced"] == [1]
     assert main(["preflight", "--nproc-per-node", "2", "--rank", "2", "--", "python", str(f)]) == 2
+
+
+def test_an_optimizer_built_before_the_model_moves_keeps_its_parameters(tmp_path, capsys):
+    """Fabric's ``setup(model, optimizer)`` and accelerate's ``prepare`` move a model its optimizer already holds:
+    on CUDA ``param.data = param.cuda()`` keeps each parameter the same object, so the optimizer steps the GPU's
+    parameters and its state is on the GPU. Traced, the moved parameters must stay the optimizer's (before: new
+    ``Parameter`` objects, the step ran on the host copies and no Adam state was traced)."""
+    f = tmp_path / "optimizer_first.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))\n"
+                 "o = torch.optim.Adam(m.parameters(), lr=1e-3)\n"
+                 "w = m[0].weight\n"
+                 "m.to('cuda')\n"
+                 "assert m[0].weight is w and o.param_groups[0]['params'][0] is w and w.is_cuda\n"
+                 "for _ in range(3):\n"
+                 "    m(torch.randn(32, 256, device='cuda')).sum().backward(); o.step(); o.zero_grad()\n")
+    snap = tmp_path / "s.pickle"
+    out = _run(capsys, str(f), opts=("-o", str(snap)))
+    params = (256 * 1024 + 1024 + 1024 * 256 + 256) * 4
+    assert out["breakdown"]["parameters"] == params
+    meta = json.loads(snap.with_name("s.meta.json").read_text())
+    last = meta["tensors"][-1]
+    assert sum(n for _, n in last["parameters"]) == params
+    assert sum(n for _, n in last["optimizer_state"]) >= 2 * params  # exp_avg and exp_avg_sq
+
+
+def test_a_host_value_copied_to_the_gpu_is_known_and_a_write_forgets_it(tmp_path, capsys):
+    """An all-ones attention mask copied from the host is known: ``mask.all()`` is True as on the GPU, and not a
+    stand-in (before: False, and Hugging Face built the masks the GPU skips: the T5 miss). A value written through
+    a view is forgotten: ``x[3] = 1`` on a zero tensor, ``x.sum()`` is no longer 0 (a stand-in, listed)."""
+    f = tmp_path / "known.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Linear(64, 64).cuda()\n"
+                 "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                 "mask = torch.ones(8, 128, dtype=torch.long).to('cuda')\n"
+                 "x = torch.zeros(16, device='cuda')\n"
+                 "x[3] = 1\n"
+                 "for _ in range(2):\n"
+                 "    keep = [] if mask.all() else [torch.empty(1 << 26, device='cuda')]\n"
+                 "    keep += [torch.empty(1 << 25, device='cuda')] if x.sum().item() == 0 else []\n"
+                 "    m(torch.randn(8, 64, device='cuda')).sum().backward(); o.step()\n")
+    out = _run(capsys, str(f))
+    assert out["peak_allocated_bytes"] < 1 << 27  # neither 256 MiB nor 128 MiB block was made
+    assert _invented(out) == {("known.py", "finite", "item")}  # x.sum(): a stand-in; mask.all(): exact
+
+
+def test_small_known_tensors_are_computed_and_libraries_see_gpu_tensors(tmp_path, capsys):
+    """Values known one by one (a host copy of token ids, a position ``arange``) are carried through ops: a
+    data-dependent shape of them is exact (``nonzero`` of ``ids != -100``: 3 rows, not the upper bound), a packed-
+    sequence check on positions is answered as the GPU answers it, ``tolist()`` returns the ids. transformers'
+    ``is_tracing`` does not count the GPU's tensors as tracing while the script runs, and is restored after."""
+    pytest.importorskip("transformers")
+    import transformers.utils.import_utils as iu
+
+    before = iu.is_fake_tensor
+    f = tmp_path / "shadows.py"
+    f.write_text("import torch\n"
+                 "from transformers.utils.import_utils import is_tracing\n"
+                 "m = torch.nn.Linear(64, 64).cuda()\n"
+                 "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                 "ids = torch.tensor([[5, 7, -100, 9]]).to('cuda')\n"
+                 "assert not is_tracing(ids)\n"
+                 "assert ids.tolist() == [[5, 7, -100, 9]]\n"
+                 "rows = (ids != -100).nonzero()\n"
+                 "assert rows.shape == (3, 2), rows.shape\n"
+                 "pos = torch.arange(128, device='cuda')[None]\n"
+                 "packed = (torch.diff(pos, prepend=pos[:, :1] - 1) != 1).cumsum(-1)\n"
+                 "assert bool((packed[:, -1] == 0).all())\n"
+                 "assert torch.equal(ids, torch.tensor([[5, 7, -100, 9]], device='cuda'))\n"
+                 "assert not torch.equal(ids, ids + 1)\n"
+                 "for _ in range(2):\n"
+                 "    m(torch.randn(8, 64, device='cuda')).sum().backward(); o.step()\n")
+    out = _run(capsys, str(f))
+    assert out["invented_values"] == []
+    assert iu.is_fake_tensor is before
+
+
+def test_a_tensor_parallel_script_sees_the_nodes_gpus_and_its_mesh_joins_the_fake_group(tmp_path, capsys):
+    """``--nproc-per-node 2``: the node has 2 GPUs for ``torch.cuda`` and ``torch.accelerator`` (pytorch/examples'
+    tensor-parallel example exits before any step with fewer), and ``init_device_mesh`` joins the fake process group
+    (it calls ``init_process_group`` from ``distributed_c10d``: before, it waited for rank 1 in a TCP store). The
+    shards are traced: ColwiseParallel halves the first layer, RowwiseParallel the second's weight."""
+    f = tmp_path / "tp.py"
+    f.write_text("import torch\n"
+                 "from torch.distributed.device_mesh import init_device_mesh\n"
+                 "from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel\n"
+                 "assert torch.cuda.device_count() == 2 and torch.accelerator.device_count() == 2\n"
+                 "assert torch.accelerator.is_available()\n"
+                 "mesh = init_device_mesh('cuda', (2,))\n"
+                 "m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).to('cuda')\n"
+                 "m = parallelize_module(m, mesh, {'0': ColwiseParallel(), '2': RowwiseParallel()})\n"
+                 "o = torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True)\n"
+                 "for _ in range(3):\n"
+                 "    m(torch.rand(8, 64, device='cuda')).sum().backward(); o.step(); o.zero_grad()\n")
+    out = _run(capsys, str(f), opts=("--nproc-per-node", "2"))
+    assert out["breakdown"]["parameters"] == ((128 * 64 + 128) + (64 * 128 + 64)) * 4
+
+
+def test_what_runs_after_the_last_step_is_not_traced(tmp_path, capsys):
+    """A framework that catches the stop (Lightning's ``_call_and_handle_interrupt`` catches BaseException and tears
+    down: ``model.cpu()``) runs on after the K-th step: nothing it does is recorded (the trace ends at the step, as a
+    snapshot dumped there), and moving the GPU's parameters to the host does not fail (before: "Couldn't swap")."""
+    f = tmp_path / "teardown.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Linear(256, 256).cuda()\n"
+                 "o = torch.optim.Adam(m.parameters())\n"
+                 "try:\n"
+                 "    for _ in range(5):\n"
+                 "        m(torch.randn(8, 256, device='cuda')).sum().backward(); o.step()\n"
+                 "except BaseException:\n"
+                 "    keep = torch.empty(1 << 28, device='cuda')\n"
+                 "    m.cpu()\n"
+                 "    raise\n")
+    out = _run(capsys, str(f), opts=("--steps", "2"))
+    assert out["peak_allocated_bytes"] < 1 << 28
+    assert out["breakdown"]["optimizer_state"] > 0
+
+
+def test_a_scripts_own_error_is_said_as_its_own(tmp_path, capsys):
+    """A script that fails in its own code (minGPT's chargpt: a character missing from its table, KeyError at its
+    line, on the GPU too) is refused with its line, named as the script's error, not a limit of tracing."""
+    f = tmp_path / "own.py"
+    f.write_text("import torch\n"
+                 "m = torch.nn.Linear(8, 8).cuda()\n"
+                 "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                 "m(torch.randn(2, 8, device='cuda')).sum().backward(); o.step()\n"
+                 "table = {'a': 1}\n"
+                 "x = table[',']\n")
+    assert main(["preflight", "--steps", "3", "--", "python", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{f}:6: the script raised KeyError" in err and "not a limit of tracing" in err
+    assert "after 1 optimizer step(s) traced" in err

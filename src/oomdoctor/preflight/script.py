@@ -46,6 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._private import PreflightError, require
 from .tracer import AllocationTracer, TraceRecord, gpu_device_property, run_traced
+from .values import SHADOW_LIMIT
 
 
 @dataclass(frozen=True)
@@ -161,11 +162,20 @@ class CudaDevices(TorchFunctionMode):
             return out.to(dtype) if dtype is not None else out
         with self.tracer.on_gpu(where == "cuda"):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
-                return src.clone()
-            out = func(*args, **kwargs)
-            if moving and src is not None and _storage(out) == _storage(src):
-                out = out.clone()  # a copy to the other device, never an alias
-            return out
+                out = src.clone()
+            else:
+                out = func(*args, **kwargs)
+                if moving and src is not None and _storage(out) == _storage(src):
+                    out = out.clone()  # a copy to the other device, never an alias
+        if moving and where == "cuda":  # a host tensor copied in: its values are known (one value, or a small one)
+            self.tracer.values.from_host(out, src)
+        elif where == "cuda" and func in _FROM_DATA and isinstance(out, torch.Tensor) and out.numel() <= SHADOW_LIMIT:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily(), self.tracer.on_gpu(False):  # the same data on the host: its values
+                host = func(*args, **kwargs)
+            self.tracer.values.from_host(out, host)
+        return out
 
     # -- values read from the GPU (values.py: the policy)
     def _host_copy(self, t: torch.Tensor, read: str) -> torch.Tensor:
@@ -180,20 +190,25 @@ class CudaDevices(TorchFunctionMode):
         finally:
             values.read = "item"
         with unset_fake_temporarily(), self.tracer.on_gpu(False):
+            if isinstance(v, torch.Tensor):  # known one by one (values.py: a host copy, a position range)
+                return v.to(t.dtype).reshape(tuple(t.shape))
             if t.numel() <= 1 << 24:
                 return torch.full(tuple(t.shape), v, dtype=t.dtype)
             return torch.full((), v, dtype=t.dtype).expand(tuple(t.shape))
 
     def _read(self, func: Any, read: str, args: tuple, kwargs: dict) -> Any:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         values = self.tracer.values
         t = args[0]
-        if read == "numpy":
-            return self._host_copy(t, read).numpy()
-        if read == "tolist":
-            return self._host_copy(t, read).tolist()
-        if read == "print" and (t.dim() > 0 or func is torch.Tensor.__repr__):
+        if read in ("numpy", "tolist", "print") and (read != "print" or t.dim() > 0 or func is torch.Tensor.__repr__):
             host = self._host_copy(t, read)
-            text = repr(host)
+            with unset_fake_temporarily(), self.tracer.on_gpu(False):  # the host copy's values, not a fake's
+                if read == "numpy":
+                    return host.numpy()
+                if read == "tolist":
+                    return host.tolist()
+                text = repr(host)
             return text[:-1] + ", device='cuda:0')" if text.endswith(")") else text
         values.read = read
         try:
@@ -221,6 +236,8 @@ def _is_fake(t: Any) -> bool:
 #: attributes a fake (GPU) tensor answers as a CUDA tensor does (getset descriptors of ``torch._C.TensorBase``)
 _GPU_ATTRS = {torch._C.TensorBase.device: torch.device("cuda", 0), torch._C.TensorBase.is_cuda: True,
               torch._C.TensorBase.is_cpu: False}
+#: factories of a tensor from host data (``torch.tensor([...], device="cuda")``): its values are the data's
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 #: how a value is read from a tensor, by the function that reads it
 _READS = {torch.Tensor.item: "item", torch.Tensor.__bool__: "bool", torch.Tensor.__float__: "float",
           torch.Tensor.__int__: "int", torch.Tensor.__index__: "index", torch.Tensor.tolist: "tolist",
@@ -234,14 +251,39 @@ def _device_properties(name: str, total: int, sm_major: int) -> Any:
 
 
 def _swap_or_set(orig: Any) -> Any:
-    """``torch.utils.swap_tensors``, which ``Module._apply`` uses for every FakeTensor parameter
-    (``module.to("cuda")``), refuses a tensor with a weak reference, which fake tensors made under the
-    fake mode have (measured); then the new data is set in place (``param.data = new``), which is what
-    ``_apply`` does for real tensors."""
+    """``torch.utils.swap_tensors`` as ``Module._apply`` uses it while a script is traced (with
+    ``torch.__future__``'s swap on: :func:`trace_script`), so that a parameter moved to the GPU stays **the same
+    Python object**, as CUDA's ``param.data = param.cuda()`` keeps it. Without the swap, ``_apply`` makes a new
+    ``Parameter`` for every host parameter whose moved copy is a FakeTensor (``compute_should_use_set_data`` is
+    False for a FakeTensor: ``torch/nn/modules/module.py``), and an optimizer built before the move (Fabric's
+    ``setup(model, optimizer)``, accelerate's ``prepare``) kept the host parameters: its step ran on the host and
+    its state was never traced (measured on Lightning's ``train_fabric.py``: no Adadelta state, 12% low).
+
+    ``swap_tensors`` refuses a tensor with a weak reference, which the fake mode's converter keeps for every tensor
+    it converted or memoized: those entries are dropped first (the converted tensor is replaced by the swap). Two host
+    tensors (``model.half()`` on the host, ``load_state_dict``) are set in place (``.data =``), torch's default."""
+    def forget(t: Any, mode: Any) -> None:
+        conv = mode.fake_tensor_converter
+        lookup = conv.meta_converter.describer.lookup_tensor
+        if t in lookup:
+            del lookup[t]
+        for memo in (conv.tensor_memo, conv.meta_converter.tensor_memo):
+            for k in [k for k, v in list(memo.items()) if v is t]:
+                del memo[k]
+
     def swap(t1: Any, t2: Any) -> None:
+        fake = t2 if _is_fake(t2) else t1 if _is_fake(t1) else None
+        if fake is None:
+            t1.data = t2.data
+            return
+        try:
+            forget(t1, fake.fake_mode)
+            forget(t2, fake.fake_mode)
+        except (AttributeError, TypeError):  # pragma: no cover - a fake mode without these memos: swap as is
+            pass
         try:
             orig(t1, t2)
-        except RuntimeError:
+        except RuntimeError:  # swap_tensors' own checks (use counts, gradient edges): set in place, as before
             t1.data = t2.data
 
     return swap
@@ -392,14 +434,16 @@ def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
                 delattr(obj, name)
 
 
-def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tuple[Any, str, Any]]:
-    """The ``torch.cuda`` functions a script sees while traced (the module doc)."""
+def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int = 1) -> list[tuple[Any, str, Any]]:
+    """The ``torch.cuda`` functions a script sees while traced (the module doc); ``gpus``: the GPUs of the node
+    (``torch.cuda.device_count()``, ``torch.accelerator.device_count()``): a ``torchrun --nproc-per-node N`` job
+    sees N (measured: pytorch/examples' tensor-parallel example exits before any step when fewer than 2)."""
     import torch.cuda.memory as mem
 
     props = _device_properties(gpu_name, gpu_total_bytes, sm_major)
     c = torch.cuda
     out: list[tuple[Any, str, Any]] = [
-        (c, "is_available", lambda: True), (c, "device_count", lambda: 1), (c, "current_device", lambda: 0),
+        (c, "is_available", lambda: True), (c, "device_count", lambda: gpus), (c, "current_device", lambda: 0),
         (c, "is_initialized", lambda: True), (c, "init", _none), (c, "_lazy_init", _none),
         (c, "set_device", _none), (c, "synchronize", _none), (c, "empty_cache", _none),
         (c, "manual_seed", _none), (c, "manual_seed_all", _none), (c, "seed", _none), (c, "seed_all", _none),
@@ -424,6 +468,7 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int) -> list[tup
     if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
         out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
                 (acc, "current_device_index", lambda: 0), (acc, "current_device_idx", lambda: 0),
+                (acc, "is_available", lambda: True), (acc, "device_count", lambda: gpus),
                 (acc, "set_device_index", _none), (acc, "set_device_idx", _none), (acc, "synchronize", _none),
                 (acc, "current_stream", lambda *a, **k: _NOT_CAPTURING)]
     out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
@@ -592,6 +637,72 @@ def _cuda_amp_autocast_init(self: Any, enabled: bool = True, dtype: Any = torch.
     torch.amp.autocast_mode.autocast.__init__(self, "cpu", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
+def _not_a_fake_tensor(x: Any) -> bool:
+    return False
+
+
+#: library functions that tell a FakeTensor from a GPU tensor, answered as the GPU's tensor would be, by module:
+#: transformers' ``is_tracing(tensor)`` counts a FakeTensor as tracing (``utils/import_utils.py`` ``is_fake_tensor``),
+#: and then builds the masks it skips on the GPU and ignores padding checks (measured: a T5 Trainer job traced a
+#: ``b × 1 × s × s`` mask and a ``b × h × s × s`` fp32 position-bias mask per layer the H200 never made)
+LIBRARY_PATCHES: dict[str, list[tuple[str, Any]]] = {
+    "transformers.utils.import_utils": [("is_fake_tensor", _not_a_fake_tensor)],
+}
+
+
+class _LibraryHooks:
+    """A ``sys.meta_path`` finder that applies :data:`LIBRARY_PATCHES` to a module when it is imported while a script
+    is traced (and at once to one already imported); :meth:`restore` undoes them."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def apply(self, module: Any) -> None:
+        for name, value in LIBRARY_PATCHES.get(getattr(module, "__name__", ""), []):
+            if hasattr(module, name):
+                self.saved.append((module, name, getattr(module, name)))
+                setattr(module, name, value)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in LIBRARY_PATCHES:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+        hooks = self
+
+        class _Loader(type(loader)):  # type: ignore[misc]
+            def exec_module(self, module: Any) -> None:
+                exec_module(module)
+                hooks.apply(module)
+
+        loader.__class__ = _Loader
+        return spec
+
+    def restore(self) -> None:
+        for module, name, value in reversed(self.saved):
+            setattr(module, name, value)
+        self.saved.clear()
+
+
+@contextlib.contextmanager
+def _library_hooks() -> Iterator[None]:
+    hooks = _LibraryHooks()
+    for name in LIBRARY_PATCHES:
+        if name in sys.modules:
+            hooks.apply(sys.modules[name])
+    sys.meta_path.insert(0, hooks)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(hooks)  # type: ignore[arg-type]
+        hooks.restore()
+
+
 @contextlib.contextmanager
 def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
     """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc)."""
@@ -608,11 +719,17 @@ def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    dist.init_process_group = init_process_group
+    # every module holding torch's function: torch.distributed, distributed_c10d, device_mesh (init_device_mesh
+    # calls it from there; measured: the tensor-parallel example then waited for rank 1 in a TCP store forever)
+    holders = [m for m in list(sys.modules.values())
+               if getattr(m, "__name__", "").startswith("torch") and getattr(m, "init_process_group", None) is orig]
+    for m in holders:
+        m.init_process_group = init_process_group
     try:
         yield
     finally:
-        dist.init_process_group = orig
+        for m in holders:
+            m.init_process_group = orig
         if dist.is_initialized():
             dist.destroy_process_group()
         for k, v in saved.items():
@@ -628,6 +745,21 @@ def _where(exc: BaseException, script: str) -> str:
     mine = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(script)]
     f = (mine or [f for f in frames if "/torch/" not in f.filename] or frames or [None])[-1]
     return f"{f.filename}:{f.lineno}" if f is not None else script
+
+
+def _own_error(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by the script's (or a library's) own Python code, not inside torch or preflight:
+    its innermost frame is outside them and it is not one of the fake mode's exceptions (minGPT's chargpt samples
+    from a character table the generated corpus lacks: KeyError ',' at its line, on the H200 as here)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException, RuntimeError, NotImplementedError)):
+        return False  # RuntimeError: torch's C++ errors surface as it, from any frame
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return False
+    inner = frames[-1].filename.replace(os.sep, "/")
+    return "/torch/" not in inner and "/oomdoctor/" not in inner
 
 
 def _reason(exc: BaseException) -> str:
@@ -675,6 +807,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
                                            "optimizer_state": [_local(v) for v in state]})
             steps["n"] += 1
             if steps["n"] >= job.max_steps:
+                tracer.stop()  # a framework catching BaseException tears down (Lightning: model.cpu()): unrecorded
                 raise _Stop
             tracer.mark_step(steps["n"])
             tracer.mark_phase("train")
@@ -682,19 +815,29 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         import torch.nn.parallel as parallel
         import torch.nn.parallel.distributed as ddp_mod
         import torch.utils.checkpoint as ckpt
+        from torch._subclasses.fake_tensor import FakeTensor
         from torch.distributed.device_mesh import DeviceMesh
         from torch.utils.data._utils import pin_memory as pin_mod
         from torch.utils.data.dataloader import _BaseDataLoaderIter as loader_iter
 
         ddp_cls = ddp_stand_in(tracer)
+        devices = CudaDevices(tracer)
+
+        def tolist(t: Any) -> Any:
+            """``FakeTensor.tolist`` reads element by element (``.item()`` each, in Python: no torch function
+            layer sees it); while traced it is one read, answered as a host copy (values.py)."""
+            return devices._read(torch.Tensor.tolist, "tolist", (t,), {})
+
         engine_entry = require("torch.autograd.graph._engine_run_backward")
         tracer.mark_step(0)
         tracer.mark_phase("train")
         autocast = torch.amp.autocast_mode.autocast
-        patches = cuda_patches(gpu_name, gpu_total_bytes, sm_major) + [
+        patches = cuda_patches(gpu_name, gpu_total_bytes, sm_major, gpus=max(1, job.world_size)) + [
             (autocast, "__init__", _autocast_init(autocast.__init__)),
             (torch.cuda.amp.autocast, "__init__", _cuda_amp_autocast_init),
             (torch.utils, "swap_tensors", _swap_or_set(torch.utils.swap_tensors)),
+            (torch.__future__, "_swap_module_params_on_conversion", True),
+            (FakeTensor, "tolist", tolist),
             (DeviceMesh, "__init__", _real_mesh(DeviceMesh.__init__)),
             (ckpt, "_checkpoint_without_reentrant_generator",
              _checkpoint_recomputed_as_traced(require("torch.utils.checkpoint._checkpoint_without_reentrant_generator"),
@@ -713,8 +856,8 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         kept: Any = None
         try:
             # the script's own prints go to standard error: standard output is preflight's answer
-            with _patched(patches), (_fake_process_group(job.world_size, job.rank) if job.world_size > 1
-                                     else contextlib.nullcontext()), CudaDevices(tracer), \
+            with _patched(patches), _library_hooks(), (_fake_process_group(job.world_size, job.rank) if job.world_size > 1
+                                     else contextlib.nullcontext()), devices, \
                     gpu_device_property(tracer), contextlib.redirect_stdout(sys.stderr):
                 try:
                     if module is None:
@@ -729,6 +872,10 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
                 except PreflightError:
                     raise
                 except Exception as e:  # noqa: BLE001 - any failure of the user's script: one line
+                    if _own_error(e):
+                        raise PreflightError(
+                            f"{_where(e, script)}: the script raised {_reason(e)} in its own code, not in torch "
+                            f"(not a limit of tracing), after {steps['n']} optimizer step(s) traced") from None
                     raise PreflightError(f"{_where(e, script)}: cannot be traced under fake tensors: "
                                          f"{_reason(e)}") from None
         finally:

@@ -18,7 +18,7 @@ torch 2.13.0+cpu; see ``docs/preflight.md``). What CUDA would do differently is 
 
 :class:`AllocationTracer` is a ``TorchDispatchMode`` above the fake mode: every storage an op returns
 that it has not seen is an ``alloc`` of ``untyped_storage().nbytes()`` bytes (what the caching allocator
-is asked; the allocator model rounds), with the Python stack; before every op, storages that died
+is asked; the allocator model rounds), with the Python stack; before every allocation, storages that died
 (``StorageWeakRef.expired()``) are ``free_requested`` + ``free_completed``. Addresses are never reused
 (the replay lays blocks out itself). Backward runs on the calling thread on a CPU; on CUDA it runs on the
 autograd engine's device thread, so an allocation made inside backward keeps only the frames of Python
@@ -41,24 +41,41 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily as _unset_fake
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ._private import require
+from .attention import sdpa_as_cuda
 from .values import StandIns
 
 
 def _is_fake(t: Any) -> bool:
     return isinstance(t, _FakeTensor)
 
+
+def _tensors(x: Any, out: list) -> list:
+    """The tensors in ``x`` (an op's arguments or outputs: tensors, lists, tuples, dicts of them): a plain walk,
+    several times cheaper than ``tree_leaves`` on every op."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _tensors(y, out)
+    return out
+
 BASE_ADDR = 0x7F0000000000
 ALIGN = 512
 #: files whose frames are the tracer's or the fake mode's own, dropped from stacks
-_SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "torch/utils/_python_dispatch.py", "torch/_subclasses/",
+_SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "oomdoctor/preflight/attention.py",
+         "torch/utils/_python_dispatch.py", "torch/_subclasses/",
          "torch/overrides.py", "torch/_ops.py", "torch/utils/_stats.py", "contextlib.py",
          "torch/_dynamo/", "torch/_compile.py")
 #: the frame through which Python enters the autograd engine (``torch/autograd/graph.py``)
 _ENGINE_ENTRY = ("_engine_run_backward",)
 _MAX_FRAMES = 48
+#: filename -> whether its frames are dropped (``_SKIP``), decided once per file
+_SKIPPED: dict[str, bool] = {}
 
 
 def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
@@ -71,7 +88,10 @@ def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
         if skip_to_engine and code.co_name in _ENGINE_ENTRY:
             return out
         fn = code.co_filename
-        if not any(s in fn for s in _SKIP):
+        skip = _SKIPPED.get(fn)
+        if skip is None:
+            skip = _SKIPPED[fn] = any(s in fn for s in _SKIP)
+        if not skip:
             out.append({"filename": fn, "line": f.f_lineno or 0, "name": code.co_name})
         f = f.f_back
     return [] if skip_to_engine else out[:_MAX_FRAMES]
@@ -144,6 +164,8 @@ class AllocationTracer(TorchDispatchMode):
         self._autograd_node = require("torch._C._current_autograd_node")
         #: the values read from the GPU, by the policy of :mod:`.values`, and where
         self.values = StandIns()
+        #: set by :meth:`stop`: the trace has ended (a script stopped at its last step); ops still run, unrecorded
+        self.stopped = False
 
     # -- clock and events
     def _tick(self) -> int:
@@ -156,6 +178,10 @@ class AllocationTracer(TorchDispatchMode):
                                    "frames": frames})
 
     def _alloc(self, size: int, backward: bool) -> int:
+        # the frees of storages that died since the last allocation come first: collected here, not before every op
+        # (an op that allocates nothing needs no frees recorded before it; the order of allocations and frees is
+        # the same, and most ops are views, in-place updates or reads)
+        self.collect()
         addr = self._next
         self._next += (size + ALIGN - 1) // ALIGN * ALIGN or ALIGN
         self._event("alloc", addr, size, _frames(backward))
@@ -167,8 +193,16 @@ class AllocationTracer(TorchDispatchMode):
         self._event("free_requested", addr, size, [])
         self._event("free_completed", addr, size, [])
 
+    def stop(self) -> None:
+        """End the trace here: what runs after (a framework's teardown catching the stop, moving the model to the
+        host) is not recorded, as a snapshot dumped at this point does not hold it."""
+        self.collect()
+        self.stopped = True
+
     def collect(self) -> None:
         """Record the frees of every storage that died since the last call."""
+        if self.stopped:
+            return
         expired = self._expired
         if not any(map(expired, self._weak.values())):  # a C loop: most ops free nothing
             return
@@ -192,6 +226,8 @@ class AllocationTracer(TorchDispatchMode):
         if live is not None and not live.ref.expired():
             return live.addr
         if live is not None:  # the address of a dead storage reused before we looked
+            del self._live[key]
+            self._weak.pop(key, None)
             self._free(live.addr, live.size)
         addr = self._alloc(n, backward)
         ref = StorageWeakRef(st)
@@ -269,18 +305,22 @@ class AllocationTracer(TorchDispatchMode):
             self.dispatch_depth -= 1
 
     def _dispatch(self, func, args, kwargs):
+        if func is _aten._unsafe_view.default:
+            # below autograd (where this mode runs) it is view: the same aliasing; the fake mode's cache refuses it
+            # ("unsafe view") and its uncached path cost ~6 ms a call, once in every matmul of a batched input
+            func = _aten.view.default
+        if self.stopped:
+            return func(*args, **kwargs)
         if self.gpu_only and isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == "cuda":
             kwargs = {**kwargs, "device": _CPU}  # a factory given a GPU tensor's device: the fake CPU one
             with self.on_gpu(True):
                 return self._dispatch(func, args, kwargs)
         if func in _VALUE_READS and _is_fake(args[0]):  # a value read from the GPU: a stand-in (values.py)
             if func is _aten.equal.default:
-                self.values.note("false", "equal")
-                return False
+                return self.values.equal(args[0], args[1])
             return self.values.scalar(args[0])
-        self.collect()
         backward = self._autograd_node() is not None
-        leaves = tree_leaves((args, kwargs))
+        leaves = _tensors(kwargs, _tensors(args, []))
         if self.gpu_only and not self._gpu_depth:
             if self._host_depth or not any(self.is_gpu(t) for t in leaves):
                 with _unset_fake():  # the host's: run for real, not the caching allocator's
@@ -297,8 +337,7 @@ class AllocationTracer(TorchDispatchMode):
                                                   "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
         extra = _kernel_buffers(func, args)
         if self.gpu_only and not self._gpu_depth:  # host tensors a device op reads are copied in (index tensors)
-            extra += [t.untyped_storage().nbytes() for t in leaves
-                      if isinstance(t, torch.Tensor) and t.dim() > 0 and not _is_fake(t)]
+            extra += [t.untyped_storage().nbytes() for t in leaves if t.dim() > 0 and not _is_fake(t)]
         addrs = [self.temporary(n, backward, keep=True) for n in extra]
         try:
             out = func(*args, **kwargs)
@@ -306,15 +345,14 @@ class AllocationTracer(TorchDispatchMode):
             out = self.values.upper_bound(func, args, kwargs)  # a data-dependent shape: its largest size
             if out is None:
                 raise
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                # a DTensor's shard is made by its own dispatch, below this mode: seen here
-                self.see(getattr(t, "_local_tensor", t), backward)
+        for t in _tensors(out, []):
+            # a DTensor's shard is made by its own dispatch, below this mode: seen here
+            self.see(getattr(t, "_local_tensor", t), backward)
         for a, n in zip(addrs, extra):
             self._free(a, n)
         self._cost(func, args, kwargs, out)
         if self.gpu_only:
-            self.values.propagate(func, args, kwargs, out)
+            self.values.propagate(func, args, kwargs, out, leaves)
         return out
 
     def _cost(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
@@ -322,12 +360,12 @@ class AllocationTracer(TorchDispatchMode):
         Facts for a cost model only: nothing here changes what is allocated."""
         ns = func.namespace
         if ns in _COLLECTIVE_NAMESPACES:
-            size = max((_nbytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)), default=0)
+            size = max((_nbytes(t) for t in _tensors((args, kwargs, out), [])), default=0)
             self.record.collectives.append((self._t, func.__name__, size))
             return
         if ns not in _KERNEL_NAMESPACES or func.is_view or func in _NOT_KERNELS:
             return
-        moved = sum(_nbytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        moved = sum(_nbytes(t) for t in _tensors((args, kwargs, out), []))
         flops = 0
         formula = _flop_registry().get(func._overloadpacket)
         if formula is not None:
@@ -386,6 +424,13 @@ def _kernel_buffers(func, args) -> list[int]:
     Flash attention v2 backward (``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``
     ``mha_bwd``): ``softmax_d`` of ``b × h × round_up(s_q, 128)`` fp32 and ``dq_accum`` of
     ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``)."""
+    if func is _aten._safe_softmax.default:
+        # CompositeExplicitAutograd (attention.cpp ``_safe_softmax``): softmax, then ``self.eq(-inf)`` (bool, one
+        # byte an element), ``all`` over the dim (bool, one a row) and a 0-dim zero, freed when it returns; the fake
+        # mode computes the output only. Seen on the H200 in T5's math attention (64 MiB, 128 KiB, 4 B a call).
+        x, dim = args[0], args[1]
+        n = x.numel()
+        return [n, n // max(int(x.shape[dim]), 1), 4] if n else []
     if func is _aten._scaled_dot_product_flash_attention_backward.default:
         q = args[1]  # (grad_out, query, key, value, out, logsumexp, ...), query is b × h × s × d
         b, h, s, d = (int(x) for x in q.shape)
@@ -435,18 +480,18 @@ class CudaAutocastPolicy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _ROUTED_INSIDE:
-            return self._routed(func, args, kwargs)
-        if func is F.dropout:
+        if func is _F_DROPOUT:
             out = _dropout(*args, **kwargs)
             if out is not NotImplemented:
                 return out
             return func(*args, **kwargs)
-        if func is F.scaled_dot_product_attention:
-            out = _sdpa(*args, **kwargs)
+        if func is F.cross_entropy and torch.is_autocast_enabled("cpu"):
+            out = _cross_entropy(*args, **kwargs)
             if out is not NotImplemented:
                 return out
             return func(*args, **kwargs)
+        if func is _F_SDPA:
+            return _sdpa(*args, **kwargs)
         if not torch.is_autocast_enabled("cpu"):
             return func(*args, **kwargs)
         low = torch.get_autocast_dtype("cpu")
@@ -463,44 +508,37 @@ class CudaAutocastPolicy(TorchFunctionMode):
                 return func(*_cast(args, low), **kwargs)
         return func(*args, **kwargs)
 
-    def _routed(self, func: Any, args: Any, kwargs: dict) -> Any:
-        """Run ``func`` (a function of :data:`_ROUTED_INSIDE`) with the functions its body calls by name sent
-        through this policy. A mode is off inside its own ``__torch_function__``, so without this the body's
-        ``scaled_dot_product_attention`` would run CPU's kernel choice (``_scaled_dot_product_flash_attention_for_cpu``,
-        whose backward allocates nothing of its own) where a direct call runs CUDA's (flash, whose backward
-        allocates ``dq_accum`` and ``softmax_d``): torchvision's ViT, every ``nn.MultiheadAttention`` and
-        ``nn.TransformerEncoderLayer``."""
-        names = _ROUTED_INSIDE[func]
-        orig = {n: getattr(F, n) for n in names}
 
-        def via_policy(name: str) -> Callable[..., Any]:
-            def call(*a: Any, **k: Any) -> Any:
-                with _module_attrs(F, orig):  # the policy recognises F's own functions
-                    return self.__torch_function__(orig[name], (), a, k)
-            return call
-
-        with _module_attrs(F, {n: via_policy(n) for n in names}):
-            return func(*args, **kwargs)
+#: ``torch.nn.functional``'s own functions, kept before :func:`composites_as_cuda` rebinds the names
+_F_SDPA = F.scaled_dot_product_attention
+_F_DROPOUT = F.dropout
 
 
-#: Python functions of torch whose body calls, by name from ``torch.nn.functional``, functions the policy changes
-#: (``F.multi_head_attention_forward``: ``scaled_dot_product_attention`` with ``need_weights=False``, else
-#: ``softmax`` and ``dropout`` of the weights)
-_ROUTED_INSIDE: dict[Any, tuple[str, ...]] = {
-    F.multi_head_attention_forward: ("scaled_dot_product_attention", "softmax", "dropout")}
+def _sdpa_entry(*args: Any, **kwargs: Any) -> Any:
+    return _sdpa(*args, **kwargs)
+
+
+def _dropout_entry(*args: Any, **kwargs: Any) -> Any:
+    out = _dropout(*args, **kwargs)
+    return _F_DROPOUT(*args, **kwargs) if out is NotImplemented else out
 
 
 @contextlib.contextmanager
-def _module_attrs(module: Any, values: dict[str, Any]) -> Iterator[None]:
-    """``module``'s attributes set to ``values`` while active, restored after."""
-    saved = {n: getattr(module, n) for n in values}
-    for n, v in values.items():
-        setattr(module, n, v)
+def composites_as_cuda() -> Iterator[None]:
+    """While active, ``torch.nn.functional``'s names ``scaled_dot_product_attention`` and ``dropout`` run CUDA's kernel
+    choice (:func:`_sdpa`, :func:`_dropout`) wherever they are called from. A ``TorchFunctionMode`` does not see the
+    torch functions that a Python-implemented torch function calls (the mode is off while it handles the outer
+    one): ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.Transformer``) called SDPA and dropout
+    past :class:`CudaAutocastPolicy`, so they ran CPU's kernels (measured on Lightning's ``nn.Transformer`` example:
+    CPU's attention with its ``b × h × s × s`` scores, 2.4% over the H200's peak). Its body looks them up in
+    ``torch.nn.functional``'s namespace at each call; rebinding the names there reaches it. A call through another
+    binding still meets :class:`CudaAutocastPolicy`."""
+    saved = (F.scaled_dot_product_attention, F.dropout)
+    F.scaled_dot_product_attention, F.dropout = _sdpa_entry, _dropout_entry
     try:
         yield
     finally:
-        for n, v in saved.items():
-            setattr(module, n, v)
+        F.scaled_dot_product_attention, F.dropout = saved
 
 
 def _dropout(input, p=0.5, training=True, inplace=False):
@@ -513,28 +551,37 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return _aten.native_dropout(input, p, True)[0]
 
 
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    """Cross-entropy of a low-precision input as CUDA autocast runs it: ``cross_entropy_loss`` is on CPU autocast's
+    fp32 list (the input cast to fp32, then an fp32 log-softmax) but on none of CUDA's, so on CUDA its
+    CompositeImplicit body runs (``LossNLL.cpp``): ``log_softmax(self, class_dim, self.scalar_type())`` keeps the
+    low precision (a dtype is given: ``fp32_set_opt_dtype`` leaves it), then ``nll_loss`` (CUDA's fp32 list) casts
+    the log-probabilities to fp32, a copy ``nll_loss``'s backward keeps. Measured on an H200 (T5, bf16 logits of 32 x
+    128 x 32,128): 263 MB bf16 then 526 MB fp32, where CPU's lists give 526 + 526 MB. NotImplemented (CPU's
+    path) for label smoothing, probability targets and the legacy ``size_average``/``reduce``."""
+    if (size_average is not None or reduce is not None or label_smoothing or not isinstance(input, torch.Tensor)
+            or input.dtype not in (torch.float16, torch.bfloat16) or target.is_floating_point()):
+        return NotImplemented
+    class_dim = 0 if input.dim() == 1 else 1
+    with torch.autocast("cpu", enabled=False):
+        logp = torch.log_softmax(input, class_dim, dtype=input.dtype)
+        return F.nll_loss(logp.float(), target, _cast(weight, torch.float32), ignore_index=ignore_index,
+                          reduction=reduction)
+
+
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """Scaled dot-product attention through the kernel CUDA picks (``sdp_utils.cpp``
-    ``select_sdp_backend``: flash, then memory-efficient, then math): NotImplemented for math."""
+    """Scaled dot-product attention through the kernel CUDA picks (:mod:`.attention`), after CUDA autocast's cast."""
     if torch.is_autocast_enabled("cpu"):
         # CUDA autocast's lower-precision list casts every floating argument of scaled_dot_product_attention,
         # the attention mask too (autocast_mode.cpp, KERNEL_CUDA(scaled_dot_product_attention, lower_precision_fp)):
-        # T5's fp32 position bias becomes a low-precision copy, kept for backward
+        # T5's fp32 position bias becomes a low-precision copy
         low = torch.get_autocast_dtype("cpu")
         query, key, value = (_cast(x, low) for x in (query, key, value))
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = _cast(attn_mask, low)
-    if query.dim() != 4 or enable_gqa or query.shape[-1] > 256 or key.shape[1] != query.shape[1]:
-        return NotImplemented
     with torch.autocast("cpu", enabled=False):
-        if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16):
-            return _aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
-                                                             False, scale=scale)[0]
-        bias = attn_mask
-        if bias is not None and bias.dtype == torch.bool:
-            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
-        return _aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p,
-                                                             is_causal, scale=scale)[0]
+        return sdpa_as_cuda(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 # -- optimizers as on CUDA ---------------------------------------------------------------------------------
@@ -583,7 +630,7 @@ def traced(tracer: AllocationTracer) -> Iterator[Any]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake, cuda_optimizer_defaults(), tracer, CudaAutocastPolicy(tracer):
+    with fake, cuda_optimizer_defaults(), tracer, CudaAutocastPolicy(tracer), composites_as_cuda():
         yield fake
     tracer.collect()
 

@@ -1,0 +1,37 @@
+"""Memory snapshots of the public corpus's development-half scripts on the GPU, at the K-th optimizer step (issue 50):
+what preflight's traces are compared with event by event (``benchmarks/preflight_compare.py``). The held-out half is
+never run here.
+
+    python benchmarks/device/round15_dev_snapshots.py OUT --corpus .corpus --data DATA [--parallel 3] [--timeout 170]
+
+It is ``benchmarks/preflight_corpus/truth.py`` (same entries, working directories, environment, K) with
+``benchmarks/device/snapshot_hook`` first on ``PYTHONPATH`` instead of the truth hook: each process records the
+allocator's history and dumps ``OUT/snapshots/NAME-rank0.pickle`` at step K, then the truth hook writes its line
+(``OUT/truths.jsonl``) and ends the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(HERE / "benchmarks" / "preflight_corpus"))
+import truth  # noqa: E402
+
+HOOK = HERE / "benchmarks" / "device" / "snapshot_hook"
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    dev = json.loads((HERE / "benchmarks" / "preflight_corpus" / "split.json").read_text())["dev"]
+    os.environ["OOMSNAP_OUT"] = str(out.resolve() / "snapshots")
+    truth.HOOK = HOOK
+    return truth.main([*argv, "--nproc", "1", "--only", *dev])
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main(sys.argv[1:]))

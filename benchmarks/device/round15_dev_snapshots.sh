@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Round 15 (issue 50, h50-pf2): memory snapshots of the corpus's DEVELOPMENT-half 1-GPU scripts at their K-th optimizer
+# step, for preflight_compare.py (the held-out half is never run by this script). One call on nvidia-h200, ~4-6 min:
+#
+#   bash benchmarks/device/round15_dev_snapshots.sh $OUT      (carry .corpus and .whl, as round14_preflight_truth.sh)
+#
+# Writes $OUT/round15-dev-snapshots.tar.xz (snapshots/NAME-rank0.pickle, truths.jsonl, logs) and $OUT/machine.txt.
+set -u
+OUT=${1:?out dir}
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+mkdir -p "$OUT"
+if ls .whl/corpus/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/corpus/*.whl \
+    2>&1 | tail -3 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+{ nvidia-smi -L; python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'; } > "$OUT/machine.txt" 2>&1
+W=/tmp/round15; D=/tmp/round15-data; rm -rf $W; mkdir -p $W
+timeout 150 python3 benchmarks/preflight_corpus/make_data.py $D > $W/make_data.log 2>&1; echo "make_data rc=$?"
+timeout 420 python3 benchmarks/device/round15_dev_snapshots.py $W/dev --corpus .corpus --data $D --timeout 170 \
+  --parallel 3 2>&1 | tee $W/dev.log; echo "snapshots rc=${PIPESTATUS[0]}"
+ls -la $W/dev/snapshots 2>&1 | tail -20
+(cd $W && tar cJf "$OUT/round15-dev-snapshots.tar.xz" --exclude='*/runs/*' make_data.log dev.log dev 2>/dev/null)
+ls -la "$OUT"; echo "done in $(( $(date +%s) - T0 )) s"
