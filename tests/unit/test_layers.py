@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 #: bottom first; a package's modules may import from their own layer and any earlier one
 LAYERS = [
     {"_version", "errors", "_lazy", "units", "frameworks"},
-    {"capture", "preflight"},  # preflight imports torch and writes snapshots, as capture does
+    {"capture"},
     {"trace"},
     {"analysis"},
     {"simulate"},
@@ -23,12 +23,12 @@ LAYERS = [
     {"plan"},
     {"views"},  # what the page draws of a rank's analysis: below report, whose per-rank work draws it
     {"report"},
-    {"render"},
+    {"render", "preflight"},  # preflight: torch, its snapshots written by capture's files, the report's answer
     {"cli", "jobsummary", "notebook", "integrations", "pytest_plugin", "__main__", "<root>"},
 ]
-#: entry points that may reach the top at call time: the preflight package's ``__call__``
-#: (``oomdoctor.preflight(...)``) hands to the root API (the sitecustomize ``oomdoctor run`` injects now lives in cli/)
-ENTRY_POINTS = {"oomdoctor.preflight._entry"}
+#: modules that may reach a layer above their own at call time: none (the preflight package's ``__call__`` hands to
+#: its own ``api`` module, and the sitecustomize ``oomdoctor run`` injects lives in cli/)
+ENTRY_POINTS: set[str] = set()
 
 
 def _layer(top: str) -> int:

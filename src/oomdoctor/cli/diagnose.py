@@ -7,8 +7,8 @@ import click
 from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
 from ..render import render_json, render_text
+from ..render.gate import gate_line
 from ..render.text import GROUPED_RANKS, render_text_plain
-from ..render.words import gate as gate_words
 from ..report.gate import LEVELS, gate
 from ..report.job import Want, job_report
 from ..units import parse_bytes
@@ -103,10 +103,7 @@ def fail_on_exit(report, levels: tuple[str, ...]) -> int:
         return 0
     g = gate(report, levels)
     asked = " ".join(f"--fail-on {lvl}" for lvl in levels)
-    if not g.failed:
-        note = gate_words.passed_note(g)
-        if note:
-            click.echo(f"oomdoctor: {asked} {note}", err=True)
-        return 0
-    click.echo(f"oomdoctor: {asked}: {gate_words.why_failed(g)}", err=True)
-    return 1
+    line = gate_line(asked, g)
+    if line:
+        click.echo(line, err=True)
+    return 1 if g.failed else 0

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from ..render.words.gate import skipped_line, unread_line
+from ..render.gate import skipped_files_line, unread_ranks_line
 from ..trace import Skipped, Trace, load_ranks
 from .output import write_output, write_rendered, write_text  # noqa: F401 - their home is .output
 
@@ -31,17 +31,16 @@ def load_with_progress(inputs: list[str], *, replay_only: bool = False) -> list[
 
 
 def say_skipped(skipped: list[Skipped]) -> None:
-    """On standard error: one line naming the files that are not snapshots (:func:`~oomdoctor.render.words.gate.
-    skipped_line`), one naming the rank files that could not be read (:func:`~oomdoctor.render.words.gate.
-    unread_line`)."""
+    """On standard error: one line naming the files that are not snapshots, one naming the rank files that could not
+    be read (:mod:`oomdoctor.render.gate`)."""
     from ..report.job import unread
 
     other = [s for s in skipped if s.rank is None]
     if other:
-        click.echo(f"oomdoctor: {skipped_line(other)}", err=True)
+        click.echo(skipped_files_line(other), err=True)
     lost = unread(skipped)
     if lost:
-        click.echo(f"oomdoctor: {unread_line(lost)}", err=True)
+        click.echo(unread_ranks_line(lost), err=True)
 
 
 def _load(inputs: list[str], skipped: list[Skipped], replay_only: bool = False) -> list[Trace]:

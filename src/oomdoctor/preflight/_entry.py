@@ -1,9 +1,7 @@
 """``oomdoctor.preflight(model_fn, step_fn, batch_fn, gpu=...)``: the package is callable.
 
-The package's class is :class:`CallablePackage`, whose ``__call__`` hands to the root API
-(:func:`oomdoctor._preflight`), which traces, replays and answers. An entry point, like the sitecustomize
-``oomdoctor run`` injects: it is the one module of this package that reaches the top layer, at call time
-(``tests/unit/test_layers.py`` ``ENTRY_POINTS``).
+The package's class is :class:`CallablePackage`, whose ``__call__`` hands to
+:func:`oomdoctor.preflight.api.preflight`, which traces, replays and answers: an import within the package, at call time (torch is imported only then).
 """
 
 from __future__ import annotations
@@ -13,9 +11,9 @@ from typing import Any
 
 
 class CallablePackage(types.ModuleType):
-    """The ``oomdoctor.preflight`` package, callable as :func:`oomdoctor._preflight`."""
+    """The ``oomdoctor.preflight`` package, callable as :func:`oomdoctor.preflight.api.preflight`."""
 
     def __call__(self, model_fn: Any, step_fn: Any, batch_fn: Any, **kwargs: Any) -> Any:
-        from .. import _preflight
+        from .api import preflight
 
-        return _preflight(model_fn, step_fn, batch_fn, **kwargs)
+        return preflight(model_fn, step_fn, batch_fn, **kwargs)
