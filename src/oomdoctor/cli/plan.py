@@ -10,6 +10,7 @@ from rich.console import Console
 
 from ..errors import UsageError
 from ..plan.estimate import estimate
+from ..plan.gpus import GPUS, gpu_by_name
 from ..plan.search import search
 from ..plan.specs import (
     DP_SHARDING,
@@ -35,14 +36,6 @@ from ..render.plan import (
 from .console import terminal
 from .output import OUTPUT, write_output, write_rendered
 
-# name: (memory bytes as CUDA reports the device's total, bf16 dense FLOP/s, NVLink bytes/s per GPU one way)
-GPUS = {
-    "h100-80gb": (81559 * 2**20, 989e12, 450e9),    # nvidia-smi 81559 MiB
-    "h200": (int(139.8 * 2**30), 989e12, 450e9),    # torch total_memory on our H200s (shared/snapshots)
-    "a100-80gb": (81920 * 2**20, 312e12, 300e9),
-    "a100-40gb": (40960 * 2**20, 312e12, 300e9),
-    "b200": (180 * 10**9, 2250e12, 900e9),
-}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GB|GiB|G)?\s*$", re.IGNORECASE)
 
 
@@ -73,7 +66,8 @@ def _common(f):
         click.option("--no-flash", is_flag=True, help="Unfused attention (s^2 scores saved)."),
         click.option("--dropout", is_flag=True, help="Dropout on (1-byte masks saved)."),
         click.option("--fused-ce", is_flag=True, help="Fused cross-entropy."),
-        click.option("--gpu", type=click.Choice(sorted(GPUS)), default="h100-80gb", show_default=True),
+        click.option("--gpu", type=click.Choice(sorted(g.lower() for g in GPUS)), default="h100-80gb",
+                     show_default=True),
         click.option("--gpus", type=int, required=True, help="Number of GPUs."),
         click.option("--gpu-memory", help="Override the GPU memory: 80GB or 80GiB."),
         click.option("--gpus-per-node", type=int, default=8, show_default=True),
@@ -105,7 +99,8 @@ def _specs(kw: dict) -> tuple:
     train = TrainingSpec(seq_len=kw["seq_len"], global_batch=kw["global_batch"], micro_batch=kw["micro_batch"],
                          grad_bytes=4 if kw["grad_dtype"] == "fp32" else 2, fp8=kw["fp8"],
                          flash_attention=not kw["no_flash"], dropout=kw["dropout"], fused_cross_entropy=kw["fused_ce"])
-    mem, flops, nvlink = GPUS[kw["gpu"]]
+    g = gpu_by_name(kw["gpu"])
+    mem, flops, nvlink = g.total_bytes, g.bf16_flops, g.nvlink_bytes_per_s
     if kw["gpu_memory"]:
         mem = parse_memory(kw["gpu_memory"])
     hw = Hardware(kw["gpu"], mem, kw["gpus"], kw["gpus_per_node"], nvlink, kw["inter_node_gbps"] * 1e9, flops)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError, install_hint
-from ..units import parse_bytes
 from .console import terminal
 from .output import OUTPUT, write_output
 
@@ -64,8 +63,8 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     except ImportError as e:
         raise UsageError(f"preflight needs torch and transformers ({e.name} is missing): "
                          f"{install_hint('preflight')}") from None
+    from ..plan.terms import outside_allocator_bytes
     from ..preflight import hf_tracer
-    from ..preflight.snapshot import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
     from ..preflight.snapshot import write as write_snapshot
     from ..preflight.steps import HfJob, PreflightError
     from ..render.preflight import render_preflight_json, render_preflight_text
@@ -74,7 +73,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     name, total, sm = _gpu(gpu, gpu_memory)
     job = HfJob(hf_config, micro_batch, seq_len, dtype, optimizer, gradient_checkpointing, steps,
                 world_size=world_size, loop=loop, grad_accum=grad_accum)
-    outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if world_size > 1 else 0)
+    outside = outside_allocator_bytes(world_size)
     try:
         f = hf_tracer(job, gpu_name=name, gpu_total_bytes=total, sm_major=sm)
         a = answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total,
@@ -110,23 +109,11 @@ def _check_output(path: str | None) -> None:
 
 
 def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]:
-    """``(name, total bytes, compute capability major)`` of ``--gpu`` / ``--gpu-memory``."""
-    from ..preflight.snapshot import GPUS
-    from ..preflight.snapshot import gpu_memory as gpu_by_name
+    """``(name, total bytes, compute capability major)`` of ``--gpu`` / ``--gpu-memory``
+    (:func:`oomdoctor.plan.gpus.resolve_gpu`; the H100-80GB when neither is given)."""
+    from ..plan.gpus import resolve_gpu
 
-    if gpu and gpu_memory:
-        raise UsageError("give --gpu or --gpu-memory, not both")
-    name = gpu or ("H100-80GB" if not gpu_memory else None)
-    if gpu_memory:
-        try:
-            return name, parse_bytes(gpu_memory), 9
-        except Exception:  # noqa: BLE001 - any parse failure is the user's input
-            raise UsageError(f"--gpu-memory {gpu_memory!r}: not a size (80GiB, 80GB or bytes)") from None
-    try:
-        total = gpu_by_name(name)
-    except KeyError:
-        raise UsageError(f"--gpu {name!r}: unknown; one of {', '.join(GPUS)} (or give --gpu-memory)") from None
-    return name, total, next(v[1] for k, v in GPUS.items() if k.lower() == name.lower())
+    return resolve_gpu(gpu, gpu_memory)
 
 
 def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu: str | None, gpu_memory: str | None, fmt: str,
@@ -146,10 +133,9 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
         import torch
     except ImportError:
         raise UsageError(f"preflight needs torch: {install_hint('preflight')}") from None
+    from ..plan.terms import outside_allocator_bytes
     from ..preflight.script import ScriptJob, trace_script
     from ..preflight.snapshot import (
-        CUDA_CONTEXT_BYTES,
-        NCCL_FIRST_COMMUNICATOR_BYTES,
         cublas_workspace_bytes,
         sidecar,
         snapshot_dict,
@@ -161,7 +147,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
 
     name, total, sm = _gpu(gpu, gpu_memory)
     job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc, rank=rank)
-    outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nproc > 1 else 0)
+    outside = outside_allocator_bytes(nproc)
 
     def f(n: int | None) -> tuple[dict, dict, object]:
         rec = trace_script(job, gpu_name=name or "GPU", gpu_total_bytes=total, sm_major=sm,

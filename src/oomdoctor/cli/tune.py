@@ -145,9 +145,9 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
     except ImportError:
         raise UsageError(f"tune traces with torch: {install_hint('preflight')}") from None
     name, total, sm = _gpu(gpu, gpu_memory)
-    from ..preflight.snapshot import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
+    from ..plan.terms import outside_allocator_bytes
 
-    outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nproc > 1 else 0)
+    outside = outside_allocator_bytes(nproc)
     room_bytes = int(room(total, outside).limit_bytes or 0)
     allocs = _list(allocator)
     notes: list[str] = []
@@ -183,7 +183,7 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
         launched = launcher_world_size(argv)
         if launched is not None and nproc == 1:
             nproc = launched
-            outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nproc > 1 else 0)
+            outside = outside_allocator_bytes(nproc)
             room_bytes = int(room(total, outside).limit_bytes or 0)
         elif launched is not None and launched != nproc:
             raise UsageError(f"--nproc-per-node {nproc} but the command launches {launched} processes")

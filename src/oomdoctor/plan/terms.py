@@ -304,6 +304,14 @@ NCCL_PER_COMMUNICATOR_BYTES = 510 * 10**6
 """Each further communicator: 508-510 MB measured (same run); nccl #964 measured 544-688 MB (§3)."""
 
 
+def outside_allocator_bytes(world_size: int) -> int:
+    """Bytes a process holds outside the caching allocator before its first step: the CUDA context, plus NCCL's
+    first communicator when the job has more than one rank (:data:`CUDA_CONTEXT_BYTES`,
+    :data:`NCCL_FIRST_COMMUNICATOR_BYTES`; measured, docs/plan.md). The room preflight, tune and what fits take
+    from a GPU's total when nothing was read from the device."""
+    return CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if world_size > 1 else 0)
+
+
 def workspace_bytes(plan: ParallelPlan) -> int:
     """cuBLAS workspaces in ``allocated``: one per stream doing GEMMs (compute, and the tensor-parallel
     communication stream when ``tp > 1``)."""

@@ -31,23 +31,13 @@ def preflight(model_fn, step_fn, batch_fn, *, gpu="H100-80GB", micro_batch=None,
     Raises:
         UsageError: an unknown GPU name or size.
     """
-    from ..errors import UsageError
+    from ..plan.gpus import resolve_gpu
     from ..report.preflight import answer
-    from ..units import parse_bytes
     from . import module_tracer
-    from .snapshot import CUDA_CONTEXT_BYTES, GPUS
+    from .snapshot import CUDA_CONTEXT_BYTES
     from .snapshot import write as write_snapshot
 
-    name, sm = None, 9
-    if isinstance(gpu, int):
-        total = gpu
-    elif any(k.lower() == str(gpu).lower() for k in GPUS):
-        name, (total, sm) = next((k, v) for k, v in GPUS.items() if k.lower() == str(gpu).lower())
-    else:
-        try:
-            total = parse_bytes(str(gpu))
-        except Exception:  # noqa: BLE001 - any parse failure is the caller's input
-            raise UsageError(f"gpu={gpu!r}: neither a known GPU ({', '.join(GPUS)}) nor a size") from None
+    name, total, sm = resolve_gpu(gpu, gpu_flag="gpu=", memory_flag="gpu=")
     f = module_tracer(model_fn, step_fn, batch_fn, optimizer_fn=optimizer_fn, steps=steps, gpu_name=name,
                       gpu_total_bytes=total, sm_major=sm)
     return answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total, outside_bytes=CUDA_CONTEXT_BYTES,

@@ -17,28 +17,16 @@ from typing import Any
 
 from ..capture.files import FILE, sidecar_for, write_target
 from ..capture.metadata import SIDECAR_FORMAT, place_markers
+
+# the GPU table and the constants outside the allocator are the planner's, one definition each (plan/gpus.py,
+# plan/terms.py, measured on H200, docs/plan.md)
+from ..plan.gpus import GPUS as GPUS
+from ..plan.gpus import gpu_by_name
+from ..plan.terms import CUDA_CONTEXT_BYTES as CUDA_CONTEXT_BYTES
+from ..plan.terms import NCCL_FIRST_COMMUNICATOR_BYTES as NCCL_FIRST_COMMUNICATOR_BYTES
 from .tracer import TraceRecord
 
 MiB = 1 << 20
-
-#: name -> (bytes ``torch.cuda.get_device_properties().total_memory`` reports, SM major version)
-GPUS: dict[str, tuple[int, int]] = {
-    "H100-80GB": (81559 * MiB, 9),          # nvidia-smi 81559 MiB (the planner's table, cli/plan.py)
-    "H200": (int(139.8 * 2**30), 9),        # torch total_memory on the H200s of shared/snapshots
-    "A100-80GB": (81920 * MiB, 8),
-    "A100-40GB": (40960 * MiB, 8),
-    "B200": (180 * 10**9, 10),
-}
-
-CUDA_CONTEXT_BYTES = 740 * 10**6
-"""CUDA context and the kernels of a training step, outside the caching allocator: 737 MB measured on
-H200, CUDA 13.0, torch 2.11, after CUDA init, a GEMM and SDPA forward and backward (the planner's
-constant, ``oomdoctor.plan.terms.CUDA_CONTEXT_BYTES``, ``benchmarks/measure_plan_gpu.py overhead``,
-docs/plan.md); 651 MB after init alone."""
-
-NCCL_FIRST_COMMUNICATOR_BYTES = 880 * 10**6
-"""NCCL's first communicator (the world group), outside the caching allocator: 883 MB measured on H200,
-torch 2.11 (``oomdoctor.plan.terms.NCCL_FIRST_COMMUNICATOR_BYTES``, docs/plan.md)."""
 
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
 """cuBLAS workspace per handle and stream on Hopper, allocated through the caching allocator (PyTorch PR
@@ -49,11 +37,8 @@ one at the first GEMM of the autograd engine's thread (both seen in ``shared/sna
 
 
 def gpu_memory(name: str) -> int:
-    """Total bytes of a GPU by name (case-insensitive, :data:`GPUS`). Raises KeyError."""
-    for k, (total, _sm) in GPUS.items():
-        if k.lower() == name.lower():
-            return total
-    raise KeyError(name)
+    """Total bytes of a GPU by name (case-insensitive, :data:`oomdoctor.plan.gpus.GPUS`). Raises KeyError."""
+    return gpu_by_name(name).total_bytes
 
 
 def cublas_workspace_bytes(sm_major: int) -> int:

@@ -18,6 +18,7 @@ from ..analysis.fragmentation import Anatomy
 from ..analysis.sites import group_sites, site_label
 from ..detectors.finding import Finding, FindingTitle
 from .model import Report
+from .pairing import pair_by_rank
 
 CHANGED_FRACTION = 0.10
 SITE_MIN_DELTA_BYTES = 1 << 20
@@ -173,17 +174,7 @@ def site_deltas(before: DeviceAnalysis, after: DeviceAnalysis, limit: int = TOP_
 
 
 def _pair(before: list[DeviceAnalysis], after: list[DeviceAnalysis]) -> tuple[list[tuple], list[str]]:
-    if len(before) == 1 and len(after) == 1:
-        return [(before[0], after[0])], []
-    a_by = {x.rank: x for x in after}
-    pairs, notes = [], []
-    for b in before:
-        if b.rank in a_by:
-            pairs.append((b, a_by.pop(b.rank)))
-        else:
-            notes.append(f"rank {b.rank} is only in the before run ({b.trace.path})")
-    notes += [f"rank {r} is only in the after run ({x.trace.path})" for r, x in sorted(a_by.items())]
-    return pairs, notes
+    return pair_by_rank(before, after, lambda x: x.rank, lambda x: x.trace.path)
 
 
 def _own_change(fb: Finding | None, fa: Finding | None) -> dict[int, int]:

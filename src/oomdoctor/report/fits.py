@@ -122,10 +122,10 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
         return Room(total - int(outside_bytes), "estimated", "gpu-total-less-outside",
                     {"given": bool(meta.get("gpu_total_memory_given")), "outside_bytes": int(outside_bytes)})
     if isinstance(total, int) and total > 0:
-        from ..plan.terms import CUDA_CONTEXT_BYTES, NCCL_FIRST_COMMUNICATOR_BYTES
+        from ..plan.terms import outside_allocator_bytes
 
-        nccl = (meta.get("world_size") or 1) > 1
-        outside = CUDA_CONTEXT_BYTES + (NCCL_FIRST_COMMUNICATOR_BYTES if nccl else 0)
+        world = meta.get("world_size") or 1
+        nccl, outside = world > 1, outside_allocator_bytes(world)
         return Room(total - outside, "estimated", "gpu-total",
                     {"given": bool(meta.get("gpu_total_memory_given")), "nccl": nccl})
     return Room(None, "none", "none")

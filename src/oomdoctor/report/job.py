@@ -31,6 +31,7 @@ from ..trace.load import (
 )
 from .merge import merge_reports
 from .model import Report, Unread
+from .pairing import pair_by_rank
 
 EXECUTORS = ("process", "dask")
 DASK_MISSING = f"--executor dask needs Dask distributed: {install_hint('dask')}"
@@ -208,21 +209,11 @@ def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
 def pair_tasks(before: list[RankTask], after: list[RankTask]) -> tuple[list[tuple[RankTask, RankTask]], list[str]]:
     """Pair the two runs' files by rank (as the sidecars and file names give it); with one file a side, those two.
     Also the notes on ranks found in one run only."""
-    if len(before) == 1 and len(after) == 1:
-        return [(before[0], after[0])], []
     def rank(t: RankTask) -> int:
         h = claimed_rank(t.path)
         return h if h is not None else (t.fallback_rank or 0)
 
-    a_by = {rank(t): t for t in after}
-    pairs, notes = [], []
-    for t in before:
-        if rank(t) in a_by:
-            pairs.append((t, a_by.pop(rank(t))))
-        else:
-            notes.append(f"rank {rank(t)} is only in the before run ({t.path})")
-    notes += [f"rank {r} is only in the after run ({t.path})" for r, t in sorted(a_by.items())]
-    return pairs, notes
+    return pair_by_rank(before, after, rank, lambda t: t.path)
 
 
 def map_pairs(pairs: Sequence[tuple[RankTask, RankTask]], want: Want, *, jobs: int | None = None,
