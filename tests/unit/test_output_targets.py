@@ -433,3 +433,41 @@ def test_a_descriptor_of_another_process_is_opened_by_name_and_truncated_if_a_fi
         other.kill()
         other.wait()
     assert f.read_bytes() == b"new\n" and not f.is_symlink()
+
+
+#: the commands that run a job or trace a script before they write (issue 53 item 4): their -o is refused as every
+#: command's is, and at once, before any trial or trace runs (the job would have written RAN)
+LONG = {
+    "fit": ["fit", "--allow-no-gpu", "--", sys.executable, "-c", "open('RAN','w') # {mb}"],
+    "verify": ["verify", "--allow-no-gpu", "--", sys.executable, "-c", "open('RAN','w')"],
+    "tune": ["tune", "--no-run", "--", sys.executable, "-c", "open('RAN','w') # {mb}"],
+    "preflight": ["preflight", "--", sys.executable, "ran.py"],
+}
+
+
+def _run_long(name: str, out: str, tmp_path, capsysbinary, monkeypatch) -> tuple[int, bytes, str]:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ran.py").write_text("open('RAN', 'w')\n")
+    args = LONG[name]
+    code = main([args[0], "-o", out, *args[1:]])
+    cap = capsysbinary.readouterr()
+    assert not (tmp_path / "RAN").exists(), "the job ran before -o was checked"
+    return code, cap.out, cap.err.decode()
+
+
+@pytest.mark.parametrize("name", list(LONG))
+def test_a_long_command_refuses_a_directory_before_it_runs(name, tmp_path, capsysbinary, monkeypatch):
+    d = tmp_path / "adir"
+    d.mkdir()
+    code, stdout, err = _run_long(name, str(d), tmp_path, capsysbinary, monkeypatch)
+    assert code == 2 and stdout == b""
+    assert err.strip().splitlines() == [f"oomdoctor: error: {d}: is a directory; give a file name"]
+
+
+@pytest.mark.parametrize("name", list(LONG))
+def test_a_long_command_refuses_a_missing_directory_before_it_runs(name, tmp_path, capsysbinary, monkeypatch):
+    out = tmp_path / "no" / "x.out"
+    code, stdout, err = _run_long(name, str(out), tmp_path, capsysbinary, monkeypatch)
+    assert code == 2 and stdout == b""
+    assert err.strip().splitlines() == [f"oomdoctor: error: {out}: the directory {out.parent} does not exist; "
+                                        "create it first"]

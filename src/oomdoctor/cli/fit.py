@@ -16,6 +16,7 @@ from ..errors import OomdoctorError, UsageError
 from ..report.loop import FitOutcome, FitSearch, fit_guess
 from ..trace.load import discover
 from .inputs import write_output
+from .output import OUTPUT, check_output
 from .run import CommandNotRunnable
 from .trials import command_argv, require_gpu, run_trial
 
@@ -41,7 +42,7 @@ MB = "{mb}"
               help="Run the trials even where no CUDA device is visible (a stand-in job, a dry run); without it, "
                    "fit refuses at once: such trials never run out of GPU memory.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), help="Write to this file.")
+@click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(steps: int, low: int, high: int, start: int | None, out: str | None, no_record: bool,
             trial_timeout: float | None, max_trials: int, allow_no_gpu: bool, fmt: str, output: str | None,
@@ -53,6 +54,7 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
 
     Example: oomdoctor fit --start 8 -- torchrun --nproc_per_node=2 train.py --batch-size {mb}
     """
+    check_output(output)  # refused now, not after the trials
     argv = command_argv(command)
     if not any(MB in a for a in argv):
         raise UsageError("the command has no {mb}: write {mb} where the micro-batch goes, e.g. --batch-size {mb}")

@@ -23,17 +23,28 @@ from typing import Callable
 import click
 from rich.console import Console
 
-from ..capture.files import FILE, STREAM, OutputError, resolve_target, write_target
+from ..capture.files import FILE, STREAM, OutputError, resolve_target, target_kind, write_target
 from ..errors import UsageError
 from ..render.console import plain_console
 from .console import terminal as stdout_console
 from .pipes import silence_stdout
 
-__all__ = ["FILE", "OUTPUT", "STREAM", "OutputError", "write_bytes", "write_output", "write_rendered", "write_text"]
+__all__ = ["FILE", "OUTPUT", "STREAM", "OutputError", "check_output", "write_bytes", "write_output", "write_rendered", "write_text"]
 
 #: The click type of every ``-o``: a path or ``-``. No check is made while parsing (click's would refuse a
 #: device or a FIFO, and print usage with its error); :func:`write_bytes` checks when it writes.
 OUTPUT = click.Path(path_type=str, allow_dash=True, readable=False)
+
+
+def check_output(path: str | None) -> None:
+    """Refuse, before a long run, an ``-o`` that :func:`write_bytes` would refuse at its end: a directory, or a name
+    whose directory is missing (the same one line, exit code 2). Nothing is written.
+
+    Raises:
+        OutputError: as :func:`oomdoctor.capture.files.target_kind`.
+    """
+    if path and path != "-":
+        target_kind(path)
 
 
 def write_bytes(path: str, data: bytes) -> str:

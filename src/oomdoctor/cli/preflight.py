@@ -93,19 +93,13 @@ def _outside_source(world_size: int) -> str:
 
 def _check_output(path: str | None) -> None:
     """Refuse, before any trace, an ``-o`` the snapshot cannot be written to: standard output (the answer goes
-    there), a directory, a name in a missing directory (``cli.output.write_bytes`` says the same after)."""
-    import os
+    there), and what every command's ``-o`` refuses (:func:`oomdoctor.cli.output.check_output`: a directory, a name
+    in a missing directory)."""
+    from .output import check_output
 
-    if not path:
-        return
     if path == "-":
         raise UsageError("preflight -o -: the answer goes to standard output; give a file for the snapshot")
-    real = os.path.realpath(path)
-    if os.path.isdir(real):
-        raise UsageError(f"{path}: is a directory; give a file for the snapshot")
-    parent = os.path.dirname(real) or "."
-    if not os.path.isdir(parent):
-        raise UsageError(f"{path}: its directory {os.path.dirname(path) or '.'} does not exist")
+    check_output(path)
 
 
 def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]:

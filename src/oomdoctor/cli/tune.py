@@ -22,7 +22,7 @@ from ..report.tune import (
     parse_knob,
     powers_of_two,
 )
-from .output import OUTPUT, write_output
+from .output import OUTPUT, check_output, write_output
 
 
 def _list(text: str | None) -> list[str]:
@@ -114,6 +114,7 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
           allow_optimizer_change: bool, allocator: str, knobs: tuple[str, ...], batch_knob: str | None, top_k: int,
           steps: int, warmup: int, no_run: bool, jobs: int | None, max_traces: int, out: str | None,
           trial_timeout: float | None, fmt: str, output: str | None, command: tuple[str, ...]) -> None:
+    check_output(output)  # refused now, not after the trials
     from ..render.tune import render_tune_json, render_tune_text
     from ..report.preflight import room
     from ..report.tune import candidates, check_budget, gpu_spec, hf_space, script_space, tune

@@ -23,6 +23,7 @@ from ..report.loop import (
 )
 from ..trace.load import discover
 from .inputs import write_output
+from .output import OUTPUT, check_output
 from .trials import command_argv, require_gpu, run_trial
 
 
@@ -41,7 +42,7 @@ from .trials import command_argv, require_gpu, run_trial
               help="Run even where no CUDA device is visible (a stand-in job, a dry run); without it, verify refuses "
                    "at once: such reruns never run out of GPU memory.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), help="Write to this file.")
+@click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeout: float | None, allow_no_gpu: bool,
             fmt: str, output: str | None, command: tuple[str, ...]) -> None:
@@ -51,6 +52,7 @@ def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeou
 
     Example: oomdoctor verify --setting expandable_segments:True -- python train.py
     """
+    check_output(output)  # refused now, not after the trials
     argv = command_argv(command)
     try:
         given = [parse_setting(s) for s in settings]
