@@ -80,8 +80,10 @@ def test_no_message_no_numbers(text):
 
 def test_every_oom_message_of_the_corpus_sweeps_parses_and_adds_up():
     """Every OOM of the corpus' sweeps (torch 2.11): in use = outside + reserved, and reserved + free is at most
-    the total (the rest is the CUDA context and the like, outside), each within the rounding."""
-    seen = 0
+    the total (the rest is the CUDA context and the like, outside), each within the rounding. A message cut before
+    its reserved bytes (the sweeps keep 400 characters: round 14's messages list other processes first) has no reserved bytes and no outside bytes: never
+    a guess."""
+    seen = cut = 0
     for path in sorted(CORPUS.glob("*sweep*.jsonl")):
         for line in path.read_text().splitlines():
             text = json.loads(line).get("oom")
@@ -89,10 +91,14 @@ def test_every_oom_message_of_the_corpus_sweeps_parses_and_adds_up():
                 continue
             m = parse_oom_message(text)
             assert m is not None and m.in_use_bytes is not None, text
-            assert m.outside_bytes == m.in_use_bytes - m.reserved_bytes  # never clipped on these
             assert m.in_use_bytes + m.free_bytes <= m.total_bytes + 2 * m.precision_bytes
+            if m.reserved_bytes is None:  # the sweeps keep a message's first 400 characters (scenarios/_truth.py)
+                assert len(text) <= 400 and "reserved by PyTorch but unallocated" not in text, text
+                cut += 1
+                continue
+            assert m.outside_bytes == m.in_use_bytes - m.reserved_bytes  # never clipped on these
             seen += 1
-    assert seen >= 10
+    assert seen >= 10 and cut <= 10, (seen, cut)
 
 
 def built_oom(tmp_path, sidecar: dict | None):
