@@ -98,9 +98,13 @@ def test_peft_lora_with_checkpointing(reentrant, capsys):
     pytest.importorskip("peft")
     out = _run(capsys, str(SCRIPTS / "peft_lora.py"), *(["--reentrant"] if reentrant else []))
     # the optimizer holds the adapters only (their parameters, as recorded) and AdamW's two states of each; the
-    # frozen base weights are on the GPU too (the peak holds them), not the optimizer's
-    assert out["breakdown"]["optimizer_state"] == 2 * out["breakdown"]["parameters"]  # step counters: host
-    assert out["peak_allocated_bytes"] > 100 * out["breakdown"]["parameters"]
+    # frozen base weights are on the GPU too (the peak holds them), not the optimizer's: a weight copy named by its
+    # module, from the sidecar's module record as the recorder notes it on a GPU (GPT-2 2 x 128: 541,184 fp32
+    # weights; the adapters r=8 on c_attn and both c_proj: 22,528)
+    bd = out["breakdown"]
+    assert (bd["parameters"], bd["weight_copy"]) == (22528 * 4, 541184 * 4)
+    assert bd["optimizer_state"] == 2 * bd["parameters"]  # step counters: host
+    assert out["peak_allocated_bytes"] > 100 * bd["parameters"]
 
 
 def test_torch_compile_is_traced_eager_and_said(capsys):
@@ -253,3 +257,24 @@ def test_a_scripts_own_error_is_said_as_its_own(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{f}:6: the script raised KeyError" in err and "not a limit of tracing" in err
     assert "after 1 optimizer step(s) traced" in err
+
+
+def test_a_scripts_stacks_end_at_its_own_module_whoever_runs_preflight(capsys, tmp_path):
+    """The snapshot's stacks are the job's as ``python train.py`` has them on a GPU: outermost the script's
+    ``<module>``, never the frames of whoever called preflight (the CLI, click, or this test and pytest: with them
+    the HF Trainer script's second step's gradients were read as workspaces under pytest only)."""
+    script = tmp_path / "tiny.py"
+    script.write_text("import torch\n"
+                      "m = torch.nn.Linear(64, 64).cuda()\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(2):\n"
+                      "    m(torch.randn(8, 64, device='cuda')).sum().backward()\n"
+                      "    opt.step()\n"
+                      "    opt.zero_grad()\n")
+    snap = tmp_path / "tiny.pickle"
+    _run(capsys, str(script), opts=("-o", str(snap)))
+    import pickle
+
+    events = pickle.loads(snap.read_bytes())["device_traces"][0]
+    outer = {(Path(e["frames"][-1]["filename"]).name, e["frames"][-1]["name"]) for e in events if e.get("frames")}
+    assert outer == {("tiny.py", "<module>")}, outer

@@ -139,11 +139,14 @@ def module_roots(objects: Any, module_type: type) -> list[Any]:
     return [m for m in mods if id(m) not in child]
 
 
-def module_record(roots: list[Any], device: int | str, seen: set[tuple[int, int]] | None = None) -> list[dict]:
+def module_record(roots: list[Any], device: int | str, seen: set[tuple[int, int]] | None = None,
+                  storage: Any = None) -> list[dict]:
     """The sidecar's ``roots`` (see the module doc) for ``roots``: each root's parameters (split by
     ``requires_grad``) and buffers on ``device``, each storage once (``seen``, shared across roots). Roots with
-    nothing on ``device`` are left out."""
+    nothing on ``device`` are left out. ``storage``: ``tensor -> (address, nbytes) | None``, where the addresses are
+    not the tensors' own (preflight's fake GPU: its tracer's addresses); by default the storage's on ``device``."""
     seen = set() if seen is None else seen
+    where = storage if storage is not None else (lambda t: _storage(t, device))
     out = []
     for root in roots:
         parts = _children(root)
@@ -159,11 +162,11 @@ def module_record(roots: list[Any], device: int | str, seen: set[tuple[int, int]
                 if part == -1 and m is not root:
                     continue  # the root's own tensors only; its children are walked as parts
                 for p in _own(m, "_parameters"):
-                    s = _storage(p, device)
+                    s = where(p)
                     if s is not None and s not in seen:
                         seen.add(s)
                         g = getattr(p, "grad", None) if getattr(p, "requires_grad", False) else None
-                        gs = _storage(g, device) if g is not None else None
+                        gs = where(g) if g is not None else None
                         kind = ("parameters" if gs is not None else "untouched") if getattr(
                             p, "requires_grad", False) else "frozen"
                         rec[kind].append([*s, part])
@@ -171,7 +174,7 @@ def module_record(roots: list[Any], device: int | str, seen: set[tuple[int, int]
                             seen.add(gs)
                             rec["gradients"].append([*gs, part])
                 for b in _own(m, "_buffers"):
-                    s = _storage(b, device)
+                    s = where(b)
                     if s is not None and s not in seen:
                         seen.add(s)
                         rec["buffers"].append([*s, part])

@@ -805,6 +805,8 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             tracer.note_facts(steps["n"], {"parameters": [_local(p) for p in params],
                                            "gradients": [_local(p.grad) for p in params if p.grad is not None],
                                            "optimizer_state": [_local(v) for v in state]})
+            if steps["n"] == 0:
+                tracer.note_modules(1)  # as the recorder: once, at the end of the first optimizer step
             steps["n"] += 1
             if steps["n"] >= job.max_steps:
                 tracer.stop()  # a framework catching BaseException tears down (Lightning: model.cpu()): unrecorded

@@ -80,6 +80,7 @@ def sidecar(record: TraceRecord, *, gpu_name: str | None, gpu_total_bytes: int |
         "memory_fraction": None, "memory_cap_bytes": None, "env": {},
         "recording": {"max_entries": None, "stacks": "python", "context": "alloc", "steps": None},
         "tensors": tensor_facts(record),
+        **({"modules": record.modules} if record.modules else {}),
         "step_markers": place_markers(record.step_markers, times),
         "phase_markers": place_markers(record.phase_markers, times),
         "micro_batch": micro_batch, "oom": None,

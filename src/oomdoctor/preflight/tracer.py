@@ -76,11 +76,17 @@ _ENGINE_ENTRY = ("_engine_run_backward",)
 _MAX_FRAMES = 48
 #: filename -> whether its frames are dropped (``_SKIP``), decided once per file
 _SKIPPED: dict[str, bool] = {}
+#: the frame through which preflight runs a script (``runpy``'s ``_run_code``): it and the frames below it (the
+#: CLI's, or a test's that called it) are not the job's; ``python train.py`` on a GPU has the script's ``<module>``
+#: outermost
+_SCRIPT_ENTRY = ("runpy.py", "<frozen runpy>")
 
 
 def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
-    """The Python stack, innermost first, as snapshot ``frames`` (``filename``, ``line``, ``name``).
-    Inside backward (``skip_to_engine``), only the frames the engine called: those inner to its entry."""
+    """The Python stack, innermost first, as snapshot ``frames`` (``filename``, ``line``, ``name``), down to the
+    script's own outermost frame where preflight runs a script (:data:`_SCRIPT_ENTRY`): the same stack whoever
+    called preflight (the CLI, a test). Inside backward (``skip_to_engine``), only the frames the engine called:
+    those inner to its entry."""
     out: list[dict[str, Any]] = []
     f = sys._getframe(2)
     while f is not None:
@@ -91,6 +97,8 @@ def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
         skip = _SKIPPED.get(fn)
         if skip is None:
             skip = _SKIPPED[fn] = any(s in fn for s in _SKIP)
+        if fn.endswith(_SCRIPT_ENTRY) and code.co_name == "_run_code":
+            break
         if not skip:
             out.append({"filename": fn, "line": f.f_lineno or 0, "name": code.co_name})
         f = f.f_back
@@ -117,6 +125,8 @@ class TraceRecord:
     step_markers: list[dict[str, int]] = field(default_factory=list)
     phase_markers: list[dict[str, Any]] = field(default_factory=list)
     tensors: list[dict[str, Any]] = field(default_factory=list)
+    #: the sidecar's ``modules`` records (:meth:`AllocationTracer.note_modules`)
+    modules: list[dict[str, Any]] = field(default_factory=list)
     extra_allocations: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     #: every kernel the step would launch on the GPU, in order: ``(time_us, flops, bytes)``, ``time_us`` on the
@@ -286,6 +296,27 @@ class AllocationTracer(TorchDispatchMode):
         step) is noted at the clock's time, which is then the marker's, not the phase's before it."""
         self.collect()
         self.record.phase_markers.append({"phase": phase, "time_us": self._tick()})
+
+    def note_modules(self, step: int) -> None:
+        """The sidecar's ``modules`` record (:mod:`oomdoctor.capture.facts`, as the recorder notes it at the end of
+        the first optimizer step): every root ``nn.Module``'s parameters (trained, untouched, frozen), gradients and
+        buffers on the fake GPU, at this tracer's addresses. LoRA's frozen base, a teacher, an EMA's copy and a
+        registered queue are then named by their module, as on a GPU (issue 54)."""
+        import gc
+
+        from ..capture.facts import module_record, module_roots
+
+        self.collect()
+        objects = gc.get_objects()
+        try:
+            roots = module_roots(objects, torch.nn.Module)
+        finally:
+            del objects
+
+        def where(t: Any) -> tuple[int, int] | None:
+            return self.addr_of(getattr(t, "_local_tensor", t)) if isinstance(t, torch.Tensor) else None
+
+        self.record.modules.append({"step": step, "time_us": self._t, "roots": module_record(roots, 0, storage=where)})
 
     def note_facts(self, step: int, kinds: dict[str, list[torch.Tensor]]) -> None:
         """The sidecar's ``tensors`` record (:mod:`oomdoctor.capture.facts`): the storages of each kind."""

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from ..simulate.capacity import Capacity
 from ..simulate.whatif import simulate
+from ..trace.load import MODULE_FACT_KINDS
 
 #: the settings every preflight replays besides the default one
 WHATIF_CONFIGS = ("expandable_segments:True", "max_split_size_mb:512", "roundup_power2_divisions:4",
@@ -338,16 +339,22 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None,
 
 
 def laid_out_meta(meta: dict[str, Any], addresses: dict[int, int]) -> dict[str, Any]:
-    """The sidecar of a laid-out snapshot (:func:`lay_out`): its facts (``tensors``, the kernel buffers) at the
+    """The sidecar of a laid-out snapshot (:func:`lay_out`): its facts (``tensors``, ``modules``, the kernel buffers) at the
     addresses the allocator model gave the blocks, so that ``diagnose`` places them on the snapshot's blocks as
     preflight placed them on the traced ones (issue 52: it read the parameters as unknown). A storage the model never
     laid out (after its OOM) is left out."""
     def moved(pairs: list) -> list:
         return sorted([addresses[a], n] for a, n in pairs if a in addresses)
 
+    def moved_parts(items: list) -> list:  # a module record's [address, bytes, part]
+        return sorted([addresses[a], n, part] for a, n, part in items if a in addresses)
+
     out = dict(meta)
     out["tensors"] = [{k: moved(v) if k in ("parameters", "gradients", "optimizer_state", "workspaces") else v
                        for k, v in rec.items()} for rec in meta.get("tensors") or []]
+    if meta.get("modules"):
+        out["modules"] = [{**rec, "roots": [{k: moved_parts(v) if k in MODULE_FACT_KINDS else v for k, v in root.items()}
+                                            for root in rec.get("roots", ())]} for rec in meta["modules"]]
     pf = dict(meta.get("preflight") or {})
     if pf.get("kernel_buffers"):
         pf["kernel_buffers"] = [{**k, "addr": addresses[k["addr"]]} for k in pf["kernel_buffers"]

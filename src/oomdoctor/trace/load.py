@@ -35,6 +35,10 @@ _SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pt.trace", ".json")
 _COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst", ".bz2")
 
 
+#: the storage lists of a sidecar module record's root (``capture/facts.py`` ``MODULE_KINDS``): each
+#: ``[[address, bytes, part], ...]``
+MODULE_FACT_KINDS = ("parameters", "gradients", "untouched", "frozen", "buffers")
+
 def rank_from_name(name: str) -> int | None:
     """The rank spelled in a file name, or None. ``rank_from_name("rank_3.pickle") == 3``."""
     base = os.path.basename(name)
@@ -287,8 +291,7 @@ def _drop_malformed(trace: Trace) -> None:
     if mods is not None and not (isinstance(mods, list) and all(
             isinstance(r, dict) and _is_int(r.get("time_us")) and isinstance(r.get("roots"), list) and all(
                 isinstance(root, dict) and isinstance(root.get("class", ""), str)
-                and all(_part_list(root.get(k, [])) for k in ("parameters", "gradients", "untouched", "frozen",
-                                                               "buffers"))
+                and all(_part_list(root.get(k, [])) for k in MODULE_FACT_KINDS)
                 for root in r["roots"]) for r in mods)):
         bad.append("modules")
     marks = meta.get("phase_markers")
