@@ -278,3 +278,19 @@ def test_a_scripts_stacks_end_at_its_own_module_whoever_runs_preflight(capsys, t
     events = pickle.loads(snap.read_bytes())["device_traces"][0]
     outer = {(Path(e["frames"][-1]["filename"]).name, e["frames"][-1]["name"]) for e in events if e.get("frames")}
     assert outer == {("tiny.py", "<module>")}, outer
+
+
+def test_a_module_moved_to_a_plain_device_index(capsys, tmp_path):
+    """``model.to(self.gpu_id)`` with an int (pytorch/examples' DDP tutorial): C's ``_parse_to`` resolves an index
+    to the current accelerator, which a CPU build has none of ("Cannot access accelerator device"); read as
+    ``cuda:<index>``, as on a CUDA machine. The Linear's 1,088 bytes are the parameters."""
+    script = tmp_path / "to_index.py"
+    script.write_text("import torch\n"
+                      "m = torch.nn.Linear(16, 16).to(0)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(2):\n"
+                      "    m(torch.randn(4, 16).to(device=0)).sum().backward()\n"
+                      "    opt.step()\n"
+                      "    opt.zero_grad()\n")
+    out = _run(capsys, str(script))
+    assert out["breakdown"]["parameters"] == (16 * 16 + 16) * 4

@@ -122,7 +122,7 @@ class CudaDevices(TorchFunctionMode):
                 new_args[i] = a.dtype
         kw = dict(kwargs)
         d = kw.get("device")
-        if _is_cuda(d):
+        if _is_cuda(d) or (isinstance(d, int) and not isinstance(d, bool)):  # device=0: cuda:0 on a CUDA machine
             where, kw["device"] = "cuda", "cpu"
         elif _is_cpu(d) and func in (torch.Tensor.to,):
             where = "cpu"
@@ -463,7 +463,10 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int =
             (c, "graph_pool_handle", lambda: (0, 0)), (c, "device", _DeviceContext),
             (torch, "compile", _compile),
             # the build's accelerator, which FSDP2's default mesh reads (_fsdp_init._init_default_mesh)
-            (torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda"))]
+            (torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda")),
+            # Module.to(rank) with a plain index (the DDP tutorial's ``model.to(self.gpu_id)``): C's parser resolves
+            # an index to the current accelerator, which a CPU build has none of
+            (torch._C._nn, "_parse_to", _parse_to_index_as_cuda(torch._C._nn._parse_to))]
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
         out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
@@ -474,6 +477,21 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int =
     out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
             (mem, "empty_cache", _none)]
     return out
+
+
+def _parse_to_index_as_cuda(orig: Any) -> Any:
+    """``torch._C._nn._parse_to`` (``Module.to``'s argument parser) with a device given as an index (``.to(0)``,
+    ``.to(device=1)``) read as ``cuda:<index>``, as on a CUDA machine; every other argument as before."""
+    def parse(*args: Any, **kwargs: Any) -> Any:
+        def idx(x: Any) -> Any:
+            return torch.device("cuda", x) if isinstance(x, int) and not isinstance(x, bool) else x
+
+        if args:
+            args = (idx(args[0]), *args[1:])
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": idx(kwargs["device"])}
+        return orig(*args, **kwargs)
+    return parse
 
 
 class _DeviceContext:
