@@ -294,3 +294,30 @@ def test_a_module_moved_to_a_plain_device_index(capsys, tmp_path):
                       "    opt.zero_grad()\n")
     out = _run(capsys, str(script))
     assert out["breakdown"]["parameters"] == (16 * 16 + 16) * 4
+
+
+def test_fsdp2_built_on_meta_then_to_empty(capsys, tmp_path):
+    """FSDP2 as its example builds it: on the meta device, ``fully_shard`` per layer, then ``to_empty(device=
+    "cuda")`` (pytorch/examples' FSDP2). The parameters are DTensors whose shards are fake: swapped as the shards are
+    (before: "_apply(): Couldn't swap FSDPEmbedding.weight"). Rank 0 holds half of each parameter: (100 x 32 +
+    32 x 32 + 32) x 4 B / 2 = 8,512 B, its gradients as much, AdamW's two states twice that."""
+    script = tmp_path / "fsdp_empty.py"
+    script.write_text("import os, torch, torch.distributed as dist\n"
+                      "from torch.distributed.fsdp import fully_shard\n"
+                      "dist.init_process_group('nccl')\n"
+                      "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
+                      "with torch.device('meta'):\n"
+                      "    m = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 32))\n"
+                      "for layer in m:\n"
+                      "    fully_shard(layer)\n"
+                      "fully_shard(m)\n"
+                      "m.to_empty(device='cuda')\n"
+                      "for p in m.parameters():\n"
+                      "    torch.nn.init.ones_(p)\n"
+                      "opt = torch.optim.AdamW(m.parameters(), lr=1e-3)\n"
+                      "for _ in range(2):\n"
+                      "    m(torch.randint(0, 100, (4, 8), device='cuda')).sum().backward()\n"
+                      "    opt.step()\n"
+                      "    opt.zero_grad()\n")
+    bd = _run(capsys, str(script), opts=("--nproc-per-node", "2"))["breakdown"]
+    assert (bd["parameters"], bd["gradients"], bd["optimizer_state"]) == (8512, 8512, 2 * 8512)

@@ -272,7 +272,9 @@ def _swap_or_set(orig: Any) -> Any:
                 del memo[k]
 
     def swap(t1: Any, t2: Any) -> None:
-        fake = t2 if _is_fake(t2) else t1 if _is_fake(t1) else None
+        # a DTensor (FSDP2's ``to_empty`` after ``fully_shard``) is fake where its shard is
+        fake = next((getattr(t, "_local_tensor", t) for t in (t2, t1) if _is_fake(getattr(t, "_local_tensor", t))),
+                    None)
         if fake is None:
             t1.data = t2.data
             return
