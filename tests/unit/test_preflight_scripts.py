@@ -321,3 +321,19 @@ def test_fsdp2_built_on_meta_then_to_empty(capsys, tmp_path):
                       "    opt.zero_grad()\n")
     bd = _run(capsys, str(script), opts=("--nproc-per-node", "2"))["breakdown"]
     assert (bd["parameters"], bd["gradients"], bd["optimizer_state"]) == (8512, 8512, 2 * 8512)
+
+
+def test_data_parallel_on_one_gpu(capsys, tmp_path):
+    """``nn.DataParallel`` (pytorch/examples' imagenet ``main.py``): its forward scatters the inputs with
+    ``torch._C._scatter``, which a CPU build lacks (before: AttributeError at the model's call). On one GPU the
+    input goes to it whole; the Linear's 1,088 B are the parameters, and its gradients as much."""
+    script = tmp_path / "dp.py"
+    script.write_text("import torch\n"
+                      "m = torch.nn.DataParallel(torch.nn.Linear(16, 16).cuda())\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(2):\n"
+                      "    m(torch.randn(4, 16).cuda(non_blocking=True)).sum().backward()\n"
+                      "    opt.step()\n"
+                      "    opt.zero_grad()\n")
+    bd = _run(capsys, str(script))["breakdown"]
+    assert (bd["parameters"], bd["gradients"]) == (1088, 1088)

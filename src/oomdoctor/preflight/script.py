@@ -468,7 +468,9 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int =
             (torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda")),
             # Module.to(rank) with a plain index (the DDP tutorial's ``model.to(self.gpu_id)``): C's parser resolves
             # an index to the current accelerator, which a CPU build has none of
-            (torch._C._nn, "_parse_to", _parse_to_index_as_cuda(torch._C._nn._parse_to))]
+            (torch._C._nn, "_parse_to", _parse_to_index_as_cuda(torch._C._nn._parse_to)),
+            # nn.DataParallel's scatter of its inputs (torch.nn.parallel.comm.scatter), which a CPU build lacks
+            (torch._C, "_scatter", _scatter)]
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # PyTorch >= 2.6: what the optimizers ask before step() (below)
         out += [(acc, "current_accelerator", lambda check_available=False: torch.device("cuda")),
@@ -479,6 +481,16 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int =
     out += [(mem, "_record_memory_history", _none), (mem, "_dump_snapshot", _none),
             (mem, "empty_cache", _none)]
     return out
+
+
+def _scatter(tensor: Any, devices: list[int], chunk_sizes: Any, dim: int, streams: Any) -> tuple[Any, ...]:
+    """``torch._C._scatter`` (``nn.DataParallel``'s inputs, ``torch/csrc/cuda/comm.cpp``): ``tensor`` cut along
+    ``dim`` into one chunk per device (``chunk_sizes``, else as equal as ``torch.chunk`` makes them), each copied to
+    its GPU. One GPU traced: every chunk goes to the fake one."""
+    if len(devices) == 1:
+        return (tensor.to("cuda"),)
+    parts = tensor.split(list(chunk_sizes), dim) if chunk_sizes else tensor.chunk(len(devices), dim)
+    return tuple(p.contiguous().to("cuda") for p in parts)
 
 
 def _parse_to_index_as_cuda(orig: Any) -> Any:
