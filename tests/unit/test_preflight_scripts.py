@@ -283,13 +283,15 @@ def test_a_scripts_stacks_end_at_its_own_module_whoever_runs_preflight(capsys, t
 def test_a_module_moved_to_a_plain_device_index(capsys, tmp_path):
     """``model.to(self.gpu_id)`` with an int (pytorch/examples' DDP tutorial): C's ``_parse_to`` resolves an index
     to the current accelerator, which a CPU build has none of ("Cannot access accelerator device"); read as
-    ``cuda:<index>``, as on a CUDA machine. The Linear's 1,088 bytes are the parameters."""
+    ``cuda:<index>``, as on a CUDA machine. The Linear's 1,088 bytes are the parameters. (A factory's or ``.to``'s
+    ``device=0`` keyword is left as it was: accelerate's ``device_map="auto"`` probes each GPU with one, then loads
+    in worker threads, where no mode runs.)"""
     script = tmp_path / "to_index.py"
     script.write_text("import torch\n"
                       "m = torch.nn.Linear(16, 16).to(0)\n"
                       "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
                       "for _ in range(2):\n"
-                      "    m(torch.randn(4, 16).to(device=0)).sum().backward()\n"
+                      "    m(torch.randn(4, 16).to(0)).sum().backward()\n"
                       "    opt.step()\n"
                       "    opt.zero_grad()\n")
     out = _run(capsys, str(script))

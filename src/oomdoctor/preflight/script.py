@@ -122,7 +122,7 @@ class CudaDevices(TorchFunctionMode):
                 new_args[i] = a.dtype
         kw = dict(kwargs)
         d = kw.get("device")
-        if _is_cuda(d) or (isinstance(d, int) and not isinstance(d, bool)):  # device=0: cuda:0 on a CUDA machine
+        if _is_cuda(d):
             where, kw["device"] = "cuda", "cpu"
         elif _is_cpu(d) and func in (torch.Tensor.to,):
             where = "cpu"
