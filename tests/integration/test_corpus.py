@@ -495,3 +495,14 @@ def test_the_kept_exception_recording_ends_at_the_first_attempts_oom(corpus_dir)
     (r,) = report.ranks
     assert pytorch_size(r.oom.cuda_malloc_bytes) == "3.91 GiB" and "Tried to allocate 96.00 MiB" in truth["oom"]
     assert report.verdict.kind == "capacity" and not [f for f in report.findings if f.id == "kept-exception"]
+
+
+def test_a_rank_the_model_cannot_replay_says_why(corpus_dir):
+    """Issue 53 item 7: a replay that fails is said, with its reason, never dropped. torch.compile's
+    reduce-overhead run keeps CUDA graph private pools, which the model replays as recorded only: no fix is
+    replayed for it, and the rank's notes say so; a run the model replays has no such note."""
+    report, _truth = diagnosed(corpus_dir, "compiled-lm-b152")
+    notes = [w for r in report.ranks for w in r.warnings if w.startswith("no prediction or fix is replayed")]
+    assert notes and all("CUDA graph private pools" in w for w in notes), notes
+    plain, _ = diagnosed(corpus_dir, "trainer-ddp-gpt2-b88")
+    assert not [w for r in plain.ranks for w in r.warnings if w.startswith("no prediction or fix is replayed")]

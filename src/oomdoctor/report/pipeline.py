@@ -42,7 +42,7 @@ from .fits import Fits, Room, device_room, fits
 from .groups import with_groups
 from .margin import margin_inputs
 from .model import RankSummary, Report
-from .predict import Predictor, attach_predictions, predictor
+from .predict import Predictor, attach_predictions, predictor, replay_failure
 from .verdict import job_verdict, rank_verdict, state_verdict, with_findings, with_tightest_rank
 
 NO_HISTORY = ("Some snapshots hold no allocation history (recorded with enabled='state'): peaks are the final state "
@@ -208,6 +208,10 @@ def decide_rank(a: DeviceAnalysis, r: RankSummary, findings: list[Finding], pred
     if pred.micro_batch and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):
         pred.fits()
     r.fits = pred.fits_made()
+    if a.rank in pred.predictors and pred.predictors[a.rank] is None:  # a replay was asked for and failed: say why
+        why = replay_failure(a, **pred.inputs)
+        if why:
+            r.warnings.append(f"no prediction or fix is replayed for this rank: {why}")
     return r
 
 

@@ -312,6 +312,21 @@ def predictor(analysis: DeviceAnalysis, **margin_inputs: int | None) -> Predicto
         return None
 
 
+def replay_failure(analysis: DeviceAnalysis, **margin_inputs: int | None) -> str | None:
+    """Why the allocator model cannot replay ``analysis``'s trace (the ``SimulationError``'s message: CUDA graphs'
+    private pools, ``backend:cudaMallocAsync``, a memory fraction without the GPU's total), else None: a trace it
+    replays, or one without history (nothing to replay). Replays again: ask only where :func:`predictor` gave None."""
+    if not analysis.trace.has_history or analysis.num_events == 0:
+        return None
+    from ..simulate.replay import SimulationError
+
+    try:
+        Predictor(analysis, **margin_inputs)
+    except SimulationError as e:
+        return str(e)
+    return None
+
+
 def attach_predictions(findings: list[Finding], analyses: list[DeviceAnalysis],
                        predictors: dict[int, Predictor | None] | None = None) -> None:
     """Fill ``Fix.prediction`` for every fix with a ``what_if`` and ``Finding.prediction`` with the first
