@@ -104,8 +104,9 @@ def test_fragmentation_under_a_memory_fraction_cap_quotes_the_cap(snapshots, fra
     assert (ev["room_kind"], ev["room_bytes"]) == ("fraction", sim.capacity.limit_bytes) == ("fraction", 41_269_854_208)
     assert ev["free_bytes"] == ev["room_bytes"] - ev["allocated_bytes"] - ev["pending_free_bytes"]
     words = verdict_words.summary(v)
-    assert "fraction-cap" in v.reasons
-    assert words.startswith(f"{format_bytes(ev['free_bytes'])} were free under the memory-fraction cap of 38.44 GiB")
+    assert {"fraction-cap", "cap-lower-end"} <= set(v.reasons)  # read off the OOM: known from below, as simulate says
+    assert words.startswith(f"{format_bytes(ev['free_bytes'])} were free under a memory-fraction cap of at least "
+                            "38.44 GiB")
     assert "on the device" not in words and "does not reproduce" not in words
     fits = frag.ranks[0].fits
     assert fits.batch_scale is not None and fits.room_bytes == 41_269_854_208

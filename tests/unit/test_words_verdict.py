@@ -195,6 +195,13 @@ def test_under_a_memory_fraction_cap():
         f"for a request of {B(256 * MiB)}, but not in one piece")
 
 
+def test_a_cap_read_off_the_oom_is_said_as_a_lower_bound():
+    """The cap simulate gives as a range (its lower end the room) is 'at least' that, never stated as the cap."""
+    assert said("fragmentation", ["not-in-one-piece", "fraction-cap", "cap-lower-end"], OOM_EV).startswith(
+        f"{B(192 * MiB)} were free under a memory-fraction cap of at least {B(GiB + 192 * MiB)}, cached or not yet "
+        f"reserved, for a request of {B(256 * MiB)}, but not in one piece")
+
+
 def test_every_reason_is_said():
     # each id changes the words of some verdict: none is dead (the others: the tests above, kind by kind)
     base = {"healthy": ["room-known"], "capacity": ["live-tensors-exceed-room"]}

@@ -107,6 +107,8 @@ REASONS = {
     "pending-frees": "deferred-free: blocks held for other streams made the difference",
     "not-in-one-piece": "fragmentation: enough was free, but not in one piece",
     "fraction-cap": "the room is a memory-fraction cap (evidence room_kind)",
+    "cap-lower-end": ("the cap is read off the OOM (the device still had the segment free): the room is its lower end, "
+                      "the peak reserved before it (fits' room_source oom-fraction-cap, simulate/capacity.py rule 3)"),
     "free-split": ("the free bytes are reserved_unallocated_bytes less pending_free_bytes (cached) plus "
                    "unreserved_bytes (not yet reserved under the room)"),
     "graph-pools": "CUDA graph private pools reserved memory (evidence graph_pool_bytes)",
@@ -419,7 +421,8 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b:
         return Verdict("deferred-free", an.pending_free_bytes, [rank], None, "deferred-free", ev, ["pending-frees"])
     ev["room_kind"] = room.kind
-    reasons = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else [])]
+    reasons = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else []),
+               *(["cap-lower-end"] if room.source == "oom-fraction-cap" else [])]
     unreserved = room_b - an.reserved_bytes
     if unreserved >= 0 and ev["free_bytes"] == ev["reserved_unallocated_bytes"] - an.pending_free_bytes + unreserved:
         # the free bytes, split: reserved but not allocated (the fragmentation finding's bytes at stake, less the

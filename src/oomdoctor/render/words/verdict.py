@@ -97,6 +97,9 @@ def _fit(r: set[str], kind: str, ev: dict[str, Any] | None = None) -> str:
 def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
     """An OOM where enough was free but not in one piece, with what the fix's replay says (the verdict is
     ``capacity`` where fragmentation hit first but the job does not fit without it)."""
+    # a cap read off the OOM is known from below only (simulate says the range): its lower end is the room
+    cap = ("a memory-fraction cap of at least {room_bytes:bytes}" if "cap-lower-end" in r
+           else "the memory-fraction cap of {room_bytes:bytes}")
     if "free-split" in r:  # the fragmentation finding's bytes at stake are the reserved-but-unallocated ones
         pending, unreserved = bool(ev.get("pending_free_bytes")), bool(ev.get("unreserved_bytes"))
         split = "{reserved_unallocated_bytes:bytes} reserved but not allocated"
@@ -104,11 +107,9 @@ def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
             split += ", less {pending_free_bytes:bytes} held by deferred frees" + ("," if unreserved else "")
         if unreserved:
             split += " and {unreserved_bytes:bytes} not yet reserved" + ("" if "fraction-cap" in r else " on the device")
-        where = ("under the memory-fraction cap of {room_bytes:bytes} (" + split + ")," if "fraction-cap" in r
-                 else "(" + split + ")")
+        where = ("under " + cap + " (" + split + ")," if "fraction-cap" in r else "(" + split + ")")
     else:
-        where = ("under the memory-fraction cap of {room_bytes:bytes}, cached or not yet reserved,"
-                 if "fraction-cap" in r else "(cached or on the device)")
+        where = "under " + cap + ", cached or not yet reserved," if "fraction-cap" in r else "(cached or on the device)"
     out = ("{free_bytes:bytes} were free " + where + " for a request of {request_bytes:bytes}, but not "
            "in one piece (largest free block {largest_free_block_bytes:bytes}).")
     if "graph-pools" in r:
