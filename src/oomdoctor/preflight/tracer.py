@@ -74,12 +74,13 @@ _SKIP = ("oomdoctor/preflight/tracer.py", "oomdoctor/preflight/script.py", "oomd
 #: the frame through which Python enters the autograd engine (``torch/autograd/graph.py``)
 _ENGINE_ENTRY = ("_engine_run_backward",)
 _MAX_FRAMES = 48
-#: filename -> whether its frames are dropped (``_SKIP``), decided once per file
-_SKIPPED: dict[str, bool] = {}
-#: the frame through which preflight runs a script (``runpy``'s ``_run_code``): it and the frames below it (the
-#: CLI's, or a test's that called it) are not the job's; ``python train.py`` on a GPU has the script's ``<module>``
-#: outermost
+#: the file of the frame through which preflight runs a script (``runpy``'s ``_run_code``): it and the frames below
+#: it (the CLI's, or a test's that called it) are not the job's; ``python train.py`` on a GPU has the script's
+#: ``<module>`` outermost
 _SCRIPT_ENTRY = ("runpy.py", "<frozen runpy>")
+_KEEP, _DROP, _ENTRY_FILE = 0, 1, 2
+#: filename -> its frames kept, dropped (``_SKIP``) or runpy's (``_SCRIPT_ENTRY``), decided once per file
+_SKIPPED: dict[str, int] = {}
 
 
 def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
@@ -94,12 +95,13 @@ def _frames(skip_to_engine: bool) -> list[dict[str, Any]]:
         if skip_to_engine and code.co_name in _ENGINE_ENTRY:
             return out
         fn = code.co_filename
-        skip = _SKIPPED.get(fn)
-        if skip is None:
-            skip = _SKIPPED[fn] = any(s in fn for s in _SKIP)
-        if fn.endswith(_SCRIPT_ENTRY) and code.co_name == "_run_code":
+        kind = _SKIPPED.get(fn)
+        if kind is None:
+            kind = _SKIPPED[fn] = (_DROP if any(s in fn for s in _SKIP)
+                                   else _ENTRY_FILE if fn.endswith(_SCRIPT_ENTRY) else _KEEP)
+        if kind == _ENTRY_FILE and code.co_name == "_run_code":
             break
-        if not skip:
+        if kind != _DROP:
             out.append({"filename": fn, "line": f.f_lineno or 0, "name": code.co_name})
         f = f.f_back
     return [] if skip_to_engine else out[:_MAX_FRAMES]
