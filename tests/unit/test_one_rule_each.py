@@ -50,8 +50,9 @@ def test_a_bad_gpu_is_one_line_naming_the_option(gpu, memory, words):
 
 def test_the_planner_and_preflight_read_the_same_table():
     from oomdoctor.cli.plan import GPUS as plan_gpus
+    from oomdoctor.plan.terms import CUBLAS_WORKSPACE_BYTES
     from oomdoctor.preflight.snapshot import GPUS as preflight_gpus
-    from oomdoctor.preflight.snapshot import gpu_memory
+    from oomdoctor.preflight.snapshot import cublas_workspace_bytes
 
     assert plan_gpus is preflight_gpus is GPUS
-    assert gpu_memory("h100-80gb") == GPUS["H100-80GB"].total_bytes
+    assert cublas_workspace_bytes(9) == CUBLAS_WORKSPACE_BYTES == 32 << 20  # the planner's and the tracer's

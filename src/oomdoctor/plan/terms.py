@@ -291,7 +291,10 @@ def cached_outputs_bytes(train: TrainingSpec, plan: ParallelPlan, vocab: int, mi
 # -- fixed costs -----------------------------------------------------------------------------------
 
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
-"""Hopper cuBLAS workspace per handle and stream, through the caching allocator (PyTorch PR #120925)."""
+"""Hopper cuBLAS workspace per handle and stream, through the caching allocator (PyTorch PR #120925,
+``CUDABlas.cpp`` ``_getWorkspaceSize``: ``:4096:8``): one at the first GEMM of the main thread, one at the first
+GEMM of the autograd engine's thread (both seen in ``shared/snapshots/ddp-clean``, 33,554,432 bytes, the second
+with no Python frame). Preflight's tracer allocates them too (``preflight/snapshot.py`` ``cublas_workspace_bytes``)."""
 CUDA_CONTEXT_BYTES = 740 * 10**6
 """CUDA context and the kernels of a training step, outside the caching allocator: 737 MB measured on
 H200, CUDA 13.0, torch 2.11 after CUDA init, a GEMM and SDPA forward and backward

@@ -21,29 +21,16 @@ from ..capture.metadata import SIDECAR_FORMAT, place_markers
 # the GPU table and the constants outside the allocator are the planner's, one definition each (plan/gpus.py,
 # plan/terms.py, measured on H200, docs/plan.md)
 from ..plan.gpus import GPUS as GPUS
-from ..plan.gpus import gpu_by_name
+from ..plan.terms import CUBLAS_WORKSPACE_BYTES
 from ..plan.terms import CUDA_CONTEXT_BYTES as CUDA_CONTEXT_BYTES
 from ..plan.terms import NCCL_FIRST_COMMUNICATOR_BYTES as NCCL_FIRST_COMMUNICATOR_BYTES
 from .tracer import TraceRecord
 
-MiB = 1 << 20
-
-CUBLAS_WORKSPACE_BYTES = 32 * MiB
-"""cuBLAS workspace per handle and stream on Hopper, allocated through the caching allocator (PyTorch PR
-#120925, ``CUDABlas.cpp`` ``_getWorkspaceSize``: ``:4096:8``): one at the first GEMM of the main thread,
-one at the first GEMM of the autograd engine's thread (both seen in ``shared/snapshots/ddp-clean``,
-33,554,432 bytes, the second with no Python frame). 4 MiB on older GPUs (``:4096:2:16:8`` = 4 MiB + 8 ×
-16 KiB... the default before sm90 is 4096 KiB × 2 + 16 KiB × 8 = 8.125 MiB)."""
-
-
-def gpu_memory(name: str) -> int:
-    """Total bytes of a GPU by name (case-insensitive, :data:`oomdoctor.plan.gpus.GPUS`). Raises KeyError."""
-    return gpu_by_name(name).total_bytes
-
 
 def cublas_workspace_bytes(sm_major: int) -> int:
-    """Bytes of one cuBLAS workspace: 32 MiB on sm90+ (Hopper, Blackwell), else 8.125 MiB
-    (``CUDABlas.cpp`` ``_getWorkspaceSizeFromEnv`` defaults)."""
+    """Bytes of one cuBLAS workspace: 32 MiB on sm90+ (Hopper, Blackwell:
+    :data:`oomdoctor.plan.terms.CUBLAS_WORKSPACE_BYTES`), else 8.125 MiB (``CUDABlas.cpp``
+    ``_getWorkspaceSizeFromEnv`` defaults: ``:4096:2:16:8``, 4096 KiB x 2 + 16 KiB x 8)."""
     return CUBLAS_WORKSPACE_BYTES if sm_major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
