@@ -21,16 +21,16 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 CASES = [
-    (64, 6, 197, 64, "bfloat16", False, None),    # timm vit_small_patch16_224, b 64
-    (32, 6, 197, 64, "bfloat16", False, None),
-    (64, 6, 256, 64, "bfloat16", False, None),
-    (64, 12, 197, 64, "bfloat16", False, None),
-    (32, 12, 197, 64, "float16", False, None),
-    (64, 6, 197, 128, "bfloat16", False, None),
-    (8, 12, 1024, 64, "bfloat16", True, None),    # GPT-2 causal
-    (8, 12, 1000, 64, "bfloat16", True, None),
-    (4, 16, 2048, 128, "bfloat16", True, None),
-    (16, 8, 384, 64, "float16", False, None),
+    (64, 6, 197, 64, "bfloat16", False),    # timm vit_small_patch16_224, b 64
+    (32, 6, 197, 64, "bfloat16", False),
+    (64, 6, 256, 64, "bfloat16", False),
+    (64, 12, 197, 64, "bfloat16", False),
+    (32, 12, 197, 64, "float16", False),
+    (64, 6, 197, 128, "bfloat16", False),
+    (8, 12, 1024, 64, "bfloat16", True),    # GPT-2 causal
+    (8, 12, 1000, 64, "bfloat16", True),
+    (4, 16, 2048, 128, "bfloat16", True),
+    (16, 8, 384, 64, "float16", False),
 ]
 NAMES = {int(v): k for k, v in SDPBackend.__members__.items()}
 
