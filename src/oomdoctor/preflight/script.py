@@ -45,6 +45,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ._private import PreflightError, require
+from .attention import target_gpu
 from .tracer import AllocationTracer, TraceRecord, gpu_device_property, run_traced
 from .values import SHADOW_LIMIT
 
@@ -921,6 +922,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         return kept
 
     _NOTES.clear()
-    rec = run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
-    rec.notes = sorted(_NOTES)
+    with target_gpu(sm_major):
+        rec = run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
+    rec.notes = sorted(_NOTES | set(rec.notes))
     return rec

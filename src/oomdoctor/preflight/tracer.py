@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._private import require
-from .attention import sdpa_as_cuda
+from .attention import CUDNN_WORKSPACE_EXTRA, sdpa_as_cuda
 from .values import StandIns
 
 
@@ -368,6 +368,10 @@ class AllocationTracer(TorchDispatchMode):
             addr = self.temporary(CUBLASLT_WORKSPACE_BYTES, backward, keep=True)
             self.record.extra_allocations.append({"what": "cublaslt_workspace", "addr": addr,
                                                   "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
+        if func is _aten.convolution.default and torch.backends.cudnn.benchmark \
+                and "cudnn_benchmark" not in self.record.notes:
+            # cuDNN's autotuner runs on a new convolution shape: its workspace is sized by cuDNN (Conv_v8.cpp)
+            self.record.notes.append("cudnn_benchmark")
         extra = _kernel_buffers(func, args)
         if self.gpu_only and not self._gpu_depth:  # host tensors a device op reads are copied in (index tensors)
             extra += [t.untyped_storage().nbytes() for t in leaves if t.dim() > 0 and not _is_fake(t)]
@@ -456,7 +460,8 @@ def _kernel_buffers(func, args) -> list[int]:
 
     Flash attention v2 backward (``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``
     ``mha_bwd``): ``softmax_d`` of ``b × h × round_up(s_q, 128)`` fp32 and ``dq_accum`` of
-    ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``)."""
+    ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``). cuDNN attention: 256 B in the
+    forward, ``b × h × s_q × (d + 1) × 4 + 256`` in the backward (measured on an H200, :mod:`.attention`)."""
     if func is _aten._safe_softmax.default:
         # CompositeExplicitAutograd (attention.cpp ``_safe_softmax``): softmax, then ``self.eq(-inf)`` (bool, one
         # byte an element), ``all`` over the dim (bool, one a row) and a 0-dim zero, freed when it returns; the fake
@@ -464,6 +469,12 @@ def _kernel_buffers(func, args) -> list[int]:
         x, dim = args[0], args[1]
         n = x.numel()
         return [n, n // max(int(x.shape[dim]), 1), 4] if n else []
+    if func is _aten._scaled_dot_product_cudnn_attention.default:
+        return [CUDNN_WORKSPACE_EXTRA]  # the forward's workspace (measured, attention.py's module doc)
+    if func is _aten._scaled_dot_product_cudnn_attention_backward.default:
+        q = args[1]  # (grad_out, query, key, value, out, logsumexp, ...), query is b × h × s × d
+        b, h, s, d = (int(x) for x in q.shape)
+        return [b * h * s * (d + 1) * 4 + CUDNN_WORKSPACE_EXTRA]
     if func is _aten._scaled_dot_product_flash_attention_backward.default:
         q = args[1]  # (grad_out, query, key, value, out, logsumexp, ...), query is b × h × s × d
         b, h, s, d = (int(x) for x in q.shape)
