@@ -28,15 +28,16 @@ def hf_tracer(job: Any, *, gpu_name: str | None, gpu_total_bytes: int, sm_major:
 
     import torch
 
-    from .attention import target_gpu
+    from ..plan.gpus import gpu_sms
     from .snapshot import cublas_workspace_bytes, sidecar, snapshot_dict
     from .steps import load_config, trace_hf
+    from .target import target_gpu
 
     cfg = config if config is not None else load_config(job.config)
 
     def f(n: int | None) -> tuple[dict, dict, Any]:
         j = job if n is None else dataclasses.replace(job, micro_batch=n)
-        with target_gpu(sm_major):
+        with target_gpu(sm_major, sms=gpu_sms(gpu_name)):
             rec = trace_hf(j, config=cfg, cublas_workspace_bytes=cublas_workspace_bytes(sm_major))
         meta = sidecar(rec, gpu_name=gpu_name, gpu_total_bytes=gpu_total_bytes, torch_version=torch.__version__,
                        micro_batch=j.micro_batch, job=j.as_dict())
@@ -53,12 +54,13 @@ def module_tracer(model_fn: Callable, step_fn: Callable, batch_fn: Callable, *, 
     micro-batch of ``n`` samples, or ``batch_fn()`` when ``n`` is None."""
     import torch
 
-    from .attention import target_gpu
+    from ..plan.gpus import gpu_sms
     from .snapshot import cublas_workspace_bytes, sidecar, snapshot_dict
     from .steps import trace_module
+    from .target import target_gpu
 
     def f(n: int | None) -> tuple[dict, dict, Any]:
-        with target_gpu(sm_major):
+        with target_gpu(sm_major, sms=gpu_sms(gpu_name)):
             rec = trace_module(model_fn, step_fn, (lambda: batch_fn(n)) if n is not None else batch_fn,
                                optimizer_fn=optimizer_fn, steps=steps,
                                cublas_workspace_bytes=cublas_workspace_bytes(sm_major))

@@ -35,20 +35,22 @@ among CPU kernels, so the trace sends each call to the kernel CUDA would take, w
 
 A boolean mask is first made additive in the query's dtype (``convert_boolean_attn_mask``).
 
-The target GPU's compute capability comes from :func:`target_gpu` (the traced job's ``--gpu``; sm90 when none is
-set).
+The target GPU's compute capability comes from :func:`.target.target_gpu` (the traced job's ``--gpu``; sm90 when
+none is set).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from .target import current, target_gpu
+
+__all__ = ["CUDNN_FIRST_TORCH", "CUDNN_WORKSPACE_EXTRA", "cuda_backend", "cudnn_first", "math_attention",
+           "sdpa_as_cuda", "target_gpu"]
 
 _aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
@@ -56,22 +58,10 @@ _HALF = (torch.float16, torch.bfloat16)
 MASK_ALIGNMENT = 8
 
 
-#: the traced job's GPU, ``(major, minor)`` compute capability (:func:`target_gpu`)
-_TARGET: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("oomdoctor_sdpa_target", default=(9, 0))
 #: the first torch release measured to put cuDNN attention first on sm90 (``docs/preflight.md``)
 CUDNN_FIRST_TORCH = (2, 11)
 #: the workspace cuDNN's forward allocates and frees, and the constant part of its backward's (bytes, measured)
 CUDNN_WORKSPACE_EXTRA = 256
-
-
-@contextlib.contextmanager
-def target_gpu(sm_major: int, sm_minor: int = 0) -> Iterator[None]:
-    """While active, :func:`cuda_backend` picks kernels as on a GPU of compute capability ``sm_major.sm_minor``."""
-    token = _TARGET.set((sm_major, sm_minor))
-    try:
-        yield
-    finally:
-        _TARGET.reset(token)
 
 
 def _torch_at_least(version: tuple[int, int]) -> bool:
@@ -97,7 +87,8 @@ def _env_flag(name: str) -> bool | None:
 
 def cudnn_first() -> bool:
     """``check_prefer_cudnn_attention`` for the target GPU (:func:`target_gpu`) and this torch (module doc)."""
-    major, minor = _TARGET.get()
+    t = current()
+    major, minor = t.sm_major, t.sm_minor
     if major not in (9, 10) or minor or not _torch_at_least(CUDNN_FIRST_TORCH):
         return False
     if _env_flag("TORCH_CUDNN_SDPA_PREFERRED") is False or _env_flag("TORCH_CUDNN_SDPA_DEPRIORITIZED"):
@@ -114,7 +105,8 @@ def _cudnn_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
         return False
     if not (q.dtype == k.dtype == v.dtype and q.dtype in _HALF):
         return False
-    limit = 256 if _TARGET.get() == (9, 0) else 128
+    t = current()
+    limit = 256 if (t.sm_major, t.sm_minor) == (9, 0) else 128
     d_qk, d_v = q.shape[-1], v.shape[-1]
     if not (d_qk == k.shape[-1] and 0 < d_qk <= limit and 0 < d_v <= limit and d_qk % 8 == 0 and d_v % 8 == 0):
         return False

@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._private import require
 from .attention import CUDNN_WORKSPACE_EXTRA, sdpa_as_cuda
+from .reduce import staging_bytes
 from .values import StandIns
 
 
@@ -455,13 +456,19 @@ the first cuBLAS workspace of the main thread in the real Trainer snapshot of th
 ``trainer-ddp-gpt2-b88``, event 281); none on the backward thread, whose GEMMs have no bias epilogue."""
 
 
+#: reductions through ``gpu_reduce_kernel`` (``Reduce.cuh``), the dims argument second in those of the second set
+_REDUCTIONS_DIM = {_aten.sum.dim_IntList, _aten.mean.dim}
+_REDUCTIONS = _REDUCTIONS_DIM | {_aten.sum.default, _aten.mean.default}
+
+
 def _kernel_buffers(func, args) -> list[int]:
     """Bytes a CUDA kernel wrapper allocates for itself and frees before it returns (not outputs).
 
     Flash attention v2 backward (``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``
     ``mha_bwd``): ``softmax_d`` of ``b × h × round_up(s_q, 128)`` fp32 and ``dq_accum`` of
     ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``). cuDNN attention: 256 B in the
-    forward, ``b × h × s_q × (d + 1) × 4 + 256`` in the backward (measured on an H200, :mod:`.attention`)."""
+    forward, ``b × h × s_q × (d + 1) × 4 + 256`` in the backward (measured on an H200, :mod:`.attention`). A sum or
+    mean split across thread blocks: its partial results and semaphores (``Reduce.cuh``, :mod:`.reduce`)."""
     if func is _aten._safe_softmax.default:
         # CompositeExplicitAutograd (attention.cpp ``_safe_softmax``): softmax, then ``self.eq(-inf)`` (bool, one
         # byte an element), ``all`` over the dim (bool, one a row) and a 0-dim zero, freed when it returns; the fake
@@ -469,6 +476,9 @@ def _kernel_buffers(func, args) -> list[int]:
         x, dim = args[0], args[1]
         n = x.numel()
         return [n, n // max(int(x.shape[dim]), 1), 4] if n else []
+    if func in _REDUCTIONS:
+        # Reduce.cuh's staging buffers when the input is split across blocks (a linear layer's bias gradient)
+        return staging_bytes(args[0], args[1] if len(args) > 1 and func in _REDUCTIONS_DIM else None)
     if func is _aten._scaled_dot_product_cudnn_attention.default:
         return [CUDNN_WORKSPACE_EXTRA]  # the forward's workspace (measured, attention.py's module doc)
     if func is _aten._scaled_dot_product_cudnn_attention_backward.default:
