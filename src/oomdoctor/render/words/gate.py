@@ -5,9 +5,9 @@ not be read, and why ``--fail-on`` fails or passes (:class:`oomdoctor.report.gat
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from ..format import count, span
+from ..format import count, format_bytes, span
 
 if TYPE_CHECKING:
     from ...report.gate import Gate
@@ -81,3 +81,12 @@ def passed_note(g: Gate) -> str | None:
 def headline_ranks(report: Report) -> str:
     """The headline's count of ranks: :func:`ranks_read` of ``report``."""
     return ranks_read([r.rank for r in report.ranks], report.unread)
+
+
+def preflight_oom(a: Any) -> str:
+    """Why ``preflight --fail-on-oom`` fails (``a``: a :class:`oomdoctor.report.preflight.PreflightAnswer` whose
+    replay ran out of memory): the request that did not fit and the room, on the GPU named."""
+    gpu = a.gpu_name or "the GPU"
+    req = f"a request of {format_bytes(a.oom_request_bytes)}" if a.oom_request_bytes else "a request"
+    return (f"the traced job runs out of memory on {gpu}: {req} did not fit in the allocator's room of "
+            f"{format_bytes(a.room_bytes)}")
