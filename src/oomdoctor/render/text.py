@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
 _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
-_APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
+_APPLIES_STYLE = {True: "green", False: "dim", None: "yellow"}
 
 
 _count = count  # ``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)`` (render/format.py)
@@ -309,7 +309,7 @@ def _finding_panel(i: int, f) -> Panel:
     if f.fixes:
         parts.append(Text("\nFix:", style="bold"))
         for n, fx in enumerate(f.fixes, 1):
-            mark, style = _APPLIES[fx.applies]
+            mark, style = finding_words.APPLIES_MARK[fx.applies], _APPLIES_STYLE[fx.applies]
             line = Text.assemble((f"[{fx.versions}] ", "dim"), finding_words.fix_text(fx), (f"  {mark}", style))
             parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:

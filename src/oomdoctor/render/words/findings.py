@@ -279,6 +279,11 @@ FIXES: dict[str, str] = {
 FRAMEWORK_KNOBS: dict[str, str] = {"framework-eval-outputs": "eval-outputs"}
 
 
+
+#: a fix's mark by ``Fix.applies``: whether the user's PyTorch has the setting or API (the fix's version range), not
+#: whether it fits (its simulated prediction says that)
+APPLIES_MARK = {True: "✓ in your PyTorch", False: "✗ not in your PyTorch", None: "? check your PyTorch version"}
+
 def title_template(finding_id: str, variant: str) -> str:
     """The title of ``(finding_id, variant)``, a template over the finding's evidence.
 
