@@ -409,6 +409,9 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 else "")
         head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {span(v.ranks)}",
                     style="bold")
+        found = gate_words.headline_findings(report)
+        if found:
+            head.append(f"; {found}", style="bold yellow")
         head.append(f"; {gate_words.headline_ranks(report)}")
     else:
         head.append(gate_words.headline_ranks(report))

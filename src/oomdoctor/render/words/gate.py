@@ -78,6 +78,21 @@ def passed_note(g: Gate) -> str | None:
             "on findings")
 
 
+def headline_findings(report: Report) -> str | None:
+    """Under a healthy verdict, the findings at HIGH or above that decide no verdict, by id (``1 HIGH finding:
+    pipeline-output-cache``), so the first line does not read as all clear; None otherwise (a new user missed one
+    80 lines down)."""
+    v = report.verdict
+    if v is None or v.kind != "healthy":
+        return None
+    ids = list(dict.fromkeys(f.id for f in report.findings if f.severity in ("high", "critical")))
+    if not ids:
+        return None
+    n = sum(1 for f in report.findings if f.severity in ("high", "critical"))
+    worst = "CRITICAL" if any(f.severity == "critical" for f in report.findings) else "HIGH"
+    return f"{count(n, worst + ' finding')}: {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}"
+
+
 def headline_ranks(report: Report) -> str:
     """The headline's count of ranks: :func:`ranks_read` of ``report``."""
     return ranks_read([r.rank for r in report.ranks], report.unread)
