@@ -78,7 +78,9 @@ def render_preflight_text(a: Any, width: int = 80) -> str:
              f"allocator, after {format_bytes(a.outside_allocator_bytes)} outside it, {outside}", ""]
     if a.oom:
         lines.append(f"OUT OF MEMORY: a request of {format_bytes(a.oom_request_bytes or 0)} does not fit "
-                     f"(peak reserved {format_bytes(a.peak_reserved_bytes)} before it)")
+                     f"(peak reserved {format_bytes(a.peak_reserved_bytes)} before it)"
+                     + (f", made at {a.oom_site['file']}:{a.oom_site['line']} ({a.oom_site['function']})"
+                        if a.oom_site else ""))
     else:
         lines.append(f"fits: peak reserved {format_bytes(a.peak_reserved_bytes)}, peak allocated "
                      f"{format_bytes(a.peak_allocated_bytes)} (requested {format_bytes(a.peak_requested_bytes)}), "
