@@ -10,9 +10,9 @@ from .format import format_bytes, wrap_lines
 
 #: what each ``not_traced`` id means
 NOT_TRACED_TEXT = {
-    "kernel_workspaces_chosen_at_run_time": "workspaces of kernels chosen at run time (cuDNN convolution "
-                                            "and RNN algorithms, reductions' staging buffers) are not traced; "
-                                            "cuBLAS's and the attention kernels' are",
+    "kernel_workspaces_chosen_at_run_time": "workspaces of kernels chosen at run time (cuDNN's convolution "
+                                            "and RNN algorithms) are not traced; cuBLAS's, the attention "
+                                            "kernels' and reductions' staging buffers are",
     "cudnn_benchmark": "torch.backends.cudnn.benchmark is on: the first step of each new convolution shape "
                        "also runs cuDNN's autotuner, whose workspace cuDNN sizes at run time, up to the free "
                        "memory, halving it until it fits (so it cannot run out of memory); it is not traced, "
