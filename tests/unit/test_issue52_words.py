@@ -278,3 +278,17 @@ def test_the_readmes_quotes_are_what_the_commands_print(snapshots, capsys, monke
     [f] = d["findings"]
     claim = (f"`{f['id']}` {f['status']}, {f['peak_reserved_saved_bytes']:,} bytes (1.62 GiB) of peak reserved saved")
     assert claim in readme, claim
+
+
+def test_findings_on_the_same_tensors_are_linked(snapshots, capsys, monkeypatch):
+    """A new user saw the ddp-imbalance bug as three unlinked findings (rank-imbalance, memory-growth,
+    output-accumulation, all at one allocation site): each names the others, in JSON (``related``) and in the text;
+    a finding alone at its sites names none."""
+    out, _ = _run(capsys, monkeypatch, ["diagnose", str(snapshots / "ddp-imbalance"), "--format", "json"])
+    fs = {f["id"]: f for f in json.loads(out)["findings"]}
+    assert fs["rank-imbalance"]["related"] == ["memory-growth", "output-accumulation"]
+    assert fs["output-accumulation"]["related"] == ["rank-imbalance", "memory-growth"]
+    out, _ = _run(capsys, monkeypatch, ["diagnose", str(snapshots / "ddp-imbalance")])
+    assert "the same allocation sites as: memory-growth, output-accumulation" in out
+    out, _ = _run(capsys, monkeypatch, ["diagnose", "--demo", "--format", "json"])
+    assert all(f["related"] == [] for f in json.loads(out)["findings"])

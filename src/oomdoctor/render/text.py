@@ -299,7 +299,11 @@ def _finding_panel(i: int, f) -> Panel:
     head = f"rank{'s' if len(f.ranks) > 1 else ''} {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
         head += f" · PyTorch {torch_version_words(f.evidence['torch_version'])}"
-    parts: list = [Text(head, style="dim"), Text(finding_words.summary(f))]
+    parts: list = [Text(head, style="dim")]
+    related = finding_words.related_line(f)
+    if related:
+        parts.append(Text(related, style="dim"))
+    parts.append(Text(finding_words.summary(f)))
     if f.sites:
         parts.append(Text("\nWhere:", style="bold"))
         for s in f.sites[:3]:

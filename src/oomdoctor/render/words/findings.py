@@ -348,3 +348,8 @@ def fix_text(fx: Fix) -> str:
 def verdict_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
     """A verdict's evidence with the finding title it names (a :class:`FindingTitle`) in words."""
     return {k: resolve_title(x) if isinstance(x, FindingTitle) else x for k, x in evidence.items()}
+
+
+def related_line(f: Any) -> str | None:
+    """``the same allocation sites as: memory-growth, output-accumulation``, or None without related findings."""
+    return f"the same allocation sites as: {', '.join(f.related)}" if f.related else None
