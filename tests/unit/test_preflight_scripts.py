@@ -375,3 +375,59 @@ def test_an_oom_names_the_scripts_line_that_made_the_request(capsys, tmp_path):
     main(["preflight", "--gpu-memory", "2GiB", "--", "python", str(f)])
     out = capsys.readouterr().out
     assert f"made at {f}:{doc['oom_site']['line']}" in " ".join(out.split())
+
+
+def _peak(capsys, script) -> int:
+    assert main(["preflight", "--format", "json", "--no-search", "--", "python", str(script)]) == 0
+    return json.loads(capsys.readouterr().out)["peak_allocated_bytes"]
+
+
+@pytest.mark.parametrize("where", ["cpu", "cuda", None])
+def test_torch_load_reads_on_the_host_and_places_on_the_gpu_what_it_would(capsys, tmp_path, where):
+    """``torch.load`` runs on the real host: a checkpoint loaded to the host goes into a host model (before: meta
+    tensors, "Cannot copy out of meta tensor" in ``load_state_dict``; torchvision's pretrained weights, the corpus's
+    similarity and fast_neural_style scripts); ``map_location="cuda"`` makes fake GPU tensors, their bytes traced."""
+    ckpt = tmp_path / "w.pt"
+    torch.save({"w": torch.zeros(8192, 8192), "lin": torch.nn.Linear(64, 64).state_dict()}, ckpt)
+    f = tmp_path / "load.py"
+    loc = repr(where) if where else "None"
+    f.write_text("import torch\n"
+                 f"sd = torch.load({str(ckpt)!r}, map_location={loc})\n"
+                 "m = torch.nn.Linear(64, 64)\nm.load_state_dict(sd['lin'])\nm = m.cuda()\n"
+                 "opt = torch.optim.SGD(m.parameters())\n"
+                 "for _ in range(2):\n    m(torch.randn(8, 64, device='cuda')).sum().backward()\n    opt.step()\n"
+                 "assert sd['w'].is_cuda == (" + repr(where == "cuda") + ")\n")
+    peak = _peak(capsys, f)
+    big = 8192 * 8192 * 4  # 256 MiB; the rest of the job (cuBLAS's workspaces included) is under 100 MiB
+    assert (peak >= big) is (where == "cuda")  # only the GPU's copy of the tensor is on the GPU
+
+
+def test_a_single_process_group_of_ones_own_runs_on_the_fake_one(capsys, tmp_path):
+    """A script that starts a process group of one by itself (DINO: ``init_process_group("nccl")``, rank 0 of 1, no
+    launcher) runs on the fake process group: a CPU build of torch has no NCCL. No launcher variable is set."""
+    f = tmp_path / "one.py"
+    f.write_text("import os, torch, torch.distributed as dist\n"
+                 "assert 'WORLD_SIZE' not in os.environ\n"
+                 "dist.init_process_group(backend='nccl', init_method='env://', world_size=1, rank=0)\n"
+                 "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64).cuda(), device_ids=[0])\n"
+                 "opt = torch.optim.SGD(m.parameters())\n"
+                 "for _ in range(2):\n    loss = m(torch.randn(8, 64, device='cuda')).sum()\n"
+                 "    dist.all_reduce(loss.detach().clone())\n    loss.backward()\n    opt.step()\n")
+    assert _peak(capsys, f) > 0
+
+
+def test_a_weight_normed_head_moves_to_the_gpu(capsys, tmp_path):
+    """``nn.utils.weight_norm`` (DINO's head): the weight computed at construction keeps ``weight_v`` and
+    ``weight_g`` referenced by its graph, so ``swap_tensors`` refuses them in ``.cuda()``; before, the parameters
+    became meta tensors and the first forward failed ("its data is not allocated yet")."""
+    f = tmp_path / "wn.py"
+    f.write_text("import torch, torch.nn as nn\n"
+                 "def head():\n    l = nn.utils.weight_norm(nn.Linear(64, 128, bias=False))\n"
+                 "    l.weight_g.data.fill_(1)\n    return l\n"
+                 "s, t = head().cuda(), head().cuda()\n"
+                 "assert s.weight_v.is_cuda and s.weight_g.is_cuda\n"
+                 "t.load_state_dict(s.state_dict())\n"
+                 "opt = torch.optim.SGD(s.parameters())\n"
+                 "for _ in range(2):\n    x = torch.randn(8, 64, device='cuda')\n"
+                 "    (s(x).sum() + t(x).sum()).backward()\n    opt.step()\n")
+    assert _peak(capsys, f) > 0

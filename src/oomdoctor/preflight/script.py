@@ -287,10 +287,41 @@ def _swap_or_set(orig: Any) -> Any:
             pass
         try:
             orig(t1, t2)
-        except RuntimeError:  # swap_tensors' own checks (use counts, gradient edges): set in place, as before
-            t1.data = t2.data
+        except RuntimeError:  # swap_tensors' use-count check: a reference an old graph holds
+            _swap_held(t1, t2)
 
     return swap
+
+
+def _swap_held(t1: Any, t2: Any) -> None:
+    """``swap_tensors`` without its use-count check, for a parameter an old autograd graph still references
+    (``nn.utils.weight_norm``: the weight computed at construction saved ``weight_v`` and ``weight_g``; DINO's head).
+    The old graph keeps the host tensor it saved, and is never run (the hook computes the weight again at the next
+    forward). Before, ``t1.data = t2.data`` made the parameter a meta tensor, and the next forward failed ("its data
+    is not allocated yet")."""
+    import copyreg
+
+    swap_impl = require("torch._C._swap_tensor_impl")
+    slots = set(copyreg._slotnames(t1.__class__))  # type: ignore[attr-defined]
+    if slots != set(copyreg._slotnames(t2.__class__)):  # type: ignore[attr-defined]
+        t1.data = t2.data
+        return
+    for name in ("__class__", "__dict__"):
+        a, b = getattr(t1, name), getattr(t2, name)
+        setattr(t1, name, b)
+        setattr(t2, name, a)
+    for slot in slots:
+        a, b = getattr(t1, slot, _MISSING), getattr(t2, slot, _MISSING)
+        for t, v in ((t1, b), (t2, a)):
+            if v is _MISSING:
+                if hasattr(t, slot):
+                    delattr(t, slot)
+            else:
+                setattr(t, slot, v)
+    swap_impl(t1, t2)
+
+
+_MISSING = object()
 
 
 def ddp_stand_in(tracer: AllocationTracer) -> type:
@@ -363,6 +394,51 @@ def _backward_on_gpu(orig: Any, tracer: AllocationTracer) -> Any:
             return orig(*a, **k)
 
     return run
+
+
+def _load_location(map_location: Any, location: str) -> str:
+    """Where ``torch.load`` puts a storage saved at ``location`` under ``map_location`` (a device string, a
+    ``torch.device``, a dict of locations, or None: where it was saved); a callable's answer is not asked for (it
+    could move a real storage to a GPU this host lacks): the host."""
+    if map_location is None:
+        return location
+    if isinstance(map_location, (str, torch.device)):
+        return str(map_location)
+    if isinstance(map_location, dict):
+        return str(map_location.get(location, location))
+    return "cpu"
+
+
+def _torch_load(orig: Any, tracer: AllocationTracer) -> Any:
+    """``torch.load`` on the real host: the file read into host tensors outside the fake mode (before, its storages
+    were made under it as meta tensors, and ``load_state_dict`` into a host model failed: "Cannot copy out of meta
+    tensor", torchvision's pretrained weights among them); then each tensor whose storage ``torch.load`` would have
+    put on a GPU (``map_location``, else where it was saved) is moved there through the script's device layer, a
+    fake GPU tensor whose copy is traced."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._pytree import tree_map
+
+    def load(f: Any, map_location: Any = None, *a: Any, **k: Any) -> Any:
+        gpu: set[int] = set()
+
+        def locate(storage: Any, location: str) -> Any:
+            if _load_location(map_location, location).startswith("cuda"):
+                gpu.add(storage.data_ptr())
+            return storage  # on the host
+
+        with unset_fake_temporarily(), tracer.on_gpu(False):
+            obj = orig(f, locate, *a, **k)
+        if not gpu:
+            return obj
+
+        def place(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and not _is_fake(x) and x.untyped_storage().data_ptr() in gpu:
+                return x.cuda()
+            return x
+
+        return tree_map(place, obj)
+
+    return load
 
 
 def _loader_iter_init(orig: Any) -> Any:
@@ -739,7 +815,10 @@ def _library_hooks() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
-    """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc)."""
+    """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc). With one
+    process (no ``--nproc-per-node``) the launcher's variables are not set, as ``python train.py`` has none: a
+    script that starts a process group of one by itself (DINO's ``init_distributed_mode``: NCCL, rank 0 of 1, which
+    a CPU build of torch lacks) gets the fake one; the others never call it."""
     import torch.distributed as dist
 
     FakeStore = require("torch.testing._internal.distributed.fake_pg.FakeStore")
@@ -750,7 +829,8 @@ def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
         orig(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
 
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"} \
+        if world_size > 1 else {}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     # every module holding torch's function: torch.distributed, distributed_c10d, device_mesh (init_device_mesh
@@ -885,6 +965,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.autograd, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
             (torch.autograd.graph, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
             (ddp_mod, "DistributedDataParallel", ddp_cls), (parallel, "DistributedDataParallel", ddp_cls),
+            (torch, "load", _torch_load(torch.load, tracer)),
             (sys, "argv", sys_argv),
             (sys, "path", [str(Path(script).resolve().parent) if module is None else os.getcwd(), *sys.path]),
         ]
@@ -892,8 +973,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         kept: Any = None
         try:
             # the script's own prints go to standard error: standard output is preflight's answer
-            with _patched(patches), _library_hooks(), (_fake_process_group(job.world_size, job.rank) if job.world_size > 1
-                                     else contextlib.nullcontext()), devices, \
+            with _patched(patches), _library_hooks(), _fake_process_group(max(1, job.world_size), job.rank), devices, \
                     gpu_device_property(tracer), contextlib.redirect_stdout(sys.stderr):
                 try:
                     if module is None:
