@@ -214,7 +214,8 @@ def test_healthy_run_says_so_first(tmp_path):
     (tmp_path / "r" / "rank0.meta.json").write_text(json.dumps(meta))
     report = build_report([load(path)])
     text = render_text_plain(report, width=80)
-    assert text.splitlines()[0] == "oomdoctor 0.1.0: healthy on rank 0; 1 rank read"
+    # healthy first; the HIGH finding the verdict lets through is named on the same line (a new user missed one)
+    assert text.splitlines()[0] == "oomdoctor 0.1.0: healthy on rank 0; 1 HIGH finding: fragmentation; 1 rank read"
     room = 80 * GiB - 740 * 10**6  # the GPU less the CUDA context (planner constant), no NCCL on one rank
     assert report.verdict.kind == "healthy" and report.verdict.headroom_bytes == room - report.ranks[0].peak_reserved_bytes
     table = text[text.index("Ranks"):text.index("rank 0:")]
