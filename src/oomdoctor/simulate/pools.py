@@ -80,8 +80,8 @@ def private_pools(trace: Trace, dt: DeviceTrace, start_segments: list) -> Privat
     stream_pool = {st: c.most_common(1)[0][0] for st, c in by_stream.items()}
 
     def pool_of(j: int, a: int, st: int, alive_at_end: bool) -> tuple[int, int]:
-        if recorded_pools and j >= 0 and pool_col[j] >= 0:
-            return tuple(trace.pools[int(pool_col[j])])
+        if recorded_pools and pool_col is not None and j >= 0 and pool_col[j] >= 0:
+            return trace.pools[int(pool_col[j])]  # a (device, id) tuple
         if alive_at_end and a in final:
             return final[a]
         return stream_pool.get(st, DEFAULT_POOL)

@@ -110,6 +110,7 @@ _WORKER_PREPARED: Prepared | None = None
 
 def _worker(args: tuple[WhatIf, Capacity]) -> ReplayResult:
     w, capacity = args
+    assert _WORKER_PREPARED is not None  # set by run_many before the pool forks its workers
     return _strip(replay(_WORKER_PREPARED, w.config, deferred_frees=w.deferred_frees, capacity=capacity))
 
 
@@ -286,6 +287,7 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
         if cap not in scored:
             c = replace(capacity, limit_bytes=cap) if cap is not None else Capacity(None, "none", "unlimited")
             v = replay(prepared, capacity=c, validate=True).validation
+            assert v is not None  # validate=True
             scored[cap] = (v.segment_events_unmatched, v.reserved_events_differing, -1 if cap is None else cap, v)
         return scored[cap]
 
@@ -296,6 +298,7 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
         for _ in range(GC_ROUNDS if prepared.recorded_config.garbage_collection_threshold > 0 else 0):
             if best[3].exact or len(scored) * prepared.device.num_events > SETTLE_MAX_EVENTS:
                 break
+            assert lo is not None and hi is not None  # evidence "fallbacks": both bounds read off the trace
             for k in range(GC_CANDIDATES):
                 best = min(best, score(lo + (hi - lo) * k // (GC_CANDIDATES - 1)), key=lambda x: x[:3])
             if best[2] < 0:
