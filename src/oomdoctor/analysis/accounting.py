@@ -900,7 +900,7 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
         # wraps drops it): what it names holds for a block allocated when the trace begins, born before it, of the
         # noted storage's size (an address reused since by another tensor would need its size too); a gradient is
         # not module state and is freed each step, so only the module's own storages
-        order, lo, hi = _holders(lt, -1 if before else k)
+        order, lo, hi = _holders(lt, k if k is not None else -1)  # None: noted before the window
         if order.size == 0:
             continue
         for root in rec.get("roots", ()):

@@ -134,7 +134,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     owners = _owners(a, d)
     owner_at_peak = owners[at_peak]
     by_owner = {o: int(lt.size[live_at_peak][owner_at_peak == o].sum()) for o in set(owner_at_peak.tolist())}
-    main_owner = max(by_owner, key=by_owner.get) if by_owner else "user code"
+    main_owner = max(by_owner, key=by_owner.__getitem__) if by_owner else "user code"
     tu = a.device.events["time_us"]
     fr, fc = lt.free_requested[d], lt.free_completed[d]
     end = a.num_events - 1
