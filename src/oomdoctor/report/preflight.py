@@ -374,7 +374,7 @@ NOT_TRACED: tuple[str, ...] = ("kernel_workspaces_chosen_at_run_time", "cpu_resi
 
 def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
            gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
-           snapshot_path: str | None, write: Callable[[str, dict, dict], None],
+           snapshot_path: str | None, write: Callable[[str, dict, dict], object],
            search: bool = True, gpu_memory_given: bool = False) -> PreflightAnswer:
     """Trace, replay and answer.
 
