@@ -38,7 +38,7 @@ class SiteLike(Protocol):
 
 def site_refs(a: DeviceAnalysis, sites: Sequence[SiteLike], limit: int = MAX_SITES) -> list[SiteRef]:
     idx = site_index(a.trace)
-    out = []
+    out: list[SiteRef] = []
     for s in sites[:limit]:
         uf = idx.user_frame(s.stack)
         out.append(SiteRef(label=site_label(a.trace, s.frame), bytes=s.bytes, count=s.count,

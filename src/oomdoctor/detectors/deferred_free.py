@@ -29,7 +29,7 @@ from ..analysis.sites import group_sites
 from ..trace.model import SEGMENT_ALLOC
 from ..units import MiB
 from .common import rows_with, site_refs, stacks_matching
-from .context import Context
+from .context import Context, TorchVersion
 from .finding import Finding, Fix
 
 ID = "deferred-free"
@@ -167,7 +167,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         fixes=_fixes(main_owner, v), per_rank_bytes={a.rank: held_at_peak}, variant="at-peak")
 
 
-def _fixes(owner: str, v) -> list[Fix]:
+def _fixes(owner: str, v: TorchVersion) -> list[Fix]:
     legacy = v.in_range((2, 1), (2, 8))
     modern = v.at_least((2, 8))
     fixes: list[Fix] = []

@@ -141,7 +141,7 @@ def limit_from_event(device: DeviceTrace, limit: int) -> int:
     return int(over[-1]) + 1 if over.size else 0
 
 
-def sidecar_cap(meta: dict) -> tuple[int | None, str, dict[str, Any]]:
+def sidecar_cap(meta: dict[str, Any]) -> tuple[int | None, str, dict[str, Any]]:
     """The memory-fraction cap a sidecar states (rules 1 and 2 of the module doc), bytes, its source id
     (:data:`SOURCES`) and values; ``(None, "", {})`` when it states none."""
     cap = meta.get("memory_cap_bytes")
