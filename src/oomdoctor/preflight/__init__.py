@@ -52,7 +52,7 @@ def module_tracer(model_fn: Callable, step_fn: Callable, batch_fn: Callable, *, 
     import torch
 
     from .snapshot import cublas_workspace_bytes, sidecar, snapshot_dict
-    from .steps import trace_module
+    from .steps import trace_module  # pyright: ignore[reportAssignmentType] (Python binds .steps on the package, not the local steps)
 
     def f(n: int | None) -> tuple[dict, dict, Any]:
         rec = trace_module(model_fn, step_fn, (lambda: batch_fn(n)) if n is not None else batch_fn,
