@@ -538,7 +538,7 @@ class CachingAllocator:
     def release_blocks(self, pool: BlockPool) -> None:
         """``release_blocks``: ``cudaFree`` every whole free segment, unmap the free pages of
         expandable segments, in (stream, size, address) order."""
-        to_unmap = []
+        to_unmap: list[Block] = []
         for b in pool.free_blocks():
             if b.segment is not None:
                 to_unmap.append(b)
