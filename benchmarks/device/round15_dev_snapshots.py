@@ -4,7 +4,7 @@ what preflight's traces are compared with event by event (``benchmarks/preflight
     python benchmarks/device/round15_dev_snapshots.py OUT --corpus .corpus --data DATA [--half dev|heldout|all]
         [--parallel 3] [--timeout 170]
 
-``--half`` (default ``dev``) picks the one-GPU entries of that half of ``split.json``. The held-out half was reported
+``--only NAME ...`` runs the entries named; else ``--half`` (default ``dev``) picks the one-GPU entries of that half of ``split.json``. The held-out half was reported
 before and after at 7b2fcb7 (``docs/preflight.md``); snapshotting it (``--half heldout`` / ``all``) makes its scripts
 development scripts from then on, and the docs say so.
 
@@ -34,10 +34,12 @@ def main(argv: list[str]) -> int:
     if "--half" in argv:
         i = argv.index("--half")
         half, argv = argv[i + 1], argv[:i] + argv[i + 2:]
-    sp = corpus.split()
-    names = [e["name"] for e in corpus.entries(nproc=1) if half == "all" or sp[e["name"]] == half]
     os.environ["OOMSNAP_OUT"] = str(out.resolve() / "snapshots")
     truth.HOOK = HOOK
+    if "--only" in argv:  # the entries named
+        return truth.main([*argv, "--nproc", "1"])
+    sp = corpus.split()
+    names = [e["name"] for e in corpus.entries(nproc=1) if half == "all" or sp[e["name"]] == half]
     return truth.main([*argv, "--nproc", "1", "--only", *names])
 
 

@@ -19,6 +19,11 @@ here instead, deterministically (seeded), on the CPU, in a few seconds to a minu
 - ``hub``: a Hugging Face hub cache (``hf_home/hub``) holding ``timm/resnet50d.ra2_in1k`` (random weights,
   ``model.safetensors``): what ``timm.create_model("resnet50d", pretrained=True)`` reads with
   ``HF_HUB_OFFLINE=1``.
+- ``nanogpt``: nanoGPT's ``data/<dataset>/`` memmaps (uint16 token ids): ``openwebtext/{train,val}.bin`` (Zipf over
+  GPT-2's 50,257 ids) and ``shakespeare_char/{train,val}.bin`` with its ``meta.pkl`` (65 characters).
+- ``torch_home``: a ``TORCH_HOME`` whose ``hub/checkpoints`` holds what torchvision's ``weights=`` / ``pretrained=True``
+  reads instead of downloading (the file exists: no download, no hash check): ``vgg16-397923af.pth`` (random
+  ``features``; the unused ``classifier`` as zero-stride zeros, 59 MB) and ``resnet50-0676ba61.pth`` (random).
 
     python benchmarks/preflight_corpus/make_data.py DATA_DIR [--only NAME ...]
 
@@ -210,7 +215,43 @@ def make_hub(out: Path) -> None:
                                                   "pretrained_cfg": {"tag": "ra2_in1k"}}))
 
 
-SETS = ("text", "tokenizer", "llama", "sft", "mnist", "images", "hub")
+def make_nanogpt(out: Path) -> None:
+    import pickle
+
+    import numpy as np
+
+    r = _rng(6)
+    owt = out / "openwebtext"
+    owt.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train", 2_000_000), ("val", 200_000)):
+        (r.zipf(1.3, size=n) % 50257).astype(np.uint16).tofile(owt / f"{name}.bin")
+    chars = sorted("\n !$&',-.3:;?" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwxyz")
+    sc = out / "shakespeare_char"
+    sc.mkdir(parents=True, exist_ok=True)
+    p = 1.0 / (1 + r.permutation(len(chars)).astype(float))
+    p /= p.sum()
+    for name, n in (("train", 1_000_000), ("val", 100_000)):
+        r.choice(len(chars), size=n, p=p).astype(np.uint16).tofile(sc / f"{name}.bin")
+    with open(sc / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
+                     "stoi": {c: i for i, c in enumerate(chars)}}, f)
+
+
+def make_torch_home(out: Path) -> None:
+    import torch
+    import torchvision
+
+    ck = out / "hub" / "checkpoints"
+    ck.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(SEED)
+    vgg = torchvision.models.vgg16()
+    sd = {k: (v.contiguous() if k.startswith("features.") else torch.zeros((), dtype=v.dtype).expand(v.shape))
+          for k, v in vgg.state_dict().items()}
+    torch.save(sd, str(ck / "vgg16-397923af.pth"))
+    torch.save(torchvision.models.resnet50().state_dict(), str(ck / "resnet50-0676ba61.pth"))
+
+
+SETS = ("text", "tokenizer", "llama", "sft", "mnist", "images", "hub", "nanogpt", "torch_home")
 
 
 def make(data: Path, only: list[str] | None = None) -> dict[str, float]:
@@ -239,6 +280,10 @@ def make(data: Path, only: list[str] | None = None) -> dict[str, float]:
             make_images(path)
         elif name == "hub":
             make_hub(path)
+        elif name == "nanogpt":
+            make_nanogpt(path)
+        elif name == "torch_home":
+            make_torch_home(path)
         _mark(path)
         took[name] = round(time.perf_counter() - t0, 1)
         print(f"make_data: {name} in {took[name]} s", file=sys.stderr)

@@ -101,6 +101,21 @@ def test_a_healthy_report_says_no_material_finding_in_plain_words(snapshots, cap
     assert "12.81 KiB in allocator rounding and outputs kept" in line, line  # 12.80 KiB + 4 B
 
 
+def test_a_healthy_headline_names_a_high_finding(snapshots, capsys, monkeypatch):
+    """A new user read "healthy on ranks 0–1" and missed the HIGH ``pipeline-output-cache`` finding 80 lines down (the
+    last stage keeps every micro-batch's outputs): the first line names it. A healthy job without one says nothing
+    more."""
+    pp = snapshots / "pp-microbatch"
+    out, _ = _run(capsys, monkeypatch, ["diagnose", str(pp / "return-outputs-rank0.pickle"),
+                                        str(pp / "return-outputs-rank1.pickle")])
+    head = " ".join(out.split("┏")[0].split())
+    from oomdoctor import __version__
+
+    assert head == f"oomdoctor {__version__}: healthy on ranks 0–1; 1 HIGH finding: pipeline-output-cache; 2 ranks read"
+    out, _ = _run(capsys, monkeypatch, ["diagnose", str(snapshots / "fsdp2-gpt2" / "rank0.pickle")])
+    assert "finding" not in out.splitlines()[0]
+
+
 # --- grammar ------------------------------------------------------------------------------------------------
 
 def test_counts_of_one_take_the_singular(capsys, monkeypatch):
@@ -263,3 +278,17 @@ def test_the_readmes_quotes_are_what_the_commands_print(snapshots, capsys, monke
     [f] = d["findings"]
     claim = (f"`{f['id']}` {f['status']}, {f['peak_reserved_saved_bytes']:,} bytes (1.62 GiB) of peak reserved saved")
     assert claim in readme, claim
+
+
+def test_findings_on_the_same_tensors_are_linked(snapshots, capsys, monkeypatch):
+    """A new user saw the ddp-imbalance bug as three unlinked findings (rank-imbalance, memory-growth,
+    output-accumulation, all at one allocation site): each names the others, in JSON (``related``) and in the text;
+    a finding alone at its sites names none."""
+    out, _ = _run(capsys, monkeypatch, ["diagnose", str(snapshots / "ddp-imbalance"), "--format", "json"])
+    fs = {f["id"]: f for f in json.loads(out)["findings"]}
+    assert fs["rank-imbalance"]["related"] == ["memory-growth", "output-accumulation"]
+    assert fs["output-accumulation"]["related"] == ["rank-imbalance", "memory-growth"]
+    out, _ = _run(capsys, monkeypatch, ["diagnose", str(snapshots / "ddp-imbalance")])
+    assert "the same allocation sites as: memory-growth, output-accumulation" in out
+    out, _ = _run(capsys, monkeypatch, ["diagnose", "--demo", "--format", "json"])
+    assert all(f["related"] == [] for f in json.loads(out)["findings"])

@@ -307,15 +307,16 @@ def test_checkpoint_recomputation_runs_cudas_attention(tiny_gpt2, monkeypatch):
     """Gradient checkpointing (non-reentrant, transformers 5's default): the autograd engine recomputes the
     blocks without the caller's TorchFunctionMode, so without ``checkpoint_kwargs``'s ``context_fn`` the
     recomputation ran CPU's math attention (``bmm`` of the b x h x s x s scores, ``_safe_softmax``) and
-    CPU's dropout (``bernoulli_``). With it, every attention is flash (forward and recomputation) and no
-    score matrix is built."""
+    CPU's dropout (``bernoulli_``). With it, every attention is CUDA's fused kernel (flash, or cuDNN's on the
+    default sm90 target; forward and recomputation) and no score matrix is built."""
     from oomdoctor.preflight.steps import HfJob
 
     aten = torch.ops.aten
     seen, rec = _ops_traced(monkeypatch, HfJob(str(tiny_gpt2["dir"] / "config.json"), 2, 64,
                                                gradient_checkpointing=True, steps=1))
-    flash = seen.count(aten._scaled_dot_product_flash_attention.default)
-    assert flash == 2 * 2  # 2 layers: the checkpointed forward and the recomputation
+    fused = (seen.count(aten._scaled_dot_product_flash_attention.default)
+             + seen.count(aten._scaled_dot_product_cudnn_attention.default))  # cuDNN's on sm90 with torch 2.11+
+    assert fused == 2 * 2  # 2 layers: the checkpointed forward and the recomputation
     assert aten._safe_softmax.default not in seen and aten.bernoulli_.float not in seen
     assert rec.backward_events > 0
 

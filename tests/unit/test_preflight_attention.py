@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from oomdoctor.preflight.attention import cuda_backend  # noqa: E402
+from oomdoctor.preflight.attention import CUDNN_FIRST_TORCH, cuda_backend, target_gpu  # noqa: E402
 from oomdoctor.preflight.tracer import run_traced  # noqa: E402
 
 B, H, S, D = 2, 4, 128, 32
@@ -28,7 +28,14 @@ def _position_bias(contiguous: bool, dtype=BF):
     return bias.contiguous() if contiguous else bias
 
 
-def test_the_backend_follows_cudas_filters():
+@pytest.fixture
+def sm80():
+    """An A100's choice: no cuDNN attention first (``check_prefer_cudnn_attention`` is for sm90 and sm100)."""
+    with target_gpu(8):
+        yield
+
+
+def test_the_backend_follows_cudas_filters(sm80):
     q, k, v = _qkv()
     assert cuda_backend(q, k, v) == "flash"
     assert cuda_backend(q, k, v, is_causal=True) == "flash"
@@ -48,6 +55,70 @@ def test_the_backend_follows_cudas_filters():
     assert cuda_backend(q, kv2[1], kv2[2], enable_gqa=True) == "flash"
     assert cuda_backend(q, kv2[1], kv2[2], _position_bias(True), enable_gqa=True) == "math"
     assert cuda_backend(q[0], k[0], v[0]) == "math"  # 3-D
+
+
+def _torch_cudnn_first() -> bool:
+    v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return v >= CUDNN_FIRST_TORCH
+
+
+@pytest.mark.skipif(not _torch_cudnn_first(), reason="this torch predates cuDNN attention first on sm90")
+def test_sm90_takes_cudnn_attention_first(monkeypatch):
+    """On an H100/H200 (sm90) and a B200 (sm100) torch 2.11+ tries cuDNN attention first (``sdp_utils.cpp``
+    ``check_prefer_cudnn_attention``); measured on an H200: every unmasked bf16/fp16 shape of
+    ``docs/device_runs/round15-sdpa.jsonl`` went to cuDNN."""
+    q, k, v = _qkv()
+    with target_gpu(9):
+        assert cuda_backend(q, k, v) == "cudnn"
+        assert cuda_backend(q, k, v, is_causal=True) == "cudnn"
+        kv2 = _qkv(heads=2)
+        assert cuda_backend(q, kv2[1], kv2[2], enable_gqa=True) == "cudnn"  # grouped-query heads allowed
+        assert cuda_backend(*_qkv(d=256)) == "cudnn"  # sm90: head sizes up to 256
+        assert cuda_backend(*_qkv(d=36)) == "flash"  # not a multiple of 8
+        assert cuda_backend(*_qkv(d=320)) == "efficient"
+        assert cuda_backend(*_qkv(torch.float32)) == "efficient"  # 16-bit types only
+        assert cuda_backend(q, k, v, _position_bias(True)) == "efficient"  # masked calls: not measured, as before
+        one = [torch.randn(B, H, 1, D, dtype=BF) for _ in range(3)]
+        assert cuda_backend(q, one[1], one[2]) == "flash"  # a key length of 1
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        try:
+            assert cuda_backend(q, k, v) == "flash"
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+        assert cuda_backend(q, k, v) == "flash"
+        monkeypatch.delenv("TORCH_CUDNN_SDPA_DEPRIORITIZED")
+        monkeypatch.setenv("TORCH_CUDNN_SDPA_PREFERRED", "0")
+        assert cuda_backend(q, k, v) == "flash"
+        monkeypatch.delenv("TORCH_CUDNN_SDPA_PREFERRED")
+    with target_gpu(10):
+        assert cuda_backend(q, k, v) == "cudnn"
+        assert cuda_backend(*_qkv(d=256)) == "flash"  # off sm90: cuDNN takes head sizes up to 128
+    with target_gpu(8):
+        assert cuda_backend(q, k, v) == "flash"
+
+
+@pytest.mark.skipif(not _torch_cudnn_first(), reason="this torch predates cuDNN attention first on sm90")
+def test_cudnn_attention_allocates_as_measured_on_the_h200():
+    """ViT-S/16 at batch 64 (b 64, h 6, s 197, d 64, bf16): the H200's forward allocated 8, 8, the output
+    (9,682,944 B), the statistics (302,592 B) and a 256 B workspace; its backward dq, dk, dv and 19,668,736 B
+    (``docs/device_runs/round15-sdpa.jsonl``, first case). Flash's backward buffers (393,216 + 25,165,824 B) are
+    not made."""
+    b, h, s, d = 64, 6, 197, 64
+
+    def fn(tr):
+        q, k, v = (torch.randn(b, h, s, d, dtype=BF, requires_grad=True) for _ in range(3))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out.backward(torch.randn_like(out))
+
+    with target_gpu(9):
+        sizes = [e["size"] for e in run_traced(fn).events if e["action"] == "alloc"]
+    out = b * h * s * d * 2
+    assert sizes.count(out) >= 1 + 1 + 3 + 3  # q, k, v; the output; its gradient; dq, dk, dv
+    assert b * h * s * 4 in sizes  # the statistics
+    assert 256 in sizes and sizes.count(8) >= 2
+    assert 19_668_736 in sizes
+    assert 25_165_824 not in sizes and 393_216 not in sizes
 
 
 def _allocs(bias_contiguous: bool, dropout: float = 0.1):
@@ -78,7 +149,7 @@ def test_a_strided_position_bias_runs_the_math_kernel_in_fp32():
     assert sum(math_sizes) > 3 * sum(efficient)
 
 
-def test_multihead_attention_inside_reaches_cudas_kernel():
+def test_multihead_attention_inside_reaches_cudas_kernel(sm80):
     """``nn.MultiheadAttention`` calls SDPA from inside ``F.multi_head_attention_forward``, a Python torch function:
     the trace's torch-function layer is off there, so before, SDPA ran CPU's choice (math, for dropout: ``b × h × s ×
     s`` scores). On CUDA a bf16 call without a mask takes flash attention: no score matrix, a ``b × h × s`` fp32

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
+from oomdoctor.preflight.attention import cudnn_first, target_gpu  # noqa: E402
 from oomdoctor.preflight.tracer import run_traced  # noqa: E402
 
 _aten = torch.ops.aten
@@ -33,13 +34,32 @@ def _mha_step(b: int, s: int, e: int, heads: int, seen: list) -> None:
 
 
 def test_multihead_attention_runs_cudas_flash_kernel_and_its_backward_buffers():
+    """On an A100 (sm80), flash attention."""
     b, s, e, heads = 2, 100, 64, 4
     seen: list = []
     before = (F.scaled_dot_product_attention, F.softmax, F.dropout)
-    rec = run_traced(lambda tr: _mha_step(b, s, e, heads, seen))
+    with target_gpu(8):
+        rec = run_traced(lambda tr: _mha_step(b, s, e, heads, seen))
     assert _aten._scaled_dot_product_flash_attention.default in seen
     assert _aten._scaled_dot_product_flash_attention_for_cpu.default not in seen
     d, s_r = e // heads, 128  # s = 100 rounds to 128 (flash_api.cpp mha_bwd)
     sizes = [ev["size"] for ev in rec.events if ev["action"] == "alloc"]
     assert b * heads * s_r * 4 in sizes and b * s_r * heads * d * 4 in sizes  # softmax_d, dq_accum
     assert (F.scaled_dot_product_attention, F.softmax, F.dropout) == before  # the body's names restored
+
+
+def test_multihead_attention_on_sm90_runs_cudnn_attention():
+    """On an H100/H200 (sm90) with torch 2.11+, cuDNN attention (``attention.py``'s module doc), and its backward
+    workspace of ``b × h × s × (d + 1) × 4 + 256`` bytes instead of flash's buffers."""
+    b, s, e, heads = 2, 100, 64, 4
+    seen: list = []
+    with target_gpu(9):
+        if not cudnn_first():
+            pytest.skip("this torch predates cuDNN attention first on sm90")
+        rec = run_traced(lambda tr: _mha_step(b, s, e, heads, seen))
+    assert _aten._scaled_dot_product_cudnn_attention.default in seen
+    assert _aten._scaled_dot_product_flash_attention.default not in seen
+    d = e // heads
+    sizes = [ev["size"] for ev in rec.events if ev["action"] == "alloc"]
+    assert b * heads * s * (d + 1) * 4 + 256 in sizes
+    assert b * 128 * heads * d * 4 not in sizes  # no flash dq_accum

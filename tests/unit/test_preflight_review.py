@@ -190,9 +190,12 @@ def test_gpu_memory_assumes_hoppers_cublas_workspace(tiny_py, tmp_path, capsys):
 def test_flash_attention_backward_adds_its_own_buffers():
     """``mha_bwd``: ``softmax_d`` (b × h × round_up(s, 128) fp32) and ``dq_accum`` (b × round_up(s, 128) × h × d
     fp32), allocated and freed inside the backward kernel; s = 100 rounds to 128."""
+    from oomdoctor.preflight.target import target_gpu
+
     b, h, s, d = 2, 3, 100, 16
-    rec = run_traced(lambda tr: torch.nn.functional.scaled_dot_product_attention(
-        *(torch.randn(b, h, s, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))).sum().backward())
+    with target_gpu(8):  # an A100: flash (sm90's first choice is cuDNN attention, test_preflight_attention.py)
+        rec = run_traced(lambda tr: torch.nn.functional.scaled_dot_product_attention(
+            *(torch.randn(b, h, s, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))).sum().backward())
     back = [e["size"] for e in rec.events if e["action"] == "alloc" and not e["frames"]]
     assert b * h * 128 * 4 in back and b * 128 * h * d * 4 in back
 

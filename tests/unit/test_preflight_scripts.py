@@ -339,3 +339,39 @@ def test_data_parallel_on_one_gpu(capsys, tmp_path):
                       "    opt.zero_grad()\n")
     bd = _run(capsys, str(script))["breakdown"]
     assert (bd["parameters"], bd["gradients"]) == (1088, 1088)
+
+
+def test_fail_on_oom_gates_a_predicted_out_of_memory(capsys, tmp_path):
+    """``--fail-on-oom``: exit 1 and one line naming the request and the room when the traced step does not fit;
+    exit 0 when it does, and without the flag whatever the prediction."""
+    f = tmp_path / "big.py"
+    f.write_text("import torch\nm = torch.nn.Linear(4096, 4096).cuda()\nopt = torch.optim.SGD(m.parameters())\n"
+                 "for _ in range(2):\n    x = torch.randn(65536, 4096, device='cuda')\n"
+                 "    m(x).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    small = ["--gpu-memory", "2GiB"]
+    assert main(["preflight", *small, "--fail-on-oom", "--", "python", str(f)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("oomdoctor: --fail-on-oom: the traced job runs out of memory")
+    assert "did not fit in the allocator's room of" in err[0]
+    assert main(["preflight", *small, "--", "python", str(f)]) == 0  # no gate asked
+    capsys.readouterr()
+    assert main(["preflight", "--gpu", "H200", "--fail-on-oom", "--", "python", str(f)]) == 0  # fits on an H200
+    assert capsys.readouterr().err.strip() == ""
+
+
+def test_an_oom_names_the_scripts_line_that_made_the_request(capsys, tmp_path):
+    """A new user could not tell which request ran out of memory: the answer names the line of the job's own code
+    that made it (``oom_site``: the innermost frame outside the Python installation), in JSON and in the text."""
+    f = tmp_path / "big.py"
+    f.write_text("import torch\nm = torch.nn.Linear(4096, 4096).cuda()\nopt = torch.optim.SGD(m.parameters())\n"
+                 "for _ in range(2):\n"
+                 "    x = torch.randn(65536, 4096, device='cuda')\n"
+                 "    m(x).sum().backward()\n"
+                 "    opt.step()\n")
+    rc = main(["preflight", "--gpu-memory", "2GiB", "--format", "json", "--", "python", str(f)])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["oom"] is True and doc["schema_version"] == "2.2"
+    assert doc["oom_site"]["file"] == str(f) and doc["oom_site"]["line"] in (5, 6)
+    main(["preflight", "--gpu-memory", "2GiB", "--", "python", str(f)])
+    out = capsys.readouterr().out
+    assert f"made at {f}:{doc['oom_site']['line']}" in " ".join(out.split())

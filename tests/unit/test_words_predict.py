@@ -84,3 +84,14 @@ def test_every_margin_source_has_its_words():
     assert source("outside-growth").startswith("what the memory outside the allocator grew by after the room was read")
     with pytest.raises(KeyError):
         source("no-such-source")
+
+
+def test_no_margin_and_nothing_to_spare_are_said_plainly():
+    """A new user read "with 0 B to spare (margin 0 B)" as a fit at the edge: a replay of recorded steps needs no
+    margin (it is exact), and a peak equal to the room is said as the whole room."""
+    exact = {**P, **ROOM, "margin_bytes": 0, "outcome": "no-oom"}
+    assert outcome(exact) == (f"no OOM, peak reserved {B(2 * GiB)} with {B(300 * MiB)} to spare (a replay of the "
+                              "recorded steps: no margin needed); later steps: " + CONDITION)
+    full = {**P, **ROOM, "spare_bytes": 0, "margin_bytes": 0, "outcome": "past-recorded-oom"}
+    assert outcome(full) == THROUGH + ", its peak reserved the whole room, with nothing to spare" + NOT_RECORDED
+    assert "margin 0 B" not in outcome(exact) + outcome(full)

@@ -36,6 +36,9 @@ from .output import OUTPUT, write_output
 @click.option("--gpu-memory", metavar="SIZE", help="The GPU's total memory instead: 80GiB, 80GB, or bytes.")
 @click.option("--no-search", is_flag=True, help="Do not look for the largest micro-batch (one trace only).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--fail-on-oom", is_flag=True,
+              help="Exit 1, with one line on standard error, when the job (at its own micro-batch) is predicted "
+                   "to run out of memory: a gate for CI.")
 @click.option("-o", "--output", "snapshot", type=OUTPUT,
               help="Write the traced snapshot here, laid out by the allocator model (its .meta.json beside a "
                    "regular file; replaced atomically).")
@@ -43,8 +46,8 @@ from .output import OUTPUT, write_output
 def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None, dtype: str, optimizer: str,
             gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, rank: int,
             world_size: int,
-            gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str, snapshot: str | None,
-            script: tuple[str, ...]) -> None:
+            gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str, fail_on_oom: bool,
+            snapshot: str | None, script: tuple[str, ...]) -> int:
     """Trace a Hugging Face Trainer step (--hf-config), or your own script (-- python train.py ...), on the
     CPU (no GPU, no memory for tensors) and predict, for a GPU: peak allocated and reserved, OOM or not, the
     largest micro-batch that fits (--hf-config), what allocator settings do, and the breakdown. Needs torch
@@ -53,8 +56,9 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     if script:
         if rank >= nproc:
             raise UsageError(f"--rank {rank}: not a rank of --nproc-per-node {nproc} (0 to {nproc - 1})")
-        return _script(script, steps=steps, nproc=nproc, rank=rank, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt, snapshot=snapshot,
-                       hf_config=hf_config)
+        a = _script(script, steps=steps, nproc=nproc, rank=rank, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt,
+                    snapshot=snapshot, hf_config=hf_config)
+        return _gate(a, fail_on_oom)
     if not hf_config or not micro_batch or not seq_len:
         raise UsageError("preflight: give --hf-config with --micro-batch and --seq-len, or a script after --")
     try:
@@ -84,6 +88,17 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     except OSError as e:  # writing -o failed (disk full): the previous file is left untouched
         raise UsageError(f"{snapshot}: cannot write ({e.strerror or e})") from None
     write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))
+    return _gate(a, fail_on_oom)
+
+
+def _gate(a, fail_on_oom: bool) -> int:
+    """``--fail-on-oom``: 1, with its one line on standard error, when ``a`` (a PreflightAnswer) ran out of memory."""
+    if not (fail_on_oom and a.oom):
+        return 0
+    from ..render.gate import preflight_oom_line
+
+    click.echo(preflight_oom_line(a), err=True)
+    return 1
 
 
 def _outside_source(world_size: int) -> str:
@@ -111,7 +126,7 @@ def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]
 
 
 def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu: str | None, gpu_memory: str | None, fmt: str,
-            snapshot: str | None, hf_config: str | None) -> None:
+            snapshot: str | None, hf_config: str | None) -> object:
     """``oomdoctor preflight -- python train.py ...``: the script traced (:mod:`oomdoctor.preflight.script`)."""
     import os
 
@@ -163,3 +178,4 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
     # a script's foreach step counters are made on the host, as on CUDA: not recorded, nothing left out
     a.not_traced = [k for k in a.not_traced if k != "cpu_resident_optimizer_steps"]
     write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))
+    return a

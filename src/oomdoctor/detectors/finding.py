@@ -110,6 +110,9 @@ class Finding:
     """bytes at stake per rank (keys: rank numbers)"""
     variant: str = ""
     """which wording of its title and summary applies (the JSON has the words, ``title`` and ``summary``)"""
+    related: list[str] = field(default_factory=list[str])
+    """ids of the other findings on its ranks with one of its allocation sites: the same tensors seen by another
+    detector (schema 2.2)"""
 
     def title_ref(self) -> FindingTitle:
         """A reference to this finding's title, for a verdict that names it (filled by the renderers)."""

@@ -70,7 +70,19 @@ def apply(findings: list[Finding], peak_reserved: dict[int, int], rule: Material
             f.evidence["materiality_threshold_bytes"] = limit
             f.evidence["severity_before_materiality"] = f.severity
             f.severity = "low"
-    return sorted(findings, key=rank_key)
+    ranked = sorted(findings, key=rank_key)
+    link_related(ranked)
+    return ranked
+
+
+def link_related(findings: list[Finding]) -> None:
+    """Fill each finding's ``related`` (mutated): the ids, in rank order, of the other findings that share a rank and
+    an allocation site (``SiteRef.label``) with it, so one bug seen by several detectors reads as one."""
+    for f in findings:
+        labels = {s.label for s in f.sites}
+        f.related = list(dict.fromkeys(
+            g.id for g in findings
+            if g is not f and g.id != f.id and set(g.ranks) & set(f.ranks) and labels & {s.label for s in g.sites}))
 
 
 def rank_key(f: Finding) -> tuple[int, int]:

@@ -3,7 +3,8 @@
 Each entry: the bytes ``torch.cuda.get_device_properties().total_memory`` reports (``nvidia-smi``'s MiB for the
 H100 and A100s; the H200's as torch read it on the H200s of ``shared/snapshots``), the SM major version (for cuBLAS's
 workspace size, ``CUDABlas.cpp`` ``_getWorkspaceSize``), dense bf16 FLOP/s and NVLink bytes/s per GPU one way (the
-vendors' data sheets; the planner's cost model, docs/plan.md).
+vendors' data sheets; the planner's cost model, docs/plan.md), and the SM count (NVIDIA's H100, A100 and Blackwell
+whitepapers: 132 on the H100 SXM5 and the H200, 108 on the A100, 148 on the B200).
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ class Gpu:
     """dense bf16 FLOP/s"""
     nvlink_bytes_per_s: float
     """NVLink bandwidth per GPU, one way (bytes/s)"""
+    sms: int
+    """streaming multiprocessors (``multiProcessorCount``; how CUDA's reductions split their input,
+    ``oomdoctor.preflight.reduce``)"""
 
 
 GPUS: dict[str, Gpu] = {g.name: g for g in (
-    Gpu(name="H100-80GB", total_bytes=81559 * MiB, sm_major=9, bf16_flops=989e12, nvlink_bytes_per_s=450e9),
-    Gpu(name="H200", total_bytes=int(139.8 * 2**30), sm_major=9, bf16_flops=989e12, nvlink_bytes_per_s=450e9),
-    Gpu(name="A100-80GB", total_bytes=81920 * MiB, sm_major=8, bf16_flops=312e12, nvlink_bytes_per_s=300e9),
-    Gpu(name="A100-40GB", total_bytes=40960 * MiB, sm_major=8, bf16_flops=312e12, nvlink_bytes_per_s=300e9),
-    Gpu(name="B200", total_bytes=180 * 10**9, sm_major=10, bf16_flops=2250e12, nvlink_bytes_per_s=900e9),
+    Gpu(name="H100-80GB", total_bytes=81559 * MiB, sm_major=9, bf16_flops=989e12, nvlink_bytes_per_s=450e9, sms=132),
+    Gpu(name="H200", total_bytes=int(139.8 * 2**30), sm_major=9, bf16_flops=989e12, nvlink_bytes_per_s=450e9, sms=132),
+    Gpu(name="A100-80GB", total_bytes=81920 * MiB, sm_major=8, bf16_flops=312e12, nvlink_bytes_per_s=300e9, sms=108),
+    Gpu(name="A100-40GB", total_bytes=40960 * MiB, sm_major=8, bf16_flops=312e12, nvlink_bytes_per_s=300e9, sms=108),
+    Gpu(name="B200", total_bytes=180 * 10**9, sm_major=10, bf16_flops=2250e12, nvlink_bytes_per_s=900e9, sms=148),
 )}
 
 
@@ -78,3 +82,13 @@ def resolve_gpu(gpu: str | int | None, memory: str | None = None, *, default: st
             raise UsageError(f"{gpu_flag} {name!r}: neither a known GPU (one of {', '.join(GPUS)}) nor a size "
                              f"(or give {memory_flag})") from None
     return g.name, g.total_bytes, g.sm_major
+
+
+def gpu_sms(name: str | None) -> int | None:
+    """The SM count of the GPU called ``name``, or None for no name or an unknown one."""
+    if not name:
+        return None
+    try:
+        return gpu_by_name(name).sms
+    except KeyError:
+        return None

@@ -28,14 +28,17 @@ def hf_tracer(job: Any, *, gpu_name: str | None, gpu_total_bytes: int, sm_major:
 
     import torch
 
+    from ..plan.gpus import gpu_sms
     from .snapshot import cublas_workspace_bytes, sidecar, snapshot_dict
     from .steps import load_config, trace_hf
+    from .target import target_gpu
 
     cfg = config if config is not None else load_config(job.config)
 
     def f(n: int | None) -> tuple[dict, dict, Any]:
         j = job if n is None else dataclasses.replace(job, micro_batch=n)
-        rec = trace_hf(j, config=cfg, cublas_workspace_bytes=cublas_workspace_bytes(sm_major))
+        with target_gpu(sm_major, sms=gpu_sms(gpu_name)):
+            rec = trace_hf(j, config=cfg, cublas_workspace_bytes=cublas_workspace_bytes(sm_major))
         meta = sidecar(rec, gpu_name=gpu_name, gpu_total_bytes=gpu_total_bytes, torch_version=torch.__version__,
                        micro_batch=j.micro_batch, job=j.as_dict())
         meta["world_size"] = j.world_size
@@ -51,13 +54,16 @@ def module_tracer(model_fn: Callable, step_fn: Callable, batch_fn: Callable, *, 
     micro-batch of ``n`` samples, or ``batch_fn()`` when ``n`` is None."""
     import torch
 
+    from ..plan.gpus import gpu_sms
     from .snapshot import cublas_workspace_bytes, sidecar, snapshot_dict
     from .steps import trace_module  # pyright: ignore[reportAssignmentType] (Python binds .steps on the package, not the local steps)
+    from .target import target_gpu
 
     def f(n: int | None) -> tuple[dict, dict, Any]:
-        rec = trace_module(model_fn, step_fn, (lambda: batch_fn(n)) if n is not None else batch_fn,
-                           optimizer_fn=optimizer_fn, steps=steps,
-                           cublas_workspace_bytes=cublas_workspace_bytes(sm_major))
+        with target_gpu(sm_major, sms=gpu_sms(gpu_name)):
+            rec = trace_module(model_fn, step_fn, (lambda: batch_fn(n)) if n is not None else batch_fn,
+                               optimizer_fn=optimizer_fn, steps=steps,
+                               cublas_workspace_bytes=cublas_workspace_bytes(sm_major))
         meta = sidecar(rec, gpu_name=gpu_name, gpu_total_bytes=gpu_total_bytes, torch_version=torch.__version__,
                        micro_batch=n, job={"model_fn": getattr(model_fn, "__qualname__", str(model_fn)),
                                            "steps": steps})

@@ -44,7 +44,9 @@ from typing import Any, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..plan.gpus import gpu_sms
 from ._private import PreflightError, require
+from .target import target_gpu
 from .tracer import AllocationTracer, TraceRecord, gpu_device_property, run_traced
 from .values import SHADOW_LIMIT
 
@@ -922,6 +924,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         return kept
 
     _NOTES.clear()
-    rec = run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
-    rec.notes = sorted(_NOTES)
+    with target_gpu(sm_major, sms=gpu_sms(gpu_name)):
+        rec = run_traced(run, cublas_workspace_bytes=cublas_workspace_bytes, gpu_only=True)
+    rec.notes = sorted(_NOTES | set(rec.notes))
     return rec

@@ -43,7 +43,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._private import require
-from .attention import sdpa_as_cuda
+from .attention import CUDNN_WORKSPACE_EXTRA, sdpa_as_cuda
+from .reduce import staging_bytes
 from .values import StandIns
 
 
@@ -178,6 +179,9 @@ class AllocationTracer(TorchDispatchMode):
         self.values = StandIns()
         #: set by :meth:`stop`: the trace has ended (a script stopped at its last step); ops still run, unrecorded
         self.stopped = False
+        #: autograd nodes being applied, one counter per engine run (a nested backward, reentrant checkpointing,
+        #: starts its own): between two applies the engine only accumulates gradients (:meth:`_accumulate`)
+        self.applying: list[int] = []
 
     # -- clock and events
     def _tick(self) -> int:
@@ -353,6 +357,11 @@ class AllocationTracer(TorchDispatchMode):
                 return self.values.equal(args[0], args[1])
             return self.values.scalar(args[0])
         backward = self._autograd_node() is not None
+        if backward and func is _aten.add.Tensor and self.applying and not self.applying[-1] \
+                and type(self._autograd_node()).__name__ != "AccumulateGrad":
+            out = self._accumulate(args, kwargs)
+            if out is not None:
+                return out
         leaves = _tensors(kwargs, _tensors(args, []))
         if self.gpu_only and not self._gpu_depth:
             if self._host_depth or not any(self.is_gpu(t) for t in leaves):
@@ -368,10 +377,14 @@ class AllocationTracer(TorchDispatchMode):
             addr = self.temporary(CUBLASLT_WORKSPACE_BYTES, backward, keep=True)
             self.record.extra_allocations.append({"what": "cublaslt_workspace", "addr": addr,
                                                   "bytes": CUBLASLT_WORKSPACE_BYTES, "backward": backward})
-        extra = _kernel_buffers(func, args)
+        if func is _aten.convolution.default and torch.backends.cudnn.benchmark \
+                and "cudnn_benchmark" not in self.record.notes:
+            # cuDNN's autotuner runs on a new convolution shape: its workspace is sized by cuDNN (Conv_v8.cpp)
+            self.record.notes.append("cudnn_benchmark")
+        copies: list[int] = []
         if self.gpu_only and not self._gpu_depth:  # host tensors a device op reads are copied in (index tensors)
-            extra += [t.untyped_storage().nbytes() for t in leaves if t.dim() > 0 and not _is_fake(t)]
-        addrs = [self.temporary(n, backward, keep=True) for n in extra]
+            copies = [t.untyped_storage().nbytes() for t in leaves if t.dim() > 0 and not _is_fake(t)]
+        copied = [self.temporary(n, backward, keep=True) for n in copies]
         try:
             out = func(*args, **kwargs)
         except _DynamicOutputShape:
@@ -381,12 +394,34 @@ class AllocationTracer(TorchDispatchMode):
         for t in _tensors(out, []):
             # a DTensor's shard is made by its own dispatch, below this mode: seen here
             self.see(getattr(t, "_local_tensor", t), backward)
-        for a, n in zip(addrs, extra):
+        # a kernel's own buffers come after its outputs, as on the GPU (the H200's snapshots: a reduction's output,
+        # then its staging buffer and semaphores; cuDNN attention's dq, dk, dv, then its workspace; flash's too)
+        extra = _kernel_buffers(func, args)
+        buffers = [self.temporary(n, backward, keep=True) for n in extra]
+        for a, n in [*zip(buffers, extra), *zip(copied, copies)]:
             self._free(a, n)
         self._cost(func, args, kwargs, out)
         if self.gpu_only:
             self.values.propagate(func, args, kwargs, out, leaves)
         return out
+
+    def _accumulate(self, args: Any, kwargs: Any) -> Any:
+        """The autograd engine adding a second gradient into an input's buffer (``input_buffer.cpp``
+        ``accumulate``), as it does with no dispatch mode: in place into the buffer's tensor, else into the new one,
+        when that one is dense and not overlapping (``can_accumulate_inplace``); no new storage. Under a dispatch
+        mode (this tracer) the engine adds out of place (``isTensorSubclassLike`` is true for every tensor then),
+        which allocated one gradient-sized tensor per accumulation that a GPU never makes (measured on CPU tensors:
+        ``aten::add_`` without a mode, ``aten::add`` under one; minGPT's GELU, two per block). None: the add is
+        left as it is (grad mode on: ``create_graph``; a scaled add; neither operand in place-able)."""
+        if torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1 or len(args) != 2:
+            return None
+        a, b = args
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != b.dtype:
+            return None
+        for dst, src in ((a, b), (b, a)):
+            if dst.shape == torch.broadcast_shapes(a.shape, b.shape) and _dense(dst) and not dst._is_view():
+                return dst.add_(src)
+        return None
 
     def _cost(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """Note the op as a kernel (:attr:`TraceRecord.op_costs`) or a collective (:attr:`TraceRecord.collectives`).
@@ -451,12 +486,32 @@ the first cuBLAS workspace of the main thread in the real Trainer snapshot of th
 ``trainer-ddp-gpt2-b88``, event 281); none on the backward thread, whose GEMMs have no bias epilogue."""
 
 
+#: reductions through ``gpu_reduce_kernel`` (``Reduce.cuh``), the dims argument second in those of the second set
+_REDUCTIONS_DIM = {_aten.sum.dim_IntList, _aten.mean.dim}
+_REDUCTIONS = _REDUCTIONS_DIM | {_aten.sum.default, _aten.mean.default}
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """``is_non_overlapping_and_dense`` (``c10/core/TensorImpl``): the elements, in some order of the dimensions,
+    fill their span exactly once (sizes of 1 aside)."""
+    if not t.numel():
+        return False
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _kernel_buffers(func, args) -> list[int]:
     """Bytes a CUDA kernel wrapper allocates for itself and frees before it returns (not outputs).
 
     Flash attention v2 backward (``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``
     ``mha_bwd``): ``softmax_d`` of ``b × h × round_up(s_q, 128)`` fp32 and ``dq_accum`` of
-    ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``)."""
+    ``b × round_up(s_q, 128) × h × d`` fp32 (one split; ``deterministic=False``). cuDNN attention: 256 B in the
+    forward, ``b × h × s_q × (d + 1) × 4 + 256`` in the backward (measured on an H200, :mod:`.attention`). A sum or
+    mean split across thread blocks: its partial results and semaphores (``Reduce.cuh``, :mod:`.reduce`)."""
     if func is _aten._safe_softmax.default:
         # CompositeExplicitAutograd (attention.cpp ``_safe_softmax``): softmax, then ``self.eq(-inf)`` (bool, one
         # byte an element), ``all`` over the dim (bool, one a row) and a 0-dim zero, freed when it returns; the fake
@@ -464,6 +519,15 @@ def _kernel_buffers(func, args) -> list[int]:
         x, dim = args[0], args[1]
         n = x.numel()
         return [n, n // max(int(x.shape[dim]), 1), 4] if n else []
+    if func in _REDUCTIONS:
+        # Reduce.cuh's staging buffers when the input is split across blocks (a linear layer's bias gradient)
+        return staging_bytes(args[0], args[1] if len(args) > 1 and func in _REDUCTIONS_DIM else None)
+    if func is _aten._scaled_dot_product_cudnn_attention.default:
+        return [CUDNN_WORKSPACE_EXTRA]  # the forward's workspace (measured, attention.py's module doc)
+    if func is _aten._scaled_dot_product_cudnn_attention_backward.default:
+        q = args[1]  # (grad_out, query, key, value, out, logsumexp, ...), query is b × h × s × d
+        b, h, s, d = (int(x) for x in q.shape)
+        return [b * h * s * (d + 1) * 4 + CUDNN_WORKSPACE_EXTRA]
     if func is _aten._scaled_dot_product_flash_attention_backward.default:
         q = args[1]  # (grad_out, query, key, value, out, logsumexp, ...), query is b × h × s × d
         b, h, s, d = (int(x) for x in q.shape)
@@ -663,9 +727,60 @@ def traced(tracer: AllocationTracer) -> Iterator[Any]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake, cuda_optimizer_defaults(), tracer, CudaAutocastPolicy(tracer), composites_as_cuda():
+    with fake, cuda_optimizer_defaults(), tracer, CudaAutocastPolicy(tracer), composites_as_cuda(), \
+            engine_applies(tracer):
         yield fake
     tracer.collect()
+
+
+@contextlib.contextmanager
+def engine_applies(tracer: AllocationTracer) -> Iterator[None]:
+    """While active, every backward run (``torch.autograd.graph._engine_run_backward``, the engine's entry from
+    Python) marks in ``tracer.applying`` when a node of its graph is being applied: a pre-hook and a post-hook on
+    each node (``Node.register_prehook`` / ``register_hook``, removed when the run ends), so the engine's gradient
+    accumulation, which happens between a node's post-hooks and the next node's pre-hooks, is told apart from the
+    nodes' own ops (:meth:`AllocationTracer._accumulate`)."""
+    graph = torch.autograd.graph
+    orig = require("torch.autograd.graph._engine_run_backward")
+
+    def run(t_outputs: Any, *a: Any, **k: Any) -> Any:
+        tracer.applying.append(0)
+        slot = len(tracer.applying) - 1  # this run's counter: a nested run (reentrant checkpointing) has its own
+
+        def pre(*_: Any) -> None:
+            tracer.applying[slot] += 1
+
+        def post(*_: Any) -> None:
+            tracer.applying[slot] -= 1
+
+        handles = []
+        seen: set[int] = set()
+        roots = t_outputs if isinstance(t_outputs, (list, tuple)) else [t_outputs]
+        todo = [getattr(t, "grad_fn", None) for t in roots]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if type(node).__name__ != "AccumulateGrad":  # its own apply: .grad's accumulation, traced as it is
+                handles += [node.register_prehook(pre), node.register_hook(post)]
+            todo.extend(n for n, _ in node.next_functions)
+        try:
+            return orig(t_outputs, *a, **k)
+        finally:
+            tracer.applying.pop()
+            for h in handles:
+                h.remove()
+
+    patches = [(graph, "_engine_run_backward"), (torch.autograd, "_engine_run_backward")]
+    saved = [(m, n, getattr(m, n)) for m, n in patches if hasattr(m, n)]
+    for m, n, _ in saved:
+        setattr(m, n, run)
+    try:
+        yield
+    finally:
+        for m, n, v in saved:
+            setattr(m, n, v)
 
 
 def run_traced(fn: Callable[[AllocationTracer], Any], **tracer_kw: Any) -> TraceRecord:

@@ -4,7 +4,7 @@ of :mod:`oomdoctor.render.words.gate` after ``oomdoctor:``. The CLI decides when
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .words import gate as words
 
@@ -31,3 +31,9 @@ def skipped_files_line(skipped: list[Skipped]) -> str:
 def unread_ranks_line(unread: list[Unread]) -> str:
     """The one line naming the rank files that could not be read (:func:`oomdoctor.render.words.gate.unread_line`)."""
     return f"oomdoctor: {words.unread_line(unread)}"
+
+
+def preflight_oom_line(a: Any) -> str:
+    """The one line of ``preflight --fail-on-oom`` when the prediction runs out of memory
+    (:func:`oomdoctor.render.words.gate.preflight_oom`)."""
+    return f"oomdoctor: --fail-on-oom: {words.preflight_oom(a)}"

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
 _SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
-_APPLIES = {True: ("✓ applies", "green"), False: ("✗ not for this PyTorch", "dim"), None: ("? check your version", "yellow")}
+_APPLIES_STYLE = {True: "green", False: "dim", None: "yellow"}
 
 
 _count = count  # ``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)`` (render/format.py)
@@ -301,7 +301,11 @@ def _finding_panel(i: int, f) -> Panel:
     head = f"rank{'s' if len(f.ranks) > 1 else ''} {ranks} · {format_bytes(f.bytes)} at stake"
     if f.evidence.get("torch_version"):
         head += f" · PyTorch {torch_version_words(f.evidence['torch_version'])}"
-    parts: list = [Text(head, style="dim"), Text(finding_words.summary(f))]
+    parts: list = [Text(head, style="dim")]
+    related = finding_words.related_line(f)
+    if related:
+        parts.append(Text(related, style="dim"))
+    parts.append(Text(finding_words.summary(f)))
     if f.sites:
         parts.append(Text("\nWhere:", style="bold"))
         for s in f.sites[:3]:
@@ -311,7 +315,7 @@ def _finding_panel(i: int, f) -> Panel:
     if f.fixes:
         parts.append(Text("\nFix:", style="bold"))
         for n, fx in enumerate(f.fixes, 1):
-            mark, style = _APPLIES[fx.applies]
+            mark, style = finding_words.APPLIES_MARK[fx.applies], _APPLIES_STYLE[fx.applies]
             line = Text.assemble((f"[{fx.versions}] ", "dim"), finding_words.fix_text(fx), (f"  {mark}", style))
             parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:
@@ -411,6 +415,9 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
                 else "")
         head.append(f"{v.kind}{edge} on rank{'s' if len(v.ranks) > 1 else ''} {span(v.ranks)}",
                     style="bold")
+        found = gate_words.headline_findings(report)
+        if found:
+            head.append(f"; {found}", style="bold yellow")
         head.append(f"; {gate_words.headline_ranks(report)}")
     else:
         head.append(gate_words.headline_ranks(report))

@@ -125,7 +125,8 @@ class PreflightAnswer:
     the allocator model's segment calls"""
     not_traced: list[str]
     """ids of what the trace leaves out or treats in a stated way (kernel_workspaces_chosen_at_run_time,
-    torch_compile, cpu_resident_optimizer_steps, collectives; a script's cuda_streams, cuda_graph)"""
+    torch_compile, cpu_resident_optimizer_steps, collectives; a script's cuda_streams, cuda_graph; cudnn_benchmark
+    when a convolution ran with torch.backends.cudnn.benchmark on)"""
     invented_values: list[dict[str, Any]] = field(default_factory=list)
     """every line where the trace read a value from the GPU and was given a stand-in (fake tensors have no values):
     file, line, kind ('false': a check such as isnan/isinf, found_inf 0; 'finite': a loss or metric, a positive
@@ -135,6 +136,10 @@ class PreflightAnswer:
     largest_micro_batch_margin_bytes: int = 0
     """what largest_micro_batch keeps free of the room: its replay's peak reserved is at most room_bytes less this
     (3.5% of the room, preflight's largest measured error on peak reserved; bytes; 0: not searched)"""
+    oom_site: dict[str, Any] | None = None
+    """where the request that did not fit was made: file, line, function of the innermost frame of the traced
+    stack outside the Python installation (the job's own code; the innermost frame when every frame is in it);
+    null without an OOM or without a stack (schema 2.2)"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +184,35 @@ def replayed(path: str, capacity: Capacity, micro_batch: int | None, events: lis
     return Replayed(micro_batch, _peak_requested(events), r0.peak_allocated_bytes, r0.peak_reserved_bytes,
                     r0.oom is not None, r0.oom.requested_bytes if r0.oom else None, len(events), wall_s,
                     settings), trace
+
+
+def _installed_dirs() -> tuple[str, ...]:
+    """The Python installation's library directories (``sysconfig``: stdlib, purelib, platlib), where the job's own
+    code is not."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(sorted({str(Path(paths[k]).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                         if paths.get(k)}))
+
+
+def _site(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``{file, line, function}`` of the innermost frame outside :func:`_installed_dirs` (the job's own code), or of
+    the innermost frame when all are inside; None for no frame."""
+    if not frames:
+        return None
+    dirs = _installed_dirs()
+
+    def own(f: dict[str, Any]) -> bool:
+        fn = str(f.get("filename", ""))
+        try:
+            resolved = Path(fn).resolve()
+        except (OSError, ValueError):
+            return False
+        return fn.startswith("/") and not any(resolved.is_relative_to(d) for d in dirs)
+
+    f = next((f for f in frames if own(f)), frames[0])
+    return {"file": f.get("filename"), "line": f.get("line"), "function": f.get("name")}
 
 
 def margin_bytes(room_bytes: int) -> int:
@@ -423,6 +457,7 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
         from ..trace import load
 
         cats, sources, where = breakdown_of(load(written))
+        oom_site = _site(last.get("frames") or []) if last.get("action") == "oom" else None
         events = len(laid["device_traces"][0])
     finally:
         tmp.cleanup()
@@ -440,4 +475,4 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
         breakdown=cats, breakdown_sources=sources, breakdown_at=where, settings=first.settings,
         snapshot=snapshot_path, trace_wall_s=round(sum(r.trace_wall_s for r in traces), 2), events=events,
         not_traced=list(NOT_TRACED) + [n for n in trace.meta.get("preflight", {}).get("notes", []) if n not in NOT_TRACED],
-        invented_values=list(trace.meta.get("preflight", {}).get("invented_values", [])))
+        invented_values=list(trace.meta.get("preflight", {}).get("invented_values", [])), oom_site=oom_site)

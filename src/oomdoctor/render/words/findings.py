@@ -279,6 +279,11 @@ FIXES: dict[str, str] = {
 FRAMEWORK_KNOBS: dict[str, str] = {"framework-eval-outputs": "eval-outputs"}
 
 
+
+#: a fix's mark by ``Fix.applies``: whether the user's PyTorch has the setting or API (the fix's version range), not
+#: whether it fits (its simulated prediction says that)
+APPLIES_MARK = {True: "✓ in your PyTorch", False: "✗ not in your PyTorch", None: "? check your PyTorch version"}
+
 def title_template(finding_id: str, variant: str) -> str:
     """The title of ``(finding_id, variant)``, a template over the finding's evidence.
 
@@ -343,3 +348,8 @@ def fix_text(fx: Fix) -> str:
 def verdict_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
     """A verdict's evidence with the finding title it names (a :class:`FindingTitle`) in words."""
     return {k: resolve_title(x) if isinstance(x, FindingTitle) else x for k, x in evidence.items()}
+
+
+def related_line(f: Any) -> str | None:
+    """``the same allocation sites as: memory-growth, output-accumulation``, or None without related findings."""
+    return f"the same allocation sites as: {', '.join(f.related)}" if f.related else None

@@ -5,9 +5,9 @@ not be read, and why ``--fail-on`` fails or passes (:class:`oomdoctor.report.gat
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from ..format import count, span
+from ..format import count, format_bytes, span
 
 if TYPE_CHECKING:
     from ...report.gate import Gate
@@ -78,6 +78,30 @@ def passed_note(g: Gate) -> str | None:
             "on findings")
 
 
+def headline_findings(report: Report) -> str | None:
+    """Under a healthy verdict, the findings at HIGH or above that decide no verdict, by id (``1 HIGH finding:
+    pipeline-output-cache``), so the first line does not read as all clear; None otherwise (a new user missed one
+    80 lines down)."""
+    v = report.verdict
+    if v is None or v.kind != "healthy":
+        return None
+    ids = list(dict.fromkeys(f.id for f in report.findings if f.severity in ("high", "critical")))
+    if not ids:
+        return None
+    n = sum(1 for f in report.findings if f.severity in ("high", "critical"))
+    worst = "CRITICAL" if any(f.severity == "critical" for f in report.findings) else "HIGH"
+    return f"{count(n, worst + ' finding')}: {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}"
+
+
 def headline_ranks(report: Report) -> str:
     """The headline's count of ranks: :func:`ranks_read` of ``report``."""
     return ranks_read([r.rank for r in report.ranks], report.unread)
+
+
+def preflight_oom(a: Any) -> str:
+    """Why ``preflight --fail-on-oom`` fails (``a``: a :class:`oomdoctor.report.preflight.PreflightAnswer` whose
+    replay ran out of memory): the request that did not fit and the room, on the GPU named."""
+    gpu = a.gpu_name or "the GPU"
+    req = f"a request of {format_bytes(a.oom_request_bytes)}" if a.oom_request_bytes else "a request"
+    return (f"the traced job runs out of memory on {gpu}: {req} did not fit in the allocator's room of "
+            f"{format_bytes(a.room_bytes)}")

@@ -11,6 +11,10 @@ from typing import Any
 from ..format import fill
 
 SPARE = " with {spare_bytes:bytes} to spare (margin {margin_bytes:bytes})"
+#: no margin: a replay of the recorded steps, which is exact (docs/diagnose.md, "Margins")
+SPARE_EXACT = " with {spare_bytes:bytes} to spare (a replay of the recorded steps: no margin needed)"
+#: nothing to spare: the peak reserved is the room itself (a room known from below, a lower end, still fits)
+SPARE_NONE = ", its peak reserved the whole room, with nothing to spare"
 SPARE_AT_EDGE = " with {spare_bytes:bytes} to spare, inside its margin of {margin_bytes:bytes} (at the edge: it may still run out)"
 CONDITION = "for steps whose tensors peak at up to {continuation[heaviest_step_peak_allocated_bytes]:bytes}, the heaviest recorded"
 
@@ -30,9 +34,18 @@ def _continuation(p: dict[str, Any]) -> str:
             "steps' reserved peaks spread by)")
 
 
+def _spare(p: dict[str, Any]) -> str:
+    """The spare room of a replay whose room is known: at the edge, none, exact (no margin), or with its margin."""
+    if p["at_edge"]:
+        return SPARE_AT_EDGE
+    if p.get("spare_bytes") == 0:
+        return SPARE_NONE
+    return SPARE_EXACT if p.get("margin_bytes") == 0 else SPARE
+
+
 def outcome_template(p: dict[str, Any]) -> str:
     """How the replay of ``p`` ended, as a template over ``p``'s fields. Raises KeyError for an unknown outcome."""
-    spare = "" if "at_edge" not in p else SPARE_AT_EDGE if p["at_edge"] else SPARE  # at_edge: the room is known
+    spare = "" if "at_edge" not in p else _spare(p)  # at_edge: the room is known
     o = p["outcome"]
     if o == "oom":
         return "out of memory at event {oom[event_index]}"
