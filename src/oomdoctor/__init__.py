@@ -15,22 +15,29 @@ Public API::
 from __future__ import annotations
 
 import os  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from ._lazy import lazy_attributes  # noqa: E402
 from ._version import __version__  # noqa: E402,F401
 from .errors import OomdoctorError, SnapshotError, UnsafeSnapshotError  # noqa: E402
 
+if TYPE_CHECKING:  # the lazy names, for the type checker (nothing is imported at run time)
+    from .preflight._entry import CallablePackage
+    from .trace import Trace, load, load_ranks
+
+    preflight: CallablePackage  # the package, callable as oomdoctor.preflight.api.preflight
+
 # numpy and the loader are imported on first use (PEP 562), so that `import oomdoctor` and the CLI's
 # start-up stay light (`python -X importtime -m oomdoctor --help`).
-_lazy = lazy_attributes(__name__, {"Trace": "trace", "load": "trace", "load_ranks": "trace"})
+_lazy_trace = lazy_attributes(__name__, {"Trace": "trace", "load": "trace", "load_ranks": "trace"})
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "preflight":  # the callable package (torch is imported only now)
         import importlib
 
         return importlib.import_module(".preflight", __name__)
-    return _lazy(name)
+    return _lazy_trace(name)
 
 
 def _paths(paths) -> list:

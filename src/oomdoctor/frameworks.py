@@ -30,8 +30,17 @@ Roles (:data:`ROLE_PATTERNS`), with the PyTorch source each rests on:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Protocol
 
 Pattern = tuple[str, tuple[str, ...] | None]
+
+
+class Stacks(Protocol):
+    """What :func:`running_files` reads of a :class:`~oomdoctor.trace.model.StackTable` (this layer is below the
+    trace's): frames ``(file, line, name)``, and stacks of frame ids."""
+
+    frames: list[tuple[str, int, str]]
+    stacks: list[tuple[int, ...]]
 
 
 def normalize_path(filename: str) -> str:
@@ -356,7 +365,7 @@ these frames is a module being imported (its body runs, or the garbage collector
 not the module's code being used."""
 
 
-def running_files(stacks) -> set[str]:
+def running_files(stacks: Stacks) -> set[str]:
     """The file names of the frames of ``stacks`` (a :class:`~oomdoctor.trace.model.StackTable`: ``frames`` of
     ``(file, line, name)`` and ``stacks`` of frame ids) that appear in at least one stack outside an import
     (:data:`IMPORT_FRAME_FILES`). An import of ``transformers.generation`` while ``torch.compile`` loads its
@@ -369,7 +378,7 @@ def running_files(stacks) -> set[str]:
     return {stacks.frames[i][0] for i in used}
 
 
-def detect_frameworks(filenames) -> list[Framework]:
+def detect_frameworks(filenames: Iterable[str]) -> list[Framework]:
     """The frameworks whose files appear among ``filenames`` (frame file names), in table order."""
     names = [normalize_path(f) for f in filenames]
     return [fw for fw in FRAMEWORKS if any(any(d in n for d in fw.detect) for n in names)]

@@ -59,18 +59,20 @@ def summarize_rank(recorder: Recorder, snapshot: dict, meta: dict[str, Any], *, 
     ``summary.json`` and ``summary.txt`` and prints the text (``print_report``). Returns the merged
     report on rank 0 (None elsewhere, or when rank 0 could not write the summary)."""
     rank, world = recorder.rank, max(recorder.world_size, 1)
-    path = recorder.written[-1] if recorder.written else os.path.join(recorder.out_dir, f"rank{rank}.pickle")
+    out_dir = recorder.out_dir
+    assert out_dir is not None  # the recorder ran (its directory was writable), so it calls this hook
+    path = recorder.written[-1] if recorder.written else os.path.join(out_dir, f"rank{rank}.pickle")
     payload = rank_payload(snapshot, meta, path)
-    store, prefix = _store(recorder)
+    store, prefix = _store(recorder, out_dir)
     got = gather_payloads(store, prefix, rank, world, payload, timeout_s=timeout_s)
     if got is None:
         return None
     report = merge_payloads(got, world)
-    out = os.path.join(recorder.out_dir, SUMMARY_JSON)
+    out = os.path.join(out_dir, SUMMARY_JSON)
     text = render_text_plain(report)
     try:
         atomic_write_bytes(out, render_json(report).encode("utf-8"))
-        atomic_write_bytes(os.path.join(recorder.out_dir, SUMMARY_TEXT), text.encode("utf-8"))
+        atomic_write_bytes(os.path.join(out_dir, SUMMARY_TEXT), text.encode("utf-8"))
     except OSError as e:
         warn(f"could not write {out}: {e}")
         return None
@@ -79,8 +81,9 @@ def summarize_rank(recorder: Recorder, snapshot: dict, meta: dict[str, Any], *, 
     return report
 
 
-def _store(recorder: Recorder) -> tuple[Any, str]:
-    """The job's key-value store and a key prefix unique to this run (and restart)."""
+def _store(recorder: Recorder, out_dir: str) -> tuple[Any, str]:
+    """The job's key-value store (else a directory store in ``out_dir``, the recorder's) and a key prefix unique to
+    this run (and restart)."""
     run = os.environ.get("TORCHELASTIC_RUN_ID", "job")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = f"oomdoctor/summary/{run}/{restart}"
@@ -88,7 +91,7 @@ def _store(recorder: Recorder) -> tuple[Any, str]:
         store = recorder.store or _client_store()
         if store is not None:
             return store, prefix
-    return DirectoryStore(recorder.out_dir), prefix.replace("/", "_")
+    return DirectoryStore(out_dir), prefix.replace("/", "_")
 
 
 def _client_store() -> Any:
@@ -100,6 +103,7 @@ def _client_store() -> Any:
         from datetime import timedelta
 
         import torch.distributed as dist
-        return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=30))
+        # public, but torch.distributed does not re-export it to type checkers (imported from torch._C there)
+        return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=30))  # pyright: ignore[reportPrivateImportUsage]
     except Exception:  # noqa: BLE001
         return None

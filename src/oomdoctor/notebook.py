@@ -92,8 +92,8 @@ class WordedFinding(Finding):
 def _filled_finding(f: Finding) -> WordedFinding:
     fixes = [WordedFix(**{k.name: getattr(fx, k.name) for k in fields(fx)}, text=finding_words.fix_text(fx))
              for fx in f.fixes]
-    return WordedFinding(**{k.name: getattr(f, k.name) for k in fields(f)} | {"fixes": fixes},
-                         title=finding_words.title(f), summary=finding_words.summary(f))
+    kw: dict[str, Any] = {k.name: getattr(f, k.name) for k in fields(f)} | {"fixes": fixes}
+    return WordedFinding(**kw, title=finding_words.title(f), summary=finding_words.summary(f))
 
 
 class Diagnosis(_Result):

@@ -86,12 +86,13 @@ def test_the_readme_holds_no_internal_reference(stale):
 
 
 def test_ci_runs_the_readme_test_command():
-    """.ci/run ends with the README's test command (after its own venv), lint-imports and skip reasons included."""
+    """.ci/run ends with the README's test command (after its own venv), lint-imports, pyright and skip reasons
+    included."""
     readme = README.read_text(encoding="utf-8")
     cmd = next(line for line in readme.splitlines() if line.startswith("python3 -m venv .venv && ") and "pytest" in line)
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8").rstrip().splitlines()[-1]
     assert cmd.endswith(" && " + ci)
-    assert "lint-imports && ruff check src tests benchmarks scenarios && python -m pytest -q -rs" in ci
+    assert "lint-imports && ruff check src tests benchmarks scenarios && pyright -p pyproject.toml && python -m pytest -q -rs" in ci
 
 
 def test_the_api_names_the_readme_gives_analyze_exist(demo_trace):

@@ -245,7 +245,7 @@ def test_run_many_in_worker_processes_gives_the_same_results_in_order(tmp_path, 
            for r in serial]
     assert [(r.config, r.deferred_frees, r.capacity, r.oom is None, r.peak_reserved_bytes, r.segment_events)
             for r in forked] == key
-    assert whatif._WORKER_PREPARED is None
+    assert whatif._worker_prepared is None
 
 
 def test_run_many_without_fork_replays_here(tmp_path, monkeypatch):
@@ -261,12 +261,12 @@ def test_run_many_without_fork_replays_here(tmp_path, monkeypatch):
     cap = Capacity(20 * MiB, "fraction", "given")
     assert [(r.capacity, r.peak_reserved_bytes) for r in run_many(p, ws, cap, workers=2)] == [
         (cap, 12 * MiB), (cap, 12 * MiB)]
-    assert whatif._WORKER_PREPARED is None
+    assert whatif._worker_prepared is None
 
 
 def test_worker_replays_the_prepared_trace_of_the_process(tmp_path, monkeypatch):
     p = prepare(deferred_trace(tmp_path))
-    monkeypatch.setattr(whatif, "_WORKER_PREPARED", p)
+    monkeypatch.setattr(whatif, "_worker_prepared", p)
     cap = Capacity(20 * MiB, "fraction", "given")
     r = whatif._worker((WhatIf(DEFAULT, RECORDED), cap))
     assert (r.deferred_frees, r.capacity, r.oom, r.peak_reserved_bytes, r.model, r.live_blocks) == (

@@ -74,6 +74,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -134,7 +135,7 @@ class Accounting:
     """per row, why a rule left it ``unknown`` (an index into :data:`UNKNOWN_WHY`; -1: read off its birth)"""
     maker: np.ndarray | None = None
     """per row of ``weight_copy`` or ``buffers``, who made it (an index into ``makers``; -1: unnamed)"""
-    makers: list[str] = field(default_factory=list)
+    makers: list[str] = field(default_factory=list[str])
     """the makers: ``module <class path>[.<child>]`` from the sidecar's modules, ``copy.deepcopy`` or
     ``<file>:<line> <function>`` from the block's stack"""
 
@@ -172,22 +173,22 @@ class Breakdown:
     """per category: from what the job recorded (the sidecar's storages) or read from the trace"""
     allocated_bytes: int
     """allocated after that event: requested + rounding (bytes)"""
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict[str, int])
     """live blocks per category"""
     phase_source: str = "inferred"
     """what set the phase: markers, annotations, autograd engine thread, frames or inferred"""
-    unknown_why: dict[str, int] = field(default_factory=dict)
+    unknown_why: dict[str, int] = field(default_factory=dict[str, int])
     """the unknown bytes by why no signal placed them: before_trace_no_stack (born before the trace, no allocation
     stack survives), before_trace (born before it, its stack places nothing), in_trace, frozen_or_buffer (module
     state of a size no trained parameter has: frozen weights or registered buffers, which only a sidecar's modules
     tell apart), copy_or_buffer (module state of a trained parameter's size beyond its gradients that copies no
     whole model: buffers such as BatchNorm's statistics, or part of a model kept frozen); they add up to
     categories.unknown (bytes)"""
-    weight_copy_by: dict[str, int] = field(default_factory=dict)
+    weight_copy_by: dict[str, int] = field(default_factory=dict[str, int])
     """the weight_copy bytes by who made them: 'module <class path>[.<child>]' (the sidecar's modules: a frozen
     teacher, a reference model, a momentum encoder, LoRA's frozen base), 'copy.deepcopy' or '<file>:<line>
     <function>' (the frame that made the copy), 'unnamed'; they add up to categories.weight_copy (bytes)"""
-    buffers_by: dict[str, int] = field(default_factory=dict)
+    buffers_by: dict[str, int] = field(default_factory=dict[str, int])
     """the buffers bytes by the module that registered them ('module <class path>[.<child>]'), 'unnamed'; they add
     up to categories.buffers (bytes)"""
 
@@ -228,7 +229,7 @@ def _library_init(trace: Trace, stacks: np.ndarray) -> np.ndarray:
     ``nn.ModuleList.__init__`` called) and needs a gradient of the block's size as well (see :func:`account`)."""
     frames = trace.stacks.frames
 
-    def library(fids) -> bool:
+    def library(fids: Iterable[int]) -> bool:
         f = next((f for f in fids if frames[f][2] == "__init__"), None)
         return f is not None and any(x in frames[f][0].replace("\\", "/") for x in _INSTALLED)
 
@@ -830,12 +831,12 @@ _FACT_CATEGORY = {"workspaces": WORKSPACES, "parameters": PARAMETERS, "gradients
                   "optimizer_state": OPTIMIZER_STATE}
 
 
-def _when(rec: dict, t: np.ndarray, n: int) -> int | None:
+def _when(rec: dict[str, Any], t: np.ndarray, n: int) -> int | None:
     """The event after which a sidecar record (noted at ``rec["time_us"]``) holds, or None when it lies outside the
     trace: a record noted before its first event (ring buffer) or after its last may name reused addresses; a dump's
     record (``"at": "dump"``), noted right after the snapshot, holds at its final state. (:func:`_apply_facts` still
     reads a module record noted before the first event, for the blocks of the noted sizes allocated when it begins.)"""
-    when = rec["time_us"]
+    when: int = rec["time_us"]
     if rec.get("at") == "dump" and when >= t[-1]:
         return n - 1
     if when < t[0] or when > t[-1]:
@@ -850,7 +851,7 @@ def _holders(lt: Lifetimes, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return order, lt.addr[order], lt.addr[order] + lt.size[order]
 
 
-def _hits(order: np.ndarray, lo: np.ndarray, hi: np.ndarray, ptrs: list) -> tuple[np.ndarray, np.ndarray]:
+def _hits(order: np.ndarray, lo: np.ndarray, hi: np.ndarray, ptrs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """The rows (of ``order``) whose block contains each pointer, and which of ``ptrs`` hit one."""
     arr = np.array(ptrs, dtype=object)
     keep = (arr >= 0) & (arr < 1 << 63) if arr.size else np.zeros(0, bool)
@@ -871,8 +872,9 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
     ``gradients``. A module record noted before the trace's first event (a ring buffer that wrapped) names the blocks
     allocated when the trace begins at its addresses that have the noted storages' sizes, and no gradient. Then the
     optimizers' storages (``tensors``), which win a block both name: parameters, gradients, optimizer state."""
-    records = trace.meta.get("tensors") or []  # shape checked at load (trace/load.py _drop_malformed)
-    modules = trace.meta.get("modules") or []
+    # the sidecar's JSON records, their shape checked at load (trace/load.py _drop_malformed)
+    records: list[dict[str, Any]] = trace.meta.get("tensors") or []
+    modules: list[dict[str, Any]] = trace.meta.get("modules") or []
     if (not records and not modules) or dt.num_events == 0:
         return
     t = dt.events["time_us"]
@@ -900,11 +902,11 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
         # wraps drops it): what it names holds for a block allocated when the trace begins, born before it, of the
         # noted storage's size (an address reused since by another tensor would need its size too); a gradient is
         # not module state and is freed each step, so only the module's own storages
-        order, lo, hi = _holders(lt, -1 if before else k)
+        order, lo, hi = _holders(lt, k if k is not None else -1)  # None: noted before the window
         if order.size == 0:
             continue
         for root in rec.get("roots", ()):
-            parts = root.get("parts") or []
+            parts: list[Any] = root.get("parts") or []
             for kind, category in (("buffers", BUFFERS), ("frozen", WEIGHT_COPY), ("untouched", WEIGHT_COPY),
                                    ("gradients", GRADIENTS), ("parameters", PARAMETERS)):
                 if before and kind == "gradients":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,7 +28,7 @@ class DeviceAnalysis:
     device: DeviceTrace
     lifetimes: Lifetimes
     timeline: Timeline
-    _anatomies: dict[int, Anatomy] = field(default_factory=dict, repr=False)
+    _anatomies: dict[int, Anatomy] = field(default_factory=dict[int, Anatomy], repr=False)
 
     @property
     def rank(self) -> int:
@@ -75,7 +76,7 @@ class DeviceAnalysis:
         """
         rec = self.trace.meta.get("recording")
         if isinstance(rec, dict) and "context" in rec:
-            return rec.get("context") == "all"
+            return cast("dict[str, Any]", rec).get("context") == "all"  # the sidecar's JSON object
         lt = self.lifetimes
         both = (lt.alloc >= 0) & (lt.free_requested >= 0)
         if int(both.sum()) < MIN_PAIRS:

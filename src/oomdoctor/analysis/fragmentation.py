@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.model import DEFAULT_POOL, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, DeviceTrace
+from ..trace.model import (
+    DEFAULT_POOL,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    DeviceTrace,
+    Segment,
+)
 from .lifetimes import Lifetimes
 from .rounding import K_SMALL_BUFFER, K_SMALL_SIZE
 
@@ -81,7 +89,7 @@ class Anatomy(PoolAnatomy):
 
     event_index: int = -1
     """the event after which the state is taken (-1: trace start)"""
-    pools: list[PoolAnatomy] = field(default_factory=list)
+    pools: list[PoolAnatomy] = field(default_factory=list[PoolAnatomy])
     """per (pool, segment type, stream) group"""
     unattributed_bytes: int = 0
     """active blocks found in no live segment: 0 on a consistent trace (bytes)"""
@@ -139,7 +147,7 @@ def live_segments(dt: DeviceTrace, k: int) -> list[LiveSegment]:
     return sorted(out, key=lambda s: s.address)
 
 
-def _owning_expandable(final: list, lo: int, stream: int):
+def _owning_expandable(final: list[Segment], lo: int, stream: int) -> Segment | None:
     """The final expandable range of ``stream`` whose virtual-address reservation most likely holds
     ``lo``: the nearest one starting at or below it (a reservation is one contiguous VA range per pool
     and stream, ``ExpandableSegment``), else the nearest above. None when the stream has none."""
@@ -151,7 +159,7 @@ def _owning_expandable(final: list, lo: int, stream: int):
 
 
 def _interval_remove(ivs: list[tuple[int, int, int]], lo: int, hi: int, st: int) -> list[tuple[int, int, int]]:
-    out = []
+    out: list[tuple[int, int, int]] = []
     for a, b, s in ivs:
         if s != st or b <= lo or a >= hi:
             out.append((a, b, s))
@@ -205,7 +213,7 @@ def anatomy(dt: DeviceTrace, lt: Lifetimes, k: int) -> Anatomy:
     pend = np.bincount(si, weights=b_pend, minlength=nseg).astype(np.int64) if nseg else occ
     largest = _largest_gaps(starts, ends, si, b_addr, b_size)
 
-    groups: dict[tuple, PoolAnatomy] = {}
+    groups: dict[tuple[tuple[int, int], str, int, bool], PoolAnatomy] = {}
     for i, s in enumerate(segs):
         key = (s.pool_id, s.segment_type, s.stream, s.is_expandable)
         g = groups.get(key)
@@ -286,7 +294,7 @@ def segment_states(dt: DeviceTrace, lt: Lifetimes, k: int) -> list[SegmentState]
     alive = alive[np.argsort(lt.addr[alive], kind="stable")]
     starts = np.array([s.address for s in segs], dtype=np.int64)
     si = np.searchsorted(starts, lt.addr[alive], side="right") - 1 if segs else np.zeros(0, np.int64)
-    out = []
+    out: list[SegmentState] = []
     for i, s in enumerate(segs):
         pos, end = s.address, s.address + s.size
         blocks: list[tuple[int, int, str, int]] = []

@@ -54,7 +54,7 @@ def holders_at(trace: Trace, lt: Lifetimes, acc: Accounting, ph: Phases, k: int,
     uniq, inv = np.unique(key, return_inverse=True)
     total = np.bincount(inv, weights=size).astype(np.int64)
     count = np.bincount(inv)
-    out = []
+    out: list[Holder] = []
     for u in np.argsort(-total, kind="stable")[: limit or uniq.size].tolist():
         members = np.flatnonzero(inv == u)
         big = members[np.argmax(size[members])]

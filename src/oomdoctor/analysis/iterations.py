@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.model import DeviceTrace, Trace
 from .lifetimes import Lifetimes
 from .phases import Steps, find_phases
 
 
-def find_steps(trace, dt) -> Steps | None:
+def find_steps(trace: Trace, dt: DeviceTrace) -> Steps | None:
     """The optimizer steps of ``dt`` (see :func:`.phases.find_phases`), or None when the trace shows none."""
     return find_phases(trace, dt).steps
 
@@ -36,7 +37,8 @@ def step_growth(lt: Lifetimes, allocated: np.ndarray, steps: Steps) -> StepGrowt
     last = int(starts[-1])
     alloc_at = allocated[np.maximum(starts - 1, 0)]
     still = lt.allocated_mask(last - 1) if last > 0 else np.zeros(len(lt), bool)
-    retained, rows = [], []
+    retained: list[int] = []
+    rows: list[np.ndarray] = []
     for i in range(len(starts) - 1):
         lo, hi = int(starts[i]), int(starts[i + 1])
         r = np.flatnonzero(still & (lt.alloc >= lo) & (lt.alloc < hi))

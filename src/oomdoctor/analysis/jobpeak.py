@@ -34,7 +34,7 @@ A miss is *material*, and said as one, from :data:`MISS_SAID_BYTES` (the materia
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -127,12 +127,13 @@ def counters(meta: dict[str, Any], device: int) -> tuple[dict[str, Any] | None, 
     file's ``device``, when that is ``device`` or not said), keyed as :data:`~oomdoctor.capture.metadata.COUNTER_KEYS`.
     ``(None, None)`` when there are none."""
     src = "memory_stats_file" if meta.get("memory_stats_file") and not meta.get("sidecar") else "sidecar"
-    for c in meta.get("device_counters") or []:
+    records: list[dict[str, Any]] = meta.get("device_counters") or []
+    for c in records:
         if c.get("device") == device:
             return c, src
     stats = meta.get("memory_stats")
     if isinstance(stats, dict) and stats and meta.get("device") in (None, device):
-        return stats, src
+        return cast("dict[str, Any]", stats), src  # the sidecar's JSON object
     return None, None
 
 

@@ -23,7 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..trace.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, DeviceTrace, Trace
+from ..trace.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Block, DeviceTrace, Trace
 from .arrays import stable_argsort
 from .rounding import divisions_table, round_size
 
@@ -103,7 +103,8 @@ class Lifetimes:
 
 def _prev_in_group(mask: np.ndarray, group_start: np.ndarray) -> np.ndarray:
     """For each sorted position p, the last position q <= p with ``mask[q]`` in p's group, else -1."""
-    pos = np.arange(mask.shape[0])
+    n: int = mask.shape[0]
+    pos = np.arange(n)
     last = np.maximum.accumulate(np.where(mask, pos, -1)) if mask.size else pos
     return np.where(last >= group_start, last, -1)
 
@@ -115,12 +116,12 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     mem = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
     order = mem[stable_argsort(addr[mem])]
     sa, sact = addr[order], action[order]
-    m = order.shape[0]
-    pos = np.arange(m)
+    m: int = order.shape[0]
+    pos: np.ndarray = np.arange(m)
     new_group = np.ones(m, dtype=bool)
     if m:
         new_group[1:] = sa[1:] != sa[:-1]
-    group_start = np.maximum.accumulate(np.where(new_group, pos, 0)) if m else pos
+    group_start: np.ndarray = np.maximum.accumulate(np.where(new_group, pos, 0)) if m else pos
 
     is_a, is_fr, is_fc = sact == ALLOC, sact == FREE_REQUESTED, sact == FREE_COMPLETED
     last_a = _prev_in_group(is_a, group_start)
@@ -163,7 +164,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
 
     ev_size, ev_stream, ev_stack = dt.events["size"], dt.events["stream"], dt.events["stack"]
     # row groups: (addr, requested, stream, stack, alloc, free_requested, free_completed, start_state)
-    groups: list[tuple] = []
+    groups: list[tuple[np.ndarray, ...]] = []
 
     ai = order[a_pos]  # rows 1
     groups.append((addr[ai], ev_size[ai], ev_stream[ai], ev_stack[ai], ai, idx(a_fr), idx(a_fc),
@@ -177,8 +178,8 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
 
     # rows 4: ghosts: active final blocks whose address never appears in the trace
     seen = set(sa[new_group].tolist())  # the distinct addresses: sa is sorted
-    final_active = {}
-    ghosts = []
+    final_active: dict[int, Block] = {}
+    ghosts: list[tuple[int, ...]] = []
     for seg, blk in dt.blocks():
         if blk.is_active:
             final_active[blk.address] = blk
@@ -188,7 +189,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     if ghosts:
         groups.append(tuple(np.array(col, dtype=np.int64) for col in zip(*ghosts)))
 
-    def column(i: int, dtype) -> np.ndarray:
+    def column(i: int, dtype: type[np.generic]) -> np.ndarray:
         return np.concatenate([np.asarray(g[i], dtype=dtype) for g in groups])
 
     row_addr, req = column(0, np.int64), column(1, np.int64)

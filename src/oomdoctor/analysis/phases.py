@@ -45,6 +45,7 @@ import weakref
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -356,7 +357,8 @@ def find_phases(trace: Trace, dt: DeviceTrace) -> Phases:
     ri = role_index(trace)
     allocs = np.flatnonzero(action == ALLOC)
     raw = ri.lookup(ri.role, stack[allocs])
-    recorded = (trace.meta.get("recording") or {}).get("stacks") != "none" and bool(
+    recording: dict[str, Any] = trace.meta.get("recording") or {}
+    recorded = recording.get("stacks") != "none" and bool(
         np.any((raw != NO_FRAMES) & (raw != UNRECORDED)))
     python = recorded and bool(np.any(ri.lookup(ri.thread, stack[allocs]) != NO_PYTHON))
     at = times[allocs]
@@ -460,7 +462,7 @@ def _optimizer_starts(times: np.ndarray, phase: np.ndarray, windows: np.ndarray)
 _MARKED = {"evaluation": EVALUATION_PHASE, "optimizer": OPTIMIZER_PHASE}
 
 
-def _marked(roles: np.ndarray, times_us: np.ndarray, marks: list[dict] | None) -> tuple[np.ndarray, np.ndarray]:
+def _marked(roles: np.ndarray, times_us: np.ndarray, marks: list[dict[str, Any]] | None) -> tuple[np.ndarray, np.ndarray]:
     """Allocations made while a framework callback said the job evaluates or steps the optimizer
     (sidecar ``phase_markers``: from each mark's ``time_us`` on, its ``phase``) take that phase when
     their stack says only ``forward`` or nothing (an evaluation forward, an optimizer kernel's
@@ -470,7 +472,7 @@ def _marked(roles: np.ndarray, times_us: np.ndarray, marks: list[dict] | None) -
     if not marks or roles.size == 0:
         return roles, none
     try:
-        ordered = sorted(((int(m["time_us"]), m["phase"]) for m in marks), key=lambda x: x[0])
+        ordered: list[tuple[int, Any]] = sorted(((int(m["time_us"]), m["phase"]) for m in marks), key=lambda x: x[0])
         t = np.array([x[0] for x in ordered], dtype=np.int64)
     except (OverflowError, KeyError, TypeError):
         return roles, none
@@ -483,7 +485,7 @@ def _marked(roles: np.ndarray, times_us: np.ndarray, marks: list[dict] | None) -
 
 
 def _smooth(roles: np.ndarray, thread: np.ndarray, times_us: np.ndarray, windows: np.ndarray,
-            step_markers: list[dict] | None) -> tuple[np.ndarray, np.ndarray]:
+            step_markers: list[dict[str, Any]] | None) -> tuple[np.ndarray, np.ndarray]:
     """Allocations of no known role (``other``) continue the phase before them (``setup`` before any); a
     main-thread one after a backward cannot be part of it: it is ``optimizer`` work when an update shows
     before the next forward pass (an optimizer role, an ``Optimizer.step#`` window, a step marker), else

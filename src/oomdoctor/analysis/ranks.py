@@ -42,8 +42,8 @@ class RankProfile:
     peak_reserved_bytes: int
     end_allocated_bytes: int
     group: Any = "all"
-    sites_at_peak: dict[str, SiteBytes] = field(default_factory=dict)
-    sites_at_end: dict[str, SiteBytes] = field(default_factory=dict)
+    sites_at_peak: dict[str, SiteBytes] = field(default_factory=dict[str, SiteBytes])
+    sites_at_end: dict[str, SiteBytes] = field(default_factory=dict[str, SiteBytes])
 
 
 @dataclass
@@ -83,7 +83,7 @@ def site_deltas(profiles: list[RankProfile], rank_index: int, at: str = "peak") 
     per_rank = [p.sites_at_peak if at == "peak" else p.sites_at_end for p in profiles]
     mine = per_rank[rank_index]
     others = [p for i, p in enumerate(per_rank) if i != rank_index]
-    out = []
+    out: list[SiteDelta] = []
     for key, s in mine.items():
         med = int(np.median([o[key].bytes if key in o else 0 for o in others])) if others else 0
         if s.bytes > med:

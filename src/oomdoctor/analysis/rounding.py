@@ -8,7 +8,7 @@ See ``shared/reference/caching_allocator_spec.md`` §1.2-1.3.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import numpy as np
 
@@ -29,7 +29,8 @@ def divisions_table(settings: Mapping[str, Any] | None) -> np.ndarray:
     table = np.zeros(N_INTERVALS, dtype=np.int64)
     raw = (settings or {}).get("roundup_power2_divisions")
     if isinstance(raw, Mapping):
-        for key, value in raw.items():
+        entries = cast("Mapping[Any, Any]", raw)  # the snapshot's keys and values, of any type until read below
+        for key, value in entries.items():
             try:
                 idx = int(np.log2(int(key)))
                 v = int(value)

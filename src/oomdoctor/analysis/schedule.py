@@ -18,12 +18,18 @@ ways, and the larger wins:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from ..trace.model import StackTable
 from .accounting import ACTIVATIONS, Accounting
 from .arrays import distinct
 from .lifetimes import Lifetimes
 from .phases import FORWARD_PHASE, Phases, table_roles
+
+if TYPE_CHECKING:  # annotations only
+    from .device import DeviceAnalysis
 
 LOSS_NAMES = ("cross_entropy", "log_softmax", "nll_loss", "mse_loss", "binary_cross_entropy_with_logits")
 PIPELINE_FRAMEWORKS = ("pipelining",)
@@ -33,13 +39,13 @@ P2P_ANNOTATIONS = ("nccl:send", "nccl:recv")
 ``send``/``recv``, their profiling titles): a pipeline stage's activations and gradients cross ranks this way."""
 
 
-def in_flight(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> int:
+def in_flight(stacks: StackTable, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> int:
     """Micro-batches whose activations are allocated after event ``k`` (see the module doc); 0 with none.
     ``stacks``: the trace's :class:`~oomdoctor.trace.model.StackTable`."""
     return max(in_flight_parts(stacks, lt, acc, ph, k))
 
 
-def in_flight_parts(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> tuple[int, int]:
+def in_flight_parts(stacks: StackTable, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) -> tuple[int, int]:
     """The two readings of the module doc, apart: ``(passes, recurrences)``. Only the second is a schedule's own
     signature (several micro-batches' forwards, each ending in a loss, before their backwards): two passes with
     activations alive are also what a caught OOM whose exception keeps the failed pass leaves (issue 49), or any
@@ -69,7 +75,7 @@ def in_flight_parts(stacks, lt: Lifetimes, acc: Accounting, ph: Phases, k: int) 
     return passes, count
 
 
-def schedule_evidence(a, recurrences: int) -> str | None:
+def schedule_evidence(a: DeviceAnalysis, recurrences: int) -> str | None:
     """What says the job of ``a`` (a :class:`~oomdoctor.analysis.device.DeviceAnalysis`) runs a pipeline schedule,
     the first that does: the sidecar's stage (``pp_rank`` / ``pipeline_stage``), a pipeline framework's code
     (:data:`PIPELINE_FRAMEWORKS`), point-to-point transfers (:data:`P2P_ANNOTATIONS`), or several micro-batches'

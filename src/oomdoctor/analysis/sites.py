@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class SiteIndex:
 _INDEXES: "weakref.WeakKeyDictionary[StackTable, SiteIndex]" = weakref.WeakKeyDictionary()
 
 
-def per_table(cache: weakref.WeakKeyDictionary, stacks: StackTable, make: Callable[[StackTable], T]) -> T:
+def per_table(cache: weakref.WeakKeyDictionary[StackTable, T], stacks: StackTable, make: Callable[[StackTable], T]) -> T:
     """``make(stacks)`` computed once per stack table and kept in ``cache`` while the table lives."""
     got = cache.get(stacks)
     if got is None:
@@ -118,7 +118,7 @@ def per_table(cache: weakref.WeakKeyDictionary, stacks: StackTable, make: Callab
     return got
 
 
-_UNMATCHED: "weakref.WeakKeyDictionary[StackTable, tuple]" = weakref.WeakKeyDictionary()
+_UNMATCHED: "weakref.WeakKeyDictionary[StackTable, tuple[np.ndarray | None]]" = weakref.WeakKeyDictionary()
 
 
 def mark_unmatched(trace: Trace, lt: Lifetimes, rows: np.ndarray, site: np.ndarray) -> np.ndarray:
@@ -134,17 +134,20 @@ def mark_unmatched(trace: Trace, lt: Lifetimes, rows: np.ndarray, site: np.ndarr
     return np.where(hit, UNMATCHED, site) if hit.any() else site
 
 
-_MATCHED: "weakref.WeakKeyDictionary[StackTable, tuple]" = weakref.WeakKeyDictionary()
+_MATCHED: "weakref.WeakKeyDictionary[StackTable, tuple[np.ndarray | None]]" = weakref.WeakKeyDictionary()
 
 
 def matched_rows(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> np.ndarray:
     """Per row: True where the block's stack was matched from a stacked step, not recorded
     (:func:`oomdoctor.trace.stackmatch.matched_from`)."""
-    def make(_s: StackTable) -> tuple:
+    def make(_s: StackTable) -> tuple[np.ndarray | None]:
         res = trace.meta.get(META_KEY)
-        if not isinstance(res, dict) or res.get("device") not in trace.devices:
+        if not isinstance(res, dict):
             return (None,)
-        return (matched_from(trace, trace.devices[res["device"]]) >= 0,)
+        info = cast("dict[str, Any]", res)  # the sidecar's JSON object
+        if info.get("device") not in trace.devices:
+            return (None,)
+        return (matched_from(trace, trace.devices[info["device"]]) >= 0,)
     mask = per_table(_MATCHED, trace.stacks, make)[0]
     if mask is None or rows.size == 0 or int(lt.alloc[rows].max()) >= mask.shape[0]:
         return np.zeros(rows.size, dtype=bool)
@@ -185,7 +188,7 @@ def group_sites(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> list[Site]:
     uniq, inv = np.unique(site, return_inverse=True)
     total = np.bincount(inv, weights=size).astype(np.int64)
     count = np.bincount(inv)
-    out = []
+    out: list[Site] = []
     for u in range(uniq.size):
         members = np.flatnonzero(inv == u)
         big = members[np.argmax(size[members])]

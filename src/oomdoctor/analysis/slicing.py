@@ -16,7 +16,7 @@ The output holds only plain data (dicts, lists, str, int, bool), the shape PyTor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def event_window(trace: Trace, dt: DeviceTrace, start: float | None, end: float 
     if unit not in WINDOW_UNITS:
         raise UsageError(f"unknown window unit {unit!r}: one of {', '.join(WINDOW_UNITS)}")
     if start is not None and end is not None and end <= start:
-        said = said_time if unit == "time" else (lambda x: f"{int(x)}")
+        said: Callable[[float], str] = said_time if unit == "time" else (lambda x: f"{int(x)}")
         if end == start:
             raise UsageError(f"{trace.path}: the window --start {said(start)} to --end {said(end)} holds no event "
                              "(--end is exclusive)")
@@ -118,10 +118,10 @@ def _state_segments(trace: Trace, dt: DeviceTrace, lt: Lifetimes, k: int) -> lis
     final_stack = {s.address: s.stack for s in dt.segments}
     state_names = {STATE_ALLOCATED: "active_allocated", STATE_PENDING_FREE: "active_pending_free",
                    STATE_FREE: "inactive"}
-    out = []
+    out: list[dict[str, Any]] = []
     for st in segment_states(dt, lt, k):
         s = st.segment
-        blocks = [{"address": addr, "size": size, "requested_size": int(lt.requested[r]) if r >= 0 else 0,
+        blocks: list[dict[str, Any]] = [{"address": addr, "size": size, "requested_size": int(lt.requested[r]) if r >= 0 else 0,
                    "state": state_names[state], "frames": _frames(trace, int(lt.stack[r])) if r >= 0 else []}
                   for addr, size, state, r in st.blocks]
         alloc = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
@@ -136,9 +136,9 @@ def _state_segments(trace: Trace, dt: DeviceTrace, lt: Lifetimes, k: int) -> lis
 
 def _entries(trace: Trace, dt: DeviceTrace, lo: int, hi: int) -> list[dict[str, Any]]:
     ev = dt.events
-    cols = {name: ev[name][lo:hi].tolist() for name in ev}
-    frames_of: dict[int, list] = {}
-    out = []
+    cols: dict[str, list[int]] = {name: ev[name][lo:hi].tolist() for name in ev}
+    frames_of: dict[int, list[dict[str, Any]]] = {}
+    out: list[dict[str, Any]] = []
     for j in range(hi - lo):
         st = cols["stack"][j]
         if st not in frames_of:
@@ -162,7 +162,7 @@ def slice_snapshot(trace: Trace, dt: DeviceTrace, lt: Lifetimes, window: Window)
     """The snapshot dict of ``window`` (see the module docstring). ``lt`` are ``dt``'s lifetimes.
     Pure; the caller pickles it."""
     lo, hi = window.start_event, window.end_event
-    traces: list[list] = [[] for _ in range(max(trace.devices) + 1)]
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(max(trace.devices) + 1)]
     traces[dt.device] = _entries(trace, dt, lo, hi)
     t = dt.events["time_us"]
     t_lo, t_hi = int(t[lo]), int(t[hi - 1])

@@ -6,8 +6,13 @@ The only part of oomdoctor that imports torch, and only inside functions: import
 works without torch.
 """
 
+from typing import TYPE_CHECKING
+
 from .._lazy import lazy_attributes
 from .files import CaptureError
+
+if TYPE_CHECKING:  # the lazy names, for the type checker (nothing is imported at run time)
+    from .recorder import DEFAULT_MAX_ENTRIES, Recorder, parse_steps
 
 # the recorder (and the sidecar's modules: socket, ...) only where it is used: `oomdoctor diagnose` imports
 # capture.files to write its output, and nothing else of this package (start-up: docs/benchmarks.md)

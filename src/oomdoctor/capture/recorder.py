@@ -89,8 +89,8 @@ FREE_STACKS_WARNING = (
     "exception' (measured on H100 and H200). Turn free stacks off unless you need them.")
 
 #: ``on_finish(recorder, snapshot_dict, meta)``: called once on every rank after the last dump
-#: (the in-job summary plugs in here).
-FinishHook = Callable[["Recorder", dict, dict], None]
+#: (the in-job summary plugs in here); what it returns is ignored.
+FinishHook = Callable[["Recorder", dict, dict], object]
 
 
 def warn(msg: str) -> None:
@@ -321,7 +321,8 @@ class Recorder:
             self._enable(clear=False)
         if self.on_oom:
             try:
-                torch._C._cuda_attach_out_of_memory_observer(self._oom_observer)
+                # a private API of torch, not in its stubs (missing: caught below)
+                torch._C._cuda_attach_out_of_memory_observer(self._oom_observer)  # pyright: ignore[reportAttributeAccessIssue]
             except Exception as e:  # noqa: BLE001 - private API missing: record without it
                 warn(f"cannot attach the out-of-memory observer ({e}); OOMs will not be dumped")
         try:
@@ -410,7 +411,7 @@ class Recorder:
         if self.on_finish is not None:
             if snap is None:
                 snap, meta = self._last_snapshot or (None, None)
-            if snap is not None:
+            if snap is not None and meta is not None:  # the one is None where the other is
                 try:
                     self.on_finish(self, snap, meta)
                 except Exception as e:  # noqa: BLE001 - the summary must never fail the job
@@ -555,6 +556,7 @@ class Recorder:
         stacked steps frequent enough that the ring buffer still holds two of them
         (``N <= max_entries / (2 * events per step)``); without one, stack-less steps cannot be matched. A
         failure leaves N as asked (logged)."""
+        assert self.stack_plan is not None  # called when the plan's first K steps end
         self.stack_fit = {"asked": list(self.stack_plan), "events_per_step": None}
         first, every = self.stack_plan
         if every == 0 or len(self.markers) < 2:

@@ -34,4 +34,8 @@ def job_page(inputs: list[str], *, micro_batch: int | None = None, rule: Materia
         if r.view is not None:
             r.view.rank = rank_of[r.task.path]  # as the first pass numbered it
             views.append(r.view)
-    return report, Visual(ranks=views, heatmap=heatmap([(r.rank, r.heat or [], r.duration_us) for r in results]))
+    rows: list[tuple[int, list[int], int]] = []
+    for r in results:
+        assert r.rank is not None  # gathered: every rank that loaded has one
+        rows.append((r.rank, r.heat or [], r.duration_us))
+    return report, Visual(ranks=views, heatmap=heatmap(rows))

@@ -25,6 +25,8 @@ reported LOW, with no memory at stake (its cost is synchronisation time).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..analysis.arrays import distinct
@@ -99,7 +101,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     variant = ("churn-unknown" if churn and classified_by == "unknown" else "empty-cache" if churn
                else "retries" if known else "retries-or-gc")
     sev = "low"
-    fixes = []
+    fixes: list[Fix] = []
     if churn:
         fixes.append(Fix(
             "empty-cache-at-phase-changes", versions="all",
@@ -122,7 +124,7 @@ def _flush_cost(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray) -> t
         return 0, 0
     ev = a.device.events
     t, act = ev["time_us"], ev["action"]
-    n = t.shape[0]
+    n: int = t.shape[0]
     total = 0
     for b in distinct(burst_id).tolist():
         members = frees[burst_id == b]
@@ -157,7 +159,7 @@ def _training_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray)
 
 
 def _empty_cache_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray, n_bursts: int,
-                        retries_stat: int, stats: dict) -> tuple[int, str]:
+                        retries_stat: int, stats: dict[str, Any]) -> tuple[int, str]:
     """How many bursts were ``empty_cache()`` calls, and from what: ``"free stacks"``, ``"memory_stats"``
     or ``"unknown"`` (every burst counted as a flush; see the module docstring)."""
     if n_bursts == 0:

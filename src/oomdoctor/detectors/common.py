@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Protocol, Sequence
+
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
-from ..analysis.sites import Site, site_index, site_label
+from ..analysis.sites import site_index, site_label
 from ..trace.model import Trace
 from .finding import SiteRef
 
@@ -17,9 +19,26 @@ def frame_text(trace: Trace, fid: int) -> str:
     return f"{filename}:{line} in {name}"
 
 
-def site_refs(a: DeviceAnalysis, sites: list[Site], limit: int = MAX_SITES) -> list[SiteRef]:
+class SiteLike(Protocol):
+    """What :func:`site_refs` reads of a site: a :class:`~oomdoctor.analysis.sites.Site`, or a holder
+    (:class:`~oomdoctor.analysis.holders.Holder`), which has a site's fields."""
+
+    @property
+    def frame(self) -> int: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def stack(self) -> int: ...
+
+
+def site_refs(a: DeviceAnalysis, sites: Sequence[SiteLike], limit: int = MAX_SITES) -> list[SiteRef]:
     idx = site_index(a.trace)
-    out = []
+    out: list[SiteRef] = []
     for s in sites[:limit]:
         uf = idx.user_frame(s.stack)
         out.append(SiteRef(label=site_label(a.trace, s.frame), bytes=s.bytes, count=s.count,

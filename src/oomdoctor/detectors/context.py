@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..analysis.device import DeviceAnalysis
 
@@ -92,7 +93,8 @@ def version_from_text(text: str) -> TorchVersion:
 
 def torch_version(a: DeviceAnalysis) -> TorchVersion:
     meta = a.trace.meta
-    raw = meta.get("torch_version") or (meta.get("versions") or {}).get("torch")
+    versions: dict[str, Any] = meta.get("versions") or {}
+    raw = meta.get("torch_version") or versions.get("torch")
     if raw and parse_version(raw):
         return TorchVersion(parse_version(raw), None, str(raw))
     entry_keys = set(meta.get("trace_entry_keys", []))

@@ -29,7 +29,7 @@ from ..analysis.sites import group_sites
 from ..trace.model import SEGMENT_ALLOC
 from ..units import MiB
 from .common import rows_with, site_refs, stacks_matching
-from .context import Context
+from .context import Context, TorchVersion
 from .finding import Finding, Fix
 
 ID = "deferred-free"
@@ -134,7 +134,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     owners = _owners(a, d)
     owner_at_peak = owners[at_peak]
     by_owner = {o: int(lt.size[live_at_peak][owner_at_peak == o].sum()) for o in set(owner_at_peak.tolist())}
-    main_owner = max(by_owner, key=by_owner.get) if by_owner else "user code"
+    main_owner = max(by_owner, key=by_owner.__getitem__) if by_owner else "user code"
     tu = a.device.events["time_us"]
     fr, fc = lt.free_requested[d], lt.free_completed[d]
     end = a.num_events - 1
@@ -167,7 +167,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         fixes=_fixes(main_owner, v), per_rank_bytes={a.rank: held_at_peak}, variant="at-peak")
 
 
-def _fixes(owner: str, v) -> list[Fix]:
+def _fixes(owner: str, v: TorchVersion) -> list[Fix]:
     legacy = v.in_range((2, 1), (2, 8))
     modern = v.at_least((2, 8))
     fixes: list[Fix] = []

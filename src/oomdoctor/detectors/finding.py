@@ -72,7 +72,7 @@ class SiteRef:
     """held by the site's live blocks (bytes)"""
     count: int
     """live blocks"""
-    stack: list[str] = field(default_factory=list)
+    stack: list[str] = field(default_factory=list[str])
     """the allocation stack, innermost first, shortened"""
     user_frame: str | None = None
     """the frame of user code, if any"""
@@ -97,20 +97,20 @@ class Finding:
     """the ranks it was found on"""
     bytes: int
     """at stake: what the fix gives back at the peak or the OOM, never more than the ranks' peak reserved (bytes)"""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict[str, Any])
     """the numbers behind it, per detector (bytes in keys ending _bytes, event indices in keys ending _event or
     _index)"""
-    sites: list[SiteRef] = field(default_factory=list)
+    sites: list[SiteRef] = field(default_factory=list[SiteRef])
     """the allocation sites behind it"""
-    fixes: list[Fix] = field(default_factory=list)
+    fixes: list[Fix] = field(default_factory=list[Fix])
     """what to do, first the one to try first"""
     prediction: dict[str, Any] | None = None
     """the first fix's prediction"""
-    per_rank_bytes: dict[int, int] = field(default_factory=dict)
+    per_rank_bytes: dict[int, int] = field(default_factory=dict[int, int])
     """bytes at stake per rank (keys: rank numbers)"""
     variant: str = ""
     """which wording of its title and summary applies (the JSON has the words, ``title`` and ``summary``)"""
-    related: list[str] = field(default_factory=list)
+    related: list[str] = field(default_factory=list[str])
     """ids of the other findings on its ranks with one of its allocation sites: the same tensors seen by another
     detector (schema 2.2)"""
 

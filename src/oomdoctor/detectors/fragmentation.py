@@ -24,7 +24,7 @@ from ..analysis.fragmentation import request_pool
 from ..analysis.phases import role_index
 from ..analysis.rounding import allocation_size, round_size
 from ..units import GiB, MiB
-from .context import Context
+from .context import Context, TorchVersion
 from .finding import Finding, Fix
 
 ID = "fragmentation"
@@ -131,10 +131,10 @@ def shapes_vary(a: DeviceAnalysis) -> bool:
     return False
 
 
-def _fixes(v, expandable_on: bool, request: int, capped: bool, varies: bool = False) -> list[Fix]:
+def _fixes(v: TorchVersion, expandable_on: bool, request: int, capped: bool, varies: bool = False) -> list[Fix]:
     env = "PYTORCH_ALLOC_CONF" if v.at_least((2, 9)) else "PYTORCH_CUDA_ALLOC_CONF"
     split = split_mb(request)
-    fixes = []
+    fixes: list[Fix] = []
     if not expandable_on:
         fixes.append(Fix(
             "expandable-segments", versions=">=2.1", source="pytorch/pytorch PR #96995; pytorch.org/docs/stable/notes/cuda.html"

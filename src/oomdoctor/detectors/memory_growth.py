@@ -36,7 +36,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     g = step_growth(a.lifetimes, a.timeline.allocated, steps)
     pp = stacks_matching(a.trace, "torch/distributed/pipelining/")
     counted = range(WARMUP_STEPS, len(steps) - 2)
-    rows, per_step = [], []
+    rows: list[np.ndarray] = []
+    per_step: list[int] = []
     for i in counted:
         r = g.retained_rows[i]
         r = r[~rows_with(pp, a.lifetimes.stack[r])]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
+from ..analysis.lifetimes import Lifetimes
 from ..analysis.sites import group_sites, site_index
 from ..units import MiB
 from .common import rows_with, site_refs, stacks_matching
@@ -39,7 +40,7 @@ def _max_concurrent(alloc: np.ndarray, free: np.ndarray, n: int) -> int:
     return int(np.cumsum(d[:n]).max()) if n else 0
 
 
-def _by_step(g: np.ndarray, lt, n: int) -> list[np.ndarray]:
+def _by_step(g: np.ndarray, lt: Lifetimes, n: int) -> list[np.ndarray]:
     """Split one site's blocks at the gaps between bursts of frees (one burst per ``step()`` when a
     trace spans several steps): a gap longer than ``BURST_FRACTION`` of the span of the allocations."""
     if g.size < MIN_CONCURRENT:
@@ -51,7 +52,7 @@ def _by_step(g: np.ndarray, lt, n: int) -> list[np.ndarray]:
     return [part for part in np.split(g[order], cuts) if part.size >= MIN_CONCURRENT]
 
 
-def _kept_at_once(g: np.ndarray, lt, n: int) -> int:
+def _kept_at_once(g: np.ndarray, lt: Lifetimes, n: int) -> int:
     """The bytes of ``g``'s blocks allocated at once when most of them are: their own sizes added up (a block may
     be larger than the others by an unsplit remainder), as the report's holders count them."""
     alloc, free = lt.alloc[g], np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n)
@@ -62,7 +63,7 @@ def _kept_at_once(g: np.ndarray, lt, n: int) -> int:
     return int(lt.size[g][(alloc <= k) & (free > k)].sum())
 
 
-def _candidate(g: np.ndarray, lt, n: int) -> tuple[int, int, np.ndarray] | None:
+def _candidate(g: np.ndarray, lt: Lifetimes, n: int) -> tuple[int, int, np.ndarray] | None:
     """``(bytes kept at once, blocks kept at once, rows)`` when ``g`` is kept and freed in one burst."""
     conc = _max_concurrent(lt.alloc[g], lt.free_requested[g], n)
     if conc < MIN_CONCURRENT:

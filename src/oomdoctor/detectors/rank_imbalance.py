@@ -55,7 +55,7 @@ def detect_profiles(profiles: list[RankProfile]) -> list[Finding]:
     groups: dict[object, list[RankProfile]] = {}
     for p in profiles:
         groups.setdefault(p.group, []).append(p)
-    out = []
+    out: list[Finding] = []
     for members in groups.values():
         if len(members) >= 2:
             out.extend(_detect_group(members))
@@ -63,7 +63,7 @@ def detect_profiles(profiles: list[RankProfile]) -> list[Finding]:
 
 
 def _detect_group(pk: list[RankProfile]) -> list[Finding]:
-    out = []
+    out: list[Finding] = []
     for i, p in enumerate(pk):
         others = [q.peak_allocated_bytes for j, q in enumerate(pk) if j != i]
         med = int(np.median(others))

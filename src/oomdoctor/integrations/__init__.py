@@ -12,9 +12,13 @@ package needs neither.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .session import MemorySession
+
+if TYPE_CHECKING:  # the lazy names, for the type checker (the frameworks are imported only when asked for)
+    from .huggingface import TrainerMemoryCallback
+    from .lightning import LightningMemoryCallback
 
 _LAZY = {"TrainerMemoryCallback": "huggingface", "LightningMemoryCallback": "lightning"}
 

@@ -18,12 +18,15 @@ Hooks used (``lightning/pytorch/callbacks/callback.py``, ``lightning/pytorch/loo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:
+if TYPE_CHECKING:  # one class for the type checker (the test extra installs lightning)
     from lightning.pytorch import Callback
-except ImportError:  # the standalone package
-    from pytorch_lightning import Callback
+else:
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:  # the standalone package
+        from pytorch_lightning import Callback
 
 from .session import SessionCallback, batch_size, guarded
 

@@ -78,6 +78,11 @@ class Candidate:
         if self.fit_estimate is None:
             self.fit_estimate = self.estimate
 
+    @property
+    def as_run(self) -> Estimate:
+        """``fit_estimate``, never None once made (:meth:`__post_init__`): the plan's peak as it would run."""
+        return self.fit_estimate if self.fit_estimate is not None else self.estimate
+
 
 @dataclass
 class SearchResult:
@@ -211,7 +216,7 @@ def _say_trade(cands: list[Candidate], hw: Hardware) -> None:
         return
     top = max(passed, key=lambda c: c.relative_throughput)
     gain = top.relative_throughput / best.relative_throughput - 1
-    room = f"{top.fit_estimate.peak.device_bytes / GiB:.1f} of {hw.gpu_memory_bytes / GiB:.1f} GiB"
+    room = f"{top.as_run.peak.device_bytes / GiB:.1f} of {hw.gpu_memory_bytes / GiB:.1f} GiB"
     best.why.insert(0, f"ranked above {top.plan.label()}, modelled {100 * gain:.1f}% faster, which fits only with "
                        f"{EXPANDABLE} ({room}): a gain under {100 * PREFER_GAIN:.0f}% is not worth the tighter fit")
     for c in passed:
@@ -236,7 +241,7 @@ def _why(c: Candidate, hw: Hardware) -> list[str]:
         out.append(f"exposed DP communication {100 * s.dp_comm_s / total:.0f}%")
     peak = c.estimate.peak
     if c.fits == "with expandable_segments":
-        out.append(f"fits with {EXPANDABLE}: {c.fit_estimate.peak.device_bytes / GiB:.1f} GiB; the default "
+        out.append(f"fits with {EXPANDABLE}: {c.as_run.peak.device_bytes / GiB:.1f} GiB; the default "
                    f"allocator's fragmentation margin ({peak.terms['fragmentation'] / GiB:.1f} GiB) would take it to "
                    f"{peak.device_bytes / GiB:.1f} GiB")
     elif c.fits == "no":

@@ -17,6 +17,7 @@ import csv
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 from .estimate import estimate
 from .specs import MAX_SIZE_FIELD, ModelSpec, ParallelPlan, PlanError, TrainingSpec
@@ -124,6 +125,12 @@ def _p90(e: list[float]) -> float | None:
     return e[min(len(e) - 1, int(round(0.9 * (len(e) - 1))))] if e else None
 
 
+@overload
+def _int(row: dict[str, str], key: str, default: int, least_one: bool = False) -> int: ...
+@overload
+def _int(row: dict[str, str], key: str, default: None = None, *, least_one: Literal[True]) -> int: ...
+@overload
+def _int(row: dict[str, str], key: str, default: None = None, least_one: bool = False) -> int | None: ...
 def _int(row: dict[str, str], key: str, default: int | None = None, least_one: bool = False) -> int | None:
     """The column as an integer; ``default`` when blank. Raises :class:`PlanError` (naming the column)
     for text that is not a whole number in range (``least_one``: blank is an error too, and 0 is)."""

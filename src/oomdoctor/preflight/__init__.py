@@ -56,7 +56,7 @@ def module_tracer(model_fn: Callable, step_fn: Callable, batch_fn: Callable, *, 
 
     from ..plan.gpus import gpu_sms
     from .snapshot import cublas_workspace_bytes, sidecar, snapshot_dict
-    from .steps import trace_module
+    from .steps import trace_module  # pyright: ignore[reportAssignmentType] (Python binds .steps on the package, not the local steps)
     from .target import target_gpu
 
     def f(n: int | None) -> tuple[dict, dict, Any]:

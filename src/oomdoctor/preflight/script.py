@@ -164,6 +164,7 @@ class CudaDevices(TorchFunctionMode):
             return out.to(dtype) if dtype is not None else out
         with self.tracer.on_gpu(where == "cuda"):
             if func in (torch.Tensor.cuda, torch.Tensor.cpu):
+                assert src is not None  # Tensor.cuda / Tensor.cpu: called on a tensor
                 out = src.clone()
             else:
                 out = func(*args, **kwargs)
@@ -546,7 +547,7 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int =
             (torch._C, "_get_accelerator", lambda *a, **k: torch.device("cuda")),
             # Module.to(rank) with a plain index (the DDP tutorial's ``model.to(self.gpu_id)``): C's parser resolves
             # an index to the current accelerator, which a CPU build has none of
-            (torch._C._nn, "_parse_to", _parse_to_index_as_cuda(torch._C._nn._parse_to)),
+            (torch._C._nn, "_parse_to", _parse_to_index_as_cuda(torch._C._nn._parse_to)),  # pyright: ignore[reportAttributeAccessIssue] (torch private, not in its stubs)
             # nn.DataParallel's scatter of its inputs (torch.nn.parallel.comm.scatter), which a CPU build lacks
             (torch._C, "_scatter", _scatter)]
     acc = getattr(torch, "accelerator", None)
@@ -835,7 +836,7 @@ def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
     os.environ.update(env)
     # every module holding torch's function: torch.distributed, distributed_c10d, device_mesh (init_device_mesh
     # calls it from there; measured: the tensor-parallel example then waited for rank 1 in a TCP store forever)
-    holders = [m for m in list(sys.modules.values())
+    holders: list[Any] = [m for m in list(sys.modules.values())
                if getattr(m, "__name__", "").startswith("torch") and getattr(m, "init_process_group", None) is orig]
     for m in holders:
         m.init_process_group = init_process_group

@@ -27,7 +27,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -145,7 +145,7 @@ def materialize(model: torch.nn.Module, device: str = "cpu") -> torch.nn.Module:
             if p is not None:
                 if id(p) not in done:
                     done[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
-                mod._parameters[name] = done[id(p)]
+                mod._parameters[name] = cast(torch.nn.Parameter, done[id(p)])  # a parameter's: made a Parameter
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 if id(b) not in done:
@@ -188,7 +188,7 @@ DDP_FIRST_BUCKET_BYTES = 1 << 20
 DDP_BUCKET_BYTES = 25 << 20
 
 
-def ddp_buckets(params: list[torch.Tensor]) -> list[int]:
+def ddp_buckets(params: Sequence[torch.Tensor]) -> list[int]:
     """Bytes of the gradient buckets ``DistributedDataParallel`` allocates at construction
     (``torch/nn/parallel/distributed.py`` ``_ddp_init_helper``, ``bucket_cap_mb=25``, first bucket 1 MiB),
     parameters in reverse order. The total is exact (every parameter's bytes once); the cut points
@@ -241,10 +241,10 @@ def _not_tracing() -> Iterator[None]:
     def is_tracing(tensor: Any = None) -> bool:
         return orig(None)
 
-    patched = [m for m in list(sys.modules.values())
+    patched: list[Any] = [m for m in list(sys.modules.values())
                if getattr(m, "__name__", "").startswith("transformers") and getattr(m, "is_tracing", None) is orig]
-    mu = sys.modules.get("transformers.masking_utils")
-    find = getattr(mu, "find_packed_sequence_indices", None)
+    mu: Any = sys.modules.get("transformers.masking_utils")
+    find: Any = getattr(mu, "find_packed_sequence_indices", None)
 
     def unpacked(position_ids: Any) -> None:
         """The packed-sequence check reads values (``.all()``): its tensors are traced, its answer is the
@@ -330,7 +330,7 @@ def trace_hf(job: HfJob, *, config: Any = None, cublas_workspace_bytes: int = 0)
 
     def steps(tracer: AllocationTracer) -> Any:
         tracer.mark_phase("train")
-        m = materialize(model)  # Trainer / accelerate move the model to the GPU: one block per tensor
+        m: Any = materialize(model)  # Trainer / accelerate move the model to the GPU: one block per tensor
         if job.gradient_checkpointing:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(tracer))
             if job.checkpoint_every > 1:  # transformers' every_n_layers (modeling_utils _set_gradient_checkpointing)

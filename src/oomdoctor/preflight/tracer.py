@@ -31,7 +31,7 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -324,7 +324,7 @@ class AllocationTracer(TorchDispatchMode):
 
         self.record.modules.append({"step": step, "time_us": self._t, "roots": module_record(roots, 0, storage=where)})
 
-    def note_facts(self, step: int, kinds: dict[str, list[torch.Tensor]]) -> None:
+    def note_facts(self, step: int, kinds: Mapping[str, Sequence[torch.Tensor]]) -> None:
         """The sidecar's ``tensors`` record (:mod:`oomdoctor.capture.facts`): the storages of each kind."""
         self.collect()
         rec: dict[str, Any] = {"step": step, "time_us": self._t}
@@ -815,7 +815,7 @@ def gpu_device_property(tracer: AllocationTracer) -> Iterator[None]:
             return meta
         return cuda0 if tracer.dispatch_depth == 0 else self.fake_device
 
-    _FakeTensor.device = property(device, orig.fset)
+    _FakeTensor.device = property(device, orig.fset)  # pyright: ignore[reportAttributeAccessIssue] (torch private: FakeTensor's device patched)
     try:
         yield
     finally:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -271,6 +271,7 @@ class StandIns:
         known = {id(t): self.tag_of(t) for t in leaves}
         if not leaves or any(v is None or v[0] == "bound" for v in known.values()):
             return None
+        known = cast("dict[int, tuple[str, Any, str]]", known)  # every tag known (checked above)
         real = _run_real(func, args, kwargs, known)
         if real is None:
             return None
@@ -337,6 +338,7 @@ class StandIns:
             self._set(out, tags[0])
             return
         if all(t is not None and t[0] != "bound" for t in tags) and all(t.numel() <= _SMALL for t in leaves):
+            tags = cast("list[tuple[str, Any, str]]", tags)  # every tag known (checked above)
             known = {id(t): tag for t, tag in zip(fakes, tags)}
             real = _run_real(func, args, kwargs, known, copy={id(t) for t in written})
             origin = "exact" if all(t[2] == "exact" for t in tags) else "assumed"

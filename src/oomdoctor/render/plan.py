@@ -186,10 +186,10 @@ def search_dict(r: SearchResult, limit: int | None = None) -> dict[str, Any]:
             label=c.plan.label(), plan=c.plan, fits=c.fits, relative_throughput=round(c.relative_throughput, 4),
             step_time_s=StepTimeDoc(c.step.compute_s, c.step.tp_comm_s, c.step.bubble_s, c.step.dp_comm_s,
                                     c.step.total_s),
-            microbatches=c.estimate.microbatches, setting=c.setting, peak_stage=c.fit_estimate.peak.stage,
-            peak_device_bytes=c.fit_estimate.peak.device_bytes,
-            peak_allocated_bytes=max(s.allocated_bytes for s in c.fit_estimate.stages),
-            last_stage_allocated_bytes=c.fit_estimate.last.allocated_bytes, why=c.why) for c in cands])
+            microbatches=c.estimate.microbatches, setting=c.setting, peak_stage=c.as_run.peak.stage,
+            peak_device_bytes=c.as_run.peak.device_bytes,
+            peak_allocated_bytes=max(s.allocated_bytes for s in c.as_run.stages),
+            last_stage_allocated_bytes=c.as_run.last.allocated_bytes, why=c.why) for c in cands])
     return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **asdict(doc)}
 
 
@@ -205,9 +205,9 @@ def render_search_text(r: SearchResult, console: Console, limit: int = 15) -> No
     shown = r.candidates[:limit]
     for i, c in enumerate(shown, 1):
         style = {"yes": "green", "no": "red"}.get(c.fits, "yellow")
-        peak = c.fit_estimate.peak
+        peak = c.as_run.peak
         t.add_row(str(i), c.plan.label(), f"{_gb(peak.device_bytes)} ({peak.stage})",
-                  _gb(c.fit_estimate.last.allocated_bytes), Text(_FITS_SHORT.get(c.fits, c.fits), style=style),
+                  _gb(c.as_run.last.allocated_bytes), Text(_FITS_SHORT.get(c.fits, c.fits), style=style),
                   f"{c.relative_throughput:.3f}")
     console.print(t)
     for i, c in enumerate(shown, 1):

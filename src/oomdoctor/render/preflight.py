@@ -4,9 +4,12 @@ and as JSON."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .format import format_bytes, wrap_lines
+
+if TYPE_CHECKING:  # annotations only
+    from ..report.preflight import PreflightAnswer
 
 #: what each ``not_traced`` id means
 NOT_TRACED_TEXT = {
@@ -28,7 +31,7 @@ NOT_TRACED_TEXT = {
 }
 
 
-def preflight_dict(a: Any) -> dict[str, Any]:
+def preflight_dict(a: PreflightAnswer) -> dict[str, Any]:
     """The ``--format json`` contract (``oomdoctor schema preflight``): :meth:`PreflightAnswer.as_dict` (bytes,
     seconds) with ``schema_version`` and ``oomdoctor_version``, as every command's."""
     from .._version import SCHEMA_VERSION, __version__
@@ -36,7 +39,7 @@ def preflight_dict(a: Any) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "oomdoctor_version": __version__, **a.as_dict()}
 
 
-def render_preflight_json(a: Any) -> str:
+def render_preflight_json(a: PreflightAnswer) -> str:
     return json.dumps(preflight_dict(a), indent=2, default=str) + "\n"
 
 
@@ -55,7 +58,7 @@ INVENTED_TEXT = {
 }
 
 
-def render_preflight_text(a: Any, width: int = 80) -> str:
+def render_preflight_text(a: PreflightAnswer, width: int = 80) -> str:
     """The answer as text wrapped at ``width`` columns (a wrapped line keeps its indent; a number stays with its
     unit): the job, where it was traced, the GPU, fits or not, the largest micro-batch, the breakdown, the allocator
     settings replayed, the values invented for reads from the fake GPU, what is not traced."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Callable
 
 import typing_extensions
 
@@ -244,7 +244,7 @@ def _generated_object(cls: type, x: Schema, defs: Schema, d: str, enums: dict, v
     return out
 
 
-def _made(made: dict, name: str) -> Schema | None:
+def _made(made: dict[str, Schema | Callable[[], Schema]], name: str) -> Schema | None:
     """``made[name]``'s schema (a schema, or a function of no argument making it), None where not made."""
     m = made.get(name)
     return m() if callable(m) else m

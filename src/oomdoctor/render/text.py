@@ -7,7 +7,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -112,7 +112,7 @@ def _verdict_panel(report: Report) -> Panel | None:
     return Panel(body, title=title, title_align="left", box=box.HEAVY)
 
 
-def _fitted_table(rows: list[tuple[str, ...]], width: int, *, justify: tuple[str, ...],
+def _fitted_table(rows: list[tuple[str, ...]], width: int, *, justify: tuple[JustifyMethod, ...],
                   headers: tuple[str, ...] | None = None) -> Table:
     """A borderless table whose last column is an allocation site, fitted (:func:`fit_site`) into what the
     other columns leave of ``width``, so that no cell is cut and no file:line is broken."""
@@ -133,8 +133,10 @@ def _fitted_table(rows: list[tuple[str, ...]], width: int, *, justify: tuple[str
 def _rank_table(report: Report) -> Table:
     """One row per rank; short cells so that 80 columns hold it (details follow per rank)."""
     t = Table(title="Ranks", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, padding=(0, 1))
-    for col, just in (("rank", "right"), ("events", "right"), ("peak allocated", "right"),
-                      ("peak reserved", "right"), ("verdict", "left"), ("OOM request", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("rank", "right"), ("events", "right"), ("peak allocated", "right"), ("peak reserved", "right"),
+        ("verdict", "left"), ("OOM request", "right"))
+    for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     for r in report.ranks:
         oom = f"[bold red]{format_bytes(r.oom.requested_bytes)}[/]" if r.oom is not None else "-"
@@ -423,6 +425,7 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
     if report.unread:
         console.print(hang(gate_words.unread_line(report.unread), 0, style="bold yellow"))
     if grouped:
+        assert report.groups is not None  # grouped
         odd = [x for x in report.groups.groups if x.odd]
         console.print(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
                                             + (f"; and {len(odd) - 3} more groups" if len(odd) > 3 else "")
@@ -715,6 +718,7 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
         return "no allocation history was recorded: holders unknown"
     r = report.ranks[0]
     bd = r.breakdown
+    assert bd is not None  # checked above
     lines = [f"{_AT_LABEL.get(bd.at, bd.at)}: {format_bytes(bd.allocated_bytes)} allocated = "
              + " + ".join(_terms(bd))]
     if r.holders:

@@ -185,8 +185,9 @@ def render_tune_text(t: "TuneOutcome", rows: int = 20) -> str:
                if t.measured else f"predicted {_rate(b.predicted_samples_per_s)} samples/s, not measured")
         ran = next((tr for tr in t.trials if tr.config == b.config and tr.measured_peak_reserved_bytes), None)
         peak = t.best_peak_reserved_bytes or b.predicted_peak_reserved_bytes
-        held = (f"{format_bytes(ran.measured_peak_reserved_bytes)} measured, "
-                f"{format_bytes(b.predicted_peak_reserved_bytes)} traced" if ran
+        measured = ran.measured_peak_reserved_bytes if ran else None
+        held = (f"{format_bytes(measured)} measured, "
+                f"{format_bytes(b.predicted_peak_reserved_bytes)} traced" if measured
                 else f"{format_bytes(b.predicted_peak_reserved_bytes)} traced")
         lines.append(f"best: {_config_text(t, b.config)}: {how}; peak reserved {held}, "
                      f"{format_bytes(b.room_bytes - peak)} to spare")

@@ -15,7 +15,7 @@ from ..analysis.rounding import allocation_size
 from ..detectors.common import site_refs
 from ..detectors.context import torch_version
 from ..frameworks import detect_frameworks, running_files
-from .model import HolderRef, OomInfo, RankSummary
+from .model import HolderRef, OomInfo, RankSummary, StackMatches, StackMatchStep
 
 SERIES_POINTS = 48
 TOP_SITES = 5
@@ -132,13 +132,14 @@ def _device_notes(a: DeviceAnalysis) -> list[str]:
             "analysed (oomdoctor.analysis.analyze(trace, trace.devices[i]) analyses another)"]
 
 
-def _stack_matches(a: DeviceAnalysis) -> dict | None:
+def _stack_matches(a: DeviceAnalysis) -> StackMatches | None:
     """The matching of steps recorded without stacks, for the analysed device (``trace.meta``)."""
     res = a.trace.meta.get("stack_matches")
     if not isinstance(res, dict) or res.get("device") != a.device.device:
         return None
     return {"matched": int(res.get("matched", 0)), "unmatched": int(res.get("unmatched", 0)),
-            "steps": [{k: e.get(k) for k in ("step", "from_step", "allocations", "matched", "unmatched")}
+            "steps": [StackMatchStep(step=e.get("step"), from_step=e.get("from_step"), allocations=e.get("allocations"),
+                                     matched=e.get("matched"), unmatched=e.get("unmatched"))
                       for e in res.get("steps", [])]}
 
 

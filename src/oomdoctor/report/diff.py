@@ -228,10 +228,10 @@ def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int
     statuses: dict[str, str] = {}
     for fid in list(b) + [x for x in a if x not in b]:
         fb, fa = b.get(fid), a.get(fid)
-        if fb is not None and fa is None:
-            statuses[fid] = "resolved"
-        elif fb is None:
+        if fb is None:
             statuses[fid] = "new"
+        elif fa is None:
+            statuses[fid] = "resolved"
         elif (abs(fa.bytes - fb.bytes) > CHANGED_FRACTION * max(fb.bytes, 1)) or sorted(fa.ranks) != sorted(fb.ranks):
             statuses[fid] = "changed"
         else:
@@ -249,7 +249,9 @@ def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int
     for fid, status in statuses.items():
         fb, fa = b.get(fid), a.get(fid)
         same = lead.get(fid, fid)
-        out.append(FindingChange(fid, status, (fb or fa).title_ref(), fb.bytes if fb else 0, fa.bytes if fa else 0,
+        either = fb or fa
+        assert either is not None  # fid is a finding of before or of after
+        out.append(FindingChange(fid, status, either.title_ref(), fb.bytes if fb else 0, fa.bytes if fa else 0,
                                  list(fb.ranks) if fb else [], list(fa.ranks) if fa else [],
                                  shares.get(fid, 0) if same == fid else 0, None if same == fid else same))
     order = {"resolved": 0, "new": 1, "changed": 2, "unchanged": 3}

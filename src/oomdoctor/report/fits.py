@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -52,7 +52,7 @@ from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
 from ..trace.model import OOM
-from .margin import complete_steps
+from .margin import MarginInputs, complete_steps
 from .margin import margin as prediction_margin
 
 # The planner (plan/) and the replay (simulate/) are imported where they are used: a report that replays
@@ -406,7 +406,7 @@ does (:data:`MIRRORED_RESERVED_OVER_ALLOCATED`). Issue 35 had tuned 10% on the t
 
 
 def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits,
-                            inputs: dict[str, int | None] | None = None) -> bool:
+                            inputs: MarginInputs | None = None) -> bool:
     """At an OOM inside the first forward pass: what fits, estimated by replaying the recorded part plus the
     rest of the step by assumption (:func:`~oomdoctor.simulate.extend.mirror_backward`): the failed request
     is the pass's output and the loss keeps :data:`LOSS_COPIES` more of it; every parameter is trained (its
@@ -468,7 +468,7 @@ def _first_forward_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | No
 
 
 def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None, out: Fits,
-                         inputs: dict[str, int | None]) -> bool:
+                         inputs: MarginInputs) -> bool:
     """What fits for a run that generates (``generate()``) and finished: a lower bound, not a replay (issue 35).
 
     A replay of one batch's generation scaled to another does not reproduce where the concatenated KV cache
@@ -540,13 +540,14 @@ def _search_top(room: int, margin: int, grows: int, lo: float) -> float:
 
 
 def _with_prediction_margin(out: Fits, a: DeviceAnalysis, base: int, model_error: int = 0,
-                            inputs: dict[str, int | None] | None = None) -> int:
+                            inputs: MarginInputs | None = None) -> int:
     """``base`` plus the margin of a claim about the recorded steps (:func:`.margin.margin`, with ``inputs``: its
     ``outside_bytes`` / ``job_peak_reserved_bytes``: the model's error on this trace and the memory outside the
     allocator not already off the room); fills ``out.margin`` and ``out.margin_bytes``. The job's own peak above
     the trace's is :func:`job_peak_bound`'s, not the margin's."""
-    m = prediction_margin(a, model_error_bytes=model_error, **(inputs or {}))
-    out.margin = dict(m.parts())
+    none_said = MarginInputs(outside_bytes=None, job_peak_reserved_bytes=None)  # margin()'s defaults
+    m = prediction_margin(a, model_error_bytes=model_error, **(inputs or none_said))
+    out.margin = cast("dict[str, int]", dict(m.parts()))  # MarginParts: a TypedDict of ints
     out.margin_bytes = base + m.bytes
     return out.margin_bytes
 
@@ -559,7 +560,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     made of the peak: the fixed bytes plus the scaled ones times the scale). ``outside_bytes`` and
     ``job_peak_reserved_bytes``: what a sidecar says of the memory outside the allocator and of the job's own
     peak reserved, for the margin (:func:`.margin.margin`)."""
-    inputs = {"outside_bytes": outside_bytes, "job_peak_reserved_bytes": job_peak_reserved_bytes}
+    inputs: MarginInputs = {"outside_bytes": outside_bytes, "job_peak_reserved_bytes": job_peak_reserved_bytes}
     from ..simulate.replay import SimulationError, prepare
     from ..simulate.scale import largest_scale
 

@@ -311,8 +311,9 @@ def _map_dask(fn, items: Sequence, want: Want, scheduler: str | None) -> list:
     except ImportError:
         raise UsageError(DASK_MISSING) from None
     if scheduler is None:
+        # distributed annotates dashboard_address as str; None is its documented "no dashboard"
         with LocalCluster(n_workers=default_jobs(), threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
+                          dashboard_address=None) as cluster, Client(cluster) as client:  # pyright: ignore[reportArgumentType]
             return _gather_shared(client.map(fn, list(items), want=want, pure=False))
     try:
         client = Client(scheduler, timeout="30s")
@@ -394,7 +395,13 @@ def unread(skipped: Iterable[Skipped]) -> list[Unread]:
 def job_report(results: list[RankResult], skipped: Iterable[Skipped] = ()) -> Report:
     """The job's report from its ranks' summaries: the same shape as one built from all the traces at once. The rank
     files of ``skipped`` that could not be read are its ``unread`` (:func:`unread`)."""
-    report = merge_reports([r.report for r in results], [r.profile for r in results], in_job=False)
+    reports: list[Report] = []
+    profiles: list[RankProfile] = []
+    for r in results:
+        assert r.report is not None and r.profile is not None  # gathered: ranks that loaded (gather), no errors
+        reports.append(r.report)
+        profiles.append(r.profile)
+    report = merge_reports(reports, profiles, in_job=False)
     report.unread = unread(skipped)
     return report
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from ..analysis.device import DeviceAnalysis
 from ..simulate.config import ConfigError, parse_config
@@ -145,7 +145,7 @@ class Claim:
 MARGIN_SOURCES = ("prediction", "none")
 
 
-def claim_of(prediction: dict[str, Any]) -> Claim:
+def claim_of(prediction: Mapping[str, Any]) -> Claim:
     """A :class:`Claim` from a prediction (``Predictor.run``'s dict, as the JSON carries it)."""
     reach = prediction["reach"]
     peak = int(prediction["peak_reserved_bytes"])

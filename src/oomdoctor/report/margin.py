@@ -224,7 +224,15 @@ def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tu
     return PLANNER_SHORTFALL_BYTES[1 if (meta.get("world_size") or 1) <= 1 else 2], "planner-constants"
 
 
-def margin_inputs(a: DeviceAnalysis) -> dict[str, int | None]:
+class MarginInputs(TypedDict):
+    """What a sidecar says that the margin needs (:func:`margin_inputs`; bytes, None where it says nothing): the
+    keyword arguments of :func:`margin`, :class:`.predict.Predictor` and :func:`.fits.fits`."""
+
+    outside_bytes: int | None
+    job_peak_reserved_bytes: int | None
+
+
+def margin_inputs(a: DeviceAnalysis) -> MarginInputs:
     """What a sidecar says that the margin needs and the trace does not hold (bytes; None where it says nothing):
     ``outside_bytes``, the process's memory outside the caching allocator (PyTorch's OOM message, "this process has
     X memory in use" less what PyTorch reserved, :mod:`oomdoctor.trace.oommessage`; else the counters' GPU total
@@ -233,15 +241,16 @@ def margin_inputs(a: DeviceAnalysis) -> dict[str, int | None]:
     callers pass to :func:`margin`, :class:`.predict.Predictor` and :func:`.fits.fits` (``report/pipeline.py``)."""
     from ..analysis.jobpeak import counters, job_peak
 
-    out: dict[str, int | None] = {"outside_bytes": None, "job_peak_reserved_bytes": None}
+    out: MarginInputs = {"outside_bytes": None, "job_peak_reserved_bytes": None}
     msg = sidecar_oom_message(a.trace.meta)
     if msg is not None and msg.outside_bytes is not None:
         out["outside_bytes"] = msg.outside_bytes
     else:
         c, _src = counters(a.trace.meta, a.device.device)
-        vals = [(c or {}).get(k) for k in ("device_total_bytes", "device_free_bytes", "reserved_bytes.all.current")]
-        if all(isinstance(v, int) for v in vals):
-            out["outside_bytes"] = max(vals[0] - vals[1] - vals[2], 0)
+        total, free, reserved = ((c or {}).get(k) for k in ("device_total_bytes", "device_free_bytes",
+                                                              "reserved_bytes.all.current"))
+        if isinstance(total, int) and isinstance(free, int) and isinstance(reserved, int):
+            out["outside_bytes"] = max(total - free - reserved, 0)
     jp = job_peak(a)
     if jp.source in ("sidecar", "memory_stats_file"):
         out["job_peak_reserved_bytes"] = jp.job_peak_reserved_bytes

@@ -9,6 +9,8 @@ shape as a report built from all the snapshots in one process.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from ..analysis.ranks import RankProfile
 from ..detectors import rank_imbalance
 from ..detectors.context import applies, version_from_text
@@ -20,7 +22,7 @@ from .model import Report
 from .verdict import job_verdict, oom_with_findings, with_findings
 
 
-def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing_ranks: list[int] = (),
+def merge_reports(reports: list[Report], profiles: list[RankProfile], *, missing_ranks: Sequence[int] = (),
                   world_size: int | None = None, waited_s: float | None = None, in_job: bool = True) -> Report:
     """Merge per-rank reports (any order) into one, sorted by rank.
 

@@ -42,7 +42,7 @@ from .fits import Fits, Room, device_room, fits
 from .groups import with_groups
 from .margin import margin_inputs
 from .model import RankSummary, Report
-from .predict import Predictor, attach_predictions, predictor, replay_failure
+from .predict import Prediction, Predictor, attach_predictions, predictor, replay_failure
 from .verdict import job_verdict, rank_verdict, state_verdict, with_findings, with_tightest_rank
 
 NO_HISTORY = ("Some snapshots hold no allocation history (recorded with enabled='state'): peaks are the final state "
@@ -171,7 +171,7 @@ class RankPredictions:
             self._fits = fits(self.a, self.room, self.micro_batch, **self.inputs)
         return self._fits
 
-    def defragmented(self) -> dict | None:
+    def defragmented(self) -> Prediction | None:
         """The replay under the first of :func:`defragmenting_settings` that gets through the recorded steps with
         margin (no OOM, not at the edge), else under the first of them; None when the trace cannot be replayed
         faithfully."""

@@ -34,7 +34,7 @@ Every prediction says two things, each with its own margin (:mod:`.margin`, issu
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from typing_extensions import (  # pydantic (the schema) reads typing_extensions' TypedDict
     NotRequired,
@@ -201,7 +201,7 @@ class Predictor:
             self.extension = extend_by_previous_step(analysis.device, steps.starts)
             if self.extension is not None:
                 self.extended = prepare(analysis.trace, self.extension.device)
-        self.cache: dict[tuple, dict[str, Any]] = {}
+        self.cache: dict[tuple[AllocatorConfig, str], Prediction] = {}
 
     @property
     def reproduces(self) -> bool:
@@ -232,7 +232,10 @@ class Predictor:
         peak, _ = self.analysis.peak_reserved
         recorded_oom = self.prepared.recorded_oom
         m = self.margin
-        out: Prediction = {
+        exact = self.self_replay.matches_recorded
+        assert exact is not None  # the self-replay validates: the recorded settings and deferred frees
+        # a Prediction once continuation, reach and outcome are set below (in the JSON's key order)
+        out = cast(Prediction, {
             "rank": self.analysis.rank,
             "config": config.to_string(),
             "deferred_frees": mode,
@@ -245,10 +248,10 @@ class Predictor:
             "recorded_oom_event_index": recorded_oom,
             "capacity_bytes": self.capacity.limit_bytes,
             "capacity_kind": self.capacity.kind,
-            "self_replay_exact": self.self_replay.matches_recorded,
+            "self_replay_exact": exact,
             "margin_bytes": m.bytes,
             "margin": m.parts(),
-        }
+        })
         limit = self.capacity.limit_bytes
         cont: Continuation = {"outcome": "later-steps", "heaviest_step_peak_allocated_bytes": r.peak_allocated_bytes,
                               "margin_bytes": m.continuation_bytes, "margin": m.continuation_parts()}
@@ -263,6 +266,7 @@ class Predictor:
         else:
             e = replay(self.extended, config, deferred_frees=mode, capacity=self.capacity)
             ext = self.extension
+            assert ext is not None  # self.extended is its replay
             out["extended_peak_reserved_bytes"] = e.peak_reserved_bytes
             out["extension"] = {"previous_step_events": list(ext.previous_step), "appended_events": ext.appended}
             if e.oom is None:
@@ -299,20 +303,22 @@ def _edge(out: Prediction, limit: int | None, peak: int, margin_bytes: int) -> P
     return out
 
 
-def predictor(analysis: DeviceAnalysis, **margin_inputs: int | None) -> Predictor | None:
-    """A :class:`Predictor` for ``analysis`` (``margin_inputs``: its keyword arguments), or None when its trace
-    has no history or cannot be replayed."""
+def predictor(analysis: DeviceAnalysis, *, outside_bytes: int | None = None,
+              job_peak_reserved_bytes: int | None = None) -> Predictor | None:
+    """A :class:`Predictor` for ``analysis`` (with its keyword arguments, :func:`.margin.margin_inputs`), or None
+    when its trace has no history or cannot be replayed."""
     if not analysis.trace.has_history or analysis.num_events == 0:
         return None
     from ..simulate.replay import SimulationError
 
     try:
-        return Predictor(analysis, **margin_inputs)
+        return Predictor(analysis, outside_bytes=outside_bytes, job_peak_reserved_bytes=job_peak_reserved_bytes)
     except SimulationError:
         return None
 
 
-def replay_failure(analysis: DeviceAnalysis, **margin_inputs: int | None) -> str | None:
+def replay_failure(analysis: DeviceAnalysis, *, outside_bytes: int | None = None,
+                   job_peak_reserved_bytes: int | None = None) -> str | None:
     """Why the allocator model cannot replay ``analysis``'s trace (the ``SimulationError``'s message: CUDA graphs'
     private pools, ``backend:cudaMallocAsync``, a memory fraction without the GPU's total), else None: a trace it
     replays, or one without history (nothing to replay). Replays again: ask only where :func:`predictor` gave None."""
@@ -321,7 +327,7 @@ def replay_failure(analysis: DeviceAnalysis, **margin_inputs: int | None) -> str
     from ..simulate.replay import SimulationError
 
     try:
-        Predictor(analysis, **margin_inputs)
+        Predictor(analysis, outside_bytes=outside_bytes, job_peak_reserved_bytes=job_peak_reserved_bytes)
     except SimulationError as e:
         return str(e)
     return None
@@ -338,7 +344,9 @@ def attach_predictions(findings: list[Finding], analyses: list[DeviceAnalysis],
         wanted = [fx for fx in f.fixes if fx.what_if]
         if not wanted:
             continue
-        rank = max(f.ranks, key=lambda r: f.per_rank_bytes.get(r, 0)) if f.ranks else None
+        if not f.ranks:
+            continue
+        rank = max(f.ranks, key=lambda r: f.per_rank_bytes.get(r, 0))
         a = by_rank.get(rank)
         if a is None:
             continue
@@ -348,5 +356,6 @@ def attach_predictions(findings: list[Finding], analyses: list[DeviceAnalysis],
         if p is None:
             continue
         for fx in wanted:
-            fx.prediction = p.run(fx.what_if)
+            assert fx.what_if is not None  # wanted: the fixes with one
+            fx.prediction = cast("dict[str, Any]", p.run(fx.what_if))  # the JSON's dict (Fix is below report)
         f.prediction = wanted[0].prediction

@@ -231,7 +231,11 @@ def largest_micro_batch(at: Callable[[int], Replayed], first: Replayed, room_byt
     bracket between the largest size that fits and the smallest that does not is closed, each probe the
     line's prediction inside the bracket (its midpoint when the line points outside). None: not even 1
     fits, or the bracket did not close within the budget (the answer is never a size not traced)."""
-    seen: dict[int, Replayed] = {first.micro_batch: first}
+    def size(r: Replayed) -> int:
+        assert r.micro_batch is not None  # the search traces given sizes, from the first's on
+        return r.micro_batch
+
+    seen: dict[int, Replayed] = {size(first): first}
     margin = margin_bytes(room_bytes)
 
     def fits(r: Replayed) -> bool:
@@ -243,9 +247,9 @@ def largest_micro_batch(at: Callable[[int], Replayed], first: Replayed, room_byt
         return seen[n]
 
     def done() -> list[Replayed]:
-        return sorted(seen.values(), key=lambda x: x.micro_batch)
+        return sorted(seen.values(), key=size)
 
-    m = first.micro_batch
+    m = size(first)
     get(max(1, m // 2) if m > 1 else 2)
     spent = 0
     while True:
@@ -262,10 +266,10 @@ def largest_micro_batch(at: Callable[[int], Replayed], first: Replayed, room_byt
         guess = None
         if len(pts) == 2:
             a, b = seen[min(pts)], seen[max(pts)]
-            slope = (b.peak_allocated_bytes - a.peak_allocated_bytes) / (b.micro_batch - a.micro_batch)
+            slope = (b.peak_allocated_bytes - a.peak_allocated_bytes) / (size(b) - size(a))
             if slope > 0:
                 overhead = b.peak_reserved_bytes - b.peak_allocated_bytes
-                guess = int(b.micro_batch + (room_bytes - margin - overhead - b.peak_allocated_bytes) / slope)
+                guess = int(size(b) + (room_bytes - margin - overhead - b.peak_allocated_bytes) / slope)
         if guess is not None and guess <= lo:
             guess = lo + 1  # the line says lo fills the room: check the next size
         if hi is None:
@@ -398,13 +402,13 @@ def laid_out_meta(meta: dict[str, Any], addresses: dict[int, int]) -> dict[str, 
 
 
 #: what the trace leaves out, said by id (the CLI words them)
-NOT_TRACED = ("kernel_workspaces_chosen_at_run_time", "cpu_resident_optimizer_steps",
+NOT_TRACED: tuple[str, ...] = ("kernel_workspaces_chosen_at_run_time", "cpu_resident_optimizer_steps",
               "collectives")
 
 
 def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
            gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
-           snapshot_path: str | None, write: Callable[[str, dict, dict], None],
+           snapshot_path: str | None, write: Callable[[str, dict, dict], object],
            search: bool = True, gpu_memory_given: bool = False) -> PreflightAnswer:
     """Trace, replay and answer.
 

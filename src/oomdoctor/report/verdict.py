@@ -38,7 +38,7 @@ The job's verdict is its worst rank's: ranks that ran out of memory first, then 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -194,9 +194,9 @@ def _rank_bytes(f: Finding, rank: int) -> int:
     return int(f.per_rank_bytes.get(rank, f.bytes))
 
 
-def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Breakdown, holders: list[SiteRef],
+def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Breakdown, holders: Sequence[SiteRef],
                  fits: Callable[[], Fits | None],
-                 defragmented: Callable[[], dict[str, Any] | None] = lambda: None) -> Verdict:
+                 defragmented: Callable[[], Mapping[str, Any] | None] = lambda: None) -> Verdict:
     """The verdict of one rank (see the module doc). ``bd``: the breakdown at the OOM or the peak;
     ``fits``: computes what fits when a verdict needs it (capacity, fragmentation): replays cost time;
     ``defragmented``: the prediction (:mod:`.predict`) of the trace replayed with the fragmentation fix
@@ -237,6 +237,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         return v
     reasons = ["room-known" if headroom is not None else "room-unknown", *_peak_reasons(jp)]
     if headroom is not None:
+        assert room.bytes is not None  # headroom is room.bytes - peak_reserved
         ev["headroom_bytes"] = headroom
         if headroom < EDGE_FRACTION * room.bytes:
             ev["headroom_percent"] = round(100 * max(headroom, 0) / room.bytes, 1)
@@ -362,13 +363,14 @@ def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     if out is None:
         return v
     f = _own_imbalance(mine, rank)
+    assert f is not None  # _imbalance found it
     fx = next((x for x in f.fixes if x.applies is not False), None)
     out.to_do = [Action("finding-fix", fix=fx)] if fx is not None else []
     return out
 
 
 def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdown,
-                 get_fits: Callable[[], Fits | None], defragmented: Callable[[], dict[str, Any] | None],
+                 get_fits: Callable[[], Fits | None], defragmented: Callable[[], Mapping[str, Any] | None],
                  ev: dict[str, Any]) -> Verdict:
     rank = a.rank
     k = int(a.oom_events[-1])
@@ -381,7 +383,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
            "largest_free_block_bytes": an.largest_free_block_bytes, "pending_free_bytes": an.pending_free_bytes}
     room_b = room.bytes
     short = need - room_b if room_b is not None else None
-    if short is not None:
+    if room_b is not None:  # short too
         ev["shortfall_bytes"] = short
         ev["free_bytes"] = room_b - allocated - an.pending_free_bytes  # pending frees are not free yet
     decisive = max(short or 0, MIN_DECISIVE_BYTES)
@@ -404,6 +406,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         return got
     if short is None:
         return Verdict("capacity", request, [rank], None, None, ev, ["room-unknown"])
+    assert room_b is not None  # short is need - room_b
     if short > 0:
         fits = get_fits()
         reasons = ["live-tensors-exceed-room"]
@@ -553,7 +556,7 @@ def _frame_name(text: str) -> str:
     return text.rpartition(" in ")[2]
 
 
-def _logits(holders: list[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> None:
+def _logits(holders: Sequence[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> None:
     """When the loss's logits (cross-entropy, log-softmax, fp32 copies of the output) hold at least
     :data:`LOGITS_FRACTION` of the allocated bytes, say so: the [tokens, vocabulary] tensors in fp32 are
     the usual cause of a language model's peak. A holder is the loss's when a frame of its stack (or its

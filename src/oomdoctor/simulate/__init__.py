@@ -12,11 +12,18 @@ From Python::
     sim.self_replay.matches_recorded, [(str(r.config), r.peak_reserved_bytes, r.oom) for r in sim.results]
 """
 
+from typing import TYPE_CHECKING
+
 from .._lazy import lazy_attributes
 
 # ``replay`` is both a submodule and a function: imported here, or the submodule, once imported
 # anywhere, would shadow the function.
 from .replay import IMMEDIATE, RECORDED, ReplayResult, SimulationError, prepare, replay  # noqa: E402
+
+if TYPE_CHECKING:  # the lazy names, for the type checker (nothing is imported at run time)
+    from .capacity import Capacity, infer_capacity, parse_bytes
+    from .config import AllocatorConfig, ConfigError, config_from_settings, parse_config
+    from .whatif import Simulation, simulate
 
 # Other names load their module on first use (PEP 562), so importing one submodule does not import them all.
 __getattr__ = lazy_attributes(__name__, {

@@ -435,6 +435,7 @@ class CachingAllocator:
         src = b.prev
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
+                assert lst is not None  # src is free and mapped: its key is in its stream's list
                 key = src.key
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
@@ -451,6 +452,7 @@ class CachingAllocator:
         src = b.next
         if src is not None and not src.allocated and not src.event_count:
             if mapped and src.mapped:
+                assert lst is not None  # src is free and mapped: its key is in its stream's list
                 key = src.key
                 del lst[bisect_left(lst, key)]
                 del pool.by_key[key]
@@ -536,7 +538,7 @@ class CachingAllocator:
     def release_blocks(self, pool: BlockPool) -> None:
         """``release_blocks``: ``cudaFree`` every whole free segment, unmap the free pages of
         expandable segments, in (stream, size, address) order."""
-        to_unmap = []
+        to_unmap: list[Block] = []
         for b in pool.free_blocks():
             if b.segment is not None:
                 to_unmap.append(b)
@@ -551,6 +553,7 @@ class CachingAllocator:
         """``garbage_collect_cached_blocks``: above ``threshold * allowed_memory_maximum`` reserved,
         free whole free large segments at least as old as the average (age: ``get_free_block`` calls
         on the pool since the block was last inserted), pass after pass, until the excess is freed."""
+        assert self.fraction_limit is not None  # gc_active: the collector runs only under a limit
         threshold = int(self.config.garbage_collection_threshold * self.fraction_limit)
         if self.reserved <= threshold:
             return
@@ -620,6 +623,7 @@ class CachingAllocator:
     def map_block(self, b: Block, size: int) -> bool:
         """``map_block``: map the pages covering ``[b.ptr, b.ptr + size)`` of unmapped ``b``."""
         seg = b.segment
+        assert seg is not None  # only an expandable segment's blocks are unmapped
         page = seg.page
         end = seg.base + (b.ptr + size - seg.base + page - 1) // page * page
         mapped = end - b.ptr
@@ -646,6 +650,7 @@ class CachingAllocator:
     def unmap_block(self, b: Block) -> None:
         """``unmap_block``: unmap the whole pages inside free block ``b``, keeping mapped slivers."""
         seg = b.segment
+        assert seg is not None  # called on an expandable segment's free blocks
         page = seg.page
         lo = seg.base + (b.ptr - seg.base + page - 1) // page * page
         hi = seg.base + (b.ptr + b.size - seg.base) // page * page

@@ -54,7 +54,7 @@ from ..trace.model import (
     DeviceTrace,
     Trace,
 )
-from ..units import parse_bytes  # noqa: F401 - re-exported (the CLI reads sizes here)
+from ..units import parse_bytes as parse_bytes  # noqa: F401 - re-exported (the CLI reads sizes here)
 from .config import config_from_settings
 
 EXACT, BOUNDED, GIVEN, NONE = "exact", "bounded", "given", "none"
@@ -89,7 +89,7 @@ class Capacity:
     """upper bound (bytes)"""
     evidence: str = ""
     """the rule that set it: 'sidecar', 'oom', 'fallbacks', 'given' or ''"""
-    source_values: dict[str, Any] = field(default_factory=dict)
+    source_values: dict[str, Any] = field(default_factory=dict[str, Any])
     """the numbers its source is said with (bytes, counts, event indices; a fraction), by source"""
     from_event: int = 0
     """the first event the limit holds at (0: the whole trace): a fraction cap the recording's reserved bytes were
@@ -141,7 +141,7 @@ def limit_from_event(device: DeviceTrace, limit: int) -> int:
     return int(over[-1]) + 1 if over.size else 0
 
 
-def sidecar_cap(meta: dict) -> tuple[int | None, str, dict[str, Any]]:
+def sidecar_cap(meta: dict[str, Any]) -> tuple[int | None, str, dict[str, Any]]:
     """The memory-fraction cap a sidecar states (rules 1 and 2 of the module doc), bytes, its source id
     (:data:`SOURCES`) and values; ``(None, "", {})`` when it states none."""
     cap = meta.get("memory_cap_bytes")
@@ -248,7 +248,8 @@ class FallbackRule:
         no_fraction = isinstance(frac, (int, float)) and frac >= 1
         self.gc = 0.0 if no_fraction else config.garbage_collection_threshold
         self.device_floor = int(DEVICE_LIMIT_SHARE * total) if no_fraction and isinstance(total, int) else None
-        retries = (meta.get("memory_stats") or {}).get("num_alloc_retries")
+        stats: dict[str, Any] = meta.get("memory_stats") or {}
+        retries = stats.get("num_alloc_retries")
         self.never = retries == 0 and config.max_split_size is None and self.gc == 0
 
     def reserved_before(self, g0: int) -> int:
@@ -274,7 +275,8 @@ class FallbackRule:
 
 def _from_fallbacks(trace: Trace, device: DeviceTrace) -> Capacity:
     upper, lower, runs = fallback_bounds(trace, device)
-    retries = (trace.meta.get("memory_stats") or {}).get("num_alloc_retries")
+    stats: dict[str, Any] = trace.meta.get("memory_stats") or {}
+    retries = stats.get("num_alloc_retries")
     if upper is None:
         return Capacity(None, "none", "no-evidence")
     if upper < lower:

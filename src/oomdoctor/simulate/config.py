@@ -19,7 +19,7 @@ Semantics kept from PyTorch (2.9+ / 2026 main, the version of the shared snapsho
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from ..analysis.rounding import K_LARGE_BUFFER, MAX_DIVISIONS, N_INTERVALS
 from ..errors import OomdoctorError
@@ -288,7 +288,8 @@ def config_from_settings(settings: Mapping[str, Any] | None) -> AllocatorConfig:
     raw = settings.get("roundup_power2_divisions")
     if isinstance(raw, Mapping):
         table = [0] * N_INTERVALS
-        for key, value in raw.items():
+        entries = cast("Mapping[Any, Any]", raw)  # the snapshot's keys and values, of any type until read below
+        for key, value in entries.items():
             try:
                 k, v = int(key), int(value)
             except (TypeError, ValueError, OverflowError):

@@ -59,7 +59,7 @@ class Extension:
 def _keys(action: np.ndarray, stack: np.ndarray, lo: int, hi: int) -> dict[int, tuple[int, int]]:
     """Event index -> (stack, rank among that stack's allocations in [lo, hi)) for the allocations there."""
     seen: dict[int, int] = {}
-    out = {}
+    out: dict[int, tuple[int, int]] = {}
     for j in np.flatnonzero(action[lo:hi] == ALLOC).tolist():
         s = int(stack[lo + j])
         out[lo + j] = (s, seen.get(s, 0))
@@ -107,7 +107,7 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
     # the previous step's blocks: which alloc each address belongs to, and which outlive that step
     holder: dict[int, int] = {}  # address -> the alloc event holding it now
     freed_at: dict[int, int] = {}
-    made = []
+    made: list[int] = []
     for j in range(p0, len(action)):
         a = int(action[j])
         if a == ALLOC:
@@ -163,7 +163,7 @@ def extend_by_previous_step(dt: DeviceTrace, step_starts: np.ndarray, alive_at_o
             grown[new_addr[m]] = int(sizes[m])
         elif new_addr[m] in grown:
             sizes[m] = grown[new_addr[m]]
-    events = {}
+    events: dict[str, np.ndarray] = {}
     for name, col in ev.items():
         tail = col[idx].copy()
         if name == "addr":
@@ -268,7 +268,7 @@ def mirror_backward(dt: DeviceTrace, saved: list[tuple[int, int]], scaled_events
             "stream": np.full(n, stream, dtype=ev["stream"].dtype),
             "time_us": np.full(n, t, dtype=ev["time_us"].dtype),
             "stack": np.full(n, stack, dtype=ev["stack"].dtype)}
-    events = {}
+    events: dict[str, np.ndarray] = {}
     for name, col in ev.items():
         events[name] = np.concatenate([col[:k], tail[name] if name in tail else np.full(n, -1, dtype=col.dtype)])
     grows = np.concatenate([scaled_events[:k], np.array([r[3] for r in rows], dtype=bool)])

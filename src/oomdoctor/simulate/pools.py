@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..analysis.fragmentation import LiveSegment
 from ..trace.model import (
     ALLOC,
     DEFAULT_POOL,
@@ -54,8 +55,8 @@ class PrivatePools:
     ``pools``: a summary per private pool."""
 
     private: np.ndarray
-    start_segments: set[int] = field(default_factory=set)
-    pools: dict[tuple[int, int], PoolSummary] = field(default_factory=dict)
+    start_segments: set[int] = field(default_factory=set[int])
+    pools: dict[tuple[int, int], PoolSummary] = field(default_factory=dict[tuple[int, int], PoolSummary])
 
     def warning(self) -> str:
         parts = [f"{p.pool_id} ({p.segments} segments, up to {p.peak_reserved_bytes} bytes reserved, {p.events} events)"
@@ -65,7 +66,7 @@ class PrivatePools:
                 "against the cap as recorded); the default pools are replayed")
 
 
-def private_pools(trace: Trace, dt: DeviceTrace, start_segments: list) -> PrivatePools | None:
+def private_pools(trace: Trace, dt: DeviceTrace, start_segments: list[LiveSegment]) -> PrivatePools | None:
     """Classify the events of ``dt`` (module doc); None when nothing points to a private pool.
     ``start_segments``: the segments alive at the trace's start (``live_segments(dt, -1)``)."""
     act, addr, size, stream = dt.events["action"], dt.events["addr"], dt.events["size"], dt.events["stream"]
@@ -74,19 +75,19 @@ def private_pools(trace: Trace, dt: DeviceTrace, start_segments: list) -> Privat
     final = {s.address: s.pool_id for s in dt.segments}
     if not recorded_pools and all(p == DEFAULT_POOL for p in final.values()):
         return None
-    by_stream: dict[int, Counter] = {}
+    by_stream: dict[int, Counter[tuple[int, int]]] = {}
     for s in dt.segments:
         by_stream.setdefault(s.stream, Counter())[s.pool_id] += 1
     stream_pool = {st: c.most_common(1)[0][0] for st, c in by_stream.items()}
 
     def pool_of(j: int, a: int, st: int, alive_at_end: bool) -> tuple[int, int]:
-        if recorded_pools and j >= 0 and pool_col[j] >= 0:
-            return tuple(trace.pools[int(pool_col[j])])
+        if recorded_pools and pool_col is not None and j >= 0 and pool_col[j] >= 0:
+            return trace.pools[int(pool_col[j])]  # a (device, id) tuple
         if alive_at_end and a in final:
             return final[a]
         return stream_pool.get(st, DEFAULT_POOL)
 
-    n = act.shape[0]
+    n: int = act.shape[0]
     seg_pos = np.flatnonzero((act >= SEGMENT_ALLOC) & (act <= SEGMENT_UNMAP)).tolist()
     last_alloc: dict[int, int] = {}
     for j in seg_pos:
@@ -104,7 +105,7 @@ def private_pools(trace: Trace, dt: DeviceTrace, start_segments: list) -> Privat
         if p != DEFAULT_POOL:
             out.start_segments.add(s.address)
     intervals: list[tuple[int, int, int, int, tuple[int, int]]] = []  # (from, to, lo, hi, pool)
-    reserved: Counter = Counter()
+    reserved: Counter[tuple[int, int]] = Counter()
     for _j0, sz, p in live.values():
         if p != DEFAULT_POOL:
             reserved[p] += sz

@@ -51,7 +51,7 @@ from ..trace.model import (
     DeviceTrace,
     Trace,
 )
-from .allocator import AddressSpace, CachingAllocator
+from .allocator import AddressSpace, Block, CachingAllocator
 from .capacity import Capacity, FallbackRule
 from .config import AllocatorConfig, config_from_settings
 from .pools import private_pools
@@ -437,7 +437,7 @@ class _RecordedAddresses(AddressSpace):
             extent[owner] = max(extent.get(owner, a), a + size)
         self.rn = 0
 
-    def reservation(self, page: int, is_small: bool, stream: int) -> tuple[int, int]:
+    def reservation(self, page: int, is_small: bool, stream: int) -> tuple[int | None, int]:
         if self.rn < len(self.bases):
             self.rn += 1
             return self.bases[self.rn - 1], (self.va_bytes + page - 1) // page * page
@@ -534,8 +534,8 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     # When a malloc's fallback (release_cached_blocks) completes every deferred free, ``pend`` is emptied too: the
     # model may merge those blocks away and reuse the objects for new blocks (CachingAllocator.spare), which an
     # address left in ``pend`` must not complete.
-    live: dict[int, object] = {}
-    pend: dict[int, object] = {}
+    live: dict[int, Block] = {}
+    pend: dict[int, Block] = {}
     immediate = deferred_frees == IMMEDIATE
     table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
     # each op's request, read from ``requests`` now (simulate/scale.py replays a Prepared whose requests it scaled)
@@ -561,6 +561,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     ops = zip(prepared.op_kind, prepared.op_event, prepared.op_stream, prepared.op_arg, op_sizes,
               op_requested.tolist())
     if limit_from > 0:
+        assert fraction_limit is not None  # limit_from is set only under a fraction limit
         ops = _limit_from(ops, limit_from, sim, fraction_limit)
     for kind, j, st, a, size, req in ops:
         if kind == _MALLOC:  # the common case, alone
@@ -571,6 +572,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             if len(seg_events) != n0:
                 seg_marks.append((j, j, n0, len(seg_events)))
             if b is None:
+                assert sim.oom_request is not None  # malloc returned no block: it says what it could not get
                 req, alloc_size = sim.oom_request
                 oom = SimulatedOom(j, req, alloc_size)
                 last_event = j
@@ -605,6 +607,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
             if mark is not None or len(seg_events) != n0:
                 seg_marks.append((j if mark is None else mark[0], j, n0, len(seg_events)))
             if b is None:
+                assert sim.oom_request is not None  # malloc returned no block: it says what it could not get
                 req, alloc_size = sim.oom_request
                 oom = SimulatedOom(j, req, alloc_size)
                 last_event = j

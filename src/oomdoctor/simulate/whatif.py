@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..trace.model import Trace
 from .capacity import BOUNDED, GIVEN, Capacity, infer_capacity
 from .config import AllocatorConfig, parse_config
-from .replay import IMMEDIATE, RECORDED, Prepared, ReplayResult, prepare, replay
+from .replay import IMMEDIATE, RECORDED, Prepared, ReplayResult, Validation, prepare, replay
 
 #: Above this many events x configs, ``--search`` fans out to worker processes.
 PARALLEL_MIN_WORK = 200_000
@@ -74,8 +74,8 @@ class Simulation:
     results: list[ReplayResult]
     recommendation: Recommendation | None = None
     search_wall_s: float | None = None
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list[str])
+    warnings: list[str] = field(default_factory=list[str])
 
     @property
     def self_replay(self) -> ReplayResult:
@@ -105,12 +105,13 @@ def grid(prepared: Prepared, capacity: Capacity, has_deferred: bool) -> list[Wha
     return [WhatIf(c, m) for m in modes for c in configs if not (c == base and m == RECORDED)]
 
 
-_WORKER_PREPARED: Prepared | None = None
+_worker_prepared: Prepared | None = None
 
 
 def _worker(args: tuple[WhatIf, Capacity]) -> ReplayResult:
     w, capacity = args
-    return _strip(replay(_WORKER_PREPARED, w.config, deferred_frees=w.deferred_frees, capacity=capacity))
+    assert _worker_prepared is not None  # set by run_many before the pool forks its workers
+    return _strip(replay(_worker_prepared, w.config, deferred_frees=w.deferred_frees, capacity=capacity))
 
 
 def _strip(r: ReplayResult) -> ReplayResult:
@@ -123,7 +124,7 @@ def _strip(r: ReplayResult) -> ReplayResult:
 def run_many(prepared: Prepared, whatifs: list[WhatIf], capacity: Capacity, workers: int | None = None) -> list[ReplayResult]:
     """Replay every what-if, in worker processes (forked, sharing ``prepared``) when the work is large
     enough to pay for them; results in the order given."""
-    global _WORKER_PREPARED
+    global _worker_prepared
     workers = workers if workers is not None else (os.cpu_count() or 1)
     work = prepared.device.num_events * len(whatifs)
     if workers <= 1 or len(whatifs) <= 1 or work < PARALLEL_MIN_WORK:
@@ -133,13 +134,13 @@ def run_many(prepared: Prepared, whatifs: list[WhatIf], capacity: Capacity, work
 
     if "fork" not in multiprocessing.get_all_start_methods():
         return [_strip(replay(prepared, w.config, deferred_frees=w.deferred_frees, capacity=capacity)) for w in whatifs]
-    _WORKER_PREPARED = prepared
+    _worker_prepared = prepared
     try:
         with ProcessPoolExecutor(max_workers=min(workers, len(whatifs)),
                                  mp_context=multiprocessing.get_context("fork")) as pool:
             return list(pool.map(_worker, [(w, capacity) for w in whatifs]))
     finally:
-        _WORKER_PREPARED = None
+        _worker_prepared = None
 
 
 def _complexity(r: ReplayResult, base: AllocatorConfig) -> int:
@@ -194,7 +195,7 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
         whatifs.append(WhatIf(c, RECORDED))
         if immediate_frees:
             whatifs.append(WhatIf(c, IMMEDIATE))
-    notes = []
+    notes: list[str] = []
     search_wall = None
     if search:
         for w in grid(prepared, capacity, has_deferred):
@@ -280,12 +281,14 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
     Other capacities are returned unchanged."""
     if capacity.evidence != "fallbacks":
         return capacity
-    scored: dict[int | None, tuple] = {}
+    # cap -> (segment events unmatched, reserved events differing, cap (-1: none), validation): lowest first
+    scored: dict[int | None, tuple[int, int, int, Validation]] = {}
 
-    def score(cap: int | None) -> tuple:
+    def score(cap: int | None) -> tuple[int, int, int, Validation]:
         if cap not in scored:
             c = replace(capacity, limit_bytes=cap) if cap is not None else Capacity(None, "none", "unlimited")
             v = replay(prepared, capacity=c, validate=True).validation
+            assert v is not None  # validate=True
             scored[cap] = (v.segment_events_unmatched, v.reserved_events_differing, -1 if cap is None else cap, v)
         return scored[cap]
 
@@ -296,6 +299,7 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
         for _ in range(GC_ROUNDS if prepared.recorded_config.garbage_collection_threshold > 0 else 0):
             if best[3].exact or len(scored) * prepared.device.num_events > SETTLE_MAX_EVENTS:
                 break
+            assert lo is not None and hi is not None  # evidence "fallbacks": both bounds read off the trace
             for k in range(GC_CANDIDATES):
                 best = min(best, score(lo + (hi - lo) * k // (GC_CANDIDATES - 1)), key=lambda x: x[:3])
             if best[2] < 0:

@@ -16,7 +16,7 @@ import sys
 from collections import Counter, deque
 from itertools import chain, count, repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, Iterator, KeysView, cast
 
 import numpy as np
 
@@ -72,6 +72,7 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_o
         SnapshotError: ``obj`` is not a snapshot (wrong top-level type, missing ``segments``,
             fields of the wrong type).
     """
+    raw: dict[Any, Any]
     if isinstance(obj, list):  # memory_snapshot(): a bare list of segments, no trace
         raw = {"segments": obj, "device_traces": []}
         legacy_list = True
@@ -118,7 +119,8 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_o
         _annotations(raw.get("external_annotations"), devices, warnings)
 
     has_history = any(d.num_events > 0 for d in devices.values())
-    settings = raw.get("allocator_settings") if isinstance(raw.get("allocator_settings"), dict) else {}
+    given = raw.get("allocator_settings")
+    settings: dict[Any, Any] = given if isinstance(given, dict) else {}
     if legacy_list:
         warnings.append("older list-of-segments snapshot (torch.cuda.memory_snapshot()): final state only")
     if tables.bad_frames:
@@ -175,10 +177,11 @@ def _annotations_alike(raw: list, devices: dict[int, DeviceTrace]) -> bool:
     and counts the bad ones)."""
     if not raw or set(map(type, raw)) != {dict}:
         return not raw
-    devs = list(map(dict.get, raw, repeat("device")))
-    stages = list(map(dict.get, raw, repeat("stage")))
-    names = list(map(dict.get, raw, repeat("name"), repeat("")))
-    times = list(map(dict.get, raw, repeat("time_us")))
+    # the records' values, of any type until checked below
+    devs: list[Any] = list(map(dict.get, raw, repeat("device")))
+    stages: list[Any] = list(map(dict.get, raw, repeat("stage")))
+    names: list[Any] = list(map(dict.get, raw, repeat("name"), repeat("")))
+    times: list[Any] = list(map(dict.get, raw, repeat("time_us")))
     try:
         distinct_devs = set(devs)
         if (set(map(type, devs)) != {int} or not distinct_devs <= devices.keys()
@@ -393,7 +396,7 @@ def _own_keys(entries: list) -> dict[str, str]:
     about 2.2 million lookups (docs/benchmarks.md, round 11). Any other key reads as before: a lookup by an
     equal string finds the same item either way."""
     first = entries[0] if entries else None
-    if first.__class__ is not dict:
+    if first is None or first.__class__ is not dict:
         return {}
     return {k: k for k in first if k.__class__ is str}
 
@@ -465,7 +468,7 @@ def _events(path: str, dev: int | str, entries: list, t: _Tables, warnings: list
         compile_context = _table_col(_field(entries, own("compile_context", "compile_context"), None, present),
                                      t.string,
                                      lambda v: v in _NO_STRING)
-    first = entries[0].keys() if n else ()
+    first: KeysView[str] | frozenset[str] = entries[0].keys() if n else frozenset()
     if replay_only:  # the keys not read from every entry: present when every entry has them
         present |= _present_in_all(entries, [k for k in first if k not in present])
     alike = bool(n) and first <= present and set(map(len, entries)) == {len(first)}
@@ -593,20 +596,24 @@ def _stack_col(path: str, frame_lists: list, t: _Tables, refs: bool = False) -> 
     else:
         try:
             keys: dict[tuple[int, ...], int] = {}
-            first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
-                                   dtype=np.int64, count=n)
+            first_of = np.fromiter(map(keys.setdefault, _id_tuples(frame_lists), count()), dtype=np.int64, count=n)
         except TypeError:  # 'frames' of the wrong type on some entries: those get no stack, counted in a warning
             t.bad_frames += sum(1 for f in frame_lists if f is not None and not isinstance(f, (list, tuple)))
             frame_lists = [f if isinstance(f, (list, tuple)) else () for f in frame_lists]
             keys = {}
-            first_of = np.fromiter(map(keys.setdefault, map(tuple, map(map, repeat(id), frame_lists)), count()),
-                                   dtype=np.int64, count=n)
+            first_of = np.fromiter(map(keys.setdefault, _id_tuples(frame_lists), count()), dtype=np.int64, count=n)
         firsts = np.fromiter(keys.values(), dtype=np.int64, count=len(keys))
     sid_of_first = np.full(n, -1, dtype=np.int32)
     for i in firsts.tolist():
         f = frame_lists[i]
         sid_of_first[i] = t.stack(path, list(f) if f else None)
     return sid_of_first[first_of] if n else np.zeros(0, dtype=np.int32)
+
+
+def _id_tuples(frame_lists: list) -> Iterator[tuple[int, ...]]:
+    """The key of each frames list for :func:`_stack_col`: the tuple of its frames' ``id()`` (lazy, in C)."""
+    ids = cast("Iterator[Iterator[int]]", map(map, repeat(id), frame_lists))  # map(id, frames) of each
+    return map(tuple, ids)
 
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, odd: multiplying by it permutes uint64
@@ -631,7 +638,7 @@ def _list_addresses(items: list) -> np.ndarray | None:
     base = ctypes.c_void_p.from_address(id(items) + _LIST_ITEMS_AT).value
     if not base:
         return None
-    ptr = np.frombuffer((ctypes.c_int64 * len(items)).from_address(base), dtype=np.int64).copy()
+    ptr = np.frombuffer(memoryview((ctypes.c_int64 * len(items)).from_address(base)), dtype=np.int64).copy()
     return ptr if int(ptr[0]) == id(items[0]) and int(ptr[-1]) == id(items[-1]) else None
 
 

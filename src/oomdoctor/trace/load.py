@@ -16,7 +16,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, TypeGuard
 
 from ..errors import SnapshotError
 from .build import Drained, build_trace
@@ -94,6 +94,7 @@ def read_memory_stats(path: str) -> dict[str, Any]:
         SnapshotError: the file is not a JSON object (names the file).
     """
     meta = read_sidecar(path)
+    out: dict[str, Any]
     if isinstance(meta.get("memory_stats"), dict):
         out = {k: meta[k] for k in ("memory_stats", "device", "device_free_bytes", "gpu_total_memory_bytes")
                if k in meta}
@@ -247,7 +248,7 @@ _STR_FIELDS = ("torch_version", "cuda_version", "nccl_version", "gpu_name", "fra
 MAX_GPU_BYTES = 1 << 42
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

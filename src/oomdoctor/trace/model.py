@@ -263,8 +263,9 @@ class Trace:
             "warnings": self.warnings,
         }
         arrays["doc"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
+        columns: dict[str, Any] = arrays  # by name, as keywords: none is named like savez's allow_pickle
         with open(path, "wb") as f:
-            np.savez_compressed(f, **arrays)
+            np.savez_compressed(f, **columns)
 
     @property
     def primary(self) -> DeviceTrace:

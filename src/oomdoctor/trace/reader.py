@@ -11,12 +11,27 @@ import io
 import json
 import os
 import pickle
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Protocol
 
 from ..errors import SnapshotError, UnsafeSnapshotError
 
 ProgressFn = Callable[[int, int], None]
 """``progress(bytes_done, bytes_total)``, called while a file is read."""
+
+
+class BinaryReader(Protocol):
+    """What the loaders read a snapshot through: a file opened ``"rb"``, or a decompressor's stream
+    (:func:`open_decompressed`: gzip's, lzma's, bz2's, zstandard's), used in a ``with`` block."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readinto(self, buffer: Any, /) -> int: ...
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any, /) -> Any: ...
 
 _CHUNK = 4 << 20
 
@@ -85,7 +100,7 @@ def check_ratio(path: str, kind: str, produced: int, consumed: int) -> None:
                                   f"({produced} bytes from {consumed}): refused as a decompression bomb")
 
 
-def open_decompressed(raw: BinaryIO, kind: str) -> BinaryIO:
+def open_decompressed(raw: BinaryIO, kind: str) -> BinaryReader:
     """The decompressed stream of ``raw`` (a binary file object holding ``kind``-compressed data).
     Concatenated streams (multi-member gzip, xz, bzip2, zstd frames) are followed; reading past a
     truncated end raises EOFError."""

@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from ..errors import SnapshotError, UnsafeSnapshotError
 from .build import Drained
-from .reader import ProgressFn, _PlainDataUnpickler, check_ratio, compression_of, open_decompressed
+from .reader import (
+    BinaryReader,
+    ProgressFn,
+    _PlainDataUnpickler,
+    check_ratio,
+    compression_of,
+    open_decompressed,
+)
 
 #: Files at least this large on disk (compressed: a quarter of it) are streamed.
 STREAM_MIN_BYTES = 256 << 20
@@ -48,7 +55,7 @@ class _Counting:
     """The file the unpickler reads: counts bytes, reports progress, drains every ``every`` bytes, and
     refuses a decompression bomb (``reader.check_ratio``: ``raw`` is the compressed file under it)."""
 
-    def __init__(self, stream: BinaryIO, raw: BinaryIO, kind: str | None, path: str, on_drain: Any, every: int,
+    def __init__(self, stream: BinaryReader, raw: BinaryIO, kind: str | None, path: str, on_drain: Any, every: int,
                  progress: ProgressFn | None, total: int) -> None:
         self.stream, self.raw, self.kind, self.path = stream, raw, kind, path
         self.on_drain, self.every = on_drain, every
@@ -129,7 +136,9 @@ def load_streaming(path: str, progress: ProgressFn | None = None, every: int = D
         for lst in lists:
             grew |= drained.drain(lst) > 0
         if not grew:  # the list we knew is finished (or none found yet): look for a newer one
-            for v in box[0].memo.copy().values():
+            # an index -> object dict (typeshed gives it the Pickler memo's (index, object) values)
+            memo = cast("dict[int, Any]", box[0].memo.copy())
+            for v in memo.values():
                 if _is_trace_list(v) and all(v is not k for k in lists):
                     lists.append(v)
                     drained.drain(v)

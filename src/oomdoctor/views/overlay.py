@@ -115,6 +115,7 @@ def _axis(runs: list[tuple[str, DeviceAnalysis, np.ndarray]], mode: str) -> Axis
             return np.round(warp(t[ev], t[src], t_before[dst]) / 1e6, 6).tolist()
 
         view = timeline_view(a, OVERLAY_POINTS)
+        assert view is not None  # runs with history: pair_view joins none other
         for i, x in enumerate(x_of(view.event)):
             row = cols.setdefault(x, {})
             for s in SERIES:

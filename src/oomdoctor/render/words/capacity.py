@@ -20,6 +20,12 @@ def sidecar_cap(source: str, values: dict[str, Any]) -> str:
             "(sidecar)")
 
 
+def _bound(count: Count, b: int | None) -> str:
+    """A bounded cap's bound; ``str(None)`` where the capacity carries none (a cap lowered by a margin keeps its
+    source, not its bounds: :func:`oomdoctor.simulate.scale.fits_at`)."""
+    return count(b) if b is not None else str(b)
+
+
 def capacity_source(source: str, values: dict[str, Any], lower: int | None, upper: int | None,
                     count: Count = str) -> str:
     """Where a replay's limit comes from, in words. Raises KeyError for an id that is not a source."""
@@ -31,12 +37,12 @@ def capacity_source(source: str, values: dict[str, Any], lower: int | None, uppe
                 f"{count(v['reserved_bytes'])} reserved")
     if source == "oom-fraction-cap":
         return (f"the OOM at event {v['event']} came from a memory-fraction cap (the device still had "
-                f"{count(v['device_free_bytes'])} bytes free): the cap lies in [{count(lower)}, {count(upper)}] bytes; "
+                f"{count(v['device_free_bytes'])} bytes free): the cap lies in [{_bound(count, lower)}, {_bound(count, upper)}] bytes; "
                 "the lower end is used")
     if source == "fallbacks":
         also = f"; the sidecar counts {v['alloc_retries']} alloc retries" if "alloc_retries" in v else ""
         said = (f"{v['runs']} allocator fallbacks in the trace (cached segments freed before a new segment): the cap "
-                f"lies in [{count(lower)}, {count(upper)}] bytes{also}")
+                f"lies in [{_bound(count, lower)}, {_bound(count, upper)}] bytes{also}")
         if "settled_cap" not in v:
             return said + "; the lower end is used"
         verdict = ("reproduces the recording" if v["settled_exact"]
