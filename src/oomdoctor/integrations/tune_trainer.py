@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> None:
                 for i, layer in enumerate(layers):
                     layer.gradient_checkpointing = i % every == 0
 
-    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(int(cfg.vocab_size), a.seq_len),
-                      optimizers=optimizers, callbacks=[EveryK()])
+    # a map-style dataset (__len__, __getitem__) is what Trainer reads; its annotation names torch's and datasets'
+    # classes only
+    data = cast(Any, RandomTokens(int(cfg.vocab_size), a.seq_len))
+    trainer = Trainer(model=model, args=args, train_dataset=data, optimizers=optimizers, callbacks=[EveryK()])
     trainer.train()
 
 
