@@ -92,3 +92,9 @@ def gpu_sms(name: str | None) -> int | None:
         return gpu_by_name(name).sms
     except KeyError:
         return None
+
+
+def sms_of_major(sm_major: int) -> int:
+    """The SM count of the first GPU in :data:`GPUS` of compute capability ``sm_major`` (its SXM part: 108 for sm80,
+    132 for sm90, 148 for sm100), for a GPU known by size only; an H100's for a major the table lacks."""
+    return next((g.sms for g in GPUS.values() if g.sm_major == sm_major), GPUS["H100-80GB"].sms)

@@ -31,6 +31,8 @@ PRIVATE = {
                                                                       "where CUDA's policies are entered again",
     "torch.testing._internal.distributed.fake_pg.FakeStore": "the fake process group a torchrun script joins "
                                                              "(--nproc-per-node)",
+    "torch._C._functions.AccumulateGrad": "the autograd node that accumulates a leaf's .grad, told apart from the "
+                                          "engine's accumulation of a node's input gradients",
     "torch._C._swap_tensor_impl": "a parameter moved to the GPU kept as the same object when swap_tensors refuses "
                                   "it for a reference an old graph holds (weight_norm's computed weight)",
 }

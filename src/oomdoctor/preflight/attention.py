@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ._private import _version
 from .target import current, target_gpu
 
 __all__ = ["CUDNN_FIRST_TORCH", "CUDNN_WORKSPACE_EXTRA", "cuda_backend", "cudnn_first", "math_attention",
@@ -62,14 +63,6 @@ MASK_ALIGNMENT = 8
 CUDNN_FIRST_TORCH = (2, 11)
 #: the workspace cuDNN's forward allocates and frees, and the constant part of its backward's (bytes, measured)
 CUDNN_WORKSPACE_EXTRA = 256
-
-
-def _torch_at_least(version: tuple[int, int]) -> bool:
-    try:
-        major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= version
 
 
 def _env_flag(name: str) -> bool | None:
@@ -89,7 +82,7 @@ def cudnn_first() -> bool:
     """``check_prefer_cudnn_attention`` for the target GPU (:func:`target_gpu`) and this torch (module doc)."""
     t = current()
     major, minor = t.sm_major, t.sm_minor
-    if major not in (9, 10) or minor or not _torch_at_least(CUDNN_FIRST_TORCH):
+    if major not in (9, 10) or minor or _version() < CUDNN_FIRST_TORCH:
         return False
     if _env_flag("TORCH_CUDNN_SDPA_PREFERRED") is False or _env_flag("TORCH_CUDNN_SDPA_DEPRIORITIZED"):
         return False

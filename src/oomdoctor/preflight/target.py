@@ -9,9 +9,7 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-#: ``cudaDeviceProp.multiProcessorCount`` by compute capability major, for a GPU known by size only: the SXM parts
-#: (NVIDIA's H100 whitepaper: 132 SMs on H100 SXM5, as on the H200; A100 whitepaper: 108; B200: 148)
-DEFAULT_SMS = {8: 108, 9: 132, 10: 148}
+from ..plan.gpus import sms_of_major
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,9 +36,9 @@ def current() -> Target:
 @contextlib.contextmanager
 def target_gpu(sm_major: int, sm_minor: int = 0, *, sms: int | None = None) -> Iterator[None]:
     """While active, kernels are chosen and sized as on a GPU of compute capability ``sm_major.sm_minor`` with
-    ``sms`` streaming multiprocessors (:data:`DEFAULT_SMS` by major when None)."""
+    ``sms`` streaming multiprocessors (when None, the GPU table's for that major: ``plan.gpus.sms_of_major``)."""
     token = _TARGET.set(Target(sm_major=sm_major, sm_minor=sm_minor,
-                               sms=sms if sms is not None else DEFAULT_SMS.get(sm_major, 132)))
+                               sms=sms if sms is not None else sms_of_major(sm_major)))
     try:
         yield
     finally:

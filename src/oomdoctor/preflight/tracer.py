@@ -175,6 +175,7 @@ class AllocationTracer(TorchDispatchMode):
         #: per live storage per op, and the autograd engine's current node (inside backward or not)
         self._expired = require("torch._C.StorageBase._expired")
         self._autograd_node = require("torch._C._current_autograd_node")
+        self._accumulate_grad = require("torch._C._functions.AccumulateGrad")
         #: the values read from the GPU, by the policy of :mod:`.values`, and where
         self.values = StandIns()
         #: set by :meth:`stop`: the trace has ended (a script stopped at its last step); ops still run, unrecorded
@@ -358,7 +359,7 @@ class AllocationTracer(TorchDispatchMode):
             return self.values.scalar(args[0])
         backward = self._autograd_node() is not None
         if backward and func is _aten.add.Tensor and self.applying and not self.applying[-1] \
-                and type(self._autograd_node()).__name__ != "AccumulateGrad":
+                and not isinstance(self._autograd_node(), self._accumulate_grad):
             out = self._accumulate(args, kwargs)
             if out is not None:
                 return out
@@ -762,7 +763,7 @@ def engine_applies(tracer: AllocationTracer) -> Iterator[None]:
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
-            if type(node).__name__ != "AccumulateGrad":  # its own apply: .grad's accumulation, traced as it is
+            if not isinstance(node, tracer._accumulate_grad):  # its own apply: .grad's accumulation, traced as is
                 handles += [node.register_prehook(pre), node.register_hook(post)]
             todo.extend(n for n, _ in node.next_functions)
         try:
