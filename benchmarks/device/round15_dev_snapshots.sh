@@ -8,15 +8,8 @@
 set -u
 OUT=${1:?out dir}
 export PYTHONUNBUFFERED=1
-T0=$(date +%s)
-mkdir -p "$OUT"
-if ls .whl/corpus/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/corpus/*.whl \
-    2>&1 | tail -3 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-{ nvidia-smi -L; python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'; } > "$OUT/machine.txt" 2>&1
-W=/tmp/round15; D=/tmp/round15-data; rm -rf $W; mkdir -p $W
-timeout 150 python3 benchmarks/preflight_corpus/make_data.py $D > $W/make_data.log 2>&1; echo "make_data rc=$?"
+W=/tmp/round15; D=/tmp/round15-data; MAKE_DATA_S=150
+. benchmarks/device/corpus_prelude.sh
 timeout 420 python3 benchmarks/device/round15_dev_snapshots.py $W/dev --corpus .corpus --data $D --timeout 170 \
   --parallel 4 --half "${HALF:-dev}" 2>&1 | tee $W/dev.log; echo "snapshots rc=${PIPESTATUS[0]}"
 ls -la $W/dev/snapshots 2>&1 | tail -20

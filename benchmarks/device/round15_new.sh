@@ -12,15 +12,8 @@ NEW="nanogpt-gpt2-owt nanogpt-shakespeare-char nanogpt-bench pytorch-examples-fa
  pytorch-examples-mnist-forward-forward peft-delora-llama peft-shira-llama dino-vit-small
  torchvision-ref-similarity-resnet50"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-T0=$(date +%s)
-mkdir -p "$OUT"
-if ls .whl/corpus/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/corpus/*.whl \
-    2>&1 | tail -3 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-{ nvidia-smi -L; python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)'; } > "$OUT/machine.txt" 2>&1
-W=/tmp/round15n; D=/tmp/round15n-data; rm -rf $W; mkdir -p $W
-timeout 200 python3 benchmarks/preflight_corpus/make_data.py $D > $W/make_data.log 2>&1; echo "make_data rc=$? $(( $(date +%s) - T0 )) s"
+W=/tmp/round15n; D=/tmp/round15n-data
+. benchmarks/device/corpus_prelude.sh
 # dino sets MASTER_PORT 29500 itself: it runs alone, after the others
 timeout 240 python3 benchmarks/preflight_corpus/truth.py $W/truth --corpus .corpus --data $D --timeout 200 --parallel 4 \
   --only $(echo $NEW | tr ' ' '\n' | grep -v dino) 2>&1 | tee $W/truth.log
