@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 #: bottom first; a package's modules may import from their own layer and any earlier one
 LAYERS = [
-    {"_version", "errors", "_lazy", "units", "frameworks"},
+    {"_version", "errors", "_lazy", "units", "frameworks", "ids"},
     {"capture"},
     {"trace"},
     {"analysis"},

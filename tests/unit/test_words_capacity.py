@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from oomdoctor.ids import ROOM_SOURCES
 from oomdoctor.render.format import format_bytes
 from oomdoctor.render.words import capacity as W
-from oomdoctor.report.fits import ROOM_SOURCES
 from oomdoctor.simulate.capacity import SOURCES, Capacity
 
 GiB = 1 << 30

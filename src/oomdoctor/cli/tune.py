@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..errors import UsageError, install_hint
+from ..ids import TuneNote
 from ..report.tune import (
     ALLOCATORS,
     MAX_TRACES,
@@ -151,7 +152,7 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
     outside = outside_allocator_bytes(nproc)
     room_bytes = int(room(total, outside).limit_bytes or 0)
     allocs = _list(allocator)
-    notes: list[str] = []
+    notes: list[TuneNote] = []
     if hf_config:
         if not os.path.exists(hf_config):
             raise UsageError(f"{hf_config}: no such file")

@@ -222,5 +222,5 @@ class SimulationDoc:
             results=[ReplayDoc.of(r, sim.reach) for r in sim.results],
             recommendation=None if rec is None else RecommendationDoc(
                 rec.result.config.to_string(), rec.result.deferred_frees, rec.result.peak_reserved_bytes,
-                sim_words.REASONS[rec.reason], [sim_words.INCOMPATIBILITIES[i] for i in rec.incompatibilities]),
+                sim_words.reason(rec.reason), [sim_words.INCOMPATIBILITIES[i] for i in rec.incompatibilities]),
             search_wall_s=sim.search_wall_s, notes=sim_words.notes(sim))

@@ -558,7 +558,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
         body.append(f"{rec.result.config}", style="bold")
         if rec.result.deferred_frees == "immediate":
             body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
-        reason = sim_words.REASONS[rec.reason]
+        reason = sim_words.reason(rec.reason)
         body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, "
                     f"{'gets past the recorded OOM' if sim.reach == 'recorded' else 'no OOM'}. "
                     f"{reason[:1].upper()}{reason[1:]}.")

@@ -10,28 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import SCHEMA_VERSION, __version__
 from .format import format_bytes
+from .words import tune as tune_words
 
 if TYPE_CHECKING:
     from ..report.tune import Candidate, TuneOutcome
-
-NOTE_TEXT = {
-    "accumulation-traced-at-2": "gradient accumulation above 2 is traced at 2: later micro-batches of a step "
-                                "allocate what the second does (gradients alive, as after the first)",
-    "trace-budget-reached": "the trace budget (--max-traces) ran out: some micro-batches are interpolated "
-                            "between traced ones and are not recommended",
-    "no-gpu": "no GPU here: the ranking is the cost model's prediction (measured: false)",
-    "not-run": "nothing run on the GPU (--no-run, --top 0): the ranking is the cost model's prediction "
-               "(measured: false)",
-    "deepspeed-not-installed": "DeepSpeed's ZeRO stages are not searched: deepspeed is not installed",
-    "fsdp2-needs-a-script": "FSDP2 (full shard, hybrid) is searched through a script (--knob) with fully_shard in "
-                            "it; --hf-config traces Trainer's DDP",
-    "interpolated-not-run": "a top candidate known only by interpolation was not run (its trace was not made)",
-    "samples-are-steps": "no micro-batch knob: throughput is in optimizer steps per second",
-    "top-not-measured": "no trial ran to its timed steps: the answer is the prediction",
-    "measured-peak-over-margin": "a run reserved more than its predicted peak plus the margin: its configuration "
-                                 "is answered with the measured peak, and not at all where that plus the margin "
-                                 "leaves the room",
-}
 
 SUGGESTION_TEXT = {
     "fsdp2-full-shard": "FSDP2 full shard over {gpus} GPUs (fully_shard each decoder layer): about {per_gpu} a GPU",
@@ -214,5 +196,5 @@ def render_tune_text(t: "TuneOutcome", rows: int = 20) -> str:
             lines.append(f"a run {what} ({_config_text(t, tr.config)}): its output is in {tr.log}")
     if t.notes:
         lines.append("")
-        lines += ["note: " + NOTE_TEXT.get(x, x) for x in t.notes]
+        lines += ["note: " + tune_words.note(x) for x in t.notes]
     return "\n".join(lines) + "\n"

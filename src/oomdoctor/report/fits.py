@@ -51,6 +51,7 @@ from ..analysis.accounting import ACTIVATIONS, GRADIENTS, OPTIMIZER_STATE, PARAM
 from ..analysis.device import DeviceAnalysis
 from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
+from ..ids import FITS_ASSUMPTIONS, FITS_NOTES, FitsAssumption, FitsNote, RoomSource
 from ..trace.model import OOM
 from .margin import MarginInputs, complete_steps
 from .margin import margin as prediction_margin
@@ -69,23 +70,11 @@ class Room:
 
     bytes: int | None
     kind: str
-    source: str
+    source: RoomSource
     values: dict[str, Any] = field(default_factory=dict)
 
 
-#: Where the room comes from (:func:`device_room`, the first that applies), and the keys of its values.
-ROOM_SOURCES = {
-    "sidecar-cap": "a memory-fraction cap the sidecar states (capacity_source: its id in "
-                   "oomdoctor.simulate.capacity.SOURCES, with fraction, gpu_total_memory_bytes)",
-    "oom-fraction-cap": "a fraction cap read off the OOM (the device still had the segment free): its lower end",
-    "oom-device": "the OOM: reserved bytes then plus the device's free bytes (cudaMemGetInfo)",
-    "sidecar-free": "the sidecar: free device bytes at the dump plus reserved bytes then",
-    "gpu-total": "the GPU's total memory less the CUDA context and, with world_size > 1, NCCL's buffers "
-                 "(given: --gpu-memory; nccl: NCCL's buffers taken off)",
-    "gpu-total-less-outside": "the GPU's total memory less the process's memory outside the allocator the sidecar "
-                              "gives (given: --gpu-memory; outside_bytes)",
-    "none": "no OOM and no sidecar with the GPU's memory",
-}
+# Where the room comes from: oomdoctor.ids.ROOM_SOURCES (the first rule of device_room that applies).
 
 
 def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
@@ -93,7 +82,7 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
     memory is taken off the room here, once; the margin keeps free only what it may grow by
     (:func:`.margin.outside_allocator`)."""
     meta = a.trace.meta
-    cap, source, values = None, "", {}
+    cap, source, values = None, None, {}
     if meta.get("memory_cap_bytes") is not None or meta.get("memory_fraction") is not None:
         from ..simulate.capacity import sidecar_cap
 
@@ -155,7 +144,7 @@ class Fits:
 
     room_bytes: int | None
     """what the allocator could use on this GPU (bytes)"""
-    room_source: str
+    room_source: RoomSource
     """where the room comes from (the OOM message, the sidecar's device size, a memory fraction), in words (the
     dataclass holds an id, report/fits.py ROOM_SOURCES; its words: render/words/capacity.py)"""
     batch_scale: float | None = None
@@ -183,7 +172,7 @@ class Fits:
     """what sharding the optimizer state over the data-parallel ranks frees (bytes)"""
     replays: int = 0
     """allocator replays run to find the answer"""
-    notes: list[str] = field(default_factory=list)
+    notes: list[FitsNote] = field(default_factory=list[FitsNote])
     """why an answer is missing, or what it assumes, in words (the dataclass holds ids, report/fits.py NOTES; their words:
     render/words/fits.py)"""
     #: the scale reached the top of the search (the room less the margin, filled with the blocks that grow alone):
@@ -198,7 +187,7 @@ class Fits:
     """an estimate, not a replay (a trace cut in its first forward pass)"""
     estimated_largest_micro_batch: int | None = None
     """the estimate as a whole micro-batch"""
-    assumptions: list[str] = field(default_factory=list)
+    assumptions: list[FitsAssumption] = field(default_factory=list[FitsAssumption])
     """what the estimate assumes, in words (the dataclass holds ids, report/fits.py ASSUMPTIONS; their words:
     render/words/fits.py)"""
     bound: str | None = None
@@ -223,40 +212,12 @@ class Fits:
     sidecar states), given (the GPU's size came with --gpu-memory), nccl (NCCL's buffers were taken off)"""
 
 
-NOTES = {
-    "no-history": "no allocation history: nothing to replay",
-    "room-unknown": "the device's size is unknown (no OOM, no sidecar): what fits cannot be replayed",
-    "nothing-grows": "no tensor of the trace grows with the micro-batch",
-    "cut-in-inference": "the trace ends inside an inference loop: what fits is not replayed",
-    "generate-estimate": "generate() is not replayed: a lower bound from the job's peak reserved",
-    "generate-not-replayed": "generate() is not replayed, and no lower bound is said",
-    "first-forward-estimate": "the trace ends inside its first forward pass: a lower bound from the recorded part",
-    "cut-in-first-forward": "the trace ends inside its first forward pass: what fits cannot be replayed",
-    "pipeline-warm-up": "a pipeline stage cut in its first warm-up forwards: how many micro-batches its schedule "
-                        "holds is not in the trace, so no lower bound is said",
-    "optimizer-state-assumed": "no optimizer step finished before the OOM: room kept for Adam's state and for the "
-                               "gradients the rest of the backward makes",
-    "gradients-assumed": "no optimizer step finished before the OOM: room kept for the gradients the rest of the "
-                         "backward makes",
-    "replay-failed": "the replay refuses the trace (note_values replay_error)",
-    "private-pools": "CUDA graph private pools hold part of the memory: what fits is not replayed",
-    "not-reproduced": "the allocator model does not reproduce the recording: what fits is not replayed",
-    "peaks-before-window-unknown": "the trace starts mid-job without PyTorch's counters: the window's answer",
-    "held-to-job-peak": "the answer is held to the job's own peak (job_peak_scale_bound)",
-}
-"""The ids :attr:`Fits.notes` holds, in the order they are added (the words: :mod:`oomdoctor.render.words.fits`)."""
+NOTES = FITS_NOTES
+"""The ids :attr:`Fits.notes` holds (:data:`oomdoctor.ids.FITS_NOTES`; their words: :data:`oomdoctor.render.words.fits.NOTES`)."""
 
-ASSUMPTIONS = {
-    "loss-copies": "the failed request is the pass's output; the loss keeps loss_copies more of it",
-    "parameters-trained": "every parameter is trained: its gradient has its size",
-    "optimizer-state-seen": "the optimizer state is the one seen",
-    "optimizer-state-adam": "the optimizer state to come is Adam's two moments",
-    "backward-mirrors-forward": "the backward mirrors the forward",
-    "unseen-fragmentation": "the growing blocks take unseen_fragmentation_percent more room",
-    "generate-settings-kept": "the prompt length and max_new_tokens stay as recorded",
-    "generate-peak-grows": "the peak reserved above the fixed blocks grows with the batch",
-}
-"""The ids :attr:`Fits.assumptions` holds (the words: :mod:`oomdoctor.render.words.fits`)."""
+ASSUMPTIONS = FITS_ASSUMPTIONS
+"""The ids :attr:`Fits.assumptions` holds (:data:`oomdoctor.ids.FITS_ASSUMPTIONS`; their words:
+:data:`oomdoctor.render.words.fits.ASSUMPTIONS`)."""
 
 
 _GROWS: dict[int, tuple[DeviceAnalysis, np.ndarray]] = {}
@@ -336,7 +297,7 @@ def job_margin(a: DeviceAnalysis) -> tuple[int, int]:
     return 512 * int(np.count_nonzero(alive)), len(complete_steps(a))
 
 
-def _margin(a: DeviceAnalysis, room: int) -> tuple[int, str | None]:
+def _margin(a: DeviceAnalysis, room: int) -> tuple[int, FitsNote | None]:
     """Bytes the replay keeps free (see the module doc) and a note id (:data:`NOTES`) when it is an estimate."""
     base = job_margin(a)[0]
     if not a.oom_events.size:

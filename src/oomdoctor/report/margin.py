@@ -54,6 +54,7 @@ import numpy as np
 from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDict from typing_extensions only
 
 from ..analysis.device import DeviceAnalysis
+from ..ids import MARGIN_SOURCES, MarginSource
 from ..trace.oommessage import sidecar_oom_message
 
 OUTSIDE_GROWTH_BYTES = 96_468_992
@@ -78,10 +79,7 @@ them on the corpus (``docs/margin_terms.json`` ``summary.planner_constants_short
 ranks (key 2: two or more), 327,074,560 (``pipelining-1f1b-b28`` rank 1: 1.95 GB, the world group and the
 point-to-point one)."""
 
-SOURCES = ("self-replay-difference", "self-replay-exact", "fraction-cap", "outside-growth",
-           "outside-growth-after-a-step", "planner-constants",
-           "gpu-size-unknown", "reserved-step-spread", "fewer-than-two-steps", "job-peak-above-trace",
-           "job-peak-in-trace", "job-peak-unknown")
+SOURCES = MARGIN_SOURCES
 """How a part of the margin was read (the module doc says each): the self-replay's difference from the
 recording, or none; outside the allocator: nothing under a memory-fraction cap, its growth after the room was read
 from the device before the first optimizer step ended (:data:`OUTSIDE_GROWTH_BYTES`) or after
@@ -123,7 +121,7 @@ class Margin:
     outside_bytes: int = 0
     reserved_step_spread_bytes: int | None = None
     unrecorded_bytes: int = 0
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, MarginSource] = field(default_factory=dict[str, MarginSource])
 
     @property
     def bytes(self) -> int:
@@ -167,7 +165,7 @@ def step_peaks(a: DeviceAnalysis) -> tuple[list[int], list[int]]:
     return ([int(tl.allocated[lo:hi].max()) for lo, hi in rng], [int(tl.reserved[lo:hi].max()) for lo, hi in rng])
 
 
-def reserved_step_spread(a: DeviceAnalysis) -> tuple[int | None, str]:
+def reserved_step_spread(a: DeviceAnalysis) -> tuple[int | None, MarginSource]:
     """max - min of the per-step peak reserved over the complete steps (bytes) and how it was read; None with fewer
     than two complete steps."""
     _alloc, res = step_peaks(a)
@@ -204,7 +202,7 @@ def step_ran_before(a: DeviceAnalysis, k: int | None = None) -> bool:
     return False
 
 
-def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tuple[int, str]:
+def outside_allocator(a: DeviceAnalysis, outside_bytes: int | None = None) -> tuple[int, MarginSource]:
     """The part of the memory outside the caching allocator a claim about the recorded steps keeps free (bytes),
     and how it was read (module doc). ``outside_bytes``: the process's own count of it (:func:`margin_inputs`)."""
     from ..simulate.capacity import infer_capacity, sidecar_cap

@@ -44,6 +44,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
+from ..ids import TUNE_NOTES, TuneNote
 from ..plan.search import DP_EXPOSED
 from .preflight import margin_bytes
 
@@ -57,9 +58,7 @@ DEFAULT_ALLOCATOR = "defaults"
 #: allocator settings searched by default (``PYTORCH_ALLOC_CONF``); every trace replays under each
 ALLOCATORS = (DEFAULT_ALLOCATOR, "expandable_segments:True", "max_split_size_mb:512")
 #: what the output can say about the search, by id (render/tune.py words them)
-NOTES = ("accumulation-traced-at-2", "trace-budget-reached", "no-gpu", "not-run", "deepspeed-not-installed",
-         "fsdp2-needs-a-script", "interpolated-not-run", "samples-are-steps", "top-not-measured",
-         "measured-peak-over-margin")
+NOTES = TUNE_NOTES
 MEMORY_BASES = ("traced", "interpolated")
 #: a run's outcome, as ``oomdoctor fit``'s trials say it (``ended-early``: exit code 0 before the steps asked)
 TRIAL_OUTCOMES = ("ran", "oom", "failed", "ended-early")
@@ -819,7 +818,7 @@ class TuneOutcome:
     """the traces made, in order"""
     nothing_fits: list[Suggestion]
     """when no candidate fits: what would, with numbers"""
-    notes: list[str]
+    notes: list[TuneNote]
     """ids: accumulation-traced-at-2, trace-budget-reached, no-gpu, not-run, deepspeed-not-installed, fsdp2-needs-a-script,
     interpolated-not-run, samples-are-steps, top-not-measured, measured-peak-over-margin"""
     trace_seconds: float
@@ -943,7 +942,7 @@ class Search:
 
     traced: dict[tuple[ClassKey, int], Traced] = field(default_factory=dict)
     order: list[Traced] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[TuneNote] = field(default_factory=list[TuneNote])
 
     def add(self, results: list[Traced]) -> None:
         for r in results:
@@ -1072,7 +1071,7 @@ def cost_model_facts(spec: GpuSpec) -> dict[str, Any]:
 
 def tune(space: Space, configs: list[Config], trace_many: TraceMany, *, run_trials: RunTrials | None, job: dict,
          dropped: list[Any], gpu_name: str | None, gpu_total_bytes: int, room_bytes: int, spec: GpuSpec,
-         top_k: int = 3, max_traces: int = MAX_TRACES, notes: Iterable[str] = (),
+         top_k: int = 3, max_traces: int = MAX_TRACES, notes: Iterable[TuneNote] = (),
          clock: Callable[[], float] | None = None, what: str = "the job") -> TuneOutcome:
     """The whole search: memory and cost (:func:`search`), the top ``top_k`` run by ``run_trials`` (None: no GPU),
     the answer (:func:`choose`); the nothing-fits suggestions when nothing fits."""
@@ -1084,7 +1083,7 @@ def tune(space: Space, configs: list[Config], trace_many: TraceMany, *, run_tria
                         max_traces=max_traces, what=what)
     trace_s = now() - t0
     margin = margin_bytes(room_bytes)
-    all_notes = list(dict.fromkeys([*notes, *st.notes]))
+    all_notes: list[TuneNote] = list(dict.fromkeys([*notes, *st.notes]))
     trials: list[TuneTrial] = []
     chosen = [c for c in top(space, ranked, top_k) if c.memory_basis == "traced"]
     if len(chosen) < len(top(space, ranked, top_k)):

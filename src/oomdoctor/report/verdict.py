@@ -50,12 +50,13 @@ from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight_parts, schedule_evidence
 from ..detectors.finding import Finding, Fix, SiteRef
 from ..frameworks import detect_frameworks, running_files
+from ..ids import VERDICT_ACTIONS, VERDICT_KINDS, VERDICT_REASONS, VerdictAction, VerdictKind, VerdictReason
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
 from .fits import Fits, Room
 from .margin import margin as prediction_margin
 
-KINDS = ("capacity", "fragmentation", "deferred-free", "growth", "kept-exception", "imbalance", "healthy", "empty")
+KINDS = VERDICT_KINDS
 EDGE_FRACTION = 0.10
 """A healthy rank with less headroom than this fraction of its room is said to be at the edge."""
 VERDICT_FRACTION = EDGE_FRACTION
@@ -69,70 +70,17 @@ GROWTH_FINDINGS = ("output-accumulation", "memory-growth")
 """Findings of memory that grows across passes or steps. ``pipeline-output-cache`` is none: a pipeline's last
 stage keeps its micro-batches' outputs until ``step()`` ends and frees them there, so memory does not grow from
 step to step; it is listed as a finding under whatever verdict the rank gets."""
-FINDING_KIND = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
+FINDING_KIND: dict[str, VerdictKind] = {"deferred-free": "deferred-free", "fragmentation": "fragmentation", "rank-imbalance": "imbalance",
                 "kept-exception": "kept-exception", **{f: "growth" for f in GROWTH_FINDINGS}}
 
 MIN_DECISIVE_BYTES = 64 * MiB
 
 
-REASONS = {
-    # healthy, with history
-    "room-known": "the room the allocator could use is known: the headroom is stated",
-    "room-unknown": "the GPU's size is not recorded (healthy), or at an OOM capacity cannot be told from fragmentation",
-    "reserved-window-missed": "the job's peak reserved (PyTorch's counters) is above the recorded window's by a "
-                              "material gap (analysis/jobpeak.py MISS_SAID_BYTES)",
-    "allocated-window-missed": "the job's peak allocated is above the recorded window's by a material gap",
-    "reserved-job-peak": "the job's peak reserved is above the recorded window's by less: said beside it, no miss",
-    "allocated-job-peak": "the job's peak allocated is above the recorded window's by less: said beside it",
-    "peaks-before-window-unknown": "the trace starts after the job's first allocation and nothing says the peaks before",
-    "at-edge": "healthy with less than EDGE_FRACTION of the room left",
-    "kv-cache-named": "the KV cache holds at least KV_CACHE_FRACTION of the allocated bytes",
-    "material-findings": "healthy, with material findings that decide no verdict (evidence material_findings)",
-    # healthy or empty, without history
-    "final-state-only": "a snapshot without allocation history: the final state is judged",
-    "nothing-recorded": "a snapshot without segments or events",
-    # without an OOM, a finding decides
-    "finding-decides": "a material finding decides the verdict of a rank without OOM (evidence finding, title)",
-    # at an OOM
-    "kept-across-micro-batches": "growth: memory kept across micro-batches covers the shortfall",
-    "rank-excess": "imbalance: this rank's excess over the others covers the shortfall",
-    "live-tensors-exceed-room": "capacity: the live tensors plus the failed request need more than the room",
-    "pipeline-in-flight": ("two or more micro-batches were in flight at the OOM and the job runs a pipeline schedule "
-                           "(evidence schedule_evidence: sidecar-stage, pipeline-framework, point-to-point, "
-                           "losses-in-one-forward)"),
-    "held-by-exception": ("kept-exception: an earlier attempt's tensors, held by its caught exception, cover the "
-                          "shortfall (evidence kept_exception_bytes, kept_oom_event, kept_retry_event)"),
-    "oom-in-optimizer-step": ("the OOM is inside optimizer.step(): a smaller micro-batch does not help (evidence "
-                              "optimizer_state_bytes, parameters_bytes)"),
-    "pending-frees": "deferred-free: blocks held for other streams made the difference",
-    "not-in-one-piece": "fragmentation: enough was free, but not in one piece",
-    "fraction-cap": "the room is a memory-fraction cap (evidence room_kind)",
-    "cap-lower-end": ("the cap is read off the OOM (the device still had the segment free): the room is its lower end, "
-                      "the peak reserved before it (fits' room_source oom-fraction-cap, simulate/capacity.py rule 3)"),
-    "free-split": ("the free bytes are reserved_unallocated_bytes less pending_free_bytes (cached) plus "
-                   "unreserved_bytes (not yet reserved under the room)"),
-    "graph-pools": "CUDA graph private pools reserved memory (evidence graph_pool_bytes)",
-    "fix-simulated": "the fragmentation fix was replayed (evidence defragmented_config, fix_*)",
-    "fragmentation-hit-first": "the fix was replayed and fragmentation hit first, but the job is at capacity",
-    "continuation-runs-out": ("fragmentation: the fix gets through the recorded steps, but the rest of the step, "
-                              "replayed as the previous step ran it, runs out (evidence extended_request_bytes)"),
-    "runs-out-without-it": "... the replay with the fix runs out too",
-    "at-edge-without-it": "... the replay with the fix gets through with less spare room than the margin",
-    "kv-generation-at-capacity": "... the fix leaves less than one token's KV-cache growth",
-    "kv-fits-with-fix": "the fix lets the KV cache grow by kv_tokens_more tokens",
-    # what fits (:func:`_fit_reason`)
-    "fit-micro-batch": "the largest whole micro-batch that fits (evidence largest_micro_batch)",
-    "fit-batch-scale": "the batch scale that fits (evidence batch_scale)",
-    "fit-lower-bound": "an estimate from a trace cut in its first forward pass, a lower bound (estimate_assumptions: ids)",
-    "fit-estimate": "an estimate from a trace cut in its first forward pass",
-    "fit-not-said": "what fits is not said (evidence no_fit_reason: an id of report/fits.py NOTES)",
-}
-"""The ids a verdict's ``reasons`` may hold: each wording choice its summary makes, in the order they are made
-(the words: :mod:`oomdoctor.render.words.verdict`)."""
+REASONS = VERDICT_REASONS
+"""The ids a verdict's ``reasons`` may hold (:data:`oomdoctor.ids.VERDICT_REASONS`; what each means and how it is
+said: :data:`oomdoctor.render.words.verdict.REASONS`)."""
 
-ACTIONS = ("pipeline-schedule", "optimizer-memory", "kv-cache-smaller", "micro-batch-at-most", "micro-batch-scale",
-           "activation-checkpointing", "shard-optimizer", "framework-activations", "alloc-conf-not-simulated",
-           "alloc-conf-simulated", "alloc-conf-not-enough", "finding-fix", "logits")
+ACTIONS = VERDICT_ACTIONS
 """The ids of a verdict's actions (:class:`Action`); their numbers are in the verdict's ``evidence``."""
 
 
@@ -146,8 +94,8 @@ class Action:
 
     __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
-    id: str
-    """the action (report/verdict.py ACTIONS)"""
+    id: VerdictAction
+    """the action (oomdoctor.ids.VERDICT_ACTIONS)"""
     framework: str | None = None
     """the id of the framework whose knob it names"""
     fix: Fix | None = None
@@ -159,14 +107,14 @@ class Verdict:
     """``kind`` (:data:`KINDS`), the ``bytes`` that decide it, the ``ranks`` it concerns, the ``headroom_bytes``
     left on the device at the peak of reserved memory (None when the device's room is unknown), the finding behind
     it, if one, the numbers behind it (``evidence``), the ids of the wording choices its summary makes
-    (``reasons``, :data:`REASONS`) and what to do, in order (``to_do``, :class:`Action`). Facts only: the
+    (``reasons``, :data:`oomdoctor.ids.VERDICT_REASONS`) and what to do, in order (``to_do``, :class:`Action`). Facts only: the
     renderers say them (:mod:`oomdoctor.render.words.verdict`).
 
     The docstring under each field is its description in the JSON schema (``oomdoctor schema diagnose``)."""
 
     __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
-    kind: str
+    kind: VerdictKind
     """the answer: what ran out of memory, or why memory is not what it should be"""
     bytes: int
     """the bytes that decide it (the shortfall, the free memory, the bytes kept, ...) (bytes)"""
@@ -179,7 +127,7 @@ class Verdict:
     """the id of the finding behind it"""
     evidence: dict[str, Any] = field(default_factory=dict)
     """the numbers behind it (keys ending _bytes are bytes)"""
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[VerdictReason] = field(default_factory=list[VerdictReason])
     """the ids of the wording choices the summary is said from, in the order they were made (report/verdict.py
     REASONS)"""
     to_do: list[Action] = field(default_factory=list)
@@ -235,7 +183,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
         v = _oom_verdict(a, mine, room, bd, fits, defragmented, ev)
         v.to_do = _actions(v, a, mine, fits() if v.kind in ("capacity", "fragmentation") else None)
         return v
-    reasons = ["room-known" if headroom is not None else "room-unknown", *_peak_reasons(jp)]
+    reasons: list[VerdictReason] = ["room-known" if headroom is not None else "room-unknown", *_peak_reasons(jp)]
     if headroom is not None:
         assert room.bytes is not None  # headroom is room.bytes - peak_reserved
         ev["headroom_bytes"] = headroom
@@ -256,15 +204,15 @@ def peak_evidence(jp: JobPeak) -> dict[str, Any]:
             "job_peak_allocated_bytes": jp.job_peak_allocated_bytes, "peak_source": jp.source}
 
 
-def _peak_reasons(jp: JobPeak) -> list[str]:
+def _peak_reasons(jp: JobPeak) -> list[VerdictReason]:
     """The reasons of a healthy verdict about its peaks: the window's peak is named where the job's is above it, as a
     miss where the gap is material (issue 52), and peaks before the window are said to be unknown where nothing says
     them (issue 41)."""
-    def said(missed: bool, material: bool, what: str) -> list[str]:
-        return [f"{what}-window-missed" if material else f"{what}-job-peak"] if missed else []
+    def said(missed: bool, material: bool, window_missed: VerdictReason, job_peak: VerdictReason) -> list[VerdictReason]:
+        return [window_missed if material else job_peak] if missed else []
 
-    return ([*said(jp.reserved_missed, jp.reserved_missed_material, "reserved"),
-             *said(jp.allocated_missed, jp.allocated_missed_material, "allocated"),
+    return ([*said(jp.reserved_missed, jp.reserved_missed_material, "reserved-window-missed", "reserved-job-peak"),
+             *said(jp.allocated_missed, jp.allocated_missed_material, "allocated-window-missed", "allocated-job-peak"),
              *(["peaks-before-window-unknown"] if jp.source == "unknown-before-window" else [])])
 
 
@@ -409,7 +357,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     assert room_b is not None  # short is need - room_b
     if short > 0:
         fits = get_fits()
-        reasons = ["live-tensors-exceed-room"]
+        reasons: list[VerdictReason] = ["live-tensors-exceed-room"]
         if ev.get("in_flight", 0) >= 2 and "schedule_evidence" in ev:
             reasons.append("pipeline-in-flight")
         if ev.get("in_optimizer_step"):
@@ -424,8 +372,8 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b:
         return Verdict("deferred-free", an.pending_free_bytes, [rank], None, "deferred-free", ev, ["pending-frees"])
     ev["room_kind"] = room.kind
-    reasons = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else []),
-               *(["cap-lower-end"] if room.source == "oom-fraction-cap" else [])]
+    reasons: list[VerdictReason] = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else []),
+                                    *(["cap-lower-end"] if room.source == "oom-fraction-cap" else [])]
     unreserved = room_b - an.reserved_bytes
     if unreserved >= 0 and ev["free_bytes"] == ev["reserved_unallocated_bytes"] - an.pending_free_bytes + unreserved:
         # the free bytes, split: reserved but not allocated (the fragmentation finding's bytes at stake, less the
@@ -447,9 +395,8 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             # no setting gets the replay through the recorded steps with margin (report/margin.py): fragmentation hit
             # first, but the job is at capacity; never counted as a fix
             ev["margin_bytes"] = fixed.get("margin_bytes", 0)
-            reasons += ["fragmentation-hit-first",
-                        "runs-out-without-it" if fixed.get("oom") is not None else "at-edge-without-it",
-                        *_fit_reason(get_fits(), ev)]
+            without: VerdictReason = "runs-out-without-it" if fixed.get("oom") is not None else "at-edge-without-it"
+            reasons.extend(["fragmentation-hit-first", without, *_fit_reason(get_fits(), ev)])
             # the bytes that decide it: the failed request, or what the spare room lacks of the margin
             decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
                        else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
@@ -464,7 +411,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         if left is not None and left < ev["kv_cache_growth_per_token_bytes"]:
             # generate(): the cache grows by the same bytes every token to come; a fix that leaves less than one
             # token's growth beyond the failed request and the margin does not carry the generation on
-            reasons += ["fragmentation-hit-first", "kv-generation-at-capacity"]
+            reasons.extend(["fragmentation-hit-first", "kv-generation-at-capacity"])
             return Verdict("capacity", ev["kv_cache_growth_per_token_bytes"] - left, [rank], None, None, ev, reasons)
         if left is not None:
             reasons.append("kv-fits-with-fix")
@@ -515,7 +462,7 @@ def _kv_fit(a: DeviceAnalysis, bd: Breakdown, ev: dict[str, Any], room: int, nee
     return left
 
 
-def _fit_reason(fits: Fits | None, ev: dict[str, Any]) -> list[str]:
+def _fit_reason(fits: Fits | None, ev: dict[str, Any]) -> list[VerdictReason]:
     """What fits, as a reason and its numbers in ``ev``: ``fit-micro-batch`` when the largest whole micro-batch is
     known, else ``fit-batch-scale`` when the scale is; a trace cut in its first forward pass has only an estimate
     (``fit-lower-bound``, ``fit-estimate``; ``estimate_assumptions``: ids of :data:`.fits.ASSUMPTIONS`); with no answer

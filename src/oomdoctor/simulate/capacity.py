@@ -43,6 +43,7 @@ import numpy as np
 
 from ..analysis.rounding import allocation_size, round_size
 from ..analysis.timeline import reserved_series
+from ..ids import CAPACITY_SOURCES, CapacitySource
 from ..trace.model import (
     ALLOC,
     FREE_COMPLETED,
@@ -78,7 +79,7 @@ class Capacity:
     """the memory the replay may use (bytes)"""
     kind: str
     """'device' (cudaMalloc fails past it), 'fraction' (the allocator's own limit) or 'none' (unlimited)"""
-    source: str
+    source: CapacitySource
     """where it comes from, in words (the dataclass holds an id, simulate/capacity.py SOURCES; its words:
     render/words/capacity.py)"""
     certainty: str = NONE
@@ -96,29 +97,16 @@ class Capacity:
     above was set later in the run (simulate/capacity.py limit_from_event); the replay's peaks are taken from it"""
 
 
-#: Where a capacity comes from (``Capacity.source``), and the keys of its ``source_values``.
-SOURCES = {
-    "sidecar-memory-cap": "rule 1: the sidecar's memory_cap_bytes",
-    "sidecar-memory-fraction": "rule 2: memory_fraction x gpu_total_memory_bytes (fraction, gpu_total_memory_bytes)",
-    "oom-device": "rule 3, the device: the OOM's event, device_free_bytes, reserved_bytes",
-    "oom-fraction-cap": "rule 3, a fraction cap: the OOM's event, device_free_bytes (lower_bytes, upper_bytes)",
-    "fallbacks": "rule 4: runs (fallback runs), alloc_retries (sidecar, > 0 or absent); settled_caps, settled_cap, "
-                 "settled_exact, settled_unmatched once settle_capacity replayed caps",
-    "fallbacks-disagree": "rule 4, unlimited: runs, upper_bytes below peak_reserved_bytes",
-    "fallbacks-unreproduced": "rule 4, unlimited: the runs' cap does not reproduce the recording, which replays "
-                              "without one (runs)",
-    "no-evidence": "rule 5: no OOM, no fallback, no cap in the metadata",
-    "unlimited": "no limit (a replay asked for none)",
-    "given": "--cap (kind)",
-    "device-room": "what fits: the device's room (oomdoctor.report.fits.Room; room_source, with its values)",
-}
+SOURCES = CAPACITY_SOURCES
+"""Where a capacity comes from (``Capacity.source``; :data:`oomdoctor.ids.CAPACITY_SOURCES`); what each means, with
+the keys of its ``source_values``: :data:`oomdoctor.render.words.capacity.SOURCES`."""
 
 
 def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     """The limit a replay of ``device`` (a device of ``trace``) should use by default (rules in the
     module doc). Pure; O(events)."""
     cap, source, values = sidecar_cap(trace.meta)
-    if cap is not None:
+    if cap is not None and source is not None:
         return Capacity(cap, "fraction", source, EXACT, cap, cap, "sidecar", values,
                         from_event=limit_from_event(device, cap))
     act = device.events["action"]
@@ -141,9 +129,9 @@ def limit_from_event(device: DeviceTrace, limit: int) -> int:
     return int(over[-1]) + 1 if over.size else 0
 
 
-def sidecar_cap(meta: dict[str, Any]) -> tuple[int | None, str, dict[str, Any]]:
+def sidecar_cap(meta: dict[str, Any]) -> tuple[int | None, CapacitySource | None, dict[str, Any]]:
     """The memory-fraction cap a sidecar states (rules 1 and 2 of the module doc), bytes, its source id
-    (:data:`SOURCES`) and values; ``(None, "", {})`` when it states none."""
+    (:data:`SOURCES`) and values; ``(None, None, {})`` when it states none."""
     cap = meta.get("memory_cap_bytes")
     if isinstance(cap, int) and cap > 0:
         return cap, "sidecar-memory-cap", {}
@@ -151,7 +139,7 @@ def sidecar_cap(meta: dict[str, Any]) -> tuple[int | None, str, dict[str, Any]]:
     if isinstance(frac, (int, float)) and 0 < frac < 1 and isinstance(total, int) and total > 0:
         # static_cast<size_t>(fraction * device_total)
         return int(frac * total), "sidecar-memory-fraction", {"fraction": frac, "gpu_total_memory_bytes": total}
-    return None, "", {}
+    return None, None, {}
 
 
 def _from_oom(device: DeviceTrace, o: int) -> Capacity:

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field, replace
 
 from ..analysis.timeline import timeline
 from ..errors import UsageError
+from ..ids import RECOMMENDATION_REASONS as _RECOMMENDATION_REASONS
+from ..ids import SIMULATION_NOTES as _SIMULATION_NOTES
+from ..ids import RecommendationReason, SimulationNote
 from ..trace.model import Trace
 from .capacity import BOUNDED, GIVEN, Capacity, infer_capacity
 from .config import AllocatorConfig, parse_config
@@ -34,9 +37,9 @@ INCOMPATIBILITIES = {
 }
 
 #: Why a recommendation was chosen (``Recommendation.reason``).
-RECOMMENDATION_REASONS = ("no-better-setting", "recorded-runs-out", "lowest-peak")
+RECOMMENDATION_REASONS = _RECOMMENDATION_REASONS
 #: What a search says of itself (``Simulation.notes``).
-SIMULATION_NOTES = ("no-deferred-frees", "gc-not-tried")
+SIMULATION_NOTES = _SIMULATION_NOTES
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Recommendation:
     (ids of :data:`INCOMPATIBILITIES`)."""
 
     result: ReplayResult
-    reason: str
+    reason: RecommendationReason
     incompatibilities: list[str]
 
 
@@ -74,7 +77,7 @@ class Simulation:
     results: list[ReplayResult]
     recommendation: Recommendation | None = None
     search_wall_s: float | None = None
-    notes: list[str] = field(default_factory=list[str])
+    notes: list[SimulationNote] = field(default_factory=list[SimulationNote])
     warnings: list[str] = field(default_factory=list[str])
 
     @property
@@ -195,7 +198,7 @@ def simulate(trace: Trace, *, configs: list[str] | None = None, immediate_frees:
         whatifs.append(WhatIf(c, RECORDED))
         if immediate_frees:
             whatifs.append(WhatIf(c, IMMEDIATE))
-    notes: list[str] = []
+    notes: list[SimulationNote] = []
     search_wall = None
     if search:
         for w in grid(prepared, capacity, has_deferred):

@@ -1,6 +1,6 @@
 """The words of where a limit comes from: a replay's capacity (:class:`oomdoctor.simulate.capacity.Capacity`,
-its ``source`` an id of :data:`~oomdoctor.simulate.capacity.SOURCES`) and what fits' room
-(:class:`oomdoctor.report.fits.Room`, an id of :data:`~oomdoctor.report.fits.ROOM_SOURCES`), said with their numbers.
+its ``source`` an id of :data:`oomdoctor.ids.CAPACITY_SOURCES`) and what fits' room
+(:class:`oomdoctor.report.fits.Room`, an id of :data:`oomdoctor.ids.ROOM_SOURCES`), said with their numbers.
 
 ``count`` writes byte counts: ``str`` for the JSON (the raw integers it has always had), a binary-unit formatter
 for the terminal (:func:`oomdoctor.render.format.format_bytes`)."""
@@ -8,6 +8,10 @@ for the terminal (:func:`oomdoctor.render.format.format_bytes`)."""
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from ...ids import CAPACITY_SOURCES, RoomSource
+from ...ids import ROOM_SOURCES as ROOM_SOURCE_IDS
+from .table import Words, table, text
 
 Count = Callable[[int], str]
 
@@ -77,7 +81,7 @@ def said(cap: Any, count: Count = str) -> str:
     return words
 
 
-def room_source(source: str, values: dict[str, Any]) -> str:
+def room_source(source: RoomSource, values: dict[str, Any]) -> str:
     """Where what fits' room comes from, in words. Raises KeyError for an id that is not a source."""
     if source == "sidecar-cap":
         return f"set_per_process_memory_fraction: {sidecar_cap(values['capacity_source'], values)}"
@@ -88,13 +92,51 @@ def room_source(source: str, values: dict[str, Any]) -> str:
     if source == "gpu-total-less-outside":
         given = " (given with --gpu-memory)" if values.get("given") else ""
         return f"the GPU's total memory{given} less the process's memory outside the allocator (sidecar)"
-    return ROOM_SOURCES[source]
+    return text(ROOM_SOURCES, source)
 
 
-ROOM_SOURCES = {
-    "oom-fraction-cap": ("a memory-fraction cap: the device still had memory free at the OOM; the cap's lower end, "
-                         "the peak reserved before it"),
-    "oom-device": "the OOM: reserved bytes then plus the device's free bytes (cudaMemGetInfo)",
-    "sidecar-free": "the sidecar: free device bytes at the dump plus reserved bytes then",
-    "none": "unknown: no OOM and no sidecar with the GPU's memory",
-}
+ROOM_SOURCES = table("room source", ROOM_SOURCE_IDS, {
+    "sidecar-cap": Words(description=("a memory-fraction cap the sidecar states (capacity_source: its id in "
+                                      "oomdoctor.ids.CAPACITY_SOURCES, with fraction, "
+                                      "gpu_total_memory_bytes)")),
+    "oom-fraction-cap": Words(description=("a fraction cap read off the OOM (the device still had the segment"
+                                           " free): its lower end"),
+                              text=("a memory-fraction cap: the device still had memory free at the OOM; the "
+                                    "cap's lower end, the peak reserved before it")),
+    "oom-device": Words(description=("the OOM: reserved bytes then plus the device's free bytes "
+                                     "(cudaMemGetInfo)"),
+                        text="the OOM: reserved bytes then plus the device's free bytes (cudaMemGetInfo)"),
+    "sidecar-free": Words(description="the sidecar: free device bytes at the dump plus reserved bytes then",
+                          text="the sidecar: free device bytes at the dump plus reserved bytes then"),
+    "gpu-total": Words(description=("the GPU's total memory less the CUDA context and, with world_size > 1, "
+                                    "NCCL's buffers (given: --gpu-memory; nccl: NCCL's buffers taken off)")),
+    "gpu-total-less-outside": Words(description=("the GPU's total memory less the process's memory outside "
+                                                 "the allocator the sidecar gives (given: --gpu-memory; "
+                                                 "outside_bytes)")),
+    "none": Words(description="no OOM and no sidecar with the GPU's memory",
+                  text="unknown: no OOM and no sidecar with the GPU's memory"),
+})
+"""Where what fits' room comes from (:data:`oomdoctor.ids.ROOM_SOURCES`): what each means, and the words of those
+:func:`room_source` does not compose from their values."""
+
+SOURCES = table("capacity source", CAPACITY_SOURCES, {
+    "sidecar-memory-cap": Words(description="rule 1: the sidecar's memory_cap_bytes"),
+    "sidecar-memory-fraction": Words(description=("rule 2: memory_fraction x gpu_total_memory_bytes "
+                                                  "(fraction, gpu_total_memory_bytes)")),
+    "oom-device": Words(description="rule 3, the device: the OOM's event, device_free_bytes, reserved_bytes"),
+    "oom-fraction-cap": Words(description=("rule 3, a fraction cap: the OOM's event, device_free_bytes "
+                                           "(lower_bytes, upper_bytes)")),
+    "fallbacks": Words(description=("rule 4: runs (fallback runs), alloc_retries (sidecar, > 0 or absent); "
+                                    "settled_caps, settled_cap, settled_exact, settled_unmatched once "
+                                    "settle_capacity replayed caps")),
+    "fallbacks-disagree": Words(description="rule 4, unlimited: runs, upper_bytes below peak_reserved_bytes"),
+    "fallbacks-unreproduced": Words(description=("rule 4, unlimited: the runs' cap does not reproduce the "
+                                                 "recording, which replays without one (runs)")),
+    "no-evidence": Words(description="rule 5: no OOM, no fallback, no cap in the metadata"),
+    "unlimited": Words(description="no limit (a replay asked for none)"),
+    "given": Words(description="--cap (kind)"),
+    "device-room": Words(description=("what fits: the device's room (oomdoctor.report.fits.Room; room_source,"
+                                      " with its values)")),
+})
+"""Where a replay's limit comes from (:data:`oomdoctor.ids.CAPACITY_SOURCES`), with the keys of its ``source_values``;
+:func:`capacity_source` says it with them."""

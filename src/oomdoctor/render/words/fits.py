@@ -1,5 +1,5 @@
 """The words of what fits (:class:`oomdoctor.report.fits.Fits`): its ``notes`` and ``assumptions`` are ids
-(:data:`~oomdoctor.report.fits.NOTES`, :data:`~oomdoctor.report.fits.ASSUMPTIONS`), said here with the numbers and
+(:data:`oomdoctor.ids.FITS_NOTES`, :data:`oomdoctor.ids.FITS_ASSUMPTIONS`), said here with the numbers and
 messages in its ``note_values``. The JSON writes these words where the ids are (:func:`fits_dict`), as it always has."""
 
 from __future__ import annotations
@@ -7,82 +7,135 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from ...ids import FITS_ASSUMPTIONS, FITS_NOTES, FitsAssumption, FitsNote
 from .capacity import room_source
+from .table import Words, table, text
 
 if TYPE_CHECKING:  # annotations only: report/fits imports the analyses, which `oomdoctor simulate` does not need
     from ...report.fits import Fits
 
-NOTES = {
-    "no-history": "no allocation history: nothing to replay",
-    "room-unknown": "the device's size is unknown (no OOM, no sidecar): what fits cannot be replayed",
-    "nothing-grows": "no tensor of the trace grows with the micro-batch (no forward or backward pass seen)",
-    "cut-in-inference": ("the trace ends inside an inference loop (generate() or evaluation): what it would still have "
-                         "made (the cache grows with every token to come) is not recorded, so what fits is not "
-                         "replayed; diagnose a run that finished, with --micro-batch"),
-    "generate-estimate": ("generate() is not replayed (where its concatenated KV cache fragments decides where a larger "
-                          "batch runs out): what fits is a lower bound from the job's peak reserved, scaled with the "
-                          "batch"),
-    "generate-not-replayed": ("generate() grows its KV cache one token at a time by concatenation, and the caching "
-                              "allocator's fragmentation of those caches decides where a larger batch runs out; a "
-                              "replay of one batch's generation scaled to another does not reproduce it, so what fits "
-                              "is not replayed: lower the batch or max_new_tokens, or use a static cache"),
-    "first-forward-estimate": ("the trace ends inside its first forward pass: what fits is a lower bound from the "
-                               "recorded part and the assumptions listed, not a replay of the whole step"),
-    "cut-in-first-forward": ("the trace ends inside its first forward pass: the rest of that pass is not in it, so "
-                             "what fits cannot be replayed from it; record a run that fits and diagnose it with "
-                             "--micro-batch"),
-    "pipeline-warm-up": ("a pipeline stage ran out in the warm-up forwards of its first step: its peak comes when "
-                         "every micro-batch its schedule holds in flight is there (1F1B's first stage: one per later "
-                         "stage), which the trace does not show, so no lower bound is said; record a step that "
-                         "finished and diagnose it with --micro-batch"),
-    "optimizer-state-assumed": ("no optimizer step finished before the OOM: the replay keeps room for optimizer "
-                                "state of twice the parameters (Adam's two moments) and for the gradients the rest "
-                                "of the backward makes"),
-    "gradients-assumed": ("no optimizer step finished before the OOM: the replay keeps room for the gradients the "
-                          "rest of the backward makes"),
-    "replay-failed": "the trace cannot be replayed: {replay_error}",
-    "private-pools": ("CUDA graph private pools (e.g. torch.compile mode='reduce-overhead') hold part of this "
-                      "run's memory and are replayed as recorded, not scaled with the micro-batch: what fits is "
-                      "not replayed"),
-    "not-reproduced": ("the allocator model does not reproduce this recording in the memory the allocator could "
-                       "use on this GPU: what fits is not replayed"),
-    "peaks-before-window-unknown": ("peaks before the recorded window are not known (the trace starts mid-job, and no "
-                                    "sidecar holds PyTorch's counters): what fits is the window's, and may be too "
-                                    "much"),
-    "held-to-job-peak": ("held to the job's own peak (PyTorch's counters), which the recorded window missed: the "
-                         "job's bytes above the window's fixed ones are taken to grow with the micro-batch"),
-}
-"""Each note id's words, a ``str.format`` template over ``note_values``."""
+NOTES = table("what-fits note", FITS_NOTES, {
+    "no-history": Words(description="no allocation history: nothing to replay",
+                        text="no allocation history: nothing to replay"),
+    "room-unknown": Words(description=("the device's size is unknown (no OOM, no sidecar): what fits cannot "
+                                       "be replayed"),
+                          text=("the device's size is unknown (no OOM, no sidecar): what fits cannot be "
+                                "replayed")),
+    "nothing-grows": Words(description="no tensor of the trace grows with the micro-batch",
+                           text=("no tensor of the trace grows with the micro-batch (no forward or backward "
+                                 "pass seen)")),
+    "cut-in-inference": Words(description=("the trace ends inside an inference loop: what fits is not "
+                                           "replayed"),
+                              text=("the trace ends inside an inference loop (generate() or evaluation): what"
+                                    " it would still have made (the cache grows with every token to come) is "
+                                    "not recorded, so what fits is not replayed; diagnose a run that "
+                                    "finished, with --micro-batch")),
+    "generate-estimate": Words(description=("generate() is not replayed: a lower bound from the job's peak "
+                                            "reserved"),
+                               text=("generate() is not replayed (where its concatenated KV cache fragments "
+                                     "decides where a larger batch runs out): what fits is a lower bound from"
+                                     " the job's peak reserved, scaled with the batch")),
+    "generate-not-replayed": Words(description="generate() is not replayed, and no lower bound is said",
+                                   text=("generate() grows its KV cache one token at a time by concatenation,"
+                                         " and the caching allocator's fragmentation of those caches decides "
+                                         "where a larger batch runs out; a replay of one batch's generation "
+                                         "scaled to another does not reproduce it, so what fits is not "
+                                         "replayed: lower the batch or max_new_tokens, or use a static cache")),
+    "first-forward-estimate": Words(description=("the trace ends inside its first forward pass: a lower bound"
+                                                 " from the recorded part"),
+                                    text=("the trace ends inside its first forward pass: what fits is a lower"
+                                          " bound from the recorded part and the assumptions listed, not a "
+                                          "replay of the whole step")),
+    "cut-in-first-forward": Words(description=("the trace ends inside its first forward pass: what fits "
+                                               "cannot be replayed"),
+                                  text=("the trace ends inside its first forward pass: the rest of that pass "
+                                        "is not in it, so what fits cannot be replayed from it; record a run "
+                                        "that fits and diagnose it with --micro-batch")),
+    "pipeline-warm-up": Words(description=("a pipeline stage cut in its first warm-up forwards: how many "
+                                           "micro-batches its schedule holds is not in the trace, so no lower"
+                                           " bound is said"),
+                              text=("a pipeline stage ran out in the warm-up forwards of its first step: its "
+                                    "peak comes when every micro-batch its schedule holds in flight is there "
+                                    "(1F1B's first stage: one per later stage), which the trace does not "
+                                    "show, so no lower bound is said; record a step that finished and "
+                                    "diagnose it with --micro-batch")),
+    "optimizer-state-assumed": Words(description=("no optimizer step finished before the OOM: room kept for "
+                                                  "Adam's state and for the gradients the rest of the "
+                                                  "backward makes"),
+                                     text=("no optimizer step finished before the OOM: the replay keeps room "
+                                           "for optimizer state of twice the parameters (Adam's two moments) "
+                                           "and for the gradients the rest of the backward makes")),
+    "gradients-assumed": Words(description=("no optimizer step finished before the OOM: room kept for the "
+                                            "gradients the rest of the backward makes"),
+                               text=("no optimizer step finished before the OOM: the replay keeps room for "
+                                     "the gradients the rest of the backward makes")),
+    "replay-failed": Words(description="the replay refuses the trace (note_values replay_error)",
+                           text="the trace cannot be replayed: {replay_error}"),
+    "private-pools": Words(description=("CUDA graph private pools hold part of the memory: what fits is not "
+                                        "replayed"),
+                           text=("CUDA graph private pools (e.g. torch.compile mode='reduce-overhead') hold "
+                                 "part of this run's memory and are replayed as recorded, not scaled with the"
+                                 " micro-batch: what fits is not replayed")),
+    "not-reproduced": Words(description=("the allocator model does not reproduce the recording: what fits is "
+                                         "not replayed"),
+                            text=("the allocator model does not reproduce this recording in the memory the "
+                                  "allocator could use on this GPU: what fits is not replayed")),
+    "peaks-before-window-unknown": Words(description=("the trace starts mid-job without PyTorch's counters: "
+                                                      "the window's answer"),
+                                         text=("peaks before the recorded window are not known (the trace "
+                                               "starts mid-job, and no sidecar holds PyTorch's counters): "
+                                               "what fits is the window's, and may be too much")),
+    "held-to-job-peak": Words(description="the answer is held to the job's own peak (job_peak_scale_bound)",
+                              text=("held to the job's own peak (PyTorch's counters), which the recorded "
+                                    "window missed: the job's bytes above the window's fixed ones are taken "
+                                    "to grow with the micro-batch")),
+})
+"""Each note of what fits (:data:`oomdoctor.ids.FITS_NOTES`): what it means, and its words, a ``str.format`` template
+over ``note_values``."""
 
-ASSUMPTIONS = {
-    "loss-copies": ("the failed request is the pass's output, and the loss keeps {loss_copies} more blocks of its "
-                    "size at its peak (the planner's loss region of a language model)"),
-    "parameters-trained": "every parameter is trained: its gradient has its size",
-    "optimizer-state-seen": "the optimizer state seen",
-    "optimizer-state-adam": "the optimizer state to come is Adam's: two moments per parameter",
-    "backward-mirrors-forward": ("the backward mirrors the forward: it frees what the forward saved, last first, "
-                                 "making a gradient of the same size for each; then the next step's forward runs as "
-                                 "recorded, into the cache that backward left"),
-    "unseen-fragmentation": ("the blocks that grow with the micro-batch take {unseen_fragmentation_percent}% more "
-                             "room than replayed: the fragmentation of the steps that were not recorded"),
-    "generate-settings-kept": "the prompt length and max_new_tokens stay as recorded",
-    "generate-peak-grows": ("every reserved byte of the peak above the blocks that do not grow with the batch grows "
-                            "in proportion to the batch: the KV cache, the logits, and the cache's cached earlier "
-                            "copies (its fragmentation)"),
-}
-"""Each assumption id's words, a ``str.format`` template over ``note_values``."""
+ASSUMPTIONS = table("what-fits assumption", FITS_ASSUMPTIONS, {
+    "loss-copies": Words(description=("the failed request is the pass's output; the loss keeps loss_copies "
+                                      "more of it"),
+                         text=("the failed request is the pass's output, and the loss keeps {loss_copies} "
+                               "more blocks of its size at its peak (the planner's loss region of a language "
+                               "model)")),
+    "parameters-trained": Words(description="every parameter is trained: its gradient has its size",
+                                text="every parameter is trained: its gradient has its size"),
+    "optimizer-state-seen": Words(description="the optimizer state is the one seen",
+                                  text="the optimizer state seen"),
+    "optimizer-state-adam": Words(description="the optimizer state to come is Adam's two moments",
+                                  text="the optimizer state to come is Adam's: two moments per parameter"),
+    "backward-mirrors-forward": Words(description="the backward mirrors the forward",
+                                      text=("the backward mirrors the forward: it frees what the forward "
+                                            "saved, last first, making a gradient of the same size for each; "
+                                            "then the next step's forward runs as recorded, into the cache "
+                                            "that backward left")),
+    "unseen-fragmentation": Words(description=("the growing blocks take unseen_fragmentation_percent more "
+                                               "room"),
+                                  text=("the blocks that grow with the micro-batch take "
+                                        "{unseen_fragmentation_percent}% more room than replayed: the "
+                                        "fragmentation of the steps that were not recorded")),
+    "generate-settings-kept": Words(description="the prompt length and max_new_tokens stay as recorded",
+                                    text="the prompt length and max_new_tokens stay as recorded"),
+    "generate-peak-grows": Words(description="the peak reserved above the fixed blocks grows with the batch",
+                                 text=("every reserved byte of the peak above the blocks that do not grow "
+                                       "with the batch grows in proportion to the batch: the KV cache, the "
+                                       "logits, and the cache's cached earlier copies (its fragmentation)")),
+})
+"""Each assumption of an estimate of what fits (:data:`oomdoctor.ids.FITS_ASSUMPTIONS`): what it means, and its words,
+a ``str.format`` template over ``note_values``."""
 
 
-def note(note_id: str, values: dict[str, Any]) -> str:
+def note(note_id: FitsNote, values: dict[str, Any]) -> str:
     """The words of note ``note_id`` with ``values`` (a Fits's ``note_values``). Raises KeyError for an unknown id
     or a missing value."""
-    return NOTES[note_id].format(**values)
+    return text(NOTES, note_id).format(**values)
 
 
-def assumption(assumption_id: str, values: dict[str, Any]) -> str:
+def assumption(assumption_id: FitsAssumption, values: dict[str, Any]) -> str:
     """The words of assumption ``assumption_id`` with ``values``. Raises KeyError for an unknown id or a missing
     value."""
-    return ASSUMPTIONS[assumption_id].format(**values)
+    return text(ASSUMPTIONS, assumption_id).format(**values)
 
 
 def notes(f: Fits) -> list[str]:

@@ -6,17 +6,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...ids import RECOMMENDATION_REASONS, SIMULATION_NOTES, RecommendationReason
 from ..format import count, format_bytes
+from .table import Words, table, text
 
 if TYPE_CHECKING:
     from ...simulate.replay import ReplayResult
     from ...simulate.whatif import Simulation
 
-REASONS = {
-    "no-better-setting": "no setting tried does better than the recorded one",
-    "recorded-runs-out": "the recorded settings run out of memory; this is the lowest peak reserved without an OOM",
-    "lowest-peak": "lowest peak reserved without an OOM",
-}
+REASONS = table("recommendation reason", RECOMMENDATION_REASONS, {
+    "no-better-setting": Words(text="no setting tried does better than the recorded one"),
+    "recorded-runs-out": Words(text=("the recorded settings run out of memory; this is the lowest peak "
+                                     "reserved without an OOM")),
+    "lowest-peak": Words(text="lowest peak reserved without an OOM"),
+})
+"""Why a search recommends its setting (:data:`oomdoctor.ids.RECOMMENDATION_REASONS`)."""
+
+
+def reason(id_: RecommendationReason) -> str:
+    """Why a search recommends its setting, in words. Raises KeyError for an unknown id."""
+    return text(REASONS, id_)
+
 
 INCOMPATIBILITIES = {
     "expandable-no-cuda-ipc": ("tensors in expandable segments cannot be shared with other processes through CUDA IPC "
@@ -52,15 +62,18 @@ REACH = {
 #: the OOM column of a replay without OOM, by its reach
 NO_OOM = {"complete": "none", "recorded": "past it"}
 
-NOTES = {
-    "no-deferred-frees": "the trace has no deferred frees, so immediate-free replays were not needed",
-    "gc-not-tried": "garbage_collection_threshold was not tried: it acts only under a memory fraction cap",
-}
+NOTES = table("simulation note", SIMULATION_NOTES, {
+    "no-deferred-frees": Words(text=("the trace has no deferred frees, so immediate-free replays were not "
+                                     "needed")),
+    "gc-not-tried": Words(text=("garbage_collection_threshold was not tried: it acts only under a memory "
+                                "fraction cap")),
+})
+"""What a search says of itself (:data:`oomdoctor.ids.SIMULATION_NOTES`)."""
 
 
 def notes(sim: Simulation) -> list[str]:
     """What the simulation notes, in words: its own notes, then the replay's warnings (already words)."""
-    return [NOTES[n] for n in sim.notes] + list(sim.warnings)
+    return [text(NOTES, n) for n in sim.notes] + list(sim.warnings)
 
 
 def _setting(r: ReplayResult) -> str:

@@ -9,13 +9,129 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ...frameworks import PIPELINE_KNOB, framework
+from ...ids import VERDICT_ACTIONS, VERDICT_KINDS, VERDICT_REASONS, VerdictReason
 from ..format import fill
 from . import fits as fits_words
 from . import predict as predict_words
 from .findings import fix_text, verdict_evidence
+from .table import Words, table
 
 if TYPE_CHECKING:
     from ...report.verdict import Action, Verdict
+
+REASONS = table("verdict reason", VERDICT_REASONS, {
+    # healthy, with history
+    "room-known": Words(description="the room the allocator could use is known: the headroom is stated"),
+    "room-unknown": Words(description=("the GPU's size is not recorded (healthy), or at an OOM capacity "
+                                       "cannot be told from fragmentation")),
+    "reserved-window-missed": Words(description=("the job's peak reserved (PyTorch's counters) is above the "
+                                                 "recorded window's by a material gap (analysis/jobpeak.py "
+                                                 "MISS_SAID_BYTES)")),
+    "allocated-window-missed": Words(description=("the job's peak allocated is above the recorded window's by"
+                                                  " a material gap")),
+    "reserved-job-peak": Words(description=("the job's peak reserved is above the recorded window's by less: "
+                                            "said beside it, no miss")),
+    "allocated-job-peak": Words(description=("the job's peak allocated is above the recorded window's by "
+                                             "less: said beside it")),
+    "peaks-before-window-unknown": Words(description=("the trace starts after the job's first allocation and "
+                                                      "nothing says the peaks before")),
+    "at-edge": Words(description="healthy with less than EDGE_FRACTION of the room left"),
+    "kv-cache-named": Words(description=("the KV cache holds at least KV_CACHE_FRACTION of the allocated "
+                                         "bytes")),
+    "material-findings": Words(description=("healthy, with material findings that decide no verdict (evidence"
+                                            " material_findings)")),
+    # healthy or empty, without history
+    "final-state-only": Words(description="a snapshot without allocation history: the final state is judged"),
+    "nothing-recorded": Words(description="a snapshot without segments or events"),
+    # without an OOM, a finding decides
+    "finding-decides": Words(description=("a material finding decides the verdict of a rank without OOM "
+                                          "(evidence finding, title)")),
+    # at an OOM
+    "kept-across-micro-batches": Words(description=("growth: memory kept across micro-batches covers the "
+                                                    "shortfall")),
+    "rank-excess": Words(description="imbalance: this rank's excess over the others covers the shortfall"),
+    "live-tensors-exceed-room": Words(description=("capacity: the live tensors plus the failed request need "
+                                                   "more than the room")),
+    "pipeline-in-flight": Words(description=("two or more micro-batches were in flight at the OOM and the job"
+                                             " runs a pipeline schedule (evidence schedule_evidence: "
+                                             "sidecar-stage, pipeline-framework, point-to-point, "
+                                             "losses-in-one-forward)")),
+    "held-by-exception": Words(description=("kept-exception: an earlier attempt's tensors, held by its caught"
+                                            " exception, cover the shortfall (evidence kept_exception_bytes, "
+                                            "kept_oom_event, kept_retry_event)")),
+    "oom-in-optimizer-step": Words(description=("the OOM is inside optimizer.step(): a smaller micro-batch "
+                                                "does not help (evidence optimizer_state_bytes, "
+                                                "parameters_bytes)")),
+    "pending-frees": Words(description="deferred-free: blocks held for other streams made the difference"),
+    "not-in-one-piece": Words(description="fragmentation: enough was free, but not in one piece"),
+    "fraction-cap": Words(description="the room is a memory-fraction cap (evidence room_kind)"),
+    "cap-lower-end": Words(description=("the cap is read off the OOM (the device still had the segment free):"
+                                        " the room is its lower end, the peak reserved before it (fits' "
+                                        "room_source oom-fraction-cap, simulate/capacity.py rule 3)")),
+    "free-split": Words(description=("the free bytes are reserved_unallocated_bytes less pending_free_bytes "
+                                     "(cached) plus unreserved_bytes (not yet reserved under the room)")),
+    "graph-pools": Words(description="CUDA graph private pools reserved memory (evidence graph_pool_bytes)"),
+    "fix-simulated": Words(description=("the fragmentation fix was replayed (evidence defragmented_config, "
+                                        "fix_*)")),
+    "fragmentation-hit-first": Words(description=("the fix was replayed and fragmentation hit first, but the "
+                                                  "job is at capacity")),
+    "continuation-runs-out": Words(description=("fragmentation: the fix gets through the recorded steps, but "
+                                                "the rest of the step, replayed as the previous step ran it, "
+                                                "runs out (evidence extended_request_bytes)")),
+    "runs-out-without-it": Words(description="... the replay with the fix runs out too"),
+    "at-edge-without-it": Words(description=("... the replay with the fix gets through with less spare room "
+                                             "than the margin")),
+    "kv-generation-at-capacity": Words(description="... the fix leaves less than one token's KV-cache growth"),
+    "kv-fits-with-fix": Words(description="the fix lets the KV cache grow by kv_tokens_more tokens"),
+    # what fits (:func:`_fit_reason`)
+    "fit-micro-batch": Words(description=("the largest whole micro-batch that fits (evidence "
+                                          "largest_micro_batch)")),
+    "fit-batch-scale": Words(description="the batch scale that fits (evidence batch_scale)"),
+    "fit-lower-bound": Words(description=("an estimate from a trace cut in its first forward pass, a lower "
+                                          "bound (estimate_assumptions: ids)")),
+    "fit-estimate": Words(description="an estimate from a trace cut in its first forward pass"),
+    "fit-not-said": Words(description=("what fits is not said (evidence no_fit_reason: an id of "
+                                       "report/fits.py NOTES)")),
+})
+"""What each reason of a verdict means (:data:`oomdoctor.ids.VERDICT_REASONS`): the summary is composed from several
+reasons and the evidence by :func:`summary`, so no reason has words of its own."""
+
+KINDS = table("verdict kind", VERDICT_KINDS, {
+    "capacity": Words(description="the live tensors need more than the room: the job does not fit as configured"),
+    "fragmentation": Words(description=("enough memory was free, reserved but unallocated, yet not in one piece for "
+                                        "the failed request")),
+    "deferred-free": Words(description=("blocks freed by Python but held for other streams (record_stream) made the "
+                                        "difference, or hold a material share of the peak")),
+    "growth": Words(description="memory kept across micro-batches or steps grows: outputs accumulated, a leak"),
+    "kept-exception": Words(description="an earlier attempt's tensors, held by its caught exception, cover the "
+                                        "shortfall"),
+    "imbalance": Words(description="one rank holds materially more than the others"),
+    "healthy": Words(description="no OOM, and nothing material decides another answer"),
+    "empty": Words(description="the snapshot holds no segments and no events"),
+})
+"""What each verdict kind answers (:data:`oomdoctor.ids.VERDICT_KINDS`); the summary says it with its reasons."""
+
+ACTIONS = table("verdict action", VERDICT_ACTIONS, {
+    "pipeline-schedule": Words(description="run a pipeline schedule that holds fewer micro-batches in flight"),
+    "optimizer-memory": Words(description=("give the optimizer less state (8-bit, factored or momentum-only, or "
+                                           "sharded or offloaded): the OOM is inside optimizer.step()")),
+    "kv-cache-smaller": Words(description="make the KV cache smaller or steadier (the framework's knob)"),
+    "micro-batch-at-most": Words(description=("the largest whole micro-batch that fits, with gradient accumulation "
+                                              "to keep the global batch")),
+    "micro-batch-scale": Words(description="the scale of the micro-batch that fits, with gradient accumulation"),
+    "activation-checkpointing": Words(description="what activation checkpointing frees at most"),
+    "shard-optimizer": Words(description="what sharding the optimizer state over the data-parallel ranks frees"),
+    "framework-activations": Words(description="the framework's own knob for activations"),
+    "alloc-conf-not-simulated": Words(description="an allocator setting against fragmentation, not replayed"),
+    "alloc-conf-simulated": Words(description="an allocator setting against fragmentation, with its replay's outcome"),
+    "alloc-conf-not-enough": Words(description=("an allocator setting against fragmentation, replayed and not "
+                                                "enough: lower the micro-batch too")),
+    "finding-fix": Words(description="the fix of the finding that decides the verdict"),
+    "logits": Words(description=("the loss's logits and where they are held: compute the loss in chunks or fuse "
+                                 "the LM head with the cross-entropy")),
+})
+"""What each action means (:data:`oomdoctor.ids.VERDICT_ACTIONS`); :func:`action_template` says it with the
+evidence."""
 
 NO_MATERIAL = "no OOM and nothing worth fixing; "
 ONE_MATERIAL = " The finding below is worth fixing, but it decides no other verdict."
@@ -39,7 +155,7 @@ def literal(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def _peak_words(r: set[str], ev: dict[str, Any]) -> tuple[str, str, str]:
+def _peak_words(r: set[VerdictReason], ev: dict[str, Any]) -> tuple[str, str, str]:
     """A healthy verdict's pieces: after the peak reserved, after the peak allocated, and a last sentence."""
     counters = "PyTorch's counters" + (", from the sidecar" if ev.get("peak_source") == "sidecar" else
                                        ", from the memory_stats file")
@@ -72,7 +188,7 @@ def assumptions(v: Verdict) -> list[str]:
     return [fits_words.assumption(x, v.evidence.get("fit_note_values", {})) for x in ids]
 
 
-def _fit(r: set[str], kind: str, ev: dict[str, Any] | None = None) -> str:
+def _fit(r: set[VerdictReason], kind: str, ev: dict[str, Any] | None = None) -> str:
     """What fits (reasons ``fit-*``); a fragmentation verdict says it is with the recorded settings. An estimate says
     its answer and kind; its assumptions are listed apart (:func:`assumptions`), not chained into the sentence."""
     ev = ev or {}
@@ -94,7 +210,7 @@ def _fit(r: set[str], kind: str, ev: dict[str, Any] | None = None) -> str:
     return ""
 
 
-def _fragmentation(r: set[str], ev: dict[str, Any], kind: str) -> str:
+def _fragmentation(r: set[VerdictReason], ev: dict[str, Any], kind: str) -> str:
     """An OOM where enough was free but not in one piece, with what the fix's replay says (the verdict is
     ``capacity`` where fragmentation hit first but the job does not fit without it)."""
     # a cap read off the OOM is known from below only (simulate says the range): its lower end is the room
