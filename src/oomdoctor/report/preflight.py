@@ -60,7 +60,7 @@ class Replayed:
     oom_request_bytes: int | None
     events: int
     trace_wall_s: float
-    settings: list[dict[str, Any]] = field(default_factory=list)
+    settings: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
 
 
 @dataclass
@@ -127,7 +127,7 @@ class PreflightAnswer:
     """ids of what the trace leaves out or treats in a stated way (kernel_workspaces_chosen_at_run_time,
     torch_compile, cpu_resident_optimizer_steps, collectives; a script's cuda_streams, cuda_graph; cudnn_benchmark
     when a convolution ran with torch.backends.cudnn.benchmark on)"""
-    invented_values: list[dict[str, Any]] = field(default_factory=list)
+    invented_values: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
     """every line where the trace read a value from the GPU and was given a stand-in (fake tensors have no values):
     file, line, kind ('false': a check such as isnan/isinf, found_inf 0; 'finite': a loss or metric, a positive
     finite number decreasing at each read of the line; 'upper_bound': a data-dependent shape or count at its

@@ -941,9 +941,9 @@ RunTrials = Callable[[list[Candidate]], list[TuneTrial]]
 class Search:
     """The state of one search (:func:`search`): the traces made and the notes."""
 
-    traced: dict[tuple[ClassKey, int], Traced] = field(default_factory=dict)
-    order: list[Traced] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    traced: dict[tuple[ClassKey, int], Traced] = field(default_factory=dict[tuple[ClassKey, int], Traced])
+    order: list[Traced] = field(default_factory=list[Traced])
+    notes: list[str] = field(default_factory=list[str])
 
     def add(self, results: list[Traced]) -> None:
         for r in results:
