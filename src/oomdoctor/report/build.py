@@ -4,6 +4,8 @@ peaks, series, OOM, top sites and notes, its breakdowns (:func:`breakdowns`) and
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 
 from ..analysis.accounting import Breakdown
@@ -135,19 +137,24 @@ def _device_notes(a: DeviceAnalysis) -> list[str]:
 def _stack_matches(a: DeviceAnalysis) -> StackMatches | None:
     """The matching of steps recorded without stacks, for the analysed device (``trace.meta``)."""
     res = a.trace.meta.get("stack_matches")
-    if not isinstance(res, dict) or res.get("device") != a.device.device:
+    if not isinstance(res, dict):
         return None
+    res = cast("dict[str, Any]", res)  # trace/stackmatch.py's record, as JSON (a sidecar's) gives it back
+    if res.get("device") != a.device.device:
+        return None
+    steps = cast("list[Any]", res.get("steps", []))  # JSON objects, read with .get as before
     return {"matched": int(res.get("matched", 0)), "unmatched": int(res.get("unmatched", 0)),
             "steps": [StackMatchStep(step=e.get("step"), from_step=e.get("from_step"), allocations=e.get("allocations"),
                                      matched=e.get("matched"), unmatched=e.get("unmatched"))
-                      for e in res.get("steps", [])]}
+                      for e in steps]}
 
 
 def _stack_notes(a: DeviceAnalysis) -> list[str]:
     """What the report cannot say because stacks were not recorded."""
     if not a.num_events:
         return []
-    if (a.trace.meta.get("recording") or {}).get("stacks") == "none":
+    recording: dict[str, Any] = a.trace.meta.get("recording") or {}
+    if recording.get("stacks") == "none":
         return [NO_STACKS]
     out = [] if a.free_stacks else [NO_FREE_STACKS]
     m = _stack_matches(a)

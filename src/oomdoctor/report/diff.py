@@ -87,7 +87,7 @@ class RankDiff:
     """before, at its peak reserved"""
     after_anatomy: Anatomy | None
     """after, at its peak reserved"""
-    sites: list[SiteDelta] = field(default_factory=list)
+    sites: list[SiteDelta] = field(default_factory=list[SiteDelta])
     """the sites that grew or shrank most"""
 
     @property
@@ -147,7 +147,7 @@ class Diff:
     after_inputs: list[str]
     ranks: list[RankDiff]
     findings: list[FindingChange]
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list[str])
 
     @property
     def peak_reserved_saved_bytes(self) -> int:
@@ -164,7 +164,7 @@ def site_deltas(before: DeviceAnalysis, after: DeviceAnalysis, limit: int = TOP_
     """Sites whose bytes at peak reserved moved by at least :data:`SITE_MIN_DELTA_BYTES`, largest move
     first."""
     b, a = _sites_at_peak(before), _sites_at_peak(after)
-    out = []
+    out: list[SiteDelta] = []
     for label in b.keys() | a.keys():
         bb, bc = b.get(label, (0, 0))
         ab, ac = a.get(label, (0, 0))
@@ -173,7 +173,8 @@ def site_deltas(before: DeviceAnalysis, after: DeviceAnalysis, limit: int = TOP_
     return sorted(out, key=lambda s: (-abs(s.delta_bytes), s.label))[:limit]
 
 
-def _pair(before: list[DeviceAnalysis], after: list[DeviceAnalysis]) -> tuple[list[tuple], list[str]]:
+def _pair(before: list[DeviceAnalysis],
+          after: list[DeviceAnalysis]) -> tuple[list[tuple[DeviceAnalysis, DeviceAnalysis]], list[str]]:
     return pair_by_rank(before, after, lambda x: x.rank, lambda x: x.trace.path)
 
 
@@ -245,7 +246,7 @@ def _finding_changes(before: Report, after: Report, saved_by_rank: dict[int, int
         for r, c in change.items():
             g[r] = max(g.get(r, 0), c, key=abs)
     shares = _shares(groups, saved_by_rank)
-    out = []
+    out: list[FindingChange] = []
     for fid, status in statuses.items():
         fb, fa = b.get(fid), a.get(fid)
         same = lead.get(fid, fid)

@@ -60,6 +60,7 @@ from .margin import margin as prediction_margin
 # nothing (a healthy run, no cap stated) does not pay for importing them (docs/benchmarks.md, start-up).
 if TYPE_CHECKING:
     from ..simulate.capacity import Capacity
+    from ..simulate.replay import Prepared, Validation
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Room:
     bytes: int | None
     kind: str
     source: RoomSource
-    values: dict[str, Any] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 # Where the room comes from: oomdoctor.ids.ROOM_SOURCES (the first rule of device_room that applies).
@@ -103,7 +104,8 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
             reserved = int(a.timeline.reserved[k])
             return Room(reserved + free, "device", "oom-device")
     free = meta.get("device_free_bytes")  # sidecar fields' shapes are checked at load
-    reserved = (meta.get("memory_stats") or {}).get("reserved_bytes.all.current")
+    stats: dict[str, Any] = meta.get("memory_stats") or {}
+    reserved = stats.get("reserved_bytes.all.current")
     if isinstance(free, int) and isinstance(reserved, int):
         return Room(free + reserved, "device", "sidecar-free")
     total = meta.get("gpu_total_memory_bytes")
@@ -163,7 +165,7 @@ class Fits:
     """kept free in the replay: the margin of a claim about the recorded steps (margin) plus the rounding of the
     blocks that grow, and on a trace cut by its OOM the state still to come (bytes)"""
     #: the prediction margin's parts (:mod:`.margin`, bytes), included in ``margin_bytes``
-    margin: dict[str, int] = field(default_factory=dict)
+    margin: dict[str, int] = field(default_factory=dict[str, int])
     """the margin's parts (report/margin.py: model_error_bytes, outside_bytes, the keys of a prediction's margin; all
     in margin_bytes), empty where no replay was tried"""
     checkpointing_frees_at_most_bytes: int = 0
@@ -204,10 +206,10 @@ class Fits:
     """where the recorded window missed the job's peak (reserved or allocated): the largest multiple of the
     micro-batch that peak allows, taking the job's bytes above the window's fixed ones to grow with the micro-batch;
     batch scales above it are cut to it"""
-    note_values: dict[str, Any] = field(default_factory=dict)
+    note_values: dict[str, Any] = field(default_factory=dict[str, Any])
     """what the notes and assumptions are said with: replay_error (why the replay refused the trace, a note
     replay-failed), loss_copies and unseen_fragmentation_percent (the first-forward estimate's assumptions)"""
-    room_source_values: dict[str, Any] = field(default_factory=dict)
+    room_source_values: dict[str, Any] = field(default_factory=dict[str, Any])
     """the numbers the room's source is said with: capacity_source, fraction, gpu_total_memory_bytes (a cap the
     sidecar states), given (the GPU's size came with --gpu-memory), nccl (NCCL's buffers were taken off)"""
 
@@ -473,7 +475,7 @@ def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None,
     return True
 
 
-def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> tuple[bool, int]:
+def _reproduced(a: DeviceAnalysis, prepared: Prepared, cap: Capacity) -> tuple[bool, int]:
     """Does the replay of the recorded settings, unscaled, under ``cap``, do what the recording did
     (the same OOM, or none)? Predictions are only as good as that. Also the replay's largest reserved
     difference from the recording (bytes: the model's error on this trace, part of the margin)."""
@@ -484,7 +486,7 @@ def _reproduced(a: DeviceAnalysis, prepared, cap: Capacity) -> tuple[bool, int]:
     return reproduces(v, bool(a.oom_events.size)), (v.max_reserved_difference_bytes if v is not None else 0)
 
 
-def reproduces(v, cut: bool) -> bool:
+def reproduces(v: Validation | None, cut: bool) -> bool:
     """Does a self-replay with validation ``v`` (:class:`~oomdoctor.simulate.replay.Validation`) do what the
     recording did: the same OOM, or none; and, for a trace not cut by an OOM, the same segments or the same
     reserved bytes after every event. The latter is what what-fits and the predictions compare with the room:
@@ -626,7 +628,7 @@ def job_peak_bound(a: DeviceAnalysis, room: int, margin: int, fixed: int, out: F
     if jp.source == "unknown-before-window" and (out.batch_scale is not None or out.expandable_batch_scale is not None):
         out.notes.append("peaks-before-window-unknown")
         return
-    bounds = []
+    bounds: list[float] = []
     if jp.reserved_missed and jp.job_peak_reserved_bytes is not None and jp.job_peak_reserved_bytes > fixed:
         bounds.append((room - margin - fixed) / (jp.job_peak_reserved_bytes - fixed))
     fixed_allocated = jp.window_peak_allocated_bytes - out.batch_scaled_bytes_at_peak

@@ -45,12 +45,12 @@ class Gate:
     """
 
     levels: tuple[str, ...]
-    unread: list[Unread] = field(default_factory=list)
-    ranks_read: list[int] = field(default_factory=list)
+    unread: list[Unread] = field(default_factory=list[Unread])
+    ranks_read: list[int] = field(default_factory=list[int])
     verdict: tuple[str, list[int]] | None = None
-    findings: list[tuple[str, str]] = field(default_factory=list)
+    findings: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
     floor: str | None = None
-    passed_findings: list[tuple[str, str]] = field(default_factory=list)
+    passed_findings: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
 
     @property
     def failed(self) -> bool:

@@ -38,7 +38,7 @@ class RankGroup:
     """the highest peak reserved in the group (bytes)"""
     odd: bool = False
     """not the job's typical (largest) group"""
-    why: list[str] = field(default_factory=list)
+    why: list[str] = field(default_factory=list[str])
     """how it differs from the typical group"""
 
 
@@ -79,7 +79,7 @@ def group_ranks(ranks: list[RankSummary]) -> RankGroups | None:
     """The groups of ``ranks`` (None without ranks)."""
     if not ranks:
         return None
-    by_key: dict[tuple, list[RankSummary]] = {}
+    by_key: dict[tuple[str, tuple[str, ...]], list[RankSummary]] = {}
     for r in ranks:
         by_key.setdefault(_key(r), []).append(r)
     groups: list[RankGroup] = []
@@ -109,7 +109,10 @@ def group_ranks(ranks: list[RankSummary]) -> RankGroups | None:
             g.why.append("other top holders: " + (", ".join(g.holders) or "none"))
     groups.sort(key=lambda g: (not g.odd, -g.max_peak_reserved_bytes, g.ranks[0]))
     peaks = sorted((r.peak_reserved_bytes, r.rank) for r in ranks)
-    point = lambda p: PeakPoint(p[1], p[0])  # noqa: E731
+
+    def point(p: tuple[int, int]) -> PeakPoint:
+        return PeakPoint(p[1], p[0])
+
     return RankGroups(groups, point(peaks[0]), point(peaks[(len(peaks) - 1) // 2]), point(peaks[-1]))
 
 

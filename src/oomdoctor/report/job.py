@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, cast
 
 from ..analysis.ranks import RankProfile
 from ..detectors.materiality import Materiality
@@ -33,8 +33,17 @@ from .merge import merge_reports
 from .model import Report, Unread
 from .pairing import pair_by_rank
 
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from ..analysis.device import DeviceAnalysis
+    from ..trace.model import Trace
+
 EXECUTORS = ("process", "dask")
 DASK_MISSING = f"--executor dask needs Dask distributed: {install_hint('dask')}"
+
+_T = TypeVar("_T")  # what an executor maps over: a task, or a pair of them
+_R = TypeVar("_R")  # what it returns for each
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ class RankResult:
     error: str | None = None
 
 
-def plan_tasks(paths: Iterable[str | os.PathLike], skipped: list[Skipped]) -> list[RankTask]:
+def plan_tasks(paths: Iterable[str | os.PathLike[str]], skipped: list[Skipped]) -> list[RankTask]:
     """The files of ``paths`` (directories expanded as :func:`~oomdoctor.trace.load.discover` does, skipping
     what is not a snapshot into ``skipped``) with the rank each gets when its file does not say: after the
     highest rank the sidecars and file names give, in path order (as :func:`~oomdoctor.trace.load.load_ranks`).
@@ -98,7 +107,7 @@ def plan_tasks(paths: Iterable[str | os.PathLike], skipped: list[Skipped]) -> li
     named = {p for p in paths if not os.path.isdir(p)}
     hints = [claimed_rank(f) for f in files]
     nxt = max((h for h in hints if h is not None), default=-1) + 1
-    tasks = []
+    tasks: list[RankTask] = []
     for f, h in zip(files, hints):
         fallback = None
         if h is None and len(files) > 1:
@@ -142,7 +151,7 @@ def rank_result(task: RankTask, want: Want) -> RankResult:
     return out
 
 
-def heat_row(a, buckets: int) -> tuple[list[int], int]:
+def heat_row(a: DeviceAnalysis, buckets: int) -> tuple[list[int], int]:
     """Allocated bytes over the rank's time since its first event in ``buckets`` equal spans, each the maximum
     after any event in it (a span without event repeats the value before it); and the duration (µs)."""
     import numpy as np
@@ -180,7 +189,8 @@ def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
     from .diff import rank_diff
     from .pipeline import RankContext, analyse, summarize_analysis
 
-    out, errors = [], []
+    out: list[Trace | None] = []
+    errors: list[str | None] = []
     for task in tasks:
         try:
             out.append(load(task.path))
@@ -190,8 +200,9 @@ def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
             errors.append(e.problem)
     if any(errors):
         return PairResult(RankResult(tasks[0], error=errors[0]), RankResult(tasks[1], error=errors[1]))
-    analyses = []
+    analyses: list[DeviceAnalysis] = []
     for task, trace in zip(tasks, out):
+        assert trace is not None  # loaded: a file that did not returned above
         if trace.rank is None:
             trace.meta["rank"] = task.fallback_rank if task.fallback_rank is not None else 0
         analyses.append(analyse(trace))
@@ -244,7 +255,8 @@ def map_ranks(tasks: Sequence[RankTask], want: Want, *, jobs: int | None = None,
     return _map(rank_result, tasks, want, jobs=jobs, executor=executor, scheduler=scheduler)
 
 
-def _map(fn, items: Sequence, want: Want, *, jobs: int | None, executor: str, scheduler: str | None) -> list:
+def _map(fn: Callable[[_T, Want], _R], items: Sequence[_T], want: Want, *, jobs: int | None, executor: str,
+         scheduler: str | None) -> list[_R]:
     if executor == "dask":
         return _map_dask(fn, items, want, scheduler)
     if executor != "process":
@@ -252,7 +264,7 @@ def _map(fn, items: Sequence, want: Want, *, jobs: int | None, executor: str, sc
     if scheduler is not None:
         raise UsageError("--scheduler applies to --executor dask only")
     n = min(jobs or default_jobs(), len(items))
-    memo: dict = {}
+    memo: dict[Any, Any] = {}
     if n <= 1:
         return [share(fn(t, want), memo) for t in items]
     import multiprocessing  # a pool's modules only where there is a pool (start-up: docs/benchmarks.md)
@@ -263,24 +275,25 @@ def _map(fn, items: Sequence, want: Want, *, jobs: int | None, executor: str, sc
         return [share(r, memo) for r in pool.map(fn, items, [want] * len(items), chunksize=1)]
 
 
-def _gather_shared(futures: list) -> list:
+def _gather_shared(futures: list[Any]) -> list[Any]:
     """The futures' results in order, each :func:`share`-d as it arrives (not all held unshared at once)."""
-    memo: dict = {}
-    out = []
+    # distributed's Futures: Future.result's timeout is unannotated, so a typed Future is partly unknown to pyright
+    memo: dict[Any, Any] = {}
+    out: list[Any] = []
     for f in futures:
         out.append(share(f.result(), memo))
         f.release()
     return out
 
 
-def share(obj: Any, memo: dict, seen: set[int] | None = None) -> Any:
+def share(obj: Any, memo: dict[Any, Any], seen: set[int] | None = None) -> Any:
     """``obj`` with every string and tuple equal to one already in ``memo`` replaced by that one, in place
     (lists, dicts and dataclass fields are updated, so identities hold). Each rank's summary arrives with its
     own copies of the job's file names, frames and labels; shared, 512 ranks hold one copy of each instead of
     512 (the parent's memory grows with the ranks' differences, not their count). Returns ``obj``, or its
     shared equal for a string or tuple."""
-    seen = set() if seen is None else seen
-    t = type(obj)
+    seen = set[int]() if seen is None else seen
+    t = type(cast(object, obj))  # type() of an Any is partly unknown to pyright
     if t is str or t is tuple:
         if t is tuple:
             obj = tuple(share(v, memo, seen) for v in obj)
@@ -305,22 +318,31 @@ def share(obj: Any, memo: dict, seen: set[int] | None = None) -> Any:
     return obj
 
 
-def _map_dask(fn, items: Sequence, want: Want, scheduler: str | None) -> list:
+def _map_dask(fn: Callable[[_T, Want], _R], items: Sequence[_T], want: Want, scheduler: str | None) -> list[_R]:
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise UsageError(DASK_MISSING) from None
     if scheduler is None:
         # distributed annotates dashboard_address as str; None is its documented "no dashboard"
-        with LocalCluster(n_workers=default_jobs(), threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster) as client:  # pyright: ignore[reportArgumentType]
-            return _gather_shared(client.map(fn, list(items), want=want, pure=False))
+        # (its __enter__, unannotated, returns the cluster itself: entered as it is)
+        cluster = LocalCluster(n_workers=default_jobs(), threads_per_worker=1, processes=True,
+                               dashboard_address=None)  # pyright: ignore[reportArgumentType]
+        with cluster, Client(cluster) as client:
+            return _gather_shared(_client_map(client, fn, items, want))
     try:
         client = Client(scheduler, timeout="30s")
     except (OSError, TimeoutError) as e:
         raise UsageError(f"--scheduler {scheduler}: cannot reach the Dask scheduler ({e})") from None
     with client:
-        return _gather_shared(client.map(fn, list(items), want=want, pure=False))
+        return _gather_shared(_client_map(client, fn, items, want))
+
+
+def _client_map(client: Client, fn: Callable[[_T, Want], _R], items: Sequence[_T], want: Want) -> list[Any]:
+    """``client.map`` of ``fn`` over ``items`` with ``want``, each task run once (not cached as pure)."""
+    # distributed annotates map's iterables as a bare Collection: its type is partly unknown to pyright, its result not
+    client_map = cast("Callable[..., list[Any]]", client.map)  # pyright: ignore[reportUnknownMemberType]
+    return client_map(fn, list(items), want=want, pure=False)
 
 
 def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult]:
@@ -332,7 +354,8 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
         SnapshotError: as above, two files claim the same rank, or a directory holds several that load and give
             no rank (:func:`~oomdoctor.trace.load.refuse_unranked`).
     """
-    ok, bad = [], []
+    ok: list[RankResult] = []
+    bad: list[RankResult] = []
     for r in results:
         if r.error is None:
             ok.append(r)
@@ -353,14 +376,21 @@ def gather(results: list[RankResult], skipped: list[Skipped]) -> list[RankResult
                     {r.task.path for r in ok if r.task.named})
     seen: dict[int, str] = {}
     for r in ok:
-        if r.rank in seen:
-            raise SnapshotError(r.task.path, f"claims rank {r.rank}, like {seen[r.rank]}: pass the files of one run "
+        rank = _loaded_rank(r)
+        if rank in seen:
+            raise SnapshotError(r.task.path, f"claims rank {rank}, like {seen[rank]}: pass the files of one run "
                                              "at a time (a directory may hold several runs)")
-        seen[r.rank] = r.task.path
-    return sorted(ok, key=lambda r: r.rank)
+        seen[rank] = r.task.path
+    return sorted(ok, key=_loaded_rank)
 
 
-def read_ranks(paths: Iterable[str | os.PathLike], want: Want, *, jobs: int | None = None,
+def _loaded_rank(r: RankResult) -> int:
+    """The rank of a result that loaded (:func:`rank_result` sets it whenever there is no error)."""
+    assert r.rank is not None
+    return r.rank
+
+
+def read_ranks(paths: Iterable[str | os.PathLike[str]], want: Want, *, jobs: int | None = None,
                executor: str = "process", scheduler: str | None = None,
                skipped: list[Skipped] | None = None) -> list[RankResult]:
     """:func:`plan_tasks`, :func:`map_ranks`, :func:`gather`: every rank's summary, by rank.

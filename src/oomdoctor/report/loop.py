@@ -152,7 +152,8 @@ def claim_of(prediction: Mapping[str, Any]) -> Claim:
     oom = prediction.get("oom") is not None or reach == "step-ran-out"
     m = prediction.get("margin_bytes")
     margin = int(m) if isinstance(m, int) and not isinstance(m, bool) and m >= 0 else None
-    c = (prediction.get("continuation") or {}).get("margin_bytes")
+    continuation: Mapping[str, Any] = prediction.get("continuation") or {}
+    c = continuation.get("margin_bytes")
     cont = int(c) if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else None
     lower_bound = reach == "recorded" and not oom
     if isinstance(prediction.get("extended_peak_reserved_bytes"), int):
@@ -181,7 +182,7 @@ def predict(analyses: list[DeviceAnalysis], setting: Setting,
     if setting.what_if is None:
         return None
     predictors = predictors if predictors is not None else {}
-    claims = []
+    claims: list[Claim] = []
     for a in analyses:
         if a.rank not in predictors:
             predictors[a.rank] = predictor(a)
@@ -343,7 +344,7 @@ class FitSearch:
     guide: str = "none"
     largest_ran: int | None = None
     smallest_oom: int | None = None
-    tried: list[int] = field(default_factory=list)
+    tried: list[int] = field(default_factory=list[int])
     guess_contradicted: bool = False
     _guess_ran: bool | None = None
     _gallop: int = 0
@@ -451,7 +452,8 @@ def trial_outcome(exits: list[dict[str, Any]], exit_code: int, *, oom_dump: bool
        optimizer step (fewer steps than asked, no ``torch.optim`` optimizer, or it returned after an error). It is
        not counted as a run: nothing says it would have run K steps."""
     for e in exits:
-        n = (e.get("memory_stats") or {}).get("num_ooms")
+        stats: Mapping[str, Any] = e.get("memory_stats") or {}
+        n = stats.get("num_ooms")
         if isinstance(n, int) and n > 0:
             return "oom", "num-ooms"
     if oom_dump:

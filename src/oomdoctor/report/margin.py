@@ -49,6 +49,7 @@ run out, and is never counted as a fix (:func:`at_edge`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDict from typing_extensions only
@@ -180,7 +181,8 @@ def _room_read_from_device(a: DeviceAnalysis) -> bool:
     if a.oom_events.size and int(a.device.events["device_free"][int(a.oom_events[-1])]) >= 0:
         return True
     meta = a.trace.meta
-    reserved = (meta.get("memory_stats") or {}).get("reserved_bytes.all.current")
+    stats: dict[str, Any] = meta.get("memory_stats") or {}
+    reserved = stats.get("reserved_bytes.all.current")
     return isinstance(meta.get("device_free_bytes"), int) and isinstance(reserved, int)
 
 

@@ -141,7 +141,7 @@ class RankSummary:
     """PyTorch's version, or its lower bound read off the snapshot's fields"""
     allocator_conf: str
     """PYTORCH_CUDA_ALLOC_CONF as recorded"""
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list[str])
     """what the snapshot cannot tell"""
     trace_kind: str = ""
     """what the trace holds, in words"""
@@ -149,13 +149,13 @@ class RankSummary:
     """this rank's verdict"""
     breakdown: Breakdown | None = None
     """what holds the memory at the OOM, else at the peak allocated"""
-    breakdowns: list[Breakdown] = field(default_factory=list)
+    breakdowns: list[Breakdown] = field(default_factory=list[Breakdown])
     """the same at the peaks and every step point"""
-    holders: list[HolderRef] = field(default_factory=list)
+    holders: list[HolderRef] = field(default_factory=list[HolderRef])
     """the largest holders at the breakdown's event"""
     fits: Fits | None = None
     """what fits on this rank's GPU"""
-    frameworks: list[str] = field(default_factory=list)
+    frameworks: list[str] = field(default_factory=list[str])
     """frameworks seen in the stacks (transformers, accelerate, DeepSpeed, ...)"""
     #: the job's own peaks (:mod:`oomdoctor.analysis.jobpeak`): PyTorch's counters, which a ring buffer cannot
     #: drop; None when not known (``peak_source`` "unknown-before-window")
@@ -221,10 +221,10 @@ class Report:
     findings: list[Finding]
     inputs: list[str]
     oomdoctor_version: str
-    notes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list[str])
+    extra: dict[str, Any] = field(default_factory=dict[str, Any])
     verdict: Verdict | None = None
-    materiality: dict[str, Any] = field(default_factory=dict)
+    materiality: dict[str, Any] = field(default_factory=dict[str, Any])
     groups: Any = None
     """:class:`~oomdoctor.report.groups.RankGroups`: alike ranks collapsed, the odd ones first."""
-    unread: list[Unread] = field(default_factory=list)
+    unread: list[Unread] = field(default_factory=list[Unread])

@@ -17,7 +17,8 @@ def pair_by_rank(before: list[T], after: list[T], rank: Callable[[T], int],
     if len(before) == 1 and len(after) == 1:
         return [(before[0], after[0])], []
     a_by = {rank(x): x for x in after}
-    pairs, notes = [], []
+    pairs: list[tuple[T, T]] = []
+    notes: list[str] = []
     for b in before:
         if rank(b) in a_by:
             pairs.append((b, a_by.pop(rank(b))))

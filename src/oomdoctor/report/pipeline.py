@@ -181,7 +181,7 @@ class RankPredictions:
         p = self.predictors[a.rank]
         if p is None or not p.reproduces:
             return None
-        tried = []
+        tried: list[Prediction] = []
         for setting in defragmenting_settings(a):
             got = p.run({"config": setting})
             if got.get("oom") is None and not got.get("at_edge"):
@@ -205,7 +205,7 @@ def decide_rank(a: DeviceAnalysis, r: RankSummary, findings: list[Finding], pred
         r.verdict = rank_verdict(a, findings, pred.room, r.breakdown, r.holders, pred.fits, pred.defragmented)
     else:
         r.verdict = with_findings(state_verdict(a, pred.room), findings)
-    if pred.micro_batch and a.num_events and (r.verdict is None or r.verdict.kind != "growth"):
+    if pred.micro_batch and a.num_events and r.verdict.kind != "growth":
         pred.fits()
     r.fits = pred.fits_made()
     if a.rank in pred.predictors and pred.predictors[a.rank] is None:  # a replay was asked for and failed: say why

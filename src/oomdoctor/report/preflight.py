@@ -25,11 +25,14 @@ from __future__ import annotations
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..simulate.capacity import Capacity
 from ..simulate.whatif import simulate
 from ..trace.load import MODULE_FACT_KINDS
+
+if TYPE_CHECKING:
+    from ..simulate.allocator import Block
 
 #: the settings every preflight replays besides the default one
 WHATIF_CONFIGS = ("expandable_segments:True", "max_split_size_mb:512", "roundup_power2_divisions:4",
@@ -60,7 +63,7 @@ class Replayed:
     oom_request_bytes: int | None
     events: int
     trace_wall_s: float
-    settings: list[dict[str, Any]] = field(default_factory=list)
+    settings: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
 
 
 @dataclass
@@ -127,7 +130,7 @@ class PreflightAnswer:
     """ids of what the trace leaves out or treats in a stated way (kernel_workspaces_chosen_at_run_time,
     torch_compile, cpu_resident_optimizer_steps, collectives; a script's cuda_streams, cuda_graph; cudnn_benchmark
     when a convolution ran with torch.backends.cudnn.benchmark on)"""
-    invented_values: list[dict[str, Any]] = field(default_factory=list)
+    invented_values: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
     """every line where the trace read a value from the GPU and was given a stand-in (fake tensors have no values):
     file, line, kind ('false': a check such as isnan/isinf, found_inf 0; 'finite': a loss or metric, a positive
     finite number decreasing at each read of the line; 'upper_bound': a data-dependent shape or count at its
@@ -319,8 +322,8 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None,
     sizes = round_size(np.asarray([e["size"] if e["action"] == "alloc" else 0 for e in events], dtype=np.int64),
                        table).tolist()
     out: list[dict[str, Any]] = []
-    live: dict[int, Any] = {}
-    frames_of: dict[int, list] = {}
+    live: dict[int, Block] = {}
+    frames_of: dict[int, list[Any]] = {}
 
     def segs(n0: int, e: dict[str, Any]) -> None:
         for act, ptr, size in sim.segment_events[n0:]:
@@ -352,15 +355,16 @@ def lay_out(snapshot: dict[str, Any], room_bytes: int | None,
             out.append({**e, "addr": ptr})
             segs(n0, e)
     blocks = [b for b in live.values()] + [b for pool in (sim.small, sim.large) for b in pool.free_blocks()]
-    heads = {}
+    heads: dict[int, Block] = {}
     for b in blocks:
         h = b
         while h.prev is not None:
             h = h.prev
         heads[h.ptr] = h
-    segments = []
+    segments: list[dict[str, Any]] = []
     for ptr in sorted(heads):
-        h, rows = heads[ptr], []
+        h = heads[ptr]
+        rows: list[dict[str, Any]] = []
         b = h
         while b is not None:
             rows.append({"address": b.ptr, "size": b.size, "requested_size": b.requested if b.allocated else 0,
@@ -381,15 +385,16 @@ def laid_out_meta(meta: dict[str, Any], addresses: dict[int, int]) -> dict[str, 
     addresses the allocator model gave the blocks, so that ``diagnose`` places them on the snapshot's blocks as
     preflight placed them on the traced ones (issue 52: it read the parameters as unknown). A storage the model never
     laid out (after its OOM) is left out."""
-    def moved(pairs: list) -> list:
+    def moved(pairs: list[list[int]]) -> list[list[int]]:
         return sorted([addresses[a], n] for a, n in pairs if a in addresses)
 
-    def moved_parts(items: list) -> list:  # a module record's [address, bytes, part]
+    def moved_parts(items: list[list[Any]]) -> list[list[Any]]:  # a module record's [address, bytes, part]
         return sorted([addresses[a], n, part] for a, n, part in items if a in addresses)
 
     out = dict(meta)
+    tensors: list[dict[str, Any]] = meta.get("tensors") or []
     out["tensors"] = [{k: moved(v) if k in ("parameters", "gradients", "optimizer_state", "workspaces") else v
-                       for k, v in rec.items()} for rec in meta.get("tensors") or []]
+                       for k, v in rec.items()} for rec in tensors]
     if meta.get("modules"):
         out["modules"] = [{**rec, "roots": [{k: moved_parts(v) if k in MODULE_FACT_KINDS else v for k, v in root.items()}
                                             for root in rec.get("roots", ())]} for rec in meta["modules"]]
@@ -406,9 +411,9 @@ NOT_TRACED: tuple[str, ...] = ("kernel_workspaces_chosen_at_run_time", "cpu_resi
               "collectives")
 
 
-def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_batch: int | None,
+def answer(trace_fn: Callable[[int | None], tuple[dict[str, Any], dict[str, Any], Any]], *, micro_batch: int | None,
            gpu_name: str | None, gpu_total_bytes: int, outside_bytes: int, outside_source: str,
-           snapshot_path: str | None, write: Callable[[str, dict, dict], object],
+           snapshot_path: str | None, write: Callable[[str, dict[str, Any], dict[str, Any]], object],
            search: bool = True, gpu_memory_given: bool = False) -> PreflightAnswer:
     """Trace, replay and answer.
 
@@ -443,7 +448,7 @@ def answer(trace_fn: Callable[[int | None], tuple[dict, dict, Any]], *, micro_ba
         addresses: dict[int, int] = {}
         laid = lay_out(kept["snap"], cap.limit_bytes, addresses)
         meta = laid_out_meta(kept["meta"], addresses)
-        last = laid["device_traces"][0][-1] if laid["device_traces"][0] else {}
+        last: dict[str, Any] = laid["device_traces"][0][-1] if laid["device_traces"][0] else {}
         if last.get("action") == "oom":
             meta["kind"] = "oom"
             meta["oom"] = {"device": 0, "alloc_bytes": last["size"], "device_limit_bytes": cap.limit_bytes,

@@ -32,7 +32,8 @@ def report_from_plain(data: dict[str, Any]) -> Report:
     """
     data = json.loads(json.dumps(data, default=list))  # one canonical shape: tuples -> lists, str keys
     for f in data.get("findings", []):
-        f["per_rank_bytes"] = {int(k): v for k, v in (f.get("per_rank_bytes") or {}).items()}
+        per_rank: dict[str, Any] = f.get("per_rank_bytes") or {}
+        f["per_rank_bytes"] = {int(k): v for k, v in per_rank.items()}
     try:
         report = dacite.from_dict(Report, data, config=_CONFIG)
         for v in [report.verdict, *(r.verdict for r in report.ranks)]:

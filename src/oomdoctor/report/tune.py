@@ -42,7 +42,7 @@ import itertools
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 from ..ids import TUNE_NOTES, TuneNote
 from ..plan.search import DP_EXPOSED
@@ -239,7 +239,7 @@ def script_space(knobs: list[Knob], command: list[str], *, world_size: int, glob
         raise TuneError(f"the command's {{{missing[0]}}} has no --knob {missing[0]}=...")
     if batch_knob is not None and batch_knob not in names:
         raise TuneError(f"--batch-knob {batch_knob}: no such --knob")
-    axes = []
+    axes: list[tuple[str, tuple[Any, ...]]] = []
     for k in knobs:
         if k.name == batch_knob:
             try:
@@ -305,7 +305,7 @@ def candidates(space: Space) -> tuple[list[Config], list[Any]]:
         raise TuneError(f"--global-batch {space.global_batch}: no micro-batch among {mbs} divides it on "
                         f"{space.world_size} GPU{'s' if space.world_size > 1 else ''} (global batch = micro-batch x "
                         "gradient accumulation x GPUs)")
-    return out, sorted(dropped, key=lambda v: (str(type(v)), v))
+    return out, sorted(dropped, key=lambda v: (str(type(cast(object, v))), v))  # type() of an Any: partly unknown
 
 
 def check_budget(room_bytes: int, parameter_bytes: int, what: str) -> None:
@@ -323,11 +323,13 @@ def check_budget(room_bytes: int, parameter_bytes: int, what: str) -> None:
 # --------------------------------------------------------------------------------------------------- memory
 
 ClassKey = tuple[tuple[str, Any], ...]
+#: A configuration but its allocator setting: (axis, value) pairs (:func:`_same_run`).
+_RunKey = tuple[tuple[str, Any], ...]
 
 
 def class_key(space: Space, c: Config) -> ClassKey:
     """The memory class of ``c``: its values but the micro-batch and the allocator, accumulation as 1 or 2."""
-    out = []
+    out: list[tuple[str, Any]] = []
     for k, v in c.values:
         if k in (space.batch_axis, "allocator"):
             continue
@@ -393,7 +395,10 @@ def cost_of(op_costs: list[tuple[int, int, int]], collectives: list[tuple[int, s
             p = name
         return p
 
-    tf, tb, of, ob = [], [], [], []
+    tf: list[int] = []
+    tb: list[int] = []
+    of: list[int] = []
+    ob: list[int] = []
     for t, fl, by in op_costs:
         if t < start:
             continue
@@ -842,7 +847,7 @@ def evaluate(space: Space, configs: list[Config], traced: dict[tuple[ClassKey, i
              margin: int, spec: GpuSpec) -> list[Candidate]:
     """Every configuration with its memory and predicted throughput, ranked: those that fit by predicted samples/s
     (ties: the default allocator first, then the larger micro-batch), then those that do not."""
-    out = []
+    out: list[Candidate] = []
     for c in configs:
         mem = memory_of(space, c, traced, room_bytes, margin)
         st = predicted_step(space, c, traced, spec)
@@ -863,20 +868,21 @@ def evaluate(space: Space, configs: list[Config], traced: dict[tuple[ClassKey, i
     order = {a: i for i, a in enumerate(space.allocators)}
     out.sort(key=lambda c: (not c.fits, -round(c.predicted_samples_per_s, 6), order.get(c.config["allocator"], 99),
                             -(int(c.config.get(space.batch_axis, 0)) if space.batch_axis else 0)))
-    ranks: dict[tuple, int] = {}
+    ranks: dict[_RunKey, int] = {}
     for c in (x for x in out if x.fits):  # allocator settings of one configuration share its rank
         c.predicted_rank = ranks.setdefault(_same_run(space, c), len(ranks) + 1)
     return out
 
 
-def _same_run(space: Space, c: Candidate) -> tuple:
+def _same_run(space: Space, c: Candidate) -> _RunKey:
     return tuple((k, v) for k, v in c.config.items() if k != "allocator")
 
 
 def top(space: Space, ranked: list[Candidate], k: int) -> list[Candidate]:
     """The first ``k`` candidates that fit, one per configuration (the allocator setting ranked first: the
     default where it fits)."""
-    out, seen = [], set()
+    out: list[Candidate] = []
+    seen: set[_RunKey] = set()
     for c in ranked:
         if not c.fits:
             continue
@@ -940,8 +946,8 @@ RunTrials = Callable[[list[Candidate]], list[TuneTrial]]
 class Search:
     """The state of one search (:func:`search`): the traces made and the notes."""
 
-    traced: dict[tuple[ClassKey, int], Traced] = field(default_factory=dict)
-    order: list[Traced] = field(default_factory=list)
+    traced: dict[tuple[ClassKey, int], Traced] = field(default_factory=dict[tuple[ClassKey, int], Traced])
+    order: list[Traced] = field(default_factory=list[Traced])
     notes: list[TuneNote] = field(default_factory=list[TuneNote])
 
     def add(self, results: list[Traced]) -> None:
@@ -982,7 +988,7 @@ def search(space: Space, configs: list[Config], trace_many: TraceMany, *, room_b
         spent += len(nxt)
     while True:  # the top candidates are traced themselves before they are recommended or run
         ranked = evaluate(space, configs, st.traced, room_bytes, margin, spec)
-        want = []
+        want: list[TracePoint] = []
         for c in top(space, ranked, top_k):
             if c.memory_basis != "traced":
                 cfg = config_of(c)
@@ -1043,7 +1049,7 @@ def choose(space: Space, ranked: list[Candidate], trials: list[TuneTrial], top_k
     return (ok[0] if ok else None), False
 
 
-def _config_key(cfg: dict[str, Any]) -> tuple:
+def _config_key(cfg: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(cfg.items(), key=lambda kv: kv[0]))
 
 
@@ -1069,7 +1075,8 @@ def cost_model_facts(spec: GpuSpec) -> dict[str, Any]:
             "dp_exposed": DP_EXPOSED}
 
 
-def tune(space: Space, configs: list[Config], trace_many: TraceMany, *, run_trials: RunTrials | None, job: dict,
+def tune(space: Space, configs: list[Config], trace_many: TraceMany, *, run_trials: RunTrials | None,
+         job: dict[str, Any],
          dropped: list[Any], gpu_name: str | None, gpu_total_bytes: int, room_bytes: int, spec: GpuSpec,
          top_k: int = 3, max_traces: int = MAX_TRACES, notes: Iterable[TuneNote] = (),
          clock: Callable[[], float] | None = None, what: str = "the job") -> TuneOutcome:

@@ -49,7 +49,7 @@ from ..analysis.phases import OPTIMIZER_PHASE, OPTIMIZER_STEP, annotation_window
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight_parts, schedule_evidence
 from ..detectors.finding import Finding, Fix, SiteRef
-from ..frameworks import detect_frameworks, running_files
+from ..frameworks import Framework, detect_frameworks, running_files
 from ..ids import VERDICT_ACTIONS, VERDICT_KINDS, VERDICT_REASONS, VerdictAction, VerdictKind, VerdictReason
 from ..trace.model import DEFAULT_POOL
 from ..units import MiB
@@ -125,12 +125,12 @@ class Verdict:
     peak_source) (null: the GPU's size is unknown or the rank ran out of memory) (bytes)"""
     finding: str | None = None
     """the id of the finding behind it"""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict[str, Any])
     """the numbers behind it (keys ending _bytes are bytes)"""
     reasons: list[VerdictReason] = field(default_factory=list[VerdictReason])
     """the ids of the wording choices the summary is said from, in the order they were made (report/verdict.py
     REASONS)"""
-    to_do: list[Action] = field(default_factory=list)
+    to_do: list[Action] = field(default_factory=list[Action])
     """the ids the actions are said from, in order"""
 
 
@@ -516,7 +516,7 @@ def _logits(holders: Sequence[SiteRef], bd: Breakdown, ev: dict[str, Any]) -> No
         ev["logits_sites"] = ", ".join(h.label for h in hit[:3])
 
 
-def _frameworks(a: DeviceAnalysis):
+def _frameworks(a: DeviceAnalysis) -> list[Framework]:
     return detect_frameworks(running_files(a.trace.stacks))
 
 
@@ -524,7 +524,7 @@ SHARDING_FRAMEWORKS = ("fsdp1", "fsdp2", "deepspeed")
 """Frameworks whose presence means the job shards its model state already (FSDP1/2, DeepSpeed ZeRO)."""
 
 
-def _unsharded_data_parallel(fws) -> bool:
+def _unsharded_data_parallel(fws: list[Framework]) -> bool:
     """Whether sharding the optimizer state over data-parallel ranks is news to the job: it runs DDP (its
     forward goes through ``torch/nn/parallel/distributed.py``) and no FSDP or DeepSpeed code (which shard
     already). A job with several ranks and neither (tensor- or pipeline-parallel only) has no
@@ -535,7 +535,8 @@ def _unsharded_data_parallel(fws) -> bool:
 
 def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | None) -> list[Action]:
     """What to do, in order (:data:`ACTIONS`); the numbers they name go into ``v.evidence``."""
-    ev, out = v.evidence, []
+    ev = v.evidence
+    out: list[Action] = []
     fws = _frameworks(a)
     if v.kind == "capacity" and ev.get("in_flight", 0) >= 2 and "schedule_evidence" in ev:
         out.append(Action("pipeline-schedule"))

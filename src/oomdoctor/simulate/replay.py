@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from ..analysis.fragmentation import live_segments
+from ..analysis.fragmentation import LiveSegment, live_segments
 from ..analysis.lifetimes import ALLOCATED_AT_START, IN_TRACE, PENDING_AT_START, Lifetimes, lifetimes
 from ..analysis.rounding import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, round_size
 from ..analysis.timeline import reserved_series
@@ -71,6 +73,21 @@ _NEW = (SEGMENT_ALLOC, SEGMENT_MAP)
 #: How many recorded ``segment_alloc`` entries past the last one followed a new segment of the replay may
 #: skip to find one of its size (the replay made fewer segments than the recording, or other sizes).
 ADDRESS_LOOKAHEAD = 16
+
+#: The argument of a ``_MALLOC_RUN`` or ``_OOM`` op: (addr, process_events addrs, synced addrs, released, mark).
+_RunArg = tuple[int, list[int] | None, list[int] | None, bool, tuple[int, int] | None]
+#: An op's argument, by its kind (see the comment at ``_MALLOC``): an address (malloc, free), a run's
+#: :data:`_RunArg`, an empty_cache()'s mark, a done's addresses, or an external's bytes.
+OpArg = int | _RunArg | tuple[int, int] | list[int]
+#: A block alive at the trace's start: (stream, addr, size, requested, state).
+StartBlock = tuple[int, int, int, int, str]
+#: A piece of a start segment for :meth:`.allocator.CachingAllocator.add_segment`: (ptr, size, state, requested).
+_Piece = tuple[int, int, str, int]
+#: A start segment for ``add_segment``: (segment, pieces, reservation (base, size, page) or None).
+_StartSegment = tuple[LiveSegment, list[_Piece], tuple[int, int, int] | None]
+#: A replay op as the loop reads it: (kind, event, stream, argument, rounded size, requested bytes).
+_Op = tuple[int, int, int, Any, int, int]
+_T = TypeVar("_T")
 
 
 class SimulationError(OomdoctorError):
@@ -162,9 +179,9 @@ class ReplayResult:
     num_alloc_retries: int
     elapsed_s: float
     validation: Validation | None = None
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list[str])
     model: CachingAllocator | None = field(default=None, repr=False, compare=False)
-    live_blocks: list | None = field(default=None, repr=False, compare=False)
+    live_blocks: list[Block] | None = field(default=None, repr=False, compare=False)
 
     @property
     def matches_recorded(self) -> bool | None:
@@ -182,19 +199,20 @@ class Prepared:
     op_kind: list[int]  # per op (event order): _MALLOC, _FREE, ... (see the comment at _MALLOC)
     op_event: list[int]  # per op: the trace event it replays
     op_stream: list[int]  # per op: the stream of a malloc (0 for the others)
-    op_arg: list  # per op: the address of a malloc or free, else the tuple or value of its kind
+    op_arg: list[OpArg]  # per op: the address of a malloc or free, else the tuple or value of its kind
     op_event_index: np.ndarray  # ``op_event`` as an int64 array (the replay reads ``requests`` through it)
     requests: np.ndarray  # requested bytes per event (alloc), rounded size (oom), 0 elsewhere
     rec_seg_pos: np.ndarray
     rec_seg: list[tuple[int, int, int]]
-    start_blocks: list[tuple[int, int, int, int, str]]  # (stream, addr, size, requested, state)
-    start_segments: list  # live_segments at -1
+    start_blocks: list[StartBlock]  # (stream, addr, size, requested, state)
+    start_segments: list[LiveSegment]  # live_segments at -1
     reserved_start: int
     recorded_oom: int | None
     max_address: int
     total_memory: int | None
     warnings: list[str]
-    external: list[tuple[int, int]] = field(default_factory=list)  # (event, +/- bytes): private-pool segments
+    # (event, +/- bytes): private-pool segments
+    external: list[tuple[int, int]] = field(default_factory=list[tuple[int, int]])
     external_start: int = 0  # bytes of private-pool segments alive at the trace's start
 
 
@@ -251,9 +269,11 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
                                                          np.where(fr_deferred[sel], _FREE_DEFERRED, _FREE)))]
     events = [order[sel]]
     streams = [dt.events["stream"][order[sel]]]
-    args: list = addr_np[order[sel]].tolist()
+    args: list[OpArg] = addr_np[order[sel]].tolist()
     for k in np.flatnonzero(k_sel == OOM).tolist():  # an oom outside a run: nothing to complete or release
-        args[k] = (args[k], None, None, False, None)
+        a0 = args[k]
+        assert isinstance(a0, int)  # still its address: only this loop makes the tuple
+        args[k] = (a0, None, None, False, None)
     keys = [2 * events[0]]
     x_kind: list[int] = []  # the runs' and the private pools' ops
     x_event: list[int] = []
@@ -266,7 +286,7 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
         x_key.append(2 * e)
         args.append(delta)
 
-    def emit(kind: int, event: int, st: int, arg: object, key: int) -> None:
+    def emit(kind: int, event: int, st: int, arg: OpArg, key: int) -> None:
         x_kind.append(kind)
         x_event.append(event)
         x_stream.append(st)
@@ -274,6 +294,7 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
         args.append(arg)
 
     gpos = np.flatnonzero(grouped)
+    run_bounds: Iterable[tuple[int, int]]
     if gpos.size:
         brk = np.flatnonzero(np.diff(gpos) != 1) + 1
         ends = gpos[np.r_[brk - 1, gpos.size - 1]] + 1
@@ -283,11 +304,11 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
         run_bounds = zip([], [])
     # the action, event, address and stream of the runs' positions and of the op after each run, by position (the
     # runs hold a few hundred of the events: lists of all of them cost 4 tolist() of every event, issue 38)
-    at = np.union1d(gpos, ends[ends < m]).tolist()
-    act = dict(zip(at, act_o[at].tolist()))
-    idx = dict(zip(at, order[at].tolist()))
-    addr = dict(zip(at, addr_np[order[at]].tolist()))
-    stream = dict(zip(at, dt.events["stream"][order[at]].tolist()))
+    at: list[int] = np.union1d(gpos, ends[ends < m]).tolist()
+    act: dict[int, int] = dict(zip(at, act_o[at].tolist()))
+    idx: dict[int, int] = dict(zip(at, order[at].tolist()))
+    addr: dict[int, int] = dict(zip(at, addr_np[order[at]].tolist()))
+    stream: dict[int, int] = dict(zip(at, dt.events["stream"][order[at]].tolist()))
     for q0, q1 in run_bounds:  # positions [q0, q1) are one run
         nxt = act[q1] if q1 < m else -1
         g0, g1 = idx[q0], (idx[q1] if q1 < m else n)
@@ -337,7 +358,7 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
     rec_seg = list(zip(action[seg_pos].tolist(), addr_np[seg_pos].tolist(), size_np[seg_pos].tolist()))
     ooms = np.flatnonzero(action == OOM)
 
-    private_start = pools.start_segments if pools is not None else set()
+    private_start = pools.start_segments if pools is not None else set[int]()
     default_start = [s for s in start_segs if s.address not in private_start]
     start_blocks, unplaced = _start_blocks(lt, start_segs, recorded)
     start_blocks = [b for b in start_blocks if not _inside(b[1], start_segs, private_start)]
@@ -361,12 +382,13 @@ def _prepare(trace: Trace, device: DeviceTrace | None, lt: Lifetimes | None) -> 
                     external_start=sum(s.size for s in start_segs if s.address in private_start))
 
 
-def _inside(a: int, segs: list, chosen: set[int]) -> bool:
+def _inside(a: int, segs: list[LiveSegment], chosen: set[int]) -> bool:
     """Whether address ``a`` lies in one of the segments of ``segs`` whose address is in ``chosen``."""
     return any(s.address <= a < s.address + s.size for s in segs if s.address in chosen)
 
 
-def _start_blocks(lt: Lifetimes, segs: list, config: AllocatorConfig) -> tuple[list[tuple], int]:
+def _start_blocks(lt: Lifetimes, segs: list[LiveSegment],
+                  config: AllocatorConfig) -> tuple[list[StartBlock], int]:
     """Blocks alive at the trace's start: (stream, addr, size, requested, state), by address, and the
     count of those that lie in no live segment (left out).
 
@@ -379,12 +401,14 @@ def _start_blocks(lt: Lifetimes, segs: list, config: AllocatorConfig) -> tuple[l
         return [], 0
     table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
     sizes = np.where(lt.size_exact[rows], lt.size[rows], round_size(lt.requested[rows], table))
-    items = sorted(zip(lt.addr[rows].tolist(), sizes.tolist(), lt.requested[rows].tolist(),
-                       lt.stream[rows].tolist(), lt.size_exact[rows].tolist(), lt.start_state[rows].tolist()))
+    # (addr, size, requested, stream, size exact, start state)
+    items: list[tuple[int, int, int, int, bool, int]] = sorted(zip(
+        lt.addr[rows].tolist(), sizes.tolist(), lt.requested[rows].tolist(), lt.stream[rows].tolist(),
+        lt.size_exact[rows].tolist(), lt.start_state[rows].tolist()))
     starts = [s.address for s in segs]
-    out = []
+    out: list[StartBlock] = []
     unplaced = 0
-    for k, (a, sz, req, st, exact, state) in enumerate(items):
+    for k, (a, sz, req, _st, exact, state) in enumerate(items):
         si = bisect_left(starts, a + 1) - 1
         if si < 0 or a >= segs[si].address + segs[si].size:
             unplaced += 1
@@ -540,7 +564,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     table = np.asarray(config.roundup_power2_divisions, dtype=np.int64)
     # each op's request, read from ``requests`` now (simulate/scale.py replays a Prepared whose requests it scaled)
     op_requested = prepared.requests[prepared.op_event_index]
-    op_sizes = round_size(op_requested, table).tolist()
+    op_sizes: list[int] = round_size(op_requested, table).tolist()
 
     sim.external(prepared.external_start)
     initial = _install_start(prepared, sim, same_config, immediate, live, pend, rounded_table=table)
@@ -558,8 +582,10 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     free_now = sim.free_block  # free() without an event, one call fewer
     seg_events = sim.segment_events
     last_event = prepared.device.num_events - 1
-    ops = zip(prepared.op_kind, prepared.op_event, prepared.op_stream, prepared.op_arg, op_sizes,
-              op_requested.tolist())
+    requested: list[int] = op_requested.tolist()
+    # an op's argument is the shape its kind says (see the comment at _MALLOC), which a checker cannot follow
+    op_args = cast("list[Any]", prepared.op_arg)
+    ops: Iterator[_Op] = zip(prepared.op_kind, prepared.op_event, prepared.op_stream, op_args, op_sizes, requested)
     if limit_from > 0:
         assert fraction_limit is not None  # limit_from is set only under a fraction limit
         ops = _limit_from(ops, limit_from, sim, fraction_limit)
@@ -655,7 +681,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     return result
 
 
-def _limit_from(ops, event: int, sim: CachingAllocator, limit: int):
+def _limit_from(ops: Iterator[_Op], event: int, sim: CachingAllocator, limit: int) -> Iterator[_Op]:
     """The replay's operations, setting ``sim``'s fraction limit before the first at or after ``event`` (a cap set
     during the run, :func:`.capacity.limit_from_event`); the peaks start again there: before the cap nothing was
     held to it, so what a claim compares with the cap is the peak under it."""
@@ -673,7 +699,7 @@ def _limit_from(ops, event: int, sim: CachingAllocator, limit: int):
 
 
 def _install_start(prepared: Prepared, sim: CachingAllocator, same_config: bool, immediate: bool,
-                   live: dict, pend: dict, rounded_table: np.ndarray) -> str:
+                   live: dict[int, Block], pend: dict[int, Block], rounded_table: np.ndarray) -> str:
     """Put the memory alive at the trace's start into ``sim``; returns how."""
     if not prepared.start_segments:
         return "empty"
@@ -710,16 +736,16 @@ def _install_start(prepared: Prepared, sim: CachingAllocator, same_config: bool,
     return "reallocated"
 
 
-def _pieces(prepared: Prepared) -> list[tuple]:
+def _pieces(prepared: Prepared) -> list[_StartSegment]:
     """The start segments as ``(segment, pieces, reservation)`` for :meth:`CachingAllocator.add_segment`.
     Expandable ranges of one (pool, stream) become one reservation with unmapped holes between them."""
     blocks = prepared.start_blocks
     addrs = [b[1] for b in blocks]
-    out = []
+    out: list[_StartSegment] = []
     plain = [s for s in prepared.start_segments if not s.is_expandable]
     for seg in plain:
         out.append((seg, _fill(seg.address, seg.address + seg.size, blocks, addrs), None))
-    groups: dict[tuple, list] = {}
+    groups: dict[tuple[str, int], list[LiveSegment]] = {}
     for seg in prepared.start_segments:
         if seg.is_expandable:
             groups.setdefault((seg.segment_type, seg.stream), []).append(seg)
@@ -730,7 +756,7 @@ def _pieces(prepared: Prepared) -> list[tuple]:
         base = segs[0].address
         size = (va + page - 1) // page * page
         size = max(size, (segs[-1].address + segs[-1].size - base + page - 1) // page * page)
-        pieces: list[tuple] = []
+        pieces: list[_Piece] = []
         cursor = base
         for s in segs:
             if s.address > cursor:
@@ -743,9 +769,9 @@ def _pieces(prepared: Prepared) -> list[tuple]:
     return out
 
 
-def _fill(lo: int, hi: int, blocks: list[tuple], addrs: list[int]) -> list[tuple]:
+def _fill(lo: int, hi: int, blocks: list[StartBlock], addrs: list[int]) -> list[_Piece]:
     """Pieces covering ``[lo, hi)``: the start blocks inside it and free gaps between them."""
-    pieces = []
+    pieces: list[_Piece] = []
     cursor = lo
     k = bisect_left(addrs, lo)
     while k < len(blocks) and blocks[k][1] < hi:
@@ -760,8 +786,8 @@ def _fill(lo: int, hi: int, blocks: list[tuple], addrs: list[int]) -> list[tuple
     return pieces
 
 
-def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_event: int,
-              oom: SimulatedOom | None, sim_start: int) -> Validation:
+def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list[tuple[int, int, int, int]],
+              last_event: int, oom: SimulatedOom | None, sim_start: int) -> Validation:
     """Compare the simulated segment entries and reserved bytes with the recording, up to
     ``last_event`` (the end, or the simulated OOM)."""
     rec_pos = prepared.rec_seg_pos
@@ -807,7 +833,7 @@ def _validate(prepared: Prepared, sim: CachingAllocator, seg_marks: list, last_e
         oom_event_index_recorded=rec_oom, oom_matches=oom_matches, segment_events_unmatched=unmatched)
 
 
-def aligned_matches(a: list, b: list) -> int:
+def aligned_matches(a: Sequence[_T], b: Sequence[_T]) -> int:
     """How many entries ``a`` and ``b`` have in common in the same order: the common prefix and suffix,
     plus the matching blocks ``difflib.SequenceMatcher`` finds between what is left (a longest common
     subsequence where the two differ in few places; never more than the true one). Pure; about

@@ -135,7 +135,7 @@ def is_saved_trace(path: str) -> bool:
         return False
 
 
-def load(path: str | os.PathLike, *, progress: ProgressFn | None = None, sidecar: bool = True,
+def load(path: str | os.PathLike[str], *, progress: ProgressFn | None = None, sidecar: bool = True,
          replay_only: bool = False) -> Trace:
     """Read one snapshot file into a :class:`Trace`.
 
@@ -384,7 +384,7 @@ def none_loads(directory: str, skipped: list[Skipped]) -> SnapshotError:
                                     + (f": {why}" if why else ""))
 
 
-def discover(paths: Iterable[str | os.PathLike], skipped: list[Skipped] | None = None) -> list[str]:
+def discover(paths: Iterable[str | os.PathLike[str]], skipped: list[Skipped] | None = None) -> list[str]:
     """Expand directories into the snapshot files they hold (sorted); files pass through.
 
     A directory may hold other files (metrics JSON, logs, checkpoints): those whose name is not a
@@ -467,7 +467,7 @@ def _looks_like_snapshot(name: str) -> bool:
     return base.endswith(_SNAPSHOT_SUFFIXES)
 
 
-def load_ranks(paths: Iterable[str | os.PathLike], *, progress: ProgressFn | None = None,
+def load_ranks(paths: Iterable[str | os.PathLike[str]], *, progress: ProgressFn | None = None,
                skipped: list[Skipped] | None = None, replay_only: bool = False) -> list[Trace]:
     """Read files and directories as the ranks of one job, sorted by rank (``replay_only``: as :func:`load`).
 

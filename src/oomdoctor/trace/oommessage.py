@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE = r"([0-9]+(?:\.[0-9]+)?) (bytes|KiB|MiB|GiB)"
@@ -105,7 +106,7 @@ def parse_oom_message(text: object) -> OomMessage | None:
                       get(_IN_USE.search(text), 1), allocated, get(_PRIVATE.search(text), 1), reserved, max(slack))
 
 
-def sidecar_oom_message(meta: dict) -> OomMessage | None:
+def sidecar_oom_message(meta: dict[str, Any]) -> OomMessage | None:
     """The parsed ``oom.message`` of a sidecar (``Trace.meta``), if any."""
     oom = meta.get("oom")
     return parse_oom_message(oom.get("message")) if isinstance(oom, dict) else None
