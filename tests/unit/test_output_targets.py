@@ -115,23 +115,22 @@ def argv(name: str, out: str) -> list[str]:
 
 @contextlib.contextmanager
 def _still_clock():
-    """The clocks the commands read stand still (the trials' and traces' seconds are 0.0, the traces' times the same)."""
+    """The clocks the commands read stand still (the trials' and traces' seconds are 0.0, the traces' times the same),
+    and their temporary files (preflight's traces) are in WORK, not in a test's directory, which some tests expect to
+    hold only what -o wrote."""
     with mock.patch.multiple(time, monotonic=lambda: 1000.0, perf_counter=lambda: 1000.0, time=lambda: 1.7e9,
-                             time_ns=lambda: 1_700_000_000_000_000_000):
+                             time_ns=lambda: 1_700_000_000_000_000_000), \
+            mock.patch.object(tempfile, "tempdir", str(WORK / "tmp")):
         yield
 
 
 @pytest.fixture(scope="module", autouse=True)
 def work():
-    """The scripts of the long commands, and their temporary files (preflight's traces) in WORK, not in a test's
-    directory, which some tests expect to hold only what -o wrote."""
+    """The scripts of the long commands, and the directory of their temporary files."""
     for name, text in SCRIPTS.items():
         (WORK / name).write_text(text)
     (WORK / "tmp").mkdir(exist_ok=True)
-    old = tempfile.tempdir
-    tempfile.tempdir = str(WORK / "tmp")
     yield WORK
-    tempfile.tempdir = old
     shutil.rmtree(WORK, ignore_errors=True)
 
 
