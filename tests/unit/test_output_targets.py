@@ -50,7 +50,7 @@ GOLDEN = str(Path(__file__).resolve().parents[1] / "data" / "golden_memory_sampl
 STANDIN = str(Path(__file__).resolve().parents[1] / "standin_job.py")
 _PLAN = ["--model", "llama3-8b", "--gpus", "8"]
 #: where the long commands' scripts, trial directories and temporary files are, the same for every test ("{work}")
-WORK = Path(tempfile.mkdtemp(prefix="oomdoctor-output-targets-"))
+WORK = Path(tempfile.gettempdir()) / f"oomdoctor-output-targets-{os.getpid()}"  # made by the fixture work()
 _FIT = ["fit", "--allow-no-gpu", "--high", "4", "--out", "{work}/fit"]
 _VERIFY = ["verify", "--allow-no-gpu", "--setting", "expandable_segments:True", "--out", "{work}/verify"]
 _TUNE = ["tune", "--no-run", "-j", "1", "--knob", "mb=1,2", "--allocator", "defaults"]
@@ -127,9 +127,9 @@ def _still_clock():
 @pytest.fixture(scope="module", autouse=True)
 def work():
     """The scripts of the long commands, and the directory of their temporary files."""
+    (WORK / "tmp").mkdir(parents=True, exist_ok=True)
     for name, text in SCRIPTS.items():
         (WORK / name).write_text(text)
-    (WORK / "tmp").mkdir(exist_ok=True)
     yield WORK
     shutil.rmtree(WORK, ignore_errors=True)
 
