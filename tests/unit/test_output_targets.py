@@ -4,6 +4,12 @@ link, the FIFO and ``/dev/null`` stay what they were, and the bytes that arrive 
 to a regular file. ``oomdoctor run --out`` writes a directory: a link to one is followed, a device, a FIFO and
 ``-`` are refused with one line.
 
+fit, verify, tune and preflight are in the table too, run on this machine without a GPU in a second or so each: fit and
+verify with the stand-in job (``tests/standin_job.py``, ``--allow-no-gpu``), tune by the cost model (``--no-run``) on a
+tiny script traced on the CPU, preflight on a tiny script; their seconds are the clock's, held still while they run, so
+that they write the same bytes every run. preflight's ``-o`` is its traced snapshot (README), its answer goes to
+``--report-output``: both pass the same tests.
+
 The commands run in this process through :func:`oomdoctor.cli.main.main` (``os.replace`` guarded, so that a
 regression fails here instead of renaming a file over ``/dev/null`` of the machine running the tests), and in
 subprocesses where a descriptor of their own is the target (``/proc/self/fd/1``, ``| head -3``,
@@ -12,14 +18,18 @@ subprocesses where a descriptor of their own is the target (``/proc/self/fd/1``,
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -37,7 +47,24 @@ from oomdoctor.cli.main import main
 
 DEMO = demo_path()
 GOLDEN = str(Path(__file__).resolve().parents[1] / "data" / "golden_memory_sample.csv")
+STANDIN = str(Path(__file__).resolve().parents[1] / "standin_job.py")
 _PLAN = ["--model", "llama3-8b", "--gpus", "8"]
+#: where the long commands' scripts, trial directories and temporary files are, the same for every test ("{work}")
+WORK = Path(tempfile.gettempdir()) / f"oomdoctor-output-targets-{os.getpid()}"  # made by the fixture work()
+_FIT = ["fit", "--allow-no-gpu", "--high", "4", "--out", "{work}/fit"]
+_VERIFY = ["verify", "--allow-no-gpu", "--setting", "expandable_segments:True", "--out", "{work}/verify"]
+_TUNE = ["tune", "--no-run", "-j", "1", "--knob", "mb=1,2", "--allocator", "defaults"]
+_TUNE_JOB = ["--", sys.executable, "{work}/tune.py", "--bs", "{mb}"]
+_STEP = ["--", sys.executable, "{work}/step.py"]
+SCRIPTS = {
+    "tune.py": "import argparse, torch\np = argparse.ArgumentParser(); p.add_argument('--bs', type=int)\n"
+               "a = p.parse_args()\nm = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.AdamW(m.parameters())\n"
+               "for _ in range(1000):\n    m(torch.randn(a.bs, 64, device='cuda')).sum().backward()\n"
+               "    opt.step(); opt.zero_grad()\n",
+    "step.py": "import torch\nm = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+               "for _ in range(3):\n    m(torch.randn(8, 64, device='cuda')).sum().backward()\n"
+               "    opt.step(); opt.zero_grad()\n",
+}
 
 #: every command that writes what -o names, in each of its formats (-j 1: the ranks read in this process)
 COMMANDS = {
@@ -60,18 +87,61 @@ COMMANDS = {
     "diff json": ["diff", DEMO, DEMO, "-j", "1", "--format", "json"],
     "diff html": ["diff", DEMO, DEMO, "-j", "1", "--format", "html"],
     "schema": ["schema", "diagnose"],
+    "fit text": [*_FIT, "--", sys.executable, STANDIN, "--mb", "{mb}"],
+    "fit json": [*_FIT, "--format", "json", "--", sys.executable, STANDIN, "--mb", "{mb}"],
+    "verify text": [*_VERIFY, "--", sys.executable, STANDIN],
+    "verify json": [*_VERIFY, "--format", "json", "--", sys.executable, STANDIN],
+    "tune text": [*_TUNE, *_TUNE_JOB],
+    "tune json": [*_TUNE, "--format", "json", *_TUNE_JOB],
+    "preflight text": ["preflight", *_STEP],
+    "preflight json": ["preflight", "--format", "json", *_STEP],
+    "preflight snapshot": ["preflight", "--report-output", "/dev/null", *_STEP],
 }
 IDS = list(COMMANDS)
+#: the option that names the output, where it is not -o: preflight's answer (its -o is the snapshot)
+OPTION = {"preflight text": "--report-output", "preflight json": "--report-output"}
+#: what writes a sidecar beside a regular file (a snapshot)
+SIDECAR = {"slice", "preflight snapshot"}
+#: what runs a job or traces a script: its seconds are the clock's, held still (:func:`_still_clock`)
+STILL = {n for n in COMMANDS if n.split()[0] in ("fit", "verify", "tune", "preflight")}
+
+
+def argv(name: str, out: str) -> list[str]:
+    """``name``'s command line writing to ``out`` (the option before a job's ``--``)."""
+    args = [a.replace("{work}", str(WORK)) for a in COMMANDS[name]]
+    at = args.index("--") if "--" in args else len(args)
+    return [*args[:at], OPTION.get(name, "-o"), out, *args[at:]]
+
+
+@contextlib.contextmanager
+def _still_clock():
+    """The clocks the commands read stand still (the trials' and traces' seconds are 0.0, the traces' times the same),
+    and their temporary files (preflight's traces) are in WORK, not in a test's directory, which some tests expect to
+    hold only what -o wrote."""
+    with mock.patch.multiple(time, monotonic=lambda: 1000.0, perf_counter=lambda: 1000.0, time=lambda: 1.7e9,
+                             time_ns=lambda: 1_700_000_000_000_000_000), \
+            mock.patch.object(tempfile, "tempdir", str(WORK / "tmp")):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def work():
+    """The scripts of the long commands, and the directory of their temporary files."""
+    (WORK / "tmp").mkdir(parents=True, exist_ok=True)
+    for name, text in SCRIPTS.items():
+        (WORK / name).write_text(text)
+    yield WORK
+    shutil.rmtree(WORK, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
 def no_rename_outside(tmp_path, monkeypatch):
     """``os.replace`` may rename only inside the test's own directory: never over /dev/null, a FIFO's name..."""
     real = os.replace
-    root = str(tmp_path)
+    roots = (str(tmp_path) + os.sep, str(WORK) + os.sep)
 
     def guarded(src, dst, *a, **kw):
-        assert os.path.abspath(dst).startswith(root + os.sep), f"renamed over {dst}"
+        assert os.path.abspath(dst).startswith(roots), f"renamed over {dst}"
         assert not os.path.islink(dst) and (not os.path.exists(dst) or os.path.isfile(dst)), f"renamed over {dst}"
         return real(src, dst, *a, **kw)
 
@@ -80,7 +150,8 @@ def no_rename_outside(tmp_path, monkeypatch):
 
 def _run(name: str, out: str, capsysbinary) -> tuple[int, bytes, str]:
     capsysbinary.readouterr()
-    code = main([*COMMANDS[name], "-o", out])
+    with _still_clock() if name in STILL else contextlib.nullcontext():
+        code = main(argv(name, out))
     got = capsysbinary.readouterr()
     return code, got.out, got.err.decode()
 
@@ -114,7 +185,7 @@ def test_a_link_to_a_file_writes_the_target_and_stays_a_link(name, tmp_path, cap
     assert os.path.islink(link) and os.readlink(link) == str(target)
     assert target.read_bytes() == want and stdout == b""
     assert sorted(p.name for p in target.parent.iterdir()) == ["target.out"]  # no temporary left
-    if name == "slice":  # the sidecar goes beside the name given, as a regular file
+    if name in SIDECAR:  # the sidecar goes beside the name given, as a regular file
         side = Path(sidecar_for(str(link)))
         assert side == tmp_path / "link.out.meta.json" and side.is_file() and not side.is_symlink()
 
@@ -249,7 +320,7 @@ def test_a_link_to_proc_self_fd_1_writes_standard_output_and_stays_a_link(name, 
     with open(into, "wb") as f:
         f.write(b"first line\n")
         f.flush()
-        p = _oomdoctor(*COMMANDS[name], "-o", str(link), stdout=f, stderr=subprocess.PIPE, text=True)
+        p = _oomdoctor(*argv(name, str(link)), stdout=f, stderr=subprocess.PIPE, text=True)
     assert p.returncode == 0, p.stderr
     assert os.path.islink(link) and os.readlink(link) == "/proc/self/fd/1"
     assert into.read_bytes() == b"first line\n" + want  # written through the descriptor: nothing before is lost
@@ -283,7 +354,7 @@ def test_a_fifo_read_by_another_process(name, tmp_path, capsysbinary):
     os.mkfifo(fifo)
     with open(into, "wb") as f:
         cat = subprocess.Popen(["cat", str(fifo)], stdout=f)
-        p = _oomdoctor(*COMMANDS[name], "-o", str(fifo), capture_output=True, text=True)
+        p = _oomdoctor(*argv(name, str(fifo)), capture_output=True, text=True)
         assert cat.wait(timeout=60) == 0
     assert p.returncode == 0, p.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and into.read_bytes() == want
@@ -412,7 +483,7 @@ def test_a_closed_standard_output_is_exit_0_and_quiet(name, out, tmp_path):
     r, w = os.pipe()
     os.close(r)
     try:
-        p = _oomdoctor(*COMMANDS[name], "-o", out, stdout=w, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        p = _oomdoctor(*argv(name, out), stdout=w, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     finally:
         os.close(w)
     assert p.returncode == 0, p.stderr
@@ -442,14 +513,17 @@ LONG = {
     "verify": ["verify", "--allow-no-gpu", "--", sys.executable, "-c", "open('RAN','w')"],
     "tune": ["tune", "--no-run", "--", sys.executable, "-c", "open('RAN','w') # {mb}"],
     "preflight": ["preflight", "--", sys.executable, "ran.py"],
+    "preflight answer": ["preflight", "--", sys.executable, "ran.py"],
 }
+#: the option of LONG's output, where it is not -o
+LONG_OPTION = {"preflight answer": "--report-output"}
 
 
 def _run_long(name: str, out: str, tmp_path, capsysbinary, monkeypatch) -> tuple[int, bytes, str]:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ran.py").write_text("open('RAN', 'w')\n")
     args = LONG[name]
-    code = main([args[0], "-o", out, *args[1:]])
+    code = main([args[0], LONG_OPTION.get(name, "-o"), out, *args[1:]])
     cap = capsysbinary.readouterr()
     assert not (tmp_path / "RAN").exists(), "the job ran before -o was checked"
     return code, cap.out, cap.err.decode()
@@ -471,3 +545,18 @@ def test_a_long_command_refuses_a_missing_directory_before_it_runs(name, tmp_pat
     assert code == 2 and stdout == b""
     assert err.strip().splitlines() == [f"oomdoctor: error: {out}: the directory {out.parent} does not exist; "
                                         "create it first"]
+
+
+@pytest.mark.parametrize("report", [None, "-"])
+def test_preflight_refuses_its_snapshot_and_its_answer_both_on_standard_output(report, tmp_path, capsysbinary,
+                                                                              monkeypatch):
+    """``preflight -o -``: the snapshot on standard output needs the answer elsewhere (``--report-output FILE``)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ran.py").write_text("open('RAN', 'w')\n")
+    code = main(["preflight", "-o", "-", *(["--report-output", report] if report else []), "--", sys.executable,
+                 "ran.py"])
+    cap = capsysbinary.readouterr()
+    assert code == 2 and cap.out == b"" and not (tmp_path / "RAN").exists()
+    assert cap.err.decode().strip().splitlines() == [
+        "oomdoctor: error: preflight -o -: the answer goes to standard output; give a file for the snapshot, or "
+        "--report-output FILE for the answer"]

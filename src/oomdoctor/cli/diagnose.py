@@ -6,15 +6,14 @@ import click
 
 from ..detectors.materiality import DEFAULT_FRACTION, Materiality
 from ..errors import UsageError
-from ..render import render_json, render_text
 from ..render.gate import gate_line
-from ..render.text import GROUPED_RANKS, render_text_plain
+from ..render.protocol import formats
+from ..render.text import GROUPED_RANKS
 from ..report.gate import LEVELS, gate
 from ..report.job import Want, job_report
 from ..units import parse_bytes
-from .console import terminal
 from .inputs import parallel_options, read_job
-from .output import OUTPUT, write_output
+from .output import OUTPUT, emit
 
 DEMO_SNAPSHOT = "tp-allreduce-legacy-rank0.pickle"
 
@@ -44,7 +43,7 @@ FAIL_ON_HELP = ("A CI gate: exit 1 when a finding at or above this severity is f
 
 @click.command("diagnose")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(formats("diagnose")), default="text", show_default=True,
               help="Output format (html: the self-contained page of `oomdoctor report`).")
 @click.option("-o", "--output", type=OUTPUT,
               help="Write the report to this file instead of standard output.")
@@ -73,26 +72,18 @@ def command(paths: tuple[str, ...], fmt: str, output: str | None, demo: bool, mi
     from .main import keep_decoded_when_exiting
 
     keep_decoded_when_exiting()
-    if fmt == "html":
-        from ..render.html import render_html  # jinja2 and the page's views: only for --format html
+    visual = None
+    if fmt == "html":  # the page's views too (jinja2 and the views: only for --format html)
         from .page import job_page
 
         report, visual = job_page(inputs, micro_batch=micro_batch, rule=rule, jobs=jobs, executor=executor,
                                   scheduler=scheduler, gpu_memory_bytes=gpu_bytes)
-        text = render_html(report, visual)
     else:
         skipped: list = []
         results = read_job(inputs, lambda n: Want(micro_batch, rule, gpu_memory_bytes=gpu_bytes), jobs=jobs,
                            executor=executor, scheduler=scheduler, skipped=skipped)
         report = job_report(results, skipped)
-        if fmt == "json":
-            text = render_json(report)
-        elif output:
-            text = render_text_plain(report, all_ranks=all_ranks)
-        else:
-            render_text(report, terminal(), all_ranks=all_ranks)
-            return fail_on_exit(report, fail_on)
-    write_output(output, text)
+    emit(output, "diagnose", fmt, report, visual=visual, all_ranks=all_ranks)
     return fail_on_exit(report, fail_on)
 
 

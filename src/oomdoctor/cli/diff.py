@@ -7,23 +7,20 @@ import os
 import click
 
 from ..errors import SnapshotError
-from ..render.html import render_diff_html
-from ..render.json import render_diff_json
-from ..render.text import render_diff_text, render_diff_text_plain
+from ..render.protocol import formats
 from ..report.diff import diff_of
 from ..report.job import Want, gather, job_report, map_pairs, pair_tasks, plan_tasks
 from ..trace import Skipped
 from ..trace.load import lost_rank
 from ..views.overlay import DiffVisual
-from .console import terminal
 from .inputs import parallel_options, say_skipped
-from .output import OUTPUT, write_output
+from .output import OUTPUT, emit
 
 
 @click.command("diff")
 @click.argument("before", type=click.Path(path_type=str))
 @click.argument("after", type=click.Path(path_type=str))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(formats("diff")), default="text", show_default=True)
 @click.option("-o", "--output", type=OUTPUT,
               help="Write to this file instead of standard output.")
 @parallel_options
@@ -32,16 +29,7 @@ def command(before: str, after: str, fmt: str, output: str | None, jobs: int | N
     """Compare two runs (snapshot files, or directories with one file per rank): peaks, fragmentation,
     findings resolved / new / changed, and the allocation sites that grew or shrank."""
     diff, views = read_diff(before, after, html=fmt == "html", jobs=jobs, executor=executor, scheduler=scheduler)
-    if fmt == "json":
-        text = render_diff_json(diff)
-    elif fmt == "html":
-        text = render_diff_html(diff, DiffVisual(views))
-    elif output:
-        text = render_diff_text_plain(diff)
-    else:
-        render_diff_text(diff, terminal())
-        return
-    write_output(output, text)
+    emit(output, "diff", fmt, diff, visual=DiffVisual(views) if fmt == "html" else None)
 
 
 def read_diff(before: str, after: str, *, html: bool, jobs: int | None, executor: str, scheduler: str | None):

@@ -5,18 +5,17 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
-from ..render.folded import render_folded
-from ..render.perfetto import render_perfetto
+from ..render.protocol import formats
 from ..report.job import Want
 from ..views.flame import folded_at
 from ..views.moments import moment_at
 from .inputs import analyze_inputs, parallel_options, read_job
-from .output import OUTPUT, write_output
+from .output import OUTPUT, emit
 
 
 @click.command("export")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--format", "fmt", type=click.Choice(["perfetto", "folded"]), default="perfetto", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(formats("export")), default="perfetto", show_default=True,
               help="perfetto: Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing). folded: the bytes "
                    "allocated at one moment by call stack, 'frame;frame;frame BYTES' root first (flamegraph.pl, "
                    "inferno, speedscope).")
@@ -36,7 +35,7 @@ def command(paths: tuple[str, ...], fmt: str, at: str | None, output: str | None
     if fmt == "perfetto":
         results = read_job(list(paths), lambda n: Want(tracks=True), jobs=jobs, executor=executor,
                            scheduler=scheduler)
-        write_output(output, render_perfetto([r.tracks for r in results]))
+        emit(output, "export", fmt, [r.tracks for r in results])
         return
     analyses = analyze_inputs(list(paths))
     if len(analyses) != 1:
@@ -44,7 +43,7 @@ def command(paths: tuple[str, ...], fmt: str, at: str | None, output: str | None
                          "ranks: give one snapshot file")
     a = analyses[0]
     folded = folded_at(a, moment_at(a, at or "peak"))
-    write_output(output, render_folded(folded))
+    emit(output, "export", fmt, folded)
     m = folded.moment
     click.echo(f"{a.trace.path}: {len(folded.stacks)} stacks, {folded.allocated_bytes:,} bytes allocated after event "
                f"{m.event} ({m.name})", err=True)

@@ -13,10 +13,10 @@ import time
 import click
 
 from ..errors import OomdoctorError, UsageError
+from ..render.protocol import formats
 from ..report.loop import FitOutcome, FitSearch, fit_guess
 from ..trace.load import discover
-from .inputs import write_output
-from .output import OUTPUT, check_output
+from .output import OUTPUT, check_output, emit
 from .run import CommandNotRunnable
 from .trials import command_argv, require_gpu, run_trial
 
@@ -41,7 +41,7 @@ MB = "{mb}"
 @click.option("--allow-no-gpu", is_flag=True,
               help="Run the trials even where no CUDA device is visible (a stand-in job, a dry run); without it, "
                    "fit refuses at once: such trials never run out of GPU memory.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(formats("fit")), default="text", show_default=True)
 @click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(steps: int, low: int, high: int, start: int | None, out: str | None, no_record: bool,
@@ -101,8 +101,7 @@ def command(steps: int, low: int, high: int, start: int | None, out: str | None,
                         smallest_oom_micro_batch=search.smallest_oom, trials=trials,
                         seconds=round(time.monotonic() - t0, 2), analysis_seconds=round(analysis_s, 2), error=error,
                         guess_contradicted=search.guess_contradicted)
-    from ..render.loop import fit_json, fit_text
-    write_output(output, fit_json(result) if fmt == "json" else fit_text(result))
+    emit(output, "fit", fmt, result)
     if error in ("failed", "ended-early"):
         raise click.exceptions.Exit(2)
     if error is not None or search.largest_ran is None:

@@ -11,7 +11,6 @@ from rich.console import Console
 
 from ..render.gate import skipped_files_line, unread_ranks_line
 from ..trace import Skipped, Trace, load_ranks
-from .output import write_output, write_rendered, write_text  # noqa: F401 - their home is .output
 
 if TYPE_CHECKING:
     from ..analysis.device import DeviceAnalysis

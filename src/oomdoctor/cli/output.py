@@ -10,26 +10,29 @@ What the name is decides how it is written (:func:`oomdoctor.capture.files.write
 - ``-``: standard output, the same bytes a file would get;
 - a directory, or a name whose directory is missing: one line naming it, exit code 2.
 
+Every command writes its report with :func:`emit`: the result the core built, rendered by the renderer of its
+``--format`` (:mod:`oomdoctor.render.protocol`), to ``-o`` or to standard output alike; without ``-o`` a rich
+rendering is drawn on the terminal (colour, its width), and with ``-o -`` standard output gets the bytes a file would.
+
 When the reader of a pipe or FIFO goes away (``-o /dev/stdout | head -3``) the command ends quietly with
 exit code 0, as the text outputs do (:mod:`.pipes`).
 """
 
 from __future__ import annotations
 
-import io
 import sys
-from typing import Callable
+from typing import Any, NamedTuple
 
 import click
 from rich.console import Console
 
 from ..capture.files import FILE, STREAM, OutputError, resolve_target, target_kind, write_target
 from ..errors import UsageError
-from ..render.console import plain_console
+from ..render.protocol import ConsoleDrawer, FunctionRenderer, renderer
 from .console import terminal as stdout_console
 from .pipes import silence_stdout
 
-__all__ = ["FILE", "OUTPUT", "STREAM", "OutputError", "check_output", "write_bytes", "write_output", "write_rendered", "write_text"]
+__all__ = ["FILE", "OUTPUT", "STREAM", "OutputError", "Written", "check_output", "emit", "write_bytes"]
 
 #: The click type of every ``-o``: a path or ``-``. No check is made while parsing (click's would refuse a
 #: device or a FIFO, and print usage with its error); :func:`write_bytes` checks when it writes.
@@ -45,6 +48,39 @@ def check_output(path: str | None) -> None:
     """
     if path and path != "-":
         target_kind(path)
+
+
+class Written(NamedTuple):
+    """What :func:`emit` wrote: ``kind`` (:data:`FILE`, :data:`STREAM`, or None when drawn on the terminal) and
+    ``size`` in bytes (0 when drawn)."""
+
+    kind: str | None
+    size: int
+
+
+def emit(output: str | None, command: str, fmt: str, result: Any, *, terminal: Console | None = None,
+         **options: Any) -> Written:
+    """Render ``result`` with ``command``'s renderer for ``fmt`` (:func:`oomdoctor.render.protocol.renderer`) and
+    write it to ``output`` (``-`` too) as :func:`write_bytes` does; without ``output``, to standard output: a rich
+    rendering is drawn on ``terminal`` (default: :func:`oomdoctor.cli.console.terminal`), a text wrapped at its
+    width where the renderer says so, anything else as it would be written to a file. ``options`` go to the
+    renderer (how to lay out, never what to compute)."""
+    r = renderer(command, fmt)
+    if not output:
+        if isinstance(r, ConsoleDrawer):
+            r.draw(result, terminal or stdout_console(), **options)
+            return Written(None, 0)
+        if isinstance(r, FunctionRenderer) and r.terminal_width:
+            options.setdefault("width", (terminal or stdout_console()).width)
+    data = r.render(result, **options)
+    raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    if output:
+        return Written(write_bytes(output, raw), len(raw))
+    if isinstance(data, bytes):
+        _to_stdout(data)
+    else:
+        click.echo(data, nl=False)
+    return Written(STREAM, len(raw))
 
 
 def write_bytes(path: str, data: bytes) -> str:
@@ -73,31 +109,6 @@ def write_bytes(path: str, data: bytes) -> str:
     except OSError as e:
         raise UsageError(f"{path}: cannot write ({e.strerror or e})") from None
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def write_text(path: str, text: str) -> str:
-    """:func:`write_bytes` of ``text`` in UTF-8."""
-    return write_bytes(path, text.encode("utf-8"))
-
-
-def write_output(path: str | None, text: str) -> None:
-    """Write to ``path`` (``-`` too), or to standard output through click when None."""
-    if path:
-        write_text(path, text)
-    else:
-        click.echo(text, nl=False)
-
-
-def write_rendered(output: str | None, draw: Callable[[Console], None], *, width: int = 120,
-                   terminal: Console | None = None) -> None:
-    """Draw a rich rendering on the terminal (``terminal``, or a plain one), or into ``output`` (``-`` too)
-    at ``width`` columns without colour."""
-    if not output:
-        draw(terminal or stdout_console())
-        return
-    buf = io.StringIO()
-    draw(plain_console(buf, width))
-    write_text(output, buf.getvalue())
 
 
 def _to_stdout(data: bytes) -> None:

@@ -6,7 +6,6 @@ import re
 from dataclasses import replace
 
 import click
-from rich.console import Console
 
 from ..errors import UsageError
 from ..plan.estimate import estimate
@@ -24,17 +23,8 @@ from ..plan.specs import (
     model_spec,
 )
 from ..plan.validate import validate_csv
-from ..render.plan import (
-    estimate_dict,
-    render_estimate_text,
-    render_plan_json,
-    render_search_text,
-    render_validation_text,
-    search_dict,
-    validation_dict,
-)
-from .console import terminal
-from .output import OUTPUT, write_output, write_rendered
+from ..render.protocol import formats
+from .output import OUTPUT, emit
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GB|GiB|G)?\s*$", re.IGNORECASE)
 
@@ -46,11 +36,6 @@ def parse_memory(text: str) -> int:
         raise UsageError(f"bad GPU memory {text!r}: a number of GB (1e9 bytes) or with a unit: 80GB, 80GiB")
     unit = (m.group(2) or "GB").lower()
     return int(float(m.group(1)) * (2**30 if unit == "gib" else 10**9))
-
-
-def _console() -> Console:
-    """The terminal (80 columns when piped, or ``COLUMNS``)."""
-    return terminal()
 
 
 def _common(f):
@@ -86,8 +71,9 @@ def _common(f):
                      "under Trainer, else the config's use_cache]."),
         click.option("--return-outputs", is_flag=True, help="torch.distributed.pipelining step(return_outputs=True)."),
         click.option("--expandable-segments", is_flag=True, help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."),
-        click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True),
-        click.option("-o", "--output", type=OUTPUT),
+        click.option("--format", "fmt", type=click.Choice(formats("plan estimate")), default="text",
+                     show_default=True),
+        click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -137,10 +123,7 @@ def estimate_cmd(tp, pp, vpp, cp, ep, schedule, sequence_parallel, recompute, re
                    sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel,
                    recompute=recompute, recompute_layers=recompute_layers)
     e = estimate(model, train, plan, hw)
-    if kw["fmt"] == "json":
-        write_output(kw["output"], render_plan_json(estimate_dict(e)))
-    else:
-        write_rendered(kw["output"], lambda console: render_estimate_text(e, console), width=130, terminal=_console())
+    emit(kw["output"], "plan estimate", kw["fmt"], e)
 
 
 _PLAN_SPEC = re.compile(r"^(?:(tp|pp|vpp|cp)=?(\d+)[,\s]*)+$", re.IGNORECASE)
@@ -170,18 +153,14 @@ def search_cmd(plans, top, **kw) -> None:
     r = search(model, train, hw, base, plans=chosen)
     if not r.candidates:
         raise UsageError("no valid plan for these GPUs and this model (check --gpus, --gbs and --mbs)")
-    if kw["fmt"] == "json":
-        write_output(kw["output"], render_plan_json(search_dict(r)))
-    else:
-        write_rendered(kw["output"], lambda console: render_search_text(r, console, limit=top), width=130,
-                       terminal=_console())
+    emit(kw["output"], "plan search", kw["fmt"], r, limit=top)
 
 
 @command.command("validate", short_help="Check against a Megatron-LM CI golden-memory CSV.")
 @click.argument("csv_path", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=OUTPUT)
+@click.option("--format", "fmt", type=click.Choice(formats("plan validate")), default="text", show_default=True)
+@click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output).")
 def validate_cmd(csv_path: str, fmt: str, output: str | None) -> None:
     """Predict each row of a Megatron-LM CI golden-memory CSV and report the errors on the GPT rows."""
     v = validate_csv(csv_path)
-    write_output(output, render_plan_json(validation_dict(v)) if fmt == "json" else render_validation_text(v))
+    emit(output, "plan validate", fmt, v)

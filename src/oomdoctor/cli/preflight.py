@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError, install_hint
-from .console import terminal
-from .output import OUTPUT, write_output
+from ..render.protocol import formats
+from .output import FILE, OUTPUT, check_output, emit, write_bytes
 
 
 @click.command("preflight", context_settings={"allow_interspersed_args": False})
@@ -35,29 +35,33 @@ from .output import OUTPUT, write_output
 @click.option("--gpu", metavar="NAME", help="H100-80GB, H200, A100-80GB, A100-40GB, B200 [default: H100-80GB].")
 @click.option("--gpu-memory", metavar="SIZE", help="The GPU's total memory instead: 80GiB, 80GB, or bytes.")
 @click.option("--no-search", is_flag=True, help="Do not look for the largest micro-batch (one trace only).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(formats("preflight")), default="text", show_default=True,
+              help="The answer's format.")
 @click.option("--fail-on-oom", is_flag=True,
               help="Exit 1, with one line on standard error, when the job (at its own micro-batch) is predicted "
                    "to run out of memory: a gate for CI.")
 @click.option("-o", "--output", "snapshot", type=OUTPUT,
               help="Write the traced snapshot here, laid out by the allocator model (its .meta.json beside a "
-                   "regular file; replaced atomically).")
+                   "regular file; replaced atomically; - for standard output with --report-output).")
+@click.option("--report-output", "report", type=OUTPUT, metavar="PATH",
+              help="Write the answer (--format) to this file instead of standard output (- for standard output).")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- python train.py ARGS...]")
 def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None, dtype: str, optimizer: str,
             gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, rank: int,
             world_size: int,
             gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str, fail_on_oom: bool,
-            snapshot: str | None, script: tuple[str, ...]) -> int:
+            snapshot: str | None, report: str | None, script: tuple[str, ...]) -> int:
     """Trace a Hugging Face Trainer step (--hf-config), or your own script (-- python train.py ...), on the
     CPU (no GPU, no memory for tensors) and predict, for a GPU: peak allocated and reserved, OOM or not, the
     largest micro-batch that fits (--hf-config), what allocator settings do, and the breakdown. Needs torch
     (and transformers for --hf-config): pip install torch transformers."""
-    _check_output(snapshot)
+    _check_outputs(snapshot, report)
     if script:
         if rank >= nproc:
             raise UsageError(f"--rank {rank}: not a rank of --nproc-per-node {nproc} (0 to {nproc - 1})")
-        a = _script(script, steps=steps, nproc=nproc, rank=rank, gpu=gpu, gpu_memory=gpu_memory, fmt=fmt,
+        a = _script(script, steps=steps, nproc=nproc, rank=rank, gpu=gpu, gpu_memory=gpu_memory,
                     snapshot=snapshot, hf_config=hf_config)
+        emit(report, "preflight", fmt, a)
         return _gate(a, fail_on_oom)
     if not hf_config or not micro_batch or not seq_len:
         raise UsageError("preflight: give --hf-config with --micro-batch and --seq-len, or a script after --")
@@ -69,9 +73,7 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
                          f"{install_hint('preflight')}") from None
     from ..plan.terms import outside_allocator_bytes
     from ..preflight import hf_tracer
-    from ..preflight.snapshot import write as write_snapshot
     from ..preflight.steps import HfJob, PreflightError
-    from ..render.preflight import render_preflight_json, render_preflight_text
     from ..report.preflight import answer
 
     name, total, sm = _gpu(gpu, gpu_memory)
@@ -80,14 +82,14 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     outside = outside_allocator_bytes(world_size)
     try:
         f = hf_tracer(job, gpu_name=name, gpu_total_bytes=total, sm_major=sm)
-        a = answer(f, write=write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total,
+        a = answer(f, write=_write_snapshot, micro_batch=micro_batch, gpu_name=name, gpu_total_bytes=total,
                    outside_bytes=outside, outside_source=_outside_source(world_size),
                    snapshot_path=snapshot, search=not no_search, gpu_memory_given=bool(gpu_memory))
     except PreflightError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # writing -o failed (disk full): the previous file is left untouched
         raise UsageError(f"{snapshot}: cannot write ({e.strerror or e})") from None
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))
+    emit(report, "preflight", fmt, a)
     return _gate(a, fail_on_oom)
 
 
@@ -106,15 +108,25 @@ def _outside_source(world_size: int) -> str:
     return "cuda-context+nccl" if world_size > 1 else "cuda-context"
 
 
-def _check_output(path: str | None) -> None:
-    """Refuse, before any trace, an ``-o`` the snapshot cannot be written to: standard output (the answer goes
-    there), and what every command's ``-o`` refuses (:func:`oomdoctor.cli.output.check_output`: a directory, a name
-    in a missing directory)."""
-    from .output import check_output
+def _check_outputs(snapshot: str | None, report: str | None) -> None:
+    """Refuse, before any trace, an ``-o`` or a ``--report-output`` that cannot be written to: what every command's
+    ``-o`` refuses (:func:`oomdoctor.cli.output.check_output`: a directory, a name in a missing directory), and
+    standard output for both the snapshot and the answer."""
+    if snapshot == "-" and report in (None, "-"):
+        raise UsageError("preflight -o -: the answer goes to standard output; give a file for the snapshot, or "
+                         "--report-output FILE for the answer")
+    check_output(snapshot)
+    check_output(report)
 
-    if path == "-":
-        raise UsageError("preflight -o -: the answer goes to standard output; give a file for the snapshot")
-    check_output(path)
+
+def _write_snapshot(path: str, snap: dict, meta: dict) -> None:
+    """Write a snapshot and, beside a regular file, its sidecar, through the one output helper (``-o``: a link
+    followed, a FIFO or device written as a stream and then no sidecar, ``-`` standard output)."""
+    from ..capture.files import sidecar_for
+    from ..preflight.snapshot import sidecar_bytes
+
+    if emit(path, "preflight snapshot", "pickle", snap).kind == FILE:
+        write_bytes(sidecar_for(path), sidecar_bytes(meta))
 
 
 def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]:
@@ -125,7 +137,7 @@ def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]
     return resolve_gpu(gpu, gpu_memory)
 
 
-def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu: str | None, gpu_memory: str | None, fmt: str,
+def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu: str | None, gpu_memory: str | None,
             snapshot: str | None, hf_config: str | None) -> object:
     """``oomdoctor preflight -- python train.py ...``: the script traced (:mod:`oomdoctor.preflight.script`)."""
     import os
@@ -149,9 +161,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
         sidecar,
         snapshot_dict,
     )
-    from ..preflight.snapshot import write as write_snapshot
     from ..preflight.steps import PreflightError
-    from ..render.preflight import render_preflight_json, render_preflight_text
     from ..report.preflight import answer
 
     name, total, sm = _gpu(gpu, gpu_memory)
@@ -168,7 +178,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
         return snapshot_dict(rec), meta, rec
 
     try:
-        a = answer(f, write=write_snapshot, micro_batch=None, gpu_name=name, gpu_total_bytes=total,
+        a = answer(f, write=_write_snapshot, micro_batch=None, gpu_name=name, gpu_total_bytes=total,
                    outside_bytes=outside, outside_source=_outside_source(nproc), snapshot_path=snapshot,
                    search=False, gpu_memory_given=bool(gpu_memory))
     except PreflightError as e:
@@ -177,5 +187,4 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
         raise UsageError(f"{snapshot}: cannot write ({e.strerror or e})") from None
     # a script's foreach step counters are made on the host, as on CUDA: not recorded, nothing left out
     a.not_traced = [k for k in a.not_traced if k != "cpu_resident_optimizer_steps"]
-    write_output(None, render_preflight_json(a) if fmt == "json" else render_preflight_text(a, terminal().width))
     return a

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..render.html import render_html
 from ..report.gate import LEVELS
 from .diagnose import DEMO_SNAPSHOT, FAIL_ON_HELP, fail_on_exit, inputs_or_demo
 from .inputs import parallel_options
-from .output import OUTPUT, write_bytes
+from .output import OUTPUT, emit
 from .page import job_page
 
 DEFAULT_OUTPUT = "oomdoctor-report.html"
@@ -28,7 +27,6 @@ def command(paths: tuple[str, ...], output: str, demo: bool, fail_on: tuple[str,
     of allocated memory)."""
     report, visual = job_page(inputs_or_demo(paths, demo, "report"), jobs=jobs, executor=executor,
                               scheduler=scheduler)
-    data = render_html(report, visual).encode("utf-8")
-    write_bytes(output, data)
-    click.echo(f"wrote {'standard output' if output == '-' else output} ({len(data) / 2**20:.1f} MiB)", err=True)
+    size = emit(output, "report", "html", report, visual=visual).size
+    click.echo(f"wrote {'standard output' if output == '-' else output} ({size / 2**20:.1f} MiB)", err=True)
     return fail_on_exit(report, fail_on)

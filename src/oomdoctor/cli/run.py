@@ -30,11 +30,10 @@ from ..capture.recorder import (
 )
 from ..errors import OomdoctorError, UsageError
 from ..jobsummary import SUMMARY_JSON, SUMMARY_TEXT
-from ..render import render_json
-from ..render.text import render_text_plain
 from ..report import build_report
 from ..trace.load import discover
 from .inputs import load_with_progress
+from .output import emit
 
 
 class CommandNotRunnable(OomdoctorError):
@@ -199,4 +198,4 @@ def _report(out: str, files: list[str], summarize: bool, fmt: str) -> None:
     except OomdoctorError as e:
         click.echo(f"oomdoctor: error: {e}", err=True)
         return
-    click.echo(render_json(report) if fmt == "json" else render_text_plain(report), nl=False)
+    emit("-", "diagnose", fmt, report)  # the bytes diagnose -o writes (plain text at 120 columns, or JSON)

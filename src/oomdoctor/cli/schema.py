@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from ..render.schema import COMMANDS, schema
-from .output import OUTPUT, write_output
+from ..render.schema import COMMANDS
+from .output import OUTPUT, emit
 
 
 @click.command("schema")
@@ -23,4 +21,4 @@ def command(command: tuple[str, ...], output: str | None) -> None:
     if name not in COMMANDS:
         raise click.BadParameter(f"{name!r} has no JSON output; one of: {', '.join(COMMANDS)}, run",
                                  param_hint="COMMAND")
-    write_output(output, json.dumps(schema(name), indent=2) + "\n")
+    emit(output, "schema", "json", name)

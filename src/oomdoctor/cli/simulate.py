@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
+from ..render.protocol import formats
 from ..simulate.whatif import simulate_recorded
 from ..units import parse_bytes
 from .inputs import load_with_progress
-from .output import OUTPUT, write_output, write_rendered
+from .output import OUTPUT, emit
 
 
 @click.command("simulate")
@@ -23,8 +24,8 @@ from .output import OUTPUT, write_output, write_rendered
               help="What --cap is: what cudaMalloc can get (device), or a set_per_process_memory_fraction "
                    "limit (fraction, which also enables garbage_collection_threshold).")
 @click.option("--search", is_flag=True, help="Try a grid of settings and recommend one.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-o", "--output", type=OUTPUT, help="Write to this file.")
+@click.option("--format", "fmt", type=click.Choice(formats("simulate")), default="text", show_default=True)
+@click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Worker processes for --search (default: CPUs).")
 def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap: str | None, cap_kind: str | None,
             search: bool, fmt: str, output: str | None, jobs: int | None) -> None:
@@ -42,11 +43,4 @@ def command(snapshot: str, configs: tuple[str, ...], immediate_frees: bool, cap:
     sim = simulate_recorded(traces[0], configs=list(configs), immediate_frees=immediate_frees,
                             cap_bytes=None if cap is None else parse_bytes(cap), cap_kind=cap_kind, search=search,
                             workers=jobs)
-    if fmt == "json":  # each renderer imported only when used: render.json needs no rich, render.text no json
-        from ..render.json import render_simulation_json
-
-        write_output(output, render_simulation_json(sim))
-    else:
-        from ..render.text import render_simulation_text
-
-        write_rendered(output, lambda console: render_simulation_text(sim, console))
+    emit(output, "simulate", fmt, sim)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 
 import click
 
@@ -13,7 +12,7 @@ from ..capture.files import json_bytes, sidecar_for, sidecar_name
 from ..errors import UsageError
 from ..trace import load
 from ..units import parse_duration_us
-from .output import FILE, OUTPUT, write_bytes
+from .output import FILE, OUTPUT, emit, write_bytes
 
 
 def parse_bound(text: str | None, unit: str) -> float | None:
@@ -50,7 +49,7 @@ def command(snapshot: str, unit: str, start: str | None, end: str | None, output
     a = analyze(trace)
     window = event_window(trace, a.device, parse_bound(start, unit), parse_bound(end, unit), unit)
     snap = slice_snapshot(trace, a.device, a.lifetimes, window)
-    kind = write_bytes(output, pickle.dumps(snap, protocol=4))
+    kind = emit(output, "slice", "pickle", snap).kind
     name = "standard output" if output == "-" else output
     if kind == FILE:
         write_bytes(sidecar_for(output), json_bytes(slice_metadata(trace, a.device, window)))

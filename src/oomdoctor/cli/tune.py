@@ -14,6 +14,7 @@ import click
 
 from ..errors import UsageError, install_hint
 from ..ids import TuneNote
+from ..render.protocol import formats
 from ..report.tune import (
     ALLOCATORS,
     MAX_TRACES,
@@ -23,7 +24,7 @@ from ..report.tune import (
     parse_knob,
     powers_of_two,
 )
-from .output import OUTPUT, check_output, write_output
+from .output import OUTPUT, check_output, emit
 
 
 def _list(text: str | None) -> list[str]:
@@ -84,7 +85,7 @@ def _micro_batches(text: str | None, per_gpu: int) -> list[int]:
               help="Directory for the runs' logs [default: ./oomdoctor-tune-<time>].")
 @click.option("--trial-timeout", type=click.FloatRange(min=1), default=None,
               help="Seconds a run may take before it is killed (counted as failed).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(formats("tune")), default="text", show_default=True)
 @click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- python train.py ... {mb} ...]")
 def command(hf_config: str | None, seq_len: int | None, global_batch: int | None, dtype: str, gpu: str | None,
@@ -116,7 +117,6 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
           steps: int, warmup: int, no_run: bool, jobs: int | None, max_traces: int, out: str | None,
           trial_timeout: float | None, fmt: str, output: str | None, command: tuple[str, ...]) -> None:
     check_output(output)  # refused now, not after the trials
-    from ..render.tune import render_tune_json, render_tune_text
     from ..report.preflight import room
     from ..report.tune import candidates, check_budget, gpu_spec, hf_space, script_space, tune
     from .preflight import _gpu
@@ -233,7 +233,7 @@ def _tune(hf_config: str | None, seq_len: int | None, global_batch: int | None, 
                           what=hf_config or " ".join(argv))
         finally:
             tracer.close()
-    write_output(output, render_tune_json(result) if fmt == "json" else render_tune_text(result))
+    emit(output, "tune", fmt, result)
     if result.best is None:
         raise click.exceptions.Exit(1)
 

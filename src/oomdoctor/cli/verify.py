@@ -12,6 +12,7 @@ import time
 import click
 
 from ..errors import OomdoctorError, UsageError
+from ..render.protocol import formats
 from ..report.loop import (
     SettingError,
     VerifyOutcome,
@@ -22,8 +23,7 @@ from ..report.loop import (
     verified,
 )
 from ..trace.load import discover
-from .inputs import write_output
-from .output import OUTPUT, check_output
+from .output import OUTPUT, check_output, emit
 from .trials import command_argv, require_gpu, run_trial
 
 
@@ -41,7 +41,7 @@ from .trials import command_argv, require_gpu, run_trial
 @click.option("--allow-no-gpu", is_flag=True,
               help="Run even where no CUDA device is visible (a stand-in job, a dry run); without it, verify refuses "
                    "at once: such reruns never run out of GPU memory.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(formats("verify")), default="text", show_default=True)
 @click.option("-o", "--output", type=OUTPUT, help="Write to this file (- for standard output).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeout: float | None, allow_no_gpu: bool,
@@ -84,8 +84,7 @@ def command(steps: int, settings: tuple[str, ...], out: str | None, trial_timeou
         rows.append(verified(setting, claim, trial, changed))
     result = VerifyOutcome(command=argv, steps=steps, rerun_steps=rerun_steps, snapshot=report is not None,
                            source=source, baseline=baseline, settings=rows, seconds=round(time.monotonic() - t0, 2))
-    from ..render.loop import verify_json, verify_text
-    write_output(output, verify_json(result) if fmt == "json" else verify_text(result))
+    emit(output, "verify", fmt, result)
     if result.refuted:
         raise click.exceptions.Exit(1)
     if result.failed:

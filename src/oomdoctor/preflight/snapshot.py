@@ -105,5 +105,10 @@ def write(path: str | Path, snap: dict[str, Any], meta: dict[str, Any]) -> tuple
     if write_target(p, pickle.dumps(snap, protocol=4)) != FILE:
         return Path(p), None
     side = sidecar_for(p)
-    write_target(side, json.dumps(meta, indent=1, default=str).encode("utf-8"))
+    write_target(side, sidecar_bytes(meta))
     return Path(p), Path(side)
+
+
+def sidecar_bytes(meta: dict[str, Any]) -> bytes:
+    """The sidecar ``meta`` as :func:`write` writes it beside the snapshot."""
+    return json.dumps(meta, indent=1, default=str).encode("utf-8")

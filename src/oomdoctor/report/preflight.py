@@ -457,8 +457,11 @@ def answer(trace_fn: Callable[[int | None], tuple[dict[str, Any], dict[str, Any]
                              "laid_out_by": "oomdoctor.simulate's allocator model, default settings, device limit "
                                             f"{cap.limit_bytes} bytes (the GPU's total less what runs outside the "
                                             "allocator)"}
-        written = snapshot_path or str(Path(tmp.name) / "laid-out.pickle")
+        # read back from a file of its own: -o may be a FIFO, a device or standard output, which cannot be read
+        written = str(Path(tmp.name) / "laid-out.pickle")
         write(written, laid, meta)
+        if snapshot_path:
+            write(snapshot_path, laid, meta)
         from ..trace import load
 
         cats, sources, where = breakdown_of(load(written))
