@@ -24,9 +24,9 @@ from .output import FILE, OUTPUT, check_output, emit, write_bytes
               help="Micro-batches per optimizer step (gradient accumulation).")
 @click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True,
               help="Training steps traced (a script: its optimizer steps; it is stopped after the last).")
-@click.option("--nproc-per-node", "nproc", type=click.IntRange(min=1), default=1, metavar="N",
-              help="A script launched by torchrun on N GPUs: rank 0 traced, in a fake process group (every "
-                   "collective faked); NCCL's buffers counted outside the allocator.")
+@click.option("--nproc-per-node", "nproc", type=click.IntRange(min=1), default=None, metavar="N",
+              help="A script launched by torchrun on N GPUs (1 too: torchrun's variables set): rank 0 traced, in a "
+                   "fake process group (every collective faked); NCCL's buffers counted outside the allocator.")
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, metavar="R",
               help="With --nproc-per-node: the rank traced (RANK and LOCAL_RANK as torchrun sets them).")
 @click.option("--ddp", "world_size", type=click.IntRange(min=1), default=1, metavar="WORLD_SIZE",
@@ -47,7 +47,7 @@ from .output import FILE, OUTPUT, check_output, emit, write_bytes
               help="Write the answer (--format) to this file instead of standard output (- for standard output).")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED, metavar="[-- python train.py ARGS...]")
 def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None, dtype: str, optimizer: str,
-            gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int, rank: int,
+            gradient_checkpointing: bool, loop: str, grad_accum: int, steps: int, nproc: int | None, rank: int,
             world_size: int,
             gpu: str | None, gpu_memory: str | None, no_search: bool, fmt: str, fail_on_oom: bool,
             snapshot: str | None, report: str | None, script: tuple[str, ...]) -> int:
@@ -57,9 +57,10 @@ def command(hf_config: str | None, micro_batch: int | None, seq_len: int | None,
     (and transformers for --hf-config): pip install torch transformers."""
     _check_outputs(snapshot, report)
     if script:
+        torchrun, nproc = nproc is not None, nproc or 1
         if rank >= nproc:
             raise UsageError(f"--rank {rank}: not a rank of --nproc-per-node {nproc} (0 to {nproc - 1})")
-        a = _script(script, steps=steps, nproc=nproc, rank=rank, gpu=gpu, gpu_memory=gpu_memory,
+        a = _script(script, steps=steps, nproc=nproc, torchrun=torchrun, rank=rank, gpu=gpu, gpu_memory=gpu_memory,
                     snapshot=snapshot, hf_config=hf_config)
         emit(report, "preflight", fmt, a)
         return _gate(a, fail_on_oom)
@@ -137,7 +138,7 @@ def _gpu(gpu: str | None, gpu_memory: str | None) -> tuple[str | None, int, int]
     return resolve_gpu(gpu, gpu_memory)
 
 
-def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu: str | None, gpu_memory: str | None,
+def _script(argv: tuple[str, ...], *, steps: int, nproc: int, torchrun: bool = False, rank: int = 0, gpu: str | None, gpu_memory: str | None,
             snapshot: str | None, hf_config: str | None) -> object:
     """``oomdoctor preflight -- python train.py ...``: the script traced (:mod:`oomdoctor.preflight.script`)."""
     import os
@@ -165,7 +166,7 @@ def _script(argv: tuple[str, ...], *, steps: int, nproc: int, rank: int = 0, gpu
     from ..report.preflight import answer
 
     name, total, sm = _gpu(gpu, gpu_memory)
-    job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc, rank=rank)
+    job = ScriptJob(tuple(args), max_steps=steps, world_size=nproc, rank=rank, torchrun=torchrun)
     outside = outside_allocator_bytes(nproc)
 
     def f(n: int | None) -> tuple[dict, dict, object]:

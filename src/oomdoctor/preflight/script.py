@@ -54,12 +54,14 @@ from .values import SHADOW_LIMIT
 @dataclass(frozen=True)
 class ScriptJob:
     """A script and its arguments (``argv[0]`` the ``.py`` file, or ``-m`` and a module), the optimizer steps
-    traced, and the world size (> 1: rank 0 of a fake process group)."""
+    traced, and the world size (> 1: rank 0 of a fake process group); ``torchrun``: launched by ``torchrun`` (its
+    variables set, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``..., also for one process: ``--nproc-per-node 1``)."""
 
     argv: tuple[str, ...]
     max_steps: int = 2
     world_size: int = 1
     rank: int = 0  # the rank traced (torchrun's RANK and LOCAL_RANK; one node)
+    torchrun: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"script": list(self.argv), "max_steps": self.max_steps, "world_size": self.world_size,
@@ -496,6 +498,36 @@ def _none(*a: Any, **k: Any) -> None:
     return None
 
 
+def _storage_resize(orig: Any, tracer: AllocationTracer) -> Any:
+    """``UntypedStorage.resize_`` that tells the tracer (:meth:`AllocationTracer.resized`) after resizing."""
+    def resize_(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        out = orig(self, size)
+        tracer.resized(self, int(size))
+        return out
+    return resize_
+
+
+class _CudaRngState:
+    """The fake GPU's generator state, as ``torch.cuda.get_rng_state`` gives a GPU's: 16 bytes on the host, the
+    Philox seed then the offset (``CUDAGeneratorImpl::get_state``: ``seed_ + offset_``, each 8 bytes). A CPU build of
+    torch has no GPU generator (``torch.cuda.default_generators`` is empty): DTensor's random ops
+    (``torch.distributed.tensor._random``, FSDP2's ``reset_parameters`` on a mesh) read this state, move its offset
+    and set it back. Every GPU of the node shares it."""
+
+    def __init__(self) -> None:
+        self.state = torch.zeros(16, dtype=torch.uint8)
+
+    def get(self, device: Any = "cuda") -> torch.Tensor:
+        return self.state.clone()
+
+    def set(self, new_state: torch.Tensor, device: Any = "cuda") -> None:
+        self.state = new_state.detach().to("cpu", torch.uint8).clone()
+
+    def set_all(self, new_states: Any) -> None:
+        for st in new_states:
+            self.set(st)
+
+
 def _zero(*a: Any, **k: Any) -> int:
     return 0
 
@@ -536,6 +568,11 @@ def cuda_patches(gpu_name: str, gpu_total_bytes: int, sm_major: int, gpus: int =
     ]
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         out.append((c, name, _zero))
+    # the GPU's generator state (DTensor's random ops read and set it around each one: _random.py _distribute_region)
+    rng = _CudaRngState()
+    for m in (c, c.random):
+        out += [(m, "get_rng_state", rng.get), (m, "set_rng_state", rng.set),
+                (m, "get_rng_state_all", lambda: [rng.get()] * gpus), (m, "set_rng_state_all", rng.set_all)]
     out.append((c, "is_current_stream_capturing", lambda: False))
     out += [(c, "Stream", _Stream), (c, "Event", _Event), (c, "stream", _stream_context),
             (c, "current_stream", lambda *a, **k: _DEFAULT_STREAM), (c, "default_stream", lambda *a, **k: _DEFAULT_STREAM),
@@ -815,9 +852,11 @@ def _library_hooks() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
-    """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc). With one
-    process (no ``--nproc-per-node``) the launcher's variables are not set, as ``python train.py`` has none: a
+def _fake_process_group(world_size: int, rank: int = 0, torchrun: bool = False) -> Iterator[None]:
+    """``init_process_group`` joins a fake process group as ``rank`` of ``world_size`` (the module doc). The
+    launcher's variables are set as ``torchrun`` sets them when it launched the script (``torchrun``, or more than
+    one process). With one process and no launcher (no ``--nproc-per-node``) they are not, as ``python train.py`` has
+    none: a
     script that starts a process group of one by itself (DINO's ``init_distributed_mode``: NCCL, rank 0 of 1, which
     a CPU build of torch lacks) gets the fake one; the others never call it."""
     import torch.distributed as dist
@@ -831,7 +870,7 @@ def _fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
 
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "ROLE_RANK": "0"} \
-        if world_size > 1 else {}
+        if torchrun or world_size > 1 else {}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     # every module holding torch's function: torch.distributed, distributed_c10d, device_mesh (init_device_mesh
@@ -967,6 +1006,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
             (torch.autograd.graph, "_engine_run_backward", _backward_on_gpu(engine_entry, tracer)),
             (ddp_mod, "DistributedDataParallel", ddp_cls), (parallel, "DistributedDataParallel", ddp_cls),
             (torch, "load", _torch_load(torch.load, tracer)),
+            (torch.UntypedStorage, "resize_", _storage_resize(torch.UntypedStorage.resize_, tracer)),
             (sys, "argv", sys_argv),
             (sys, "path", [str(Path(script).resolve().parent) if module is None else os.getcwd(), *sys.path]),
         ]
@@ -974,7 +1014,7 @@ def trace_script(job: ScriptJob, *, gpu_name: str, gpu_total_bytes: int, sm_majo
         kept: Any = None
         try:
             # the script's own prints go to standard error: standard output is preflight's answer
-            with _patched(patches), _library_hooks(), _fake_process_group(max(1, job.world_size), job.rank), devices, \
+            with _patched(patches), _library_hooks(), _fake_process_group(max(1, job.world_size), job.rank, job.torchrun), devices, \
                     gpu_device_property(tracer), contextlib.redirect_stdout(sys.stderr):
                 try:
                     if module is None:

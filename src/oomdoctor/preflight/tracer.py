@@ -167,6 +167,8 @@ class AllocationTracer(TorchDispatchMode):
         self.record = TraceRecord()
         self._live: dict[int, _Live] = {}
         self._weak: dict[int, int] = {}  # storage key -> weak reference handle, for collect()
+        #: storages of the GPU resized to 0 bytes in place (:meth:`resized`), by key: given bytes again, they allocate
+        self._emptied: dict[int, StorageWeakRef] = {}
         self._next = BASE_ADDR
         self._t = start_us if start_us is not None else time.time_ns() // 1000
         self._cublas = cublas_workspace_bytes
@@ -251,6 +253,36 @@ class AllocationTracer(TorchDispatchMode):
         self._live[key] = _Live(ref, addr, n, ref.cdata)
         self._weak[key] = ref.cdata
         return addr
+
+    def resized(self, st: torch.UntypedStorage, nbytes: int) -> None:
+        """``st`` resized in place to ``nbytes`` (``UntypedStorage.resize_``): on the GPU its block is freed and, for
+        a size other than 0, a block of the new size allocated (``StorageImpl`` ``resize_bytes_cuda``: a new data
+        pointer, the old one freed). FSDP2 frees each unsharded parameter's storage this way after its forward
+        (``reshard_after_forward``) and gives it back before backward (``_fsdp_param.py`` ``free_storage``,
+        ``alloc_storage``): the same tensors, so without this the trace kept every gathered parameter alive to the
+        step's end (measured on an H200: ``tests/data/preflight_scripts/fsdp2_reset.py``). A storage this trace has
+        not seen (the host's) is left alone."""
+        if self.stopped:
+            return
+        key = st._cdata
+        live = self._live.get(key)
+        if live is not None and not live.ref.expired():
+            if nbytes == live.size:
+                return
+            del self._live[key]
+            self._weak.pop(key, None)
+            self._free(live.addr, live.size)
+        else:
+            emptied = self._emptied.pop(key, None)
+            if emptied is None or emptied.expired():
+                return
+        if nbytes == 0:
+            self._emptied[key] = StorageWeakRef(st)
+            return
+        addr = self._alloc(nbytes, self._autograd_node() is not None)
+        ref = StorageWeakRef(st)
+        self._live[key] = _Live(ref, addr, nbytes, ref.cdata)
+        self._weak[key] = ref.cdata
 
     def addr_of(self, t: torch.Tensor) -> tuple[int, int] | None:
         """``(address, nbytes)`` of a live storage seen before, else None."""
@@ -384,17 +416,28 @@ class AllocationTracer(TorchDispatchMode):
             self.record.notes.append("cudnn_benchmark")
         copies: list[int] = []
         if self.gpu_only and not self._gpu_depth:  # host tensors a device op reads are copied in (index tensors)
-            copies = [t.untyped_storage().nbytes() for t in leaves if t.dim() > 0 and not _is_fake(t)]
+            # (a DTensor is the GPU's when its shard is: FSDP2's optimizer steps on them, in place)
+            copies = [t.untyped_storage().nbytes() for t in leaves if t.dim() > 0 and not self.is_gpu(t)]
         copied = [self.temporary(n, backward, keep=True) for n in copies]
         try:
-            out = func(*args, **kwargs)
+            if func is _aten.sparse_mask.default and _is_fake(args[1]) and args[1].is_sparse:
+                out = _sparse_mask(args[0], args[1])
+            elif func in _RANDOM_IN_PLACE and _is_dtensor(args[0]):
+                out = _random_on_shard(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
         except _DynamicOutputShape:
             out = self.values.upper_bound(func, args, kwargs)  # a data-dependent shape: its largest size
             if out is None:
                 raise
         for t in _tensors(out, []):
             # a DTensor's shard is made by its own dispatch, below this mode: seen here
-            self.see(getattr(t, "_local_tensor", t), backward)
+            t = getattr(t, "_local_tensor", t)
+            if t.layout is torch.sparse_coo:  # no storage of its own: its indices and values have theirs
+                self.see(t._indices(), backward)
+                self.see(t._values(), backward)
+            else:
+                self.see(t, backward)
         # a kernel's own buffers come after its outputs, as on the GPU (the H200's snapshots: a reduction's output,
         # then its staging buffer and semaphores; cuDNN attention's dq, dk, dv, then its workspace; flash's too)
         extra = _kernel_buffers(func, args)
@@ -503,6 +546,40 @@ def _dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+_RANDOM_IN_PLACE = frozenset(getattr(_aten, name).default for name in (
+    "uniform_", "normal_", "exponential_", "log_normal_", "cauchy_", "geometric_"))
+
+
+def _is_dtensor(t: Any) -> bool:
+    """``t`` is a ``torch.distributed.tensor.DTensor`` (a class check; its module imported only when the script has
+    made one)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
+def _random_on_shard(func: Any, args: Any, kwargs: Any) -> Any:
+    """An in-place random fill of a DTensor (``nn.init`` on FSDP2's sharded parameters, ``reset_parameters`` after
+    ``to_empty``), done on its shard: on the GPU it writes the shard in place and allocates nothing. DTensor's own
+    path (``_dispatch.py``) moves the GPU generator's Philox offset (``_random.py``) and propagates the sharding on
+    fake arguments of the mesh's device, ``cuda``, whose default generator a CPU build of torch does not have."""
+    func(args[0]._local_tensor, *args[1:], **kwargs)
+    return args[0]
+
+
+def _sparse_mask(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``aten::sparse_mask`` of ``t`` (dense or sparse) by a sparse COO ``mask`` on the fake GPU: the mask's
+    indices, copied, and ``t``'s values at them, ``nnz(mask)`` of ``t``'s dense dimensions (``SparseTensor.cpp``
+    ``sparse_mask``: ``t.mul(mask_template)``, a new sparse tensor with the mask's indices). The fake mode has no
+    values to intersect, and gives it none (nnz 0); the backward of a tensor built by ``torch.sparse_coo_tensor``
+    from a trained vector (peft's SHiRA adapters, ``get_delta_weight``) is such a mask of the dense gradient, and
+    autograd then refuses a gradient of 0 values for a vector of nnz (``validate_outputs``)."""
+    values = _aten.empty.memory_format([mask._nnz(), *t.shape[mask.sparse_dim():]], dtype=t.dtype, device=t.device)
+    indices = _aten.clone.default(mask._indices())
+    return _aten._sparse_coo_tensor_with_dims_and_tensors.default(
+        mask.sparse_dim(), mask.dense_dim(), list(t.shape), indices, values, dtype=t.dtype, layout=torch.sparse_coo,
+        device=t.device, is_coalesced=mask.is_coalesced())
 
 
 def _kernel_buffers(func, args) -> list[int]:
