@@ -66,7 +66,7 @@ def main() -> None:
     n = int((default.primary.events["action"] == 0).sum())
     tl = timeline(exp, lifetimes(exp_trace, exp))
     target = int(tl.reserved[: int(allocs[n]) + 1].max())
-    cap = Capacity(41_519_093_862, "fraction", "shared/snapshots/README.md")
+    cap = Capacity(limit_bytes=41_519_093_862, kind="fraction", source="shared/snapshots/README.md")
     r = replay(prepare(default), parse_config("expandable_segments:True"), capacity=cap)
     whatif.append({"recording": "fragmentation-oom/default-oom", "what_if": "expandable_segments:True",
                    "measured_in": "expandable-end.pickle, peak reserved up to the same request",

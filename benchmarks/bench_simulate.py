@@ -47,7 +47,7 @@ def main() -> None:
     prepare_s = time.perf_counter() - t0
     n = prepared.device.num_events
     # a fraction cap well above the peak, so that the GC config is active but no run OOMs
-    cap = Capacity(64 << 30, "fraction", "benchmark: 64 GiB fraction cap")
+    cap = Capacity(limit_bytes=64 << 30, kind="fraction", source="benchmark: 64 GiB fraction cap")
     loops: dict[str, list[float]] = {}
     walls: dict[str, list[float]] = {}
     peaks: dict[str, int] = {}

@@ -58,7 +58,7 @@ def test_all_shared_snapshots_are_covered(snapshots):
 
 def test_fragmentation_oom_at_the_recorded_allocation(snapshots):
     prepared = prepare(load(snapshots / "fragmentation-oom/default-oom.pickle"))
-    r = replay(prepared, capacity=Capacity(FRAG_CAP, "fraction", "README"))
+    r = replay(prepared, capacity=Capacity(limit_bytes=FRAG_CAP, kind="fraction", source="README"))
     assert r.matches_recorded is True
     assert r.oom.event_index == 13760 == prepared.recorded_oom
     assert r.oom.requested_bytes == 4_063_232_000 and r.num_alloc_retries == 1
@@ -77,7 +77,7 @@ def test_expandable_segments_avoid_the_oom_within_1_percent_of_the_real_run(snap
     target = int(tl.reserved[: allocs[n] + 1].max())
     assert target == 37_381_734_400  # 34.81 GiB
     prepared = prepare(default)
-    r = replay(prepared, parse_config("expandable_segments:True"), capacity=Capacity(FRAG_CAP, "fraction", "README"))
+    r = replay(prepared, parse_config("expandable_segments:True"), capacity=Capacity(limit_bytes=FRAG_CAP, kind="fraction", source="README"))
     assert r.oom is None
     assert abs(r.peak_reserved_bytes - target) / target < 0.01
 
@@ -100,7 +100,7 @@ def test_a_setting_past_the_recorded_oom_says_the_replay_ends_there(snapshots):
 
 def test_search_recommends_a_setting_without_oom(snapshots):
     sim = simulate(load(snapshots / "fragmentation-oom/default-oom.pickle"), search=True,
-                   capacity=Capacity(FRAG_CAP, "fraction", "README"))
+                   capacity=Capacity(limit_bytes=FRAG_CAP, kind="fraction", source="README"))
     assert sim.self_replay.oom is not None
     rec = sim.recommendation
     assert rec is not None and rec.result.oom is None

@@ -236,11 +236,11 @@ def test_largest_scale_replays_to_the_limit(tmp_path):
     from oomdoctor.simulate.replay import replay
     config = replace(prepared.recorded_config, expandable_segments=True)  # reserved follows allocated closely
     peak = replay(prepared, config).peak_reserved_bytes  # what the trace needs in the model, unscaled
-    r = largest_scale(prepared, events, Capacity(peak, "device", "test"), config=config, lo=0.1, hi=2.0)
+    r = largest_scale(prepared, events, Capacity(limit_bytes=peak, kind="device", source="test"), config=config, lo=0.1, hi=2.0)
     # the recorded run itself fits, a little more does not (2 MiB pages leave a little slack)
     assert r.scale is not None and 0.97 <= r.scale <= 1.02
     assert all(fits == (s <= r.scale) for s, _, fits in r.tried)
-    less = largest_scale(prepared, events, Capacity(peak * 3 // 4, "device", "test"), config=config, lo=0.1, hi=2.0,
+    less = largest_scale(prepared, events, Capacity(limit_bytes=peak * 3 // 4, kind="device", source="test"), config=config, lo=0.1, hi=2.0,
                          unit=1 / 10)  # whole tenths of the micro-batch only
     assert less.scale is not None and 0.1 <= less.scale < 0.9 and abs(less.scale * 10 - round(less.scale * 10)) < 1e-9
 

@@ -167,7 +167,7 @@ def test_two_passes_alive_advise_a_schedule_only_with_a_pipeline(tmp_path, evide
     # fewer micro-batches in flight" (issue 49: a single-GPU variable-length job got it)
     a = analysed(tmp_path, forwards(False))
     ev = {"in_flight": 2, **({"schedule_evidence": evidence} if evidence else {})}
-    v = Verdict("capacity", 1, [0], None, None, ev)
+    v = Verdict(kind="capacity", bytes=1, ranks=[0], headroom_bytes=None, finding=None, evidence=ev)
     assert ("pipeline-schedule" in [x.id for x in _actions(v, a, [], None)]) is pipeline
 
 
@@ -206,11 +206,11 @@ def test_an_oom_inside_the_optimizer_step_is_told_the_optimizers_memory(tmp_path
 
 
 def test_capacity_outside_the_step_keeps_its_usual_advice():
-    v = Verdict("capacity", 1, [0], None, None, {})
+    v = Verdict(kind="capacity", bytes=1, ranks=[0], headroom_bytes=None, finding=None, evidence={})
     assert "optimizer-memory" not in [x.id for x in _actions(v, _Fake(), [], None)]
-    v = Verdict("capacity", 1, [0], None, None, {"in_optimizer_step": True})
+    v = Verdict(kind="capacity", bytes=1, ranks=[0], headroom_bytes=None, finding=None, evidence={"in_optimizer_step": True})
     assert [x.id for x in _actions(v, _Fake(), [], None)] == ["optimizer-memory"]
-    assert Action("optimizer-memory").id in __import__("oomdoctor.report.verdict", fromlist=["ACTIONS"]).ACTIONS
+    assert Action(id="optimizer-memory").id in __import__("oomdoctor.report.verdict", fromlist=["ACTIONS"]).ACTIONS
 
 
 class _Fake:

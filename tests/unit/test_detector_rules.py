@@ -1084,18 +1084,17 @@ def _room(meta: dict | None, oom_free: int | None = None) -> Room:
 
 
 @pytest.mark.parametrize("meta, oom_free, room", [
-    (None, 3 * GiB, Room(19 * GiB, "device", "oom-device")),
+    (None, 3 * GiB, Room(bytes=19 * GiB, kind="device", source="oom-device")),
     ({"device_free_bytes": 2 * GiB, "memory_stats": {"reserved_bytes.all.current": 16 * GiB}}, None,
-     Room(18 * GiB, "device", "sidecar-free")),
+     Room(bytes=18 * GiB, kind="device", source="sidecar-free")),
     ({"gpu_total_memory_bytes": 80 * GiB, "world_size": 1}, None,
-     Room(80 * GiB - CUDA_CONTEXT_BYTES, "estimated", "gpu-total", {"given": False, "nccl": False})),
+     Room(bytes=80 * GiB - CUDA_CONTEXT_BYTES, kind="estimated", source="gpu-total", values={"given": False, "nccl": False})),
     ({"gpu_total_memory_bytes": 80 * GiB, "world_size": 2}, None,
-     Room(80 * GiB - CUDA_CONTEXT_BYTES - NCCL_FIRST_COMMUNICATOR_BYTES, "estimated", "gpu-total",
-          {"given": False, "nccl": True})),
+     Room(bytes=80 * GiB - CUDA_CONTEXT_BYTES - NCCL_FIRST_COMMUNICATOR_BYTES, kind="estimated", source="gpu-total", values={"given": False, "nccl": True})),
     ({"gpu_total_memory_bytes": 1}, None,
-     Room(1 - CUDA_CONTEXT_BYTES, "estimated", "gpu-total", {"given": False, "nccl": False})),
-    ({"gpu_total_memory_bytes": 0}, None, Room(None, "none", "none")),
-    (None, None, Room(None, "none", "none")),
+     Room(bytes=1 - CUDA_CONTEXT_BYTES, kind="estimated", source="gpu-total", values={"given": False, "nccl": False})),
+    ({"gpu_total_memory_bytes": 0}, None, Room(bytes=None, kind="none", source="none")),
+    (None, None, Room(bytes=None, kind="none", source="none")),
 ], ids=["oom", "sidecar", "one-rank", "two-ranks", "one-byte-gpu", "zero-byte-gpu", "nothing"])
 def test_device_room_from_each_source(meta, oom_free, room):
     assert _room(meta, oom_free) == room

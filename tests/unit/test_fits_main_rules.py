@@ -138,7 +138,7 @@ def analysed(tmp_path, r: Run | SnapBuilder, meta: dict | None = None, pool: int
 
 
 def room(mib: float, kind: str = "device") -> Room:
-    return Room(int(mib * MiB), kind, "oom-device")
+    return Room(bytes=int(mib * MiB), kind=kind, source="oom-device")
 
 
 
@@ -326,7 +326,7 @@ def test_a_finished_run_fits_its_own_micro_batch_when_the_replay_finds_no_more_r
     # room = the recorded peak exactly: the margin (1024 B) leaves no room even for the recorded scale, yet
     # the recorded micro-batch ran
     a = analysed(tmp_path, train(3))
-    f = fits(a, Room(int(a.peak_reserved[0]), "device", "t"), 4)
+    f = fits(a, Room(bytes=int(a.peak_reserved[0]), kind="device", source="t"), 4)
     assert (f.batch_scale, f.largest_micro_batch) == (1.0, 4)
     assert (f.expandable_batch_scale, f.expandable_largest_micro_batch) == (1.0, 4)
     assert "not-reproduced" not in f.notes
@@ -361,7 +361,7 @@ def test_an_oom_replayed_where_the_allocator_frees_its_cache_first_is_reproduced
     # without them, does not): the segments differ, the OOM is the same, and that is enough for a cut trace
     a = analysed(tmp_path, oom_after_steps(3))
     from oomdoctor.simulate.capacity import Capacity
-    v = replay(prepare(a.trace, a.device, a.lifetimes), capacity=Capacity(700 * MiB, "device", "t")).validation
+    v = replay(prepare(a.trace, a.device, a.lifetimes), capacity=Capacity(limit_bytes=700 * MiB, kind="device", source="t")).validation
     assert v.oom_matches and v.segment_events_differing > 0
     f = fits(a, room(700), 4)
     assert "not-reproduced" not in f.notes
@@ -410,7 +410,7 @@ def test_no_allocation_history_replays_nothing(tmp_path):
 
 def test_an_unknown_room_counts_the_bytes_but_replays_nothing(tmp_path):
     a = analysed(tmp_path, train(3))
-    f = fits(a, Room(None, "none", "unknown"), 4)
+    f = fits(a, Room(bytes=None, kind="none", source="unknown"), 4)
     assert f.micro_batch == 4 and f.room_bytes is None
     assert f.notes == ["room-unknown"]
     assert f.batch_scaled_bytes_at_peak == SCALED and f.batch_scale is None and f.replays == 0
@@ -419,7 +419,7 @@ def test_an_unknown_room_counts_the_bytes_but_replays_nothing(tmp_path):
 def test_the_activations_at_the_peak_are_what_checkpointing_could_free_at_most(tmp_path):
     # the activations freed by the backward, before the optimizer: activations; the state made after them
     a = analysed(tmp_path, train(1, late_state=True))
-    f = fits(a, Room(None, "none", "unknown"))
+    f = fits(a, Room(bytes=None, kind="none", source="unknown"))
     assert f.checkpointing_frees_at_most_bytes == SCALED
 
 
@@ -428,13 +428,13 @@ def test_sharding_frees_all_but_a_ranks_share_of_the_optimizer_state_made_after_
     # the state is made after the backward's peak: the largest state is the one at the end
     a = analysed(tmp_path, train(1, late_state=True), meta={"rank": 0, "world_size": world})
     assert a.peak_allocated[0] == 2 * PARAM + SCALED + 2 * GRAD  # no state at the peak
-    f = fits(a, Room(None, "none", "unknown"))
+    f = fits(a, Room(bytes=None, kind="none", source="unknown"))
     assert f.sharding_optimizer_frees_bytes == 4 * STATE * (world - 1) // world
 
 
 def test_sharding_counts_the_state_held_at_the_peak(tmp_path):
     a = analysed(tmp_path, train(3), meta={"rank": 0, "world_size": 2})
-    assert fits(a, Room(None, "none", "unknown")).sharding_optimizer_frees_bytes == 4 * STATE // 2
+    assert fits(a, Room(bytes=None, kind="none", source="unknown")).sharding_optimizer_frees_bytes == 4 * STATE // 2
 
 
 def test_nothing_that_grows_with_the_batch_is_not_sized(tmp_path):

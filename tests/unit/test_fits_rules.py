@@ -92,11 +92,11 @@ def first_forward(tmp_path, *, params=(100,), state=(), acts=(32,), request=32, 
 
 
 def device(mib: int) -> Room:
-    return Room(mib * MiB, "device", "oom-device")
+    return Room(bytes=mib * MiB, kind="device", source="oom-device")
 
 
 def fraction(mib: int) -> Room:
-    return Room(mib * MiB, "fraction", "oom-fraction-cap")
+    return Room(bytes=mib * MiB, kind="fraction", source="oom-fraction-cap")
 
 
 def assert_said_as_an_estimate(f: Fits, *, state_seen: bool) -> None:

@@ -137,9 +137,9 @@ def test_the_type_checker_refuses_an_id_of_no_kind(tmp_path):
     snippet.write_text(
         "from oomdoctor.report.verdict import Verdict\n"
         "from oomdoctor.simulate.capacity import Capacity\n"
-        "Verdict('healthy', 0, [0], reasons=['room-knwn'])\n"
-        "Capacity(1, 'device', 'the GPU total less the CUDA context')\n"
-        "Verdict('healthy', 0, [0], reasons=['room-known'])\n")
+        "Verdict(kind='healthy', bytes=0, ranks=[0], reasons=['room-knwn'])\n"
+        "Capacity(limit_bytes=1, kind='device', source='the GPU total less the CUDA context')\n"
+        "Verdict(kind='healthy', bytes=0, ranks=[0], reasons=['room-known'])\n")
     (tmp_path / "pyrightconfig.json").write_text(json.dumps({"extraPaths": [str(SRC.parent)], "pythonVersion": "3.11"}))
     exe = shutil.which("pyright") or str(Path(sys.executable).parent / "pyright")
     got = subprocess.run([exe, "--pythonpath", sys.executable, "--outputjson", str(snippet)],

@@ -207,14 +207,14 @@ def test_the_jobs_answer_to_what_fits_is_its_tightest_rank():
     from oomdoctor.report.verdict import Verdict, with_tightest_rank
 
     def v():
-        return Verdict("capacity", 1, [1], evidence={"largest_micro_batch": 30})
+        return Verdict(kind="capacity", bytes=1, ranks=[1], evidence={"largest_micro_batch": 30})
 
     stages = {0: Fits(1, "t", largest_micro_batch=26), 1: Fits(1, "t", largest_micro_batch=30), 2: None}
     got = with_tightest_rank(v(), stages)
     assert got.evidence["largest_micro_batch"] == 26 and got.evidence["largest_micro_batch_rank"] == 0
     got = with_tightest_rank(v(), {1: Fits(1, "t", largest_micro_batch=30), 0: Fits(1, "t", largest_micro_batch=31)})
     assert got.evidence == {"largest_micro_batch": 30}  # its own rank is the tightest: unchanged
-    healthy = Verdict("healthy", 1, [0])
+    healthy = Verdict(kind="healthy", bytes=1, ranks=[0])
     assert with_tightest_rank(healthy, stages).evidence == {}  # says nothing of what fits: nothing added
 
 

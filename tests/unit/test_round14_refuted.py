@@ -65,7 +65,7 @@ def test_a_cap_the_recording_was_above_holds_from_the_event_after_it(tmp_path):
     # its peaks are the capped part's: what a claim compares with the cap
     assert (r.peak_reserved_bytes, r.peak_allocated_bytes) == (100 * MiB, 100 * MiB)
     # capped from the first event (the rule before), the second segment does not fit under the cap
-    early = replay(prepare(a.trace, a.device, a.lifetimes), capacity=cap.__class__(CAP, "fraction", "x"))
+    early = replay(prepare(a.trace, a.device, a.lifetimes), capacity=cap.__class__(limit_bytes=CAP, kind="fraction", source="given"))
     assert early.oom is not None and early.oom.event_index < start
 
 
@@ -74,10 +74,10 @@ def test_the_prediction_and_what_fits_replay_the_cap_from_its_first_event(tmp_pa
     a = analysed(tmp_path, b, {"memory_cap_bytes": CAP})
     p = Predictor(a)
     assert p.margin.model_error_bytes == 0 and p.reproduces
-    room = Room(CAP, "fraction", "sidecar-cap")
+    room = Room(bytes=CAP, kind="fraction", source="sidecar-cap")
     assert room_capacity(room, a).from_event == start
     assert room_capacity(room).from_event == 0  # no trace: nothing says when it was set
-    assert room_capacity(Room(CAP, "device", "oom-device"), a).from_event == 0  # a device's room holds throughout
+    assert room_capacity(Room(bytes=CAP, kind="device", source="oom-device"), a).from_event == 0  # a device's room holds throughout
     f = fits(a, room, 4)
     assert f.margin["model_error_bytes"] == 0 and "not-reproduced" not in f.notes
 

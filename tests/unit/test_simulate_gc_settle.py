@@ -159,7 +159,7 @@ def test_gc_under_a_cap_runs_out_where_live_memory_exceeds_it(tmp_path):
     b.oom(45 * MiB, device_free=60 << 30)  # an oom entry holds the rounded request
     trace = load(b.write(tmp_path / "sage.pickle"))
     p = prepare(trace)
-    cap = Capacity(100 * MiB, "fraction", "given", "given", 100 * MiB, 100 * MiB, "given")
+    cap = Capacity(limit_bytes=100 * MiB, kind="fraction", source="given", certainty="given", lower_bytes=100 * MiB, upper_bytes=100 * MiB, evidence="given")
     recorded = replay(p, capacity=cap)
     assert recorded.validation.exact and recorded.oom.event_index == p.recorded_oom
     assert recorded.num_alloc_retries == 2
@@ -192,7 +192,7 @@ def test_after_a_refused_address_later_segments_follow_the_recording(tmp_path):
     b.free(z)
     trace = load(b.write(tmp_path / "reuse.pickle"))
     p = prepare(trace)
-    r = replay(p, capacity=Capacity(1 << 30, "fraction", "given"))
+    r = replay(p, capacity=Capacity(limit_bytes=1 << 30, kind="fraction", source="given"))
     events = r.model.segment_events
     assert events[0] == (SEGMENT_ALLOC, s1, 40 * MiB)
     assert events[1][0] == SEGMENT_ALLOC and events[1][1] != s1 and events[1][2] == 60 * MiB
@@ -292,7 +292,7 @@ def test_the_fallback_bounds_of_the_gc_trace(tmp_path):
 ])
 def test_which_caps_reproduce_the_gc_trace(tmp_path, cap_mib, exact, unmatched):
     p = prepare(load(gc_trace(tmp_path)))
-    v = replay(p, capacity=Capacity(cap_mib * MiB, "fraction", "test")).validation
+    v = replay(p, capacity=Capacity(limit_bytes=cap_mib * MiB, kind="fraction", source="test")).validation
     assert v.exact is exact and v.segment_events_unmatched == unmatched
     assert v.segment_events_unmatched <= v.segment_events_differing
 
@@ -314,7 +314,7 @@ def test_settle_capacity_finds_a_cap_that_reproduces_the_gc_trace(tmp_path):
 def test_settle_capacity_leaves_other_evidence_alone(tmp_path):
     t = load(gc_trace(tmp_path))
     p = prepare(t)
-    given = Capacity(70 * MiB, "fraction", "given", "given", 70 * MiB, 70 * MiB, "given")
+    given = Capacity(limit_bytes=70 * MiB, kind="fraction", source="given", certainty="given", lower_bytes=70 * MiB, upper_bytes=70 * MiB, evidence="given")
     assert settle_capacity(p, given) is given
 
 
@@ -360,7 +360,7 @@ def test_the_rest_of_a_larger_step_is_scaled_by_how_much_larger_it_is(tmp_path, 
     ev = ext.device.events
     tail = ev["action"][ext.first_appended:] == ALLOC
     assert (ev["size"][ext.first_appended:][tail] == [45 * MiB, 45 * MiB]).all()
-    cap = Capacity(140 * MiB, "fraction", "test")
+    cap = Capacity(limit_bytes=140 * MiB, kind="fraction", source="test")
     r = replay(prepare(trace, ext.device), capacity=cap)
     assert r.oom is not None and r.oom.requested_bytes == 45 * MiB and r.oom.alloc_size_bytes == 46 * MiB
     assert r.oom.event_index == len(ev["action"]) - 7  # the backward's alloc, before the three frees
@@ -421,8 +421,7 @@ def test_settle_capacity_reads_frees_no_cap_reproduces_as_empty_cache(tmp_path):
     v = replay(p, capacity=c).validation
     assert (v.segment_events_differing, v.segment_events_unmatched) == (2, 1)
     settled = settle_capacity(p, c)
-    assert settled == Capacity(None, "none", "fallbacks-unreproduced", "bounded", 200 * MiB, None, "fallbacks",
-                               {"runs": 1})
+    assert settled == Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty="bounded", lower_bytes=200 * MiB, upper_bytes=None, evidence="fallbacks", source_values={"runs": 1})
     assert replay(p, capacity=settled).validation.exact
 
 
@@ -518,7 +517,7 @@ def test_settle_capacity_narrows_to_a_window_between_its_first_caps(tmp_path):
     p = prepare(t)
     c = infer_capacity(t, p.device)
     assert (c.lower_bytes, c.upper_bytes) == (210 * MiB, 420 * MiB)
-    v = {cap: replay(p, capacity=Capacity(cap, "fraction", "test")).validation
+    v = {cap: replay(p, capacity=Capacity(limit_bytes=cap, kind="fraction", source="test")).validation
          for cap in (210 * MiB, 393 * MiB, 400 * MiB, 420 * MiB, None)}
     assert [(x.segment_events_unmatched, x.reserved_events_differing) for x in v.values()] == [
         (1, 20), (1, 20), (0, 0), (1, 6), (2, 3)]

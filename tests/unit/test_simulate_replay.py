@@ -125,7 +125,7 @@ def test_recorded_oom_sets_the_device_capacity(tmp_path):
     r = replay(prepared, capacity=cap)
     assert r.oom is not None and r.oom.event_index == prepared.device.num_events - 1
     assert r.oom.requested_bytes == 60 * MiB and r.matches_recorded is True
-    ok = replay(prepared, capacity=Capacity(200 * MiB, "device", "test"))
+    ok = replay(prepared, capacity=Capacity(limit_bytes=200 * MiB, kind="device", source="test"))
     assert ok.oom is None and ok.matches_recorded is False  # the recorded OOM is not reproduced
     assert ok.validation.oom_matches is False
 

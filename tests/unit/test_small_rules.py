@@ -354,7 +354,7 @@ def _capacity(rank=2, shortfall=100 * MiB, kind="capacity"):
     ev = {"rank": rank, "shortfall_bytes": shortfall, "need_bytes": 900 * MiB, "batch_scale": 0.5,
           "estimated_fit": "x", "largest_micro_batch": 3, "no_fit_reason": "r", "estimate_assumptions": "a",
           "checkpointing_frees_bytes": 1, "sharding_frees_bytes": 2}
-    return Verdict(kind, 900 * MiB, [rank], None, None, ev, ["live-tensors-exceed-room"], [Action("pipeline-schedule")])
+    return Verdict(kind=kind, bytes=900 * MiB, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=["live-tensors-exceed-room"], to_do=[Action(id="pipeline-schedule")])
 
 
 @pytest.mark.parametrize("findings, shortfall, kind, imbalance", [
@@ -395,7 +395,7 @@ def test_oom_with_findings_turns_capacity_into_imbalance_when_the_excess_covers_
 ], ids=["may-apply", "skips-known-not-to-apply", "none-applies", "no-fixes"])
 def test_oom_with_findings_takes_its_action_from_the_first_fix_that_may_apply(fixes, action):
     out = oom_with_findings(_capacity(), [_finding(per_rank={2: 150 * MiB}, fixes=fixes)])
-    assert out.kind == "imbalance" and out.to_do == ([] if action is None else [Action("finding-fix", fix=fixes[action])])
+    assert out.kind == "imbalance" and out.to_do == ([] if action is None else [Action(id="finding-fix", fix=fixes[action])])
 
 
 def test_oom_with_findings_takes_its_action_from_the_finding_it_rests_on():
@@ -404,7 +404,7 @@ def test_oom_with_findings_takes_its_action_from_the_finding_it_rests_on():
     shared = _finding(ranks=(1, 2), per_rank={2: 150 * MiB}, fixes=[Fix("rebalance-1-and-2", "all", "s")])
     own = _finding(per_rank={2: 150 * MiB}, fixes=[Fix("per-rank-extras-off-gpu", "all", "s")])
     out = oom_with_findings(_capacity(), [shared, own])
-    assert out.kind == "imbalance" and out.to_do == [Action("finding-fix", fix=own.fixes[0])]
+    assert out.kind == "imbalance" and out.to_do == [Action(id="finding-fix", fix=own.fixes[0])]
 
 
 def _state(b: SnapBuilder | None, room_bytes: int | None, name="rank5.pickle"):
@@ -412,7 +412,7 @@ def _state(b: SnapBuilder | None, room_bytes: int | None, name="rank5.pickle"):
         a = analyze(from_snapshot({"segments": [], "device_traces": [[]]}, name))
     else:
         a = _analysis(b, name=name, state_only=True)
-    return state_verdict(a, Room(room_bytes, "device" if room_bytes else "estimated", "test"))
+    return state_verdict(a, Room(bytes=room_bytes, kind="device" if room_bytes else "estimated", source="test"))
 
 
 @pytest.mark.parametrize("room_bytes", [4 * GiB, None])

@@ -103,7 +103,7 @@ def judge(a, room: int | None, mine=(), outputs: int = 0, fits: Fits | None = No
             ev["schedule_evidence"] = schedule
     calls = Calls(fits)
     bd = SimpleNamespace(categories={"outputs": outputs}, phase="forward")
-    v = _oom_verdict(a, list(mine), Room(room, "device" if room is not None else "none", "test"), bd, calls,
+    v = _oom_verdict(a, list(mine), Room(bytes=room, kind="device" if room is not None else "none", source="test"), bd, calls,
                      (lambda: defragmented), ev)
     return v, calls
 
@@ -611,7 +611,7 @@ def test_an_oom_inside_generate_is_capacity_unless_the_fix_leaves_a_tokens_growt
     for growth, kind, more in ((256 * MiB, "capacity", 0), (32 * MiB, "fragmentation", 3)):
         ev = {"rank": a.rank, "phase": "generation", "room_bytes": room, "kv_cache_growth_per_token_bytes": growth}
         bd = SimpleNamespace(categories={"outputs": 0, "kv_cache": 448 * MiB}, phase="generation")
-        v = _oom_verdict(a, [], Room(room, "device", "test"), bd, Calls(None), lambda: fixed, ev)
+        v = _oom_verdict(a, [], Room(bytes=room, kind="device", source="test"), bd, Calls(None), lambda: fixed, ev)
         assert v.kind == kind, growth
         e = v.evidence
         assert e["kv_room_after_fix_bytes"] == room - (ALLOCATED + 384 * MiB) - 32 * MiB == 96 * MiB
@@ -625,5 +625,5 @@ def test_an_oom_inside_generate_is_capacity_unless_the_fix_leaves_a_tokens_growt
     # no growth (a static cache, or no cache): the fix's outcome decides as before
     ev = {"rank": a.rank, "phase": "generation", "room_bytes": room}
     bd = SimpleNamespace(categories={"outputs": 0, "kv_cache": 448 * MiB}, phase="generation")
-    v = _oom_verdict(a, [], Room(room, "device", "test"), bd, Calls(None), lambda: fixed, ev)
+    v = _oom_verdict(a, [], Room(bytes=room, kind="device", source="test"), bd, Calls(None), lambda: fixed, ev)
     assert v.kind == "fragmentation" and "kv_tokens_more" not in v.evidence

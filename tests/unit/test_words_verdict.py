@@ -38,7 +38,7 @@ OOM_EV = {"request_bytes": 256 * MiB, "allocated_bytes": GiB, "need_bytes": GiB 
 
 
 def said(kind: str, reasons: list[str], ev: dict | None = None) -> str:
-    return words.summary(Verdict(kind, 0, [0], None, None, dict(HEALTHY_EV if ev is None else ev), reasons))
+    return words.summary(Verdict(kind=kind, bytes=0, ranks=[0], headroom_bytes=None, finding=None, evidence=dict(HEALTHY_EV if ev is None else ev), reasons=reasons))
 
 
 def test_healthy_with_the_room_and_its_peaks():
@@ -140,12 +140,12 @@ def test_capacity(reasons, tail):
 
 
 def test_an_estimates_assumptions_are_listed_one_each():
-    v = Verdict("capacity", 0, [0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=dict(OOM_EV))
+    v = Verdict(kind="capacity", bytes=0, ranks=[0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=dict(OOM_EV))
     assert words.assumptions(v) == ASSUMED.split("; ")
     ev = {**OOM_EV, "estimate_assumptions": ["generate-settings-kept", "generate-peak-grows"]}
-    v = Verdict("capacity", 0, [0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=ev)
+    v = Verdict(kind="capacity", bytes=0, ranks=[0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=ev)
     assert "a lower bound from the job's peak reserved, scaled with the batch" in words.summary(v)
-    assert words.assumptions(Verdict("capacity", 0, [0], evidence={})) == []
+    assert words.assumptions(Verdict(kind="capacity", bytes=0, ranks=[0], evidence={})) == []
 
 
 FRAGMENTATION = (f"{B(192 * MiB)} were free (cached or on the device) for a request of {B(256 * MiB)}, but not in one "
@@ -214,7 +214,7 @@ def test_every_reason_is_said():
 
 
 def act(a: Action, ev: dict | None = None) -> str:
-    v = Verdict("capacity", 0, [0], evidence=dict(OOM_EV if ev is None else ev), to_do=[a])
+    v = Verdict(kind="capacity", bytes=0, ranks=[0], evidence=dict(OOM_EV if ev is None else ev), to_do=[a])
     return words.actions(v)[0]
 
 
@@ -222,26 +222,26 @@ ALLOC = "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CON
 
 
 @pytest.mark.parametrize("action, text", [
-    (Action("pipeline-schedule"), PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + "."),
-    (Action("kv-cache-smaller", framework="generate"),
+    (Action(id="pipeline-schedule"), PIPELINE_KNOB[:1].upper() + PIPELINE_KNOB[1:] + "."),
+    (Action(id="kv-cache-smaller", framework="generate"),
      "Make the KV cache smaller or steadier: " + framework("generate").knobs["kv-cache"] + "."),
-    (Action("micro-batch-at-most"), "Use a per-device micro-batch of at most 4 and more gradient accumulation steps "
+    (Action(id="micro-batch-at-most"), "Use a per-device micro-batch of at most 4 and more gradient accumulation steps "
                                     "to keep the global batch."),
-    (Action("micro-batch-scale"), "Cut the per-device micro-batch to 0.5x the current one (give --micro-batch N to get "
+    (Action(id="micro-batch-scale"), "Cut the per-device micro-batch to 0.5x the current one (give --micro-batch N to get "
                                   "the number) and accumulate gradients to keep the global batch."),
-    (Action("activation-checkpointing"), f"Activation checkpointing frees at most {B(300 * MiB)} (the activations "
+    (Action(id="activation-checkpointing"), f"Activation checkpointing frees at most {B(300 * MiB)} (the activations "
                                          "saved for backward at the peak; recomputation adds back one layer's)."),
-    (Action("shard-optimizer"), f"Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees "
+    (Action(id="shard-optimizer"), f"Sharding the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP) frees "
                                 f"{B(GiB)}."),
-    (Action("alloc-conf-not-simulated"), ALLOC + " so that free memory is not stranded between segments (not "
+    (Action(id="alloc-conf-not-simulated"), ALLOC + " so that free memory is not stranded between segments (not "
                                                  "simulated: the allocator model cannot replay this recording)."),
-    (Action("alloc-conf-simulated"), ALLOC + f": simulated, it no OOM, peak reserved {B(GiB)} with {B(77 * MiB)} to "
+    (Action(id="alloc-conf-simulated"), ALLOC + f": simulated, it no OOM, peak reserved {B(GiB)} with {B(77 * MiB)} to "
                                              f"spare (margin {B(20 * MiB)}); later steps: for steps whose tensors "
                                              f"peak at up to {B(GiB)}, the heaviest recorded."),
-    (Action("alloc-conf-not-enough"), ALLOC + " to stop stranding free memory; simulated, it is not enough here: "
+    (Action(id="alloc-conf-not-enough"), ALLOC + " to stop stranding free memory; simulated, it is not enough here: "
                                               "lower the micro-batch too."),
-    (Action("finding-fix", fix=Fix("sharded-checkpoint", "all", "s")), fix_text(Fix("sharded-checkpoint", "all", "s"))),
-    (Action("logits"), f"The loss's logits hold {B(400 * MiB)} (loss.py:3 in cross_entropy): compute the loss in "
+    (Action(id="finding-fix", fix=Fix("sharded-checkpoint", "all", "s")), fix_text(Fix("sharded-checkpoint", "all", "s"))),
+    (Action(id="logits"), f"The loss's logits hold {B(400 * MiB)} (loss.py:3 in cross_entropy): compute the loss in "
                        "chunks or fuse the LM head with the cross-entropy."),
 ], ids=lambda x: x.id if isinstance(x, Action) else "")
 def test_each_action(action, text):
@@ -250,24 +250,24 @@ def test_each_action(action, text):
 
 def test_framework_knobs_are_said_as_the_framework_writes_them():
     fw = next(f for f in ("deepspeed", "megatron", "lightning", "transformers") if _has(f, "activations"))
-    assert act(Action("framework-activations", framework=fw)) == f"{framework(fw).name}: {framework(fw).knobs['activations']}."
+    assert act(Action(id="framework-activations", framework=fw)) == f"{framework(fw).name}: {framework(fw).knobs['activations']}."
     fw = next(f for f in ("transformers", "lightning", "liger", "accelerate", "megatron") if _has(f, "logits"))
-    assert act(Action("logits", framework=fw)) == (
+    assert act(Action(id="logits", framework=fw)) == (
         f"The loss's logits hold {B(400 * MiB)} (loss.py:3 in cross_entropy): {framework(fw).knobs['logits']}.")
 
 
 def test_the_setting_named_is_the_replayed_one():
     ev = {**OOM_EV, "defragmented_config": "max_split_size_mb:512"}
-    assert act(Action("alloc-conf-not-enough"), ev).startswith("Set PYTORCH_ALLOC_CONF=max_split_size_mb:512 ")
+    assert act(Action(id="alloc-conf-not-enough"), ev).startswith("Set PYTORCH_ALLOC_CONF=max_split_size_mb:512 ")
 
 
 def test_every_action_is_said():
     # every id has its own words, all different
     fw = {"kv-cache-smaller": "generate", "framework-activations": "deepspeed"}
-    got = {act(Action(x, framework=fw.get(x), fix=Fix("sharded-checkpoint", "all", "s"))) for x in ACTIONS}
+    got = {act(Action(id=x, framework=fw.get(x), fix=Fix("sharded-checkpoint", "all", "s"))) for x in ACTIONS}
     assert len(got) == len(ACTIONS) and all(got)
     with pytest.raises(KeyError):
-        act(Action("no-such-action"))
+        act(Action(id="no-such-action"))
 
 
 def _has(fid: str, knob: str) -> bool:

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from ..simulate.replay import Prepared, Validation
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Room:
     """The most the allocator could hold (bytes; None when nothing says), its ``source`` (an id of
     :data:`ROOM_SOURCES`, its numbers in ``values``; said in words by ``oomdoctor.render.words.fits``) and
@@ -89,7 +89,7 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
 
         cap, source, values = sidecar_cap(meta)
     if cap is not None:
-        return Room(cap, "fraction", "sidecar-cap", {"capacity_source": source, **values})
+        return Room(bytes=cap, kind="fraction", source="sidecar-cap", values={"capacity_source": source, **values})
     if a.oom_events.size:
         from ..simulate.capacity import infer_capacity
 
@@ -97,29 +97,27 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
         if inferred.kind == "fraction" and inferred.limit_bytes is not None:
             # the device still had the segment's bytes free at the OOM: a memory-fraction cap failed it, not the
             # device (simulate/capacity.py, rule 3); its lower end is the peak reserved before the OOM
-            return Room(inferred.limit_bytes, "fraction", "oom-fraction-cap")
+            return Room(bytes=inferred.limit_bytes, kind="fraction", source="oom-fraction-cap")
         k = int(a.oom_events[-1])
         free = int(a.device.events["device_free"][k])
         if free >= 0:
             reserved = int(a.timeline.reserved[k])
-            return Room(reserved + free, "device", "oom-device")
+            return Room(bytes=reserved + free, kind="device", source="oom-device")
     free = meta.get("device_free_bytes")  # sidecar fields' shapes are checked at load
     stats: dict[str, Any] = meta.get("memory_stats") or {}
     reserved = stats.get("reserved_bytes.all.current")
     if isinstance(free, int) and isinstance(reserved, int):
-        return Room(free + reserved, "device", "sidecar-free")
+        return Room(bytes=free + reserved, kind="device", source="sidecar-free")
     total = meta.get("gpu_total_memory_bytes")
     if isinstance(total, int) and total > 0 and outside_bytes is not None:
-        return Room(total - int(outside_bytes), "estimated", "gpu-total-less-outside",
-                    {"given": bool(meta.get("gpu_total_memory_given")), "outside_bytes": int(outside_bytes)})
+        return Room(bytes=total - int(outside_bytes), kind="estimated", source="gpu-total-less-outside", values={"given": bool(meta.get("gpu_total_memory_given")), "outside_bytes": int(outside_bytes)})
     if isinstance(total, int) and total > 0:
         from ..plan.terms import outside_allocator_bytes
 
         world = meta.get("world_size") or 1
         nccl, outside = world > 1, outside_allocator_bytes(world)
-        return Room(total - outside, "estimated", "gpu-total",
-                    {"given": bool(meta.get("gpu_total_memory_given")), "nccl": nccl})
-    return Room(None, "none", "none")
+        return Room(bytes=total - outside, kind="estimated", source="gpu-total", values={"given": bool(meta.get("gpu_total_memory_given")), "nccl": nccl})
+    return Room(bytes=None, kind="none", source="none")
 
 
 def room_capacity(room: Room, a: DeviceAnalysis | None = None) -> Capacity:
@@ -130,8 +128,7 @@ def room_capacity(room: Room, a: DeviceAnalysis | None = None) -> Capacity:
 
     start = (limit_from_event(a.device, room.bytes) if a is not None and room.source == "sidecar-cap"
              and room.bytes is not None else 0)
-    return Capacity(room.bytes, "fraction" if room.kind == "fraction" else "device", "device-room",
-                    source_values={"room_source": room.source, **room.values}, from_event=start)
+    return Capacity(limit_bytes=room.bytes, kind="fraction" if room.kind == "fraction" else "device", source="device-room", source_values={"room_source": room.source, **room.values}, from_event=start)
 
 
 @dataclass

@@ -84,7 +84,7 @@ ACTIONS = VERDICT_ACTIONS
 """The ids of a verdict's actions (:class:`Action`); their numbers are in the verdict's ``evidence``."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Action:
     """One thing to do: ``id`` (:data:`ACTIONS`); ``framework``: the id of the framework whose knob it names
     (:mod:`oomdoctor.frameworks`), if one; ``fix``: for ``finding-fix``, the finding's :class:`Fix` itself (its
@@ -102,7 +102,7 @@ class Action:
     """finding-fix: the finding's fix the action is, in the JSON its id (its words are the action's text)"""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Verdict:
     """``kind`` (:data:`KINDS`), the ``bytes`` that decide it, the ``ranks`` it concerns, the ``headroom_bytes``
     left on the device at the peak of reserved memory (None when the device's room is unknown), the finding behind
@@ -192,7 +192,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
             reasons.append("at-edge")
             if "kv_cache_bytes" in ev:
                 reasons.append("kv-cache-named")
-    return with_findings(Verdict("healthy", peak_reserved, [rank], headroom, None, ev, reasons), findings)
+    return with_findings(Verdict(kind="healthy", bytes=peak_reserved, ranks=[rank], headroom_bytes=headroom, finding=None, evidence=ev, reasons=reasons), findings)
 
 
 def peak_evidence(jp: JobPeak) -> dict[str, Any]:
@@ -243,10 +243,8 @@ def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
           "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes} | peak_evidence(jp)
     if not a.device.segments:
-        return Verdict("empty", 0, [a.rank], room.bytes, None, ev, ["nothing-recorded"])
-    return Verdict("healthy", jp.peak_reserved_bytes, [a.rank],
-                   room.bytes - jp.peak_reserved_bytes if room.bytes is not None else None, None, ev,
-                   ["final-state-only"])
+        return Verdict(kind="empty", bytes=0, ranks=[a.rank], headroom_bytes=room.bytes, finding=None, evidence=ev, reasons=["nothing-recorded"])
+    return Verdict(kind="healthy", bytes=jp.peak_reserved_bytes, ranks=[a.rank], headroom_bytes=room.bytes - jp.peak_reserved_bytes if room.bytes is not None else None, finding=None, evidence=ev, reasons=["final-state-only"])
 
 
 def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
@@ -261,10 +259,10 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
         return _say_material(v, findings)
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
     ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title_ref()}
-    out = Verdict(FINDING_KIND[f.id], _rank_bytes(f, rank), [rank], v.headroom_bytes, f.id, ev, ["finding-decides"])
+    out = Verdict(kind=FINDING_KIND[f.id], bytes=_rank_bytes(f, rank), ranks=[rank], headroom_bytes=v.headroom_bytes, finding=f.id, evidence=ev, reasons=["finding-decides"])
     fx = next((x for x in f.fixes if x.applies is not False), None)
     if fx is not None:
-        out.to_do = [Action("finding-fix", fix=fx)]  # the fix itself: its words are the renderers'
+        out.to_do = [Action(id="finding-fix", fix=fx)]  # the fix itself: its words are the renderers'
     return out
 
 
@@ -290,7 +288,7 @@ def _imbalance(mine: list[Finding], rank: int, short: int | None, ev: dict[str, 
     if f is None or short is None or short <= 0 or _rank_bytes(f, rank) < short:
         return None
     ev = {**ev, "excess_bytes": _rank_bytes(f, rank)}
-    return Verdict("imbalance", ev["excess_bytes"], [rank], None, "rank-imbalance", ev, ["rank-excess"])
+    return Verdict(kind="imbalance", bytes=ev["excess_bytes"], ranks=[rank], headroom_bytes=None, finding="rank-imbalance", evidence=ev, reasons=["rank-excess"])
 
 
 _CAPACITY_EVIDENCE = ("largest_micro_batch", "batch_scale", "estimated_fit", "estimate_assumptions", "no_fit_reason",
@@ -313,7 +311,7 @@ def oom_with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
     f = _own_imbalance(mine, rank)
     assert f is not None  # _imbalance found it
     fx = next((x for x in f.fixes if x.applies is not False), None)
-    out.to_do = [Action("finding-fix", fix=fx)] if fx is not None else []
+    out.to_do = [Action(id="finding-fix", fix=fx)] if fx is not None else []
     return out
 
 
@@ -341,19 +339,18 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         # growth or capacity (issue 49)
         ev |= {"kept_exception_bytes": kept_ex.evidence["held_at_last_oom_bytes"],
                "kept_oom_event": kept_ex.evidence["oom_event"], "kept_retry_event": kept_ex.evidence["retry_event"]}
-        return Verdict("kept-exception", ev["kept_exception_bytes"], [rank], None, kept_ex.id, ev,
-                       ["held-by-exception"])
+        return Verdict(kind="kept-exception", bytes=ev["kept_exception_bytes"], ranks=[rank], headroom_bytes=None, finding=kept_ex.id, evidence=ev, reasons=["held-by-exception"])
     growth = [f for f in mine if f.id in GROWTH_FINDINGS]
     kept = max([bd.categories["outputs"]] + [_rank_bytes(f, rank) for f in growth])
     if kept >= decisive and (short is None or short > 0 or growth):
         ev["kept_bytes"] = kept
         f = max(growth, key=lambda x: _rank_bytes(x, rank)) if growth else None
-        return Verdict("growth", kept, [rank], None, f.id if f else None, ev, ["kept-across-micro-batches"])
+        return Verdict(kind="growth", bytes=kept, ranks=[rank], headroom_bytes=None, finding=f.id if f else None, evidence=ev, reasons=["kept-across-micro-batches"])
     got = _imbalance(mine, rank, short, ev)
     if got is not None:
         return got
     if short is None:
-        return Verdict("capacity", request, [rank], None, None, ev, ["room-unknown"])
+        return Verdict(kind="capacity", bytes=request, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=["room-unknown"])
     assert room_b is not None  # short is need - room_b
     if short > 0:
         fits = get_fits()
@@ -366,11 +363,11 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             reasons.append("kv-cache-named")
         reasons += _fit_reason(fits, ev)
         _kv_fit(a, bd, ev, room_b, need, None)
-        return Verdict("capacity", short, [rank], None, None, ev, reasons)
+        return Verdict(kind="capacity", bytes=short, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=reasons)
     # need <= room < need + pending: the blocks freed by Python but held for other streams made the
     # difference, however few bytes they are (a small GPU or a MIG slice runs out by little)
     if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b:
-        return Verdict("deferred-free", an.pending_free_bytes, [rank], None, "deferred-free", ev, ["pending-frees"])
+        return Verdict(kind="deferred-free", bytes=an.pending_free_bytes, ranks=[rank], headroom_bytes=None, finding="deferred-free", evidence=ev, reasons=["pending-frees"])
     ev["room_kind"] = room.kind
     reasons: list[VerdictReason] = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else []),
                                     *(["cap-lower-end"] if room.source == "oom-fraction-cap" else [])]
@@ -400,7 +397,7 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             # the bytes that decide it: the failed request, or what the spare room lacks of the margin
             decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
                        else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
-            return Verdict("capacity", decides, [rank], None, None, ev, reasons)
+            return Verdict(kind="capacity", bytes=decides, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=reasons)
         # the setting gets the replay past the recorded OOM and through every recorded step: the OOM that happened
         # was fragmentation. Whether the job keeps running (the rest of the step, later steps) is the prediction's
         # continuation, a second statement with its own margin: it never changes the cause (issue 49)
@@ -412,13 +409,13 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             # generate(): the cache grows by the same bytes every token to come; a fix that leaves less than one
             # token's growth beyond the failed request and the margin does not carry the generation on
             reasons.extend(["fragmentation-hit-first", "kv-generation-at-capacity"])
-            return Verdict("capacity", ev["kv_cache_growth_per_token_bytes"] - left, [rank], None, None, ev, reasons)
+            return Verdict(kind="capacity", bytes=ev["kv_cache_growth_per_token_bytes"] - left, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=reasons)
         if left is not None:
             reasons.append("kv-fits-with-fix")
         ev["defragmented_outcome_template"] = fixed["outcome"]  # the JSON writes the words' template here
     reasons += _fit_reason(get_fits(), ev)
     # the bytes that decide it: the free ones its words say (pending frees are not free yet)
-    return Verdict("fragmentation", ev["free_bytes"], [rank], None, "fragmentation", ev, reasons)
+    return Verdict(kind="fragmentation", bytes=ev["free_bytes"], ranks=[rank], headroom_bytes=None, finding="fragmentation", evidence=ev, reasons=reasons)
 
 
 def in_optimizer_step(a: DeviceAnalysis, k: int) -> bool:
@@ -539,41 +536,41 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
     out: list[Action] = []
     fws = _frameworks(a)
     if v.kind == "capacity" and ev.get("in_flight", 0) >= 2 and "schedule_evidence" in ev:
-        out.append(Action("pipeline-schedule"))
+        out.append(Action(id="pipeline-schedule"))
     if v.kind == "capacity" and ev.get("in_optimizer_step"):
         # inside optimizer.step() the activations are gone: neither a smaller micro-batch nor checkpointing helps;
         # an optimizer with less state, or its state sharded, does (issue 49)
-        out.append(Action("optimizer-memory"))
+        out.append(Action(id="optimizer-memory"))
         if (fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES
                 and _unsharded_data_parallel(fws)):
             ev["sharding_frees_bytes"] = fits.sharding_optimizer_frees_bytes
-            out.append(Action("shard-optimizer"))
+            out.append(Action(id="shard-optimizer"))
         return out
     if v.kind in ("capacity", "fragmentation") and "kv_cache_bytes" in ev:
-        out.append(Action("kv-cache-smaller", framework="generate"))
+        out.append(Action(id="kv-cache-smaller", framework="generate"))
     if v.kind == "capacity":
         if fits is not None and fits.largest_micro_batch is not None:
-            out.append(Action("micro-batch-at-most"))
+            out.append(Action(id="micro-batch-at-most"))
         elif fits is not None and fits.batch_scale is not None:
-            out.append(Action("micro-batch-scale"))
+            out.append(Action(id="micro-batch-scale"))
         if fits is not None and fits.checkpointing_frees_at_most_bytes:
             ev["checkpointing_frees_bytes"] = fits.checkpointing_frees_at_most_bytes
-            out.append(Action("activation-checkpointing"))
+            out.append(Action(id="activation-checkpointing"))
         if (fits is not None and fits.sharding_optimizer_frees_bytes >= MIN_DECISIVE_BYTES
                 and _unsharded_data_parallel(fws)):
             ev["sharding_frees_bytes"] = fits.sharding_optimizer_frees_bytes
-            out.append(Action("shard-optimizer"))
+            out.append(Action(id="shard-optimizer"))
         for fw in fws:
             if "activations" in fw.knobs:
-                out.append(Action("framework-activations", framework=fw.id))
+                out.append(Action(id="framework-activations", framework=fw.id))
                 break
     elif v.kind == "fragmentation":
         if "defragmented_reach" not in ev:
-            out.append(Action("alloc-conf-not-simulated"))
+            out.append(Action(id="alloc-conf-not-simulated"))
         elif ev["defragmented_reach"] in ("step-completed", "complete") or ev.get("fix_oom", True) is None:
-            out.append(Action("alloc-conf-simulated"))
+            out.append(Action(id="alloc-conf-simulated"))
         else:
-            out.append(Action("alloc-conf-not-enough"))
+            out.append(Action(id="alloc-conf-not-enough"))
         # no micro-batch cut: the free setting clears the recorded steps (issue 49); what fits with the recorded
         # settings stays in the summary and the fits section, as a fact
     elif v.finding is not None:
@@ -581,9 +578,9 @@ def _actions(v: Verdict, a: DeviceAnalysis, mine: list[Finding], fits: Fits | No
              else next((x for x in mine if x.id == v.finding), None))
         fx = next((x for x in f.fixes if x.applies is not False), None) if f is not None else None
         if fx is not None:
-            out.append(Action("finding-fix", fix=fx))
+            out.append(Action(id="finding-fix", fix=fx))
     if "logits_bytes" in ev and v.kind in ("capacity", "fragmentation"):
-        out.append(Action("logits", framework=next((fw.id for fw in fws if "logits" in fw.knobs), None)))
+        out.append(Action(id="logits", framework=next((fw.id for fw in fws if "logits" in fw.knobs), None)))
     return out
 
 
@@ -600,8 +597,7 @@ def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:
         return None
     worst = min(verdicts, key=lambda v: (v.ranks[0] not in oom_ranks, _ORDER.get(v.kind, 5), -v.bytes))
     ranks = sorted({r for v in verdicts if v.kind == worst.kind for r in v.ranks})
-    return Verdict(worst.kind, worst.bytes, ranks, worst.headroom_bytes, worst.finding, worst.evidence,
-                   worst.reasons, worst.to_do)
+    return Verdict(kind=worst.kind, bytes=worst.bytes, ranks=ranks, headroom_bytes=worst.headroom_bytes, finding=worst.finding, evidence=worst.evidence, reasons=worst.reasons, to_do=worst.to_do)
 
 
 def with_tightest_rank(v: Verdict | None, fits_by_rank: dict[int, Fits | None]) -> Verdict | None:

@@ -63,7 +63,7 @@ EXACT, BOUNDED, GIVEN, NONE = "exact", "bounded", "given", "none"
 DEVICE_LIMIT_SHARE = 0.95
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Capacity:
     """A memory limit in bytes (None: unlimited), its ``kind`` (``fraction``, ``device`` or ``none``),
     which evidence set it (``source``: an id of :data:`SOURCES`, its numbers in ``source_values``; said in
@@ -107,8 +107,7 @@ def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     module doc). Pure; O(events)."""
     cap, source, values = sidecar_cap(trace.meta)
     if cap is not None and source is not None:
-        return Capacity(cap, "fraction", source, EXACT, cap, cap, "sidecar", values,
-                        from_event=limit_from_event(device, cap))
+        return Capacity(limit_bytes=cap, kind="fraction", source=source, certainty=EXACT, lower_bytes=cap, upper_bytes=cap, evidence="sidecar", source_values=values, from_event=limit_from_event(device, cap))
     act = device.events["action"]
     ooms = np.flatnonzero(act == OOM)
     if ooms.size:
@@ -152,12 +151,10 @@ def _from_oom(device: DeviceTrace, o: int) -> Capacity:
     seg = allocation_size(request)
     if device_free < seg:
         cap = at_oom + device_free
-        return Capacity(cap, "device", "oom-device", EXACT, cap, cap, "oom",
-                        {"event": o, "device_free_bytes": device_free, "reserved_bytes": at_oom})
+        return Capacity(limit_bytes=cap, kind="device", source="oom-device", certainty=EXACT, lower_bytes=cap, upper_bytes=cap, evidence="oom", source_values={"event": o, "device_free_bytes": device_free, "reserved_bytes": at_oom})
     lower = int(max(reserved[:o].max() if o else reserved_start, reserved_start))
     upper = at_oom + seg - 1
-    return Capacity(lower, "fraction", "oom-fraction-cap", BOUNDED, lower, upper, "oom",
-                    {"event": o, "device_free_bytes": device_free})
+    return Capacity(limit_bytes=lower, kind="fraction", source="oom-fraction-cap", certainty=BOUNDED, lower_bytes=lower, upper_bytes=upper, evidence="oom", source_values={"event": o, "device_free_bytes": device_free})
 
 
 def fallback_bounds(trace: Trace, device: DeviceTrace) -> tuple[int | None, int, int]:
@@ -266,11 +263,10 @@ def _from_fallbacks(trace: Trace, device: DeviceTrace) -> Capacity:
     stats: dict[str, Any] = trace.meta.get("memory_stats") or {}
     retries = stats.get("num_alloc_retries")
     if upper is None:
-        return Capacity(None, "none", "no-evidence")
+        return Capacity(limit_bytes=None, kind="none", source="no-evidence")
     if upper < lower:
-        return Capacity(None, "none", "fallbacks-disagree",
-                        source_values={"runs": runs, "upper_bytes": upper, "peak_reserved_bytes": lower})
+        return Capacity(limit_bytes=None, kind="none", source="fallbacks-disagree", source_values={"runs": runs, "upper_bytes": upper, "peak_reserved_bytes": lower})
     total = trace.meta.get("gpu_total_memory_bytes")
     kind = "device" if isinstance(total, int) and upper >= DEVICE_LIMIT_SHARE * total else "fraction"
     also = {"alloc_retries": retries} if isinstance(retries, int) and retries > 0 else {}
-    return Capacity(lower, kind, "fallbacks", BOUNDED, lower, upper, "fallbacks", {"runs": runs, **also})
+    return Capacity(limit_bytes=lower, kind=kind, source="fallbacks", certainty=BOUNDED, lower_bytes=lower, upper_bytes=upper, evidence="fallbacks", source_values={"runs": runs, **also})

@@ -534,7 +534,7 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     if config.backend != "native":
         raise SimulationError("backend:cudaMallocAsync is CUDA's own pool allocator; only the native caching "
                               "allocator is modelled")
-    capacity = capacity or Capacity(None, "none", "unlimited")
+    capacity = capacity or Capacity(limit_bytes=None, kind="none", source="unlimited")
     fraction_limit = capacity.limit_bytes if capacity.kind == "fraction" else None
     device_limit = capacity.limit_bytes if capacity.kind == "device" else None
     if config.per_process_memory_fraction < 1.0:
