@@ -164,7 +164,8 @@ def nested_options() -> dict[type, dict[str, Any]]:
         Action: {"enums": {"id": ACTIONS}, "made": {"fix": null(s(""))}},
         # render/json.py finding_dict: the title, summary and each fix's text in words, for the ids they replace
         Finding: {"enums": {"severity": SEVERITIES}, "values": {"per_rank_bytes": b("")},
-                  "made": {"prediction": lambda: prediction_schema(""), "title": s("one line"),
+                  "made": {"prediction": lambda: prediction_schema(""), "evidence": lambda: free(""),
+                           "title": s("one line"),
                            "summary": s("what was seen, in numbers, filled in")},
                   "dropped": ("variant",), "after": {"title": "severity", "summary": "bytes"}},
         Fix: {"enums": {"kind": FIX_KINDS}, "made": {"prediction": lambda: prediction_schema(""),
