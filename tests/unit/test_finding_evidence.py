@@ -140,3 +140,40 @@ def test_evidence_survives_the_reports_plain_round_trip():
     assert [f.evidence for f in back.findings] == [f.evidence for f in report.findings]
     assert [type(f.evidence) for f in back.findings] == [type(f.evidence) for f in report.findings]
     assert back.findings[0].evidence.as_dict() == report.findings[0].evidence.as_dict()
+
+
+# ------------------------------------------------------------------------------------------------ the schema
+
+def test_the_schema_has_one_object_per_kind_generated_from_its_class():
+    ev = S.finding_schema()["properties"]["evidence"]
+    assert ev["description"].startswith("the numbers behind it, one object per finding kind")
+    kinds = {k["title"]: k for k in ev["oneOf"]}
+    assert len(kinds) == len(CLASSES) and "deferred-free: final-state" in kinds and "cache-flush" in kinds
+    imbalance = kinds["rank-imbalance"]
+    own = [f.name for f in dataclasses.fields(RankImbalanceEvidence) if f.name not in
+           {g.name for g in dataclasses.fields(Evidence)}]
+    assert list(imbalance["properties"])[:len(own)] == own  # the JSON's order: its own fields, then the rule's
+    assert list(imbalance["properties"])[len(own):] == [f.name for f in dataclasses.fields(Evidence)]
+    assert imbalance["additionalProperties"] is False and "rank" in imbalance["required"]
+    for absent in ("top_site", "top_site_extra_bytes", "claimed_bytes", "severity_before_materiality"):
+        assert absent not in imbalance["required"]  # left out while None ...
+        assert "null" not in str(imbalance["properties"][absent].get("type"))  # ... and never null when there
+    assert imbalance["properties"]["extra_at_end"]["items"]["properties"]["others_bytes"]["type"] == "integer"
+    assert imbalance["properties"]["per_rank_peak_allocated_bytes"]["additionalProperties"]["type"] == "integer"
+
+
+def test_real_evidence_matches_exactly_its_own_kind_and_a_misspelt_key_fails(capsys):
+    import jsonschema
+
+    from oomdoctor.cli.main import main
+
+    assert main(["diagnose", "--demo", "--format", "json"]) == 0
+    (f,) = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "deferred-free"]
+    ev = S.finding_schema()["properties"]["evidence"]
+    matching = [k["title"] for k in ev["oneOf"] if jsonschema.Draft202012Validator(k).is_valid(f["evidence"])]
+    assert matching == ["deferred-free: at-peak"]
+    assert jsonschema.Draft202012Validator(ev).is_valid(f["evidence"])
+    bad = {**f["evidence"], "held_at_peek_bytes": 1}
+    assert not jsonschema.Draft202012Validator(ev).is_valid(bad)
+    missing = {k: x for k, x in f["evidence"].items() if k != "owner"}
+    assert not jsonschema.Draft202012Validator(ev).is_valid(missing)
