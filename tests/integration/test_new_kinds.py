@@ -299,7 +299,7 @@ def test_a_python_sum_of_losses_without_no_grad_is_growth_with_the_fix_for_the_c
     _, truth, traces = analysis_of(where, "eval-no-grad-decoder")
     report = build_report(traces)
     (f,) = [f for f in report.findings if f.id == "output-accumulation"]
-    assert report.verdict.kind == "growth" and f.evidence["sites_per_pass"] >= 4
+    assert report.verdict.kind == "growth" and f.evidence.sites_per_pass >= 4
     assert (f.variant, f.fixes[0].id) == ("graph-kept", "no-grad-evaluation")
 
 
@@ -324,8 +324,8 @@ def test_empty_cache_every_step_is_a_speed_note_not_memory_at_stake(where):
     report = build_report(traces)
     (f,) = [f for f in report.findings if f.id == "cache-flush"]
     assert truth["num_alloc_retries"] == 0 and report.verdict.kind == "healthy"
-    assert f.severity == "low" and f.bytes == 0 and f.evidence["empty_cache_bursts"] == truth["optimizer_steps"] - 1
-    assert 0 < f.evidence["flush_time_us"] < sum(truth["step_s"]) * 1e6
+    assert f.severity == "low" and f.bytes == 0 and f.evidence.empty_cache_bursts == truth["optimizer_steps"] - 1
+    assert 0 < f.evidence.flush_time_us < sum(truth["step_s"]) * 1e6
 
 
 @pytest.mark.parametrize("name", [n for n, r in json.loads((CORPUS / "runs.json").read_text()).items()])

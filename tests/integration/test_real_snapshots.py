@@ -86,11 +86,11 @@ def test_anatomy_identities(snapshots, name):
 
 def test_tp_legacy_deferred_free(snapshots):
     (f,) = [f for f in findings(snapshots / "tp-allreduce/legacy-rank0.pickle") if f.id == "deferred-free"]
-    assert f.evidence["owner"] == "collective"
+    assert f.evidence.owner == "collective"
     assert f.ranks == [0]
-    assert 1.5 * GiB <= f.evidence["held_at_peak_bytes"] <= 1.7 * GiB  # ≈ 1.6 GiB held at the peak
-    assert f.evidence["peak_reserved_bytes"] == 3053453312
-    assert "all_reduce" in f.evidence["collectives"]
+    assert 1.5 * GiB <= f.evidence.held_at_peak_bytes <= 1.7 * GiB  # ≈ 1.6 GiB held at the peak
+    assert f.evidence.peak_reserved_bytes == 3053453312
+    assert "all_reduce" in f.evidence.collectives
 
 
 def test_tp_both_ranks_and_variants(snapshots):
@@ -108,11 +108,11 @@ def test_fragmentation_oom(snapshots):
     (f,) = [f for f in findings(snapshots / "fragmentation-oom/default-oom.pickle") if f.id == "fragmentation"]
     e = f.evidence
     assert f.severity == "critical"
-    assert e["requested_bytes"] == 4063232000
-    assert round(e["cuda_malloc_bytes"] / GiB, 2) == 3.79  # "Tried to allocate 3.79 GiB"
-    assert round(e["reserved_unallocated_bytes"] / GiB, 2) == 7.67  # "7.67 GiB is reserved by PyTorch but unallocated"
-    assert round(e["allocated_bytes"] / GiB, 2) == 30.45  # "30.45 GiB is allocated by PyTorch"
-    assert e["largest_free_block_bytes"] < e["requested_bytes"] <= e["reserved_unallocated_bytes"]
+    assert e.requested_bytes == 4063232000
+    assert round(e.cuda_malloc_bytes / GiB, 2) == 3.79  # "Tried to allocate 3.79 GiB"
+    assert round(e.reserved_unallocated_bytes / GiB, 2) == 7.67  # "7.67 GiB is reserved by PyTorch but unallocated"
+    assert round(e.allocated_bytes / GiB, 2) == 30.45  # "30.45 GiB is allocated by PyTorch"
+    assert e.largest_free_block_bytes < e.requested_bytes <= e.reserved_unallocated_bytes
     # independently of the tool: the OOM is the last event, so the dump's segments are the state at the OOM; the
     # largest inactive block of the OOM's stream and pool, read straight from the pickle (plain data, our own file)
     import pickle
@@ -123,15 +123,15 @@ def test_fragmentation_oom(snapshots):
     assert oom["action"] == "oom"
     free = [blk["size"] for seg in raw["segments"] if seg["stream"] == oom["stream"] and seg["segment_type"] == "large"
             for blk in seg["blocks"] if blk["state"] == "inactive"]
-    assert e["largest_free_block_bytes"] == max(free)
+    assert e.largest_free_block_bytes == max(free)
     assert "fragmentation" not in ids(snapshots / "fragmentation-oom/expandable-end.pickle")
 
 
 def test_pipeline_output_cache(snapshots):
     d = snapshots / "pp-microbatch"
     (f,) = [f for f in findings(d / "return-outputs-rank1.pickle") if f.id == "pipeline-output-cache"]
-    assert f.evidence["outputs_kept"] == 8  # the 8 micro-batches of the recorded step
-    assert f.evidence["output_bytes"] == 2048 * 128256 * 2  # one micro-batch's bf16 logits
+    assert f.evidence.outputs_kept == 8  # the 8 micro-batches of the recorded step
+    assert f.evidence.output_bytes == 2048 * 128256 * 2  # one micro-batch's bf16 logits
     assert f.sites[0].label.endswith("pp_microbatch.py:36 in forward")
     for other in ("no-return-outputs-rank0.pickle", "no-return-outputs-rank1.pickle", "return-outputs-rank0.pickle"):
         assert "pipeline-output-cache" not in ids(d / other)
@@ -152,11 +152,11 @@ def test_ddp_imbalance_names_the_kept_logits(snapshots):
     fs = findings(snapshots / "ddp-imbalance")
     (f,) = [x for x in fs if x.id == "rank-imbalance"]
     assert f.ranks == [0]
-    assert f.evidence["top_site"] == "transformers/models/gpt2/modeling_gpt2.py:697 in forward"
-    assert f.evidence["top_site_blocks"] == 4  # logits kept at steps 0, 3, 6, 9
-    assert f.evidence["top_site_extra_bytes"] == pytest.approx(4 * 4 * 1024 * 50257 * 2, rel=0.01)
-    assert round(f.evidence["end_allocated_bytes"] / GiB, 2) == 2.82
-    assert round(f.evidence["others_median_end_allocated_bytes"] / GiB, 2) == 1.29
+    assert f.evidence.top_site == "transformers/models/gpt2/modeling_gpt2.py:697 in forward"
+    assert f.evidence.top_site_blocks == 4  # logits kept at steps 0, 3, 6, 9
+    assert f.evidence.top_site_extra_bytes == pytest.approx(4 * 4 * 1024 * 50257 * 2, rel=0.01)
+    assert round(f.evidence.end_allocated_bytes / GiB, 2) == 2.82
+    assert round(f.evidence.others_median_end_allocated_bytes / GiB, 2) == 1.29
     assert "rank-imbalance" not in {x.id for x in findings(snapshots / "ddp-clean")}
 
 

@@ -203,7 +203,7 @@ def test_verdict_growth_when_outputs_kept_across_batches_fill_the_device(tmp_pat
     v = verdict_of(a)
     assert v.kind == "growth" and v.evidence["kept_bytes"] == 3 * 128 * MiB
     (f,) = output_accumulation.detect(Context([a]))
-    assert f.bytes == 3 * 128 * MiB and f.evidence["passes"] == 3
+    assert f.bytes == 3 * 128 * MiB and f.evidence.passes == 3
 
 
 def test_healthy_run_says_so_first(tmp_path):
@@ -252,8 +252,8 @@ def test_materiality_demotes_and_caps_to_the_simulated_saving():
                               "recorded_peak_reserved_bytes": 100 * GiB, "peak_reserved_bytes": 100 * GiB})
     out = apply([small, big], {0: 100 * GiB}, Materiality())
     assert [f.severity for f in out] == ["low", "low"]
-    assert big.bytes == 0 and big.evidence["claimed_bytes"] == 634 * MiB
-    assert small.evidence["materiality_threshold_bytes"] == GiB  # 1% of 100 GiB beats 64 MiB
+    assert big.bytes == 0 and big.evidence.claimed_bytes == 634 * MiB
+    assert small.evidence.materiality_threshold_bytes == GiB  # 1% of 100 GiB beats 64 MiB
     keep = Finding("fragmentation", "high", [0], 2 * GiB)
     assert apply([keep], {0: 100 * GiB})[0].severity == "high"
 

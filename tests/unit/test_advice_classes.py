@@ -83,9 +83,9 @@ def test_a_retry_inside_the_except_block_holds_the_failed_attempt(tmp_path):
     (f,) = kept_exception.detect(Context([a]))
     first_oom, last_oom = a.oom_events.tolist()
     assert (f.id, f.severity, f.bytes) == ("kept-exception", "high", 3 * 256 * MiB)
-    assert f.evidence["oom_event"] == first_oom and f.evidence["retry_event"] == first_oom + 1
-    assert f.evidence["held_blocks"] == 3 and f.evidence["held_at_last_oom_bytes"] == 3 * 256 * MiB
-    assert f.evidence["caught_ooms"] == 1 and [x.id for x in f.fixes] == ["release-exception"]
+    assert f.evidence.oom_event == first_oom and f.evidence.retry_event == first_oom + 1
+    assert f.evidence.held_blocks == 3 and f.evidence.held_at_last_oom_bytes == 3 * 256 * MiB
+    assert f.evidence.caught_ooms == 1 and [x.id for x in f.fixes] == ["release-exception"]
     # the verdict at the last OOM: the live tensors (1408 MiB) and the request (700 MiB) are 60 MiB above the 2 GiB
     # room; the 768 MiB the exception holds cover it: kept-exception, its fix first, no capacity advice
     v = report_of([a]).verdict

@@ -59,21 +59,21 @@ def test_free_stacks_inferred_from_the_trace_or_read_from_the_sidecar(tmp_path):
 def test_cache_flush_without_free_stacks(tmp_path):
     # with free stacks: three empty_cache() bursts, read off the frames
     (f,) = cache_flush.detect(Context([analysis(tmp_path, churn(True))]))
-    assert f.evidence["empty_cache_bursts"] == 3 and f.evidence["bursts_classified_by"] == "free stacks"
+    assert f.evidence.empty_cache_bursts == 3 and f.evidence.bursts_classified_by == "free stacks"
     # without, an oomdoctor sidecar's num_alloc_retries = 0 says none of the bursts was a retry
     a = analysis(tmp_path, churn(False), {"rank": 1, "recording": {"context": "alloc"},
                                           "memory_stats": {"num_alloc_retries": 0}}, "rank1")
     (f,) = cache_flush.detect(Context([a]))
-    assert f.evidence["empty_cache_bursts"] == 3 and f.evidence["allocator_retry_bursts"] == 0
-    assert f.evidence["bursts_classified_by"] == "memory_stats" and f.variant == "empty-cache"
+    assert f.evidence.empty_cache_bursts == 3 and f.evidence.allocator_retry_bursts == 0
+    assert f.evidence.bursts_classified_by == "memory_stats" and f.variant == "empty-cache"
     # and num_alloc_retries = 3 that all three were
     a = analysis(tmp_path, churn(False), {"rank": 2, "recording": {"context": "alloc"},
                                           "memory_stats": {"num_alloc_retries": 3}}, "rank2")
     (f,) = cache_flush.detect(Context([a]))
-    assert f.evidence["allocator_retry_bursts"] == 3 and f.variant == "retries"
+    assert f.evidence.allocator_retry_bursts == 3 and f.variant == "retries"
     # with neither (a user's own _dump_snapshot with context='alloc'), the finding says it cannot tell, LOW
     (f,) = cache_flush.detect(Context([analysis(tmp_path, churn(False), name="rank3")]))
-    assert f.evidence["bursts_classified_by"] == "unknown" and f.severity == "low"
+    assert f.evidence.bursts_classified_by == "unknown" and f.severity == "low"
     assert f.variant == "churn-unknown"
 
 

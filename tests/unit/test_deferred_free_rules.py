@@ -309,7 +309,7 @@ OWNER_CASES = [
                          ids=[f"{o}-{i}" for i, (o, _) in enumerate(OWNER_CASES)])
 def test_final_state_owner_from_the_pending_blocks_stacks(tmp_path, owner, stacks):
     (f,) = _final(tmp_path, [(128 * MiB, fr) for fr in stacks], reserved=1024 * MiB, torch="2.6.0")
-    assert f.evidence["owner"] == owner
+    assert f.evidence.owner == owner
     # the fixes are the owner's (pinned above): FSDP gets limit_all_gathers, point-to-point its own
     settings = {x.setting for x in f.fixes}
     assert ("limit_all_gathers=True" in settings) is (owner == "fsdp")
@@ -327,12 +327,12 @@ def test_final_state_finding_numbers(tmp_path):
     assert f.bytes == held and f.ranks == [3] and f.per_rank_bytes == {3: held}
     assert f.severity == "high"  # 320 MiB >= 256 MiB, a quarter of 1 GiB
     ev = f.evidence
-    assert ev["held_at_end_bytes"] == held
-    assert ev["blocks_pending_at_end"] == 2
-    assert ev["reserved_bytes"] == 1024 * MiB
-    assert ev["allocated_bytes"] == 96 * MiB
-    assert ev["owner"] == "fsdp"
-    assert ev["torch_version"] == "2.6.0+cu124"
+    assert ev.held_at_end_bytes == held
+    assert ev.blocks_pending_at_end == 2
+    assert ev.reserved_bytes == 1024 * MiB
+    assert ev.allocated_bytes == 96 * MiB
+    assert ev.owner == "fsdp"
+    assert ev.torch_version == "2.6.0+cu124"
     assert f.sites == []  # a list, as Finding.sites is; no history to group sites from
     # 2.6 is in 2.1-2.7: the env var applies
     (env,) = [x for x in f.fixes if x.kind == "env"]
@@ -520,10 +520,10 @@ def test_bytes_held_at_the_peak_by_owner(tmp_path):
     for x in (f, p, u1, u2):
         b.complete(x)
     (fd,) = deferred_free.detect(_ctx(tmp_path, b))
-    assert fd.evidence["held_at_peak_by_owner"] == {"fsdp": 256 * MiB, "point-to-point": 128 * MiB,
+    assert fd.evidence.held_at_peak_by_owner == {"fsdp": 256 * MiB, "point-to-point": 128 * MiB,
                                                     "user code": 96 * MiB}
-    assert fd.evidence["owner"] == "fsdp"
-    assert fd.evidence["owners_all"] == {"fsdp": 1, "point-to-point": 1, "user code": 2}
+    assert fd.evidence.owner == "fsdp"
+    assert fd.evidence.owners_all == {"fsdp": 1, "point-to-point": 1, "user code": 2}
     assert fd.bytes == 480 * MiB
 
 
@@ -542,9 +542,9 @@ def test_a_block_pending_since_before_the_trace_is_nobody_s_it_can_tell(tmp_path
     b.complete(p)
     b.alloc(s, 400 * MiB, 32 * MiB)
     (f,) = deferred_free.detect(_ctx(tmp_path, b, b.snapshot(drop_first=3)))
-    assert f.evidence["held_at_peak_bytes"] == 256 * MiB
-    assert f.evidence["held_at_peak_by_owner"] == {"unknown": 256 * MiB}
-    assert f.evidence["owner"] == "unknown"
+    assert f.evidence.held_at_peak_bytes == 256 * MiB
+    assert f.evidence.held_at_peak_by_owner == {"unknown": 256 * MiB}
+    assert f.evidence.owner == "unknown"
 
 
 def test_the_expandable_segments_warning_carries_the_runs_it_cites():

@@ -184,8 +184,8 @@ def _check_accumulation(f, *, kept, blocks, passes, allocated, at, phase, per_pa
     assert f is not None
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes) == (
         "output-accumulation", severity, variant, [0], kept, {0: kept})
-    assert f.evidence == evidence
-    assert list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence
+    assert list(f.evidence.as_dict()) == list(evidence)
     assert f.fixes == fixes
 
 
@@ -196,7 +196,7 @@ def test_outputs_of_three_batches_kept_at_the_peak():
     _check_accumulation(f, kept=3 * 128 * MiB, blocks=3, passes=3, allocated=allocated, at="the peak",
                         phase="forward", per_pass=1, variant="kept-outputs",
                         fixes=[KEEP_LESS_FIX])
-    assert f.evidence["kept_fraction"] == 0.599  # 384 / 641: three decimals, not four (its words: test_words_findings)
+    assert f.evidence.kept_fraction == 0.599  # 384 / 641: three decimals, not four (its words: test_words_findings)
     assert [(s.label, s.bytes, s.count) for s in f.sites] == [("/w/model.py:40 in forward", 3 * 128 * MiB, 3)]
 
 
@@ -204,9 +204,9 @@ def test_outputs_kept_every_other_batch_say_when_they_were_kept():
     """Issue 52: the words said "one batch per step" whatever the cadence; the evidence says at which batches (or
     steps) the outputs kept were made and, when evenly spaced, how many apart."""
     f = _accumulation(_evaluation(5, keeps=[(128 * MiB,), (), (128 * MiB,), (), (128 * MiB,)]))
-    assert (f.evidence["kept_unit"], f.evidence["kept_at"], f.evidence["kept_every"]) == ("batch", [0, 2, 4], 2)
+    assert (f.evidence.kept_unit, f.evidence.kept_at, f.evidence.kept_every) == ("batch", [0, 2, 4], 2)
     f = _accumulation(_evaluation(5, keeps=[(128 * MiB,), (128 * MiB,), (), (), (128 * MiB,)]))
-    assert (f.evidence["kept_unit"], f.evidence["kept_at"], f.evidence["kept_every"]) == ("batch", [0, 1, 4], 0)
+    assert (f.evidence.kept_unit, f.evidence.kept_at, f.evidence.kept_every) == ("batch", [0, 1, 4], 0)
 
 
 def test_outputs_of_two_batches_are_the_last_batch_still_referenced():
@@ -276,7 +276,7 @@ def test_sites_per_pass_counts_model_code_only():
     for i in range(3):
         b.alloc(seg, 20 * GiB + i * 64 * MiB, 64 * MiB, fr=CONCAT)
     f = _accumulation(b)
-    assert f.evidence["sites_per_pass"] == 1 and f.evidence["passes"] == 3
+    assert f.evidence.sites_per_pass == 1 and f.evidence.passes == 3
 
 
 def test_an_output_born_at_the_first_event_counts_its_pass_and_phase():
@@ -524,7 +524,7 @@ def test_small_long_lived_blocks_pin_their_segments():
                 "reserved_bytes": reserved}
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes) == (
         "small-long-lived", "low", "", [0], free, {0: free})
-    assert f.evidence == evidence and list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence and list(f.evidence.as_dict()) == list(evidence)
     assert f.fixes == SLL_FIXES
     assert [(s.label, s.bytes, s.count) for s in f.sites] == [("/work/train.py:10 in step", 256 * SMALL, 256)]
     assert sll.detect(Context([_analysis(_pinning())])) == [f]
@@ -538,7 +538,7 @@ def test_255_small_blocks_are_too_few():
 def test_a_10_mib_block_is_not_small():
     # a 10 MiB - 512 B block is small: one more block
     f = _small_long_lived(_pinning(extra_large_block=10 * MiB - 512))
-    assert f.evidence["blocks"] == 257 and f.evidence["bytes"] == 256 * SMALL + 10 * MiB - 512
+    assert f.evidence.blocks == 257 and f.evidence.bytes == 256 * SMALL + 10 * MiB - 512
 
 
 def test_a_trace_without_elapsed_time_keeps_every_block():
@@ -548,7 +548,7 @@ def test_a_trace_without_elapsed_time_keeps_every_block():
         e["time_us"] = T0
     a = _analysis(b)
     f = sll.detect_rank(a, Context([a]))
-    assert f.evidence["blocks"] == 257  # the one born 1 us too late counts now
+    assert f.evidence.blocks == 257  # the one born 1 us too late counts now
 
 
 def test_blocks_from_before_the_trace_and_at_its_first_event_are_born_at_its_start():
@@ -570,7 +570,7 @@ def test_blocks_from_before_the_trace_and_at_its_first_event_are_born_at_its_sta
     assert int(a.device.events["time_us"][0]) == T0 and int(a.device.events["time_us"][1]) == T0 + 15_000
     f = sll.detect_rank(a, Context([a]))
     # 25 segments with 5 MiB free each and the 26th (140 MiB) with 6 blocks
-    assert (f.evidence["blocks"], f.evidence["segments_pinned"], f.bytes) == (256, 26, 25 * 5 * MiB + 131 * MiB)
+    assert (f.evidence.blocks, f.evidence.segments_pinned, f.bytes) == (256, 26, 25 * 5 * MiB + 131 * MiB)
 
 
 @pytest.mark.parametrize("last_size, found", [
@@ -592,7 +592,7 @@ def test_pinned_free_bytes_from_256_mib(last_size, found):
 def test_pinned_free_bytes_from_a_tenth_of_reserved(extra, found):
     f = _small_long_lived(_pinning(extra_reserved=extra))
     if found:
-        assert f.evidence["reserved_bytes"] == 2760 * MiB and f.bytes == 276 * MiB
+        assert f.evidence.reserved_bytes == 2760 * MiB and f.bytes == 276 * MiB
     else:
         assert f is None
 
@@ -640,7 +640,7 @@ def test_rank_imbalance_with_sites_still_held_at_the_end():
                 "top_site": "/w/a.py:1 in f"}
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes) == (
         "rank-imbalance", "medium", "held-at-end", [4], 256 * MiB, {4: 256 * MiB})
-    assert f.evidence == evidence and list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence and list(f.evidence.as_dict()) == list(evidence)
     assert [r.label for r in f.sites] == [f"/w/{n}.py:1 in f" for n in "abcde"]
     assert f.fixes == RI_FIXES
     # the whole group through detect_profiles: the same finding
@@ -655,10 +655,10 @@ def test_rank_imbalance_with_sites_at_its_peak_only():
           _profile(2, 1280 * MiB, 100 * MiB, at_end={"z": 100 * MiB})]
     (f,) = ri._detect_group(pk)
     assert (f.severity, f.ranks, f.bytes) == ("high", [0], 256 * MiB)
-    assert f.evidence["extra_at_end"] == []
-    assert (f.evidence["top_site_extra_bytes"], f.evidence["top_site_blocks"], f.evidence["top_site"]) == (
+    assert f.evidence.extra_at_end == []
+    assert (f.evidence.top_site_extra_bytes, f.evidence.top_site_blocks, f.evidence.top_site) == (
         80 * MiB, 2, "/w/p.py:1 in f")  # p: 100 less the median of 40 and 0
-    assert f.evidence["others_median_end_allocated_bytes"] == 100 * MiB
+    assert f.evidence.others_median_end_allocated_bytes == 100 * MiB
     assert f.variant == "most-different"
     assert [r.label for r in f.sites] == ["/w/p.py:1 in f", "/w/q.py:1 in f"]
 
@@ -667,16 +667,16 @@ def test_a_site_exactly_16_mib_more_at_the_end_is_extra():
     pk = [_profile(0, 2816 * MiB, 116 * MiB, at_peak={"p": 300 * MiB}, at_end={"z": 116 * MiB}),
           _profile(1, 2560 * MiB, 100 * MiB, at_end={"z": 100 * MiB})]
     (f,) = ri._detect_group(pk)
-    assert f.evidence["extra_at_end"] == [
+    assert f.evidence.as_dict()["extra_at_end"] == [
         {"site": "/w/z.py:1 in f", "bytes": 116 * MiB, "others_bytes": 100 * MiB, "blocks": 2}]
-    assert (f.evidence["top_site"], f.evidence["top_site_extra_bytes"]) == ("/w/z.py:1 in f", 16 * MiB)
+    assert (f.evidence.top_site, f.evidence.top_site_extra_bytes) == ("/w/z.py:1 in f", 16 * MiB)
     assert [r.label for r in f.sites] == ["/w/z.py:1 in f"]
 
 
 def test_rank_imbalance_without_any_site_says_no_more():
     pk = [_profile(0, 2816 * MiB, 0), _profile(1, 2560 * MiB, 0)]
     (f,) = ri._detect_group(pk)
-    assert "top_site" not in f.evidence and f.sites == [] and f.variant == ""
+    assert "top_site" not in f.evidence.as_dict() and f.sites == [] and f.variant == ""
 
 
 @pytest.mark.parametrize("peaks", [
@@ -795,7 +795,7 @@ def test_pipeline_outputs_kept_until_one_burst_of_frees():
                 "peak_allocated_bytes": 8 * 500 * MiB + 100 * MiB, "torch_version": "2.9.1"}
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes) == (
         "pipeline-output-cache", "high", "", [0], 8 * 500 * MiB, {0: 8 * 500 * MiB})
-    assert f.evidence == evidence and list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence and list(f.evidence.as_dict()) == list(evidence)
     assert f.fixes == _poc_fixes(False, True)
     assert [(s.label, s.bytes, s.count) for s in f.sites] == [("/w/model.py:36 in forward", 8 * 500 * MiB, 8)]
 
@@ -811,7 +811,7 @@ def test_pipeline_outputs_kept_until_one_burst_of_frees():
 def test_pipeline_fixes_apply_by_version(version, return_outputs, patch):
     f = _pipeline_finding(_schedule(), version)
     assert f.fixes == _poc_fixes(return_outputs, patch)
-    assert f.evidence["torch_version"] == version.text
+    assert f.evidence.torch_version == version.text
 
 
 def test_pipeline_outputs_never_freed_are_held_to_the_last_event():
@@ -821,7 +821,7 @@ def test_pipeline_outputs_never_freed_are_held_to_the_last_event():
     # a micro-batch is 31 events of 10 us (its output, then ten temporaries: alloc, free_requested,
     # free_completed); the last output lives through the 30 events after it
     assert held == [1230, 920, 610, 300]
-    assert (f.evidence["outputs_kept"], f.evidence["micro_batches_seen"], f.evidence["median_held_us"]) == (
+    assert (f.evidence.outputs_kept, f.evidence.micro_batches_seen, f.evidence.median_held_us) == (
         4, 4, 765)
 
 
@@ -837,8 +837,8 @@ def test_pipeline_outputs_kept_are_the_blocks_alive_at_once_with_their_own_sizes
         for _ in range(10):
             b.free(b.alloc(seg, 50 * GiB, 100 * MiB))
     f = _pipeline_finding(b)
-    assert (f.evidence["outputs_kept"], f.evidence["output_bytes"]) == (4, 500 * MiB)
-    assert f.evidence["kept_bytes"] == f.bytes == f.per_rank_bytes[0] == 4 * 500 * MiB + MiB
+    assert (f.evidence.outputs_kept, f.evidence.output_bytes) == (4, 500 * MiB)
+    assert f.evidence.kept_bytes == f.bytes == f.per_rank_bytes[0] == 4 * 500 * MiB + MiB
     assert [(s.bytes, s.count) for s in f.sites] == [(f.bytes, 4)]
 
 
@@ -857,7 +857,7 @@ def test_an_output_at_the_first_event_counts():
     assert b.events[0]["action"] == "alloc" and b.events[0]["size"] == 100 * MiB
     f = _pipeline_finding(b)
     # three outputs of 100 MiB: 300 MiB, above the 256 MiB a cache must hold
-    assert (f.evidence["outputs_kept"], f.evidence["micro_batches_seen"], f.bytes) == (3, 3, 300 * MiB)
+    assert (f.evidence.outputs_kept, f.evidence.micro_batches_seen, f.bytes) == (3, 3, 300 * MiB)
 
 
 @pytest.mark.parametrize("counts, winner", [((5, 3), 36), ((3, 5), 37)])
@@ -865,7 +865,7 @@ def test_the_group_keeping_most_bytes_wins(counts, winner):
     # two sites of one stage, each kept until the burst: the one keeping more bytes at once is the finding
     b = _schedule(groups=[(36, 300 * MiB, counts[0]), (37, 300 * MiB, counts[1])])
     f = _pipeline_finding(b)
-    assert (f.bytes, f.evidence["outputs_kept"]) == (5 * 300 * MiB, 5)
+    assert (f.bytes, f.evidence.outputs_kept) == (5 * 300 * MiB, 5)
     assert f.sites[0].label == f"/w/model.py:{winner} in forward"
 
 
@@ -937,14 +937,14 @@ def test_fragmentation_at_an_oom_in_full():
                 "expandable_segments": False}
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes, f.sites) == (
         "fragmentation", "critical", "oom", [0], 320 * MiB, {0: 320 * MiB}, [])
-    assert f.evidence == evidence and list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence and list(f.evidence.as_dict()) == list(evidence)
     # the device had the 60 MiB: a memory fraction refused them, so the collector is proposed
     assert f.fixes == _frag_fixes("PYTORCH_ALLOC_CONF", 30, True, True)
 
 
 def test_fragmentation_at_an_oom_with_expandable_segments_set():
     f = _fragmentation(_stranded_oom(60 * MiB, expandable_setting=True))
-    assert f.evidence["expandable_segments"] is True
+    assert f.evidence.expandable_segments is True
     assert f.fixes == _frag_fixes("PYTORCH_ALLOC_CONF", 30, False, False)
 
 
@@ -958,7 +958,7 @@ def test_fragmentation_at_an_oom_boundaries(asked, holes, found):
     f = _fragmentation(_stranded_oom(asked, holes=holes))
     assert (f is not None) is found
     if found:
-        assert (f.evidence["requested_bytes"], f.evidence["largest_free_block_bytes"], f.bytes) == (
+        assert (f.evidence.requested_bytes, f.evidence.largest_free_block_bytes, f.bytes) == (
             asked, holes, 8 * holes)
 
 
@@ -983,7 +983,7 @@ def test_fragmentation_at_the_peak_of_reserved():
                 "largest_free_block_bytes": 448 * MiB, "segments": 8}
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes, f.sites) == (
         "fragmentation", "high", "stranded", [0], 8 * 448 * MiB, {0: 8 * 448 * MiB}, [])
-    assert f.evidence == evidence and list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence and list(f.evidence.as_dict()) == list(evidence)
     assert f.fixes == _frag_fixes("PYTORCH_CUDA_ALLOC_CONF", 512, True, False)
 
 
@@ -1004,7 +1004,7 @@ def test_stranded_bytes_from_1_gib_and_a_quarter_of_reserved(segments, size, kep
     if not found:
         assert f is None
         return
-    assert (f.bytes, f.evidence["peak_reserved_bytes"]) == (GiB, segments * size)
+    assert (f.bytes, f.evidence.peak_reserved_bytes) == (GiB, segments * size)
     assert f.fixes == _frag_fixes("PYTORCH_CUDA_ALLOC_CONF", 512, True, meta is not None)
 
 
@@ -1047,7 +1047,7 @@ def test_allgather_list_in_full(first_at_zero):
                 "extra_copies_per_call": 2, "peak_reserved_bytes": 2 * GiB, "peak_allocated_bytes": 768 * MiB}
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes) == (
         "allgather-list", "medium", "", [0], 256 * MiB, {0: 256 * MiB})
-    assert f.evidence == evidence and list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence and list(f.evidence.as_dict()) == list(evidence)
     assert f.fixes == AG_FIXES
     assert [(s.label, s.count) for s in f.sites] == [("/w/train.py:26 in main", 3)]
     a = _analysis(b)
@@ -1068,7 +1068,7 @@ def test_allgather_buffers_from_before_the_trace_are_not_counted():
     b.alloc(seg, 0, 128 * MiB, fr=AG)
     b.free(b.alloc(seg, GiB, 64 * MiB, fr=AG))
     f = _allgather(b, drop_first=2)  # the segment and the first buffer's alloc
-    assert (f.evidence["calls"], f.bytes) == (1, 64 * MiB)
+    assert (f.evidence.calls, f.bytes) == (1, 64 * MiB)
 
 
 # --------------------------------------------------------------------------- device_room
@@ -1165,7 +1165,7 @@ def test_cache_flush_counts_the_flushes_inside_the_passes():
                 "alloc_retries_source": "inferred from segment-free bursts"}
     assert (f.id, f.severity, f.variant, f.ranks, f.bytes, f.per_rank_bytes, f.sites) == (
         "cache-flush", "low", "empty-cache", [0], 0, {0: 0}, [])
-    assert f.evidence == evidence and list(f.evidence) == list(evidence)
+    assert f.evidence.as_dict() == evidence and list(f.evidence.as_dict()) == list(evidence)
     assert f.fixes == [Fix("empty-cache-at-phase-changes", versions="all",
         source="discuss.pytorch.org/t/34232 (albanD); pytorch.org/docs/stable/notes/cuda.html#memory-management",
         kind="code")]
@@ -1197,8 +1197,8 @@ def test_cache_flush_without_free_stacks_names_both_causes():
     b, marks = _flushing()
     a = analyze(from_snapshot(b.snapshot(), "rank0.pickle", {"recording": {"context": "alloc"}}))
     f = cf.detect_rank(a, Context([a]))
-    assert (f.evidence["bursts_classified_by"], f.evidence["empty_cache_bursts"]) == ("unknown", 3)
-    assert (f.variant, f.evidence["segment_free_bursts"], f.evidence["flush_time_us"]) == ("churn-unknown", 3, 70)
+    assert (f.evidence.bursts_classified_by, f.evidence.empty_cache_bursts) == ("unknown", 3)
+    assert (f.variant, f.evidence.segment_free_bursts, f.evidence.flush_time_us) == ("churn-unknown", 3, 70)
     assert [x.id for x in f.fixes] == ["empty-cache-at-phase-changes"]
 
 
@@ -1219,7 +1219,7 @@ def test_allocator_retries_from_memory_stats_alone():
                 "num_alloc_retries": 1, "freed_bytes": 0, "reallocated_after_bytes": 0, "last_flush_event": -1,
                 "bursts_classified_by": "memory_stats", "flush_time_us": 0,
                 "cuda_malloc_calls_after": 0, "alloc_retries": 1, "alloc_retries_source": "sidecar"}
-    assert f.evidence == evidence
+    assert f.evidence.as_dict() == evidence
     assert (f.variant, f.severity, f.bytes) == ("retries", "low", 0)
     assert f.fixes == [RETRY_FIX]
 
@@ -1230,8 +1230,8 @@ def test_retries_counted_by_memory_stats_less_the_ooms():
     a = analyze(from_snapshot(b.snapshot(), "rank0.pickle", {"recording": {"context": "alloc"},
                                                               "memory_stats": {"num_alloc_retries": 2}}))
     f = cf.detect_rank(a, Context([a]))
-    assert (f.evidence["num_alloc_retries"], f.evidence["empty_cache_bursts"], f.evidence["allocator_retry_bursts"],
-            f.evidence["bursts_classified_by"]) == (1, 2, 1, "memory_stats")
+    assert (f.evidence.num_alloc_retries, f.evidence.empty_cache_bursts, f.evidence.allocator_retry_bursts,
+            f.evidence.bursts_classified_by) == (1, 2, 1, "memory_stats")
     assert [x.id for x in f.fixes] == ["empty-cache-at-phase-changes", RETRY_FIX.id]
 
 

@@ -49,8 +49,8 @@ def tp_like(deferred: bool, layers: int = 12) -> SnapBuilder:
 def test_deferred_free_collective(tmp_path):
     ctx = ctx_of(tmp_path, tp_like(True))
     (f,) = deferred_free.detect(ctx)
-    assert f.evidence["owner"] == "collective"
-    assert f.evidence["held_at_peak_bytes"] == 12 * 64 * MiB
+    assert f.evidence.owner == "collective"
+    assert f.evidence.held_at_peak_bytes == 12 * 64 * MiB
     assert f.bytes == 12 * 64 * MiB
     assert any("TORCH_NCCL_AVOID_RECORD_STREAMS=1" in (x.setting or "") for x in f.fixes)
     assert deferred_free.detect(ctx_of(tmp_path, tp_like(False))) == []
@@ -79,9 +79,9 @@ def frag_oom() -> SnapBuilder:
 def test_fragmentation_at_oom(tmp_path):
     (f,) = fragmentation.detect(ctx_of(tmp_path, frag_oom()))
     assert f.severity == "critical"
-    assert f.evidence["requested_bytes"] == 60 * MiB
-    assert f.evidence["largest_free_block_bytes"] == 40 * MiB
-    assert f.evidence["reserved_unallocated_bytes"] == 320 * MiB
+    assert f.evidence.requested_bytes == 60 * MiB
+    assert f.evidence.largest_free_block_bytes == 40 * MiB
+    assert f.evidence.reserved_unallocated_bytes == 320 * MiB
     assert f.bytes == 320 * MiB
     assert f.fixes[0].setting.endswith("expandable_segments:True")
 
@@ -121,7 +121,7 @@ def pipeline(cache_outputs: bool, micro: int = 8) -> SnapBuilder:
 
 def test_pipeline_output_cache(tmp_path):
     (f,) = pipeline_output_cache.detect(ctx_of(tmp_path, pipeline(True)))
-    assert f.evidence["outputs_kept"] == 8
+    assert f.evidence.outputs_kept == 8
     assert f.bytes == 8 * 500 * MiB
     assert f.sites[0].label == "/w/model.py:36 in forward"
     assert "return_outputs=False" in f.fixes[0].setting
@@ -139,7 +139,7 @@ def test_allgather_list(tmp_path):
         flat = b.alloc(s, 0, 64 * MiB, fr=AG_FRAMES)
         b.free(flat)
     (f,) = allgather_list.detect(ctx_of(tmp_path, b))
-    assert f.evidence["calls"] == 3 and f.bytes == 64 * MiB
+    assert f.evidence.calls == 3 and f.bytes == 64 * MiB
     b2 = SnapBuilder()
     s2 = b2.segment(512 * MiB)
     out = b2.alloc(s2, 0, 64 * MiB)
@@ -167,8 +167,8 @@ def training(leak_every: int | None, steps: int = 9) -> SnapBuilder:
 
 def test_memory_growth(tmp_path):
     (f,) = memory_growth.detect(ctx_of(tmp_path, training(leak_every=2)))
-    assert f.evidence["steps"] == 9 and f.evidence["step_source"] == "annotations"
-    assert f.evidence["leaking_steps"] == [2, 4, 6]
+    assert f.evidence.steps == 9 and f.evidence.step_source == "annotations"
+    assert f.evidence.leaking_steps == [2, 4, 6]
     assert f.bytes == 3 * 128 * MiB
     assert f.sites[0].label == "/w/model.py:90 in forward"
     assert memory_growth.detect(ctx_of(tmp_path, training(leak_every=None))) == []
@@ -179,8 +179,8 @@ def test_rank_imbalance(tmp_path):
     findings = rank_imbalance.detect(ctx)
     assert [f.ranks for f in findings] == [[0]]
     f = findings[0]
-    assert f.evidence["excess_bytes"] == 3 * 128 * MiB
-    assert f.evidence["top_site"] == "/w/model.py:90 in forward"
+    assert f.evidence.excess_bytes == 3 * 128 * MiB
+    assert f.evidence.top_site == "/w/model.py:90 in forward"
     assert rank_imbalance.detect(ctx_of(tmp_path, training(None), training(None))) == []
 
 
@@ -200,7 +200,7 @@ def test_small_long_lived(tmp_path):
         x = b.alloc(s_big, 0, 64 * MiB)
         b.free(x)
     (f,) = small_long_lived.detect(ctx_of(tmp_path, b))
-    assert f.evidence["blocks"] == 320 and f.evidence["segments_pinned"] == 40
+    assert f.evidence.blocks == 320 and f.evidence.segments_pinned == 40
     assert f.bytes == 40 * (20 * MiB - 8 * 512 * 1024)
 
 
@@ -216,7 +216,7 @@ def test_cache_flush_churn_and_retries(tmp_path):
         b.free(x)
         b.free_segment(s, fr=EMPTY_CACHE)
     (f,) = cache_flush.detect(ctx_of(tmp_path, b))
-    assert f.evidence["empty_cache_bursts"] == 3 and f.evidence["freed_bytes"] == 3 * 256 * MiB
+    assert f.evidence.empty_cache_bursts == 3 and f.evidence.freed_bytes == 3 * 256 * MiB
     assert f.variant == "empty-cache"
     b2 = SnapBuilder()
     s = b2.segment(256 * MiB)
@@ -226,7 +226,7 @@ def test_cache_flush_churn_and_retries(tmp_path):
     s = b2.segment(512 * MiB)
     b2.alloc(s, 0, 500 * MiB)
     (f2,) = cache_flush.detect(ctx_of(tmp_path, b2))
-    assert f2.evidence["allocator_retry_bursts"] == 1
+    assert f2.evidence.allocator_retry_bursts == 1
     assert cache_flush.detect(ctx_of(tmp_path, training(None))) == []
 
 

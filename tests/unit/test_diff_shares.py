@@ -54,9 +54,9 @@ def test_a_real_pair_never_credits_more_than_the_rank_saved(snapshots):
 
 
 def _finding(fid: str, sites: list[str], nbytes: int, ranks=(0,)):
-    from oomdoctor.detectors.finding import Finding, SiteRef
+    from oomdoctor.detectors.finding import Evidence, Finding, SiteRef
 
-    return Finding(fid, "high", list(ranks), nbytes, {}, [SiteRef(s, nbytes, 1) for s in sites],
+    return Finding(fid, "high", list(ranks), nbytes, Evidence(), [SiteRef(s, nbytes, 1) for s in sites],
                    per_rank_bytes={r: nbytes for r in ranks})
 
 

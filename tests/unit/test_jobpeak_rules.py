@@ -296,10 +296,10 @@ def test_bursts_without_counters_are_not_called_retries():
     # the 310.99 GiB case: "ran out of room 0 time(s)" came from bursts counted as retries, the count from stats
     a = analyze(from_snapshot(_gc_bursts().snapshot(), "rank0.pickle", {"recording": {"context": "all"}}))
     f = cf.detect_rank(a, Context([a]))
-    assert (f.evidence["alloc_retries"], f.evidence["alloc_retries_source"], f.evidence["allocator_retry_bursts"]) \
+    assert (f.evidence.alloc_retries, f.evidence.alloc_retries_source, f.evidence.allocator_retry_bursts) \
         == (3, "inferred from segment-free bursts", 3)
     # bursts that may be retries or the collector, not "retries" (their words: test_words_findings)
-    assert (f.variant, f.evidence["freed_bytes"]) == ("retries-or-gc", 1536 * MiB)
+    assert (f.variant, f.evidence.freed_bytes) == ("retries-or-gc", 1536 * MiB)
 
 
 def test_the_allocators_own_count_decides_garbage_collection_is_no_retry():
@@ -310,7 +310,7 @@ def test_the_allocators_own_count_decides_garbage_collection_is_no_retry():
     meta["device_counters"][0]["num_alloc_retries"] = 2
     a = analyze(from_snapshot(_gc_bursts().snapshot(), "rank0.pickle", meta))
     f = cf.detect_rank(a, Context([a]))
-    assert (f.evidence["alloc_retries"], f.evidence["alloc_retries_source"], f.evidence["num_alloc_retries"]) == (
+    assert (f.evidence.alloc_retries, f.evidence.alloc_retries_source, f.evidence.num_alloc_retries) == (
         2, "sidecar", 2)
     assert f.variant == "retries"
 

@@ -44,12 +44,12 @@ def run(tmp_path, leaks: list[int], *, activations: int = 64 * MiB, fr: list[dic
 def test_six_steps_are_the_fewest_that_can_show_growth(tmp_path):
     # steps 2 and 3 are the counted ones of six; each leaves 64 MiB
     (f,) = run(tmp_path, [0, 0, 64 * MiB, 64 * MiB, 0, 0])
-    assert f.bytes == 128 * MiB and f.evidence["steps"] == 6
-    assert f.evidence["steps_leaving_memory"] == 2 and f.evidence["leaking_steps"] == [2, 3]
-    assert (f.evidence["first_counted_step"], f.evidence["last_counted_step"]) == (2, 3)
-    assert f.evidence["retained_bytes_per_step"] == [64 * MiB, 64 * MiB]
+    assert f.bytes == 128 * MiB and f.evidence.steps == 6
+    assert f.evidence.steps_leaving_memory == 2 and f.evidence.leaking_steps == [2, 3]
+    assert (f.evidence.first_counted_step, f.evidence.last_counted_step) == (2, 3)
+    assert f.evidence.retained_bytes_per_step == [64 * MiB, 64 * MiB]
     assert f.per_rank_bytes == {0: 128 * MiB}
-    assert (f.evidence["step_source"], f.evidence["retained_bytes"], f.variant) == ("annotations", 128 * MiB, "")
+    assert (f.evidence.step_source, f.evidence.retained_bytes, f.variant) == ("annotations", 128 * MiB, "")
     # five steps count only step 2: never two growing steps, whatever it leaves
     assert run(tmp_path, [0, 0, 4 * GiB, 0, 0]) == []
 
@@ -58,13 +58,13 @@ def test_warm_up_and_the_last_two_steps_are_not_counted(tmp_path):
     # leaks in steps 0, 1 (warm-up: optimizer state, buckets) and 6, 7 (the last two) are never growth
     assert run(tmp_path, [GiB, GiB, 0, 0, 0, 0, GiB, GiB]) == []
     (f,) = run(tmp_path, [GiB, GiB, 32 * MiB, 64 * MiB, 0, 64 * MiB, GiB, GiB])
-    assert f.evidence["leaking_steps"] == [2, 3, 5] and f.bytes == 160 * MiB
-    assert (f.evidence["first_counted_step"], f.evidence["last_counted_step"]) == (2, 5)
-    assert f.evidence["retained_bytes_per_step"] == [32 * MiB, 64 * MiB, 0, 64 * MiB]
+    assert f.evidence.leaking_steps == [2, 3, 5] and f.bytes == 160 * MiB
+    assert (f.evidence.first_counted_step, f.evidence.last_counted_step) == (2, 5)
+    assert f.evidence.retained_bytes_per_step == [32 * MiB, 64 * MiB, 0, 64 * MiB]
     # allocated at the start of step 2 (the first counted): the warm-up's 2 GiB; at the start of the last step:
     # that plus what steps 2, 3, 5 and 6 left
-    assert f.evidence["allocated_at_first_step_bytes"] == 2 * GiB
-    assert f.evidence["allocated_at_last_step_bytes"] == 3 * GiB + 160 * MiB
+    assert f.evidence.allocated_at_first_step_bytes == 2 * GiB
+    assert f.evidence.allocated_at_last_step_bytes == 3 * GiB + 160 * MiB
 
 
 def test_one_growing_step_is_not_growth_however_large(tmp_path):
@@ -85,7 +85,7 @@ def test_at_least_two_percent_of_the_peak_in_all(tmp_path):
     big = 10 * GiB
     assert run(tmp_path, [0, 0, 104 * MiB, 104 * MiB, 0, 0], activations=big) == []
     (f,) = run(tmp_path, [0, 0, 106 * MiB, 106 * MiB, 0, 0], activations=big)
-    assert f.evidence["peak_allocated_bytes"] == big + 212 * MiB
+    assert f.evidence.peak_allocated_bytes == big + 212 * MiB
     assert f.bytes == 212 * MiB
 
 
@@ -109,6 +109,6 @@ def test_steps_are_numbered_as_the_job_counts_them(tmp_path):
     path = b.write(tmp_path / "rank0.pickle")
     (tmp_path / "rank0.meta.json").write_text(json.dumps({"format": 1, "rank": 0, "step_markers": markers}))
     (f,) = memory_growth.detect(Context([analyze(load(path))]))
-    assert f.evidence["step_source"] == "markers"
-    assert f.evidence["leaking_steps"] == [12, 13, 15]
-    assert (f.evidence["first_counted_step"], f.evidence["last_counted_step"]) == (12, 15)
+    assert f.evidence.step_source == "markers"
+    assert f.evidence.leaking_steps == [12, 13, 15]
+    assert (f.evidence.first_counted_step, f.evidence.last_counted_step) == (12, 15)

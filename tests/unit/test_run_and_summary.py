@@ -94,15 +94,15 @@ def test_recorded_tp_legacy_whole_run():
     report = diagnose([RECORDED / "tp-legacy"])
     (f,) = report.findings
     assert f.id == "deferred-free" and f.ranks == [0, 1]
-    assert f.evidence["peak_allocated_bytes"] == 1_308_622_848
-    assert f.evidence["held_at_peak_bytes"] >= 1 << 30
+    assert f.evidence.peak_allocated_bytes == 1_308_622_848
+    assert f.evidence.held_at_peak_bytes >= 1 << 30
 
 
 def test_recorded_pipeline_two_steps():
     """Two ``step()``s in one trace: the cached outputs are freed in one burst per step."""
     report = diagnose([RECORDED / "pp-return-outputs"])
     (f,) = [f for f in report.findings if f.id == "pipeline-output-cache"]
-    assert f.ranks == [1] and f.evidence["outputs_kept"] == 8
+    assert f.ranks == [1] and f.evidence.outputs_kept == 8
     assert f.bytes == 8 * 2048 * 128256 * 2  # 8 micro-batches of [2048, 128256] bf16 logits
 
 

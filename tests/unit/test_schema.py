@@ -38,7 +38,7 @@ def test_each_schema_is_a_valid_2020_12_schema_with_every_field_described(comman
     def walk(x, path):
         for name, p in x.get("properties", {}).items():
             assert (p.get("description") or "").strip(), f"{command}: {path}.{name} has no description"
-            for sub in [p, *p.get("anyOf", [])]:
+            for sub in [p, *p.get("anyOf", []), *p.get("oneOf", [])]:
                 walk(sub, f"{path}.{name}")
                 if isinstance(sub.get("items"), dict):
                     walk(sub["items"], f"{path}.{name}[]")

@@ -193,7 +193,7 @@ def test_a_derived_property_is_typed_by_its_annotation_and_described_by_its_docs
 
 def _properties(x: dict, path: str = "$"):
     """Every (path, name, property) of a schema, at every depth (nullable branches, array items, map values)."""
-    for sub in [x, *x.get("anyOf", [])]:
+    for sub in [x, *x.get("anyOf", []), *x.get("oneOf", [])]:
         for name, p in sub.get("properties", {}).items():
             yield path, name, p
             yield from _properties(p, f"{path}.{name}")

@@ -527,10 +527,10 @@ def test_flush_cost_times_a_burst_from_the_first_event_of_the_trace(tmp_path):
 def test_churn_evidence_carries_the_flush_time_and_the_cudamalloc_calls(tmp_path):
     (f,) = cache_flush.detect(Context([_analysis(tmp_path, _flushes(), ALL)]))
     ev = f.evidence
-    assert ev["segment_free_bursts"] == 2 and ev["empty_cache_bursts"] == 2
-    assert ev["allocator_retry_bursts"] == 0
-    assert ev["freed_bytes"] == 1024 * MiB and ev["reallocated_after_bytes"] == 1024 * MiB
-    assert ev["flush_time_us"] == FLUSH_US and ev["cuda_malloc_calls_after"] == 2
+    assert ev.segment_free_bursts == 2 and ev.empty_cache_bursts == 2
+    assert ev.allocator_retry_bursts == 0
+    assert ev.freed_bytes == 1024 * MiB and ev.reallocated_after_bytes == 1024 * MiB
+    assert ev.flush_time_us == FLUSH_US and ev.cuda_malloc_calls_after == 2
     assert f.bytes == 0 and f.severity == "low"  # a speed cost, not memory
 
 
@@ -541,8 +541,8 @@ def test_retries_counted_by_the_allocator_without_a_flush_in_the_trace_cost_no_t
     b.alloc(s, 0, 500 * MiB)
     meta = {**ALL, "memory_stats": {"num_alloc_retries": 2}}
     (f,) = cache_flush.detect(Context([_analysis(tmp_path, b, meta)]))
-    assert f.evidence["num_alloc_retries"] == 2 and f.evidence["segment_free_bursts"] == 0
-    assert f.evidence["flush_time_us"] == 0 and f.evidence["cuda_malloc_calls_after"] == 0
+    assert f.evidence.num_alloc_retries == 2 and f.evidence.segment_free_bursts == 0
+    assert f.evidence.flush_time_us == 0 and f.evidence.cuda_malloc_calls_after == 0
 
 
 def test_empty_cache_bursts_are_read_off_the_empty_cache_frame(tmp_path):
@@ -552,7 +552,7 @@ def test_empty_cache_bursts_are_read_off_the_empty_cache_frame(tmp_path):
     # another function of torch/cuda/memory.py is no empty_cache() call
     assert cache_flush._empty_cache_bursts(a, frees, burst, 2, 0, {}) == (1, "free stacks")
     (f,) = cache_flush.detect(Context([a]))
-    assert f.evidence["empty_cache_bursts"] == 1 and f.evidence["allocator_retry_bursts"] == 1
+    assert f.evidence.empty_cache_bursts == 1 and f.evidence.allocator_retry_bursts == 1
 
 
 def test_one_empty_cache_burst_is_counted_and_is_neither_churn_nor_a_retry(tmp_path):

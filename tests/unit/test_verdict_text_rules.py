@@ -708,7 +708,7 @@ def test_with_findings_sentence_evidence_and_action():
         "deferred-free", 150 * MiB, [RANK], 7 * MiB, "deferred-free")
     # the finding's title as data (its id and variant): the renderers put its words in
     assert v.evidence == {"peak_reserved_bytes": peak, "rank": RANK, "finding": "deferred-free",
-                          "finding_bytes": 150 * MiB, "title": FindingTitle("deferred-free", "at-peak", f.evidence)}
+                          "finding_bytes": 150 * MiB, "title": FindingTitle("deferred-free", "at-peak", f.evidence.as_dict())}
     assert words.summary(v) == (
         f"Frees deferred by record_stream hold memory across layers and steps: {B(150 * MiB)} at stake (no OOM in "
         f"this trace; peak reserved {B(peak)}).")

@@ -4,20 +4,34 @@ from the numbers its detector gives (the rule tests assert those numbers: test_d
 from __future__ import annotations
 
 import ast
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 
 import oomdoctor.detectors as detectors_pkg
-from oomdoctor.detectors.finding import Finding, FindingTitle, Fix
+from oomdoctor.detectors.finding import Evidence, Finding, FindingTitle, Fix
+from oomdoctor.detectors.registry import EVIDENCE
 from oomdoctor.render.words import findings as words
 from oomdoctor.render.words import verdict as verdict_words
 from oomdoctor.report.verdict import Action, Verdict
 from oomdoctor.units import GiB, MiB
 
+_BLANK = {int: 0, float: 0.0, str: "", bool: False}
+
 
 def _f(id: str, variant: str, evidence: dict) -> Finding:
-    return Finding(id, "high", [0], 0, evidence, variant=variant)
+    """A finding of the kind ``(id, variant)`` with ``evidence``: its class's (:data:`EVIDENCE`), the fields the words
+    do not read left blank (0, "", [], {}); a kind no detector writes has the bare :class:`Evidence`."""
+    cls = EVIDENCE.get((id, variant), Evidence)
+    hints = typing.get_type_hints(cls)
+    names = {x.name for x in dataclasses.fields(cls)}
+    assert set(evidence) <= names, f"{cls.__name__} has no field {sorted(set(evidence) - names)}"
+    required = [x.name for x in dataclasses.fields(cls) if x.default is dataclasses.MISSING]
+    blank = {n: _BLANK.get(hints[n], typing.get_origin(hints[n])) for n in required if n not in evidence}
+    return Finding(id, "high", [0], 0, cls(**{k: x() if callable(x) else x for k, x in blank.items()}, **evidence),
+                   variant=variant)
 
 
 #: the numbers a fix's words cite from runs measured on a GPU (``Fix.measured``), for the fixes that cite some
@@ -415,7 +429,8 @@ def test_every_fix_without_a_setting_or_framework_is_pinned_above():
 def test_a_verdict_names_its_finding_by_title_and_its_fix_by_id():
     f = _f("rank-imbalance", "held-at-end", IMBALANCE)
     ev = {"finding_bytes": 256 * MiB, "title": f.title_ref()}
-    assert f.title_ref() == FindingTitle("rank-imbalance", "held-at-end", IMBALANCE)
+    assert f.title_ref() == FindingTitle("rank-imbalance", "held-at-end", f.evidence.as_dict())
+    assert f.title_ref().evidence["top_site"] == IMBALANCE["top_site"]  # the evidence as the words read it
     assert words.verdict_evidence(ev) == {"finding_bytes": 256 * MiB,
                                           "title": "Rank 4 uses more memory than the other ranks"}
     # a verdict decided by the finding says its title, and its action is the fix's words

@@ -25,7 +25,8 @@ reported LOW, with no memory at stake (its cost is synchronisation time).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -36,9 +37,46 @@ from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, O
 from ..trace.model import ALLOC, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from .common import rows_with, stacks_matching
 from .context import Context
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix
 
 ID = "cache-flush"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheFlushEvidence(Evidence):
+    """The evidence of a ``cache-flush`` finding (every variant)."""
+
+    FINDING: ClassVar[str] = ID
+    VARIANTS: ClassVar[tuple[str, ...]] = ("churn-unknown", "empty-cache", "retries", "retries-or-gc")
+
+    segment_free_bursts: int
+    """bursts of segment frees inside the training passes (consecutive frees with no allocation between)"""
+    empty_cache_bursts: int
+    """of those, the bursts counted as empty_cache() calls"""
+    allocator_retry_bursts: int
+    """the other bursts: allocator retries (or garbage collection, without num_alloc_retries)"""
+    num_alloc_retries: int
+    """the allocator's own num_alloc_retries, less one per OOM (0 without memory_stats)"""
+    freed_bytes: int
+    """what the bursts freed (bytes)"""
+    reallocated_after_bytes: int
+    """segments allocated after the first burst (bytes)"""
+    last_flush_event: int
+    """the event index of the last segment free counted (-1: none)"""
+    bursts_classified_by: str
+    """what told the bursts apart: 'free stacks', 'memory_stats' or 'unknown'"""
+    flush_time_us: int
+    """the time the trace shows for the flushes and the cudaMalloc calls after them, an estimate (µs)"""
+    cuda_malloc_calls_after: int
+    """segments the allocator made after the first flush"""
+    alloc_retries: int
+    """the retries the finding states: num_alloc_retries where known, else the bursts no empty_cache() explains"""
+    alloc_retries_source: str
+    """where that count comes from: 'sidecar', 'memory_stats_file' or 'inferred from segment-free bursts'"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (CacheFlushEvidence,)
+"""The evidence classes of this detector's findings."""
 
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
@@ -78,22 +116,22 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         return None
     known = "num_alloc_retries" in stats
     flush_us, mallocs = _flush_cost(a, frees, burst_id)
-    evidence = {
-        "segment_free_bursts": n_bursts,
-        "empty_cache_bursts": empty_bursts,
-        "allocator_retry_bursts": retry_bursts,
-        "num_alloc_retries": retries_stat,
-        "freed_bytes": freed,
-        "reallocated_after_bytes": realloc,
-        "last_flush_event": int(frees.max()) if frees.size else -1,
-        "bursts_classified_by": classified_by,
-        "flush_time_us": flush_us,
-        "cuda_malloc_calls_after": mallocs,
+    evidence = CacheFlushEvidence(
+        segment_free_bursts=n_bursts,
+        empty_cache_bursts=empty_bursts,
+        allocator_retry_bursts=retry_bursts,
+        num_alloc_retries=retries_stat,
+        freed_bytes=freed,
+        reallocated_after_bytes=realloc,
+        last_flush_event=int(frees.max()) if frees.size else -1,
+        bursts_classified_by=classified_by,
+        flush_time_us=flush_us,
+        cuda_malloc_calls_after=mallocs,
         # the count the finding states: the allocator's own num_alloc_retries (less its OOMs) when the sidecar or a
         # memory_stats file has it, else the bursts no empty_cache() explains (retries or garbage collection)
-        "alloc_retries": retries,
-        "alloc_retries_source": stats_source if known else "inferred from segment-free bursts",
-    }
+        alloc_retries=retries,
+        alloc_retries_source=stats_source if known and stats_source is not None else "inferred from segment-free bursts",
+    )
     at_stake = 0  # the cost of flushing is time, not memory: no bytes are at stake
     # the wording: churn the trace cannot attribute, empty_cache() churn, PyTorch's own retry count, or bursts that
     # may be retries or the garbage collector (without num_alloc_retries: garbage_collection_threshold and

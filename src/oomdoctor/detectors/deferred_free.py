@@ -21,6 +21,9 @@ a two-rank tensor-parallel job on H200: legacy 2.84 GiB, legacy + expandable 2.2
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
@@ -30,7 +33,7 @@ from ..trace.model import SEGMENT_ALLOC
 from ..units import MiB
 from .common import rows_with, site_refs, stacks_matching
 from .context import Context, TorchVersion
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix
 
 ID = "deferred-free"
 MIN_HELD_BYTES = 128 * MiB
@@ -50,6 +53,76 @@ one rank with expandable segments (2.23 GiB) lands below a run without them (2.8
 the same recording replayed with them (the fix's prediction) holds as much as recorded."""
 
 _P2P_NAMES = ("isend", "irecv", "send", "recv", "batch_isend_irecv", "_batch_p2p", "P2POp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeferredFreeEvidence(Evidence):
+    """The evidence of a ``deferred-free`` finding read off the trace (variant ``at-peak``). Owners: 'fsdp',
+    'point-to-point', 'collective', 'user code' or 'unknown' (freed before the trace began)."""
+
+    FINDING: ClassVar[str] = ID
+    VARIANTS: ClassVar[tuple[str, ...]] = ("at-peak",)
+
+    held_at_peak_bytes: int
+    """blocks freed but not yet reusable at the peak of reserved memory (or where the plateau held the most) (bytes)"""
+    max_held_bytes: int
+    """the most such blocks held at any event (bytes)"""
+    peak_reserved_bytes: int
+    """the rank's peak reserved (bytes)"""
+    peak_allocated_bytes: int
+    """the rank's peak allocated (bytes)"""
+    deferred_blocks: int
+    """blocks whose free was deferred, over the trace"""
+    deferred_bytes_total: int
+    """their sizes added up (bytes)"""
+    blocks_held_at_peak: int
+    """deferred blocks held at that peak"""
+    median_deferral_us: int
+    """from a deferred free's request to its completion, the median (µs)"""
+    max_deferral_us: int
+    """the same, the longest (µs)"""
+    still_pending_at_end: int
+    """deferred frees not completed when the trace ends"""
+    owner: str
+    """whose stream held most of the bytes at the peak"""
+    held_at_peak_by_owner: dict[str, int]
+    """bytes held at the peak per owner (bytes)"""
+    owners_all: dict[str, int]
+    """deferred blocks over the trace per owner"""
+    segment_allocs_before_peak: int
+    """segments allocated up to the peak"""
+    collectives: str
+    """the collectives the nccl:* annotations name, comma-separated ('none recorded' without any)"""
+    reserved_over_allocated: float
+    """peak reserved over peak allocated, two decimals"""
+    torch_version: str
+    """the PyTorch version: the sidecar's, a lower bound read off the snapshot ('>= 2.8 (snapshot has ...)') or 'unknown'"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeferredFreeFinalStateEvidence(Evidence):
+    """The evidence of a ``deferred-free`` finding of a snapshot without history (variant ``final-state``): the
+    blocks its final state shows pending free."""
+
+    FINDING: ClassVar[str] = ID
+    VARIANTS: ClassVar[tuple[str, ...]] = ("final-state",)
+
+    held_at_end_bytes: int
+    """blocks pending free in the final state (bytes)"""
+    blocks_pending_at_end: int
+    """those blocks"""
+    reserved_bytes: int
+    """reserved in the final state (bytes)"""
+    allocated_bytes: int
+    """allocated in the final state (bytes)"""
+    owner: str
+    """whose stream holds them, from their stacks: 'fsdp', 'point-to-point' or 'unknown'"""
+    torch_version: str
+    """the PyTorch version: the sidecar's, a lower bound read off the snapshot ('>= 2.8 (snapshot has ...)') or 'unknown'"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (DeferredFreeEvidence, DeferredFreeFinalStateEvidence)
+"""The evidence classes of this detector's findings."""
 
 
 def _owners(a: DeviceAnalysis, rows: np.ndarray) -> np.ndarray:
@@ -102,8 +175,9 @@ def _detect_final_state(a: DeviceAnalysis, ctx: Context) -> Finding | None:
            | stacks_matching(a.trace, "distributed_c10d.py", _P2P_NAMES))[stacks]
     owner = "fsdp" if fsdp.all() else "point-to-point" if p2p.all() else "unknown"
     v = ctx.version(a)
-    evidence = {"held_at_end_bytes": held, "blocks_pending_at_end": len(pending), "reserved_bytes": reserved,
-                "allocated_bytes": allocated, "owner": owner, "torch_version": v.text}
+    evidence = DeferredFreeFinalStateEvidence(held_at_end_bytes=held, blocks_pending_at_end=len(pending),
+                                              reserved_bytes=reserved, allocated_bytes=allocated, owner=owner,
+                                              torch_version=v.text)
     sev = "high" if held >= 0.25 * reserved else "medium"
     return Finding(id=ID, severity=sev, ranks=[a.rank], bytes=held, evidence=evidence, sites=[],
                    fixes=_fixes(owner, v), per_rank_bytes={a.rank: held}, variant="final-state")
@@ -140,26 +214,26 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     end = a.num_events - 1
     dur_us = tu[np.where(fc >= 0, fc, end)] - tu[np.where(fr >= 0, fr, 0)]
     seg_allocs = int(np.count_nonzero(a.device.events["action"][: k + 1] == SEGMENT_ALLOC))
-    evidence = {
-        "held_at_peak_bytes": held_at_peak,
-        "max_held_bytes": int(held.max()),
-        "peak_reserved_bytes": int(peak_reserved),
-        "peak_allocated_bytes": int(a.peak_allocated[0]),
-        "deferred_blocks": int(d.size),
-        "deferred_bytes_total": int(lt.size[d].sum()),
-        "blocks_held_at_peak": int(live_at_peak.size),
-        "median_deferral_us": int(np.median(dur_us)) if dur_us.size else 0,
-        "max_deferral_us": int(dur_us.max()) if dur_us.size else 0,
-        "still_pending_at_end": int(np.count_nonzero((fr >= 0) & (fc < 0))),
-        "owner": main_owner,
-        "held_at_peak_by_owner": by_owner,
-        "owners_all": {o: int(np.count_nonzero(owners == o)) for o in set(owners.tolist())},
-        "segment_allocs_before_peak": seg_allocs,
-        "collectives": ", ".join(_collective_names(a)) or "none recorded",
-        "reserved_over_allocated": round(peak_reserved / max(a.peak_allocated[0], 1), 2),
-    }
     v = ctx.version(a)
-    evidence["torch_version"] = v.text
+    evidence = DeferredFreeEvidence(
+        held_at_peak_bytes=held_at_peak,
+        max_held_bytes=int(held.max()),
+        peak_reserved_bytes=int(peak_reserved),
+        peak_allocated_bytes=int(a.peak_allocated[0]),
+        deferred_blocks=int(d.size),
+        deferred_bytes_total=int(lt.size[d].sum()),
+        blocks_held_at_peak=int(live_at_peak.size),
+        median_deferral_us=int(np.median(dur_us)) if dur_us.size else 0,
+        max_deferral_us=int(dur_us.max()) if dur_us.size else 0,
+        still_pending_at_end=int(np.count_nonzero((fr >= 0) & (fc < 0))),
+        owner=main_owner,
+        held_at_peak_by_owner=by_owner,
+        owners_all={o: int(np.count_nonzero(owners == o)) for o in set(owners.tolist())},
+        segment_allocs_before_peak=seg_allocs,
+        collectives=", ".join(_collective_names(a)) or "none recorded",
+        reserved_over_allocated=round(peak_reserved / max(a.peak_allocated[0], 1), 2),
+        torch_version=v.text,
+    )
     sev = "high" if held_at_peak >= 0.25 * peak_reserved else "medium"
     return Finding(
         id=ID, severity=sev, ranks=[a.rank], bytes=held_at_peak, evidence=evidence,

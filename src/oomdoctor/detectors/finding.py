@@ -8,8 +8,8 @@ is written here: the words of every finding id + variant and every fix id are in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, NamedTuple
 
 SEVERITIES = ("critical", "high", "medium", "low", "info")
 FIX_KINDS = ("env", "config", "code", "upgrade")
@@ -78,6 +78,46 @@ class SiteRef:
     """the frame of user code, if any"""
 
 
+def absent() -> Any:
+    """The default of an :class:`Evidence` field that a finding has only sometimes: None, and then left out of
+    :meth:`Evidence.as_dict` (and of the JSON); its schema does not require it."""
+    return field(default=None, metadata={"absent_when_none": True})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """The numbers behind a finding: one subclass per finding kind, beside its detector (its fields, each with its
+    unit in the docstring under it, are that kind's ``evidence`` in the JSON). ``FINDING`` is the detector's id and
+    ``VARIANTS`` the variants (:attr:`Finding.variant`) whose evidence the subclass is. The fields here are the
+    materiality rule's (:mod:`oomdoctor.detectors.materiality`), set on any kind, after its own fields in the JSON.
+
+    :meth:`as_dict` is the evidence as the renderers read it, field name -> value, in the JSON's order; a field
+    declared with :func:`absent` is left out while None."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
+    FINDING: ClassVar[str] = ""
+    VARIANTS: ClassVar[tuple[str, ...]] = ("",)
+
+    claimed_bytes: int | None = absent()
+    """what the detector claimed at stake, where the materiality rule lowered it (bytes; absent where it did not)"""
+    simulated_saving_bytes: int | None = absent()
+    """what the finding's own simulated fix saves of peak reserved, where that is less than the claim (bytes; absent
+    otherwise)"""
+    materiality_threshold_bytes: int | None = absent()
+    """the threshold under which the materiality rule made the finding LOW (bytes; absent where it did not)"""
+    severity_before_materiality: str | None = absent()
+    """the severity the detector gave, before the materiality rule made it LOW (absent where it did not)"""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Field name -> value (nested dataclasses as dicts, as :func:`dataclasses.asdict`): the kind's own fields in
+        their order, then the materiality rule's; fields declared :func:`absent` left out while None."""
+        d = asdict(self)
+        base = {f.name for f in fields(Evidence)}
+        order = [f for f in fields(self) if f.name not in base] + [f for f in fields(self) if f.name in base]
+        return {f.name: d[f.name] for f in order if not (d[f.name] is None and f.metadata.get("absent_when_none"))}
+
+
 @dataclass
 class Finding:
     """A diagnosed problem. ``id`` is stable (the detector's name); ``bytes`` is what is at stake; ``variant``
@@ -97,9 +137,9 @@ class Finding:
     """the ranks it was found on"""
     bytes: int
     """at stake: what the fix gives back at the peak or the OOM, never more than the ranks' peak reserved (bytes)"""
-    evidence: dict[str, Any] = field(default_factory=dict[str, Any])
-    """the numbers behind it, per detector (bytes in keys ending _bytes, event indices in keys ending _event or
-    _index)"""
+    evidence: Evidence = field(default_factory=Evidence)
+    """the numbers behind it, one object per finding kind (bytes in keys ending _bytes, event indices in keys ending
+    _event or _index)"""
     sites: list[SiteRef] = field(default_factory=list[SiteRef])
     """the allocation sites behind it"""
     fixes: list[Fix] = field(default_factory=list[Fix])
@@ -116,7 +156,7 @@ class Finding:
 
     def title_ref(self) -> FindingTitle:
         """A reference to this finding's title, for a verdict that names it (filled by the renderers)."""
-        return FindingTitle(self.id, self.variant, self.evidence)
+        return FindingTitle(self.id, self.variant, self.evidence.as_dict())
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -126,7 +166,8 @@ class Finding:
 class FindingTitle(NamedTuple):
     """A finding's title as data: what a verdict's evidence holds where it names the finding that decides it
     (``report/verdict.py`` ``with_findings``); the renderers fill it from
-    :func:`oomdoctor.render.words.findings.resolve_title`."""
+    :func:`oomdoctor.render.words.findings.resolve_title`. ``evidence`` is the finding's :meth:`Evidence.as_dict`
+    (a verdict's evidence is plain data, which a report's JSON round trip keeps as it is)."""
 
     id: str
     variant: str

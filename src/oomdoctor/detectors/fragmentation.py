@@ -17,6 +17,9 @@ tensors, issue #130330; with NCCL user-buffer registration, NVIDIA/nccl#1584; CU
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
@@ -25,11 +28,78 @@ from ..analysis.phases import role_index
 from ..analysis.rounding import allocation_size, round_size
 from ..units import GiB, MiB
 from .context import Context, TorchVersion
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix
 
 ID = "fragmentation"
 MIN_STRANDED_BYTES = 1 * GiB
 MIN_STRANDED_FRACTION = 0.25
+
+
+@dataclass(frozen=True, kw_only=True)
+class FragmentationOomEvidence(Evidence):
+    """The evidence of a ``fragmentation`` finding at an OOM (variant ``oom``): the allocator's state at the failure."""
+
+    FINDING: ClassVar[str] = ID
+    VARIANTS: ClassVar[tuple[str, ...]] = ("oom",)
+
+    oom_event: int
+    """the event index of the last OOM"""
+    requested_bytes: int
+    """the failed request, rounded as the allocator rounds it (bytes)"""
+    cuda_malloc_bytes: int
+    """the segment the allocator asked cudaMalloc for, for that request (bytes)"""
+    reserved_bytes: int
+    """reserved at the OOM (bytes)"""
+    allocated_bytes: int
+    """allocated at the OOM (bytes)"""
+    reserved_unallocated_bytes: int
+    """reserved but not allocated at the OOM: what is there, in pieces (bytes)"""
+    largest_free_block_bytes: int
+    """the largest free block of the request's pool and stream (bytes)"""
+    largest_free_block_any_stream_bytes: int
+    """the largest free block of any pool and stream (bytes)"""
+    free_in_used_segments_bytes: int
+    """free bytes inside segments that still hold live blocks (bytes)"""
+    free_segments_bytes: int
+    """bytes of segments with no live block (bytes)"""
+    pending_free_bytes: int
+    """blocks freed but awaiting work on another stream (bytes)"""
+    device_free_bytes: int
+    """the device's free memory the OOM entry records (bytes)"""
+    pool: str
+    """the request's pool: 'small' or 'large'"""
+    stream: int
+    """the request's stream (0: the default stream; else a raw cudaStream_t)"""
+    segments: int
+    """live segments at the OOM"""
+    expandable_segments: bool
+    """whether the allocator ran with expandable segments"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FragmentationStrandedEvidence(Evidence):
+    """The evidence of a ``fragmentation`` finding without an OOM (variant ``stranded``): the state at the peak of
+    reserved memory."""
+
+    FINDING: ClassVar[str] = ID
+    VARIANTS: ClassVar[tuple[str, ...]] = ("stranded",)
+
+    peak_reserved_bytes: int
+    """the rank's peak reserved (bytes)"""
+    allocated_at_peak_bytes: int
+    """allocated at that peak (bytes)"""
+    free_in_used_segments_bytes: int
+    """free bytes stranded inside segments that still hold live blocks, at the peak (bytes)"""
+    free_segments_bytes: int
+    """bytes of segments with no live block, at the peak (bytes)"""
+    largest_free_block_bytes: int
+    """the largest free block, at the peak (bytes)"""
+    segments: int
+    """live segments at the peak"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (FragmentationOomEvidence, FragmentationStrandedEvidence)
+"""The evidence classes of this detector's findings."""
 
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
@@ -47,24 +117,24 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         unallocated = an.reserved_bytes - an.allocated_bytes
         if request <= largest or unallocated < request:
             return None
-        evidence = {
-            "oom_event": k,
-            "requested_bytes": request,
-            "cuda_malloc_bytes": allocation_size(request),
-            "reserved_bytes": an.reserved_bytes,
-            "allocated_bytes": an.allocated_bytes,
-            "reserved_unallocated_bytes": unallocated,
-            "largest_free_block_bytes": largest,
-            "largest_free_block_any_stream_bytes": an.largest_free_block_bytes,
-            "free_in_used_segments_bytes": an.free_in_used_segments_bytes,
-            "free_segments_bytes": an.free_segments_bytes,
-            "pending_free_bytes": an.pending_free_bytes,
-            "device_free_bytes": int(ev["device_free"][k]),
-            "pool": pool,
-            "stream": stream,
-            "segments": an.segments,
-            "expandable_segments": expandable_on,
-        }
+        evidence = FragmentationOomEvidence(
+            oom_event=k,
+            requested_bytes=request,
+            cuda_malloc_bytes=allocation_size(request),
+            reserved_bytes=an.reserved_bytes,
+            allocated_bytes=an.allocated_bytes,
+            reserved_unallocated_bytes=unallocated,
+            largest_free_block_bytes=largest,
+            largest_free_block_any_stream_bytes=an.largest_free_block_bytes,
+            free_in_used_segments_bytes=an.free_in_used_segments_bytes,
+            free_segments_bytes=an.free_segments_bytes,
+            pending_free_bytes=an.pending_free_bytes,
+            device_free_bytes=int(ev["device_free"][k]),
+            pool=pool,
+            stream=stream,
+            segments=an.segments,
+            expandable_segments=expandable_on,
+        )
         return Finding(ID, "critical", [a.rank], unallocated, evidence, [],
                        _fixes(v, expandable_on, request, _capped(a), shapes_vary(a)),
                        per_rank_bytes={a.rank: unallocated}, variant="oom")
@@ -75,14 +145,14 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     stranded = an.free_in_used_segments_bytes
     if stranded < max(MIN_STRANDED_BYTES, MIN_STRANDED_FRACTION * reserved):
         return None
-    evidence = {
-        "peak_reserved_bytes": reserved,
-        "allocated_at_peak_bytes": an.allocated_bytes,
-        "free_in_used_segments_bytes": stranded,
-        "free_segments_bytes": an.free_segments_bytes,
-        "largest_free_block_bytes": an.largest_free_block_bytes,
-        "segments": an.segments,
-    }
+    evidence = FragmentationStrandedEvidence(
+        peak_reserved_bytes=reserved,
+        allocated_at_peak_bytes=an.allocated_bytes,
+        free_in_used_segments_bytes=stranded,
+        free_segments_bytes=an.free_segments_bytes,
+        largest_free_block_bytes=an.largest_free_block_bytes,
+        segments=an.segments,
+    )
     return Finding(ID, "high", [a.rank], stranded, evidence, [], _fixes(v, False, 0, _capped(a), shapes_vary(a)),
                    per_rank_bytes={a.rank: stranded}, variant="stranded")
 

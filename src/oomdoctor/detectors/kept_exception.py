@@ -20,18 +20,47 @@ still holds at the trace's last OOM, the one a verdict judges), the caught OOM's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
 from ..analysis.sites import group_sites
 from .common import site_refs
 from .context import Context
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix
 
 ID = "kept-exception"
 HIGH_FRACTION = 0.10
 """= :data:`oomdoctor.report.verdict.VERDICT_FRACTION`: held bytes that could decide a verdict without an OOM are
 ``high``; below, ``medium`` (materiality drops what is below its own floor)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeptExceptionEvidence(Evidence):
+    """The evidence of a ``kept-exception`` finding."""
+
+    FINDING: ClassVar[str] = ID
+
+    oom_event: int
+    """the event index of the caught OOM whose exception holds the most"""
+    retry_event: int
+    """the event index where the same code allocated again (the retry)"""
+    held_bytes: int
+    """what the exception holds when the work runs again (bytes)"""
+    held_blocks: int
+    """the blocks it holds then"""
+    held_at_last_oom_bytes: int
+    """what it still holds at the trace's last OOM, the one a verdict judges (bytes)"""
+    caught_ooms: int
+    """OOMs that events follow (the job caught them)"""
+    peak_reserved_bytes: int
+    """the rank's peak reserved (bytes)"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (KeptExceptionEvidence,)
+"""The evidence classes of this detector's findings."""
 
 
 def _held(a: DeviceAnalysis, k: int) -> tuple[np.ndarray, int] | None:
@@ -69,10 +98,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     k, held, again = best
     held_bytes = int(lt.size[held].sum())
     at_last = held[lt.allocated_mask(last)[held]] if last > again else held[:0]
-    evidence = {"oom_event": k, "retry_event": again, "held_bytes": held_bytes, "held_blocks": int(held.size),
-                "held_at_last_oom_bytes": int(lt.size[at_last].sum()),
-                "caught_ooms": int(np.count_nonzero(a.oom_events < a.num_events - 1)),
-                "peak_reserved_bytes": int(a.peak_reserved[0])}
+    evidence = KeptExceptionEvidence(oom_event=k, retry_event=again, held_bytes=held_bytes, held_blocks=int(held.size),
+                                     held_at_last_oom_bytes=int(lt.size[at_last].sum()),
+                                     caught_ooms=int(np.count_nonzero(a.oom_events < a.num_events - 1)),
+                                     peak_reserved_bytes=int(a.peak_reserved[0]))
     severity = "high" if held_bytes >= HIGH_FRACTION * max(int(a.peak_reserved[0]), 1) else "medium"
     fixes = [Fix("release-exception", versions="all", kind="code",
                  source="Python language reference, 'The try statement' (the except target is cleared at the end "

@@ -15,7 +15,7 @@ ranked (:func:`apply`), decides what is material.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..units import MiB
 from .finding import Finding
@@ -55,20 +55,18 @@ def apply(findings: list[Finding], peak_reserved: dict[int, int], rule: Material
         # bytes at stake are what the fix gives back at the peak or the OOM: never more than the rank had
         peaks = {r: peak_reserved[r] for r in f.ranks if r in peak_reserved}
         if peaks and f.bytes > max(peaks.values()):
-            f.evidence["claimed_bytes"] = f.bytes
+            f.evidence = replace(f.evidence, claimed_bytes=f.bytes)
             f.bytes = max(peaks.values())
         f.per_rank_bytes = {r: min(b, peaks.get(r, b)) for r, b in f.per_rank_bytes.items()}
         saved = simulated_saving(f)
         if saved is not None and saved < f.bytes:
-            f.evidence["claimed_bytes"] = f.bytes
-            f.evidence["simulated_saving_bytes"] = saved
+            f.evidence = replace(f.evidence, claimed_bytes=f.bytes, simulated_saving_bytes=saved)
             f.bytes = saved
             f.per_rank_bytes = {r: min(b, saved) for r, b in f.per_rank_bytes.items()}
         peak = max((peak_reserved.get(r, 0) for r in f.ranks), default=0)
         limit = rule.threshold(peak)
         if f.bytes < limit and _RANK.get(f.severity, 4) < _RANK["low"]:
-            f.evidence["materiality_threshold_bytes"] = limit
-            f.evidence["severity_before_materiality"] = f.severity
+            f.evidence = replace(f.evidence, materiality_threshold_bytes=limit, severity_before_materiality=f.severity)
             f.severity = "low"
     ranked = sorted(findings, key=rank_key)
     link_related(ranked)

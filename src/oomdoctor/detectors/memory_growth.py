@@ -10,6 +10,9 @@ least 64 MiB and 2% of the peak allocated in all. Outputs cached by a pipeline s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
@@ -18,13 +21,47 @@ from ..analysis.sites import group_sites
 from ..units import MiB
 from .common import rows_with, site_refs, stacks_matching
 from .context import Context
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix
 
 ID = "memory-growth"
 WARMUP_STEPS = 2
 MIN_BYTES = 64 * MiB
 MIN_FRACTION = 0.02
 MIN_STEPS = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryGrowthEvidence(Evidence):
+    """The evidence of a ``memory-growth`` finding; steps numbered as the job counts them."""
+
+    FINDING: ClassVar[str] = ID
+
+    steps: int
+    """optimizer steps the trace shows"""
+    step_source: str
+    """what told the steps: 'markers', 'annotations' or 'optimizer frames'"""
+    steps_leaving_memory: int
+    """of the steps counted, those that left memory allocated"""
+    leaking_steps: list[int]
+    """those steps' numbers"""
+    first_counted_step: int
+    """the first step counted (the warm-up steps before it are not)"""
+    last_counted_step: int
+    """the last step counted (the two still running at the end are not)"""
+    retained_bytes: int
+    """what the counted steps left allocated, added up (bytes)"""
+    retained_bytes_per_step: list[int]
+    """what each counted step left allocated, in order (bytes)"""
+    allocated_at_first_step_bytes: int
+    """allocated at the start of the first step counted (bytes)"""
+    allocated_at_last_step_bytes: int
+    """allocated at the start of the last step (bytes)"""
+    peak_allocated_bytes: int
+    """the rank's peak allocated (bytes)"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (MemoryGrowthEvidence,)
+"""The evidence classes of this detector's findings."""
 
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
@@ -49,20 +86,20 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         return None
     all_rows = np.concatenate(rows)
     start_alloc = g.allocated_at_start
-    evidence = {
-        "steps": len(steps),
-        "step_source": steps.source,
-        "steps_leaving_memory": len(growing),
+    evidence = MemoryGrowthEvidence(
+        steps=len(steps),
+        step_source=steps.source,
+        steps_leaving_memory=len(growing),
         # numbered as the job counts them (a recording window's first step is not 0), as the breakdown's step is
-        "leaking_steps": [i + steps.first for i in growing],
-        "first_counted_step": counted[0] + steps.first,
-        "last_counted_step": counted[-1] + steps.first,
-        "retained_bytes": total,
-        "retained_bytes_per_step": per_step,
-        "allocated_at_first_step_bytes": int(start_alloc[WARMUP_STEPS]),
-        "allocated_at_last_step_bytes": int(start_alloc[-1]),
-        "peak_allocated_bytes": int(a.peak_allocated[0]),
-    }
+        leaking_steps=[i + steps.first for i in growing],
+        first_counted_step=counted[0] + steps.first,
+        last_counted_step=counted[-1] + steps.first,
+        retained_bytes=total,
+        retained_bytes_per_step=per_step,
+        allocated_at_first_step_bytes=int(start_alloc[WARMUP_STEPS]),
+        allocated_at_last_step_bytes=int(start_alloc[-1]),
+        peak_allocated_bytes=int(a.peak_allocated[0]),
+    )
     fixes = [
         Fix("detach-kept-tensors", versions="all",
             source="PyTorch FAQ 'Don't accumulate history across your training loop'", kind="code"),

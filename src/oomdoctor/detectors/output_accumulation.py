@@ -18,6 +18,9 @@ general moving kept tensors to the CPU or reducing them per batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.accounting import OUTPUTS
@@ -28,7 +31,7 @@ from ..analysis.sites import group_sites
 from ..frameworks import detect_frameworks, running_files
 from .common import rows_with, site_refs, stacks_matching
 from .context import Context
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix, absent
 
 ID = "output-accumulation"
 GRAPH_SITES = 4
@@ -42,6 +45,43 @@ MIN_REGROWN = 3
 HIGH_FRACTION = 0.25
 MIN_KEPT_BYTES = 1 << 20
 """Below this, what is kept is a loss or a metric scalar per step, not outputs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputAccumulationEvidence(Evidence):
+    """The evidence of an ``output-accumulation`` finding (every variant), at the OOM or the peak."""
+
+    FINDING: ClassVar[str] = ID
+    VARIANTS: ClassVar[tuple[str, ...]] = ("graph-kept", "regrown", "kept-outputs")
+
+    kept_bytes: int
+    """the outputs kept, added up (bytes)"""
+    blocks: int
+    """their blocks"""
+    passes: int
+    """the passes (batches) they were made in"""
+    allocated_bytes: int
+    """allocated at that moment (bytes)"""
+    kept_fraction: float
+    """kept_bytes over allocated_bytes, three decimals"""
+    at: str
+    """the moment: 'the OOM' or 'the peak'"""
+    phase: str
+    """the phase the largest kept block was made in ('before the trace' when it predates it)"""
+    sites_per_pass: int
+    """model code's allocation sites kept per pass, the median (a whole graph: 4 or more)"""
+    kept_unit: str
+    """what kept_at counts: 'step' (optimizer steps) or 'batch' (passes)"""
+    kept_at: list[int]
+    """the steps or batches that kept outputs"""
+    kept_every: int
+    """how many steps or batches apart they were (0: unevenly, or fewer than two)"""
+    regrown_passes: int | None = absent()
+    """passes in a row a buffer was re-allocated larger (variant regrown only)"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (OutputAccumulationEvidence,)
+"""The evidence classes of this detector's findings."""
 
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
@@ -71,19 +111,19 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     sites = distinct_columns(np.stack([ph.pass_of(lt.alloc[in_model]), lt.stack[in_model]]))
     per_pass = int(np.median(np.unique(sites[0], return_counts=True)[1])) if in_model.size else 0
     unit, kept_at = _kept_at(a, rows)
-    evidence = {
-        "kept_bytes": kept,
-        "blocks": int(rows.size),
-        "passes": int(passes.size),
-        "allocated_bytes": allocated,
-        "kept_fraction": round(kept / max(allocated, 1), 3),
-        "at": "the OOM" if at_oom else "the peak",
-        "phase": phase,
-        "sites_per_pass": per_pass,
-        "kept_unit": unit,
-        "kept_at": kept_at,
-        "kept_every": _every(kept_at),
-    }
+    evidence = OutputAccumulationEvidence(
+        kept_bytes=kept,
+        blocks=int(rows.size),
+        passes=int(passes.size),
+        allocated_bytes=allocated,
+        kept_fraction=round(kept / max(allocated, 1), 3),
+        at="the OOM" if at_oom else "the peak",
+        phase=phase,
+        sites_per_pass=per_pass,
+        kept_unit=unit,
+        kept_at=kept_at,
+        kept_every=_every(kept_at),
+    )
     frameworks = detect_frameworks(running_files(a.trace.stacks))
     graph = per_pass >= GRAPH_SITES and passes.size >= MIN_PASSES
     if graph:
@@ -94,7 +134,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
                      source="PyTorch FAQ 'Don't accumulate history across your training loop'; torch.no_grad docs",
                      kind="code")]
     elif regrown and passes.size < MIN_PASSES:
-        evidence["regrown_passes"] = regrown
+        evidence = replace(evidence, regrown_passes=regrown)
         variant = "regrown"
         fixes = []
     else:

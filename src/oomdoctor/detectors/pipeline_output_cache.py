@@ -17,6 +17,9 @@ schedule (``loss_fn``) and chunk the LM head.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
@@ -25,12 +28,38 @@ from ..analysis.sites import group_sites, site_index
 from ..units import MiB
 from .common import rows_with, site_refs, stacks_matching
 from .context import Context
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix
 
 ID = "pipeline-output-cache"
 MIN_CONCURRENT = 3
 MIN_BYTES = 256 * MiB
 BURST_FRACTION = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineOutputCacheEvidence(Evidence):
+    """The evidence of a ``pipeline-output-cache`` finding: the group of outputs of one site and size kept the most."""
+
+    FINDING: ClassVar[str] = ID
+
+    outputs_kept: int
+    """micro-batch outputs allocated at once"""
+    output_bytes: int
+    """one output's requested size (bytes)"""
+    kept_bytes: int
+    """the outputs allocated at once, added up (bytes)"""
+    micro_batches_seen: int
+    """outputs of that site and size in the group (one per micro-batch)"""
+    median_held_us: int
+    """how long an output stayed allocated, the median (µs)"""
+    peak_allocated_bytes: int
+    """the rank's peak allocated (bytes)"""
+    torch_version: str
+    """the PyTorch version: the sidecar's, a lower bound read off the snapshot ('>= 2.8 (snapshot has ...)') or 'unknown'"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (PipelineOutputCacheEvidence,)
+"""The evidence classes of this detector's findings."""
 
 
 def _max_concurrent(alloc: np.ndarray, free: np.ndarray, n: int) -> int:
@@ -100,15 +129,15 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     frees = np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n - 1)
     held_us = tu[frees] - tu[lt.alloc[g]]
     v = ctx.version(a)
-    evidence = {
-        "outputs_kept": conc,
-        "output_bytes": int(lt.requested[g][0]),
-        "kept_bytes": total,
-        "micro_batches_seen": int(g.size),
-        "median_held_us": int(np.median(held_us)),
-        "peak_allocated_bytes": int(a.peak_allocated[0]),
-        "torch_version": v.text,
-    }
+    evidence = PipelineOutputCacheEvidence(
+        outputs_kept=conc,
+        output_bytes=int(lt.requested[g][0]),
+        kept_bytes=total,
+        micro_batches_seen=int(g.size),
+        median_held_us=int(np.median(held_us)),
+        peak_allocated_bytes=int(a.peak_allocated[0]),
+        torch_version=v.text,
+    )
     fixes = [
         Fix("return-outputs-false", versions=">=2.10",
             source="pytorch/pytorch PR #165822; torchtitan PR #1922", kind="code",

@@ -11,6 +11,9 @@ stage, known from the sidecar (``pp_rank``/``pipeline_stage``); without it they 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
@@ -18,11 +21,66 @@ from ..analysis.ranks import RankProfile, SiteBytes, site_deltas, site_key, site
 from ..units import MiB
 from .common import MAX_SITES, site_refs, stacks_matching
 from .context import Context
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix, absent
 
 ID = "rank-imbalance"
 MIN_RATIO = 1.10
 MIN_BYTES = 256 * MiB
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtraSite:
+    """An allocation site holding more on this rank than on the others at the end of the trace."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
+
+    site: str
+    """file:line function of the allocation site"""
+    bytes: int
+    """held by the site on this rank (bytes)"""
+    others_bytes: int
+    """held by the site on the other ranks, the median (bytes)"""
+    blocks: int
+    """the site's live blocks on this rank"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankImbalanceEvidence(Evidence):
+    """The evidence of a ``rank-imbalance`` finding (every variant): one rank against the other ranks of its group."""
+
+    FINDING: ClassVar[str] = ID
+    VARIANTS: ClassVar[tuple[str, ...]] = ("", "held-at-end", "most-different")
+
+    rank: int
+    """the rank above the others"""
+    peak_allocated_bytes: int
+    """its peak allocated (bytes)"""
+    others_median_peak_allocated_bytes: int
+    """the other ranks' peak allocated, the median (bytes)"""
+    excess_bytes: int
+    """its peak allocated above that median (bytes)"""
+    peak_reserved_bytes: int
+    """its peak reserved (bytes)"""
+    end_allocated_bytes: int
+    """allocated at the end of its trace (bytes)"""
+    others_median_end_allocated_bytes: int
+    """the other ranks' allocated at the end, the median (bytes)"""
+    ranks_compared: int
+    """the ranks of its group, itself included"""
+    per_rank_peak_allocated_bytes: dict[int, int]
+    """peak allocated per rank of the group (keys: rank numbers; bytes)"""
+    extra_at_end: list[ExtraSite]
+    """the sites holding at least 16 MiB more on this rank at the end, largest first (five at most)"""
+    top_site_extra_bytes: int | None = absent()
+    """what the site that differs most holds more on this rank (bytes; absent when no site differs by 16 MiB)"""
+    top_site_blocks: int | None = absent()
+    """that site's live blocks on this rank (absent with it)"""
+    top_site: str | None = absent()
+    """that site, file:line function (absent when no site differs by 16 MiB)"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (RankImbalanceEvidence,)
+"""The evidence classes of this detector's findings."""
 
 
 def _group(a: DeviceAnalysis) -> object:
@@ -73,24 +131,23 @@ def _detect_group(pk: list[RankProfile]) -> list[Finding]:
         at_peak = [d for d in site_deltas(pk, i, "peak") if d.delta_bytes >= 16 * MiB]
         at_end = [d for d in site_deltas(pk, i, "end") if d.delta_bytes >= 16 * MiB]
         end_others = int(np.median([q.end_allocated_bytes for j, q in enumerate(pk) if j != i]))
-        evidence = {
-            "rank": p.rank,
-            "peak_allocated_bytes": p.peak_allocated_bytes,
-            "others_median_peak_allocated_bytes": med,
-            "excess_bytes": excess,
-            "peak_reserved_bytes": p.peak_reserved_bytes,
-            "end_allocated_bytes": p.end_allocated_bytes,
-            "others_median_end_allocated_bytes": end_others,
-            "ranks_compared": len(pk),
-            "per_rank_peak_allocated_bytes": {q.rank: q.peak_allocated_bytes for q in pk},
-            "extra_at_end": [{"site": d.ref.label, "bytes": d.bytes, "others_bytes": d.others_median_bytes,
-                              "blocks": d.count} for d in at_end[:5]],
-        }
         top = (at_end or at_peak)
-        if top:
-            evidence["top_site_extra_bytes"] = top[0].delta_bytes
-            evidence["top_site_blocks"] = top[0].count
-            evidence["top_site"] = top[0].ref.label
+        evidence = RankImbalanceEvidence(
+            rank=p.rank,
+            peak_allocated_bytes=p.peak_allocated_bytes,
+            others_median_peak_allocated_bytes=med,
+            excess_bytes=excess,
+            peak_reserved_bytes=p.peak_reserved_bytes,
+            end_allocated_bytes=p.end_allocated_bytes,
+            others_median_end_allocated_bytes=end_others,
+            ranks_compared=len(pk),
+            per_rank_peak_allocated_bytes={q.rank: q.peak_allocated_bytes for q in pk},
+            extra_at_end=[ExtraSite(site=d.ref.label, bytes=d.bytes, others_bytes=d.others_median_bytes, blocks=d.count)
+                          for d in at_end[:5]],
+            top_site_extra_bytes=top[0].delta_bytes if top else None,
+            top_site_blocks=top[0].count if top else None,
+            top_site=top[0].ref.label if top else None,
+        )
         # the wording of the site that differs most: still held at the end on this rank only, or at the peak
         variant = ("held-at-end" if at_end else "most-different") if top else ""
         fixes = [

@@ -1,4 +1,5 @@
-"""The detectors, in one explicit list. Each module has ``ID`` and ``detect(ctx) -> list[Finding]``."""
+"""The detectors, in one explicit list. Each module has ``ID``, ``detect(ctx) -> list[Finding]`` and ``EVIDENCE``, the
+classes of its findings' evidence (:class:`~oomdoctor.detectors.finding.Evidence`, one per kind)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from . import (
     small_long_lived,
 )
 from .context import Context
-from .finding import Finding
+from .finding import Evidence, Finding
 from .materiality import rank_key
 
 DETECTORS: tuple[ModuleType, ...] = (
@@ -32,6 +33,22 @@ DETECTORS: tuple[ModuleType, ...] = (
     small_long_lived,
     cache_flush,
 )
+
+
+EVIDENCE: dict[tuple[str, str], type[Evidence]] = {
+    (cls.FINDING, variant): cls for det in DETECTORS for cls in det.EVIDENCE for variant in cls.VARIANTS}
+"""``(finding id, variant)`` -> the class of that finding kind's evidence, for every detector."""
+
+
+def evidence_class(finding_id: str, variant: str) -> type[Evidence]:
+    """The class of the evidence of a finding ``finding_id`` with ``variant``; :class:`Evidence` itself (no field but
+    the materiality rule's) for an id no detector has.
+
+    Raises:
+        KeyError: a detector's id with a variant it does not write."""
+    if not any(fid == finding_id for fid, _ in EVIDENCE):
+        return Evidence
+    return EVIDENCE[(finding_id, variant)]
 
 
 def run_all(ctx: Context) -> list[Finding]:

@@ -14,6 +14,9 @@ first forward.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from ..analysis.arrays import distinct
@@ -24,12 +27,34 @@ from ..analysis.sites import group_sites
 from ..units import MiB
 from .common import site_refs
 from .context import Context
-from .finding import Finding, Fix
+from .finding import Evidence, Finding, Fix
 
 ID = "small-long-lived"
 MIN_BLOCKS = 256
 MIN_PINNED_BYTES = 256 * MiB
 MIN_PINNED_FRACTION = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmallLongLivedEvidence(Evidence):
+    """The evidence of a ``small-long-lived`` finding, at the end of the trace."""
+
+    FINDING: ClassVar[str] = ID
+
+    blocks: int
+    """small blocks (under 10 MiB) alive for at least half of the trace"""
+    bytes: int
+    """their sizes added up (bytes)"""
+    segments_pinned: int
+    """segments those blocks sit in"""
+    free_in_pinned_segments_bytes: int
+    """free bytes in those segments, which empty_cache() cannot return (bytes)"""
+    reserved_bytes: int
+    """reserved at the end of the trace (bytes)"""
+
+
+EVIDENCE: tuple[type[Evidence], ...] = (SmallLongLivedEvidence,)
+"""The evidence classes of this detector's findings."""
 
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
@@ -56,13 +81,13 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
             pinned_free += sum(b.size for b in s.blocks if not b.is_active)
     if pinned_free < max(MIN_PINNED_BYTES, MIN_PINNED_FRACTION * an.reserved_bytes):
         return None
-    evidence = {
-        "blocks": int(rows.size),
-        "bytes": int(lt.size[rows].sum()),
-        "segments_pinned": len(pinned_segments),
-        "free_in_pinned_segments_bytes": pinned_free,
-        "reserved_bytes": an.reserved_bytes,
-    }
+    evidence = SmallLongLivedEvidence(
+        blocks=int(rows.size),
+        bytes=int(lt.size[rows].sum()),
+        segments_pinned=len(pinned_segments),
+        free_in_pinned_segments_bytes=pinned_free,
+        reserved_bytes=an.reserved_bytes,
+    )
     fixes = [
         Fix("contiguous-buffer", versions="all", source="Megatron-LM's contiguous gradient buffer (megatron/core/distributed/param_and_grad_buffer.py)", kind="code"),
         Fix("bucket-view-gradients", versions=">=1.7", source="torch/nn/parallel/distributed.py docstring; DeepSpeed PR #1199", kind="config"),

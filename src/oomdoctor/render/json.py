@@ -90,7 +90,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
     d = asdict(f)
     fixes = [{"text": fix_text(fx), **{k: fd[k] for k in _FIX_KEYS}} for fx, fd in zip(f.fixes, d["fixes"])]
     return {"id": f.id, "severity": f.severity, "title": title(f), "ranks": d["ranks"], "bytes": f.bytes,
-            "summary": summary(f), "evidence": d["evidence"], "sites": d["sites"], "fixes": fixes,
+            "summary": summary(f), "evidence": f.evidence.as_dict(), "sites": d["sites"], "fixes": fixes,
             "prediction": d["prediction"], "per_rank_bytes": {str(k): v for k, v in f.per_rank_bytes.items()},
             "related": d["related"]}
 

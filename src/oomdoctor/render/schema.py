@@ -10,9 +10,11 @@ or leaves out (an id said in words), the values a string field takes and the sch
 class's options (:func:`nested_options`).
 No object is written here by hand (issue 37: the verdict, a finding and a fix were the last three). Every
 object lists its properties and admits no other (``additionalProperties: false``), except the free-form maps
-named as such (a finding's ``evidence``, a verdict's ``evidence``, a preflight job), so a field added
+named as such (a verdict's ``evidence``, a preflight job), so a field added
 to an output without its description fails the tests that validate real outputs
-(``tests/unit/test_schema.py``), and a field without a docstring fails the schema. Every property has a description with its unit: ``*_bytes`` are bytes,
+(``tests/unit/test_schema.py``), and a field without a docstring fails the schema. A finding's ``evidence`` is one
+of the finding kinds' objects (``oneOf``, :func:`evidence_schema`), each generated from its class
+(:class:`~oomdoctor.detectors.finding.Evidence`, beside its detector). Every property has a description with its unit: ``*_bytes`` are bytes,
 ``*_us`` microseconds, ``*_s`` seconds, event indices count from 0 in the rank's trace (-1: before its first
 event). Every output carries ``schema_version`` (:data:`~oomdoctor._version.SCHEMA_VERSION`).
 """
@@ -164,7 +166,8 @@ def nested_options() -> dict[type, dict[str, Any]]:
         Action: {"enums": {"id": ACTIONS}, "made": {"fix": null(s(""))}},
         # render/json.py finding_dict: the title, summary and each fix's text in words, for the ids they replace
         Finding: {"enums": {"severity": SEVERITIES}, "values": {"per_rank_bytes": b("")},
-                  "made": {"prediction": lambda: prediction_schema(""), "title": s("one line"),
+                  "made": {"prediction": lambda: prediction_schema(""), "evidence": evidence_schema,
+                           "title": s("one line"),
                            "summary": s("what was seen, in numbers, filled in")},
                   "dropped": ("variant",), "after": {"title": "severity", "summary": "bytes"}},
         Fix: {"enums": {"kind": FIX_KINDS}, "made": {"prediction": lambda: prediction_schema(""),
@@ -349,6 +352,42 @@ def finding_schema() -> Schema:
     return of(Finding, "a finding")
 
 
+def evidence_schema() -> Schema:
+    """A finding's evidence as render/json.py ``finding_dict`` writes it (``Evidence.as_dict``): one object per finding
+    kind (:data:`oomdoctor.detectors.registry.EVIDENCE`), generated from its class, titled with the finding's id (and
+    the variants, where a detector has several classes); its own fields first, then the materiality rule's; a field
+    the class declares ``absent()`` is not required and, when there, not null."""
+    from ..detectors.registry import EVIDENCE
+
+    classes = list(dict.fromkeys(EVIDENCE.values()))
+    return {"oneOf": [_evidence_kind(cls, sum(c.FINDING == cls.FINDING for c in classes) > 1) for cls in classes]}
+
+
+def _evidence_kind(cls: type, several: bool) -> Schema:
+    from ..detectors.finding import Evidence
+
+    title = cls.FINDING + (f": {'/'.join(cls.VARIANTS)}" if several else "")
+    doc = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
+    x = generated(cls, doc)
+    base = {f.name for f in dataclasses.fields(Evidence)}
+    absent = {f.name for f in dataclasses.fields(cls) if f.metadata.get("absent_when_none")}
+    order = [k for k in x["properties"] if k not in base] + [k for k in x["properties"] if k in base]
+    props = {k: _not_null(x["properties"][k]) if k in absent else x["properties"][k] for k in order}
+    return {"title": title, **obj(props, doc, optional=tuple(k for k in order if k in absent))}
+
+
+def _not_null(x: Schema) -> Schema:
+    """``x`` without its null: a field absent while None is never null when there."""
+    if "anyOf" in x:
+        rest = [y for y in x["anyOf"] if y != {"type": "null"}]
+        return {**rest[0], "description": x.get("description", "")} if len(rest) == 1 else x
+    kinds = x.get("type")
+    if isinstance(kinds, list) and "null" in kinds:
+        rest = [k for k in kinds if k != "null"]
+        return {**x, "type": rest[0] if len(rest) == 1 else rest}
+    return x
+
+
 def verdict_schema(d: str) -> Schema:
     """A verdict (or null) as render/json.py ``verdict_dict`` writes it (:class:`~oomdoctor.report.verdict.Verdict`)."""
     from ..report.verdict import Verdict
@@ -502,6 +541,8 @@ def _kind(x: Schema) -> str:
         return f"`{x['const']}`"
     if "anyOf" in x:
         return " or ".join(_kind(a) for a in x["anyOf"])
+    if "oneOf" in x:
+        return f"object: one of {len(x['oneOf'])} kinds, below"
     t = x.get("type", "any")
     kinds = t if isinstance(t, list) else [t]
     names = []
@@ -528,6 +569,15 @@ def _rows(x: Schema, path: str) -> list[tuple[str, str, str]]:
             rows += _rows(inner.get("items", {}), here + "[]")
         elif "properties" in inner:
             rows += _rows(inner, here)
+        elif "oneOf" in inner:  # a finding's evidence: one object per kind, each field under its kind's title
+            kinds = inner["oneOf"]
+            common = {k: x for k, x in kinds[0]["properties"].items()
+                      if all(y["properties"].get(k) == x for y in kinds[1:])}  # every kind's (the materiality rule's)
+            for kind in kinds:
+                own = {**kind, "properties": {k: x for k, x in kind["properties"].items() if k not in common}}
+                rows.append((f"{here}({kind['title']})", "object", kind["description"].replace("|", "/")))
+                rows += _rows(own, f"{here}({kind['title']})")
+            rows += _rows({"properties": common}, f"{here}(every kind)")
         elif isinstance(inner.get("additionalProperties"), dict) and "properties" in inner["additionalProperties"]:
             rows += _rows(inner["additionalProperties"], here + ".*")
     return rows

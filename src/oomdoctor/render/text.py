@@ -299,8 +299,9 @@ def _finding_panel(i: int, f) -> Panel:
     from .words import findings as finding_words
     ranks = ",".join(str(r) for r in f.ranks)
     head = f"rank{'s' if len(f.ranks) > 1 else ''} {ranks} · {format_bytes(f.bytes)} at stake"
-    if f.evidence.get("torch_version"):
-        head += f" · PyTorch {torch_version_words(f.evidence['torch_version'])}"
+    version = f.evidence.as_dict().get("torch_version")
+    if version:
+        head += f" · PyTorch {torch_version_words(version)}"
     parts: list = [Text(head, style="dim")]
     related = finding_words.related_line(f)
     if related:

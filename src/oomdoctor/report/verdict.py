@@ -49,6 +49,7 @@ from ..analysis.phases import OPTIMIZER_PHASE, OPTIMIZER_STEP, annotation_window
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight_parts, schedule_evidence
 from ..detectors.finding import Finding, Fix, SiteRef
+from ..detectors.kept_exception import KeptExceptionEvidence
 from ..frameworks import Framework, detect_frameworks, running_files
 from ..ids import VERDICT_ACTIONS, VERDICT_KINDS, VERDICT_REASONS, VerdictAction, VerdictKind, VerdictReason
 from ..trace.model import DEFAULT_POOL
@@ -334,12 +335,14 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
         ev["free_bytes"] = room_b - allocated - an.pending_free_bytes  # pending frees are not free yet
     decisive = max(short or 0, MIN_DECISIVE_BYTES)
     kept_ex = next((f for f in mine if f.id == "kept-exception"), None)
-    if kept_ex is not None and kept_ex.evidence.get("held_at_last_oom_bytes", 0) >= decisive:
+    held = kept_ex.evidence if kept_ex is not None and isinstance(kept_ex.evidence, KeptExceptionEvidence) else None
+    if kept_ex is not None and held is not None and held.held_at_last_oom_bytes >= decisive:
         # an earlier attempt's tensors, held by its caught exception, cover the shortfall: that is the cause, not
         # growth or capacity (issue 49)
-        ev |= {"kept_exception_bytes": kept_ex.evidence["held_at_last_oom_bytes"],
-               "kept_oom_event": kept_ex.evidence["oom_event"], "kept_retry_event": kept_ex.evidence["retry_event"]}
-        return Verdict(kind="kept-exception", bytes=ev["kept_exception_bytes"], ranks=[rank], headroom_bytes=None, finding=kept_ex.id, evidence=ev, reasons=["held-by-exception"])
+        ev |= {"kept_exception_bytes": held.held_at_last_oom_bytes,
+               "kept_oom_event": held.oom_event, "kept_retry_event": held.retry_event}
+        return Verdict(kind="kept-exception", bytes=ev["kept_exception_bytes"], ranks=[rank], headroom_bytes=None,
+                       finding=kept_ex.id, evidence=ev, reasons=["held-by-exception"])
     growth = [f for f in mine if f.id in GROWTH_FINDINGS]
     kept = max([bd.categories["outputs"]] + [_rank_bytes(f, rank) for f in growth])
     if kept >= decisive and (short is None or short > 0 or growth):

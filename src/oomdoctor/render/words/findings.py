@@ -298,23 +298,24 @@ def summary_template(f: Finding) -> str:
     Raises:
         KeyError: no words for ``(f.id, f.variant)``, or for a ``deferred-free`` owner."""
     template = SUMMARIES[(f.id, f.variant)]
+    ev = f.evidence.as_dict()
     if "{owner_words}" in template:
-        template = template.replace("{owner_words}", DEFERRED_OWNERS[f.evidence["owner"]])
+        template = template.replace("{owner_words}", DEFERRED_OWNERS[ev["owner"]])
     if "{growth_words}" in template:
-        every = f.evidence["kept_every"]
+        every = ev["kept_every"]
         kind = "every" if every == 1 else "apart" if every else "uneven"
-        template = template.replace("{growth_words}", KEPT_GROWTH[(kind, f.evidence["kept_unit"])])
+        template = template.replace("{growth_words}", KEPT_GROWTH[(kind, ev["kept_unit"])])
     return template
 
 
 def title(f: Finding) -> str:
     """``f``'s title filled from its evidence (one line)."""
-    return fill(title_template(f.id, f.variant), f.evidence)
+    return fill(title_template(f.id, f.variant), f.evidence.as_dict())
 
 
 def summary(f: Finding) -> str:
     """``f``'s summary filled from its evidence (one paragraph)."""
-    return fill(summary_template(f), f.evidence)
+    return fill(summary_template(f), f.evidence.as_dict())
 
 
 def resolve_title(ref: FindingTitle) -> str:
