@@ -207,7 +207,8 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     live_at_peak = d[at_peak]
     owners = _owners(a, d)
     owner_at_peak = owners[at_peak]
-    by_owner = {o: int(lt.size[live_at_peak][owner_at_peak == o].sum()) for o in set(owner_at_peak.tolist())}
+    # owners in name order: a set's order follows the process's string hash seed, which the JSON must not
+    by_owner = {o: int(lt.size[live_at_peak][owner_at_peak == o].sum()) for o in sorted(set(owner_at_peak.tolist()))}
     main_owner = max(by_owner, key=by_owner.__getitem__) if by_owner else "user code"
     tu = a.device.events["time_us"]
     fr, fc = lt.free_requested[d], lt.free_completed[d]
@@ -228,7 +229,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         still_pending_at_end=int(np.count_nonzero((fr >= 0) & (fc < 0))),
         owner=main_owner,
         held_at_peak_by_owner=by_owner,
-        owners_all={o: int(np.count_nonzero(owners == o)) for o in set(owners.tolist())},
+        owners_all={o: int(np.count_nonzero(owners == o)) for o in sorted(set(owners.tolist()))},
         segment_allocs_before_peak=seg_allocs,
         collectives=", ".join(_collective_names(a)) or "none recorded",
         reserved_over_allocated=round(peak_reserved / max(a.peak_allocated[0], 1), 2),
