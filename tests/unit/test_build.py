@@ -363,3 +363,21 @@ def test_replay_only_reads_device_free_where_an_entry_trades_a_key_for_it(tmp_pa
     full, lean = load(path), load(path, replay_only=True)
     assert full.primary.events["device_free"].tolist()[1] == 12345
     assert lean.primary.events["device_free"].tolist() == full.primary.events["device_free"].tolist()
+
+
+def test_interned_labels_do_not_depend_on_the_hash_seed():
+    """An entry field of labels (``user_metadata``, ``compile_context``, pool ids) is interned in the order its
+    values first appear: a set's order follows the process's string hash seed, so the ids (and anything ordered by
+    them) differed from one run to the next."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from oomdoctor.trace.build import _table_col\n"
+            "table = {}\n"
+            "vals = ['fwd', 'bwd', 'opt', 'fwd', 'eval', 'load', 'bwd', 'step', 'log']\n"
+            "print(_table_col(vals, lambda v: table.setdefault(v, len(table)), lambda v: v is None).tolist())\n")
+    got = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+           for seed in range(6)}
+    assert got == {"[0, 1, 2, 0, 3, 4, 1, 5, 6]\n"}

@@ -558,11 +558,13 @@ def _table_col(values: list, intern: Any, is_default: Any) -> np.ndarray:
     if distinct is not None and all(is_default(v) for v in distinct):
         return np.full(n, -1, dtype=np.int32)
     vals = [tuple(v) if isinstance(v, list) else v for v in values]
+    # interned in the order of first appearance: a set's order follows the string hash seed of the process, and the
+    # ids must not depend on it
     try:
-        ids = {v: intern(v) for v in set(vals)}
+        ids = {v: intern(v) for v in dict.fromkeys(vals)}
     except TypeError:
         vals = [v if _hashable(v) else None for v in vals]
-        ids = {v: intern(v) for v in set(vals)}
+        ids = {v: intern(v) for v in dict.fromkeys(vals)}
     return np.fromiter(map(ids.__getitem__, vals), dtype=np.int32, count=n)
 
 
