@@ -59,7 +59,8 @@ def digest(paths: list[str], replay_only: bool = False) -> dict:
             prepared = prepare(tr)
             peak = max(prepared.reserved_start, max((s for *_, s in prepared.rec_seg), default=0))
             caps = [Capacity(limit_bytes=None, kind="none", source="unlimited"),
-                    Capacity(limit_bytes=int(peak * 0.8) or 1, kind="fraction", source="identity check: 0.8 x a recorded size")]
+                    Capacity(limit_bytes=int(peak * 0.8) or 1, kind="fraction",
+                             source="identity check: 0.8 x a recorded size")]
             rows = {"capacity": asdict(settle_capacity(prepared, infer_capacity(tr, prepared.device)))}
             for text in CONFIGS:
                 for mode in (RECORDED, IMMEDIATE):

@@ -77,7 +77,9 @@ def test_expandable_segments_avoid_the_oom_within_1_percent_of_the_real_run(snap
     target = int(tl.reserved[: allocs[n] + 1].max())
     assert target == 37_381_734_400  # 34.81 GiB
     prepared = prepare(default)
-    r = replay(prepared, parse_config("expandable_segments:True"), capacity=Capacity(limit_bytes=FRAG_CAP, kind="fraction", source="README"))
+    r = replay(prepared, parse_config("expandable_segments:True"), capacity=Capacity(limit_bytes=FRAG_CAP,
+                                                                                     kind="fraction",
+                                                                                     source="README"))
     assert r.oom is None
     assert abs(r.peak_reserved_bytes - target) / target < 0.01
 

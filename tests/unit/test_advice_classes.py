@@ -208,7 +208,8 @@ def test_an_oom_inside_the_optimizer_step_is_told_the_optimizers_memory(tmp_path
 def test_capacity_outside_the_step_keeps_its_usual_advice():
     v = Verdict(kind="capacity", bytes=1, ranks=[0], headroom_bytes=None, finding=None, evidence={})
     assert "optimizer-memory" not in [x.id for x in _actions(v, _Fake(), [], None)]
-    v = Verdict(kind="capacity", bytes=1, ranks=[0], headroom_bytes=None, finding=None, evidence={"in_optimizer_step": True})
+    v = Verdict(kind="capacity", bytes=1, ranks=[0], headroom_bytes=None, finding=None,
+                evidence={"in_optimizer_step": True})
     assert [x.id for x in _actions(v, _Fake(), [], None)] == ["optimizer-memory"]
     assert Action(id="optimizer-memory").id in __import__("oomdoctor.report.verdict", fromlist=["ACTIONS"]).ACTIONS
 

@@ -361,7 +361,8 @@ def test_an_oom_replayed_where_the_allocator_frees_its_cache_first_is_reproduced
     # without them, does not): the segments differ, the OOM is the same, and that is enough for a cut trace
     a = analysed(tmp_path, oom_after_steps(3))
     from oomdoctor.simulate.capacity import Capacity
-    v = replay(prepare(a.trace, a.device, a.lifetimes), capacity=Capacity(limit_bytes=700 * MiB, kind="device", source="t")).validation
+    v = replay(prepare(a.trace, a.device, a.lifetimes), capacity=Capacity(limit_bytes=700 * MiB,
+                                                                          kind="device", source="t")).validation
     assert v.oom_matches and v.segment_events_differing > 0
     f = fits(a, room(700), 4)
     assert "not-reproduced" not in f.notes

@@ -53,16 +53,20 @@ def test_settings_one_a_line_keep_a_list_whole():
 
 
 def test_capacity_in_words_and_binary_units():
-    oom = Capacity(limit_bytes=41_269_854_208, kind="fraction", source="raw", certainty=BOUNDED, lower_bytes=41_269_854_208, upper_bytes=44_988_104_703, evidence="oom")
+    oom = Capacity(limit_bytes=41_269_854_208, kind="fraction", source="raw", certainty=BOUNDED,
+                   lower_bytes=41_269_854_208, upper_bytes=44_988_104_703, evidence="oom")
     assert capacity_words(oom, 13760) == (
         "38.44 GiB, the lower end of a cap between 38.44 GiB and 41.90 GiB: a memory-fraction cap, since the device "
         "still had memory free at the OOM, event 13760")
-    device = Capacity(limit_bytes=80 * GiB, kind="device", source="raw", certainty=EXACT, lower_bytes=80 * GiB, upper_bytes=80 * GiB, evidence="oom")
+    device = Capacity(limit_bytes=80 * GiB, kind="device", source="raw", certainty=EXACT,
+                      lower_bytes=80 * GiB, upper_bytes=80 * GiB, evidence="oom")
     assert capacity_words(device, 5) == ("80.00 GiB, the device's memory at the OOM, event 5: its free bytes then plus "
                                         "the reserved bytes")
-    assert capacity_words(Capacity(limit_bytes=2 * GiB, kind="fraction", source="raw", certainty=EXACT, lower_bytes=2 * GiB, upper_bytes=2 * GiB, evidence="sidecar")) == (
+    assert capacity_words(Capacity(limit_bytes=2 * GiB, kind="fraction", source="raw", certainty=EXACT,
+                                   lower_bytes=2 * GiB, upper_bytes=2 * GiB, evidence="sidecar")) == (
         "2.00 GiB, the memory-fraction cap the sidecar states")
-    assert capacity_words(Capacity(limit_bytes=GiB, kind="device", source="raw", certainty=GIVEN, lower_bytes=GiB, upper_bytes=GiB, evidence="given")) == (
+    assert capacity_words(Capacity(limit_bytes=GiB, kind="device", source="raw", certainty=GIVEN,
+                                   lower_bytes=GiB, upper_bytes=GiB, evidence="given")) == (
         "1.00 GiB, given with --cap as a device limit")
     unlimited = Capacity(limit_bytes=None, kind="none", source="fallbacks-disagree", source_values={
         "runs": 2, "upper_bytes": 41_269_854_208, "peak_reserved_bytes": 44_988_104_703})

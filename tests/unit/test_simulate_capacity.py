@@ -30,7 +30,10 @@ def oom_trace(tmp_path, request, device_free, *, before=(), drop_first=0):
 
 def test_oom_the_device_could_not_hold_is_the_device_limit(tmp_path):
     t, o = oom_trace(tmp_path, 20 * MiB, 4 * MiB, before=(30,))
-    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=46 * MiB, kind="device", source="oom-device", certainty="exact", lower_bytes=46 * MiB, upper_bytes=46 * MiB, evidence="oom", source_values={"event": o, "device_free_bytes": 4 * MiB, "reserved_bytes": 42 * MiB})
+    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=46 * MiB, kind="device", source="oom-device",
+                                                    certainty="exact", lower_bytes=46 * MiB,
+                                                    upper_bytes=46 * MiB, evidence="oom",
+                                                    source_values={"event": o, "device_free_bytes": 4 * MiB, "reserved_bytes": 42 * MiB})
 
 
 def test_oom_device_free_from_addr_when_the_entry_has_none(tmp_path):
@@ -45,7 +48,11 @@ def test_oom_the_device_could_hold_is_a_fraction_cap(tmp_path):
     # 20 MiB free on the device, the 20 MiB segment fitted: a fraction cap refused it; the cap lies in
     # [the peak before, reserved + the segment - 1]
     t, o = oom_trace(tmp_path, 20 * MiB, 20 * MiB, before=(30,))
-    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=42 * MiB, kind="fraction", source="oom-fraction-cap", certainty="bounded", lower_bytes=42 * MiB, upper_bytes=62 * MiB - 1, evidence="oom", source_values={"event": o, "device_free_bytes": 20 * MiB})
+    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=42 * MiB, kind="fraction",
+                                                    source="oom-fraction-cap", certainty="bounded",
+                                                    lower_bytes=42 * MiB, upper_bytes=62 * MiB - 1,
+                                                    evidence="oom",
+                                                    source_values={"event": o, "device_free_bytes": 20 * MiB})
     # one byte less free: the device could not
     t, o = oom_trace(tmp_path, 20 * MiB, 20 * MiB - 1, before=(30,))
     assert infer_capacity(t, t.primary).source == "oom-device"
@@ -103,7 +110,10 @@ def fallback_trace(tmp_path, **meta):
 
 def test_fallbacks_bound_a_fraction_cap(tmp_path):
     t = fallback_trace(tmp_path)
-    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=62 * MiB, kind="fraction", source="fallbacks", certainty="bounded", lower_bytes=62 * MiB, upper_bytes=112 * MiB, evidence="fallbacks", source_values={"runs": 1})
+    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=62 * MiB, kind="fraction", source="fallbacks",
+                                                    certainty="bounded", lower_bytes=62 * MiB,
+                                                    upper_bytes=112 * MiB, evidence="fallbacks",
+                                                    source_values={"runs": 1})
 
 
 @pytest.mark.parametrize(("total", "kind"), [
@@ -145,7 +155,10 @@ def test_fallbacks_below_the_peak_disagree(tmp_path, monkeypatch):
         "runs": 2, "upper_bytes": 50 * MiB, "peak_reserved_bytes": 62 * MiB})
     # equal bounds agree: the cap is that one value
     monkeypatch.setattr(capacity, "fallback_bounds", lambda trace, device: (62 * MiB, 62 * MiB, 1))
-    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=62 * MiB, kind="fraction", source="fallbacks", certainty="bounded", lower_bytes=62 * MiB, upper_bytes=62 * MiB, evidence="fallbacks", source_values={"runs": 1})
+    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=62 * MiB, kind="fraction", source="fallbacks",
+                                                    certainty="bounded", lower_bytes=62 * MiB,
+                                                    upper_bytes=62 * MiB, evidence="fallbacks",
+                                                    source_values={"runs": 1})
 
 
 # ---- rules 1 and 2: the sidecar ---------------------------------------------------------------------------------
@@ -153,8 +166,15 @@ def test_fallbacks_below_the_peak_disagree(tmp_path, monkeypatch):
 def test_the_sidecars_cap_comes_first(tmp_path):
     t, _ = oom_trace(tmp_path, 20 * MiB, 4 * MiB)  # an OOM too: the sidecar's cap wins
     t.meta.update(memory_cap_bytes=30 * MiB)
-    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=30 * MiB, kind="fraction", source="sidecar-memory-cap", certainty="exact", lower_bytes=30 * MiB, upper_bytes=30 * MiB, evidence="sidecar", source_values={})
+    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=30 * MiB, kind="fraction",
+                                                    source="sidecar-memory-cap", certainty="exact",
+                                                    lower_bytes=30 * MiB, upper_bytes=30 * MiB,
+                                                    evidence="sidecar", source_values={})
     t.meta.update(memory_cap_bytes=0, memory_fraction=0.5, gpu_total_memory_bytes=80 * MiB + 1)
-    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=40 * MiB, kind="fraction", source="sidecar-memory-fraction", certainty="exact", lower_bytes=40 * MiB, upper_bytes=40 * MiB, evidence="sidecar", source_values={"fraction": 0.5, "gpu_total_memory_bytes": 80 * MiB + 1})
+    assert infer_capacity(t, t.primary) == Capacity(limit_bytes=40 * MiB, kind="fraction",
+                                                    source="sidecar-memory-fraction", certainty="exact",
+                                                    lower_bytes=40 * MiB, upper_bytes=40 * MiB,
+                                                    evidence="sidecar",
+                                                    source_values={"fraction": 0.5, "gpu_total_memory_bytes": 80 * MiB + 1})
     t.meta.update(memory_fraction=1.0)  # no fraction set: the OOM decides
     assert infer_capacity(t, t.primary).source == "oom-device"

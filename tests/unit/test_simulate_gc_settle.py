@@ -159,7 +159,8 @@ def test_gc_under_a_cap_runs_out_where_live_memory_exceeds_it(tmp_path):
     b.oom(45 * MiB, device_free=60 << 30)  # an oom entry holds the rounded request
     trace = load(b.write(tmp_path / "sage.pickle"))
     p = prepare(trace)
-    cap = Capacity(limit_bytes=100 * MiB, kind="fraction", source="given", certainty="given", lower_bytes=100 * MiB, upper_bytes=100 * MiB, evidence="given")
+    cap = Capacity(limit_bytes=100 * MiB, kind="fraction", source="given", certainty="given",
+                   lower_bytes=100 * MiB, upper_bytes=100 * MiB, evidence="given")
     recorded = replay(p, capacity=cap)
     assert recorded.validation.exact and recorded.oom.event_index == p.recorded_oom
     assert recorded.num_alloc_retries == 2
@@ -314,7 +315,8 @@ def test_settle_capacity_finds_a_cap_that_reproduces_the_gc_trace(tmp_path):
 def test_settle_capacity_leaves_other_evidence_alone(tmp_path):
     t = load(gc_trace(tmp_path))
     p = prepare(t)
-    given = Capacity(limit_bytes=70 * MiB, kind="fraction", source="given", certainty="given", lower_bytes=70 * MiB, upper_bytes=70 * MiB, evidence="given")
+    given = Capacity(limit_bytes=70 * MiB, kind="fraction", source="given", certainty="given",
+                     lower_bytes=70 * MiB, upper_bytes=70 * MiB, evidence="given")
     assert settle_capacity(p, given) is given
 
 
@@ -421,7 +423,9 @@ def test_settle_capacity_reads_frees_no_cap_reproduces_as_empty_cache(tmp_path):
     v = replay(p, capacity=c).validation
     assert (v.segment_events_differing, v.segment_events_unmatched) == (2, 1)
     settled = settle_capacity(p, c)
-    assert settled == Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty="bounded", lower_bytes=200 * MiB, upper_bytes=None, evidence="fallbacks", source_values={"runs": 1})
+    assert settled == Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced",
+                               certainty="bounded", lower_bytes=200 * MiB, upper_bytes=None,
+                               evidence="fallbacks", source_values={"runs": 1})
     assert replay(p, capacity=settled).validation.exact
 
 

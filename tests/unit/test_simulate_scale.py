@@ -35,9 +35,11 @@ def test_fits_at_keeps_the_margin_free_and_the_capacitys_source(tmp_path):
     p = one_block(tmp_path)
     marked = np.zeros(p.device.num_events, dtype=bool)
     marked[1] = True
-    cap = Capacity(limit_bytes=30 * MiB, kind="fraction", source="fallbacks", certainty="bounded", lower_bytes=30 * MiB, upper_bytes=40 * MiB, evidence="fallbacks", source_values={"runs": 2})
+    cap = Capacity(limit_bytes=30 * MiB, kind="fraction", source="fallbacks", certainty="bounded",
+                   lower_bytes=30 * MiB, upper_bytes=40 * MiB, evidence="fallbacks", source_values={"runs": 2})
     r = fits_at(p, marked, 2.0, cap, margin_bytes=6 * MiB)  # 24 MiB under 24 MiB: fits, at the edge
-    assert r.capacity == Capacity(limit_bytes=24 * MiB, kind="fraction", source="fallbacks", source_values={"runs": 2})
+    assert r.capacity == Capacity(limit_bytes=24 * MiB, kind="fraction", source="fallbacks",
+                                  source_values={"runs": 2})
     assert (r.oom, r.peak_reserved_bytes, r.validation) == (None, 24 * MiB, None)
     assert fits_at(p, marked, 2.0, cap, margin_bytes=6 * MiB + 1).oom is not None  # one byte less: it does not
     r = fits_at(p, marked, 2.0, cap)

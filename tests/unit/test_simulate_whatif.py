@@ -117,7 +117,8 @@ def test_simulate_search_adds_the_grid_once_notes_and_recommends(tmp_path):
 
 
 def test_simulate_search_notes_without_deferred_frees_and_under_a_fraction_cap(tmp_path):
-    cap = Capacity(limit_bytes=64 * MiB, kind="fraction", source="given", certainty="given", lower_bytes=64 * MiB, upper_bytes=64 * MiB, evidence="given")
+    cap = Capacity(limit_bytes=64 * MiB, kind="fraction", source="given", certainty="given",
+                   lower_bytes=64 * MiB, upper_bytes=64 * MiB, evidence="given")
     sim = simulate(plain_trace(tmp_path), search=True, capacity=cap, workers=1)
     assert sim.notes == ["no-deferred-frees"]
     assert len(sim.results) == 1 + 10  # 7 settings + 3 with GC thresholds, recorded frees only
@@ -145,7 +146,9 @@ def test_simulate_recorded_settles_a_fallback_cap_by_replay(tmp_path):
 def test_simulate_recorded_given_cap_takes_the_gc_threshold_for_a_fraction(tmp_path):
     t = plain_trace(tmp_path, garbage_collection_threshold=0.6)
     sim = simulate_recorded(t, cap_bytes=8 * MiB)
-    assert sim.capacity == Capacity(limit_bytes=8 * MiB, kind="fraction", source="given", certainty="given", lower_bytes=8 * MiB, upper_bytes=8 * MiB, evidence="given", source_values={"kind": "fraction"})
+    assert sim.capacity == Capacity(limit_bytes=8 * MiB, kind="fraction", source="given", certainty="given",
+                                    lower_bytes=8 * MiB, upper_bytes=8 * MiB, evidence="given",
+                                    source_values={"kind": "fraction"})
     assert sim.self_replay.oom is not None  # 12 MiB does not fit under 8
     assert simulate_recorded(plain_trace(tmp_path), cap_bytes=8 * MiB).capacity.kind == "device"
     assert simulate_recorded(t, cap_bytes=8 * MiB, cap_kind="device").capacity.kind == "device"
@@ -180,8 +183,11 @@ def test_simulate_recorded_refuses_a_trace_without_history(tmp_path):
     ("none", "fraction", DEFAULT, "fraction"),
 ])
 def test_with_capacity(inferred, kind, recorded, expected):
-    c = with_capacity(Capacity(limit_bytes=5 * MiB, kind=inferred, source="x", certainty="bounded", lower_bytes=1, upper_bytes=9, evidence="oom", source_values={"event": 3}), 7 * MiB, kind, recorded)
-    assert c == Capacity(limit_bytes=7 * MiB, kind=expected, source="given", certainty="given", lower_bytes=7 * MiB, upper_bytes=7 * MiB, evidence="given", source_values={"kind": expected})
+    c = with_capacity(Capacity(limit_bytes=5 * MiB, kind=inferred, source="x", certainty="bounded",
+                               lower_bytes=1, upper_bytes=9, evidence="oom", source_values={"event": 3}), 7 * MiB, kind, recorded)
+    assert c == Capacity(limit_bytes=7 * MiB, kind=expected, source="given", certainty="given",
+                         lower_bytes=7 * MiB, upper_bytes=7 * MiB, evidence="given",
+                         source_values={"kind": expected})
 
 
 # ---- grid ----------------------------------------------------------------------------------------------------
@@ -225,7 +231,8 @@ def test_run_many_replays_each_with_its_frees_and_the_capacity(tmp_path):
     # under 20 MiB the second 12 MiB segment does not fit: the allocator's retry completes the deferred free
     assert [(r.deferred_frees, r.capacity, r.oom is None, r.peak_reserved_bytes) for r in rs] == [
         (RECORDED, cap, True, 12 * MiB), (IMMEDIATE, cap, True, 12 * MiB)]
-    assert [r.oom is None for r in run_many(p, ws, Capacity(limit_bytes=8 * MiB, kind="fraction", source="given"), workers=1)] == [
+    assert [r.oom is None for r in run_many(p, ws, Capacity(limit_bytes=8 * MiB, kind="fraction",
+                                                            source="given"), workers=1)] == [
         False, False]
     assert all(r.model is None and r.live_blocks is None for r in rs)
     free = run_many(p, ws, UNLIMITED)  # 11 events x 2: far below PARALLEL_MIN_WORK, replayed here
@@ -370,7 +377,8 @@ def settle(monkeypatch, scores, *, gc=0.0, lower=100, upper=200, events=10, max_
         monkeypatch.setattr(whatif, "SETTLE_MAX_EVENTS", max_events)
     prepared = SimpleNamespace(recorded_config=parse_config(f"garbage_collection_threshold:{gc}") if gc else DEFAULT,
                                device=SimpleNamespace(num_events=events))
-    cap = Capacity(limit_bytes=lower, kind="fraction", source="fallbacks", certainty="bounded", lower_bytes=lower, upper_bytes=upper, evidence="fallbacks", source_values={"runs": 2})
+    cap = Capacity(limit_bytes=lower, kind="fraction", source="fallbacks", certainty="bounded",
+                   lower_bytes=lower, upper_bytes=upper, evidence="fallbacks", source_values={"runs": 2})
     return settle_capacity(prepared, cap), calls, cap
 
 
@@ -389,7 +397,8 @@ def test_settle_without_gc_keeps_the_lower_bound_when_no_cap_is_worse(monkeypatc
 def test_settle_without_gc_reads_frees_no_cap_explains_better_as_unlimited(monkeypatch):
     c, calls, _ = settle(monkeypatch, lambda c: (1, 4) if c is not None else (1, 3))
     assert calls == [100, None]
-    assert c == Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty="bounded", lower_bytes=100, upper_bytes=None, evidence="fallbacks", source_values={"runs": 2})
+    assert c == Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty="bounded",
+                         lower_bytes=100, upper_bytes=None, evidence="fallbacks", source_values={"runs": 2})
 
 
 def test_settle_ties_go_to_the_lowest_cap(monkeypatch):
@@ -419,7 +428,8 @@ def test_settle_with_gc_tries_caps_over_the_bounds_and_narrows(monkeypatch):
 def test_settle_with_gc_stops_when_no_cap_is_best(monkeypatch):
     c, calls, _ = settle(monkeypatch, lambda c: (1, 1) if c is None else (1, 2), gc=0.5)
     assert calls == [100, None] + [100 + 100 * k // 8 for k in range(1, 9)]  # one round, then no cap wins
-    assert c == Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty="bounded", lower_bytes=100, upper_bytes=None, evidence="fallbacks", source_values={"runs": 2})
+    assert c == Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty="bounded",
+                         lower_bytes=100, upper_bytes=None, evidence="fallbacks", source_values={"runs": 2})
 
 
 def test_settle_with_gc_stops_at_its_event_budget(monkeypatch):
@@ -446,7 +456,8 @@ def test_settle_with_gc_runs_at_most_its_rounds(monkeypatch):
 def test_settle_leaves_other_evidence_alone(monkeypatch):
     calls = []
     monkeypatch.setattr(whatif, "replay", lambda *a, **k: calls.append(1))
-    for cap in (UNLIMITED, Capacity(limit_bytes=5, kind="device", source="oom-device", certainty="exact", lower_bytes=5, upper_bytes=5, evidence="oom")):
+    for cap in (UNLIMITED, Capacity(limit_bytes=5, kind="device", source="oom-device", certainty="exact",
+                                    lower_bytes=5, upper_bytes=5, evidence="oom")):
         assert settle_capacity(None, cap) is cap
     assert calls == []
 

@@ -354,7 +354,8 @@ def _capacity(rank=2, shortfall=100 * MiB, kind="capacity"):
     ev = {"rank": rank, "shortfall_bytes": shortfall, "need_bytes": 900 * MiB, "batch_scale": 0.5,
           "estimated_fit": "x", "largest_micro_batch": 3, "no_fit_reason": "r", "estimate_assumptions": "a",
           "checkpointing_frees_bytes": 1, "sharding_frees_bytes": 2}
-    return Verdict(kind=kind, bytes=900 * MiB, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=["live-tensors-exceed-room"], to_do=[Action(id="pipeline-schedule")])
+    return Verdict(kind=kind, bytes=900 * MiB, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev,
+                   reasons=["live-tensors-exceed-room"], to_do=[Action(id="pipeline-schedule")])
 
 
 @pytest.mark.parametrize("findings, shortfall, kind, imbalance", [
@@ -395,7 +396,8 @@ def test_oom_with_findings_turns_capacity_into_imbalance_when_the_excess_covers_
 ], ids=["may-apply", "skips-known-not-to-apply", "none-applies", "no-fixes"])
 def test_oom_with_findings_takes_its_action_from_the_first_fix_that_may_apply(fixes, action):
     out = oom_with_findings(_capacity(), [_finding(per_rank={2: 150 * MiB}, fixes=fixes)])
-    assert out.kind == "imbalance" and out.to_do == ([] if action is None else [Action(id="finding-fix", fix=fixes[action])])
+    assert out.kind == "imbalance" and out.to_do == ([] if action is None else [Action(id="finding-fix",
+                                                                                       fix=fixes[action])])
 
 
 def test_oom_with_findings_takes_its_action_from_the_finding_it_rests_on():

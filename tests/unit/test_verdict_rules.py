@@ -103,7 +103,8 @@ def judge(a, room: int | None, mine=(), outputs: int = 0, fits: Fits | None = No
             ev["schedule_evidence"] = schedule
     calls = Calls(fits)
     bd = SimpleNamespace(categories={"outputs": outputs}, phase="forward")
-    v = _oom_verdict(a, list(mine), Room(bytes=room, kind="device" if room is not None else "none", source="test"), bd, calls,
+    v = _oom_verdict(a, list(mine), Room(bytes=room, kind="device" if room is not None else "none",
+                                         source="test"), bd, calls,
                      (lambda: defragmented), ev)
     return v, calls
 

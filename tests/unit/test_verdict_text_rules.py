@@ -181,7 +181,8 @@ FRAG_ROOM = RESERVED + 128 * MiB  # with a384: 640 MiB free for 384 MiB, not in 
 
 def verdict(a, room, findings=(), b=None, holders=(), fits=None, defragmented=None):
     calls = Calls(fits)
-    v = rank_verdict(a, list(findings), Room(bytes=room, kind="device" if room is not None else "none", source="oom-device"),
+    v = rank_verdict(a, list(findings), Room(bytes=room, kind="device" if room is not None else "none",
+                                             source="oom-device"),
                      b if b is not None else bd(), list(holders), calls, lambda: defragmented)
     return v, calls
 
@@ -190,7 +191,8 @@ def judge(a, room, ev_extra=None, mine=(), outputs=0, fits=None, defragmented=No
     """``_oom_verdict`` as ``rank_verdict`` calls it, with the evidence it starts from."""
     ev = {"rank": a.rank, "phase": "forward", "room_bytes": room, **(ev_extra or {})}
     calls = Calls(fits)
-    v = _oom_verdict(a, list(mine), Room(bytes=room, kind="device" if room is not None else "none", source="oom-device"),
+    v = _oom_verdict(a, list(mine), Room(bytes=room, kind="device" if room is not None else "none",
+                                         source="oom-device"),
                      bd(outputs), calls, (lambda: defragmented), ev)
     return v, calls
 
@@ -543,7 +545,8 @@ def test_logits_named_in_the_evidence_and_the_actions(a768, a384):
 # --------------------------------------------------------------------------- _actions, kind by kind
 
 def actions(kind, ev=None, fits=None, files=(TRAIN,), mine=(), finding_id=None):
-    v = Verdict(kind=kind, bytes=0, ranks=[RANK], headroom_bytes=None, finding=finding_id, evidence=dict(ev or {}))
+    v = Verdict(kind=kind, bytes=0, ranks=[RANK], headroom_bytes=None, finding=finding_id,
+                evidence=dict(ev or {}))
     v.to_do = _actions(v, fake(*files), list(mine), fits)
     return rendered(v), v.evidence
 
@@ -696,7 +699,8 @@ def test_finding_kinds_take_the_fix_of_their_finding():
 # --------------------------------------------------------------------------- with_findings
 
 def healthy(peak: int, headroom: int | None = 7 * MiB) -> Verdict:
-    return Verdict(kind="healthy", bytes=peak, ranks=[RANK], headroom_bytes=headroom, finding=None, evidence={"peak_reserved_bytes": peak, "rank": RANK})
+    return Verdict(kind="healthy", bytes=peak, ranks=[RANK], headroom_bytes=headroom, finding=None,
+                   evidence={"peak_reserved_bytes": peak, "rank": RANK})
 
 
 def test_with_findings_sentence_evidence_and_action():
@@ -739,7 +743,8 @@ def test_with_findings_growth_decides_at_any_size():
 
 
 def test_with_findings_without_a_peak_every_material_finding_counts():
-    v = Verdict(kind="empty", bytes=0, ranks=[RANK], headroom_bytes=None, finding=None, evidence={"rank": RANK})
+    v = Verdict(kind="empty", bytes=0, ranks=[RANK], headroom_bytes=None, finding=None,
+                evidence={"rank": RANK})
     got = with_findings(v, [finding("deferred-free", 0)])
     assert (got.kind, got.bytes) == ("deferred-free", 0)
 

@@ -42,7 +42,9 @@ def test_the_numbers_are_raw_in_the_json_and_in_binary_units_on_the_terminal():
 
 
 def test_a_fallbacks_cap_says_its_bounds_the_retries_and_what_settling_found():
-    c = Capacity(limit_bytes=20 * GiB, kind="fraction", source="fallbacks", certainty="bounded", lower_bytes=20 * GiB, upper_bytes=21 * GiB, evidence="fallbacks", source_values={"runs": 3, "alloc_retries": 2})
+    c = Capacity(limit_bytes=20 * GiB, kind="fraction", source="fallbacks", certainty="bounded",
+                 lower_bytes=20 * GiB, upper_bytes=21 * GiB, evidence="fallbacks",
+                 source_values={"runs": 3, "alloc_retries": 2})
     assert W.said(c) == (f"3 allocator fallbacks in the trace (cached segments freed before a new segment): the cap "
                          f"lies in [{20 * GiB}, {21 * GiB}] bytes; the sidecar counts 2 alloc retries; the lower end "
                          "is used")
@@ -84,7 +86,9 @@ def test_every_simulation_id_is_said():
 
 
 def test_a_cap_set_during_the_run_says_from_which_event():
-    cap = Capacity(limit_bytes=12 << 30, kind="fraction", source="sidecar-memory-cap", certainty="exact", lower_bytes=12 << 30, upper_bytes=12 << 30, evidence="sidecar", source_values={}, from_event=2177)
+    cap = Capacity(limit_bytes=12 << 30, kind="fraction", source="sidecar-memory-cap", certainty="exact",
+                   lower_bytes=12 << 30, upper_bytes=12 << 30, evidence="sidecar", source_values={},
+                   from_event=2177)
     assert W.said(cap) == ("the memory cap in the sidecar (memory_cap_bytes), from event 2177 on (reserved bytes were "
                            "above it before: it was set during the run; the replay's peaks are taken from there)")
     assert W.said(Capacity(limit_bytes=12 << 30, kind="fraction", source="sidecar-memory-cap")) == "the memory cap in the sidecar (memory_cap_bytes)"

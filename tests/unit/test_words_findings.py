@@ -435,7 +435,9 @@ def test_a_verdict_names_its_finding_by_title_and_its_fix_by_id():
                                           "title": "Rank 4 uses more memory than the other ranks"}
     # a verdict decided by the finding says its title, and its action is the fix's words
     fx = _fix("sharded-checkpoint")
-    v = Verdict(kind="imbalance", bytes=256 * MiB, ranks=[4], headroom_bytes=None, finding="rank-imbalance", evidence={**ev, "peak_reserved_bytes": GiB}, reasons=["finding-decides"], to_do=[Action(id="finding-fix", fix=fx)])
+    v = Verdict(kind="imbalance", bytes=256 * MiB, ranks=[4], headroom_bytes=None, finding="rank-imbalance",
+                evidence={**ev, "peak_reserved_bytes": GiB}, reasons=["finding-decides"],
+                to_do=[Action(id="finding-fix", fix=fx)])
     assert verdict_words.summary(v) == ("Rank 4 uses more memory than the other ranks: 256.00 MiB at stake (no OOM in "
                                         "this trace; peak reserved 1.00 GiB).")
     assert verdict_words.actions(v) == [FIX_WORDS["sharded-checkpoint"]]

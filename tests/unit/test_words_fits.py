@@ -142,7 +142,8 @@ def test_the_notebook_gives_what_fits_and_the_verdict_in_words():
     assert said.assumptions == [ASSUMPTION_WORDS["parameters-trained"]]
     assert f.notes == ["replay-failed"] and _said_fits(None) is None  # a copy: the data is left as it was
     ev = {**OOM_EV, "no_fit_reason": "replay-failed", "fit_note_values": {"replay_error": "boom"}}
-    said = _filled_verdict(Verdict(kind="capacity", bytes=0, ranks=[0], headroom_bytes=None, finding=None, evidence=ev, reasons=["live-tensors-exceed-room", "fit-not-said"]))
+    said = _filled_verdict(Verdict(kind="capacity", bytes=0, ranks=[0], headroom_bytes=None, finding=None,
+                                   evidence=ev, reasons=["live-tensors-exceed-room", "fit-not-said"]))
     assert said.summary.endswith(" What fits is not said: the trace cannot be replayed: boom.")
     assert said.evidence["no_fit_reason"] == "the trace cannot be replayed: boom"
     assert "fit_note_values" not in said.evidence and "fit_note_values" in ev

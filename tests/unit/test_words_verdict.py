@@ -38,7 +38,8 @@ OOM_EV = {"request_bytes": 256 * MiB, "allocated_bytes": GiB, "need_bytes": GiB 
 
 
 def said(kind: str, reasons: list[str], ev: dict | None = None) -> str:
-    return words.summary(Verdict(kind=kind, bytes=0, ranks=[0], headroom_bytes=None, finding=None, evidence=dict(HEALTHY_EV if ev is None else ev), reasons=reasons))
+    return words.summary(Verdict(kind=kind, bytes=0, ranks=[0], headroom_bytes=None, finding=None,
+                                 evidence=dict(HEALTHY_EV if ev is None else ev), reasons=reasons))
 
 
 def test_healthy_with_the_room_and_its_peaks():
@@ -140,10 +141,12 @@ def test_capacity(reasons, tail):
 
 
 def test_an_estimates_assumptions_are_listed_one_each():
-    v = Verdict(kind="capacity", bytes=0, ranks=[0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=dict(OOM_EV))
+    v = Verdict(kind="capacity", bytes=0, ranks=[0], reasons=["live-tensors-exceed-room", "fit-lower-bound"],
+                evidence=dict(OOM_EV))
     assert words.assumptions(v) == ASSUMED.split("; ")
     ev = {**OOM_EV, "estimate_assumptions": ["generate-settings-kept", "generate-peak-grows"]}
-    v = Verdict(kind="capacity", bytes=0, ranks=[0], reasons=["live-tensors-exceed-room", "fit-lower-bound"], evidence=ev)
+    v = Verdict(kind="capacity", bytes=0, ranks=[0], reasons=["live-tensors-exceed-room", "fit-lower-bound"],
+                evidence=ev)
     assert "a lower bound from the job's peak reserved, scaled with the batch" in words.summary(v)
     assert words.assumptions(Verdict(kind="capacity", bytes=0, ranks=[0], evidence={})) == []
 

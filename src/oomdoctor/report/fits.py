@@ -89,7 +89,8 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
 
         cap, source, values = sidecar_cap(meta)
     if cap is not None:
-        return Room(bytes=cap, kind="fraction", source="sidecar-cap", values={"capacity_source": source, **values})
+        return Room(bytes=cap, kind="fraction", source="sidecar-cap",
+                    values={"capacity_source": source, **values})
     if a.oom_events.size:
         from ..simulate.capacity import infer_capacity
 
@@ -110,13 +111,15 @@ def device_room(a: DeviceAnalysis, outside_bytes: int | None = None) -> Room:
         return Room(bytes=free + reserved, kind="device", source="sidecar-free")
     total = meta.get("gpu_total_memory_bytes")
     if isinstance(total, int) and total > 0 and outside_bytes is not None:
-        return Room(bytes=total - int(outside_bytes), kind="estimated", source="gpu-total-less-outside", values={"given": bool(meta.get("gpu_total_memory_given")), "outside_bytes": int(outside_bytes)})
+        return Room(bytes=total - int(outside_bytes), kind="estimated", source="gpu-total-less-outside",
+                    values={"given": bool(meta.get("gpu_total_memory_given")), "outside_bytes": int(outside_bytes)})
     if isinstance(total, int) and total > 0:
         from ..plan.terms import outside_allocator_bytes
 
         world = meta.get("world_size") or 1
         nccl, outside = world > 1, outside_allocator_bytes(world)
-        return Room(bytes=total - outside, kind="estimated", source="gpu-total", values={"given": bool(meta.get("gpu_total_memory_given")), "nccl": nccl})
+        return Room(bytes=total - outside, kind="estimated", source="gpu-total",
+                    values={"given": bool(meta.get("gpu_total_memory_given")), "nccl": nccl})
     return Room(bytes=None, kind="none", source="none")
 
 
@@ -128,7 +131,9 @@ def room_capacity(room: Room, a: DeviceAnalysis | None = None) -> Capacity:
 
     start = (limit_from_event(a.device, room.bytes) if a is not None and room.source == "sidecar-cap"
              and room.bytes is not None else 0)
-    return Capacity(limit_bytes=room.bytes, kind="fraction" if room.kind == "fraction" else "device", source="device-room", source_values={"room_source": room.source, **room.values}, from_event=start)
+    return Capacity(limit_bytes=room.bytes, kind="fraction" if room.kind == "fraction" else "device",
+                    source="device-room", source_values={"room_source": room.source, **room.values},
+                    from_event=start)
 
 
 @dataclass

@@ -154,7 +154,8 @@ def room(gpu_total_bytes: int, outside_bytes: int, *, given: bool = False, nccl:
     room (``render/words/capacity.py``). ``given``: the total came from ``--gpu-memory``; ``nccl``: NCCL's
     communicator is among what runs outside the allocator (more than one rank)."""
     limit = max(gpu_total_bytes - outside_bytes, 0)
-    return Capacity(limit_bytes=limit, kind="device", source="device-room", certainty="given", evidence="given", source_values={"room_source": "gpu-total", "given": given, "nccl": nccl})
+    return Capacity(limit_bytes=limit, kind="device", source="device-room", certainty="given",
+                    evidence="given", source_values={"room_source": "gpu-total", "given": given, "nccl": nccl})
 
 
 def _peak_requested(events: list[dict[str, Any]]) -> int:

@@ -193,7 +193,8 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
             reasons.append("at-edge")
             if "kv_cache_bytes" in ev:
                 reasons.append("kv-cache-named")
-    return with_findings(Verdict(kind="healthy", bytes=peak_reserved, ranks=[rank], headroom_bytes=headroom, finding=None, evidence=ev, reasons=reasons), findings)
+    return with_findings(Verdict(kind="healthy", bytes=peak_reserved, ranks=[rank], headroom_bytes=headroom,
+                                 finding=None, evidence=ev, reasons=reasons), findings)
 
 
 def peak_evidence(jp: JobPeak) -> dict[str, Any]:
@@ -244,8 +245,11 @@ def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
           "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes} | peak_evidence(jp)
     if not a.device.segments:
-        return Verdict(kind="empty", bytes=0, ranks=[a.rank], headroom_bytes=room.bytes, finding=None, evidence=ev, reasons=["nothing-recorded"])
-    return Verdict(kind="healthy", bytes=jp.peak_reserved_bytes, ranks=[a.rank], headroom_bytes=room.bytes - jp.peak_reserved_bytes if room.bytes is not None else None, finding=None, evidence=ev, reasons=["final-state-only"])
+        return Verdict(kind="empty", bytes=0, ranks=[a.rank], headroom_bytes=room.bytes, finding=None,
+                       evidence=ev, reasons=["nothing-recorded"])
+    return Verdict(kind="healthy", bytes=jp.peak_reserved_bytes, ranks=[a.rank],
+                   headroom_bytes=room.bytes - jp.peak_reserved_bytes if room.bytes is not None else None,
+                   finding=None, evidence=ev, reasons=["final-state-only"])
 
 
 def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
@@ -260,7 +264,8 @@ def with_findings(v: Verdict, findings: list[Finding]) -> Verdict:
         return _say_material(v, findings)
     f = max(mine, key=lambda x: (_rank_bytes(x, rank), _PREFER.index(FINDING_KIND[x.id])))
     ev = {**v.evidence, "finding": f.id, "finding_bytes": _rank_bytes(f, rank), "title": f.title_ref()}
-    out = Verdict(kind=FINDING_KIND[f.id], bytes=_rank_bytes(f, rank), ranks=[rank], headroom_bytes=v.headroom_bytes, finding=f.id, evidence=ev, reasons=["finding-decides"])
+    out = Verdict(kind=FINDING_KIND[f.id], bytes=_rank_bytes(f, rank), ranks=[rank],
+                  headroom_bytes=v.headroom_bytes, finding=f.id, evidence=ev, reasons=["finding-decides"])
     fx = next((x for x in f.fixes if x.applies is not False), None)
     if fx is not None:
         out.to_do = [Action(id="finding-fix", fix=fx)]  # the fix itself: its words are the renderers'
@@ -289,7 +294,8 @@ def _imbalance(mine: list[Finding], rank: int, short: int | None, ev: dict[str, 
     if f is None or short is None or short <= 0 or _rank_bytes(f, rank) < short:
         return None
     ev = {**ev, "excess_bytes": _rank_bytes(f, rank)}
-    return Verdict(kind="imbalance", bytes=ev["excess_bytes"], ranks=[rank], headroom_bytes=None, finding="rank-imbalance", evidence=ev, reasons=["rank-excess"])
+    return Verdict(kind="imbalance", bytes=ev["excess_bytes"], ranks=[rank], headroom_bytes=None,
+                   finding="rank-imbalance", evidence=ev, reasons=["rank-excess"])
 
 
 _CAPACITY_EVIDENCE = ("largest_micro_batch", "batch_scale", "estimated_fit", "estimate_assumptions", "no_fit_reason",
@@ -348,12 +354,14 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
     if kept >= decisive and (short is None or short > 0 or growth):
         ev["kept_bytes"] = kept
         f = max(growth, key=lambda x: _rank_bytes(x, rank)) if growth else None
-        return Verdict(kind="growth", bytes=kept, ranks=[rank], headroom_bytes=None, finding=f.id if f else None, evidence=ev, reasons=["kept-across-micro-batches"])
+        return Verdict(kind="growth", bytes=kept, ranks=[rank], headroom_bytes=None,
+                       finding=f.id if f else None, evidence=ev, reasons=["kept-across-micro-batches"])
     got = _imbalance(mine, rank, short, ev)
     if got is not None:
         return got
     if short is None:
-        return Verdict(kind="capacity", bytes=request, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=["room-unknown"])
+        return Verdict(kind="capacity", bytes=request, ranks=[rank], headroom_bytes=None, finding=None,
+                       evidence=ev, reasons=["room-unknown"])
     assert room_b is not None  # short is need - room_b
     if short > 0:
         fits = get_fits()
@@ -366,11 +374,13 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             reasons.append("kv-cache-named")
         reasons += _fit_reason(fits, ev)
         _kv_fit(a, bd, ev, room_b, need, None)
-        return Verdict(kind="capacity", bytes=short, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=reasons)
+        return Verdict(kind="capacity", bytes=short, ranks=[rank], headroom_bytes=None, finding=None,
+                       evidence=ev, reasons=reasons)
     # need <= room < need + pending: the blocks freed by Python but held for other streams made the
     # difference, however few bytes they are (a small GPU or a MIG slice runs out by little)
     if an.pending_free_bytes > 0 and need + an.pending_free_bytes > room_b:
-        return Verdict(kind="deferred-free", bytes=an.pending_free_bytes, ranks=[rank], headroom_bytes=None, finding="deferred-free", evidence=ev, reasons=["pending-frees"])
+        return Verdict(kind="deferred-free", bytes=an.pending_free_bytes, ranks=[rank], headroom_bytes=None,
+                       finding="deferred-free", evidence=ev, reasons=["pending-frees"])
     ev["room_kind"] = room.kind
     reasons: list[VerdictReason] = ["not-in-one-piece", *(["fraction-cap"] if room.kind == "fraction" else []),
                                     *(["cap-lower-end"] if room.source == "oom-fraction-cap" else [])]
@@ -400,7 +410,8 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             # the bytes that decide it: the failed request, or what the spare room lacks of the margin
             decides = (fixed["oom"]["requested_bytes"] if fixed.get("oom") is not None
                        else ev["margin_bytes"] - fixed.get("spare_bytes", 0))
-            return Verdict(kind="capacity", bytes=decides, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=reasons)
+            return Verdict(kind="capacity", bytes=decides, ranks=[rank], headroom_bytes=None, finding=None,
+                           evidence=ev, reasons=reasons)
         # the setting gets the replay past the recorded OOM and through every recorded step: the OOM that happened
         # was fragmentation. Whether the job keeps running (the rest of the step, later steps) is the prediction's
         # continuation, a second statement with its own margin: it never changes the cause (issue 49)
@@ -412,13 +423,15 @@ def _oom_verdict(a: DeviceAnalysis, mine: list[Finding], room: Room, bd: Breakdo
             # generate(): the cache grows by the same bytes every token to come; a fix that leaves less than one
             # token's growth beyond the failed request and the margin does not carry the generation on
             reasons.extend(["fragmentation-hit-first", "kv-generation-at-capacity"])
-            return Verdict(kind="capacity", bytes=ev["kv_cache_growth_per_token_bytes"] - left, ranks=[rank], headroom_bytes=None, finding=None, evidence=ev, reasons=reasons)
+            return Verdict(kind="capacity", bytes=ev["kv_cache_growth_per_token_bytes"] - left, ranks=[rank],
+                           headroom_bytes=None, finding=None, evidence=ev, reasons=reasons)
         if left is not None:
             reasons.append("kv-fits-with-fix")
         ev["defragmented_outcome_template"] = fixed["outcome"]  # the JSON writes the words' template here
     reasons += _fit_reason(get_fits(), ev)
     # the bytes that decide it: the free ones its words say (pending frees are not free yet)
-    return Verdict(kind="fragmentation", bytes=ev["free_bytes"], ranks=[rank], headroom_bytes=None, finding="fragmentation", evidence=ev, reasons=reasons)
+    return Verdict(kind="fragmentation", bytes=ev["free_bytes"], ranks=[rank], headroom_bytes=None,
+                   finding="fragmentation", evidence=ev, reasons=reasons)
 
 
 def in_optimizer_step(a: DeviceAnalysis, k: int) -> bool:
@@ -600,7 +613,8 @@ def job_verdict(verdicts: list[Verdict], oom_ranks: set[int]) -> Verdict | None:
         return None
     worst = min(verdicts, key=lambda v: (v.ranks[0] not in oom_ranks, _ORDER.get(v.kind, 5), -v.bytes))
     ranks = sorted({r for v in verdicts if v.kind == worst.kind for r in v.ranks})
-    return Verdict(kind=worst.kind, bytes=worst.bytes, ranks=ranks, headroom_bytes=worst.headroom_bytes, finding=worst.finding, evidence=worst.evidence, reasons=worst.reasons, to_do=worst.to_do)
+    return Verdict(kind=worst.kind, bytes=worst.bytes, ranks=ranks, headroom_bytes=worst.headroom_bytes,
+                   finding=worst.finding, evidence=worst.evidence, reasons=worst.reasons, to_do=worst.to_do)
 
 
 def with_tightest_rank(v: Verdict | None, fits_by_rank: dict[int, Fits | None]) -> Verdict | None:

@@ -107,7 +107,9 @@ def infer_capacity(trace: Trace, device: DeviceTrace) -> Capacity:
     module doc). Pure; O(events)."""
     cap, source, values = sidecar_cap(trace.meta)
     if cap is not None and source is not None:
-        return Capacity(limit_bytes=cap, kind="fraction", source=source, certainty=EXACT, lower_bytes=cap, upper_bytes=cap, evidence="sidecar", source_values=values, from_event=limit_from_event(device, cap))
+        return Capacity(limit_bytes=cap, kind="fraction", source=source, certainty=EXACT, lower_bytes=cap,
+                        upper_bytes=cap, evidence="sidecar", source_values=values,
+                        from_event=limit_from_event(device, cap))
     act = device.events["action"]
     ooms = np.flatnonzero(act == OOM)
     if ooms.size:
@@ -151,10 +153,14 @@ def _from_oom(device: DeviceTrace, o: int) -> Capacity:
     seg = allocation_size(request)
     if device_free < seg:
         cap = at_oom + device_free
-        return Capacity(limit_bytes=cap, kind="device", source="oom-device", certainty=EXACT, lower_bytes=cap, upper_bytes=cap, evidence="oom", source_values={"event": o, "device_free_bytes": device_free, "reserved_bytes": at_oom})
+        return Capacity(limit_bytes=cap, kind="device", source="oom-device", certainty=EXACT, lower_bytes=cap,
+                        upper_bytes=cap, evidence="oom",
+                        source_values={"event": o, "device_free_bytes": device_free, "reserved_bytes": at_oom})
     lower = int(max(reserved[:o].max() if o else reserved_start, reserved_start))
     upper = at_oom + seg - 1
-    return Capacity(limit_bytes=lower, kind="fraction", source="oom-fraction-cap", certainty=BOUNDED, lower_bytes=lower, upper_bytes=upper, evidence="oom", source_values={"event": o, "device_free_bytes": device_free})
+    return Capacity(limit_bytes=lower, kind="fraction", source="oom-fraction-cap", certainty=BOUNDED,
+                    lower_bytes=lower, upper_bytes=upper, evidence="oom",
+                    source_values={"event": o, "device_free_bytes": device_free})
 
 
 def fallback_bounds(trace: Trace, device: DeviceTrace) -> tuple[int | None, int, int]:
@@ -265,8 +271,10 @@ def _from_fallbacks(trace: Trace, device: DeviceTrace) -> Capacity:
     if upper is None:
         return Capacity(limit_bytes=None, kind="none", source="no-evidence")
     if upper < lower:
-        return Capacity(limit_bytes=None, kind="none", source="fallbacks-disagree", source_values={"runs": runs, "upper_bytes": upper, "peak_reserved_bytes": lower})
+        return Capacity(limit_bytes=None, kind="none", source="fallbacks-disagree",
+                        source_values={"runs": runs, "upper_bytes": upper, "peak_reserved_bytes": lower})
     total = trace.meta.get("gpu_total_memory_bytes")
     kind = "device" if isinstance(total, int) and upper >= DEVICE_LIMIT_SHARE * total else "fraction"
     also = {"alloc_retries": retries} if isinstance(retries, int) and retries > 0 else {}
-    return Capacity(limit_bytes=lower, kind=kind, source="fallbacks", certainty=BOUNDED, lower_bytes=lower, upper_bytes=upper, evidence="fallbacks", source_values={"runs": runs, **also})
+    return Capacity(limit_bytes=lower, kind=kind, source="fallbacks", certainty=BOUNDED, lower_bytes=lower,
+                    upper_bytes=upper, evidence="fallbacks", source_values={"runs": runs, **also})

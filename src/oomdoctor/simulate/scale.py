@@ -47,7 +47,9 @@ def fits_at(prepared: Prepared, scale_events: np.ndarray, s: float, capacity: Ca
     """Replay at scale ``s`` under ``capacity`` less ``margin_bytes``."""
     cap = capacity
     if margin_bytes and capacity.limit_bytes is not None:
-        cap = Capacity(limit_bytes=capacity.limit_bytes - margin_bytes, kind=capacity.kind, source=capacity.source, source_values=capacity.source_values, from_event=capacity.from_event)
+        cap = Capacity(limit_bytes=capacity.limit_bytes - margin_bytes, kind=capacity.kind,
+                       source=capacity.source, source_values=capacity.source_values,
+                       from_event=capacity.from_event)
     return replay(scaled(prepared, scale_events, s), config, capacity=cap, validate=False)
 
 

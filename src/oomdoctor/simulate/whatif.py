@@ -259,7 +259,8 @@ def with_capacity(capacity: Capacity, limit: int, kind: str | None = None,
     if kind is None:
         gc = recorded is not None and recorded.garbage_collection_threshold > 0
         kind = capacity.kind if capacity.kind != "none" else ("fraction" if gc else "device")
-    return Capacity(limit_bytes=limit, kind=kind, source="given", certainty=GIVEN, lower_bytes=limit, upper_bytes=limit, evidence="given", source_values={"kind": kind})
+    return Capacity(limit_bytes=limit, kind=kind, source="given", certainty=GIVEN, lower_bytes=limit,
+                    upper_bytes=limit, evidence="given", source_values={"kind": kind})
 
 
 #: How many caps in the inferred range :func:`settle_capacity` replays under a GC threshold.
@@ -289,7 +290,9 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
 
     def score(cap: int | None) -> tuple[int, int, int, Validation]:
         if cap not in scored:
-            c = replace(capacity, limit_bytes=cap) if cap is not None else Capacity(limit_bytes=None, kind="none", source="unlimited")
+            c = replace(capacity, limit_bytes=cap) if cap is not None else Capacity(limit_bytes=None,
+                                                                                    kind="none",
+                                                                                    source="unlimited")
             v = replay(prepared, capacity=c, validate=True).validation
             assert v is not None  # validate=True
             scored[cap] = (v.segment_events_unmatched, v.reserved_events_differing, -1 if cap is None else cap, v)
@@ -312,7 +315,9 @@ def settle_capacity(prepared: Prepared, capacity: Capacity) -> Capacity:
             lo, hi = tried[max(i - 1, 0)], tried[min(i + 1, len(tried) - 1)]
     unmatched, _, cap, v = best
     if cap < 0:
-        return Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty=BOUNDED, lower_bytes=capacity.lower_bytes, upper_bytes=None, evidence="fallbacks", source_values={"runs": capacity.source_values.get("runs")})
+        return Capacity(limit_bytes=None, kind="none", source="fallbacks-unreproduced", certainty=BOUNDED,
+                        lower_bytes=capacity.lower_bytes, upper_bytes=None, evidence="fallbacks",
+                        source_values={"runs": capacity.source_values.get("runs")})
     if cap == capacity.lower_bytes and len(scored) == 1:
         return capacity
     return replace(capacity, limit_bytes=cap, source_values={
