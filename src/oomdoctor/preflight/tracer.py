@@ -225,11 +225,22 @@ class AllocationTracer(TorchDispatchMode):
         expired = self._expired
         if not any(map(expired, self._weak.values())):  # a C loop: most ops free nothing
             return
-        dead = [k for k, w in self._weak.items() if expired(w)]
-        for k in dead:
-            v = self._live.pop(k)
-            del self._weak[k]
-            self._free(v.addr, v.size)
+        for k in [k for k, w in self._weak.items() if expired(w)]:
+            self._forget(k, self._live[k])
+
+    def _track(self, st: torch.UntypedStorage, n: int, backward: bool) -> int:
+        """Record the allocation of ``n`` bytes for the live storage ``st``, kept until it dies or is resized."""
+        addr = self._alloc(n, backward)
+        ref = StorageWeakRef(st)
+        self._live[st._cdata] = _Live(ref, addr, n, ref.cdata)
+        self._weak[st._cdata] = ref.cdata
+        return addr
+
+    def _forget(self, key: int, live: _Live) -> None:
+        """Record the free of the storage ``key`` holds (``live``), which is no longer tracked."""
+        del self._live[key]
+        self._weak.pop(key, None)
+        self._free(live.addr, live.size)
 
     def see(self, t: torch.Tensor, backward: bool = False) -> int | None:
         """The address of ``t``'s storage, recording its allocation when new (None: no bytes)."""
@@ -245,14 +256,8 @@ class AllocationTracer(TorchDispatchMode):
         if live is not None and not live.ref.expired():
             return live.addr
         if live is not None:  # the address of a dead storage reused before we looked
-            del self._live[key]
-            self._weak.pop(key, None)
-            self._free(live.addr, live.size)
-        addr = self._alloc(n, backward)
-        ref = StorageWeakRef(st)
-        self._live[key] = _Live(ref, addr, n, ref.cdata)
-        self._weak[key] = ref.cdata
-        return addr
+            self._forget(key, live)
+        return self._track(st, n, backward)
 
     def resized(self, st: torch.UntypedStorage, nbytes: int) -> None:
         """``st`` resized in place to ``nbytes`` (``UntypedStorage.resize_``): on the GPU its block is freed and, for
@@ -269,9 +274,7 @@ class AllocationTracer(TorchDispatchMode):
         if live is not None and not live.ref.expired():
             if nbytes == live.size:
                 return
-            del self._live[key]
-            self._weak.pop(key, None)
-            self._free(live.addr, live.size)
+            self._forget(key, live)
         else:
             emptied = self._emptied.pop(key, None)
             if emptied is None or emptied.expired():
@@ -279,10 +282,7 @@ class AllocationTracer(TorchDispatchMode):
         if nbytes == 0:
             self._emptied[key] = StorageWeakRef(st)
             return
-        addr = self._alloc(nbytes, self._autograd_node() is not None)
-        ref = StorageWeakRef(st)
-        self._live[key] = _Live(ref, addr, nbytes, ref.cdata)
-        self._weak[key] = ref.cdata
+        self._track(st, nbytes, self._autograd_node() is not None)
 
     def addr_of(self, t: torch.Tensor) -> tuple[int, int] | None:
         """``(address, nbytes)`` of a live storage seen before, else None."""
