@@ -14,9 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from ..analysis.timeline import timeline
 from ..errors import UsageError
-from ..ids import RECOMMENDATION_REASONS as _RECOMMENDATION_REASONS
-from ..ids import SIMULATION_NOTES as _SIMULATION_NOTES
-from ..ids import RecommendationReason, SimulationNote
+from ..ids import RECOMMENDATION_REASONS, SIMULATION_NOTES, RecommendationReason, SimulationNote
 from ..trace.model import Trace
 from .capacity import BOUNDED, GIVEN, Capacity, infer_capacity
 from .config import AllocatorConfig, parse_config
@@ -35,11 +33,6 @@ INCOMPATIBILITIES = {
     "roundup_power2_divisions": ["roundup-wastes"],
     "immediate": ["immediate-is-a-code-change"],
 }
-
-#: Why a recommendation was chosen (``Recommendation.reason``).
-RECOMMENDATION_REASONS = _RECOMMENDATION_REASONS
-#: What a search says of itself (``Simulation.notes``).
-SIMULATION_NOTES = _SIMULATION_NOTES
 
 
 @dataclass(frozen=True)
