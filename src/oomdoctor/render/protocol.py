@@ -14,6 +14,7 @@ command imports only the renderer it writes with (start-up: docs/benchmarks.md).
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 from dataclasses import dataclass
@@ -92,16 +93,18 @@ class RichRenderer:
 # Each imports its module when called: render.json needs no rich, render.text no json, render.html is jinja2's.
 
 
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """``oomdoctor.render.<module>.<name>`` called with the result (and, drawn with rich, the console), its module
+    imported on the first call; the layout options are not its."""
+    def call(result: Any, *console: Any, **_: Any) -> Any:
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(result, *console)
+    return call
+
+
 def _report_text(report: Any, console: Console, *, all_ranks: bool = False, **_: Any) -> None:
     from .text import render_text
 
     render_text(report, console, all_ranks=all_ranks)
-
-
-def _report_json(report: Any, **_: Any) -> str:
-    from .json import render_json
-
-    return render_json(report)
 
 
 def _report_html(report: Any, *, visual: Any, **_: Any) -> str:
@@ -110,40 +113,10 @@ def _report_html(report: Any, *, visual: Any, **_: Any) -> str:
     return render_html(report, visual)
 
 
-def _simulation_text(sim: Any, console: Console, **_: Any) -> None:
-    from .text import render_simulation_text
-
-    render_simulation_text(sim, console)
-
-
-def _simulation_json(sim: Any, **_: Any) -> str:
-    from .json import render_simulation_json
-
-    return render_simulation_json(sim)
-
-
-def _diff_text(diff: Any, console: Console, **_: Any) -> None:
-    from .text import render_diff_text
-
-    render_diff_text(diff, console)
-
-
-def _diff_json(diff: Any, **_: Any) -> str:
-    from .json import render_diff_json
-
-    return render_diff_json(diff)
-
-
 def _diff_html(diff: Any, *, visual: Any, **_: Any) -> str:
     from .html import render_diff_html
 
     return render_diff_html(diff, visual)
-
-
-def _estimate_text(e: Any, console: Console, **_: Any) -> None:
-    from .plan import render_estimate_text
-
-    render_estimate_text(e, console)
 
 
 def _estimate_json(e: Any, **_: Any) -> str:
@@ -164,28 +137,10 @@ def _search_json(r: Any, **_: Any) -> str:  # every candidate, whatever the text
     return render_plan_json(search_dict(r))
 
 
-def _validation_text(v: Any, **_: Any) -> str:
-    from .plan import render_validation_text
-
-    return render_validation_text(v)
-
-
 def _validation_json(v: Any, **_: Any) -> str:
     from .plan import render_plan_json, validation_dict
 
     return render_plan_json(validation_dict(v))
-
-
-def _perfetto(tracks: Any, **_: Any) -> str:
-    from .perfetto import render_perfetto
-
-    return render_perfetto(tracks)
-
-
-def _folded(folded: Any, **_: Any) -> str:
-    from .folded import render_folded
-
-    return render_folded(folded)
 
 
 def _pickle(snapshot: Any, **_: Any) -> bytes:
@@ -201,52 +156,10 @@ def _schema_json(command: str, **_: Any) -> str:
     return json.dumps(schema(command), indent=2) + "\n"
 
 
-def _fit_text(fit: Any, **_: Any) -> str:
-    from .loop import fit_text
-
-    return fit_text(fit)
-
-
-def _fit_json(fit: Any, **_: Any) -> str:
-    from .loop import fit_json
-
-    return fit_json(fit)
-
-
-def _verify_text(v: Any, **_: Any) -> str:
-    from .loop import verify_text
-
-    return verify_text(v)
-
-
-def _verify_json(v: Any, **_: Any) -> str:
-    from .loop import verify_json
-
-    return verify_json(v)
-
-
-def _tune_text(t: Any, **_: Any) -> str:
-    from .tune import render_tune_text
-
-    return render_tune_text(t)
-
-
-def _tune_json(t: Any, **_: Any) -> str:
-    from .tune import render_tune_json
-
-    return render_tune_json(t)
-
-
 def _preflight_text(a: Any, *, width: int = 80, **_: Any) -> str:
     from .preflight import render_preflight_text
 
     return render_preflight_text(a, width)
-
-
-def _preflight_json(a: Any, **_: Any) -> str:
-    from .preflight import render_preflight_json
-
-    return render_preflight_json(a)
 
 
 _TEXT_REPORT = RichRenderer(_report_text)
@@ -254,32 +167,32 @@ _HTML_REPORT = FunctionRenderer(_report_html, "html")
 
 RENDERERS: dict[tuple[str, str], Renderer] = {
     ("diagnose", "text"): _TEXT_REPORT,
-    ("diagnose", "json"): FunctionRenderer(_report_json, "json"),
+    ("diagnose", "json"): FunctionRenderer(_lazy("json", "render_json"), "json"),
     ("diagnose", "html"): _HTML_REPORT,
     ("report", "html"): _HTML_REPORT,
-    ("export", "perfetto"): FunctionRenderer(_perfetto, "json"),
-    ("export", "folded"): FunctionRenderer(_folded, "folded"),
-    ("simulate", "text"): RichRenderer(_simulation_text),
-    ("simulate", "json"): FunctionRenderer(_simulation_json, "json"),
-    ("plan estimate", "text"): RichRenderer(_estimate_text, width=130),
+    ("export", "perfetto"): FunctionRenderer(_lazy("perfetto", "render_perfetto"), "json"),
+    ("export", "folded"): FunctionRenderer(_lazy("folded", "render_folded"), "folded"),
+    ("simulate", "text"): RichRenderer(_lazy("text", "render_simulation_text")),
+    ("simulate", "json"): FunctionRenderer(_lazy("json", "render_simulation_json"), "json"),
+    ("plan estimate", "text"): RichRenderer(_lazy("plan", "render_estimate_text"), width=130),
     ("plan estimate", "json"): FunctionRenderer(_estimate_json, "json"),
     ("plan search", "text"): RichRenderer(_search_text, width=130),
     ("plan search", "json"): FunctionRenderer(_search_json, "json"),
-    ("plan validate", "text"): FunctionRenderer(_validation_text, "txt"),
+    ("plan validate", "text"): FunctionRenderer(_lazy("plan", "render_validation_text"), "txt"),
     ("plan validate", "json"): FunctionRenderer(_validation_json, "json"),
     ("slice", "pickle"): FunctionRenderer(_pickle, "pickle", output_is_binary=True),
-    ("diff", "text"): RichRenderer(_diff_text),
-    ("diff", "json"): FunctionRenderer(_diff_json, "json"),
+    ("diff", "text"): RichRenderer(_lazy("text", "render_diff_text")),
+    ("diff", "json"): FunctionRenderer(_lazy("json", "render_diff_json"), "json"),
     ("diff", "html"): FunctionRenderer(_diff_html, "html"),
     ("schema", "json"): FunctionRenderer(_schema_json, "json"),
-    ("fit", "text"): FunctionRenderer(_fit_text, "txt"),
-    ("fit", "json"): FunctionRenderer(_fit_json, "json"),
-    ("verify", "text"): FunctionRenderer(_verify_text, "txt"),
-    ("verify", "json"): FunctionRenderer(_verify_json, "json"),
-    ("tune", "text"): FunctionRenderer(_tune_text, "txt"),
-    ("tune", "json"): FunctionRenderer(_tune_json, "json"),
+    ("fit", "text"): FunctionRenderer(_lazy("loop", "fit_text"), "txt"),
+    ("fit", "json"): FunctionRenderer(_lazy("loop", "fit_json"), "json"),
+    ("verify", "text"): FunctionRenderer(_lazy("loop", "verify_text"), "txt"),
+    ("verify", "json"): FunctionRenderer(_lazy("loop", "verify_json"), "json"),
+    ("tune", "text"): FunctionRenderer(_lazy("tune", "render_tune_text"), "txt"),
+    ("tune", "json"): FunctionRenderer(_lazy("tune", "render_tune_json"), "json"),
     ("preflight", "text"): FunctionRenderer(_preflight_text, "txt", terminal_width=True),
-    ("preflight", "json"): FunctionRenderer(_preflight_json, "json"),
+    ("preflight", "json"): FunctionRenderer(_lazy("preflight", "render_preflight_json"), "json"),
     ("preflight snapshot", "pickle"): FunctionRenderer(_pickle, "pickle", output_is_binary=True),
 }
 """(command, format) -> its renderer; a command's formats in the order of its ``--format`` choices, the first the
