@@ -156,3 +156,15 @@ class Job:
         a = self.b.alloc(self.seg, self.off, size, fr=fr)
         self.off += size
         return a
+
+
+def llama3_8b_plan_specs() -> tuple:
+    """``(model, train, hardware, plan)`` as ``oomdoctor plan estimate --model llama3-8b --gpus 8`` reads them with its
+    defaults (``oomdoctor.cli.plan._specs``), for tests that call the planner as that command does."""
+    from oomdoctor.cli.plan import _specs
+
+    return _specs({"model": "llama3-8b", "seq_len": 4096, "global_batch": 32, "micro_batch": 1, "grad_dtype": "fp32",
+                   "fp8": False, "no_flash": False, "dropout": False, "fused_ce": False, "gpu": "h100-80gb", "gpus": 8,
+                   "gpu_memory": None, "gpus_per_node": 8, "inter_node_gbps": 50.0, "sharding": "zero1",
+                   "framework": "megatron", "loop": "plain", "use_cache": None, "return_outputs": False,
+                   "expandable_segments": False})

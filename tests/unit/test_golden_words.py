@@ -23,6 +23,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from builder import llama3_8b_plan_specs
 
 from oomdoctor.cli.diagnose import demo_path
 from oomdoctor.cli.main import main
@@ -144,15 +145,9 @@ def test_simulate_configs_and_peaks_are_the_cores(outputs, workdir):
 def test_plan_estimate_bytes_are_the_cores(outputs):
     from dataclasses import replace
 
-    from oomdoctor.cli.plan import _specs
     from oomdoctor.plan.estimate import estimate
 
-    kw = {"model": "llama3-8b", "seq_len": 4096, "global_batch": 32, "micro_batch": 1, "grad_dtype": "fp32",
-          "fp8": False, "no_flash": False, "dropout": False, "fused_ce": False, "gpu": "h100-80gb", "gpus": 8,
-          "gpu_memory": None, "gpus_per_node": 8, "inter_node_gbps": 50.0, "sharding": "zero1",
-          "framework": "megatron", "loop": "plain", "use_cache": None, "return_outputs": False,
-          "expandable_segments": False}
-    model, train, hw, base = _specs(kw)
+    model, train, hw, base = llama3_8b_plan_specs()
     e = estimate(model, train, replace(base, tp=2, dp=4, sequence_parallel=True), hw)
     doc = _doc(outputs, "plan-estimate.json")
     assert doc["label"] == e.plan.label() and doc["peak_stage"] == e.peak.stage and doc["fits"] == e.fits

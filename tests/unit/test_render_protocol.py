@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 import pytest
+from builder import llama3_8b_plan_specs
 
 from oomdoctor.cli.main import cli
 from oomdoctor.cli.output import emit
@@ -78,15 +79,9 @@ def test_emit_writes_the_renderers_bytes_to_a_file_and_to_standard_output(tmp_pa
 
 
 def test_a_rich_renderer_draws_on_the_terminal_and_writes_plain_text(tmp_path, capsys):
-    from oomdoctor.cli.plan import _specs
     from oomdoctor.plan.estimate import estimate
 
-    kw = {"model": "llama3-8b", "seq_len": 4096, "global_batch": 32, "micro_batch": 1, "grad_dtype": "fp32",
-          "fp8": False, "no_flash": False, "dropout": False, "fused_ce": False, "gpu": "h100-80gb", "gpus": 8,
-          "gpu_memory": None, "gpus_per_node": 8, "inter_node_gbps": 50.0, "sharding": "zero1",
-          "framework": "megatron", "loop": "plain", "use_cache": None, "return_outputs": False,
-          "expandable_segments": False}
-    model, train, hw, base = _specs(kw)
+    model, train, hw, base = llama3_8b_plan_specs()
     from dataclasses import replace
 
     e = estimate(model, train, replace(base, dp=8), hw)
