@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, cast
 
 import numpy as np
@@ -22,35 +21,41 @@ SAME_STACK_FRACTION = 0.98
 
 @dataclass
 class DeviceAnalysis:
-    """The analyses of one device of one trace. Properties are computed on first access."""
+    """The analyses of one device of one trace, all made by :func:`analyze` before anything reads them (the
+    pipeline's stage 1): the detectors and the report read fields, and call back only for a moment of their own
+    choosing (:meth:`allocated_at`, :meth:`breakdown_at`, :meth:`anatomy_at`, :meth:`sites_at`,
+    :meth:`deferred_held`).
+
+    Attributes:
+        trace, device: what was analysed (``device``: one of ``trace.devices``).
+        lifetimes, timeline: every block's events (:mod:`.lifetimes`); allocated and reserved bytes after each event
+            (:mod:`.timeline`).
+        free_stacks: whether frees carry their own stacks (:func:`free_stacks`).
+        phases: the phase of every event, forward passes and optimizer steps (:mod:`.phases`); ``steps`` its steps.
+        accounting: the category of every block (:mod:`.accounting`).
+        oom_events: event indices of ``oom`` entries, shape ``(n_ooms,)``.
+        rank: the trace's rank (0 when unknown); ``num_events``, ``end_index``: the device's event count and last
+            index (-1 without history).
+        peak_reserved, peak_allocated: ``(bytes, event)``; without history, the final state's at event -1.
+        end_allocated: allocated bytes after the last event (the final state's without history).
+    """
 
     trace: Trace
     device: DeviceTrace
     lifetimes: Lifetimes
     timeline: Timeline
+    free_stacks: bool
+    phases: Phases
+    steps: Steps | None
+    accounting: Accounting
+    oom_events: np.ndarray
+    rank: int
+    num_events: int
+    end_index: int
+    peak_reserved: tuple[int, int]
+    peak_allocated: tuple[int, int]
+    end_allocated: int
     _anatomies: dict[int, Anatomy] = field(default_factory=dict[int, Anatomy], repr=False)
-
-    @property
-    def rank(self) -> int:
-        return self.trace.rank if self.trace.rank is not None else 0
-
-    @property
-    def num_events(self) -> int:
-        return self.device.num_events
-
-    @cached_property
-    def phases(self) -> Phases:
-        """Phase of every event, forward passes and optimizer steps (:mod:`.phases`)."""
-        return find_phases(self.trace, self.device)
-
-    @property
-    def steps(self) -> Steps | None:
-        return self.phases.steps
-
-    @cached_property
-    def accounting(self) -> Accounting:
-        """The category of every block (:mod:`.accounting`)."""
-        return account(self.trace, self.device, self.lifetimes, self.phases, self.free_stacks)
 
     def allocated_at(self, k: int) -> int:
         """Allocated bytes after event ``k`` (-1: at the start)."""
@@ -62,62 +67,12 @@ class DeviceAnalysis:
         """Allocated bytes after event ``k`` by category; they add up to :meth:`allocated_at` (asserted)."""
         return breakdown(self.accounting, self.lifetimes, self.phases, k, at, self.allocated_at(k))
 
-    @cached_property
-    def free_stacks(self) -> bool:
-        """Whether frees carry their own stacks (recorded with ``context="all"``).
-
-        Recorded with ``context="alloc"`` (oomdoctor's default since free stacks crash non-reentrant
-        checkpointing) or ``"state"``, a free carries the stack of the allocation it frees, and a segment
-        free the stack of the segment's allocation (``CUDACachingAllocator.cpp``: ``free`` and
-        ``release_block`` pass ``context ? context : block->context_when_allocated``). The sidecar's
-        ``recording.context`` says which; without a sidecar, frees whose stacks equal their allocation's
-        for at least :data:`SAME_STACK_FRACTION` of at least :data:`MIN_PAIRS` blocks mean none were recorded
-        (with free stacks, most frees happen on another line than the allocation).
-        """
-        rec = self.trace.meta.get("recording")
-        if isinstance(rec, dict) and "context" in rec:
-            return cast("dict[str, Any]", rec).get("context") == "all"  # the sidecar's JSON object
-        lt = self.lifetimes
-        both = (lt.alloc >= 0) & (lt.free_requested >= 0)
-        if int(both.sum()) < MIN_PAIRS:
-            return True
-        stack = self.device.events["stack"]
-        same = stack[lt.alloc[both]] == stack[lt.free_requested[both]]
-        return float(same.mean()) < SAME_STACK_FRACTION
-
-    @cached_property
-    def oom_events(self) -> np.ndarray:
-        """Event indices of ``oom`` entries."""
-        return np.flatnonzero(self.device.events["action"] == OOM)
-
-    @property
-    def peak_reserved(self) -> tuple[int, int]:
-        """``(bytes, event)``: without history, the final reserved bytes at event -1."""
-        if self.num_events == 0:
-            return self.device.final_reserved_bytes, -1
-        return self.timeline.peak_reserved
-
-    @property
-    def peak_allocated(self) -> tuple[int, int]:
-        if self.num_events == 0:
-            return sum(b.size for _, b in self.device.blocks() if b.is_allocated), -1
-        return self.timeline.peak_allocated
-
-    @property
-    def end_allocated(self) -> int:
-        """Allocated bytes after the last event (the final state without history)."""
-        return int(self.timeline.allocated[-1]) if self.num_events else self.peak_allocated[0]
-
     def anatomy_at(self, k: int) -> Anatomy:
         """Fragmentation anatomy after event ``k`` (cached)."""
         got = self._anatomies.get(k)
         if got is None:
             got = self._anatomies[k] = anatomy(self.device, self.lifetimes, k)
         return got
-
-    @property
-    def end_index(self) -> int:
-        return self.num_events - 1
 
     def sites_at(self, k: int) -> list[Site]:
         return sites_at(self.trace, self.lifetimes, k)
@@ -134,13 +89,45 @@ class DeviceAnalysis:
         return np.cumsum(delta[:n])
 
 
+def free_stacks(trace: Trace, device: DeviceTrace, lt: Lifetimes) -> bool:
+    """Whether frees carry their own stacks (recorded with ``context="all"``).
+
+    Recorded with ``context="alloc"`` (oomdoctor's default since free stacks crash non-reentrant checkpointing) or
+    ``"state"``, a free carries the stack of the allocation it frees, and a segment free the stack of the segment's
+    allocation (``CUDACachingAllocator.cpp``: ``free`` and ``release_block`` pass ``context ? context :
+    block->context_when_allocated``). The sidecar's ``recording.context`` says which; without a sidecar, frees whose
+    stacks equal their allocation's for at least :data:`SAME_STACK_FRACTION` of at least :data:`MIN_PAIRS` blocks mean
+    none were recorded (with free stacks, most frees happen on another line than the allocation).
+    """
+    rec = trace.meta.get("recording")
+    if isinstance(rec, dict) and "context" in rec:
+        return cast("dict[str, Any]", rec).get("context") == "all"  # the sidecar's JSON object
+    both = (lt.alloc >= 0) & (lt.free_requested >= 0)
+    if int(both.sum()) < MIN_PAIRS:
+        return True
+    stack = device.events["stack"]
+    same = stack[lt.alloc[both]] == stack[lt.free_requested[both]]
+    return float(same.mean()) < SAME_STACK_FRACTION
+
+
 def analyze(trace: Trace, device: DeviceTrace | None = None) -> DeviceAnalysis:
-    """Analyse one device of ``trace`` (its primary device by default). Blocks whose allocation the
-    trace lost (a wrapped ring buffer) take their free event's stack when frees carry their
-    allocation's (:attr:`DeviceAnalysis.free_stacks` false)."""
+    """Analyse one device of ``trace`` (its primary device by default), in order: lifetimes, timeline, whether frees
+    carry stacks, phases, accounting. Blocks whose allocation the trace lost (a wrapped ring buffer) take their free
+    event's stack when frees carry their allocation's (:func:`free_stacks` false), before the phases and the
+    accounting read the stacks."""
     dt = device if device is not None else trace.primary
     lt = lifetimes(trace, dt)
-    a = DeviceAnalysis(trace, dt, lt, timeline(dt, lt))
-    if lt.unmatched_frees and not a.free_stacks:
+    tl = timeline(dt, lt)
+    frees = free_stacks(trace, dt, lt)
+    if lt.unmatched_frees and not frees:
         adopt_free_stacks(lt)
-    return a
+    phases = find_phases(trace, dt)
+    n = dt.num_events
+    if n == 0:
+        peak_allocated = sum(b.size for _, b in dt.blocks() if b.is_allocated), -1
+        peak_reserved, end_allocated = (dt.final_reserved_bytes, -1), peak_allocated[0]
+    else:
+        peak_allocated, peak_reserved, end_allocated = tl.peak_allocated, tl.peak_reserved, int(tl.allocated[-1])
+    return DeviceAnalysis(trace, dt, lt, tl, frees, phases, phases.steps, account(trace, dt, lt, phases, frees),
+                          np.flatnonzero(dt.events["action"] == OOM), trace.rank if trace.rank is not None else 0,
+                          n, n - 1, peak_reserved, peak_allocated, end_allocated)
