@@ -14,7 +14,10 @@ What is counted, from Python's profiler (``sys.setprofile``: every call and retu
 - a **climb back up** is a stay in a file that is on the call stack at that moment, below the caller: the reader goes
   back up to a file they came down from (a function calling a helper of its own file after it called into another
   file, a callback, two modules calling each other). A walk where each stage is a function called once, in order, by
-  a pipeline that calls nothing of its own in between has none.
+  a pipeline that calls nothing of its own in between has none. The climbs are split in two: a **callback** is a
+  climb where the caller is in another file than the one climbed back to (a callback, or two modules calling each
+  other: control handed back up the stack); the rest are a function calling a helper of its own file after it called
+  out (``own_helper``).
 
 These definitions reproduce the review's numbers on the code the review read: on ``3280cb9^`` the healthy rank's walk
 is 131 stays in 39 files, 92 returns and 44 climbs back up, where the review (``farm-studio walk``, whose source we do
@@ -55,7 +58,8 @@ class Walk:
         self.root = root.rstrip(os.sep) + os.sep
         self.stack: list[str | None] = []  # per Python frame: its package file (None: other code)
         self.read: set[Any] = set()  # the code objects called once already
-        self.seq: dict[str, list[tuple[str, bool, str]]] = {"all": [], "in_place": []}  # (file, climb, function)
+        # per variant, each stay: (file, climb, callback, function)
+        self.seq: dict[str, list[tuple[str, bool, bool, str]]] = {"all": [], "in_place": []}
 
     def _mine(self, filename: str) -> str | None:
         return filename[len(self.root):] if filename.startswith(self.root) else None
@@ -63,7 +67,8 @@ class Walk:
     def _visit(self, how: str, f: str, name: str) -> None:
         seq = self.seq[how]
         if not seq or seq[-1][0] != f:
-            seq.append((f, f in self.stack, name))
+            climb = f in self.stack
+            seq.append((f, climb, climb and self.stack[-1] != f, name))
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if event == "call":
@@ -84,13 +89,14 @@ class Walk:
         for how, key in (("all", "all_code"), ("in_place", "nested_read_in_place")):
             seen: set[str] = set()
             returns = 0
-            for f, _, _ in self.seq[how]:
+            for f, _, _, _ in self.seq[how]:
                 returns += f in seen
                 seen.add(f)
-            climbs = [(f, name) for f, climb, name in self.seq[how] if climb]
+            climbs = [(f, callback, name) for f, climb, callback, name in self.seq[how] if climb]
             out[key] = {"stays": len(self.seq[how]), "files": len(seen), "returns": returns,
-                        "climbs_back_up": len(climbs), "climbs": [f"{f} {name}" for f, name in climbs],
-                        "walk": [f"{f} {name}" for f, _, name in self.seq[how]]}
+                        "climbs_back_up": len(climbs), "callbacks": sum(c for _, c, _ in climbs),
+                        "climbs": [f"{f} {name}{' (callback)' if c else ''}" for f, c, name in climbs],
+                        "walk": [f"{f} {name}" for f, _, _, name in self.seq[how]]}
         return out
 
 
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("file_to_report", "rendering"):
         for how, n in out[name].items():
             print(f"{name} ({how}): {n['stays']} stays in {n['files']} files, {n['returns']} returns to a file "
-                  f"already left, {n['climbs_back_up']} climbs back up")
+                  f"already left, {n['climbs_back_up']} climbs back up ({n['callbacks']} callbacks)")
             if args.climbs:
                 for c in n["climbs"]:
                     print(f"  climb: {c}")
