@@ -1,6 +1,7 @@
 """Where the CPU seconds of ``oomdoctor diagnose FILE`` go, stage by stage, in one process (``time.process_time``
 and wall between stages; the interpreter's own start is before the first mark). The stages are those of
-``report.job.rank_result`` (``report/pipeline.py``) and ``cli/diagnose.py``, called one by one. Usage::
+``report.job.rank_result`` (``report/pipeline.py``: ``analysis/device.py`` analyze, ``report/detect.py`` detect,
+``report/decide.py`` decide) and ``cli/diagnose.py``, called one by one. Usage::
 
     python benchmarks/diagnose_stages.py SNAPSHOT.pickle        # PYTHONPATH picks the source tree
     python benchmarks/diagnose_stages.py SNAPSHOT.pickle STAGE  # end (os._exit) after the stage named STAGE...
@@ -34,9 +35,12 @@ def main() -> None:
     mark("import cli.main")
     importlib.import_module("oomdoctor.cli.diagnose")
     mark("import cli.diagnose")
+    from oomdoctor.analysis.device import analyze
+    from oomdoctor.detectors import rank_imbalance
     from oomdoctor.detectors.materiality import Materiality
     from oomdoctor.render.text import render_text_plain
-    from oomdoctor.report import pipeline
+    from oomdoctor.report.decide import decide
+    from oomdoctor.report.detect import detect
     from oomdoctor.report.job import RankResult, RankTask, gather, job_report
     from oomdoctor.trace import build, reader
     load = importlib.import_module("oomdoctor.trace.load")
@@ -57,18 +61,14 @@ def main() -> None:
     trace.meta["rank"] = 0
     load.match_stackless_steps(trace)
     mark("after load")
-    a = pipeline.analyse(trace)
-    mark("analyze (lifetimes, timeline)")
-    a.phases  # noqa: B018 - cached: timed on its own
-    mark("phases")
-    a.accounting  # noqa: B018
-    mark("accounting")
+    a = analyze(trace)
+    mark("analyze (lifetimes, timeline, phases, accounting)")
     predictors: dict = {}
-    findings = pipeline.predict([a], predictors)
-    mark("predict (detectors)")
-    rep = pipeline.decide([a], findings, predictors, micro_batch=None, rule=Materiality())
+    findings = detect([a], predictors)
+    mark("detect (detectors, predictions)")
+    rep = decide([a], findings, predictors, micro_batch=None, rule=Materiality())
     mark("decide (breakdowns, verdict)")
-    prof = pipeline.rank_imbalance.profile(a)
+    prof = rank_imbalance.profile(a)
     report = job_report(gather([RankResult(RankTask(path, None, True), rank=a.rank, report=rep, profile=prof)], []))
     mark("job_report")
     render_text_plain(report)

@@ -174,9 +174,9 @@ def test_a_fix_that_gets_through_inside_the_margin_is_at_the_edge(tmp_path, devi
 @pytest.mark.parametrize("device_free, kind", [(100 * MiB, "capacity"), (128 * MiB, "fragmentation")])
 def test_the_verdict_is_fragmentation_only_when_the_fix_gets_through_with_margin(tmp_path, monkeypatch, device_free,
                                                                                 kind):
-    from oomdoctor.report import pipeline
+    from oomdoctor.report import rank_predictions
 
-    monkeypatch.setattr(pipeline, "defragmenting_settings", lambda a: ["expandable_segments:True"])
+    monkeypatch.setattr(rank_predictions, "defragmenting_settings", lambda a: ["expandable_segments:True"])
     a = fragmented(tmp_path, outside=300 * MiB, device_free=device_free)
     v = report_of([a]).verdict
     assert v.kind == kind

@@ -11,8 +11,15 @@ from pathlib import Path
 from builder import MiB, SnapBuilder
 
 import oomdoctor.report.pipeline as pipeline
+from oomdoctor.analysis import device
+from oomdoctor.analysis.device import analyze
 from oomdoctor.detectors import rank_imbalance
 from oomdoctor.render.json import render_json
+from oomdoctor.report import decide as decide_module
+from oomdoctor.report import detect as detect_module
+from oomdoctor.report import rank_predictions
+from oomdoctor.report.decide import decide
+from oomdoctor.report.detect import detect
 from oomdoctor.report.job import Want, job_report, read_ranks
 from oomdoctor.report.merge import merge_reports
 from oomdoctor.report.serial import profile_to_plain
@@ -36,14 +43,13 @@ def test_summarize_rank_is_the_rank_judged_alone_with_its_profile():
     meta = {"rank": 3, "gpu_total_memory_bytes": 900 * MiB, "micro_batch": 4}
     snap = _snap(300 * MiB, oom=True)
     got = pipeline.summarize_rank(from_snapshot(snap, "rank3.pickle", dict(meta)))
-    a = pipeline.analyse(from_snapshot(snap, "rank3.pickle", dict(meta)))
+    a = analyze(from_snapshot(snap, "rank3.pickle", dict(meta)))
     assert got.rank == 3 and [r.rank for r in got.report.ranks] == [3]
     assert render_json(got.report) == render_json(pipeline.report_of([a]))
     assert profile_to_plain(got.profile) == profile_to_plain(rank_imbalance.profile(a))
     # the stages, called one by one, are the same path
     predictors: dict = {}
-    staged = pipeline.decide([a], pipeline.predict([a], predictors), predictors, micro_batch=None,
-                             rule=pipeline.RankContext().rule)
+    staged = decide([a], detect([a], predictors), predictors, micro_batch=None, rule=pipeline.RankContext().rule)
     assert render_json(staged) == render_json(got.report)
     assert got.report.ranks[0].oom is not None and got.report.ranks[0].verdict.kind == "capacity"
 
@@ -64,17 +70,34 @@ def test_the_outcomes_merge_to_the_report_of_all_ranks_at_once_on_every_executor
     assert [f["id"] for f in json.loads(merged)["findings"]] == ["rank-imbalance"]
 
 
-def test_each_stage_calls_only_the_stages_below_it():
-    """No function of the module calls one of a later stage: analysis (1) calls no prediction (2), predictions no
-    decision (3), decisions none of the path functions (report_of, summarize_*, build_report)."""
+STAGES = [device, detect_module, rank_predictions, decide_module]  # in order: 1, 2, 2 (on demand), 3
+
+
+def _imports(module) -> set[str]:
+    """The modules of the package that ``module`` imports, at any depth of its code (relative names resolved)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    pkg = module.__name__.rsplit(".", 1)[0]
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module is not None:
+            base = pkg.rsplit(".", n.level - 1)[0] if n.level > 1 else pkg
+            name = f"{base}.{n.module}" if n.level else n.module
+            out |= {name} | {f"{name}.{a.name}" for a in n.names}
+    return {m for m in out if m.startswith("oomdoctor.")}
+
+
+def test_each_stage_is_a_module_that_calls_only_the_stages_below_it():
+    """pipeline.py holds the path only (its functions call the stages' modules, never a stage function of its own);
+    each stage's module imports no later stage and not the pipeline."""
     src = Path(pipeline.__file__).read_text()
-    funcs = {n.name: n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    stage = {"analyse": 1, "rank_facts": 1, "predict": 2, "_versions": 2, "defragmenting_setting": 2, "defragmenting_settings": 2,
-             "_recorded_micro_batch": 2, "RankPredictions": 2, "decide_rank": 3, "decide": 3, "report_of": 4,
-             "summarize_analysis": 5, "summarize_rank": 6, "build_report": 5}
-    assert set(stage) == {n for n in funcs if not n.startswith("__")} - {"RankContext", "RankOutcome"}
-    for name, node in funcs.items():
-        if name not in stage:
-            continue
-        called = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
-        assert all(stage[c] <= stage[name] for c in called & set(stage)), (name, called & set(stage))
+    defined = {n.name for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert defined == {"RankContext", "RankOutcome", "report_of", "summarize_analysis", "summarize_rank",
+                       "build_report"}
+    names = [m.__name__ for m in STAGES]
+    for i, m in enumerate(STAGES):
+        got = _imports(m)
+        assert pipeline.__name__ not in got, m.__name__
+        later = set(names[i + 1:]) - ({rank_predictions.__name__} if m is detect_module else set())
+        assert not got & later, (m.__name__, got & later)
+    assert rank_predictions.__name__ in _imports(decide_module) and detect_module.__name__ not in _imports(
+        decide_module)

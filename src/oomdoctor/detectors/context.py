@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.device import DeviceAnalysis
+from .finding import Finding
 
 Version = tuple[int, int]
 
@@ -115,3 +116,17 @@ class Context:
 
     def version(self, a: DeviceAnalysis) -> TorchVersion:
         return torch_version(a)
+
+
+def fill_applies(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
+    """Fill ``Fix.applies`` where the detector left it open (None), from :func:`applies` on the fix's versions and the
+    PyTorch version of the first of the finding's ranks that ``analyses`` holds. Mutates ``findings``."""
+    by_rank = {a.rank: a for a in analyses}
+    for f in findings:
+        a = next((by_rank[r] for r in f.ranks if r in by_rank), None)
+        if a is None:
+            continue
+        v = torch_version(a)
+        for fx in f.fixes:
+            if fx.applies is None:
+                fx.applies = applies(fx.versions, v)

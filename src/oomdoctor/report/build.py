@@ -71,6 +71,17 @@ def holder_refs(a: DeviceAnalysis, k: int, limit: int = TOP_HOLDERS) -> list[Hol
             for h, ref in zip(hs, site_refs(a, hs, len(hs)))]
 
 
+def rank_facts(a: DeviceAnalysis) -> RankSummary:
+    """The rank's facts (:func:`summarize`: peaks, series, OOM, sites, notes), its breakdowns (at the OOM or the
+    peak, and the others that matter: :func:`breakdowns`) and the holders at the main one (:func:`holder_refs`);
+    verdict and fits are left for stage 3 (:mod:`.decide`)."""
+    r = summarize(a)
+    r.breakdown, r.breakdowns = breakdowns(a)
+    if r.breakdown is not None:
+        r.holders = holder_refs(a, r.breakdown.event_index)
+    return r
+
+
 def summarize(a: DeviceAnalysis) -> RankSummary:
     """The per-rank part of the report (without verdict and fits, which need the findings)."""
     tl, dt, lt = a.timeline, a.device, a.lifetimes

@@ -119,7 +119,8 @@ def plan_tasks(paths: Iterable[str | os.PathLike[str]], skipped: list[Skipped]) 
 def rank_result(task: RankTask, want: Want) -> RankResult:
     """Load, analyse and summarise one rank; the trace is dropped on return. Never raises for a file that does
     not load: the result carries the problem (``error``), and the caller decides (:func:`gather`)."""
-    from .pipeline import RankContext, analyse, summarize_analysis
+    from ..analysis.device import analyze
+    from .pipeline import RankContext, summarize_analysis
 
     try:
         trace = load(task.path)
@@ -135,7 +136,7 @@ def rank_result(task: RankTask, want: Want) -> RankResult:
     if want.gpu_memory_bytes is not None and not isinstance(trace.meta.get("gpu_total_memory_bytes"), int):
         trace.meta["gpu_total_memory_bytes"] = want.gpu_memory_bytes  # the sidecar's fact, given by the user
         trace.meta["gpu_total_memory_given"] = True
-    a = analyse(trace)
+    a = analyze(trace)
     got = summarize_analysis(a, RankContext(want.micro_batch, want.rule))
     out = RankResult(task, rank=got.rank, report=got.report, profile=got.profile)
     if want.view_moments:
@@ -186,8 +187,9 @@ class PairResult:
 
 def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
     """Load, analyse and compare one rank of two runs; the traces are dropped on return."""
+    from ..analysis.device import analyze
     from .diff import rank_diff
-    from .pipeline import RankContext, analyse, summarize_analysis
+    from .pipeline import RankContext, summarize_analysis
 
     out: list[Trace | None] = []
     errors: list[str | None] = []
@@ -205,7 +207,7 @@ def pair_result(tasks: tuple[RankTask, RankTask], want: Want) -> PairResult:
         assert trace is not None  # loaded: a file that did not returned above
         if trace.rank is None:
             trace.meta["rank"] = task.fallback_rank if task.fallback_rank is not None else 0
-        analyses.append(analyse(trace))
+        analyses.append(analyze(trace))
     b, a = analyses
     res = [RankResult(t, rank=got.rank, report=got.report, profile=got.profile)
            for t, got in zip(tasks, (summarize_analysis(x, RankContext(rule=want.rule)) for x in analyses))]

@@ -238,7 +238,8 @@ def margin_inputs(a: DeviceAnalysis) -> MarginInputs:
     X memory in use" less what PyTorch reserved, :mod:`oomdoctor.trace.oommessage`; else the counters' GPU total
     less ``cudaMemGetInfo``'s free bytes less the reserved bytes, at the dump); ``job_peak_reserved_bytes``, the
     job's own peak reserved from PyTorch's counters (:func:`oomdoctor.analysis.jobpeak.job_peak`). What production
-    callers pass to :func:`margin`, :class:`.predict.Predictor` and :func:`.fits.fits` (``report/pipeline.py``)."""
+    callers pass to :func:`margin`, :class:`.predict.Predictor` and :func:`.fits.fits` (``report/rank_predictions.py``,
+    ``report/predict.py``)."""
     from ..analysis.jobpeak import counters, job_peak
 
     out: MarginInputs = {"outside_bytes": None, "job_peak_reserved_bytes": None}
