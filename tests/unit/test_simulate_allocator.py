@@ -281,7 +281,7 @@ def test_deferred_free_holds_the_block_until_process_events():
 def test_no_room_left_in_the_address_space_is_a_failed_cudamalloc():
     """A segment past the end of the 64-bit address space is a cudaMalloc that fails (an OOM), not an
     exception: a fuzzed size past the address space was an OverflowError, then a KeyError in get_free_block."""
-    from oomdoctor.simulate.allocator import ADDRESS_END, AddressSpace
+    from oomdoctor.simulate.addresses import ADDRESS_END, AddressSpace
     a = CachingAllocator(parse_config(""), addresses=AddressSpace(ADDRESS_END - 2 * MiB, 1 << 40))
     assert malloc(a, 512) is not None               # a 2 MiB small segment: the last 2 MiB of addresses
     assert malloc(a, 3 * MiB) is None               # a 20 MiB segment: no addresses left

@@ -1,5 +1,5 @@
 """The state a replay starts from and the allocator calls that shape it (issue 35 item 3): ``replay._fill`` and
-``replay._pieces`` (the start segments as pieces), the reservations ``AddressSpace`` and ``_RecordedAddresses``
+``replay._pieces`` (the start segments as pieces), the reservations ``AddressSpace`` and ``RecordedAddresses``
 hand out, and ``CachingAllocator.add_segment``, ``unmap_block``, ``get_free_block``,
 ``release_available_cached_blocks`` on segments installed directly. Pure functions on values built here."""
 
@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from oomdoctor.simulate.allocator import AddressSpace, CachingAllocator
+from oomdoctor.simulate.addresses import AddressSpace, RecordedAddresses
+from oomdoctor.simulate.allocator import CachingAllocator
 from oomdoctor.simulate.config import DEFAULT, parse_config
-from oomdoctor.simulate.replay import _fill, _pieces, _RecordedAddresses
+from oomdoctor.simulate.replay import _fill, _fresh_base, _pieces
 from oomdoctor.trace.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 
 MiB = 1 << 20
@@ -111,7 +112,7 @@ def test_address_space_reservation_is_whole_pages(va, page, size):
 
 def recorded_addresses(va, rec_seg, max_address=(1 << 40) + 5):
     p = SimpleNamespace(rec_seg=rec_seg, start_segments=[], max_address=max_address)
-    return _RecordedAddresses(p, va)
+    return RecordedAddresses(_fresh_base(p), va, p.rec_seg, p.start_segments)
 
 
 def test_recorded_reservations_follow_the_recorded_bases_then_go_fresh():

@@ -43,11 +43,11 @@ from ..analysis.rounding import (
     allocation_size,
 )
 from ..trace.model import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from .addresses import AddressSpace
 from .config import AllocatorConfig
 
 # kSmallBuffer (2 MiB) and kLargeBuffer (20 MiB) are also the small and large expandable page sizes.
 KEY_SHIFT = 64  # free-list key: size << 64 | address; addresses are unsigned 64-bit (trace/build.py refuses others)
-ADDRESS_END = 1 << 64  # the end of the address space the model hands segments out of
 
 
 class Block:
@@ -130,36 +130,6 @@ class BlockPool:
     def free_blocks(self) -> list[Block]:
         """The free blocks in ``BlockComparatorSize`` order (stream, size, address)."""
         return [self.by_key[k] for s in sorted(self.lists) for k in self.lists[s]]
-
-
-class AddressSpace:
-    """Where new segments go: ``segment(size, stream)`` returns a ``cudaMalloc`` address and
-    ``reservation(page, is_small, stream)`` the base and size of a new expandable reservation.
-    This default hands out fresh, 2 MiB-aligned addresses from ``base`` upwards; a replay of a
-    recording overrides it to reuse the recorded addresses."""
-
-    def __init__(self, base: int, va_bytes: int) -> None:
-        self.next = base
-        self.va_bytes = va_bytes
-
-    def _take(self, size: int) -> int | None:
-        """The next free address for ``size`` bytes, or None when the 64-bit address space has no room
-        left: ``cudaMalloc`` then fails, as it does for a request larger than the device."""
-        end = self.next + (size + K_SMALL_BUFFER - 1) // K_SMALL_BUFFER * K_SMALL_BUFFER
-        if end > ADDRESS_END:
-            return None
-        ptr, self.next = self.next, end
-        return ptr
-
-    def segment(self, size: int, stream: int) -> int | None:
-        return self._take(size)
-
-    def release(self, ptr: int) -> None:
-        """The segment at ``ptr`` was freed (``cudaFree``); fresh addresses are never reused, so nothing to do."""
-
-    def reservation(self, page: int, is_small: bool, stream: int) -> tuple[int | None, int]:
-        size = (self.va_bytes + page - 1) // page * page
-        return self._take(size), size
 
 
 class CachingAllocator:

@@ -28,7 +28,7 @@ allocated afresh, in address order, so the what-if layout is that config's own.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -53,7 +53,8 @@ from ..trace.model import (
     DeviceTrace,
     Trace,
 )
-from .allocator import AddressSpace, Block, CachingAllocator
+from .addresses import AddressSpace, RecordedAddresses
+from .allocator import Block, CachingAllocator
 from .capacity import Capacity, FallbackRule
 from .config import AllocatorConfig, config_from_settings
 from .pools import private_pools
@@ -70,9 +71,6 @@ _MALLOC, _OOM, _FREE, _FREE_DEFERRED, _EMPTY_CACHE, _DONE, _EXTERNAL, _MALLOC_RU
 _SEG = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 _RELEASE = (SEGMENT_FREE, SEGMENT_UNMAP)
 _NEW = (SEGMENT_ALLOC, SEGMENT_MAP)
-#: How many recorded ``segment_alloc`` entries past the last one followed a new segment of the replay may
-#: skip to find one of its size (the replay made fewer segments than the recording, or other sizes).
-ADDRESS_LOOKAHEAD = 16
 
 #: The argument of a ``_MALLOC_RUN`` or ``_OOM`` op: (addr, process_events addrs, synced addrs, released, mark).
 _RunArg = tuple[int, list[int] | None, list[int] | None, bool, tuple[int, int] | None]
@@ -428,79 +426,6 @@ def _start_blocks(lt: Lifetimes, segs: list[LiveSegment],
     return out, unplaced
 
 
-class _RecordedAddresses(AddressSpace):
-    """Addresses for a replay of the recorded config: each new segment gets the address of the next
-    recorded ``segment_alloc`` of its size (within :data:`ADDRESS_LOOKAHEAD` entries of the last one
-    followed), unless a live segment of the replay still covers that address; then, and for a segment the
-    recording did not make, a fresh address. After either, later segments follow the recording again."""
-
-    def __init__(self, prepared: Prepared, va_bytes: int) -> None:
-        super().__init__(_fresh_base(prepared), va_bytes)
-        self.recorded = [(a, s) for act, a, s in prepared.rec_seg if act == SEGMENT_ALLOC]
-        self.n = 0  # the next recorded segment_alloc to follow
-        self.refused = 0  # recorded addresses refused because a live segment of the replay covered them
-        # the live segments (start -> size) of the replay's recorded or fresh addresses, the start segments
-        # among them: a recorded address is handed out only where none of them is
-        self.live: dict[int, int] = {}
-        self.live_starts: list[int] = []
-        for seg in sorted(prepared.start_segments, key=lambda x: x.address):
-            if not self._overlaps(seg.address, seg.size):  # an expandable one's mapped range stays held
-                self._hold(seg.address, seg.size)
-        # Expandable reservations: find_expandable_block maps a new reservation from its base, and
-        # later maps fill holes or extend the mapped range upwards, so a segment_map beyond the mapped
-        # extent of every reservation below it starts a new one at its address.
-        extent = {s.address: s.address + s.size for s in prepared.start_segments if s.is_expandable}
-        self.bases: list[int] = []
-        for act, a, size in prepared.rec_seg:
-            if act != SEGMENT_MAP:
-                continue
-            owner = max((b for b, end in extent.items() if b <= a <= end), default=None)
-            if owner is None:
-                self.bases.append(a)
-                owner = a
-            extent[owner] = max(extent.get(owner, a), a + size)
-        self.rn = 0
-
-    def reservation(self, page: int, is_small: bool, stream: int) -> tuple[int | None, int]:
-        if self.rn < len(self.bases):
-            self.rn += 1
-            return self.bases[self.rn - 1], (self.va_bytes + page - 1) // page * page
-        return super().reservation(page, is_small, stream)
-
-    def segment(self, size: int, stream: int) -> int | None:
-        recorded = self.recorded
-        for k in range(self.n, min(self.n + ADDRESS_LOOKAHEAD, len(recorded))):
-            a, s = recorded[k]
-            if s != size:
-                continue
-            self.n = k + 1
-            if not self._overlaps(a, size):
-                self._hold(a, size)
-                return a
-            # a live segment of the replay is there (a recording whose segments overlap, or a replay that
-            # kept a segment the job freed): this one goes elsewhere, the next ones follow the recording
-            self.refused += 1
-            break
-        ptr = self._take(size)
-        if ptr is not None:
-            self._hold(ptr, size)
-        return ptr
-
-    def _overlaps(self, a: int, size: int) -> bool:
-        """Whether ``[a, a + size)`` meets a live segment; live segments are disjoint, so only the last one
-        starting below ``a + size`` can."""
-        i = bisect_left(self.live_starts, a + size) - 1
-        return i >= 0 and self.live_starts[i] + self.live[self.live_starts[i]] > a
-
-    def _hold(self, a: int, size: int) -> None:
-        insort(self.live_starts, a)
-        self.live[a] = size
-
-    def release(self, ptr: int) -> None:
-        if self.live.pop(ptr, None) is not None:
-            del self.live_starts[bisect_left(self.live_starts, ptr)]
-
-
 def _fresh_base(prepared: Prepared) -> int:
     step = 1 << 36
     return (prepared.max_address + step) // step * step
@@ -547,7 +472,8 @@ def _replay(prepared: Prepared, config: AllocatorConfig | None, deferred_frees: 
     if validate is None:
         validate = same_config and deferred_frees == RECORDED
     va = _va_bytes(prepared)
-    addresses = _RecordedAddresses(prepared, va) if same_config else AddressSpace(_fresh_base(prepared), va)
+    addresses = (RecordedAddresses(_fresh_base(prepared), va, prepared.rec_seg, prepared.start_segments) if same_config
+                 else AddressSpace(_fresh_base(prepared), va))
     # a cap set during the run (Capacity.from_event): no fraction limit before its first event
     limit_from = capacity.from_event if capacity.kind == "fraction" and fraction_limit is not None else 0
     sim = CachingAllocator(config, fraction_limit=None if limit_from > 0 else fraction_limit, device_limit=device_limit,
