@@ -31,7 +31,8 @@ with the function it is written in and adds no stay; called from another file (a
 Two walks are measured: **file to report** (``oomdoctor.trace.load.load`` of SNAPSHOT, then
 ``oomdoctor.report.pipeline.summarize_rank``: one rank, as ``oomdoctor diagnose -j 1`` runs each rank) and
 **rendering** (the text renderer on that report, as ``diagnose`` writes it). Deterministic: the same code and the same
-snapshot give the same numbers.
+snapshot give the same numbers. Each walk runs once before it is measured, so that the modules imported on first
+use (a module's own code, run once per process) are not in it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Walk:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip(os.sep) + os.sep
         self.stack: list[str | None] = []  # per Python frame: its package file (None: other code)
-        self.read: set[Any] = set()  # the code objects called once already
+        self.read: set[tuple[str, Any]] = set()  # the (file, code object) pairs called once already
         # per variant, each stay: (file, climb, callback, function)
         self.seq: dict[str, list[tuple[str, bool, bool, str]]] = {"all": [], "in_place": []}
 
@@ -74,8 +75,9 @@ class Walk:
         if event == "call":
             code = frame.f_code
             f = self._mine(code.co_filename)
-            if f is not None and code not in self.read:
-                self.read.add(code)
+            # keyed with the file: two code objects of identical source at the same line in two files compare equal
+            if f is not None and (f, code) not in self.read:
+                self.read.add((f, code))
                 name = f"{code.co_qualname}:{code.co_firstlineno}"
                 self._visit("all", f, name)
                 if not (_nested(code) and self.stack and self.stack[-1] == f):
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     from oomdoctor.report.pipeline import summarize_rank
     from oomdoctor.trace.load import load
 
-    load(args.snapshot)  # warm: imports and first-use caches are not the walk
+    summarize_rank(load(args.snapshot))  # warm: the modules a path imports on first use are not the walk
     outcome, to_report = walk(root, lambda: summarize_rank(load(args.snapshot)))
     render_text_plain(outcome.report)  # warm
     _, rendering = walk(root, lambda: render_text_plain(outcome.report))
