@@ -760,7 +760,7 @@ def _schedule(micro: int = 8, size: int = 500 * MiB, frees: str = "burst", fr=No
 def _pipeline_finding(b: SnapBuilder, version: TorchVersion | None = None):
     a = _analysis(b)
     v = version or TorchVersion((2, 9), None, "2.9.1")
-    return poc.detect_rank(a, SimpleNamespace(analyses=[a], version=lambda _a: v))
+    return poc.detect_rank(a, SimpleNamespace(analyses=[a], versions={a.rank: v}))
 
 
 def _held_us(b: SnapBuilder, fr_line: int = 36) -> list[int]:
@@ -923,7 +923,7 @@ def _stranded_oom(request: int, holes: int = 40 * MiB, device_free: int = 0, exp
 
 def _fragmentation(b: SnapBuilder, v: TorchVersion = V29, meta: dict | None = None):
     a = analyze(from_snapshot(b.snapshot(), "rank0.pickle", meta))
-    return frag.detect_rank(a, SimpleNamespace(analyses=[a], version=lambda _a: v))
+    return frag.detect_rank(a, SimpleNamespace(analyses=[a], versions={a.rank: v}))
 
 
 def test_fragmentation_at_an_oom_in_full():

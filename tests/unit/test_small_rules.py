@@ -268,7 +268,7 @@ def test_capped_means_a_memory_fraction_from_the_sidecar_or_an_oom_below_the_dev
     a = _analysis(_fragmented(device_free), meta)
     assert fragmentation._capped(a) is capped
     if device_free is not None:  # the finding proposes the collector only then
-        (f,) = fragmentation.detect(SimpleNamespace(analyses=[a], version=lambda _a: _v((2, 9))))
+        (f,) = fragmentation.detect(SimpleNamespace(analyses=[a], versions={a.rank: _v((2, 9))}))
         assert any("garbage_collection_threshold" in (x.setting or "") for x in f.fixes) is capped
 
 

@@ -551,7 +551,7 @@ def test_empty_cache_bursts_are_read_off_the_empty_cache_frame(tmp_path):
     frees = _frees(a)
     burst = np.array([0, 0, 1])
     # another function of torch/cuda/memory.py is no empty_cache() call
-    assert cache_flush._empty_cache_bursts(a, frees, burst, 2, 0, {}) == (1, "free stacks")
+    assert cache_flush._empty_cache_bursts(a, frees, burst, 2, 0, False) == (1, "free stacks")
     (f,) = cache_flush.detect(Context([a]))
     assert f.evidence.empty_cache_bursts == 1 and f.evidence.allocator_retry_bursts == 1
 
@@ -559,7 +559,7 @@ def test_empty_cache_bursts_are_read_off_the_empty_cache_frame(tmp_path):
 def test_one_empty_cache_burst_is_counted_and_is_neither_churn_nor_a_retry(tmp_path):
     a = _analysis(tmp_path, _flushes(EMPTY_CACHE, EMPTY_CACHE), ALL)
     frees = _frees(a)[:2]  # A's and B's: one burst
-    assert cache_flush._empty_cache_bursts(a, frees, np.array([0, 0]), 1, 0, {}) == (1, "free stacks")
+    assert cache_flush._empty_cache_bursts(a, frees, np.array([0, 0]), 1, 0, False) == (1, "free stacks")
     b = SnapBuilder()
     s = b.segment(256 * MiB)
     b.free(b.alloc(s, 0, 200 * MiB))
@@ -570,26 +570,26 @@ def test_one_empty_cache_burst_is_counted_and_is_neither_churn_nor_a_retry(tmp_p
     assert cache_flush.detect(Context([_analysis(tmp_path / "one", b, ALL)])) == []  # churn needs two
 
 
-@pytest.mark.parametrize("n_bursts, retries, stats, expected", [
-    (3, 1, {"num_alloc_retries": 1}, (2, "memory_stats")),  # the allocator's count says which were retries
-    (3, 0, {"num_alloc_retries": 0}, (3, "memory_stats")),
-    (3, 5, {"num_alloc_retries": 5}, (0, "memory_stats")),  # more retries than bursts: none was empty_cache()
-    (1, 0, {}, (1, "unknown")),  # neither: every burst is counted as a flush
-    (2, 0, {}, (2, "unknown")),
-    (0, 0, {}, (0, "memory_stats")),
+@pytest.mark.parametrize("n_bursts, retries, known, expected", [
+    (3, 1, True, (2, "memory_stats")),  # the allocator's count says which were retries
+    (3, 0, True, (3, "memory_stats")),
+    (3, 5, True, (0, "memory_stats")),  # more retries than bursts: none was empty_cache()
+    (1, 0, False, (1, "unknown")),  # neither: every burst is counted as a flush
+    (2, 0, False, (2, "unknown")),
+    (0, 0, False, (0, "memory_stats")),
 ], ids=["one-retry", "no-retry", "more-retries-than-bursts", "unknown-one", "unknown-two", "none"])
-def test_empty_cache_bursts_without_free_stacks(tmp_path, n_bursts, retries, stats, expected):
+def test_empty_cache_bursts_without_free_stacks(tmp_path, n_bursts, retries, known, expected):
     a = _analysis(tmp_path, _flushes(USER, USER), ALLOC_ONLY)
     assert not a.free_stacks
     frees = _frees(a)[:n_bursts]
-    got = cache_flush._empty_cache_bursts(a, frees, np.arange(n_bursts), n_bursts, retries, stats)
+    got = cache_flush._empty_cache_bursts(a, frees, np.arange(n_bursts), n_bursts, retries, known)
     assert got == expected
 
 
 def test_no_burst_with_free_stacks_is_classified_by_them(tmp_path):
     a = _analysis(tmp_path, _flushes(), ALL)
     empty = np.zeros(0, dtype=np.int64)
-    got = cache_flush._empty_cache_bursts(a, empty, empty, 0, 2, {"num_alloc_retries": 2})
+    got = cache_flush._empty_cache_bursts(a, empty, empty, 0, 2, True)
     assert got == (0, "free stacks")
 
 

@@ -213,3 +213,14 @@ def site_label(trace: Trace, frame: int) -> str:
         return "<no stack recorded>"
     filename, line, name = trace.stacks.frames[frame]
     return f"{short_path(filename)}:{line} in {name}"
+
+
+def frame_text(trace: Trace, fid: int) -> str:
+    """Frame ``fid`` of the trace as ``file.py:line in name``, its path whole."""
+    filename, line, name = trace.stacks.frames[fid]
+    return f"{filename}:{line} in {name}"
+
+
+def stack_text(trace: Trace, stack: int) -> list[str]:
+    """The frames of stack ``stack`` (innermost first) as :func:`frame_text` writes them; none for ``-1`` (no stack)."""
+    return [frame_text(trace, f) for f in trace.stacks.stacks[stack]] if stack >= 0 else []

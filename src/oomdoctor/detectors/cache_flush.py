@@ -26,7 +26,7 @@ reported LOW, with no memory at stake (its cost is synchronisation time).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -84,9 +84,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     act = ev["action"]
     frees = np.flatnonzero((act == SEGMENT_FREE) | (act == SEGMENT_UNMAP))
     stats, stats_source = counters(a.trace.meta, a.device.device)  # the allocator's own, for this device
-    stats = {k: v for k, v in (stats or {}).items() if v is not None}
+    recorded = (stats or {}).get("num_alloc_retries")  # None: the counters do not have it
+    known = recorded is not None
     ooms = a.oom_events
-    retries_stat = max(int(stats.get("num_alloc_retries", 0) or 0) - int(ooms.size), 0)
+    retries_stat = max(int(recorded or 0) - int(ooms.size), 0)
     if frees.size == 0 and retries_stat == 0:
         return None
     # bursts: consecutive segment frees with no alloc in between
@@ -99,7 +100,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     if frees.size:
         burst_id = np.unique(burst_id, return_inverse=True)[1]
     n_bursts = int(burst_id.max()) + 1 if frees.size else 0
-    empty_bursts, classified_by = _empty_cache_bursts(a, frees, burst_id, n_bursts, retries_stat, stats)
+    empty_bursts, classified_by = _empty_cache_bursts(a, frees, burst_id, n_bursts, retries_stat, known)
     retry_bursts = n_bursts - empty_bursts
     freed = int(ev["size"][frees].sum())
     realloc = 0
@@ -110,11 +111,10 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     # the allocator's own count is the truth when the sidecar has it: under a memory fraction or
     # max_split_size_mb the allocator also releases cached blocks without retrying (garbage collection,
     # release_available_cached_blocks), and those bursts are no retries
-    retries = retries_stat if "num_alloc_retries" in stats else retry_bursts
+    retries = retries_stat if known else retry_bursts
     churn = empty_bursts >= 2 and realloc >= 0.5 * freed
     if not churn and retries == 0:
         return None
-    known = "num_alloc_retries" in stats
     flush_us, mallocs = _flush_cost(a, frees, burst_id)
     evidence = CacheFlushEvidence(
         segment_free_bursts=n_bursts,
@@ -197,15 +197,16 @@ def _training_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray)
 
 
 def _empty_cache_bursts(a: DeviceAnalysis, frees: np.ndarray, burst_id: np.ndarray, n_bursts: int,
-                        retries_stat: int, stats: dict[str, Any]) -> tuple[int, str]:
+                        retries_stat: int, known: bool) -> tuple[int, str]:
     """How many bursts were ``empty_cache()`` calls, and from what: ``"free stacks"``, ``"memory_stats"``
-    or ``"unknown"`` (every burst counted as a flush; see the module docstring)."""
+    or ``"unknown"`` (every burst counted as a flush; see the module docstring). ``known``: whether the allocator's
+    ``num_alloc_retries`` is recorded (``retries_stat``, less one per OOM)."""
     if n_bursts == 0:
         return 0, "free stacks" if a.free_stacks else "memory_stats"
     if a.free_stacks:
         empty = stacks_matching(a.trace, "torch/cuda/memory.py", ("empty_cache",))
         return len(set(burst_id[rows_with(empty, a.device.events["stack"][frees])].tolist())), "free stacks"
-    if "num_alloc_retries" in stats:
+    if known:
         return max(n_bursts - retries_stat, 0), "memory_stats"
     return n_bursts, "unknown"
 

@@ -7,16 +7,11 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ..analysis.device import DeviceAnalysis
-from ..analysis.sites import site_index, site_label
+from ..analysis.sites import frame_text, site_index, site_label, stack_text
 from ..trace.model import Trace
 from .finding import SiteRef
 
 MAX_SITES = 5
-
-
-def frame_text(trace: Trace, fid: int) -> str:
-    filename, line, name = trace.stacks.frames[fid]
-    return f"{filename}:{line} in {name}"
 
 
 class SiteLike(Protocol):
@@ -42,7 +37,7 @@ def site_refs(a: DeviceAnalysis, sites: Sequence[SiteLike], limit: int = MAX_SIT
     for s in sites[:limit]:
         uf = idx.user_frame(s.stack)
         out.append(SiteRef(label=site_label(a.trace, s.frame), bytes=s.bytes, count=s.count,
-                           stack=[frame_text(a.trace, f) for f in a.trace.stacks.stacks[s.stack]] if s.stack >= 0 else [],
+                           stack=stack_text(a.trace, s.stack),
                            user_frame=frame_text(a.trace, uf) if uf >= 0 else None))
     return out
 

@@ -11,7 +11,7 @@ lower bound is read off the fields the snapshot has, from when each was added
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.device import DeviceAnalysis
@@ -110,12 +110,14 @@ def torch_version(a: DeviceAnalysis) -> TorchVersion:
 
 @dataclass
 class Context:
-    """All ranks' analyses, sorted by rank."""
+    """All ranks' analyses, sorted by rank, and each rank's PyTorch version (read once, when the context is made)."""
 
     analyses: list[DeviceAnalysis]
+    versions: dict[int, TorchVersion] = field(init=False)
+    """rank -> its :func:`torch_version`"""
 
-    def version(self, a: DeviceAnalysis) -> TorchVersion:
-        return torch_version(a)
+    def __post_init__(self) -> None:
+        self.versions = {a.rank: torch_version(a) for a in self.analyses}
 
 
 def fill_applies(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:

@@ -174,7 +174,7 @@ def _detect_final_state(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     p2p = (stacks_matching(a.trace, "torch/distributed/pipelining/")
            | stacks_matching(a.trace, "distributed_c10d.py", _P2P_NAMES))[stacks]
     owner = "fsdp" if fsdp.all() else "point-to-point" if p2p.all() else "unknown"
-    v = ctx.version(a)
+    v = ctx.versions[a.rank]
     evidence = DeferredFreeFinalStateEvidence(held_at_end_bytes=held, blocks_pending_at_end=len(pending),
                                               reserved_bytes=reserved, allocated_bytes=allocated, owner=owner,
                                               torch_version=v.text)
@@ -215,7 +215,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     end = a.num_events - 1
     dur_us = tu[np.where(fc >= 0, fc, end)] - tu[np.where(fr >= 0, fr, 0)]
     seg_allocs = int(np.count_nonzero(a.device.events["action"][: k + 1] == SEGMENT_ALLOC))
-    v = ctx.version(a)
+    v = ctx.versions[a.rank]
     evidence = DeferredFreeEvidence(
         held_at_peak_bytes=held_at_peak,
         max_held_bytes=int(held.max()),

@@ -103,7 +103,7 @@ EVIDENCE: tuple[type[Evidence], ...] = (FragmentationOomEvidence, FragmentationS
 
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
-    v = ctx.version(a)
+    v = ctx.versions[a.rank]
     expandable_on = bool(a.trace.allocator_settings.get("expandable_segments")) or any(
         s.is_expandable for s in a.device.segments)
     if a.oom_events.size:

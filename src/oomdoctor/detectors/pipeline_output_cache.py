@@ -128,7 +128,7 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     tu = a.device.events["time_us"]
     frees = np.where(lt.free_requested[g] >= 0, lt.free_requested[g], n - 1)
     held_us = tu[frees] - tu[lt.alloc[g]]
-    v = ctx.version(a)
+    v = ctx.versions[a.rank]
     evidence = PipelineOutputCacheEvidence(
         outputs_kept=conc,
         output_bytes=int(lt.requested[g][0]),

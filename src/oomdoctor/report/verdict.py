@@ -512,7 +512,7 @@ LOGITS_FRACTION = 0.2
 
 
 def _frame_name(text: str) -> str:
-    """The function of a frame written ``file:line in function`` (:func:`~oomdoctor.detectors.common.frame_text`)."""
+    """The function of a frame written ``file:line in function`` (:func:`~oomdoctor.analysis.sites.frame_text`)."""
     return text.rpartition(" in ")[2]
 
 

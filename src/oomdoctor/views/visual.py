@@ -17,8 +17,7 @@ import numpy as np
 from ..analysis.device import DeviceAnalysis
 from ..analysis.fragmentation import Anatomy, LiveSegment, segment_states
 from ..analysis.lifetimes import IN_TRACE
-from ..analysis.sites import site_index, site_label
-from ..detectors.common import frame_text
+from ..analysis.sites import site_index, site_label, stack_text
 from .flame import FlameView, flame_view
 from .moments import RANK_MOMENTS, moments_per_rank, page_moments
 
@@ -239,7 +238,7 @@ def site_views(a: DeviceAnalysis, k: int, limit: int = TOP_SITES) -> list[SiteVi
     out = []
     for s in a.sites_at(k)[:limit]:
         m = site == s.frame
-        stack = [frame_text(a.trace, f) for f in a.trace.stacks.stacks[s.stack][:STACK_FRAMES]] if s.stack >= 0 else []
+        stack = stack_text(a.trace, s.stack)[:STACK_FRAMES]
         out.append(SiteView(site_label(a.trace, s.frame), s.bytes, s.count, int(np.median(life[m])),
                             int(life[m].max()), int((lt.alloc[rows][m] < 0).sum()), stack))
         assert int(size[m].sum()) == s.bytes
