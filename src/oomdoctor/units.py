@@ -47,8 +47,8 @@ def parse_duration_us(text: str, *, unit_required: bool = False) -> float | None
 
 
 def format_duration_us(us: int | float) -> str:
-    """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"`` (``render.format.format_us``; here for the
-    messages of the layers below ``render``)."""
+    """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"`` (the renderers' ``render.format.format_us``; here
+    for the messages of the layers below ``render`` too)."""
     us = float(us)
     if us < 1000:
         return f"{us:.0f} µs"

@@ -9,7 +9,8 @@ import pytest
 from rich.text import Text
 
 from oomdoctor.render.console import TidyConsole, hang, plain_console
-from oomdoctor.render.text import _count, _one_a_line, _prediction_text, capacity_words
+from oomdoctor.render.text import _count, _one_a_line, capacity_words
+from oomdoctor.render.words.predict import prediction
 from oomdoctor.simulate.capacity import BOUNDED, EXACT, GIVEN, Capacity
 
 GiB = 1 << 30
@@ -83,7 +84,7 @@ def test_a_prediction_reads_without_internal_words_or_nested_parentheses():
          "outcome": "step-ran-out", "extended_oom_requested_bytes": 2 * 1024 ** 3,
          "peak_reserved_bytes": 37_339_791_360, "recorded_peak_reserved_bytes": 41_269_854_208,
          "recorded_oom_event_index": 13760, "reach": "step-completed", "self_replay_exact": False}
-    assert _prediction_text(p) == (
+    assert prediction(p) == (
         "this recording replayed with expandable_segments:True on rank 0: gets past the recorded OOM and through the recorded steps (peak "
         "reserved 34.78 GiB), but the rest of the step, replayed as the previous step ran it, runs out of memory "
         "asking for 2.00 GiB. "
@@ -108,5 +109,5 @@ def test_a_prediction_says_it_replays_this_recording_and_its_deferred_frees(mode
          "recorded_oom_event_index": None, "reach": "complete", "self_replay_exact": True,
          "continuation": {"outcome": "later-steps", "heaviest_step_peak_allocated_bytes": 3_000_000_000,
                           "margin_bytes": None, "margin": {"reserved_step_spread_bytes": None, "unrecorded_bytes": 0}}}
-    assert _prediction_text(p) == (f"{words}: no OOM, peak reserved 2.85 GiB; later steps: for steps whose tensors "
+    assert prediction(p) == (f"{words}: no OOM, peak reserved 2.85 GiB; later steps: for steps whose tensors "
                                    "peak at up to 2.79 GiB, the heaviest recorded. Recorded: peak reserved 2.84 GiB.")

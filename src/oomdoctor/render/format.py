@@ -8,7 +8,8 @@ import string
 import textwrap
 from typing import Any, Mapping
 
-from ..units import GiB, KiB, MiB, format_duration_us
+from ..units import GiB, KiB, MiB
+from ..units import format_duration_us as format_us  # "850 µs", "4.2 ms", "1.3 s"; messages below render too
 from ..units import span as span  # defined below the report layer, which writes it in notes too
 
 
@@ -47,11 +48,6 @@ def torch_version_words(text: str) -> str:
 def format_signed_bytes(n: int) -> str:
     """A change in bytes: ``"+64.00 MiB"``, ``"-1.66 GiB"``, ``"0 B"``."""
     return ("+" if n > 0 else "") + format_bytes(n) if n else "0 B"
-
-
-def format_us(us: int | float) -> str:
-    """Microseconds as ``"850 µs"``, ``"4.2 ms"`` or ``"1.3 s"``."""
-    return format_duration_us(us)
 
 
 def format_list(items: Any) -> str:

@@ -86,11 +86,6 @@ def _terms(bd, sep: str = " ") -> list[str]:
     return out
 
 
-def _scale(scale: float, at_limit: bool) -> str:
-    """``2.5x``, or ``at least 4.0x`` where the search stopped at its top."""
-    return f"{'at least ' if at_limit else ''}{scale}x"
-
-
 def _verdict_panel(report: Report) -> Panel | None:
     from .words import verdict as verdict_words
     v = report.verdict
@@ -194,10 +189,10 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
         tail.append("fits on this GPU (replayed): ", style="bold")
         bits = []
         if f.batch_scale is not None:
-            bits.append(f"{_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch with the recorded settings"
+            bits.append(f"{fits_words.scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch with the recorded settings"
                         + (f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""))
         if f.expandable_batch_scale is not None:
-            bits.append(f"{_scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
+            bits.append(f"{fits_words.scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
                         + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None else ""))
         tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
                     f"{format_bytes(f.margin_bytes)} kept free")
@@ -274,29 +269,9 @@ def _timeline(r: RankSummary) -> Group:
     return Group(*out)
 
 
-
-def _prediction_text(p: dict) -> str:
-    from .words import predict as predict_words
-    what = []
-    if p["config"]:
-        what.append(p["config"])
-    if p["deferred_frees"] == "immediate":
-        what.append("frees not deferred")
-    # this recording's own events (a fix's words may cite other runs, measured: issue 52)
-    held = (", its deferred frees held as long as they were"
-            if p["deferred_frees"] == "recorded" and p.get("recorded_deferred_frees") else "")
-    text = (f"this recording replayed with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}{held}: "
-            f"{predict_words.outcome(p)}. Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
-    if p["recorded_oom_event_index"] is not None:
-        text += f", OOM at event {p['recorded_oom_event_index']}"
-    text += "."
-    if not p["self_replay_exact"]:
-        text += " Approximate: the replay of the recorded run was not exact."
-    return text
-
-
 def _finding_panel(i: int, f) -> Panel:
     from .words import findings as finding_words
+    from .words import predict as predict_words
     ranks = ",".join(str(r) for r in f.ranks)
     head = f"rank{'s' if len(f.ranks) > 1 else ''} {ranks} · {format_bytes(f.bytes)} at stake"
     version = f.evidence.as_dict().get("torch_version")
@@ -320,7 +295,7 @@ def _finding_panel(i: int, f) -> Panel:
             line = Text.assemble((f"[{fx.versions}] ", "dim"), finding_words.fix_text(fx), (f"  {mark}", style))
             parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:
-                parts.append(hang(_prediction_text(fx.prediction), 5, "simulated: ", style="cyan"))
+                parts.append(hang(predict_words.prediction(fx.prediction), 5, "simulated: ", style="cyan"))
             parts.append(hang(fx.source, 5, "source: ", style="dim"))
     # the heading is the finding's id, always; its title opens the box, whole (rich cuts a long box title with an
     # ellipsis, so a title in the heading was there only when it was short: issue 52)
@@ -676,6 +651,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     after an out-of-memory error): the verdict, what holds the memory on the verdict's first rank
     (its breakdown and ``holders`` largest holders), what fits, the actions in the framework's words,
     and where the snapshot is. Plain text wrapped at ``width`` columns."""
+    from .words import fits as fits_words
     from .words import verdict as verdict_words
     v = report.verdict
     if v is None or not report.ranks:
@@ -701,9 +677,9 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     f = r.fits
     if f is not None and f.batch_scale is not None:
         mb = f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""
-        exp = (f", {_scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
+        exp = (f", {fits_words.scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
                if f.expandable_batch_scale is not None else "")
-        lines.append(f"Fits on this GPU (replayed): {_scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch{mb}{exp}.")
+        lines.append(f"Fits on this GPU (replayed): {fits_words.scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch{mb}{exp}.")
     if v.to_do:
         lines.append("What to do: " + " ".join(f"({i}) {a}" for i, a in enumerate(verdict_words.actions(v), 1)))
     if snapshot:

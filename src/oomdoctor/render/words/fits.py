@@ -138,6 +138,12 @@ def assumption(assumption_id: FitsAssumption, values: dict[str, Any]) -> str:
     return text(ASSUMPTIONS, assumption_id).format(**values)
 
 
+def scale(batch_scale: float, at_limit: bool) -> str:
+    """A scale of the micro-batch that fits: ``2.5x``, or ``at least 4.0x`` where the search stopped at its top
+    (``Fits.batch_scale_at_limit``, ``Fits.expandable_at_limit``)."""
+    return f"{'at least ' if at_limit else ''}{batch_scale}x"
+
+
 def notes(f: Fits) -> list[str]:
     """``f``'s notes in words, in order."""
     return [note(n, f.note_values) for n in f.notes]

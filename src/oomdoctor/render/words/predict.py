@@ -2,13 +2,14 @@
 (:data:`~oomdoctor.report.predict.OUTCOMES`) said with its numbers: first what the replay says of the recorded steps
 (the peak reserved; where the room is known, the spare room and the margin, at the edge when ``at_edge``), then what
 the recorded steps do not cover (``continuation``): the rest of the step, replayed, or later steps, said as the
-condition they hold under and, where the job measured it, with their own margin (issue 49)."""
+condition they hold under and, where the job measured it, with their own margin (issue 49). :func:`prediction`
+says a fix's prediction whole, as the text report shows it under the fix."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..format import fill
+from ..format import fill, format_bytes
 
 SPARE = " with {spare_bytes:bytes} to spare (margin {margin_bytes:bytes})"
 #: no margin: a replay of the recorded steps, which is exact (docs/diagnose.md, "Margins")
@@ -74,3 +75,24 @@ def outcome_template(p: dict[str, Any]) -> str:
 def outcome(p: dict[str, Any]) -> str:
     """How the replay of ``p`` ended, filled in."""
     return fill(outcome_template(p), p)
+
+
+def prediction(p: dict[str, Any]) -> str:
+    """A fix's prediction (``Fix.prediction``) in one sentence: what this recording was replayed with, on which rank,
+    how it ended (:func:`outcome`), and what was recorded."""
+    what = []
+    if p["config"]:
+        what.append(p["config"])
+    if p["deferred_frees"] == "immediate":
+        what.append("frees not deferred")
+    # this recording's own events (a fix's words may cite other runs, measured: issue 52)
+    held = (", its deferred frees held as long as they were"
+            if p["deferred_frees"] == "recorded" and p.get("recorded_deferred_frees") else "")
+    text = (f"this recording replayed with {' + '.join(what) or 'the recorded settings'} on rank {p['rank']}{held}: "
+            f"{outcome(p)}. Recorded: peak reserved {format_bytes(p['recorded_peak_reserved_bytes'])}")
+    if p["recorded_oom_event_index"] is not None:
+        text += f", OOM at event {p['recorded_oom_event_index']}"
+    text += "."
+    if not p["self_replay_exact"]:
+        text += " Approximate: the replay of the recorded run was not exact."
+    return text
