@@ -75,7 +75,6 @@ from ..frameworks import (
 from ..trace.model import ALLOC, OOM, Annotation, DeviceTrace, StackTable, Trace
 from ..trace.stackmatch import unmatched_allocations
 from .arrays import distinct
-from .sites import per_table
 
 # role / phase codes
 SETUP_PHASE = 0
@@ -217,7 +216,10 @@ def role_index(trace: Trace) -> RoleIndex:
 
 def table_roles(stacks: StackTable) -> RoleIndex:
     """The :class:`RoleIndex` of a stack table (one per table, kept while the table lives)."""
-    return per_table(_ROLES, stacks, RoleIndex)
+    got = _ROLES.get(stacks)
+    if got is None:
+        got = _ROLES[stacks] = RoleIndex(stacks)
+    return got
 
 
 @dataclass
