@@ -976,12 +976,12 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
             got[label] = got.get(label, 0) + int(q)
         return dict(sorted(got.items(), key=lambda kv: (-kv[1], kv[0])))
 
-    out = Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes),
-                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k),
-                    {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]},
-                    by_maker(WEIGHT_COPY), by_maker(BUFFERS))
-    assert sum(out.unknown_why.values()) == categories["unknown"]
-    assert sum(out.weight_copy_by.values()) == categories["weight_copy"]
-    assert sum(out.buffers_by.values()) == categories["buffers"]
-    out.check()
-    return out
+    counts = {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}
+    unknown_why = {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]}
+    weight_copy_by, buffers_by = by_maker(WEIGHT_COPY), by_maker(BUFFERS)
+    assert sum(unknown_why.values()) == categories["unknown"]
+    assert sum(weight_copy_by.values()) == categories["weight_copy"]
+    assert sum(buffers_by.values()) == categories["buffers"]
+    assert sum(categories.values()) == allocated_bytes, (categories, allocated_bytes)  # the identity Breakdown.check asserts
+    return Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes), counts,
+                     ph.source_name(k), unknown_why, weight_copy_by, buffers_by)
