@@ -55,16 +55,13 @@ class Lifetimes:
     size_exact: np.ndarray
     unmatched_frees: int
     ghost_blocks: int
+    truncated: bool
+    """True when the trace shows blocks that existed before it started (late start or ring-buffer overflow):
+    ``unmatched_frees`` or ``ghost_blocks``."""
     free_stack: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.addr.shape[0])
-
-    @property
-    def truncated(self) -> bool:
-        """True when the trace shows blocks that existed before it started (late start or ring-buffer
-        overflow)."""
-        return self.unmatched_frees > 0 or self.ghost_blocks > 0
 
     @cached_property
     def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -197,7 +194,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     return Lifetimes(addr=row_addr, requested=req, size=size, stream=stream, stack=stack,
                      alloc=alloc, free_requested=fr, free_completed=fc, start_state=state, size_exact=exact,
                      unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(ghosts),
-                     free_stack=free_stack)
+                     truncated=bool(u_fr.size or u_fc.size or ghosts), free_stack=free_stack)
 
 
 def adopt_free_stacks(lt: Lifetimes) -> int:
