@@ -176,7 +176,8 @@ class RoleIndex:
     """Stack id -> :class:`StackRole`, as arrays (computed once per stack table)."""
 
     def __init__(self, stacks: StackTable) -> None:
-        roles = [classify_frames(stacks.stack_frames(s)) for s in range(len(stacks))]
+        frames = stacks.frames
+        roles = [classify_frames([frames[f] for f in fids]) for fids in stacks.stacks]  # by stack id
         # last slot: stack id -1
         self.role = np.array([r.role for r in roles] + [UNRECORDED], dtype=np.int8)
         thread = np.array([r.thread for r in roles] + [NO_PYTHON], dtype=np.int8)
