@@ -58,6 +58,9 @@ class Lifetimes:
     truncated: bool
     """True when the trace shows blocks that existed before it started (late start or ring-buffer overflow):
     ``unmatched_frees`` or ``ghost_blocks``."""
+    deferred: np.ndarray
+    """Per row: its completion was deferred: ``free_completed`` is not right after ``free_requested`` (or the block
+    was still pending at the end, or at the start)."""
     free_stack: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -90,12 +93,6 @@ class Lifetimes:
         born, _, allocated_until = self._spans
         return (born <= k) & (allocated_until > k)
 
-    @property
-    def deferred(self) -> np.ndarray:
-        """Blocks whose completion was deferred: ``free_completed`` is not right after
-        ``free_requested`` (or the block was still pending at the end, or at the start)."""
-        fr, fc = self.free_requested, self.free_completed
-        return ((fr >= 0) & ((fc < 0) | (fc > fr + 1))) | (self.start_state == PENDING_AT_START)
 
 
 def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
@@ -194,7 +191,9 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     return Lifetimes(addr=row_addr, requested=req, size=size, stream=stream, stack=stack,
                      alloc=alloc, free_requested=fr, free_completed=fc, start_state=state, size_exact=exact,
                      unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(ghosts),
-                     truncated=bool(u_fr.size or u_fc.size or ghosts), free_stack=free_stack)
+                     truncated=bool(u_fr.size or u_fc.size or ghosts),
+                     deferred=((fr >= 0) & ((fc < 0) | (fc > fr + 1))) | (state == PENDING_AT_START),
+                     free_stack=free_stack)
 
 
 def adopt_free_stacks(lt: Lifetimes) -> int:
