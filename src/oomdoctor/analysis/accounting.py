@@ -431,7 +431,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # forward, evaluation, generation and other code run by a pass
     fw = np.isin(bp, PASS_PHASES + (OTHER_PHASE,)) & todo
     _forward(cat, fw, b, d, dp, nxt, model, model_code, persistent, comm, lt, ph, n, pre, first_pass,
-             site_index(trace).sites_of(lt.stack), bpass)
+             trace, bpass)
     todo &= ~fw
 
     # born before the trace where no stack says how: only the lifetime speaks; what lives through a whole
@@ -581,10 +581,10 @@ def _name_copies(trace: Trace, lt: Lifetimes, rows: np.ndarray, maker: np.ndarra
 
 def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: np.ndarray, nxt: np.ndarray,
              model: np.ndarray, model_code: np.ndarray, persistent: np.ndarray, comm: np.ndarray, lt: Lifetimes,
-             ph: Phases, n: int, pre: np.ndarray, first_pass: int, site: np.ndarray, bpass: np.ndarray) -> None:
+             ph: Phases, n: int, pre: np.ndarray, first_pass: int, trace: Trace, bpass: np.ndarray) -> None:
     """Categories of the rows ``fw`` (born in a pass, or before the trace by pass code; ``nxt``: the first
-    pass beginning after each row was born; ``site``: each row's allocation site, :mod:`.sites`; ``bpass``: the
-    pass each row was born in, -1 before the first or before the trace). Mutates ``cat``."""
+    pass beginning after each row was born; ``bpass``: the pass each row was born in, -1 before the first or
+    before the trace). Mutates ``cat``."""
     if not fw.any():
         return
     stack = lt.stack
@@ -639,8 +639,8 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
         repeated = np.isin(stack[idx], kept_stack[count >= 2])
         # or one line of model code keeping blocks of one size from several passes, reached from different call
         # paths (a pipeline schedule's warm-up and steady loops append every micro-batch's output to one list):
-        # the key of pipeline-output-cache's signature, a site and a requested size
-        key = _row_ids(site, lt.requested)
+        # the key of pipeline-output-cache's signature, a site (:mod:`.sites`) and a requested size
+        key = _row_ids(site_index(trace).sites_of(stack), lt.requested)
         pairs = distinct_columns(np.stack([key[k_idx], bpass[k_idx]]))
         kept_key, count = np.unique(pairs[0], return_counts=True)
         repeated |= np.isin(key[idx], kept_key[count >= 2])
