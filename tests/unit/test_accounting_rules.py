@@ -437,10 +437,12 @@ def accounted(phases: str, blocks: list[dict], passes: list[int], opt_starts: li
 
     sid = col("stack", lambda s: ids[s] if s is not None else -1).astype(np.int32)
     b = col("b")
+    d, fc = col("d"), col("fc")
     lt = Lifetimes(addr=np.arange(rows, dtype=np.int64) * 4096, requested=col("req"), size=col("req"),
-                   stream=np.zeros(rows, np.int64), stack=sid, alloc=b, free_requested=col("d"),
-                   free_completed=col("fc"), start_state=np.where(b < 0, ALLOCATED_AT_START, IN_TRACE).astype(np.int8),
-                   size_exact=np.ones(rows, bool), unmatched_frees=0, ghost_blocks=0,
+                   stream=np.zeros(rows, np.int64), stack=sid, alloc=b, free_requested=d,
+                   free_completed=fc, start_state=np.where(b < 0, ALLOCATED_AT_START, IN_TRACE).astype(np.int8),
+                   size_exact=np.ones(rows, bool), unmatched_frees=0, ghost_blocks=0, truncated=False,
+                   deferred=(d >= 0) & ((fc < 0) | (fc > d + 1)),  # no row pending at the start
                    free_stack=col("free_stack", lambda s: ids[s] if s is not None else -1).astype(np.int32))
     n = len(phases)
     ph = Phases(phase=np.array([PHASE[c] for c in phases], np.int8), pass_starts=np.array(passes, np.int64),

@@ -265,6 +265,8 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     bp = np.where(pre & said, own, -1).astype(np.int64)  # born before the trace: what its stack says, if anything
     dp = np.full(rows, -1, dtype=np.int64)
     b_end = np.full(rows, -1, dtype=np.int64)
+    b_run = np.full(rows, -1, dtype=np.int64)  # the first event of the run each block was born in (-1: before)
+    end_run = -1  # the first event of the run the trace ends in
     gap = np.zeros(rows, dtype=bool)
     if n:
         at = np.clip(b, 0, n - 1)
@@ -273,18 +275,22 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         if free_stacks and lt.free_stack is not None:  # where a dropped allocation was freed, from its own stack
             fs = ri.roles_of(lt.free_stack, ph.python_stacks)
             dp = np.where(pre & (lt.free_stack >= 0) & (fs != OTHER_PHASE), fs, dp)
-        # the end of the run each block was born in; born before the trace inside the backward the trace begins
-        # in, that run's end (freed inside it, it did not outlive it)
-        run_end = _runs(ph.phase)[1]
+        # the start and end of the run each block was born in; born before the trace inside the backward the trace
+        # begins in, that run's end (freed inside it, it did not outlive it)
+        run_start, run_end = _runs(ph.phase)
         b_end = np.where(b >= 0, run_end[at], run_end[0] if ph.phase[0] == BACKWARD_PHASE else -1)
+        b_run, end_run = np.where(b >= 0, run_start[at], -1), int(run_start[-1])
         if ph.after_backward is not None:
             gap = ~pre & ph.after_backward[at]
     starts = ph.pass_starts
     first_pass = int(starts[0]) if starts.size else n
     last_pass = int(starts[-1]) if starts.size else n
     bounds = np.append(starts, [n, n])
-    # the first pass beginning after each block was born, and the one after that
-    nxt = np.where(pre, first_pass, bounds[np.searchsorted(starts, np.maximum(b, 0), side="right")])
+    # the pass each block was born in (-1: before the first, or before the trace), the first pass beginning after
+    # it, and the one after that
+    after = np.searchsorted(starts, np.maximum(b, 0), side="right")
+    bpass = np.where(pre, -1, after - 1)
+    nxt = np.where(pre, first_pass, bounds[after])
     nxt2 = bounds[np.searchsorted(starts, nxt, side="right")]
     cat = np.full(rows, UNKNOWN, dtype=np.int8)
     todo = np.ones(rows, dtype=bool)
@@ -406,12 +412,10 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
         # the trace ends inside a backward (an OOM): whether a block outlives it is unknown; the same
         # allocation in the previous backward says, else most of that stack's, else a temporary (a
         # gradient only where FSDP's post-backward made it)
-        run_no = ph.run_number(BACKWARD_PHASE)
-        group = np.where(b >= 0, run_no[np.clip(b, 0, n - 1)], -1)
-        op = bw & persistent & (group == run_no[-1]) & todo
+        op = bw & persistent & (b_run == end_run) & todo
         reduce = _stacks_with(trace, lt.stack, ("post_backward", "_post_backward_hook", "foreach_reduce"))
         finished = np.where(outlives & ~comm, GRADIENTS, np.where(comm, COMMUNICATION, TEMPORARIES)).astype(np.int8)
-        fate = _fate_of_open(np.where(todo, finished, cat), bw & ~op & todo, op, b, group, lt.stack, TEMPORARIES)[0]
+        fate = _fate_of_open(np.where(todo, finished, cat), bw & ~op & todo, op, b, b_run, lt.stack, TEMPORARIES)[0]
         fate = np.where(reduce[op] & (fate == TEMPORARIES), GRADIENTS, fate)
         cat[op] = fate
         todo &= ~op
@@ -427,7 +431,7 @@ def account(trace: Trace, dt: DeviceTrace, lt: Lifetimes, ph: Phases, free_stack
     # forward, evaluation, generation and other code run by a pass
     fw = np.isin(bp, PASS_PHASES + (OTHER_PHASE,)) & todo
     _forward(cat, fw, b, d, dp, nxt, model, model_code, persistent, comm, lt, ph, n, pre, first_pass,
-             site_index(trace).sites_of(lt.stack))
+             trace, bpass)
     todo &= ~fw
 
     # born before the trace where no stack says how: only the lifetime speaks; what lives through a whole
@@ -577,14 +581,13 @@ def _name_copies(trace: Trace, lt: Lifetimes, rows: np.ndarray, maker: np.ndarra
 
 def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: np.ndarray, nxt: np.ndarray,
              model: np.ndarray, model_code: np.ndarray, persistent: np.ndarray, comm: np.ndarray, lt: Lifetimes,
-             ph: Phases, n: int, pre: np.ndarray, first_pass: int, site: np.ndarray) -> None:
+             ph: Phases, n: int, pre: np.ndarray, first_pass: int, trace: Trace, bpass: np.ndarray) -> None:
     """Categories of the rows ``fw`` (born in a pass, or before the trace by pass code; ``nxt``: the first
-    pass beginning after each row was born; ``site``: each row's allocation site, :mod:`.sites`). Mutates
-    ``cat``."""
+    pass beginning after each row was born; ``bpass``: the pass each row was born in, -1 before the first or
+    before the trace). Mutates ``cat``."""
     if not fw.any():
         return
     stack = lt.stack
-    bpass = np.where(pre, -1, ph.pass_of(np.maximum(b, 0)))
     alive_next = (nxt < n) & (persistent | (d > nxt))
     freed_bw = ~persistent & (dp == BACKWARD_PHASE)
     # a backward frees it: saved for that backward (in flight while later micro-batches ran forward)
@@ -636,8 +639,8 @@ def _forward(cat: np.ndarray, fw: np.ndarray, b: np.ndarray, d: np.ndarray, dp: 
         repeated = np.isin(stack[idx], kept_stack[count >= 2])
         # or one line of model code keeping blocks of one size from several passes, reached from different call
         # paths (a pipeline schedule's warm-up and steady loops append every micro-batch's output to one list):
-        # the key of pipeline-output-cache's signature, a site and a requested size
-        key = _row_ids(site, lt.requested)
+        # the key of pipeline-output-cache's signature, a site (:mod:`.sites`) and a requested size
+        key = _row_ids(site_index(trace).sites_of(stack), lt.requested)
         pairs = distinct_columns(np.stack([key[k_idx], bpass[k_idx]]))
         kept_key, count = np.unique(pairs[0], return_counts=True)
         repeated |= np.isin(key[idx], kept_key[count >= 2])
@@ -976,12 +979,12 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
             got[label] = got.get(label, 0) + int(q)
         return dict(sorted(got.items(), key=lambda kv: (-kv[1], kv[0])))
 
-    out = Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes),
-                    {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}, ph.source_name(k),
-                    {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]},
-                    by_maker(WEIGHT_COPY), by_maker(BUFFERS))
-    assert sum(out.unknown_why.values()) == categories["unknown"]
-    assert sum(out.weight_copy_by.values()) == categories["weight_copy"]
-    assert sum(out.buffers_by.values()) == categories["buffers"]
-    out.check()
-    return out
+    counts = {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}
+    unknown_why = {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]}
+    weight_copy_by, buffers_by = by_maker(WEIGHT_COPY), by_maker(BUFFERS)
+    assert sum(unknown_why.values()) == categories["unknown"]
+    assert sum(weight_copy_by.values()) == categories["weight_copy"]
+    assert sum(buffers_by.values()) == categories["buffers"]
+    assert sum(categories.values()) == allocated_bytes, (categories, allocated_bytes)  # the identity Breakdown.check asserts
+    return Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes), counts,
+                     ph.source_name(k), unknown_why, weight_copy_by, buffers_by)

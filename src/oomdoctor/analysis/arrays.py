@@ -53,3 +53,12 @@ def stable_argsort(a: np.ndarray) -> np.ndarray:
     key |= np.arange(n, dtype=np.uint64)
     key.sort()
     return (key & np.uint64((1 << bits) - 1)).astype(np.int64)
+
+
+def last_in_group(mask: np.ndarray, group_start: np.ndarray) -> np.ndarray:
+    """For each position p of a sorted array cut into groups of consecutive positions (``group_start[p]``: the first
+    position of p's group), the last position q <= p of its group where ``mask[q]``, else -1."""
+    n: int = mask.shape[0]
+    pos = np.arange(n)
+    last = np.maximum.accumulate(np.where(mask, pos, -1)) if mask.size else pos
+    return np.where(last >= group_start, last, -1)

@@ -186,6 +186,10 @@ def anatomy(dt: DeviceTrace, lt: Lifetimes, k: int) -> Anatomy:
     """Where the reserved bytes are after event ``k`` (``k = num_events - 1``: the final state;
     ``-1``: the trace's start). Pure; cost O(blocks + segments)."""
     segs = live_segments(dt, k)
+    starts = np.array([s.address for s in segs], dtype=np.int64)
+    ends = np.array([s.address + s.size for s in segs], dtype=np.int64)
+    nseg = len(segs)
+
     alive = lt.alive_mask(k)
     allocated = lt.allocated_mask(k)
     order = np.flatnonzero(alive)
@@ -195,9 +199,6 @@ def anatomy(dt: DeviceTrace, lt: Lifetimes, k: int) -> Anatomy:
     b_req = np.where(b_alloc, lt.requested[order], 0)
     b_waste = np.where(b_alloc, b_size - lt.requested[order], 0)
     b_pend = np.where(b_alloc, 0, b_size)
-
-    starts = np.array([s.address for s in segs], dtype=np.int64)
-    ends = np.array([s.address + s.size for s in segs], dtype=np.int64)
     si = np.searchsorted(starts, b_addr, side="right") - 1 if segs else np.full(b_addr.shape, -1)
     inside = (si >= 0) & (b_addr + b_size <= np.where(si >= 0, ends[np.maximum(si, 0)], 0)) if segs else si >= 0
     result = Anatomy(pool_id=DEFAULT_POOL, segment_type="all", stream=-1, is_expandable=False, event_index=k)
@@ -205,13 +206,30 @@ def anatomy(dt: DeviceTrace, lt: Lifetimes, k: int) -> Anatomy:
     si, b_addr, b_size = si[inside], b_addr[inside], b_size[inside]
     b_req, b_waste, b_pend = b_req[inside], b_waste[inside], b_pend[inside]
 
-    nseg = len(segs)
     occ = np.bincount(si, weights=b_size, minlength=nseg).astype(np.int64) if nseg else np.zeros(0, np.int64)
     cnt = np.bincount(si, minlength=nseg) if nseg else np.zeros(0, np.int64)
     req = np.bincount(si, weights=b_req, minlength=nseg).astype(np.int64) if nseg else occ
     waste = np.bincount(si, weights=b_waste, minlength=nseg).astype(np.int64) if nseg else occ
     pend = np.bincount(si, weights=b_pend, minlength=nseg).astype(np.int64) if nseg else occ
-    largest = _largest_gaps(starts, ends, si, b_addr, b_size)
+    # the largest free gap of each segment (blocks sorted by address): before its first block, between two, after
+    # its last; a segment without blocks is one free block
+    largest = (ends - starts).astype(np.int64)
+    if b_addr.size:
+        b_end = b_addr + b_size
+        first = np.ones(b_addr.shape[0], dtype=bool)
+        first[1:] = si[1:] != si[:-1]
+        prev_end = np.empty_like(b_end)
+        prev_end[1:] = b_end[:-1]
+        prev_end[first] = starts[si[first]]
+        last = np.ones(b_addr.shape[0], dtype=bool)
+        last[:-1] = si[1:] != si[:-1]
+        tail = np.zeros(nseg, dtype=np.int64)
+        tail[si[last]] = ends[si[last]] - b_end[last]
+        head_max = np.zeros(nseg, dtype=np.int64)
+        np.maximum.at(head_max, si, b_addr - prev_end)
+        has = np.zeros(nseg, dtype=bool)
+        has[si] = True
+        largest = np.where(has, np.maximum(head_max, tail), largest)
 
     groups: dict[tuple[tuple[int, int], str, int, bool], PoolAnatomy] = {}
     for i, s in enumerate(segs):
@@ -236,31 +254,6 @@ def anatomy(dt: DeviceTrace, lt: Lifetimes, k: int) -> Anatomy:
         setattr(result, f, sum(getattr(g, f) for g in result.pools))
     result.largest_free_block_bytes = max((g.largest_free_block_bytes for g in result.pools), default=0)
     return result
-
-
-def _largest_gaps(starts: np.ndarray, ends: np.ndarray, si: np.ndarray, b_addr: np.ndarray,
-                  b_size: np.ndarray) -> np.ndarray:
-    """Largest free gap per segment, given blocks sorted by address with their segment index."""
-    nseg = starts.shape[0]
-    largest = (ends - starts).astype(np.int64)  # a segment without blocks is one free block
-    if b_addr.size == 0:
-        return largest
-    b_end = b_addr + b_size
-    first = np.ones(b_addr.shape[0], dtype=bool)
-    first[1:] = si[1:] != si[:-1]
-    prev_end = np.empty_like(b_end)
-    prev_end[1:] = b_end[:-1]
-    prev_end[first] = starts[si[first]]
-    gaps = b_addr - prev_end
-    last = np.ones(b_addr.shape[0], dtype=bool)
-    last[:-1] = si[1:] != si[:-1]
-    tail = np.zeros(nseg, dtype=np.int64)
-    tail[si[last]] = ends[si[last]] - b_end[last]
-    head_max = np.zeros(nseg, dtype=np.int64)
-    np.maximum.at(head_max, si, gaps)
-    has = np.zeros(nseg, dtype=bool)
-    has[si] = True
-    return np.where(has, np.maximum(head_max, tail), largest)
 
 
 def request_pool(rounded_size: int) -> str:

@@ -33,7 +33,7 @@ A miss is *material*, and said as one, from :data:`MISS_SAID_BYTES` (the materia
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -75,42 +75,33 @@ class JobPeak:
     #: how much the trace may undercount its own peak allocated (:func:`allocated_undercount_bound`)
     allocated_tolerance_bytes: int = 0
 
-    @property
-    def allocated_missed(self) -> bool:
-        """The job's peak allocated is above the window's by more than the trace can undercount: the window missed
-        it."""
-        return (self.job_peak_allocated_bytes is not None
-                and self.job_peak_allocated_bytes - self.window_peak_allocated_bytes > self.allocated_tolerance_bytes)
+    allocated_missed: bool = field(init=False)
+    """The job's peak allocated is above the window's by more than the trace can undercount: the window missed it."""
+    reserved_missed: bool = field(init=False)
+    """The job's peak reserved is above the window's: the window missed it."""
+    missed: bool = field(init=False)
+    """Either."""
+    allocated_missed_material: bool = field(init=False)
+    """The window missed the job's peak allocated by a gap worth saying (:data:`MISS_SAID_BYTES`)."""
+    reserved_missed_material: bool = field(init=False)
+    """The same for the peak reserved."""
+    peak_reserved_bytes: int = field(init=False)
+    """The peak reserved to judge the job by: the job's when known, else the window's."""
+    peak_allocated_bytes: int = field(init=False)
+    """The peak allocated to judge the job by: the job's when known, else the window's."""
 
-    @property
-    def reserved_missed(self) -> bool:
-        """The job's peak reserved is above the window's: the window missed it."""
-        return (self.job_peak_reserved_bytes is not None
-                and self.job_peak_reserved_bytes - self.window_peak_reserved_bytes > RESERVED_MISS_TOLERANCE_BYTES)
-
-    @property
-    def missed(self) -> bool:
-        return self.allocated_missed or self.reserved_missed
-
-    @property
-    def allocated_missed_material(self) -> bool:
-        """The window missed the job's peak allocated by a gap worth saying (:data:`MISS_SAID_BYTES`)."""
-        return self.allocated_missed and _material(self.job_peak_allocated_bytes, self.window_peak_allocated_bytes)
-
-    @property
-    def reserved_missed_material(self) -> bool:
-        """The same for the peak reserved."""
-        return self.reserved_missed and _material(self.job_peak_reserved_bytes, self.window_peak_reserved_bytes)
-
-    @property
-    def peak_reserved_bytes(self) -> int:
-        """The peak reserved to judge the job by: the job's when known, else the window's."""
-        return max(self.job_peak_reserved_bytes or 0, self.window_peak_reserved_bytes)
-
-    @property
-    def peak_allocated_bytes(self) -> int:
-        """The peak allocated to judge the job by: the job's when known, else the window's."""
-        return max(self.job_peak_allocated_bytes or 0, self.window_peak_allocated_bytes)
+    def __post_init__(self) -> None:
+        """The judgements above, made once from the peaks (set through ``object.__setattr__``: the class is frozen)."""
+        ja, wa = self.job_peak_allocated_bytes, self.window_peak_allocated_bytes
+        jr, wr = self.job_peak_reserved_bytes, self.window_peak_reserved_bytes
+        allocated = ja is not None and ja - wa > self.allocated_tolerance_bytes
+        reserved = jr is not None and jr - wr > RESERVED_MISS_TOLERANCE_BYTES
+        judged = {"allocated_missed": allocated, "reserved_missed": reserved, "missed": allocated or reserved,
+                  "allocated_missed_material": allocated and _material(ja, wa),
+                  "reserved_missed_material": reserved and _material(jr, wr),
+                  "peak_reserved_bytes": max(jr or 0, wr), "peak_allocated_bytes": max(ja or 0, wa)}
+        for name, value in judged.items():
+            object.__setattr__(self, name, value)
 
 
 def _material(job: int | None, window: int) -> bool:

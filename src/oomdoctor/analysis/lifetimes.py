@@ -24,7 +24,7 @@ from functools import cached_property
 import numpy as np
 
 from ..trace.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Block, DeviceTrace, Trace
-from .arrays import stable_argsort
+from .arrays import last_in_group, stable_argsort
 from .rounding import divisions_table, round_size
 
 IN_TRACE = 0
@@ -55,16 +55,16 @@ class Lifetimes:
     size_exact: np.ndarray
     unmatched_frees: int
     ghost_blocks: int
+    truncated: bool
+    """True when the trace shows blocks that existed before it started (late start or ring-buffer overflow):
+    ``unmatched_frees`` or ``ghost_blocks``."""
+    deferred: np.ndarray
+    """Per row: its completion was deferred: ``free_completed`` is not right after ``free_requested`` (or the block
+    was still pending at the end, or at the start)."""
     free_stack: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.addr.shape[0])
-
-    @property
-    def truncated(self) -> bool:
-        """True when the trace shows blocks that existed before it started (late start or ring-buffer
-        overflow)."""
-        return self.unmatched_frees > 0 or self.ghost_blocks > 0
 
     @cached_property
     def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,20 +93,6 @@ class Lifetimes:
         born, _, allocated_until = self._spans
         return (born <= k) & (allocated_until > k)
 
-    @property
-    def deferred(self) -> np.ndarray:
-        """Blocks whose completion was deferred: ``free_completed`` is not right after
-        ``free_requested`` (or the block was still pending at the end, or at the start)."""
-        fr, fc = self.free_requested, self.free_completed
-        return ((fr >= 0) & ((fc < 0) | (fc > fr + 1))) | (self.start_state == PENDING_AT_START)
-
-
-def _prev_in_group(mask: np.ndarray, group_start: np.ndarray) -> np.ndarray:
-    """For each sorted position p, the last position q <= p with ``mask[q]`` in p's group, else -1."""
-    n: int = mask.shape[0]
-    pos = np.arange(n)
-    last = np.maximum.accumulate(np.where(mask, pos, -1)) if mask.size else pos
-    return np.where(last >= group_start, last, -1)
 
 
 def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
@@ -124,9 +110,9 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     group_start: np.ndarray = np.maximum.accumulate(np.where(new_group, pos, 0)) if m else pos
 
     is_a, is_fr, is_fc = sact == ALLOC, sact == FREE_REQUESTED, sact == FREE_COMPLETED
-    last_a = _prev_in_group(is_a, group_start)
-    last_fr = _prev_in_group(is_fr, group_start)
-    last_fc = _prev_in_group(is_fc, group_start)
+    last_a = last_in_group(is_a, group_start)
+    last_fr = last_in_group(is_fr, group_start)
+    last_fc = last_in_group(is_fc, group_start)
     prev_fr = np.concatenate(([-1], last_fr[:-1])) if m else last_fr
     prev_fr = np.where(prev_fr >= group_start, prev_fr, -1)
     prev_fc = np.concatenate(([-1], last_fc[:-1])) if m else last_fc
@@ -149,8 +135,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     fc_of[fc_fr[fc_fr_ok]] = fc_pos[fc_fr_ok]
     fc_of[fc_a[fc_a_ok]] = fc_pos[fc_a_ok]
 
-    def idx(p: np.ndarray) -> np.ndarray:
-        return np.where(p >= 0, order[np.maximum(p, 0)] if m else p, -1)
+    event_of = np.append(order, -1)  # sorted position -> event index; position -1 (none) -> -1
 
     # rows 1: allocs in the trace
     a_pos = np.flatnonzero(is_a)
@@ -163,18 +148,19 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     u_fc = fc_pos[~fc_fr_ok & ~fc_a_ok & (fc_a < 0) & (fc_fr < 0)]
 
     ev_size, ev_stream, ev_stack = dt.events["size"], dt.events["stream"], dt.events["stack"]
-    # row groups: (addr, requested, stream, stack, alloc, free_requested, free_completed, start_state)
-    groups: list[tuple[np.ndarray, ...]] = []
+    # row groups, one table each: a column per row, a row per field (addr, requested, stream, stack, alloc,
+    # free_requested, free_completed, start_state, free_stack)
+    groups: list[np.ndarray] = []
 
     ai = order[a_pos]  # rows 1
-    groups.append((addr[ai], ev_size[ai], ev_stream[ai], ev_stack[ai], ai, idx(a_fr), idx(a_fc),
-                   np.full(ai.size, IN_TRACE), np.full(ai.size, -1)))
+    groups.append(np.array((addr[ai], ev_size[ai], ev_stream[ai], ev_stack[ai], ai, event_of[a_fr], event_of[a_fc],
+                            np.full(ai.size, IN_TRACE), np.full(ai.size, -1)), dtype=np.int64))
     ui = order[u_fr]  # rows 2
-    groups.append((addr[ui], ev_size[ui], ev_stream[ui], np.full(ui.size, -1), np.full(ui.size, -1), ui, idx(u_fr_fc),
-                   np.full(ui.size, ALLOCATED_AT_START), ev_stack[ui]))
+    groups.append(np.array((addr[ui], ev_size[ui], ev_stream[ui], np.full(ui.size, -1), np.full(ui.size, -1), ui,
+                            event_of[u_fr_fc], np.full(ui.size, ALLOCATED_AT_START), ev_stack[ui]), dtype=np.int64))
     ci = order[u_fc]  # rows 3
-    groups.append((addr[ci], ev_size[ci], ev_stream[ci], np.full(ci.size, -1), np.full(ci.size, -1), np.full(ci.size, -1),
-                   ci, np.full(ci.size, PENDING_AT_START), ev_stack[ci]))
+    groups.append(np.array((addr[ci], ev_size[ci], ev_stream[ci], np.full(ci.size, -1), np.full(ci.size, -1),
+                            np.full(ci.size, -1), ci, np.full(ci.size, PENDING_AT_START), ev_stack[ci]), dtype=np.int64))
 
     # rows 4: ghosts: active final blocks whose address never appears in the trace
     seen = set(sa[new_group].tolist())  # the distinct addresses: sa is sorted
@@ -187,15 +173,10 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
                 ghosts.append((blk.address, blk.requested_size, seg.stream, blk.stack, -1, -1, -1,
                                ALLOCATED_AT_START if blk.is_allocated else PENDING_AT_START, -1))
     if ghosts:
-        groups.append(tuple(np.array(col, dtype=np.int64) for col in zip(*ghosts)))
+        groups.append(np.array(ghosts, dtype=np.int64).T)
 
-    def column(i: int, dtype: type[np.generic]) -> np.ndarray:
-        return np.concatenate([np.asarray(g[i], dtype=dtype) for g in groups])
-
-    row_addr, req = column(0, np.int64), column(1, np.int64)
-    stack = column(3, np.int32)
-    alloc, fr, fc = column(4, np.int64), column(5, np.int64), column(6, np.int64)
-    state = column(7, np.int8)
+    row_addr, req, stream, stack, alloc, fr, fc, state, free_stack = np.concatenate(groups, axis=1)
+    stack, state, free_stack = stack.astype(np.int32), state.astype(np.int8), free_stack.astype(np.int32)
     size = round_size(req, divisions_table(trace.allocator_settings))
     exact = np.zeros(row_addr.shape[0], dtype=bool)
     # blocks still active at the end: their exact size (and frames) are in the final segments
@@ -207,10 +188,12 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
             exact[r] = True
             if stack[r] < 0:
                 stack[r] = blk.stack
-    return Lifetimes(addr=row_addr, requested=req, size=size, stream=column(2, np.int64), stack=stack,
+    return Lifetimes(addr=row_addr, requested=req, size=size, stream=stream, stack=stack,
                      alloc=alloc, free_requested=fr, free_completed=fc, start_state=state, size_exact=exact,
                      unmatched_frees=int(u_fr.size + u_fc.size), ghost_blocks=len(ghosts),
-                     free_stack=column(8, np.int32))
+                     truncated=bool(u_fr.size or u_fc.size or ghosts),
+                     deferred=((fr >= 0) & ((fc < 0) | (fc > fr + 1))) | (state == PENDING_AT_START),
+                     free_stack=free_stack)
 
 
 def adopt_free_stacks(lt: Lifetimes) -> int:

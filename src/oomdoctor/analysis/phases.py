@@ -75,7 +75,6 @@ from ..frameworks import (
 from ..trace.model import ALLOC, OOM, Annotation, DeviceTrace, StackTable, Trace
 from ..trace.stackmatch import unmatched_allocations
 from .arrays import distinct
-from .sites import per_table
 
 # role / phase codes
 SETUP_PHASE = 0
@@ -177,7 +176,8 @@ class RoleIndex:
     """Stack id -> :class:`StackRole`, as arrays (computed once per stack table)."""
 
     def __init__(self, stacks: StackTable) -> None:
-        roles = [classify_frames(stacks.stack_frames(s)) for s in range(len(stacks))]
+        frames = stacks.frames
+        roles = [classify_frames([frames[f] for f in fids]) for fids in stacks.stacks]  # by stack id
         # last slot: stack id -1
         self.role = np.array([r.role for r in roles] + [UNRECORDED], dtype=np.int8)
         thread = np.array([r.thread for r in roles] + [NO_PYTHON], dtype=np.int8)
@@ -217,7 +217,10 @@ def role_index(trace: Trace) -> RoleIndex:
 
 def table_roles(stacks: StackTable) -> RoleIndex:
     """The :class:`RoleIndex` of a stack table (one per table, kept while the table lives)."""
-    return per_table(_ROLES, stacks, RoleIndex)
+    got = _ROLES.get(stacks)
+    if got is None:
+        got = _ROLES[stacks] = RoleIndex(stacks)
+    return got
 
 
 @dataclass

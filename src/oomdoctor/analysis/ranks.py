@@ -74,7 +74,7 @@ def sites_held(a: DeviceAnalysis, at: str) -> list[Site]:
     (``at="peak"``) or at its last event (``"end"``), largest first."""
     k = a.peak_allocated[1] if at == "peak" else a.end_index
     rows = np.flatnonzero(a.lifetimes.allocated_mask(k))
-    return [s for s in group_sites(a.trace, a.lifetimes, rows) if s.bytes >= PROFILE_MIN_SITE_BYTES]
+    return group_sites(a.trace, a.lifetimes, rows, PROFILE_MIN_SITE_BYTES)
 
 
 def site_deltas(profiles: list[RankProfile], rank_index: int, at: str = "peak") -> list[SiteDelta]:

@@ -178,8 +178,8 @@ def sites_at(trace: Trace, lt: Lifetimes, k: int, *, mask: np.ndarray | None = N
     return group_sites(trace, lt, rows)
 
 
-def group_sites(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> list[Site]:
-    """Group block rows by site, largest total first."""
+def group_sites(trace: Trace, lt: Lifetimes, rows: np.ndarray, min_bytes: int = 0) -> list[Site]:
+    """Group block rows by site, largest total first; sites holding less than ``min_bytes`` are left out."""
     if rows.size == 0:
         return []
     idx = site_index(trace)
@@ -190,6 +190,8 @@ def group_sites(trace: Trace, lt: Lifetimes, rows: np.ndarray) -> list[Site]:
     count = np.bincount(inv)
     out: list[Site] = []
     for u in range(uniq.size):
+        if total[u] < min_bytes:
+            continue
         members = np.flatnonzero(inv == u)
         big = members[np.argmax(size[members])]
         out.append(Site(int(uniq[u]), int(total[u]), int(count[u]), int(lt.stack[rows[big]]), int(size[big])))
