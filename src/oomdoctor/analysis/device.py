@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 import numpy as np
 
 from ..trace.model import OOM, DeviceTrace, Trace
 from .accounting import Accounting, Breakdown, account, breakdown
 from .fragmentation import Anatomy, anatomy
-from .lifetimes import Lifetimes, adopt_free_stacks, lifetimes
+from .lifetimes import Lifetimes, adopt_free_stacks, free_stacks, lifetimes
 from .phases import Phases, Steps, find_phases
 from .sites import Site, sites_at
 from .timeline import Timeline, timeline
-
-MIN_PAIRS = 20
-SAME_STACK_FRACTION = 0.98
 
 
 @dataclass
@@ -30,7 +26,7 @@ class DeviceAnalysis:
         trace, device: what was analysed (``device``: one of ``trace.devices``).
         lifetimes, timeline: every block's events (:mod:`.lifetimes`); allocated and reserved bytes after each event
             (:mod:`.timeline`).
-        free_stacks: whether frees carry their own stacks (:func:`free_stacks`).
+        free_stacks: whether frees carry their own stacks (:func:`.lifetimes.free_stacks`).
         phases: the phase of every event, forward passes and optimizer steps (:mod:`.phases`); ``steps`` its steps.
         accounting: the category of every block (:mod:`.accounting`).
         oom_events: event indices of ``oom`` entries, shape ``(n_ooms,)``.
@@ -89,31 +85,10 @@ class DeviceAnalysis:
         return np.cumsum(delta[:n])
 
 
-def free_stacks(trace: Trace, device: DeviceTrace, lt: Lifetimes) -> bool:
-    """Whether frees carry their own stacks (recorded with ``context="all"``).
-
-    Recorded with ``context="alloc"`` (oomdoctor's default since free stacks crash non-reentrant checkpointing) or
-    ``"state"``, a free carries the stack of the allocation it frees, and a segment free the stack of the segment's
-    allocation (``CUDACachingAllocator.cpp``: ``free`` and ``release_block`` pass ``context ? context :
-    block->context_when_allocated``). The sidecar's ``recording.context`` says which; without a sidecar, frees whose
-    stacks equal their allocation's for at least :data:`SAME_STACK_FRACTION` of at least :data:`MIN_PAIRS` blocks mean
-    none were recorded (with free stacks, most frees happen on another line than the allocation).
-    """
-    rec = trace.meta.get("recording")
-    if isinstance(rec, dict) and "context" in rec:
-        return cast("dict[str, Any]", rec).get("context") == "all"  # the sidecar's JSON object
-    both = (lt.alloc >= 0) & (lt.free_requested >= 0)
-    if int(both.sum()) < MIN_PAIRS:
-        return True
-    stack = device.events["stack"]
-    same = stack[lt.alloc[both]] == stack[lt.free_requested[both]]
-    return float(same.mean()) < SAME_STACK_FRACTION
-
-
 def analyze(trace: Trace, device: DeviceTrace | None = None) -> DeviceAnalysis:
     """Analyse one device of ``trace`` (its primary device by default), in order: lifetimes, timeline, whether frees
     carry stacks, phases, accounting. Blocks whose allocation the trace lost (a wrapped ring buffer) take their free
-    event's stack when frees carry their allocation's (:func:`free_stacks` false), before the phases and the
+    event's stack when frees carry their allocation's (:func:`.lifetimes.free_stacks` false), before the phases and the
     accounting read the stacks."""
     dt = device if device is not None else trace.primary
     lt = lifetimes(trace, dt)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,6 +31,10 @@ from .rounding import divisions_table, round_size
 IN_TRACE = 0
 ALLOCATED_AT_START = 1
 PENDING_AT_START = 2
+#: Without a sidecar, frees are taken to carry no stacks of their own when at least SAME_STACK_FRACTION of at least
+#: MIN_PAIRS blocks were freed with their allocation's stack (:func:`free_stacks`; docs/diagnose.md).
+MIN_PAIRS = 20
+SAME_STACK_FRACTION = 0.98
 
 
 @dataclass
@@ -194,6 +199,27 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
                      truncated=bool(u_fr.size or u_fc.size or ghosts),
                      deferred=((fr >= 0) & ((fc < 0) | (fc > fr + 1))) | (state == PENDING_AT_START),
                      free_stack=free_stack)
+
+
+def free_stacks(trace: Trace, device: DeviceTrace, lt: Lifetimes) -> bool:
+    """Whether frees carry their own stacks (recorded with ``context="all"``).
+
+    Recorded with ``context="alloc"`` (oomdoctor's default since free stacks crash non-reentrant checkpointing) or
+    ``"state"``, a free carries the stack of the allocation it frees, and a segment free the stack of the segment's
+    allocation (``CUDACachingAllocator.cpp``: ``free`` and ``release_block`` pass ``context ? context :
+    block->context_when_allocated``). The sidecar's ``recording.context`` says which; without a sidecar, frees whose
+    stacks equal their allocation's for at least :data:`SAME_STACK_FRACTION` of at least :data:`MIN_PAIRS` blocks mean
+    none were recorded (with free stacks, most frees happen on another line than the allocation).
+    """
+    rec = trace.meta.get("recording")
+    if isinstance(rec, dict) and "context" in rec:
+        return cast("dict[str, Any]", rec).get("context") == "all"  # the sidecar's JSON object
+    both = (lt.alloc >= 0) & (lt.free_requested >= 0)
+    if int(both.sum()) < MIN_PAIRS:
+        return True
+    stack = device.events["stack"]
+    same = stack[lt.alloc[both]] == stack[lt.free_requested[both]]
+    return float(same.mean()) < SAME_STACK_FRACTION
 
 
 def adopt_free_stacks(lt: Lifetimes) -> int:
