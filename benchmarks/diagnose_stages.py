@@ -53,7 +53,7 @@ def main() -> None:
     del obj
     mark("drop the entries")
     gc.enable()
-    load._drop_malformed(trace)
+    load._drop_malformed(trace.meta)
     trace.meta["rank"] = 0
     load.match_stackless_steps(trace)
     mark("after load")

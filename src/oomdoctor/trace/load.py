@@ -202,21 +202,28 @@ def keep_decoded() -> None:
 def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
                   sidecar_file: str | None = None, drained: Drained | None = None, replay_only: bool = False) -> Trace:
     """A :class:`Trace` from a snapshot already in memory (``torch.cuda.memory._snapshot()``'s dict,
-    or a decoded file), with sidecar metadata ``meta`` merged in. ``path`` names it in messages.
-    ``replay_only``: as :func:`~.build.build_trace`.
+    or a decoded file), with sidecar metadata ``meta`` merged in: its fields of the wrong shape are dropped first
+    (:func:`_drop_malformed`, named in a warning), and a rank it does not give is taken from ``path``'s name.
+    ``path`` names the snapshot in messages. ``replay_only``: as :func:`~.build.build_trace`.
 
     Raises:
         SnapshotError: as :func:`load`.
     """
+    side = dict(meta or {})
+    dropped = _drop_malformed(side)
+    rank = side.get("rank")
+    if rank is None:
+        rank = rank_from_name(path)
     with gc_paused():
         trace = build_trace(path, obj, drained, replay_only=replay_only)
     if meta:
-        trace.meta.update(meta)
+        trace.meta.update(side)
         if sidecar_file:
             trace.meta["sidecar"] = sidecar_file
-    _drop_malformed(trace)
+    if dropped:
+        trace.warnings.append(f"sidecar fields of the wrong shape were ignored: {', '.join(dropped)}")
     if trace.meta.get("rank") is None:
-        trace.meta["rank"] = rank_from_name(path)
+        trace.meta["rank"] = rank
     match_stackless_steps(trace)  # steps recorded without stacks (--stack-steps K/N): matched, said in meta
     if not trace.has_history:
         trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
@@ -260,9 +267,9 @@ def _part_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(p, list) and len(p) == 3 and all(_is_int(x) for x in p) for p in v)
 
 
-def _drop_malformed(trace: Trace) -> None:
-    """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
-    itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
+def _drop_malformed(meta: dict[str, Any]) -> list[str]:
+    """Sidecar fields the analyses read, of the wrong shape, are dropped from ``meta`` (the sidecar's metadata),
+    and their names returned, for a warning (the snapshot itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
     ``device`` and non-negative integers or nulls, :func:`oomdoctor.capture.metadata.device_counters`), ``tensors`` (records of an integer
     ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`), ``modules`` (records of an
     integer ``time_us`` and ``roots`` whose ``parameters`` / ``gradients`` / ``untouched`` / ``frozen`` / ``buffers``
@@ -270,8 +277,7 @@ def _drop_malformed(trace: Trace) -> None:
     ``phase_markers`` / ``step_markers`` (objects with an integer ``time_us``, phases a string ``phase``),
     ``memory_fraction`` (a number in [0, 1]), and the fields of :data:`_INT_FIELDS` (non-negative
     integers), :data:`_DICT_FIELDS` (objects) and :data:`_STR_FIELDS` (strings). A wrong ``rank`` falls back
-    to the one in the file name."""
-    meta = trace.meta
+    to the one in the file name (:func:`from_snapshot`)."""
     bad = []
     stats = meta.get("memory_stats")
     if stats is not None and not (isinstance(stats, dict) and all(
@@ -314,8 +320,7 @@ def _drop_malformed(trace: Trace) -> None:
     bad += [k for k in _STR_FIELDS if meta.get(k) is not None and not isinstance(meta[k], str)]
     for k in bad:
         del meta[k]
-    if bad:
-        trace.warnings.append(f"sidecar fields of the wrong shape were ignored: {', '.join(bad)}")
+    return bad
 
 
 @dataclass(frozen=True)
