@@ -100,25 +100,26 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_o
         seg, dev = _segment(path, i, s, tables)
         segments_by_dev.setdefault(dev, []).append(seg)
 
-    devices: dict[int, DeviceTrace] = {}
+    events_by_dev: dict[int, dict[str, np.ndarray]] = {}  # every device with events or segments (else device 0)
     for dev, entries in enumerate(traces):
         chunks = drained.chunks.get(id(entries), [])
         if entries or chunks or dev in segments_by_dev:
             offset = sum(len(c["action"]) for c in chunks)
             last = _events(path, dev, entries, tables, warnings, offset=offset, refs=bool(drained.chunks),
                            replay_only=replay_only and not drained.chunks)
-            events = last if not chunks else {k: np.concatenate([c[k] for c in chunks] + [last[k]]) for k in last}
-            devices[dev] = DeviceTrace(dev, events, sorted(segments_by_dev.get(dev, []), key=lambda s: s.address))
-    for dev, dsegs in segments_by_dev.items():
-        if dev not in devices:
-            devices[dev] = DeviceTrace(dev, _empty_events(), sorted(dsegs, key=lambda s: s.address))
-    if not devices:
-        devices[0] = DeviceTrace(0, _empty_events(), [])
+            events_by_dev[dev] = (last if not chunks
+                                  else {k: np.concatenate([c[k] for c in chunks] + [last[k]]) for k in last})
+    for dev in segments_by_dev:
+        if dev not in events_by_dev:
+            events_by_dev[dev] = _empty_events()
+    if not events_by_dev:
+        events_by_dev[0] = _empty_events()
 
+    annotations: dict[int, list[Annotation]] = {dev: [] for dev in events_by_dev}
     if not replay_only:
-        _annotations(raw.get("external_annotations"), devices, warnings)
+        _annotations(raw.get("external_annotations"), annotations, warnings)
 
-    has_history = any(d.num_events > 0 for d in devices.values())
+    has_history = any(events["action"].size > 0 for events in events_by_dev.values())
     given = raw.get("allocator_settings")
     settings: dict[Any, Any] = given if isinstance(given, dict) else {}
     if legacy_list:
@@ -134,13 +135,17 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_o
     meta["snapshot_keys"] = sorted(map(str, raw))
     if replay_only:
         meta["columns"] = "replay"
+    devices = {dev: DeviceTrace(dev, events, sorted(segments_by_dev.get(dev, []), key=lambda s: s.address),
+                                annotations[dev])
+               for dev, events in events_by_dev.items()}
     return Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
                  allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
 
 
-def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str]) -> None:
+def _annotations(raw: Any, devices: dict[int, list[Annotation]], warnings: list[str]) -> None:
     """Append ``external_annotations`` (``record_function`` scopes: ``{"device", "stage", "name",
-    "time_us"}``, ``torch/csrc/cuda/memory_snapshot.cpp``) to their devices. Annotations hold no bytes: one
+    "time_us"}``, ``torch/csrc/cuda/memory_snapshot.cpp``) to their devices' lists (``devices``: device index ->
+    its annotations). Annotations hold no bytes: one
     whose ``device`` is not an integer naming a device of the snapshot, whose ``stage`` is not ``START`` or
     ``END``, whose ``name`` is not text, or whose ``time_us`` is not a signed 64-bit integer is skipped and
     counted in a warning, as malformed frames are."""
@@ -162,14 +167,14 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
                 or type(t) is not int or not -_I63 <= t < _I63):
             bad += 1
             continue
-        devices[dev].annotations.append(Annotation(name, stage, t))
+        devices[dev].append(Annotation(name, stage, t))
     if bad:
         warnings.append(f"{bad} malformed external annotations were skipped (a device, stage, name or time_us "
                         "of the wrong type or out of range); they hold no bytes")
 
 
 
-def _annotations_alike(raw: list, devices: dict[int, DeviceTrace]) -> bool:
+def _annotations_alike(raw: list, devices: dict[int, list[Annotation]]) -> bool:
     """The usual case of :func:`_annotations`, checked and read in C passes (``map``, ``set``, ``min``/``max``)
     instead of one Python iteration per record: every record a dict with an ``int`` device of the snapshot, a
     ``START``/``END`` stage, a ``str`` name (absent: ``""``) and an ``int`` time in the signed 64-bit range. Appends
@@ -192,10 +197,10 @@ def _annotations_alike(raw: list, devices: dict[int, DeviceTrace]) -> bool:
         return False
     anns = list(map(Annotation, names, stages, times))
     if len(distinct_devs) == 1:
-        devices[devs[0]].annotations.extend(anns)
+        devices[devs[0]].extend(anns)
     else:
         for d, a in zip(devs, anns):
-            devices[d].annotations.append(a)
+            devices[d].append(a)
     return True
 
 class _StackRef:

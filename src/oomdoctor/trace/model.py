@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -173,16 +173,24 @@ class DeviceTrace:
 
     ``events`` maps each name of :data:`EVENT_COLUMNS` to a 1-D array of length ``num_events``,
     ordered as recorded (oldest first). ``segments`` is the final state, sorted by address.
+
+    Set when it is built, from ``events`` and ``segments`` (neither is replaced afterwards):
+    ``num_events``; ``final_reserved_bytes``, the bytes of the final segments; ``blocks``, every block of the
+    final state with its segment, ``(segment, block)`` in the segments' order.
     """
 
     device: int
     events: dict[str, np.ndarray]
     segments: list[Segment]
     annotations: list[Annotation] = field(default_factory=list)
+    num_events: int = field(init=False)
+    final_reserved_bytes: int = field(init=False)
+    blocks: list[tuple[Segment, Block]] = field(init=False, repr=False)
 
-    @property
-    def num_events(self) -> int:
-        return int(self.events["action"].shape[0])
+    def __post_init__(self) -> None:
+        self.num_events = int(self.events["action"].shape[0])
+        self.final_reserved_bytes = sum(s.total_size for s in self.segments)
+        self.blocks = [(seg, blk) for seg in self.segments for blk in seg.blocks]
 
     def __getattr__(self, name: str) -> np.ndarray:
         # Column access as attributes: ``dt.addr``, ``dt.size``, ...
@@ -191,15 +199,6 @@ class DeviceTrace:
             return events[name]
         raise AttributeError(name)
 
-    @property
-    def final_reserved_bytes(self) -> int:
-        return sum(s.total_size for s in self.segments)
-
-    def blocks(self) -> Iterator[tuple[Segment, Block]]:
-        for seg in self.segments:
-            for blk in seg.blocks:
-                yield seg, blk
-
 
 @dataclass
 class Trace:
@@ -207,7 +206,7 @@ class Trace:
 
     Attributes:
         path: the file it was read from.
-        devices: device index -> :class:`DeviceTrace`, for every device with events or segments.
+        devices: device index -> :class:`DeviceTrace`, for every device with events or segments (at least one).
         stacks: interned frames and stacks shared by all devices.
         strings: interned strings (``user_metadata``, ``compile_context``) indexed by those columns.
         pools: interned memory-pool ids indexed by the ``pool`` column.
@@ -215,6 +214,8 @@ class Trace:
         meta: rank, world size, versions, environment, step markers... from the sidecar or file name.
         has_history: False when the snapshot was recorded with ``enabled="state"`` (no trace).
         warnings: what the loader skipped or repaired, one line each.
+        primary: the device with the most events (then the most segments): the rank's own GPU; set when it is
+            built (``devices`` is not changed afterwards).
     """
 
     path: str
@@ -226,6 +227,10 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     has_history: bool = True
     warnings: list[str] = field(default_factory=list)
+    primary: DeviceTrace = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.primary = max(self.devices.values(), key=lambda d: (d.num_events, len(d.segments), -d.device))
 
     @property
     def rank(self) -> int | None:
@@ -267,7 +272,3 @@ class Trace:
         with open(path, "wb") as f:
             np.savez_compressed(f, **columns)
 
-    @property
-    def primary(self) -> DeviceTrace:
-        """The device with the most events (then the most segments): the rank's own GPU."""
-        return max(self.devices.values(), key=lambda d: (d.num_events, len(d.segments), -d.device))
