@@ -33,7 +33,7 @@ def main() -> None:
     obj = reader.decode(path, reader.read_file(path))
     entries = max(obj["device_traces"], key=len)
     n = len(entries)
-    t = build._Tables(build.StackTable(), [], [])
+    t = build._Tables()
     names = best_ms("action names", lambda: list(map(itemgetter("action"), entries)))
     best_ms("action column", lambda: np.fromiter(map(build.ACTION_CODES.__getitem__, names), np.int8, count=n))
     best_ms("addr/size/stream/time", lambda: np.fromiter(chain.from_iterable(

@@ -36,6 +36,7 @@ from .model import (
     Annotation,
     Block,
     DeviceTrace,
+    Frame,
     Segment,
     StackTable,
     Trace,
@@ -222,7 +223,7 @@ class Drained:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.tables = _Tables(StackTable(), [], [])
+        self.tables = _Tables()
         self.warnings: list[str] = []
         self.chunks: dict[int, list[dict[str, np.ndarray]]] = {}
         self.first_keys: list[str] | None = None
@@ -259,12 +260,15 @@ class Drained:
 
 
 class _Tables:
-    """Interning helpers shared while one file is built."""
+    """The interning of one file while it is built: frames and stacks (into ``stacks``), strings, pools. Each
+    distinct value is stored once; its id is its index, in the order of first appearance."""
 
-    def __init__(self, stacks: StackTable, strings: list[str], pools: list[tuple[int, int]]) -> None:
-        self.stacks = stacks
-        self.strings = strings
-        self.pools = pools
+    def __init__(self) -> None:
+        self.stacks = StackTable()
+        self.strings: list[str] = []
+        self.pools: list[tuple[int, int]] = []
+        self._frame_ids: dict[Frame, int] = {}
+        self._stack_ids: dict[tuple[int, ...], int] = {}
         self._string_ids: dict[str, int] = {}
         self._pool_ids: dict[tuple[int, int], int] = {}
         self.bad_frames = 0  # malformed frames or stacks replaced by unknown ones (a warning)
@@ -302,15 +306,25 @@ class _Tables:
             return -1
         ids = []
         for f in frames:
+            frame: Frame
             if isinstance(f, dict):
-                ids.append(self.stacks.intern_frame((str(f.get("filename", "??")), _int(f.get("line", 0)),
-                                                     str(f.get("name", "??")))))
+                frame = (str(f.get("filename", "??")), _int(f.get("line", 0)), str(f.get("name", "??")))
             elif isinstance(f, str):  # forward_frames style: preformatted text
-                ids.append(self.stacks.intern_frame((f, 0, "")))
+                frame = (f, 0, "")
             else:  # a malformed frame holds no bytes: shown as unknown, counted in a warning
                 self.bad_frames += 1
-                ids.append(self.stacks.intern_frame(("??", 0, "??")))
-        return self.stacks.intern_stack(tuple(ids))
+                frame = ("??", 0, "??")
+            fid = self._frame_ids.get(frame)
+            if fid is None:
+                fid = self._frame_ids[frame] = len(self.stacks.frames)
+                self.stacks.frames.append(frame)
+            ids.append(fid)
+        key = tuple(ids)
+        sid = self._stack_ids.get(key)
+        if sid is None:
+            sid = self._stack_ids[key] = len(self.stacks.stacks)
+            self.stacks.stacks.append(key)
+        return sid
 
 
 def _int(v: Any) -> int:

@@ -74,29 +74,15 @@ Frame = tuple[str, int, str]
 """One stack frame: ``(filename, line, name)``; C++ frames have line 0 and often filename ``??``."""
 
 
+@dataclass(eq=False)  # compared, hashed and cached by identity (per-table caches: analysis/sites.py per_table)
 class StackTable:
-    """Interned frames and stacks. A stack is a tuple of frame ids, innermost frame first (the order
-    of ``frames`` in a snapshot). Stack id -1 means "no stack recorded"."""
+    """Interned frames and stacks: each distinct frame and stack stored once, its id its index here, in the order
+    of first appearance (interned while the file is built, :class:`oomdoctor.trace.build._Tables`). A stack is a
+    tuple of frame ids, innermost frame first (the order of ``frames`` in a snapshot). Stack id -1 means "no stack
+    recorded"."""
 
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
-        self.stacks: list[tuple[int, ...]] = []
-        self._frame_ids: dict[Frame, int] = {}
-        self._stack_ids: dict[tuple[int, ...], int] = {}
-
-    def intern_frame(self, frame: Frame) -> int:
-        fid = self._frame_ids.get(frame)
-        if fid is None:
-            fid = self._frame_ids[frame] = len(self.frames)
-            self.frames.append(frame)
-        return fid
-
-    def intern_stack(self, frame_ids: tuple[int, ...]) -> int:
-        sid = self._stack_ids.get(frame_ids)
-        if sid is None:
-            sid = self._stack_ids[frame_ids] = len(self.stacks)
-            self.stacks.append(frame_ids)
-        return sid
+    frames: list[Frame] = field(default_factory=list)
+    stacks: list[tuple[int, ...]] = field(default_factory=list)
 
     def stack_frames(self, stack_id: int) -> list[Frame]:
         """The frames of ``stack_id``, innermost first; ``[]`` for -1."""

@@ -51,11 +51,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise SnapshotError(p, f"is not a saved oomdoctor trace ({str(e)[:100]})") from None
     if doc.get("format_version") != FORMAT_VERSION:
         raise SnapshotError(p, f"saved trace format {doc.get('format_version')!r} is not {FORMAT_VERSION}")
-    stacks = StackTable()
-    for f in doc["frames"]:
-        stacks.intern_frame((f[0], f[1], f[2]))
-    for s in doc["stacks"]:
-        stacks.intern_stack(tuple(s))
+    stacks = StackTable([(f[0], f[1], f[2]) for f in doc["frames"]], [tuple(s) for s in doc["stacks"]])
     devices = {}
     for d in doc["devices"]:
         dev = d["device"]
