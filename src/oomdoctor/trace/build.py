@@ -16,7 +16,7 @@ import sys
 from collections import Counter, deque
 from itertools import chain, count, repeat
 from operator import itemgetter
-from typing import Any, Iterator, KeysView, cast
+from typing import Any, Iterator, KeysView, Sequence, cast
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from .model import (
     Trace,
 )
 from .reader import no_segments
+from .stackmatch import match_stackless_steps
 
 _STATES = {
     "active_allocated": BLOCK_ALLOCATED,
@@ -59,8 +60,12 @@ _I63 = 1 << 63  # addresses and times are signed 64-bit integers, as the event c
 MAX_SIZE_BYTES = 1 << 48
 
 
-def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_only: bool = False) -> Trace:
-    """Build a :class:`Trace` from a decoded snapshot. ``drained``: the columns of trace entries taken
+def build_trace(path: str, obj: Any, drained: Drained | None = None, *, sidecar: dict[str, Any] | None = None,
+                sidecar_warnings: Sequence[str] = (), replay_only: bool = False) -> Trace:
+    """Build a :class:`Trace` from a decoded snapshot, then give the steps recorded without stacks the stacks of
+    a stacked step (:func:`~.stackmatch.match_stackless_steps`). ``sidecar``: the metadata of the snapshot's
+    sidecar, checked (:func:`~.load.sidecar_meta`), merged into ``meta`` after the snapshot's own, its warnings
+    ``sidecar_warnings`` after the build's. ``drained``: the columns of trace entries taken
     out of ``obj``'s lists while it was streamed in (:mod:`.stream`); they come before what the lists
     still hold. ``replay_only``: only what the allocator replay (:mod:`oomdoctor.simulate`) reads, for
     ``oomdoctor simulate`` (issue 38: the stack column was 40% of the build of ``large``): the ``stack``
@@ -136,11 +141,19 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_o
     meta["snapshot_keys"] = sorted(map(str, raw))
     if replay_only:
         meta["columns"] = "replay"
+    if sidecar:
+        meta.update(sidecar)
+    warnings += sidecar_warnings
     devices = {dev: DeviceTrace(dev, events, sorted(segments_by_dev.get(dev, []), key=lambda s: s.address),
                                 annotations[dev])
                for dev, events in events_by_dev.items()}
-    return Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
-                 allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
+    trace = Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
+                  allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
+    match_stackless_steps(trace)  # steps recorded without stacks (--stack-steps K/N): matched, said in meta
+    if not has_history:
+        warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
+                        "only the final state is reported")
+    return trace
 
 
 def _annotations(raw: Any, devices: dict[int, list[Annotation]], warnings: list[str]) -> None:
