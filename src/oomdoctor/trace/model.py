@@ -171,7 +171,7 @@ class DeviceTrace:
     annotations: list[Annotation] = field(default_factory=list)
     num_events: int = field(init=False)
     final_reserved_bytes: int = field(init=False)
-    blocks: list[tuple[Segment, Block]] = field(init=False, repr=False)
+    blocks: list[tuple[Segment, Block]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.num_events = int(self.events["action"].shape[0])
@@ -213,7 +213,7 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     has_history: bool = True
     warnings: list[str] = field(default_factory=list)
-    primary: DeviceTrace = field(init=False, repr=False)
+    primary: DeviceTrace = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.primary = max(self.devices.values(), key=lambda d: (d.num_events, len(d.segments), -d.device))
