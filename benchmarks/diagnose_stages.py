@@ -43,7 +43,7 @@ def main() -> None:
     from oomdoctor.report.detect import detect
     from oomdoctor.report.job import RankResult, RankTask, gather, job_report
     from oomdoctor.trace import build, reader
-    load = importlib.import_module("oomdoctor.trace.load")
+    importlib.import_module("oomdoctor.trace.load")
     mark("import the rest")
     path = sys.argv[1]
     gc.disable()  # as trace/load.py does from the first entry to the last column
@@ -52,14 +52,12 @@ def main() -> None:
     obj = reader.decode(path, data)
     del data
     mark("unpickle")
-    trace = build.build_trace(path, obj)
+    trace = build.build_trace(path, obj)  # and the stackless steps matched, as load does
     mark("build_trace (columns)")
     del obj
     mark("drop the entries")
     gc.enable()
-    load._drop_malformed(trace)
     trace.meta["rank"] = 0
-    load.match_stackless_steps(trace)
     mark("after load")
     a = analyze(trace)
     mark("analyze (lifetimes, timeline, phases, accounting)")

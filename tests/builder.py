@@ -11,8 +11,11 @@ way ``torch.cuda.memory._snapshot()`` lays them out (blocks covering each segmen
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from oomdoctor.trace.model import StackTable
 
 MiB = 1 << 20
 
@@ -21,6 +24,16 @@ USER = [{"filename": "/work/train.py", "line": 10, "name": "step"}]
 
 def frames(*specs: tuple[str, int, str]) -> list[dict]:
     return [{"filename": f, "line": line, "name": n} for f, line, n in specs]
+
+
+def stack_table(*stacks: Sequence[tuple[str, int, str]]) -> tuple[StackTable, list[int]]:
+    """A stack table holding ``stacks`` (each its frames, innermost first), interned as a build interns them
+    (each distinct frame and stack once, in the order of first appearance), and the id of each of ``stacks``."""
+    frame_ids: dict[tuple[str, int, str], int] = {}
+    stack_ids: dict[tuple[int, ...], int] = {}
+    ids = [stack_ids.setdefault(tuple(frame_ids.setdefault(f, len(frame_ids)) for f in st), len(stack_ids))
+           for st in stacks]
+    return StackTable(list(frame_ids), list(stack_ids)), ids
 
 
 @dataclass

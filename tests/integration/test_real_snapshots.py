@@ -62,8 +62,8 @@ def test_peaks_match_memory_stats(snapshots, stats, name):
     assert a.peak_allocated[0] == pytest.approx(truth["max_allocated"], rel=0.01)
     # the timeline ends where the final segments are
     assert a.timeline.reserved[-1] == a.device.final_reserved_bytes
-    assert a.timeline.allocated[-1] == sum(b.size for _, b in a.device.blocks() if b.is_allocated)
-    assert a.timeline.active[-1] == sum(b.size for _, b in a.device.blocks() if b.is_active)
+    assert a.timeline.allocated[-1] == sum(b.size for _, b in a.device.blocks if b.is_allocated)
+    assert a.timeline.active[-1] == sum(b.size for _, b in a.device.blocks if b.is_active)
 
 
 @pytest.mark.parametrize("name", sorted(COVERED) + ["tp-allreduce/legacy-cppstacks-rank0.pickle"])
@@ -78,7 +78,7 @@ def test_anatomy_identities(snapshots, name):
         assert an.allocated_bytes + an.pending_free_bytes == a.timeline.at(k)["active"]
     # at the end, the reconstruction agrees with the final segments read directly
     end = a.anatomy_at(a.end_index)
-    free = sum(b.size for _, b in a.device.blocks() if not b.is_active)
+    free = sum(b.size for _, b in a.device.blocks if not b.is_active)
     assert end.free_in_used_segments_bytes + end.free_segments_bytes == free
     whole = sum(s.total_size for s in a.device.segments if not any(b.is_active for b in s.blocks))
     assert end.free_segments_bytes == whole

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from builder import stack_table
 
 from oomdoctor.analysis.accounting import (
     ACTIVATIONS,
@@ -63,7 +64,6 @@ from oomdoctor.analysis.phases import (
     THREAD,
     Phases,
 )
-from oomdoctor.trace.model import StackTable
 
 A = np.array
 
@@ -197,9 +197,7 @@ def test_row_ids_stay_exact_where_offsets_would_overflow():
 
 def _table(*stacks: tuple[str, ...]) -> SimpleNamespace:
     """A trace holding only a stack table: stack i has one frame per function name of ``stacks[i]``."""
-    table = StackTable()
-    for st in stacks:
-        table.intern_stack(tuple(table.intern_frame(("/w/x.py", 1, name)) for name in st))
+    table, _ = stack_table(*([("/w/x.py", 1, name) for name in st] for st in stacks))
     return SimpleNamespace(stacks=table)
 
 
@@ -425,11 +423,9 @@ def accounted(phases: str, blocks: list[dict], passes: list[int], opt_starts: li
               raw: bool = False):
     """Categories of ``blocks`` on a trace whose event k has phase ``phases[k]``, with forward passes starting
     at ``passes`` and torch optimizer steps beginning after the events ``opt_starts``."""
-    table = StackTable()
     order = ([first] if first else []) + [k for k in STACKS if k != first]
-    ids = {}
-    for name in order:
-        ids[name] = table.intern_stack(tuple(table.intern_frame(f) for f in STACKS[name]))
+    table, interned = stack_table(*(STACKS[name] for name in order))
+    ids = dict(zip(order, interned))
     rows = len(blocks)
 
     def col(key, f=lambda x: x):

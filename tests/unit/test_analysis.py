@@ -39,7 +39,7 @@ def test_deferred_free_lifetime_and_counters(tmp_path):
     # rounding: requested 16 MiB - 100 -> block of 16 MiB
     assert tl.at(2)["allocated"] - tl.at(2)["requested"] == 100
     end = tl.at(dt.num_events - 1)
-    assert end["allocated"] == 4 * MiB == sum(bl.size for _, bl in dt.blocks() if bl.is_allocated)
+    assert end["allocated"] == 4 * MiB == sum(bl.size for _, bl in dt.blocks if bl.is_allocated)
     assert z in lt.addr.tolist()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from builder import stack_table
+
 from oomdoctor.frameworks import detect_frameworks, running_files
 from oomdoctor.trace.model import StackTable
 
@@ -11,10 +13,7 @@ TRAIN = "/job/train.py"
 
 
 def table(*stacks: list[tuple[str, int, str]]) -> StackTable:
-    t = StackTable()
-    for frames in stacks:
-        t.intern_stack(tuple(t.intern_frame(f) for f in frames))
-    return t
+    return stack_table(*stacks)[0]
 
 
 def ids(t: StackTable) -> list[str]:

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from builder import MiB, SnapBuilder, frames
+from builder import MiB, SnapBuilder, frames, stack_table
 
 from oomdoctor import load
 from oomdoctor.analysis.phases import (
@@ -165,10 +165,7 @@ def test_classify_frames(fr, role):
 
 
 def _table(*stacks: list[tuple[str, int, str]]) -> StackTable:
-    t = StackTable()
-    for fr in stacks:
-        t.intern_stack(tuple(t.intern_frame(f) for f in fr))
-    return t
+    return stack_table(*stacks)[0]
 
 
 def test_role_index_arrays_and_the_slot_of_stack_minus_one():

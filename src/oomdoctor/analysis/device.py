@@ -99,7 +99,7 @@ def analyze(trace: Trace, device: DeviceTrace | None = None) -> DeviceAnalysis:
     phases = find_phases(trace, dt)
     n = dt.num_events
     if n == 0:
-        peak_allocated = sum(b.size for _, b in dt.blocks() if b.is_allocated), -1
+        peak_allocated = sum(b.size for _, b in dt.blocks if b.is_allocated), -1
         peak_reserved, end_allocated = (dt.final_reserved_bytes, -1), peak_allocated[0]
     else:
         peak_allocated, peak_reserved, end_allocated = tl.peak_allocated, tl.peak_reserved, int(tl.allocated[-1])

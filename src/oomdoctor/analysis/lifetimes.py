@@ -171,7 +171,7 @@ def lifetimes(trace: Trace, dt: DeviceTrace) -> Lifetimes:
     seen = set(sa[new_group].tolist())  # the distinct addresses: sa is sorted
     final_active: dict[int, Block] = {}
     ghosts: list[tuple[int, ...]] = []
-    for seg, blk in dt.blocks():
+    for seg, blk in dt.blocks:
         if blk.is_active:
             final_active[blk.address] = blk
             if blk.address not in seen:

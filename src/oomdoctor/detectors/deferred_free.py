@@ -164,7 +164,7 @@ def _detect_final_state(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     freed by Python, awaiting work on another stream) against the reserved bytes. Whose stream is told
     from the blocks' stacks (FSDP, point-to-point) or is ``unknown``: without history there is no
     ``nccl:*`` annotation to time them against."""
-    pending = [b for _s, b in a.device.blocks() if b.is_pending_free]
+    pending = [b for _s, b in a.device.blocks if b.is_pending_free]
     held = sum(b.size for b in pending)
     reserved, allocated = a.peak_reserved[0], a.peak_allocated[0]
     if held < max(MIN_HELD_BYTES, MIN_HELD_FRACTION * reserved):

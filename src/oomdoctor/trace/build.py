@@ -16,7 +16,7 @@ import sys
 from collections import Counter, deque
 from itertools import chain, count, repeat
 from operator import itemgetter
-from typing import Any, Iterator, KeysView, cast
+from typing import Any, Iterator, KeysView, Sequence, cast
 
 import numpy as np
 
@@ -36,11 +36,13 @@ from .model import (
     Annotation,
     Block,
     DeviceTrace,
+    Frame,
     Segment,
     StackTable,
     Trace,
 )
 from .reader import no_segments
+from .stackmatch import match_stackless_steps
 
 _STATES = {
     "active_allocated": BLOCK_ALLOCATED,
@@ -58,8 +60,12 @@ _I63 = 1 << 63  # addresses and times are signed 64-bit integers, as the event c
 MAX_SIZE_BYTES = 1 << 48
 
 
-def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_only: bool = False) -> Trace:
-    """Build a :class:`Trace` from a decoded snapshot. ``drained``: the columns of trace entries taken
+def build_trace(path: str, obj: Any, drained: Drained | None = None, *, sidecar: dict[str, Any] | None = None,
+                sidecar_warnings: Sequence[str] = (), replay_only: bool = False) -> Trace:
+    """Build a :class:`Trace` from a decoded snapshot, then give the steps recorded without stacks the stacks of
+    a stacked step (:func:`~.stackmatch.match_stackless_steps`). ``sidecar``: the metadata of the snapshot's
+    sidecar, checked (:func:`~.load.sidecar_meta`), merged into ``meta`` after the snapshot's own, its warnings
+    ``sidecar_warnings`` after the build's. ``drained``: the columns of trace entries taken
     out of ``obj``'s lists while it was streamed in (:mod:`.stream`); they come before what the lists
     still hold. ``replay_only``: only what the allocator replay (:mod:`oomdoctor.simulate`) reads, for
     ``oomdoctor simulate`` (issue 38: the stack column was 40% of the build of ``large``): the ``stack``
@@ -100,25 +106,26 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_o
         seg, dev = _segment(path, i, s, tables)
         segments_by_dev.setdefault(dev, []).append(seg)
 
-    devices: dict[int, DeviceTrace] = {}
+    events_by_dev: dict[int, dict[str, np.ndarray]] = {}  # every device with events or segments (else device 0)
     for dev, entries in enumerate(traces):
         chunks = drained.chunks.get(id(entries), [])
         if entries or chunks or dev in segments_by_dev:
             offset = sum(len(c["action"]) for c in chunks)
             last = _events(path, dev, entries, tables, warnings, offset=offset, refs=bool(drained.chunks),
                            replay_only=replay_only and not drained.chunks)
-            events = last if not chunks else {k: np.concatenate([c[k] for c in chunks] + [last[k]]) for k in last}
-            devices[dev] = DeviceTrace(dev, events, sorted(segments_by_dev.get(dev, []), key=lambda s: s.address))
-    for dev, dsegs in segments_by_dev.items():
-        if dev not in devices:
-            devices[dev] = DeviceTrace(dev, _empty_events(), sorted(dsegs, key=lambda s: s.address))
-    if not devices:
-        devices[0] = DeviceTrace(0, _empty_events(), [])
+            events_by_dev[dev] = (last if not chunks
+                                  else {k: np.concatenate([c[k] for c in chunks] + [last[k]]) for k in last})
+    for dev in segments_by_dev:
+        if dev not in events_by_dev:
+            events_by_dev[dev] = _empty_events()
+    if not events_by_dev:
+        events_by_dev[0] = _empty_events()
 
+    annotations: dict[int, list[Annotation]] = {dev: [] for dev in events_by_dev}
     if not replay_only:
-        _annotations(raw.get("external_annotations"), devices, warnings)
+        _annotations(raw.get("external_annotations"), annotations, warnings)
 
-    has_history = any(d.num_events > 0 for d in devices.values())
+    has_history = any(events["action"].size > 0 for events in events_by_dev.values())
     given = raw.get("allocator_settings")
     settings: dict[Any, Any] = given if isinstance(given, dict) else {}
     if legacy_list:
@@ -134,13 +141,25 @@ def build_trace(path: str, obj: Any, drained: Drained | None = None, *, replay_o
     meta["snapshot_keys"] = sorted(map(str, raw))
     if replay_only:
         meta["columns"] = "replay"
-    return Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
-                 allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
+    if sidecar:
+        meta.update(sidecar)
+    warnings += sidecar_warnings
+    devices = {dev: DeviceTrace(dev, events, sorted(segments_by_dev.get(dev, []), key=lambda s: s.address),
+                                annotations[dev])
+               for dev, events in events_by_dev.items()}
+    trace = Trace(path=path, devices=devices, stacks=stacks, strings=strings, pools=pools,
+                  allocator_settings=dict(settings), meta=meta, has_history=has_history, warnings=warnings)
+    match_stackless_steps(trace)  # steps recorded without stacks (--stack-steps K/N): matched, said in meta
+    if not has_history:
+        warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
+                        "only the final state is reported")
+    return trace
 
 
-def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str]) -> None:
+def _annotations(raw: Any, devices: dict[int, list[Annotation]], warnings: list[str]) -> None:
     """Append ``external_annotations`` (``record_function`` scopes: ``{"device", "stage", "name",
-    "time_us"}``, ``torch/csrc/cuda/memory_snapshot.cpp``) to their devices. Annotations hold no bytes: one
+    "time_us"}``, ``torch/csrc/cuda/memory_snapshot.cpp``) to their devices' lists (``devices``: device index ->
+    its annotations). Annotations hold no bytes: one
     whose ``device`` is not an integer naming a device of the snapshot, whose ``stage`` is not ``START`` or
     ``END``, whose ``name`` is not text, or whose ``time_us`` is not a signed 64-bit integer is skipped and
     counted in a warning, as malformed frames are."""
@@ -162,14 +181,14 @@ def _annotations(raw: Any, devices: dict[int, DeviceTrace], warnings: list[str])
                 or type(t) is not int or not -_I63 <= t < _I63):
             bad += 1
             continue
-        devices[dev].annotations.append(Annotation(name, stage, t))
+        devices[dev].append(Annotation(name, stage, t))
     if bad:
         warnings.append(f"{bad} malformed external annotations were skipped (a device, stage, name or time_us "
                         "of the wrong type or out of range); they hold no bytes")
 
 
 
-def _annotations_alike(raw: list, devices: dict[int, DeviceTrace]) -> bool:
+def _annotations_alike(raw: list, devices: dict[int, list[Annotation]]) -> bool:
     """The usual case of :func:`_annotations`, checked and read in C passes (``map``, ``set``, ``min``/``max``)
     instead of one Python iteration per record: every record a dict with an ``int`` device of the snapshot, a
     ``START``/``END`` stage, a ``str`` name (absent: ``""``) and an ``int`` time in the signed 64-bit range. Appends
@@ -192,10 +211,10 @@ def _annotations_alike(raw: list, devices: dict[int, DeviceTrace]) -> bool:
         return False
     anns = list(map(Annotation, names, stages, times))
     if len(distinct_devs) == 1:
-        devices[devs[0]].annotations.extend(anns)
+        devices[devs[0]].extend(anns)
     else:
         for d, a in zip(devs, anns):
-            devices[d].annotations.append(a)
+            devices[d].append(a)
     return True
 
 class _StackRef:
@@ -217,7 +236,7 @@ class Drained:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.tables = _Tables(StackTable(), [], [])
+        self.tables = _Tables()
         self.warnings: list[str] = []
         self.chunks: dict[int, list[dict[str, np.ndarray]]] = {}
         self.first_keys: list[str] | None = None
@@ -254,12 +273,15 @@ class Drained:
 
 
 class _Tables:
-    """Interning helpers shared while one file is built."""
+    """The interning of one file while it is built: frames and stacks (into ``stacks``), strings, pools. Each
+    distinct value is stored once; its id is its index, in the order of first appearance."""
 
-    def __init__(self, stacks: StackTable, strings: list[str], pools: list[tuple[int, int]]) -> None:
-        self.stacks = stacks
-        self.strings = strings
-        self.pools = pools
+    def __init__(self) -> None:
+        self.stacks = StackTable()
+        self.strings: list[str] = []
+        self.pools: list[tuple[int, int]] = []
+        self._frame_ids: dict[Frame, int] = {}
+        self._stack_ids: dict[tuple[int, ...], int] = {}
         self._string_ids: dict[str, int] = {}
         self._pool_ids: dict[tuple[int, int], int] = {}
         self.bad_frames = 0  # malformed frames or stacks replaced by unknown ones (a warning)
@@ -297,15 +319,25 @@ class _Tables:
             return -1
         ids = []
         for f in frames:
+            frame: Frame
             if isinstance(f, dict):
-                ids.append(self.stacks.intern_frame((str(f.get("filename", "??")), _int(f.get("line", 0)),
-                                                     str(f.get("name", "??")))))
+                frame = (str(f.get("filename", "??")), _int(f.get("line", 0)), str(f.get("name", "??")))
             elif isinstance(f, str):  # forward_frames style: preformatted text
-                ids.append(self.stacks.intern_frame((f, 0, "")))
+                frame = (f, 0, "")
             else:  # a malformed frame holds no bytes: shown as unknown, counted in a warning
                 self.bad_frames += 1
-                ids.append(self.stacks.intern_frame(("??", 0, "??")))
-        return self.stacks.intern_stack(tuple(ids))
+                frame = ("??", 0, "??")
+            fid = self._frame_ids.get(frame)
+            if fid is None:
+                fid = self._frame_ids[frame] = len(self.stacks.frames)
+                self.stacks.frames.append(frame)
+            ids.append(fid)
+        key = tuple(ids)
+        sid = self._stack_ids.get(key)
+        if sid is None:
+            sid = self._stack_ids[key] = len(self.stacks.stacks)
+            self.stacks.stacks.append(key)
+        return sid
 
 
 def _int(v: Any) -> int:

@@ -22,7 +22,6 @@ from ..errors import SnapshotError
 from .build import Drained, build_trace
 from .model import Trace
 from .reader import OBJECTS_PICKLE, SNIFF_WALK_MIN_BYTES, ProgressFn, decode, read_file, sniff
-from .stackmatch import match_stackless_steps
 from .store import load_trace
 from .stream import load_streaming, should_stream
 
@@ -161,6 +160,7 @@ def load(path: str | os.PathLike[str], *, progress: ProgressFn | None = None, si
     meta = read_sidecar(side) if side else None
     if sidecar and side is None and (stats_file := memory_stats_path(p)) is not None:
         meta = read_memory_stats(stats_file)
+    meta, notes = sidecar_meta(meta, p, side)
     # The collector stays paused from the first entry unpickled to the last column built, and the decoded
     # entries are dropped before it resumes: resuming with them alive made the first young collection
     # scan all of them (about 0.15 s of the 28 MB `large` snapshot's 1.5 s, docs/benchmarks.md).
@@ -174,7 +174,7 @@ def load(path: str | os.PathLike[str], *, progress: ProgressFn | None = None, si
             data = read_file(p, progress)
             obj = decode(p, data)
             del data
-        trace = from_snapshot(obj, p, meta, sidecar_file=side, drained=drained, replay_only=replay_only)
+        trace = build_trace(p, obj, drained, sidecar=meta, sidecar_warnings=notes, replay_only=replay_only)
         if _kept is not None:
             _kept.append(obj)
             gc.freeze()  # the collector never scans them (nor what was built before): see keep_decoded
@@ -202,26 +202,31 @@ def keep_decoded() -> None:
 def from_snapshot(obj: Any, path: str, meta: dict[str, Any] | None = None, *,
                   sidecar_file: str | None = None, drained: Drained | None = None, replay_only: bool = False) -> Trace:
     """A :class:`Trace` from a snapshot already in memory (``torch.cuda.memory._snapshot()``'s dict,
-    or a decoded file), with sidecar metadata ``meta`` merged in. ``path`` names it in messages.
+    or a decoded file), with sidecar metadata ``meta`` merged in (:func:`sidecar_meta`: its fields of the wrong
+    shape dropped, a rank it does not give taken from ``path``'s name). ``path`` names the snapshot in messages.
     ``replay_only``: as :func:`~.build.build_trace`.
 
     Raises:
         SnapshotError: as :func:`load`.
     """
+    side, notes = sidecar_meta(meta, path, sidecar_file)
     with gc_paused():
-        trace = build_trace(path, obj, drained, replay_only=replay_only)
-    if meta:
-        trace.meta.update(meta)
-        if sidecar_file:
-            trace.meta["sidecar"] = sidecar_file
-    _drop_malformed(trace)
-    if trace.meta.get("rank") is None:
-        trace.meta["rank"] = rank_from_name(path)
-    match_stackless_steps(trace)  # steps recorded without stacks (--stack-steps K/N): matched, said in meta
-    if not trace.has_history:
-        trace.warnings.append("no allocation history was recorded (enabled='state' or an empty trace): "
-                              "only the final state is reported")
-    return trace
+        return build_trace(path, obj, drained, sidecar=side, sidecar_warnings=notes, replay_only=replay_only)
+
+
+def sidecar_meta(meta: dict[str, Any] | None, path: str, sidecar_file: str | None = None
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """What a trace's ``meta`` takes from the sidecar metadata ``meta`` of the snapshot ``path`` (read from
+    ``sidecar_file``), and the warnings to say with it: a copy of ``meta`` without its fields of the wrong shape
+    (:func:`_drop_malformed`, named in a warning), with ``"sidecar"``: ``sidecar_file``, and the rank in ``path``'s
+    name (:func:`rank_from_name`, None when none) where ``meta`` gives none."""
+    side = dict(meta or {})
+    dropped = _drop_malformed(side)
+    if meta and sidecar_file:
+        side["sidecar"] = sidecar_file
+    if side.get("rank") is None:
+        side["rank"] = rank_from_name(path)
+    return side, [f"sidecar fields of the wrong shape were ignored: {', '.join(dropped)}"] if dropped else []
 
 
 @contextmanager
@@ -260,9 +265,9 @@ def _part_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(p, list) and len(p) == 3 and all(_is_int(x) for x in p) for p in v)
 
 
-def _drop_malformed(trace: Trace) -> None:
-    """Sidecar fields the analyses read, of the wrong shape, are dropped with a warning (the snapshot
-    itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
+def _drop_malformed(meta: dict[str, Any]) -> list[str]:
+    """Sidecar fields the analyses read, of the wrong shape, are dropped from ``meta`` (the sidecar's metadata),
+    and their names returned, for a warning (the snapshot itself is fine): ``memory_stats`` (an object of numbers), ``device_counters`` (objects with an integer
     ``device`` and non-negative integers or nulls, :func:`oomdoctor.capture.metadata.device_counters`), ``tensors`` (records of an integer
     ``time_us`` and ``[data_ptr, nbytes]`` integer pairs, :mod:`oomdoctor.capture.facts`), ``modules`` (records of an
     integer ``time_us`` and ``roots`` whose ``parameters`` / ``gradients`` / ``untouched`` / ``frozen`` / ``buffers``
@@ -270,8 +275,7 @@ def _drop_malformed(trace: Trace) -> None:
     ``phase_markers`` / ``step_markers`` (objects with an integer ``time_us``, phases a string ``phase``),
     ``memory_fraction`` (a number in [0, 1]), and the fields of :data:`_INT_FIELDS` (non-negative
     integers), :data:`_DICT_FIELDS` (objects) and :data:`_STR_FIELDS` (strings). A wrong ``rank`` falls back
-    to the one in the file name."""
-    meta = trace.meta
+    to the one in the file name (:func:`from_snapshot`)."""
     bad = []
     stats = meta.get("memory_stats")
     if stats is not None and not (isinstance(stats, dict) and all(
@@ -314,8 +318,7 @@ def _drop_malformed(trace: Trace) -> None:
     bad += [k for k in _STR_FIELDS if meta.get(k) is not None and not isinstance(meta[k], str)]
     for k in bad:
         del meta[k]
-    if bad:
-        trace.warnings.append(f"sidecar fields of the wrong shape were ignored: {', '.join(bad)}")
+    return bad
 
 
 @dataclass(frozen=True)

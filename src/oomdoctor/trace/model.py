@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -74,29 +74,15 @@ Frame = tuple[str, int, str]
 """One stack frame: ``(filename, line, name)``; C++ frames have line 0 and often filename ``??``."""
 
 
+@dataclass(eq=False)  # compared, hashed and cached by identity (per-table caches: analysis/sites.py per_table)
 class StackTable:
-    """Interned frames and stacks. A stack is a tuple of frame ids, innermost frame first (the order
-    of ``frames`` in a snapshot). Stack id -1 means "no stack recorded"."""
+    """Interned frames and stacks: each distinct frame and stack stored once, its id its index here, in the order
+    of first appearance (interned while the file is built, :class:`oomdoctor.trace.build._Tables`). A stack is a
+    tuple of frame ids, innermost frame first (the order of ``frames`` in a snapshot). Stack id -1 means "no stack
+    recorded"."""
 
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
-        self.stacks: list[tuple[int, ...]] = []
-        self._frame_ids: dict[Frame, int] = {}
-        self._stack_ids: dict[tuple[int, ...], int] = {}
-
-    def intern_frame(self, frame: Frame) -> int:
-        fid = self._frame_ids.get(frame)
-        if fid is None:
-            fid = self._frame_ids[frame] = len(self.frames)
-            self.frames.append(frame)
-        return fid
-
-    def intern_stack(self, frame_ids: tuple[int, ...]) -> int:
-        sid = self._stack_ids.get(frame_ids)
-        if sid is None:
-            sid = self._stack_ids[frame_ids] = len(self.stacks)
-            self.stacks.append(frame_ids)
-        return sid
+    frames: list[Frame] = field(default_factory=list)
+    stacks: list[tuple[int, ...]] = field(default_factory=list)
 
     def stack_frames(self, stack_id: int) -> list[Frame]:
         """The frames of ``stack_id``, innermost first; ``[]`` for -1."""
@@ -173,16 +159,24 @@ class DeviceTrace:
 
     ``events`` maps each name of :data:`EVENT_COLUMNS` to a 1-D array of length ``num_events``,
     ordered as recorded (oldest first). ``segments`` is the final state, sorted by address.
+
+    Set when it is built, from ``events`` and ``segments`` (neither is replaced afterwards):
+    ``num_events``; ``final_reserved_bytes``, the bytes of the final segments; ``blocks``, every block of the
+    final state with its segment, ``(segment, block)`` in the segments' order.
     """
 
     device: int
     events: dict[str, np.ndarray]
     segments: list[Segment]
     annotations: list[Annotation] = field(default_factory=list)
+    num_events: int = field(init=False)
+    final_reserved_bytes: int = field(init=False)
+    blocks: list[tuple[Segment, Block]] = field(init=False, repr=False, compare=False)
 
-    @property
-    def num_events(self) -> int:
-        return int(self.events["action"].shape[0])
+    def __post_init__(self) -> None:
+        self.num_events = int(self.events["action"].shape[0])
+        self.final_reserved_bytes = sum(s.total_size for s in self.segments)
+        self.blocks = [(seg, blk) for seg in self.segments for blk in seg.blocks]
 
     def __getattr__(self, name: str) -> np.ndarray:
         # Column access as attributes: ``dt.addr``, ``dt.size``, ...
@@ -191,15 +185,6 @@ class DeviceTrace:
             return events[name]
         raise AttributeError(name)
 
-    @property
-    def final_reserved_bytes(self) -> int:
-        return sum(s.total_size for s in self.segments)
-
-    def blocks(self) -> Iterator[tuple[Segment, Block]]:
-        for seg in self.segments:
-            for blk in seg.blocks:
-                yield seg, blk
-
 
 @dataclass
 class Trace:
@@ -207,7 +192,7 @@ class Trace:
 
     Attributes:
         path: the file it was read from.
-        devices: device index -> :class:`DeviceTrace`, for every device with events or segments.
+        devices: device index -> :class:`DeviceTrace`, for every device with events or segments (at least one).
         stacks: interned frames and stacks shared by all devices.
         strings: interned strings (``user_metadata``, ``compile_context``) indexed by those columns.
         pools: interned memory-pool ids indexed by the ``pool`` column.
@@ -215,6 +200,8 @@ class Trace:
         meta: rank, world size, versions, environment, step markers... from the sidecar or file name.
         has_history: False when the snapshot was recorded with ``enabled="state"`` (no trace).
         warnings: what the loader skipped or repaired, one line each.
+        primary: the device with the most events (then the most segments): the rank's own GPU; set when it is
+            built (``devices`` is not changed afterwards).
     """
 
     path: str
@@ -226,6 +213,10 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     has_history: bool = True
     warnings: list[str] = field(default_factory=list)
+    primary: DeviceTrace = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.primary = max(self.devices.values(), key=lambda d: (d.num_events, len(d.segments), -d.device))
 
     @property
     def rank(self) -> int | None:
@@ -267,7 +258,3 @@ class Trace:
         with open(path, "wb") as f:
             np.savez_compressed(f, **columns)
 
-    @property
-    def primary(self) -> DeviceTrace:
-        """The device with the most events (then the most segments): the rank's own GPU."""
-        return max(self.devices.values(), key=lambda d: (d.num_events, len(d.segments), -d.device))

@@ -40,7 +40,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     """Read a trace written by :func:`save_trace`; its ``path`` is ``path`` (the file read).
 
     Raises:
-        SnapshotError: not such a file, or written by an incompatible version.
+        SnapshotError: not such a file, written by an incompatible version, or holding no device.
     """
     p = os.fspath(path)
     try:
@@ -51,11 +51,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise SnapshotError(p, f"is not a saved oomdoctor trace ({str(e)[:100]})") from None
     if doc.get("format_version") != FORMAT_VERSION:
         raise SnapshotError(p, f"saved trace format {doc.get('format_version')!r} is not {FORMAT_VERSION}")
-    stacks = StackTable()
-    for f in doc["frames"]:
-        stacks.intern_frame((f[0], f[1], f[2]))
-    for s in doc["stacks"]:
-        stacks.intern_stack(tuple(s))
+    stacks = StackTable([(f[0], f[1], f[2]) for f in doc["frames"]], [tuple(s) for s in doc["stacks"]])
     devices = {}
     for d in doc["devices"]:
         dev = d["device"]
@@ -63,6 +59,8 @@ def load_trace(path: str | os.PathLike) -> Trace:
                 for s in d["segments"]]
         events = {name: columns[f"d{dev}_{name}"].astype(dt, copy=False) for name, dt in EVENT_COLUMNS.items()}
         devices[dev] = DeviceTrace(dev, events, segs, [Annotation(**a) for a in d["annotations"]])
+    if not devices:  # a built trace has at least one (Trace.primary)
+        raise SnapshotError(p, "saved trace holds no device")
     # the file read, as for a snapshot (the path the trace was first loaded from stays in the file's "path")
     return Trace(path=p, devices=devices, stacks=stacks, strings=doc["strings"],
                  pools=[tuple(p) for p in doc["pools"]], allocator_settings=doc["allocator_settings"],
