@@ -26,7 +26,6 @@ def test_recorded_counters_equal_memory_stats_read_right_after_the_dump(tmp_path
     import torch
 
     from oomdoctor.analysis.device import analyze
-    from oomdoctor.analysis.jobpeak import job_peak
     from oomdoctor.trace import load
 
     dev = torch.cuda.current_device()
@@ -54,7 +53,7 @@ def test_recorded_counters_equal_memory_stats_read_right_after_the_dump(tmp_path
     assert c["allocated_bytes.all.peak"] >= 512 * MiB
 
     a = analyze(load(path))
-    p = job_peak(a)
+    p = a.job_peak
     assert p.source == "sidecar"
     assert p.job_peak_allocated_bytes == stats["allocated_bytes.all.peak"]
     # the window holds the 64 blocks kept and what was alive before (other tests' tensors), not the 512 MiB block

@@ -17,7 +17,6 @@ from oomdoctor.analysis.jobpeak import (
     JobPeak,
     allocated_undercount_bound,
     counters,
-    job_peak,
     starts_mid_job,
 )
 from oomdoctor.detectors import Context
@@ -62,23 +61,23 @@ STATS = {"allocated_bytes.all.peak": 5 * GiB, "reserved_bytes.all.peak": 5 * GiB
 
 def test_without_counters_a_window_that_starts_mid_job_does_not_know_the_peak():
     a = _analysed(None)
-    assert starts_mid_job(a)
-    p = job_peak(a)
+    assert starts_mid_job(a.lifetimes, a.timeline)
+    p = a.job_peak
     assert p == JobPeak(GiB + 16 * MiB, 5 * GiB, None, None, "unknown-before-window")
     assert (p.peak_reserved_bytes, p.peak_allocated_bytes, p.missed) == (5 * GiB, GiB + 16 * MiB, False)
 
 
 def test_a_trace_from_the_first_allocation_holds_the_jobs_peak():
     a = _analysed(None, drop=False)
-    assert not starts_mid_job(a)
-    p = job_peak(a)
+    assert not starts_mid_job(a.lifetimes, a.timeline)
+    p = a.job_peak
     assert (p.source, p.job_peak_allocated_bytes, p.job_peak_reserved_bytes) == ("trace", 5 * GiB, 5 * GiB)
     assert not p.missed and p.alloc_retries is None and p.counters_source is None
 
 
 def test_the_sidecars_memory_stats_give_the_jobs_peak_the_window_missed():
     a = _analysed({"memory_stats": STATS, "device": 0})
-    p = job_peak(a)
+    p = a.job_peak
     assert (p.source, p.job_peak_allocated_bytes, p.job_peak_reserved_bytes) == ("sidecar", 5 * GiB, 5 * GiB)
     assert p.window_peak_allocated_bytes == GiB + 16 * MiB and p.allocated_missed and not p.reserved_missed
     assert (p.alloc_retries, p.alloc_ooms, p.counters_source) == (3, 0, "sidecar")
@@ -89,19 +88,19 @@ def test_device_counters_of_the_analysed_device_win_over_memory_stats():
            "num_alloc_retries": 1, "num_ooms": 2, "time_us": 123}
     other = {**rec, "device": 1, "allocated_bytes.all.peak": 60 * GiB}
     a = _analysed({"memory_stats": STATS, "device_counters": [other, rec]})
-    p = job_peak(a)
+    p = a.job_peak
     assert (p.job_peak_allocated_bytes, p.job_peak_reserved_bytes, p.alloc_retries, p.alloc_ooms,
             p.counters_time_us) == (6 * GiB, 7 * GiB, 1, 2, 123)
     assert p.reserved_missed
     # counters of another device only, and memory_stats of another device: nothing for this one
     assert counters({"device_counters": [other], "memory_stats": STATS, "device": 1}, 0) == (None, None)
-    assert job_peak(_analysed({"device_counters": [other]})).source == "unknown-before-window"
+    assert _analysed({"device_counters": [other]}).job_peak.source == "unknown-before-window"
 
 
 def test_a_counter_reset_below_the_window_leaves_the_windows_peak():
     # the pytest plugin resets the peaks at each test: a counter below the window's is not the job's peak
     a = _analysed({"memory_stats": {"allocated_bytes.all.peak": 100 * MiB, "reserved_bytes.all.peak": 200 * MiB}})
-    p = job_peak(a)
+    p = a.job_peak
     assert (p.job_peak_allocated_bytes, p.job_peak_reserved_bytes) == (GiB + 16 * MiB, 5 * GiB)
     assert not p.missed
 
@@ -112,10 +111,10 @@ def test_the_window_missed_the_allocated_peak_only_beyond_what_the_trace_can_und
     # undercount a swallowed remainder can make; a fixed 2 MiB said "missed" on 41 of the corpus's 53 whole-job ranks
     window = GiB + 16 * MiB
     a = _analysed({})
-    bound = allocated_undercount_bound(a)
+    bound = allocated_undercount_bound(a.lifetimes, a.num_events)
     assert bound % REMAINDER_BYTES == 0
     a = _analysed({"memory_stats": {"allocated_bytes.all.peak": window + bound + extra}})
-    p = job_peak(a)
+    p = a.job_peak
     assert p.allocated_tolerance_bytes == bound
     assert p.allocated_missed is missed and p.job_peak_reserved_bytes is None and not p.reserved_missed
 
@@ -123,14 +122,14 @@ def test_the_window_missed_the_allocated_peak_only_beyond_what_the_trace_can_und
 def test_the_window_missed_the_reserved_peak_by_any_byte():
     # reserved bytes are exact (the final segments less the segment events): any byte above is missed
     a = _analysed({"memory_stats": {"reserved_bytes.all.peak": 5 * GiB + 1}})
-    assert job_peak(a).reserved_missed
+    assert a.job_peak.reserved_missed
     a = _analysed({"memory_stats": {"reserved_bytes.all.peak": 5 * GiB}})
-    assert not job_peak(a).reserved_missed
+    assert not a.job_peak.reserved_missed
 
 
 def test_counters_without_peaks_keep_the_retries_and_judge_the_peak_as_without():
     a = _analysed({"memory_stats": {"num_alloc_retries": 4}})
-    p = job_peak(a)
+    p = a.job_peak
     assert (p.source, p.alloc_retries, p.counters_source) == ("unknown-before-window", 4, "sidecar")
 
 
@@ -140,7 +139,7 @@ def test_a_memory_stats_file_is_named_as_the_source(tmp_path):
     (tmp_path / "snap.memory_stats.json").write_text(json.dumps(STATS))
     from oomdoctor.trace import load
     a = analyze(load(p))
-    jp = job_peak(a)
+    jp = a.job_peak
     assert (jp.source, jp.job_peak_allocated_bytes, jp.counters_source) == ("memory_stats_file", 5 * GiB,
                                                                            "memory_stats_file")
 

@@ -9,6 +9,7 @@ import numpy as np
 from ..trace.model import OOM, DeviceTrace, Trace
 from .accounting import Accounting, Breakdown, account, breakdown
 from .fragmentation import Anatomy, anatomy
+from .jobpeak import JobPeak, job_peak
 from .lifetimes import Lifetimes, adopt_free_stacks, free_stacks, lifetimes
 from .phases import Phases, Steps, find_phases
 from .sites import Site, sites_at
@@ -34,6 +35,7 @@ class DeviceAnalysis:
             index (-1 without history).
         peak_reserved, peak_allocated: ``(bytes, event)``; without history, the final state's at event -1.
         end_allocated: allocated bytes after the last event (the final state's without history).
+        job_peak: the job's own peaks beside the window's, and where they come from (:mod:`.jobpeak`).
     """
 
     trace: Trace
@@ -51,6 +53,7 @@ class DeviceAnalysis:
     peak_reserved: tuple[int, int]
     peak_allocated: tuple[int, int]
     end_allocated: int
+    job_peak: JobPeak
     _anatomies: dict[int, Anatomy] = field(default_factory=dict[int, Anatomy], repr=False)
 
     def allocated_at(self, k: int) -> int:
@@ -87,7 +90,7 @@ class DeviceAnalysis:
 
 def analyze(trace: Trace, device: DeviceTrace | None = None) -> DeviceAnalysis:
     """Analyse one device of ``trace`` (its primary device by default), in order: lifetimes, timeline, whether frees
-    carry stacks, phases, accounting. Blocks whose allocation the trace lost (a wrapped ring buffer) take their free
+    carry stacks, phases, accounting, the window's peaks and the job's (:func:`.jobpeak.job_peak`). Blocks whose allocation the trace lost (a wrapped ring buffer) take their free
     event's stack when frees carry their allocation's (:func:`.lifetimes.free_stacks` false), before the phases and the
     accounting read the stacks."""
     dt = device if device is not None else trace.primary
@@ -105,4 +108,5 @@ def analyze(trace: Trace, device: DeviceTrace | None = None) -> DeviceAnalysis:
         peak_allocated, peak_reserved, end_allocated = tl.peak_allocated, tl.peak_reserved, int(tl.allocated[-1])
     return DeviceAnalysis(trace, dt, lt, tl, frees, phases, phases.steps, account(trace, dt, lt, phases, frees),
                           np.flatnonzero(dt.events["action"] == OOM), trace.rank if trace.rank is not None else 0,
-                          n, n - 1, peak_reserved, peak_allocated, end_allocated)
+                          n, n - 1, peak_reserved, peak_allocated, end_allocated,
+                          job_peak(trace.meta, dt.device, lt, tl, n, (peak_allocated[0], peak_reserved[0])))

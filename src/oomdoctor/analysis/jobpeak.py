@@ -39,7 +39,8 @@ from typing import Any, cast
 import numpy as np
 
 from ..units import MiB
-from .device import DeviceAnalysis
+from .lifetimes import Lifetimes
+from .timeline import Timeline
 
 PEAK_SOURCES = ("sidecar", "memory_stats_file", "trace", "unknown-before-window")
 RESERVED_MISS_TOLERANCE_BYTES = 0
@@ -128,18 +129,17 @@ def counters(meta: dict[str, Any], device: int) -> tuple[dict[str, Any] | None, 
     return None, None
 
 
-def starts_mid_job(a: DeviceAnalysis) -> bool:
+def starts_mid_job(lt: Lifetimes, tl: Timeline) -> bool:
     """Does the trace start after the job's first allocation? Bytes allocated or reserved before its first
-    event, or blocks that predate it (frees without their alloc, blocks never seen allocated)."""
-    tl = a.timeline
-    return bool(a.lifetimes.truncated or tl.allocated_start > 0 or tl.reserved_start > 0)
+    event (``tl``), or blocks that predate it (``lt``: frees without their alloc, blocks never seen allocated)."""
+    return bool(lt.truncated or tl.allocated_start > 0 or tl.reserved_start > 0)
 
 
-def allocated_undercount_bound(a: DeviceAnalysis) -> int:
+def allocated_undercount_bound(lt: Lifetimes, num_events: int) -> int:
     """How much the trace's peak allocated may be below the allocator's own (bytes): :data:`REMAINDER_BYTES` per
     large block whose size is inferred from its request (``Lifetimes.size_exact`` False), the most of them alive at
-    once over the trace. 0 without history."""
-    lt, n = a.lifetimes, a.num_events
+    once over the trace's ``num_events`` events. 0 without history."""
+    n = num_events
     rows = np.flatnonzero(~lt.size_exact & (lt.size > REMAINDER_BYTES))
     if n == 0 or rows.size == 0:
         return 0
@@ -150,24 +150,28 @@ def allocated_undercount_bound(a: DeviceAnalysis) -> int:
     return REMAINDER_BYTES * int(np.cumsum(d)[:n].max())
 
 
-def job_peak(a: DeviceAnalysis) -> JobPeak:
-    """See the module doc. Pure."""
-    wa, wr = a.peak_allocated[0], a.peak_reserved[0]
-    c, src = counters(a.trace.meta, a.device.device)
+def job_peak(meta: dict[str, Any], device: int, lt: Lifetimes, tl: Timeline, num_events: int,
+             window_peaks: tuple[int, int]) -> JobPeak:
+    """See the module doc. ``meta``: the trace's metadata (its sidecar's counters); ``device``: the device's index;
+    ``window_peaks``: the recorded window's ``(peak allocated, peak reserved)`` bytes. Pure; made once per device by
+    :func:`oomdoctor.analysis.device.analyze` (``DeviceAnalysis.job_peak``)."""
+    wa, wr = window_peaks
+    c, src = counters(meta, device)
     if c is not None and src is not None:
         pa, pr = _int(c.get("allocated_bytes.all.peak")), _int(c.get("reserved_bytes.all.peak"))
         retries, ooms = _int(c.get("num_alloc_retries")), _int(c.get("num_ooms"))
         if pa is not None or pr is not None:
             return JobPeak(wa, wr, max(pa, wa) if pa is not None else None, max(pr, wr) if pr is not None else None,
                            src, retries, ooms, _int(c.get("time_us")), src,
-                           allocated_undercount_bound(a) if pa is not None else 0)
+                           allocated_undercount_bound(lt, num_events) if pa is not None else 0)
         if retries is not None or ooms is not None:  # counters without the peaks: judged as without counters
-            return _without_counters(a, JobPeak(wa, wr, None, None, "", retries, ooms, _int(c.get("time_us")), src))
-    return _without_counters(a, JobPeak(wa, wr, None, None, ""))
+            p = JobPeak(wa, wr, None, None, "", retries, ooms, _int(c.get("time_us")), src)
+            return _without_counters(starts_mid_job(lt, tl) or num_events == 0, p)
+    return _without_counters(starts_mid_job(lt, tl) or num_events == 0, JobPeak(wa, wr, None, None, ""))
 
 
-def _without_counters(a: DeviceAnalysis, p: JobPeak) -> JobPeak:
-    known = not (starts_mid_job(a) or a.num_events == 0)
+def _without_counters(unknown: bool, p: JobPeak) -> JobPeak:
+    known = not unknown
     wa, wr = p.window_peak_allocated_bytes, p.window_peak_reserved_bytes
     return JobPeak(wa, wr, wa if known else None, wr if known else None, "trace" if known else "unknown-before-window",
                    p.alloc_retries, p.alloc_ooms, p.counters_time_us, p.counters_source)

@@ -11,7 +11,6 @@ import numpy as np
 from ..analysis.accounting import Breakdown
 from ..analysis.device import DeviceAnalysis
 from ..analysis.holders import holders_at
-from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, OPTIMIZER_PHASE, Phases
 from ..analysis.rounding import allocation_size
 from ..detectors.common import site_refs
@@ -96,7 +95,7 @@ def summarize(a: DeviceAnalysis) -> RankSummary:
                       an.allocated_bytes, an.largest_free_block_bytes, int(dt.events["stream"][k]))
     tu = dt.events["time_us"]
     steps = a.steps if a.num_events else None
-    jp = job_peak(a)
+    jp = a.job_peak
     return RankSummary(
         rank=a.rank, path=a.trace.path, device=dt.device, events=a.num_events, has_history=a.trace.has_history,
         duration_us=int(tu[-1] - tu[0]) if tu.size else 0,

@@ -49,7 +49,6 @@ import numpy as np
 
 from ..analysis.accounting import ACTIVATIONS, GRADIENTS, OPTIMIZER_STATE, PARAMETERS
 from ..analysis.device import DeviceAnalysis
-from ..analysis.jobpeak import job_peak
 from ..analysis.phases import BACKWARD_PHASE, EVALUATION_PHASE, FORWARD_PHASE, GENERATION_PHASE
 from ..ids import FITS_ASSUMPTIONS, FITS_NOTES, FitsAssumption, FitsNote, RoomSource
 from ..trace.model import OOM
@@ -452,7 +451,7 @@ def _generation_estimate(a: DeviceAnalysis, room: Room, micro_batch: int | None,
     (``bound``: ``"lower"``); returns False where it says nothing."""
     if a.oom_events.size or room.bytes is None:
         return False
-    jp = job_peak(a)
+    jp = a.job_peak
     if jp.source == "unknown-before-window":
         return False
     lt = a.lifetimes
@@ -530,7 +529,7 @@ def fits(a: DeviceAnalysis, room: Room, micro_batch: int | None = None, *, recor
     from ..simulate.scale import largest_scale
 
     out = Fits(room.bytes, room.source, micro_batch=micro_batch, room_source_values=dict(room.values))
-    jp = job_peak(a)
+    jp = a.job_peak
     out.job_peak_reserved_bytes, out.peak_source = jp.job_peak_reserved_bytes, jp.source
     if a.num_events == 0:
         out.notes.append("no-history")
@@ -626,7 +625,7 @@ def job_peak_bound(a: DeviceAnalysis, room: int, margin: int, fixed: int, out: F
     ``fixed`` the window's peak reserved (allocated) bytes that do not grow with the micro-batch: all the job's bytes
     above them are taken to grow with it (the prefill's activations and logits do), the smaller bound of the two. A run that finished keeps at least its own micro-batch (scale 1). Without counters, a trace that
     starts mid-job keeps the window's answer, with a note that the peaks before it are not known. Bytes."""
-    jp = job_peak(a)
+    jp = a.job_peak
     if jp.source == "unknown-before-window" and (out.batch_scale is not None or out.expandable_batch_scale is not None):
         out.notes.append("peaks-before-window-unknown")
         return

@@ -240,7 +240,7 @@ def margin_inputs(a: DeviceAnalysis) -> MarginInputs:
     job's own peak reserved from PyTorch's counters (:func:`oomdoctor.analysis.jobpeak.job_peak`). What production
     callers pass to :func:`margin`, :class:`.predict.Predictor` and :func:`.fits.fits` (``report/rank_predictions.py``,
     ``report/predict.py``)."""
-    from ..analysis.jobpeak import counters, job_peak
+    from ..analysis.jobpeak import counters
 
     out: MarginInputs = {"outside_bytes": None, "job_peak_reserved_bytes": None}
     msg = sidecar_oom_message(a.trace.meta)
@@ -252,7 +252,7 @@ def margin_inputs(a: DeviceAnalysis) -> MarginInputs:
                                                               "reserved_bytes.all.current"))
         if isinstance(total, int) and isinstance(free, int) and isinstance(reserved, int):
             out["outside_bytes"] = max(total - free - reserved, 0)
-    jp = job_peak(a)
+    jp = a.job_peak
     if jp.source in ("sidecar", "memory_stats_file"):
         out["job_peak_reserved_bytes"] = jp.job_peak_reserved_bytes
     return out

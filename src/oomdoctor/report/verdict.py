@@ -44,7 +44,7 @@ import numpy as np
 
 from ..analysis.accounting import KV_CACHE, OPTIMIZER_STATE, PARAMETERS, Breakdown
 from ..analysis.device import DeviceAnalysis
-from ..analysis.jobpeak import JobPeak, job_peak
+from ..analysis.jobpeak import JobPeak
 from ..analysis.phases import OPTIMIZER_PHASE, OPTIMIZER_STEP, annotation_windows
 from ..analysis.rounding import round_size
 from ..analysis.schedule import in_flight_parts, schedule_evidence
@@ -152,7 +152,7 @@ def rank_verdict(a: DeviceAnalysis, findings: list[Finding], room: Room, bd: Bre
     (``expandable_segments:True``, or ``max_split_size_mb`` where segments are expandable already), or
     None when it cannot be replayed."""
     rank = a.rank
-    jp = job_peak(a)
+    jp = a.job_peak
     peak_reserved = jp.peak_reserved_bytes  # the job's own when known: a ring buffer may have dropped its peak
     headroom = room.bytes - peak_reserved if room.bytes is not None else None
     ev: dict[str, Any] = {"rank": rank, "peak_reserved_bytes": peak_reserved, "peak_allocated_bytes": jp.peak_allocated_bytes,
@@ -241,7 +241,7 @@ def state_verdict(a: DeviceAnalysis, room: Room) -> Verdict:
     """A snapshot without history (``enabled="state"``): no OOM to judge, only the final state; ``empty``
     when it holds no segment either (recorded before any CUDA allocation, or with recording off). The
     caller re-reads it against the findings (:func:`with_findings`)."""
-    jp = job_peak(a)
+    jp = a.job_peak
     ev = {"rank": a.rank, "allocated_bytes": a.peak_allocated[0], "reserved_bytes": a.peak_reserved[0],
           "peak_reserved_bytes": jp.peak_reserved_bytes, "room_bytes": room.bytes} | peak_evidence(jp)
     if not a.device.segments:
