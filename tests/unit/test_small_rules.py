@@ -5,8 +5,9 @@
   one burst within 10% of the span of their allocations); on hand-made lifetimes whose event indices are
   checked to be those of a possible trace (each event used once, a free after its allocation).
 - ``detectors/fragmentation.py``: ``split_mb`` (half the failed request within [21, 1024] MiB, 512 without
-  one), ``_fixes`` (which variable each PyTorch version reads, which fixes for which conditions), ``_capped``
-  (a memory fraction from the sidecar or from an OOM below the device's free memory).
+  one), ``_fixes`` (which variable each PyTorch version reads, which fixes for which conditions),
+  ``under_memory_fraction`` (a memory fraction from the sidecar or from an OOM below the device's free memory), read
+  alike by the finding and the verdict's defragmenting settings.
 - ``detectors/context.py``: ``version_from_text`` on every shape of version PyTorch prints and on the lower
   bounds the tool writes; ``TorchVersion.in_range`` on ``[lo, hi)`` at both ends.
 - ``report/verdict.py``: ``state_verdict`` (the final-state verdict's numbers), ``_rank_bytes``,
@@ -260,13 +261,18 @@ def _fragmented(device_free: int | None = None) -> SnapBuilder:
     (8 * GiB, None, True),
     (None, {"memory_cap_bytes": 40 * GiB}, True),  # the sidecar's cap
     (None, {"memory_fraction": 0.5, "gpu_total_memory_bytes": 80 * GiB}, True),
+    (None, {"memory_fraction": 0.5}, True),  # a fraction below 1 is a cap, its bytes known or not
     (None, {"memory_fraction": 1.0, "gpu_total_memory_bytes": 80 * GiB}, False),  # a fraction of 1 is no cap
     (0, {"memory_cap_bytes": 40 * GiB}, True),
 ], ids=["no-oom", "device-full", "one-byte-short", "device-had-room", "device-had-lots", "sidecar-cap",
-        "sidecar-fraction", "fraction-one", "sidecar-and-full-device"])
+        "sidecar-fraction", "fraction-without-total", "fraction-one", "sidecar-and-full-device"])
 def test_capped_means_a_memory_fraction_from_the_sidecar_or_an_oom_below_the_device(device_free, meta, capped):
+    from oomdoctor.report.rank_predictions import defragmenting_settings
+
     a = _analysis(_fragmented(device_free), meta)
-    assert fragmentation._capped(a) is capped
+    assert fragmentation.under_memory_fraction(a) is capped
+    # the verdict tries the collector exactly where the finding proposes it
+    assert ("garbage_collection_threshold:0.8" in defragmenting_settings(a)) is capped
     if device_free is not None:  # the finding proposes the collector only then
         (f,) = fragmentation.detect(SimpleNamespace(analyses=[a], versions={a.rank: _v((2, 9))}))
         assert any("garbage_collection_threshold" in (x.setting or "") for x in f.fixes) is capped

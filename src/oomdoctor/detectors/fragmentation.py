@@ -104,8 +104,7 @@ EVIDENCE: tuple[type[Evidence], ...] = (FragmentationOomEvidence, FragmentationS
 
 def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
     v = ctx.versions[a.rank]
-    expandable_on = bool(a.trace.allocator_settings.get("expandable_segments")) or any(
-        s.is_expandable for s in a.device.segments)
+    expandable = expandable_on(a)
     if a.oom_events.size:
         k = int(a.oom_events[-1])
         ev = a.device.events
@@ -133,12 +132,12 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
             pool=pool,
             stream=stream,
             segments=an.segments,
-            expandable_segments=expandable_on,
+            expandable_segments=expandable,
         )
         return Finding(ID, "critical", [a.rank], unallocated, evidence, [],
-                       _fixes(v, expandable_on, request, _capped(a), shapes_vary(a)),
+                       _fixes(v, expandable, request, under_memory_fraction(a), shapes_vary(a)),
                        per_rank_bytes={a.rank: unallocated}, variant="oom")
-    if a.num_events == 0 or expandable_on:
+    if a.num_events == 0 or expandable:
         return None
     reserved, k = a.peak_reserved
     an = a.anatomy_at(max(k, 0))
@@ -153,15 +152,30 @@ def detect_rank(a: DeviceAnalysis, ctx: Context) -> Finding | None:
         largest_free_block_bytes=an.largest_free_block_bytes,
         segments=an.segments,
     )
-    return Finding(ID, "high", [a.rank], stranded, evidence, [], _fixes(v, False, 0, _capped(a), shapes_vary(a)),
+    return Finding(ID, "high", [a.rank], stranded, evidence, [], _fixes(v, False, 0, under_memory_fraction(a), shapes_vary(a)),
                    per_rank_bytes={a.rank: stranded}, variant="stranded")
 
 
-def _capped(a: DeviceAnalysis) -> bool:
-    """Whether the process ran under a memory fraction (the sidecar's cap, or an OOM below the device)."""
-    from ..simulate.capacity import infer_capacity, sidecar_cap  # the replay's package: only for a finding
+def expandable_on(a: DeviceAnalysis) -> bool:
+    """Whether the allocator ran with expandable segments: the recorded setting, or an expandable segment in the final
+    state."""
+    return bool(a.trace.allocator_settings.get("expandable_segments")) or any(
+        s.is_expandable for s in a.device.segments)
 
-    return sidecar_cap(a.trace.meta)[0] is not None or infer_capacity(a.trace, a.device).kind == "fraction"
+
+def under_memory_fraction(a: DeviceAnalysis) -> bool:
+    """Whether the process ran under a memory fraction (``torch.cuda.set_per_process_memory_fraction``, the only place
+    ``garbage_collection_threshold``'s collector runs): the sidecar's cap (``memory_cap_bytes``) or a fraction below 1,
+    else a limit the replay infers as a fraction (:func:`oomdoctor.simulate.capacity.infer_capacity`: an OOM below the
+    device's memory, or the fallback rules). The fragmentation fixes and the verdict's defragmenting settings
+    (:func:`oomdoctor.report.rank_predictions.defragmenting_settings`) both read it."""
+    meta = a.trace.meta
+    fraction = meta.get("memory_fraction")
+    if meta.get("memory_cap_bytes") is not None or (isinstance(fraction, (int, float)) and fraction < 1):
+        return True
+    from ..simulate.capacity import infer_capacity  # the replay's package: only for a fragmentation finding
+
+    return infer_capacity(a.trace, a.device).kind == "fraction"
 
 
 #: The smallest ``max_split_size_mb`` every PyTorch version accepts (> 20 up to 2.8, >= 20 from 2.9).

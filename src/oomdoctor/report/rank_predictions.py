@@ -7,7 +7,7 @@ replays."""
 from __future__ import annotations
 
 from ..analysis.device import DeviceAnalysis
-from ..detectors.fragmentation import split_mb
+from ..detectors.fragmentation import expandable_on, split_mb, under_memory_fraction
 from .fits import Fits, Room, device_room, fits
 from .margin import margin_inputs
 from .predict import Prediction, Predictor, predictor
@@ -28,17 +28,8 @@ def defragmenting_settings(a: DeviceAnalysis) -> list[str]:
     the fragmentation detector proposes (``detectors/fragmentation.py``)."""
     request = int(a.device.events["size"][int(a.oom_events[-1])]) if a.oom_events.size else 0
     split = f"max_split_size_mb:{split_mb(request)}"
-    expandable = (a.trace.allocator_settings.get("expandable_segments")
-                  or any(s.is_expandable for s in a.device.segments))
-    out = [split] if expandable else ["expandable_segments:True", split]
-    meta = a.trace.meta
-    capped = meta.get("memory_cap_bytes") is not None or (
-        isinstance(meta.get("memory_fraction"), (int, float)) and meta["memory_fraction"] < 1)
-    if not capped and a.oom_events.size:
-        from ..simulate.capacity import infer_capacity
-
-        capped = infer_capacity(a.trace, a.device).kind == "fraction"
-    if capped:
+    out = [split] if expandable_on(a) else ["expandable_segments:True", split]
+    if under_memory_fraction(a):
         out.append("garbage_collection_threshold:0.8")
     return out
 
