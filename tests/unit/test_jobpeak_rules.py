@@ -6,6 +6,7 @@ cache-flush finding's retry count from the allocator's own counter, and bursts w
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from builder import MiB, SnapBuilder, frames
@@ -336,3 +337,15 @@ def test_a_final_state_only_snapshot_takes_the_jobs_peak_from_the_counters():
     assert (r.peak_source, r.job_peak_reserved_bytes, r.peak_reserved_bytes) == ("sidecar", 4 * GiB, GiB)
     assert v.bytes == 4 * GiB and v.headroom_bytes == 6 * GiB - 4 * GiB
     assert (v.evidence["window_peak_reserved_bytes"], v.evidence["peak_source"]) == (GiB, "sidecar")
+
+
+@pytest.mark.parametrize("truncated, allocated_start, reserved_start, mid", [
+    (False, 0, 0, False),  # from the job's first allocation
+    (True, 0, 0, True),  # frees of blocks the trace never saw
+    (False, 1, 0, True),  # one byte allocated before the first event
+    (False, 0, 1, True),  # one byte reserved before it
+])
+def test_a_trace_starts_mid_job_on_any_one_sign(truncated, allocated_start, reserved_start, mid):
+    lt = SimpleNamespace(truncated=truncated)
+    tl = SimpleNamespace(allocated_start=allocated_start, reserved_start=reserved_start)
+    assert starts_mid_job(lt, tl) is mid

@@ -165,13 +165,12 @@ def expandable_on(a: DeviceAnalysis) -> bool:
 
 def under_memory_fraction(a: DeviceAnalysis) -> bool:
     """Whether the process ran under a memory fraction (``torch.cuda.set_per_process_memory_fraction``, the only place
-    ``garbage_collection_threshold``'s collector runs): the sidecar's cap (``memory_cap_bytes``) or a fraction below 1,
-    else a limit the replay infers as a fraction (:func:`oomdoctor.simulate.capacity.infer_capacity`: an OOM below the
-    device's memory, or the fallback rules). The fragmentation fixes and the verdict's defragmenting settings
-    (:func:`oomdoctor.report.rank_predictions.defragmenting_settings`) both read it."""
-    meta = a.trace.meta
-    fraction = meta.get("memory_fraction")
-    if meta.get("memory_cap_bytes") is not None or (isinstance(fraction, (int, float)) and fraction < 1):
+    ``garbage_collection_threshold``'s collector runs): the sidecar's fraction below 1, its bytes known or not, else a
+    limit the replay infers as a fraction (:func:`oomdoctor.simulate.capacity.infer_capacity`: the sidecar's cap in
+    bytes, an OOM below the device's memory, or the fallback rules). The fragmentation fixes and the verdict's
+    defragmenting settings (:func:`oomdoctor.report.rank_predictions.defragmenting_settings`) both read it."""
+    fraction = a.trace.meta.get("memory_fraction")
+    if isinstance(fraction, (int, float)) and fraction < 1:  # infer_capacity sizes it only with the GPU's total
         return True
     from ..simulate.capacity import infer_capacity  # the replay's package: only for a fragmentation finding
 
