@@ -985,6 +985,7 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
     assert sum(unknown_why.values()) == categories["unknown"]
     assert sum(weight_copy_by.values()) == categories["weight_copy"]
     assert sum(buffers_by.values()) == categories["buffers"]
-    assert sum(categories.values()) == allocated_bytes, (categories, allocated_bytes)  # the identity Breakdown.check asserts
-    return Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes), counts,
-                     ph.source_name(k), unknown_why, weight_copy_by, buffers_by)
+    out = Breakdown(at, int(k), ph.step_of(k), ph.phase_name(k), categories, sources, int(allocated_bytes), counts,
+                    ph.source_name(k), unknown_why, weight_copy_by, buffers_by)
+    out.check()
+    return out

@@ -120,15 +120,13 @@ class Context:
         self.versions = {a.rank: torch_version(a) for a in self.analyses}
 
 
-def fill_applies(findings: list[Finding], analyses: list[DeviceAnalysis]) -> None:
+def fill_applies(findings: list[Finding], ctx: Context) -> None:
     """Fill ``Fix.applies`` where the detector left it open (None), from :func:`applies` on the fix's versions and the
-    PyTorch version of the first of the finding's ranks that ``analyses`` holds. Mutates ``findings``."""
-    by_rank = {a.rank: a for a in analyses}
+    PyTorch version (``ctx.versions``) of the first of the finding's ranks that ``ctx`` holds. Mutates ``findings``."""
     for f in findings:
-        a = next((by_rank[r] for r in f.ranks if r in by_rank), None)
-        if a is None:
+        v = next((ctx.versions[r] for r in f.ranks if r in ctx.versions), None)
+        if v is None:
             continue
-        v = torch_version(a)
         for fx in f.fixes:
             if fx.applies is None:
                 fx.applies = applies(fx.versions, v)

@@ -14,7 +14,8 @@ from .predict import Predictor, attach_predictions
 def detect(analyses: list[DeviceAnalysis], predictors: dict[int, Predictor | None]) -> list[Finding]:
     """The findings of ``analyses`` (one per rank), each fix predicted and its versions filled. The predictors made
     are kept in ``predictors`` by rank, for stage 3's replays (:mod:`.rank_predictions`)."""
-    findings = run_all(Context(analyses))
+    ctx = Context(analyses)
+    findings = run_all(ctx)
     attach_predictions(findings, analyses, predictors)
-    fill_applies(findings, analyses)
+    fill_applies(findings, ctx)
     return findings
