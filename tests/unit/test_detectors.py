@@ -184,6 +184,15 @@ def test_rank_imbalance(tmp_path):
     assert rank_imbalance.detect(ctx_of(tmp_path, training(None), training(None))) == []
 
 
+def test_one_rank_alone_makes_no_profile(tmp_path, monkeypatch):
+    # a group needs two ranks: one rank alone is compared with nobody, and its profile (its sites at its peak and
+    # end) is made once, by the pipeline for the job's merge, not a second time here
+    made = []
+    monkeypatch.setattr(rank_imbalance, "profile", lambda a: made.append(a.rank))
+    assert rank_imbalance.detect(ctx_of(tmp_path, training(leak_every=3))) == []
+    assert made == []
+
+
 def test_pipeline_stages_are_not_compared_without_their_stage(tmp_path):
     heavy, light = pipeline(False, micro=8), pipeline(False, micro=2)
     assert rank_imbalance.detect(ctx_of(tmp_path, heavy, light)) == []

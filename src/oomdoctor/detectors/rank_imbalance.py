@@ -105,6 +105,11 @@ def profile(a: DeviceAnalysis) -> RankProfile:
 
 
 def detect(ctx: Context) -> list[Finding]:
+    """The findings over the ranks of ``ctx``. One rank alone has nobody to be compared with (a group needs two): no
+    finding, and no profile made (``diagnose`` makes each rank's profile once, for the comparison of the job's ranks
+    after they are merged: :mod:`oomdoctor.report.merge`)."""
+    if len(ctx.analyses) < 2:
+        return []
     return detect_profiles([profile(a) for a in ctx.analyses])
 
 
