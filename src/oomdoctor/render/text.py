@@ -7,7 +7,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console, Group, JustifyMethod
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -264,15 +264,16 @@ def _group_lines(report: Report, width: int) -> list[Text]:
     return out
 
 
-def _rank_section(r: RankSummary, console: Console, listed: list[str] | None = None) -> None:
-    console.print(_timeline(r))
-    console.print(_breakdown_text(r, console.width, listed))
+def _rank_section(r: RankSummary, width: int, listed: list[str] | None = None) -> list[RenderableType]:
+    """Rank ``r``'s section: its timeline, what holds its memory, its notes."""
+    out: list[RenderableType] = [_timeline(r), _breakdown_text(r, width, listed)]
     for w in r.warnings:
-        console.print(hang(w, 2, "note: ", style="yellow"))
+        out.append(hang(w, 2, "note: ", style="yellow"))
     if r.truncated and r.has_history:
-        console.print(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
-                           f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
-                           "reconstructed from the final segments", 2, "note: ", style="dim"))
+        out.append(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
+                        f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
+                        "reconstructed from the final segments", 2, "note: ", style="dim"))
+    return out
 
 
 def _listed(report: Report) -> list[str]:
@@ -282,36 +283,37 @@ def _listed(report: Report) -> list[str]:
     return verdict_words.assumptions(report.verdict) if report.verdict is not None else []
 
 
-def _render_grouped(report: Report, console: Console) -> None:
+def _grouped(report: Report, width: int) -> list[RenderableType]:
     """A job of many ranks in under 80 lines at 80 columns: the groups, one section (the first odd rank's, else
     the first rank's), the findings one line each."""
     from .words import findings as finding_words
-    console.print(Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, peaks within "
-                       "1%):", style="bold"))
-    for line in _group_lines(report, console.width):
-        console.print(hang(Text(line.plain.lstrip(), style=line.style), 2))
+    out: list[RenderableType] = [Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, "
+                                      "peaks within 1%):", style="bold")]
+    for line in _group_lines(report, width):
+        out.append(hang(Text(line.plain.lstrip(), style=line.style), 2))
     odd = next((x for x in report.groups.groups if x.odd), None)
     first = odd.ranks[0] if odd else report.ranks[0].rank
-    _rank_section(next(x for x in report.ranks if x.rank == first), console, _listed(report))
+    out += _rank_section(next(x for x in report.ranks if x.rank == first), width, _listed(report))
     for n in report.notes[:3]:
-        console.print(Text(f"note: {n}", style="yellow"))
+        out.append(Text(f"note: {n}", style="yellow"))
     shown = report.findings[:MAX_FINDING_LINES]
-    console.print(Text(f"{_count(len(report.findings), 'finding')}, most severe first:" if shown else "No finding.",
-                       style="bold"))
+    out.append(Text(f"{_count(len(report.findings), 'finding')}, most severe first:" if shown else "No finding.",
+                    style="bold"))
     for f in shown:
-        console.print(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
-                           f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"{f.severity.upper()} [{f.id}] "))
+        out.append(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
+                        f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"{f.severity.upper()} [{f.id}] "))
     if len(report.findings) > MAX_FINDING_LINES:
-        console.print(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
-    console.print(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
-                       style="dim"))
+        out.append(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
+    out.append(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
+                    style="dim"))
+    return out
 
 
-def render_text(report: Report, console: Console, *, all_ranks: bool = False) -> None:
-    """Print ``report`` on ``console``: the verdict first, then the ranks with what holds their memory,
-    then the findings (those under the materiality threshold on one line each). Above :data:`GROUPED_RANKS`
-    ranks, unless ``all_ranks``, alike ranks are grouped (:mod:`oomdoctor.report.groups`) and the odd ones named
-    on the second line."""
+def text_parts(report: Report, width: int, *, all_ranks: bool = False) -> list[RenderableType]:
+    """What the terminal prints of ``report`` at ``width`` columns, in order, one renderable a
+    ``console.print``: the verdict first, then the ranks with what holds their memory, then the findings (those
+    under the materiality threshold on one line each). Above :data:`GROUPED_RANKS` ranks, unless ``all_ranks``,
+    alike ranks are grouped (:mod:`oomdoctor.report.groups`) and the odd ones named on the second line."""
     from .words import findings as finding_words
     grouped = len(report.ranks) > GROUPED_RANKS and not all_ranks and report.groups is not None
     v = report.verdict
@@ -327,42 +329,49 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
         head.append(f"; {gate_words.headline_ranks(report)}")
     else:
         head.append(gate_words.headline_ranks(report))
-    console.print(head)
+    out: list[RenderableType] = [head]
     if report.unread:
-        console.print(hang(gate_words.unread_line(report.unread), 0, style="bold yellow"))
+        out.append(hang(gate_words.unread_line(report.unread), 0, style="bold yellow"))
     if grouped:
         assert report.groups is not None  # grouped
         odd = [x for x in report.groups.groups if x.odd]
-        console.print(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
-                                            + (f"; and {len(odd) - 3} more groups" if len(odd) > 3 else "")
-                                            if odd else "none, all ranks alike"), style="bold yellow"))
+        out.append(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
+                                         + (f"; and {len(odd) - 3} more groups" if len(odd) > 3 else "")
+                                         if odd else "none, all ranks alike"), style="bold yellow"))
     panel = _verdict_panel(report)
     if panel is not None:
-        console.print(panel)
+        out.append(panel)
     if grouped:
-        _render_grouped(report, console)
-        return
-    console.print(_rank_table(report))
+        return out + _grouped(report, width)
+    out.append(_rank_table(report))
+    listed = _listed(report)
     for r in report.ranks:
-        _rank_section(r, console, _listed(report))
+        out += _rank_section(r, width, listed)
     for n in report.notes:
-        console.print(Text(f"note: {n}", style="yellow"))
-    console.print()
+        out.append(Text(f"note: {n}", style="yellow"))
+    out.append(Text())
     material = [f for f in report.findings if f.severity not in ("low", "info")]
     minor = [f for f in report.findings if f.severity in ("low", "info")]
     if not material:
-        console.print(Text("No finding worth fixing.", style="bold green"))
+        out.append(Text("No finding worth fixing.", style="bold green"))
     else:
-        console.print(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
+        out.append(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
         for i, f in enumerate(material, 1):
-            console.print(_finding_panel(i, f))
+            out.append(_finding_panel(i, f))
     if minor:
         m = report.materiality or {}
         rule = (f" (under max({m['fraction']:.0%} of peak reserved, {format_bytes(m['min_bytes'])}) at stake, or a cost "
                 "in time only)" if m else "")
-        console.print(Text(f"Also noted, too small to be worth fixing first{rule}:", style="dim"))
+        out.append(Text(f"Also noted, too small to be worth fixing first{rule}:", style="dim"))
         for f in minor:
-            console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
+            out.append(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
+    return out
+
+
+def render_text(report: Report, console: Console, *, all_ranks: bool = False) -> None:
+    """Print ``report`` on ``console`` (:func:`text_parts` at the console's width)."""
+    for part in text_parts(report, console.width, all_ranks=all_ranks):
+        console.print(part)
 
 
 def _oom_text(oom, reach: str = "complete") -> Text:
@@ -456,8 +465,11 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
 
 def render_text_plain(report: Report, width: int = 120, *, all_ranks: bool = False) -> str:
     """The text report as a string without colour (for files and logs)."""
+    parts = text_parts(report, width, all_ranks=all_ranks)
     buf = io.StringIO()
-    render_text(report, plain_console(buf, width), all_ranks=all_ranks)
+    console = plain_console(buf, width)
+    for part in parts:
+        console.print(part)
     return buf.getvalue()
 
 
