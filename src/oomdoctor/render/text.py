@@ -13,7 +13,16 @@ from rich.table import Table
 from rich.text import Text
 
 from .console import hang, plain_console
-from .format import count, fit_site, format_bytes, format_signed_bytes, format_us, span, torch_version_words
+from .format import (
+    count,
+    fit_site,
+    format_bytes,
+    format_signed_bytes,
+    format_us,
+    span,
+    sparkline,
+    torch_version_words,
+)
 from .words import breakdown as breakdown_words
 from .words import capacity as capacity_words
 from .words import diff as diff_words
@@ -26,22 +35,12 @@ if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..report.model import RankSummary, Report
     from ..simulate.whatif import Simulation
 
-_SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
 _APPLIES_STYLE = {True: "green", False: "dim", None: "yellow"}
 
 
 _count = count  # ``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)`` (render/format.py)
-
-
-def sparkline(values: list[int], top: int) -> str:
-    """One character per value, scaled to ``top``; values outside ``[0, top]`` are clamped (a trace whose
-    start could not be rebuilt can undercount allocated bytes below zero)."""
-    if not values or top <= 0:
-        return ""
-    last = len(_SPARK) - 1
-    return "".join(_SPARK[max(0, min(last, int(v / top * last + 0.5)))] for v in values)
 
 
 _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black on yellow",
@@ -191,11 +190,7 @@ def _timeline(r: RankSummary) -> Group:
         out.append(hang(peak_words.BEFORE_WINDOW_UNKNOWN, style="yellow"))
     an = r.anatomy_at_peak
     if an is not None:
-        parts = [("requested", an.requested_bytes), ("rounding", an.rounding_waste_bytes),
-                 ("pending free", an.pending_free_bytes), ("free in used segments", an.free_in_used_segments_bytes),
-                 ("free segments", an.free_segments_bytes)]
-        out.append(hang(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved",
-                        2, "at the peak of reserved: "))
+        out.append(hang(peak_words.anatomy(an), 2, "at the peak of reserved: "))
     return Group(*out)
 
 
