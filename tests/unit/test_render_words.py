@@ -9,7 +9,8 @@ import pytest
 from rich.text import Text
 
 from oomdoctor.render.console import TidyConsole, hang, plain_console
-from oomdoctor.render.text import _count, _one_a_line, capacity_words
+from oomdoctor.render.text import _count, _one_a_line
+from oomdoctor.render.words import capacity as capacity_words
 from oomdoctor.render.words.predict import prediction
 from oomdoctor.simulate.capacity import BOUNDED, EXACT, GIVEN, Capacity
 
@@ -56,22 +57,22 @@ def test_settings_one_a_line_keep_a_list_whole():
 def test_capacity_in_words_and_binary_units():
     oom = Capacity(limit_bytes=41_269_854_208, kind="fraction", source="raw", certainty=BOUNDED,
                    lower_bytes=41_269_854_208, upper_bytes=44_988_104_703, evidence="oom")
-    assert capacity_words(oom, 13760) == (
+    assert capacity_words.limit(oom, 13760) == (
         "38.44 GiB, the lower end of a cap between 38.44 GiB and 41.90 GiB: a memory-fraction cap, since the device "
         "still had memory free at the OOM, event 13760")
     device = Capacity(limit_bytes=80 * GiB, kind="device", source="raw", certainty=EXACT,
                       lower_bytes=80 * GiB, upper_bytes=80 * GiB, evidence="oom")
-    assert capacity_words(device, 5) == ("80.00 GiB, the device's memory at the OOM, event 5: its free bytes then plus "
+    assert capacity_words.limit(device, 5) == ("80.00 GiB, the device's memory at the OOM, event 5: its free bytes then plus "
                                         "the reserved bytes")
-    assert capacity_words(Capacity(limit_bytes=2 * GiB, kind="fraction", source="raw", certainty=EXACT,
+    assert capacity_words.limit(Capacity(limit_bytes=2 * GiB, kind="fraction", source="raw", certainty=EXACT,
                                    lower_bytes=2 * GiB, upper_bytes=2 * GiB, evidence="sidecar")) == (
         "2.00 GiB, the memory-fraction cap the sidecar states")
-    assert capacity_words(Capacity(limit_bytes=GiB, kind="device", source="raw", certainty=GIVEN,
+    assert capacity_words.limit(Capacity(limit_bytes=GiB, kind="device", source="raw", certainty=GIVEN,
                                    lower_bytes=GiB, upper_bytes=GiB, evidence="given")) == (
         "1.00 GiB, given with --cap as a device limit")
     unlimited = Capacity(limit_bytes=None, kind="none", source="fallbacks-disagree", source_values={
         "runs": 2, "upper_bytes": 41_269_854_208, "peak_reserved_bytes": 44_988_104_703})
-    assert capacity_words(unlimited) == ("unlimited: the 2 allocator fallbacks in the trace do not agree on a cap "
+    assert capacity_words.limit(unlimited) == ("unlimited: the 2 allocator fallbacks in the trace do not agree on a cap "
                                          "(upper bound 38.44 GiB below the peak reserved 41.90 GiB)")
 
 

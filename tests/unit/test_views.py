@@ -228,6 +228,6 @@ def test_vendored_chart_library_is_the_pinned_one():
 def test_sparkline_clamps_values_outside_its_scale():
     """A scaled copy of the large trace (benchmarks/bench_cli.py --scale 4) drove allocated bytes below
     zero, and the negative index fell off the character table (IndexError in diagnose)."""
-    from oomdoctor.render.text import sparkline
+    from oomdoctor.render.format import sparkline
     assert sparkline([-5, 0, 50, 100, 130], 100) == "▁▁▅██"
     assert sparkline([], 10) == "" and sparkline([1], 0) == ""

@@ -45,6 +45,18 @@ def torch_version_words(text: str) -> str:
     return f"{m.group(1)} or later (read off the snapshot)" if m else text
 
 
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[int], top: int) -> str:
+    """One character per value, scaled to ``top``; values outside ``[0, top]`` are clamped (a trace whose
+    start could not be rebuilt can undercount allocated bytes below zero)."""
+    if not values or top <= 0:
+        return ""
+    last = len(_SPARK) - 1
+    return "".join(_SPARK[max(0, min(last, int(v / top * last + 0.5)))] for v in values)
+
+
 def format_signed_bytes(n: int) -> str:
     """A change in bytes: ``"+64.00 MiB"``, ``"-1.66 GiB"``, ``"0 B"``."""
     return ("+" if n > 0 else "") + format_bytes(n) if n else "0 B"

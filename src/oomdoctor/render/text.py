@@ -7,23 +7,34 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console, Group, JustifyMethod
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from .console import hang, plain_console
-from .format import count, fit_site, format_bytes, format_signed_bytes, format_us, span, torch_version_words
+from .format import (
+    count,
+    fit_site,
+    format_bytes,
+    format_signed_bytes,
+    format_us,
+    span,
+    sparkline,
+    torch_version_words,
+)
+from .words import breakdown as breakdown_words
+from .words import capacity as capacity_words
+from .words import diff as diff_words
 from .words import gate as gate_words
+from .words import peaks as peak_words
 from .words import simulate as sim_words
-from .words.capacity import said as capacity_said
 
 if TYPE_CHECKING:  # annotations only: rendering imports no analysis code
     from ..report.diff import Diff
     from ..report.model import RankSummary, Report
     from ..simulate.whatif import Simulation
 
-_SPARK = "▁▂▃▄▅▆▇█"
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
 _APPLIES_STYLE = {True: "green", False: "dim", None: "yellow"}
@@ -32,58 +43,10 @@ _APPLIES_STYLE = {True: "green", False: "dim", None: "yellow"}
 _count = count  # ``1 rank``, ``2 ranks``: a count with its noun, never ``rank(s)`` (render/format.py)
 
 
-def sparkline(values: list[int], top: int) -> str:
-    """One character per value, scaled to ``top``; values outside ``[0, top]`` are clamped (a trace whose
-    start could not be rebuilt can undercount allocated bytes below zero)."""
-    if not values or top <= 0:
-        return ""
-    last = len(_SPARK) - 1
-    return "".join(_SPARK[max(0, min(last, int(v / top * last + 0.5)))] for v in values)
-
-
 _VERDICT_STYLE = {"capacity": "bold white on red", "fragmentation": "bold black on yellow",
                   "deferred-free": "bold black on yellow", "growth": "bold white on red", "imbalance": "bold black on yellow",
                   "kept-exception": "bold white on red",
                   "healthy": "bold black on green", "empty": "bold black on white"}
-_CATEGORY_LABEL = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
-                   "activations": "activations", "temporaries": "temporaries", "communication": "communication",
-                   "outputs": "outputs kept", "kv_cache": "KV cache", "workspaces": "workspaces",
-                   "weight_copy": "weight copies (frozen, EMA)", "buffers": "module buffers",
-                   "unknown": "unknown", "rounding": "allocator rounding"}
-_PHASE_SOURCE = {"markers": "marked by the framework", "annotations": "from PyTorch's annotations",
-                 "autograd engine thread": "from the autograd engine's thread", "frames": "from the call stacks",
-                 "inferred": "guessed from the blocks' lifetimes"}
-"""How the phase was told (``Breakdown.phase_source``), in words."""
-_AT_LABEL = {"oom": "at the OOM", "peak_allocated": "at the peak of allocated memory",
-             "peak_reserved": "at the peak of reserved memory", "optimizer_start": "before the optimizer step",
-             "backward_end": "at the end of a backward"}
-
-
-def _by_size(bd) -> list[tuple[str, int]]:
-    """A breakdown's non-empty categories, largest first."""
-    return sorted(((c, b) for c, b in bd.categories.items() if b), key=lambda x: -x[1])
-
-
-SMALL_CATEGORY_BYTES = 1 << 20
-"""Categories under this (1 MiB) are said in one term after the others, summed and named (``12.80 KiB in allocator
-rounding and outputs kept``), so that a 4-byte loss scalar kept across steps does not read as a category of the
-breakdown (issue 52); the terms still add up to the allocated bytes."""
-
-
-def _terms(bd, sep: str = " ") -> list[str]:
-    """A breakdown's categories as terms, largest first (``activations 7.49 GiB``), those under
-    :data:`SMALL_CATEGORY_BYTES` in one last term."""
-    parts = _by_size(bd)
-    big = [(c, b) for c, b in parts if b >= SMALL_CATEGORY_BYTES]
-    small = [(c, b) for c, b in parts if b < SMALL_CATEGORY_BYTES]
-    out = [f"{_CATEGORY_LABEL[c]}{sep}{format_bytes(b)}" for c, b in big]
-    if len(small) == 1 and not big:
-        out.append(f"{_CATEGORY_LABEL[small[0][0]]}{sep}{format_bytes(small[0][1])}")
-    elif small:
-        names = [_CATEGORY_LABEL[c] for c, _ in small]
-        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-        out.append(f"{format_bytes(sum(b for _, b in small))} in {listed}")
-    return out
 
 
 def _verdict_panel(report: Report) -> Panel | None:
@@ -141,15 +104,6 @@ def _rank_table(report: Report) -> Table:
     return t
 
 
-_UNKNOWN_WHY = {"before_trace_no_stack": "born before the trace, no stack of their allocation left (the ring buffer "
-                                        "dropped it, or recording began after it): nothing says what they are",
-                "before_trace": "born before the trace; their stack places nothing",
-                "frozen_or_buffer": "module state of a size no trained parameter has: frozen weights or registered "
-                                    "buffers (record with oomdoctor run to tell them apart)",
-                "copy_or_buffer": "module state of a trained parameter's size beyond its gradients that copies no "
-                                  "whole model: buffers (BatchNorm's statistics) or part of a model kept frozen"}
-
-
 def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None) -> Group:
     """What holds the memory of rank ``r`` at its breakdown's event, its largest holders, and what fits;
     ``listed``: the assumptions already listed under the verdict (an estimate resting on the same is not
@@ -158,28 +112,15 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
     bd = r.breakdown
     if bd is None:
         return Group()
-    where = _AT_LABEL.get(bd.at, bd.at)
-    step = f"step {bd.step}, " if bd.step is not None else ""
-    text = Text(f"{where} ({step}{bd.phase} phase, {_PHASE_SOURCE.get(bd.phase_source, bd.phase_source)}): "
-                f"{format_bytes(bd.allocated_bytes)} allocated = ", style="bold")
-    text.append(" + ".join(_terms(bd)) or "nothing")
-    recorded = sorted(c for c, src in bd.sources.items() if src == "recorded")
-    source = Text(", ".join(_CATEGORY_LABEL[c] for c in recorded) + " as oomdoctor run recorded them; the other "
-                  "categories from the allocation trace" if recorded else
-                  "every category from the allocation trace (its stacks, annotations and lifetimes)", style="dim")
-    out: list = [Text(), hang(text), hang(source)]
-    why = {k: v for k, v in bd.unknown_why.items() if k in _UNKNOWN_WHY}
-    if why:
-        out.append(hang("unknown: " + "; ".join(f"{format_bytes(v)} {_UNKNOWN_WHY[k]}" for k, v in why.items()),
-                        style="dim"))
-    for line, by in (("weight copies", bd.weight_copy_by), ("module buffers", bd.buffers_by)):
-        named = {k: v for k, v in by.items() if k != "unnamed"}
-        if named:
-            out.append(hang(f"{line}: " + "; ".join(f"{format_bytes(v)} {k}" for k, v in list(named.items())[:4]),
-                            style="dim"))
+    said = breakdown_words.said(bd)
+    out: list = [Text(), hang(Text(said.total, style="bold")), hang(Text(said.source, style="dim"))]
+    if said.unknown:
+        out.append(hang(said.unknown, style="dim"))
+    out += [hang(line, style="dim") for line in said.named]
     if r.holders:
         out.append(Text("  largest holders:", style="bold"))
-        rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{_CATEGORY_LABEL[h.category]}, {h.phase}", h.label)
+        label = breakdown_words.CATEGORY_LABEL
+        rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{label[h.category]}, {h.phase}", h.label)
                 for h in r.holders[:6]]
         out.append(_fitted_table(rows, width, justify=("right", "right", "left", "left"),
                                  headers=("  bytes", "blocks", "what, phase", "allocated at")))
@@ -218,16 +159,6 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
     return Group(*out)
 
 
-def _job_peak_words(r: RankSummary, job: int | None, missed: bool, material: bool) -> str:
-    """After a window's peak: the job's own where it is above (issue 41), said as a miss where the gap is material
-    (issue 52)."""
-    if not missed or job is None:
-        return ""
-    src = "the sidecar" if r.peak_source == "sidecar" else "a memory_stats file"
-    return (f" in the recorded window; the job's peak {format_bytes(job)} (PyTorch's counters, {src})"
-            + (": the window missed it" if material else ""))
-
-
 def _timeline(r: RankSummary) -> Group:
     top = max(r.series.get("reserved") or [0])
     text = Text()
@@ -247,25 +178,19 @@ def _timeline(r: RankSummary) -> Group:
     text.append("\n  reserved  ")
     text.append(sparkline(r.series.get("reserved", []), top), style="magenta")
     text.append(f"  peak {format_bytes(r.peak_reserved_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_reserved_bytes, r.reserved_peak_missed, r.reserved_peak_missed_material),
-                style="bold")
+    text.append(peak_words.job_peak(r.peak_source, r.job_peak_reserved_bytes, r.reserved_peak_missed,
+                                    r.reserved_peak_missed_material), style="bold")
     text.append("\n  allocated ")
     text.append(sparkline(r.series.get("allocated", []), top), style="green")
     text.append(f"  peak {format_bytes(r.peak_allocated_bytes)}")
-    text.append(_job_peak_words(r, r.job_peak_allocated_bytes, r.allocated_peak_missed,
-                                r.allocated_peak_missed_material), style="bold")
+    text.append(peak_words.job_peak(r.peak_source, r.job_peak_allocated_bytes, r.allocated_peak_missed,
+                                    r.allocated_peak_missed_material), style="bold")
     out: list = [text]
     if r.peak_source == "unknown-before-window":
-        out.append(hang("peaks before the recorded window are not known: the trace starts after the job's first "
-                        "allocation and no sidecar holds PyTorch's counters; the sidecars of oomdoctor run hold them",
-                        style="yellow"))
+        out.append(hang(peak_words.BEFORE_WINDOW_UNKNOWN, style="yellow"))
     an = r.anatomy_at_peak
     if an is not None:
-        parts = [("requested", an.requested_bytes), ("rounding", an.rounding_waste_bytes),
-                 ("pending free", an.pending_free_bytes), ("free in used segments", an.free_in_used_segments_bytes),
-                 ("free segments", an.free_segments_bytes)]
-        out.append(hang(" + ".join(f"{name} {format_bytes(b)}" for name, b in parts if b > 0) or "nothing reserved",
-                        2, "at the peak of reserved: "))
+        out.append(hang(peak_words.anatomy(an), 2, "at the peak of reserved: "))
     return Group(*out)
 
 
@@ -334,15 +259,16 @@ def _group_lines(report: Report, width: int) -> list[Text]:
     return out
 
 
-def _rank_section(r: RankSummary, console: Console, listed: list[str] | None = None) -> None:
-    console.print(_timeline(r))
-    console.print(_breakdown_text(r, console.width, listed))
+def _rank_section(r: RankSummary, width: int, listed: list[str] | None = None) -> list[RenderableType]:
+    """Rank ``r``'s section: its timeline, what holds its memory, its notes."""
+    out: list[RenderableType] = [_timeline(r), _breakdown_text(r, width, listed)]
     for w in r.warnings:
-        console.print(hang(w, 2, "note: ", style="yellow"))
+        out.append(hang(w, 2, "note: ", style="yellow"))
     if r.truncated and r.has_history:
-        console.print(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
-                           f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
-                           "reconstructed from the final segments", 2, "note: ", style="dim"))
+        out.append(hang(f"the trace starts after some blocks were allocated: {r.unmatched_frees} frees without "
+                        f"their alloc, {r.ghost_blocks} blocks never seen; their state at the start was "
+                        "reconstructed from the final segments", 2, "note: ", style="dim"))
+    return out
 
 
 def _listed(report: Report) -> list[str]:
@@ -352,36 +278,37 @@ def _listed(report: Report) -> list[str]:
     return verdict_words.assumptions(report.verdict) if report.verdict is not None else []
 
 
-def _render_grouped(report: Report, console: Console) -> None:
+def _grouped(report: Report, width: int) -> list[RenderableType]:
     """A job of many ranks in under 80 lines at 80 columns: the groups, one section (the first odd rank's, else
     the first rank's), the findings one line each."""
     from .words import findings as finding_words
-    console.print(Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, peaks within "
-                       "1%):", style="bold"))
-    for line in _group_lines(report, console.width):
-        console.print(hang(Text(line.plain.lstrip(), style=line.style), 2))
+    out: list[RenderableType] = [Text(f"Ranks: {len(report.ranks)}, grouped (alike: same verdict, same top holders, "
+                                      "peaks within 1%):", style="bold")]
+    for line in _group_lines(report, width):
+        out.append(hang(Text(line.plain.lstrip(), style=line.style), 2))
     odd = next((x for x in report.groups.groups if x.odd), None)
     first = odd.ranks[0] if odd else report.ranks[0].rank
-    _rank_section(next(x for x in report.ranks if x.rank == first), console, _listed(report))
+    out += _rank_section(next(x for x in report.ranks if x.rank == first), width, _listed(report))
     for n in report.notes[:3]:
-        console.print(Text(f"note: {n}", style="yellow"))
+        out.append(Text(f"note: {n}", style="yellow"))
     shown = report.findings[:MAX_FINDING_LINES]
-    console.print(Text(f"{_count(len(report.findings), 'finding')}, most severe first:" if shown else "No finding.",
-                       style="bold"))
+    out.append(Text(f"{_count(len(report.findings), 'finding')}, most severe first:" if shown else "No finding.",
+                    style="bold"))
     for f in shown:
-        console.print(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
-                           f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"{f.severity.upper()} [{f.id}] "))
+        out.append(hang(f"rank{'s' if len(f.ranks) > 1 else ''} {span(sorted(f.ranks))} · "
+                        f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"{f.severity.upper()} [{f.id}] "))
     if len(report.findings) > MAX_FINDING_LINES:
-        console.print(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
-    console.print(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
-                       style="dim"))
+        out.append(Text(f"  and {len(report.findings) - MAX_FINDING_LINES} more"))
+    out.append(Text("--all-ranks prints every rank and each finding in full; --format json keeps every rank.",
+                    style="dim"))
+    return out
 
 
-def render_text(report: Report, console: Console, *, all_ranks: bool = False) -> None:
-    """Print ``report`` on ``console``: the verdict first, then the ranks with what holds their memory,
-    then the findings (those under the materiality threshold on one line each). Above :data:`GROUPED_RANKS`
-    ranks, unless ``all_ranks``, alike ranks are grouped (:mod:`oomdoctor.report.groups`) and the odd ones named
-    on the second line."""
+def text_parts(report: Report, width: int, *, all_ranks: bool = False) -> list[RenderableType]:
+    """What the terminal prints of ``report`` at ``width`` columns, in order, one renderable a
+    ``console.print``: the verdict first, then the ranks with what holds their memory, then the findings (those
+    under the materiality threshold on one line each). Above :data:`GROUPED_RANKS` ranks, unless ``all_ranks``,
+    alike ranks are grouped (:mod:`oomdoctor.report.groups`) and the odd ones named on the second line."""
     from .words import findings as finding_words
     grouped = len(report.ranks) > GROUPED_RANKS and not all_ranks and report.groups is not None
     v = report.verdict
@@ -397,42 +324,49 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
         head.append(f"; {gate_words.headline_ranks(report)}")
     else:
         head.append(gate_words.headline_ranks(report))
-    console.print(head)
+    out: list[RenderableType] = [head]
     if report.unread:
-        console.print(hang(gate_words.unread_line(report.unread), 0, style="bold yellow"))
+        out.append(hang(gate_words.unread_line(report.unread), 0, style="bold yellow"))
     if grouped:
         assert report.groups is not None  # grouped
         odd = [x for x in report.groups.groups if x.odd]
-        console.print(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
-                                            + (f"; and {len(odd) - 3} more groups" if len(odd) > 3 else "")
-                                            if odd else "none, all ranks alike"), style="bold yellow"))
+        out.append(Text("odd ranks: " + ("; ".join(f"{span(x.ranks)} ({', '.join(x.why)})" for x in odd[:3])
+                                         + (f"; and {len(odd) - 3} more groups" if len(odd) > 3 else "")
+                                         if odd else "none, all ranks alike"), style="bold yellow"))
     panel = _verdict_panel(report)
     if panel is not None:
-        console.print(panel)
+        out.append(panel)
     if grouped:
-        _render_grouped(report, console)
-        return
-    console.print(_rank_table(report))
+        return out + _grouped(report, width)
+    out.append(_rank_table(report))
+    listed = _listed(report)
     for r in report.ranks:
-        _rank_section(r, console, _listed(report))
+        out += _rank_section(r, width, listed)
     for n in report.notes:
-        console.print(Text(f"note: {n}", style="yellow"))
-    console.print()
+        out.append(Text(f"note: {n}", style="yellow"))
+    out.append(Text())
     material = [f for f in report.findings if f.severity not in ("low", "info")]
     minor = [f for f in report.findings if f.severity in ("low", "info")]
     if not material:
-        console.print(Text("No finding worth fixing.", style="bold green"))
+        out.append(Text("No finding worth fixing.", style="bold green"))
     else:
-        console.print(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
+        out.append(Text(f"{_count(len(material), 'finding')}, most severe first:", style="bold"))
         for i, f in enumerate(material, 1):
-            console.print(_finding_panel(i, f))
+            out.append(_finding_panel(i, f))
     if minor:
         m = report.materiality or {}
         rule = (f" (under max({m['fraction']:.0%} of peak reserved, {format_bytes(m['min_bytes'])}) at stake, or a cost "
                 "in time only)" if m else "")
-        console.print(Text(f"Also noted, too small to be worth fixing first{rule}:", style="dim"))
+        out.append(Text(f"Also noted, too small to be worth fixing first{rule}:", style="dim"))
         for f in minor:
-            console.print(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
+            out.append(hang(f"{format_bytes(f.bytes)} · {finding_words.title(f)}", 2, f"[{f.id}] ", style="dim"))
+    return out
+
+
+def render_text(report: Report, console: Console, *, all_ranks: bool = False) -> None:
+    """Print ``report`` on ``console`` (:func:`text_parts` at the console's width)."""
+    for part in text_parts(report, console.width, all_ranks=all_ranks):
+        console.print(part)
 
 
 def _oom_text(oom, reach: str = "complete") -> Text:
@@ -455,31 +389,6 @@ def _one_a_line(config: str) -> str:
     return "".join(out)
 
 
-def capacity_words(cap, oom_event: int | None = None) -> str:
-    """The limit a replay ran under (:class:`oomdoctor.simulate.capacity.Capacity`), in words and binary units:
-    what set it and, for a bounded cap, its bounds."""
-    if cap.limit_bytes is None:
-        return capacity_said(cap, count=format_bytes)
-    limit = format_bytes(cap.limit_bytes)
-    bounds = (f"the lower end of a cap between {format_bytes(cap.lower_bytes)} and {format_bytes(cap.upper_bytes)}"
-              if cap.lower_bytes is not None and cap.upper_bytes is not None and cap.lower_bytes != cap.upper_bytes
-              else "")
-    at = f", event {oom_event}" if oom_event is not None else ""
-    if cap.evidence == "sidecar":
-        return f"{limit}, the memory-fraction cap the sidecar states"
-    if cap.evidence == "given":
-        return f"{limit}, given with --cap as a {cap.kind} limit"
-    if cap.evidence == "oom" and cap.kind == "device":
-        return f"{limit}, the device's memory at the OOM{at}: its free bytes then plus the reserved bytes"
-    if cap.evidence == "oom":
-        return (f"{limit}, {bounds}: a memory-fraction cap, since the device still had memory free at the "
-                f"OOM{at}")
-    if cap.evidence == "fallbacks":
-        return (f"{limit}, {bounds}, read from the allocator's fallbacks: cached segments freed before a new "
-                "segment")
-    return f"{limit}, a {cap.kind} limit"
-
-
 def render_simulation_text(sim: Simulation, console: Console) -> None:
     """Print an ``oomdoctor simulate`` result: the replays side by side, the self-replay check, and the
     recommendation."""
@@ -490,7 +399,7 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
                   f"{format_bytes(sim.recorded_peak_reserved_bytes)}, peak allocated "
                   f"{format_bytes(sim.recorded_peak_allocated_bytes)}{oom}")
-    console.print(hang(capacity_words(sim.capacity, sim.recorded_oom_event), 0, "capacity: ", style="dim"))
+    console.print(hang(capacity_words.limit(sim.capacity, sim.recorded_oom_event), 0, "capacity: ", style="dim"))
     rec_id = id(sim.recommendation.result) if sim.recommendation else None
     for mode, title in (("recorded", "frees as recorded (held for other streams where the job record_stream-ed)"),
                         ("immediate", "frees made immediate (no record_stream)")):
@@ -551,8 +460,11 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
 
 def render_text_plain(report: Report, width: int = 120, *, all_ranks: bool = False) -> str:
     """The text report as a string without colour (for files and logs)."""
+    parts = text_parts(report, width, all_ranks=all_ranks)
     buf = io.StringIO()
-    render_text(report, plain_console(buf, width), all_ranks=all_ranks)
+    console = plain_console(buf, width)
+    for part in parts:
+        console.print(part)
     return buf.getvalue()
 
 
@@ -566,28 +478,9 @@ def render_simulation_text_plain(sim: Simulation, width: int = 120) -> str:
 _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow", "unchanged": "dim"}
 
 
-def diff_headline(diff: Diff) -> str:
-    """The first line of ``oomdoctor diff``: the rank whose peak reserved moved most, before → after and by how much,
-    then how many rank pairs and what became of the findings."""
-    out = "oomdoctor diff: "
-    if diff.ranks:
-        r = max(diff.ranks, key=lambda x: (abs(x.peak_reserved_saved_bytes), -x.rank))
-        saved = r.peak_reserved_saved_bytes
-        moved = (f"{format_bytes(saved)} less after" if saved > 0 else f"{format_bytes(-saved)} more after" if saved
-                 else "unchanged")
-        where = f"on rank {r.rank}" if len(diff.ranks) == 1 or saved else "on every rank"
-        out += (f"peak reserved {format_bytes(r.before_peak_reserved_bytes)} → "
-                f"{format_bytes(r.after_peak_reserved_bytes)} {where}, {moved}; ")
-    out += count(len(diff.ranks), "rank pair")
-    by = {st: sum(1 for f in diff.findings if f.status == st) for st in ("resolved", "new", "changed")}
-    said = [f"{count(n, 'finding')} {st}" if i == 0 else f"{n} {st}" for i, (st, n) in
-            enumerate((st, n) for st, n in by.items() if n)]
-    return out + ("; " + ", ".join(said) if said else "")
-
-
 def render_diff_text(diff: Diff, console: Console) -> None:
     """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
-    console.print(Text(diff_headline(diff), style="bold"))
+    console.print(Text(diff_words.headline(diff), style="bold"))
     console.print(Text("peaks per rank; saved = before − after (negative: the after run needs more)", style="dim"))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "peak", "before", "after", "saved", "OOM"):
@@ -667,12 +560,12 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     bd = r.breakdown
     if bd is not None:
         step = f"step {bd.step}, " if bd.step is not None else ""
-        at = _AT_LABEL.get(bd.at, bd.at)
+        at = breakdown_words.at(bd)
         lines.append(f"{at[:1].upper()}{at[1:]} ({step}{bd.phase} phase) rank {r.rank} had "
-                     f"{format_bytes(bd.allocated_bytes)} allocated: " + ", ".join(_terms(bd)) + ".")
+                     f"{format_bytes(bd.allocated_bytes)} allocated: " + ", ".join(breakdown_words.terms(bd)) + ".")
     if r.holders:
         lines.append("Largest holders: " + "; ".join(
-            f"{format_bytes(h.bytes)} {_CATEGORY_LABEL[h.category]} ({h.phase}) at {h.label}"
+            f"{format_bytes(h.bytes)} {breakdown_words.CATEGORY_LABEL[h.category]} ({h.phase}) at {h.label}"
             for h in r.holders[:holders]) + ".")
     f = r.fits
     if f is not None and f.batch_scale is not None:
@@ -696,10 +589,10 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
     r = report.ranks[0]
     bd = r.breakdown
     assert bd is not None  # checked above
-    lines = [f"{_AT_LABEL.get(bd.at, bd.at)}: {format_bytes(bd.allocated_bytes)} allocated = "
-             + " + ".join(_terms(bd))]
+    lines = [f"{breakdown_words.at(bd)}: {format_bytes(bd.allocated_bytes)} allocated = "
+             + " + ".join(breakdown_words.terms(bd))]
     if r.holders:
         lines.append("largest holders:")
-        lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {_CATEGORY_LABEL[h.category]}  {h.label}"
+        lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {breakdown_words.CATEGORY_LABEL[h.category]}  {h.label}"
                   for h in r.holders[:holders]]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ...ids import CAPACITY_SOURCES, RoomSource
 from ...ids import ROOM_SOURCES as ROOM_SOURCE_IDS
+from ..format import format_bytes
 from .table import Words, table, text
 
 Count = Callable[[int], str]
@@ -79,6 +80,31 @@ def said(cap: Any, count: Count = str) -> str:
         words += (f", from event {start} on (reserved bytes were above it before: it was set during the run; the "
                   "replay's peaks are taken from there)")
     return words
+
+
+def limit(cap: Any, oom_event: int | None = None) -> str:
+    """The limit a replay ran under (:class:`oomdoctor.simulate.capacity.Capacity`), in words and binary units:
+    what set it and, for a bounded cap, its bounds."""
+    if cap.limit_bytes is None:
+        return said(cap, count=format_bytes)
+    size = format_bytes(cap.limit_bytes)
+    bounds = (f"the lower end of a cap between {format_bytes(cap.lower_bytes)} and {format_bytes(cap.upper_bytes)}"
+              if cap.lower_bytes is not None and cap.upper_bytes is not None and cap.lower_bytes != cap.upper_bytes
+              else "")
+    at = f", event {oom_event}" if oom_event is not None else ""
+    if cap.evidence == "sidecar":
+        return f"{size}, the memory-fraction cap the sidecar states"
+    if cap.evidence == "given":
+        return f"{size}, given with --cap as a {cap.kind} limit"
+    if cap.evidence == "oom" and cap.kind == "device":
+        return f"{size}, the device's memory at the OOM{at}: its free bytes then plus the reserved bytes"
+    if cap.evidence == "oom":
+        return (f"{size}, {bounds}: a memory-fraction cap, since the device still had memory free at the "
+                f"OOM{at}")
+    if cap.evidence == "fallbacks":
+        return (f"{size}, {bounds}, read from the allocator's fallbacks: cached segments freed before a new "
+                "segment")
+    return f"{size}, a {cap.kind} limit"
 
 
 def room_source(source: RoomSource, values: dict[str, Any]) -> str:
