@@ -103,6 +103,33 @@ MarginSource = Literal["self-replay-difference", "self-replay-exact", "fraction-
 MARGIN_SOURCES: tuple[MarginSource, ...] = get_args(MarginSource)
 """How a part of a prediction's margin was read (:attr:`oomdoctor.report.margin.Margin.sources`)."""
 
+# ------------------------------------------------------------------ what holds a rank's memory (oomdoctor.analysis.accounting)
+
+BreakdownCategory = Literal["parameters", "gradients", "optimizer_state", "activations", "temporaries",
+                            "communication", "outputs", "kv_cache", "workspaces", "weight_copy", "buffers", "unknown"]
+"""What blocks are (a block's category, a holder's), in the order of the accounting's category indices
+(:data:`oomdoctor.analysis.accounting.CATEGORIES`); with the rounding, the lines of a breakdown (its words: one table,
+:data:`BREAKDOWN_LINES`')."""
+
+BreakdownLine = Literal[BreakdownCategory, "rounding"]
+BREAKDOWN_LINES: tuple[BreakdownLine, ...] = get_args(BreakdownLine)
+"""The lines of a breakdown (:attr:`oomdoctor.analysis.accounting.Breakdown.categories`): the categories, then the
+allocator's rounding of their requests."""
+
+BreakdownPoint = Literal["oom", "peak_allocated", "peak_reserved", "optimizer_start", "backward_end"]
+BREAKDOWN_POINTS: tuple[BreakdownPoint, ...] = get_args(BreakdownPoint)
+"""The event a breakdown is taken at (:attr:`oomdoctor.analysis.accounting.Breakdown.at`)."""
+
+PhaseSource = Literal["markers", "annotations", "autograd engine thread", "frames", "inferred"]
+PHASE_SOURCES: tuple[PhaseSource, ...] = get_args(PhaseSource)
+"""What set an event's phase, strongest first (:data:`oomdoctor.analysis.phases.SOURCE_NAMES`,
+:attr:`oomdoctor.analysis.accounting.Breakdown.phase_source`)."""
+
+UnknownWhy = Literal["before_trace_no_stack", "before_trace", "in_trace", "frozen_or_buffer", "copy_or_buffer"]
+UNKNOWN_WHYS: tuple[UnknownWhy, ...] = get_args(UnknownWhy)
+"""Why bytes of the ``unknown`` category are not placed (:attr:`oomdoctor.analysis.accounting.Breakdown.unknown_why`,
+:data:`oomdoctor.analysis.accounting.UNKNOWN_WHY`), in the order of the accounting's indices."""
+
 # ------------------------------------------------------------------ oomdoctor tune (oomdoctor.report.tune)
 
 TuneNote = Literal["accumulation-traced-at-2", "trace-budget-reached", "no-gpu", "not-run", "deepspeed-not-installed",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from oomdoctor import ids
-from oomdoctor.render.words import capacity, fits, margin, simulate, tune, verdict
+from oomdoctor.render.words import breakdown, capacity, fits, margin, simulate, tune, verdict
 from oomdoctor.render.words.table import TableError, Words, current_id, meaning, table, text
 
 SRC = Path(ids.__file__).resolve().parent
@@ -28,6 +28,8 @@ TABLES = {
     "FITS_NOTES": fits.NOTES, "FITS_ASSUMPTIONS": fits.ASSUMPTIONS, "ROOM_SOURCES": capacity.ROOM_SOURCES,
     "CAPACITY_SOURCES": capacity.SOURCES, "RECOMMENDATION_REASONS": simulate.REASONS,
     "SIMULATION_NOTES": simulate.NOTES, "MARGIN_SOURCES": margin.SOURCES, "TUNE_NOTES": tune.NOTES,
+    "BREAKDOWN_LINES": breakdown.LINES, "BREAKDOWN_POINTS": breakdown.POINTS,
+    "PHASE_SOURCES": breakdown.PHASE_SOURCES_SAID, "UNKNOWN_WHYS": breakdown.UNKNOWN,
 }
 
 CORE = ("analysis", "simulate", "detectors", "report", "plan", "views", "trace")
@@ -61,6 +63,18 @@ def test_the_core_reexports_the_ids_not_descriptions():
     assert core_fits.ASSUMPTIONS is ids.FITS_ASSUMPTIONS and core_capacity.SOURCES is ids.CAPACITY_SOURCES
     assert core_margin.SOURCES is ids.MARGIN_SOURCES and core_tune.NOTES is ids.TUNE_NOTES
     assert whatif.RECOMMENDATION_REASONS is ids.RECOMMENDATION_REASONS
+
+
+def test_the_breakdown_reads_its_ids_from_ids_py_and_the_schema_enumerates_them():
+    # the accounting indexes its categories and reasons by position: the ids' order is the core's order
+    from oomdoctor.analysis import accounting, phases
+    from oomdoctor.render import schema
+
+    assert accounting.LINES is ids.BREAKDOWN_LINES and accounting.UNKNOWN_WHY is ids.UNKNOWN_WHYS
+    assert accounting.CATEGORIES + (accounting.ROUNDING,) == ids.BREAKDOWN_LINES
+    assert accounting.CATEGORIES[accounting.UNKNOWN] == "unknown" and accounting.CATEGORIES[accounting.BUFFERS] == "buffers"
+    assert phases.SOURCE_NAMES is ids.PHASE_SOURCES and phases.SOURCE_NAMES[phases.INFERRED] == "inferred"
+    assert schema.BREAKDOWN_POINTS is ids.BREAKDOWN_POINTS and schema.BREAKDOWN_LINES is ids.BREAKDOWN_LINES
 
 
 def _described_ids(path: Path) -> list[str]:

@@ -74,11 +74,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, get_args
 
 import numpy as np
 
 from ..frameworks import WORKSPACE_CPP, cpp_function
+from ..ids import (
+    BREAKDOWN_LINES,
+    UNKNOWN_WHYS,
+    BreakdownCategory,
+    BreakdownLine,
+    BreakdownPoint,
+    PhaseSource,
+    UnknownWhy,
+)
 from ..trace.model import DeviceTrace, Trace
 from .arrays import distinct, distinct_columns, stable_argsort
 from .lifetimes import IN_TRACE, Lifetimes
@@ -96,17 +105,15 @@ from .phases import (
 )
 from .sites import site_index
 
-CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-                               "communication", "outputs", "kv_cache", "workspaces", "weight_copy", "buffers",
-                               "unknown")
+CATEGORIES: tuple[BreakdownCategory, ...] = get_args(BreakdownCategory)
+"""The categories (:data:`oomdoctor.ids.BreakdownCategory`), indexed by the constants below."""
 (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, COMMUNICATION, OUTPUTS, KV_CACHE, WORKSPACES,
  WEIGHT_COPY, BUFFERS, UNKNOWN) = range(12)
-ROUNDING = "rounding"
-LINES: tuple[str, ...] = CATEGORIES + (ROUNDING,)
+ROUNDING: Literal["rounding"] = "rounding"
+LINES: tuple[BreakdownLine, ...] = BREAKDOWN_LINES
 """The lines of a breakdown: the categories' requested bytes, then the allocator's rounding of them."""
 RECORDED, TRACE = 1, 0
-UNKNOWN_WHY: tuple[str, ...] = ("before_trace_no_stack", "before_trace", "in_trace", "frozen_or_buffer",
-                                "copy_or_buffer")
+UNKNOWN_WHY: tuple[UnknownWhy, ...] = UNKNOWN_WHYS
 """Why blocks are ``unknown`` (:attr:`Breakdown.unknown_why`). The first three are read off each block's birth and
 stack; the last two are said by a rule (:attr:`Accounting.why`): module state of a size no trained parameter has
 (``frozen_or_buffer``: frozen weights or registered buffers, which only the sidecar's modules tell apart), and
@@ -157,7 +164,7 @@ class Breakdown:
 
     __pydantic_config__ = {"use_attribute_docstrings": True}  # a plain dict: pydantic reads it, nothing imports it
 
-    at: str
+    at: BreakdownPoint
     """the moment: the OOM, the peaks, or where each optimizer step began (or each backward ended)"""
     event_index: int
     """the event after which the live blocks are counted"""
@@ -165,19 +172,19 @@ class Breakdown:
     """the training step (from 0) of that event"""
     phase: str
     """the phase of that event (setup, forward, backward, optimizer, evaluation, generation, other)"""
-    categories: dict[str, int]
+    categories: dict[BreakdownLine, int]
     """requested bytes per category (parameters, gradients, optimizer_state, activations, temporaries,
     communication, outputs, kv_cache, workspaces, weight_copy, unknown) and the allocator's 'rounding'; they add
     up to allocated_bytes (bytes)"""
-    sources: dict[str, str]
+    sources: dict[BreakdownCategory, str]
     """per category: from what the job recorded (the sidecar's storages) or read from the trace"""
     allocated_bytes: int
     """allocated after that event: requested + rounding (bytes)"""
-    counts: dict[str, int] = field(default_factory=dict[str, int])
+    counts: dict[BreakdownCategory, int] = field(default_factory=dict[BreakdownCategory, int])
     """live blocks per category"""
-    phase_source: str = "inferred"
+    phase_source: PhaseSource = "inferred"
     """what set the phase: markers, annotations, autograd engine thread, frames or inferred"""
-    unknown_why: dict[str, int] = field(default_factory=dict[str, int])
+    unknown_why: dict[UnknownWhy, int] = field(default_factory=dict[UnknownWhy, int])
     """the unknown bytes by why no signal placed them: before_trace_no_stack (born before the trace, no allocation
     stack survives), before_trace (born before it, its stack places nothing), in_trace, frozen_or_buffer (module
     state of a size no trained parameter has: frozen weights or registered buffers, which only a sidecar's modules
@@ -947,7 +954,8 @@ def _apply_facts(trace: Trace, dt: DeviceTrace, lt: Lifetimes, cat: np.ndarray, 
                 maker[hit] = -1
 
 
-def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, allocated_bytes: int) -> Breakdown:
+def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: BreakdownPoint, allocated_bytes: int
+              ) -> Breakdown:
     """The lines of the blocks allocated after event ``k``: each category's requested bytes, and the
     rounding of them; asserts they sum to ``allocated_bytes`` (the timeline's allocated bytes then)."""
     rows = np.flatnonzero(lt.allocated_mask(k))
@@ -959,9 +967,9 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
     rec = np.bincount(cats[acc.source[rows] == RECORDED], weights=sizes[acc.source[rows] == RECORDED],
                       minlength=len(CATEGORIES))
     whole = np.bincount(cats, weights=sizes, minlength=len(CATEGORIES))
-    categories = {c: int(total[i]) for i, c in enumerate(CATEGORIES)}
+    categories: dict[BreakdownLine, int] = {c: int(total[i]) for i, c in enumerate(CATEGORIES)}
     categories[ROUNDING] = int(sizes.sum() - req.sum())
-    sources = {c: ("recorded" if rec[i] * 2 > whole[i] else "trace") for i, c in enumerate(CATEGORIES) if total[i]}
+    sources: dict[BreakdownCategory, str] = {c: ("recorded" if rec[i] * 2 > whole[i] else "trace") for i, c in enumerate(CATEGORIES) if total[i]}
     unk = rows[cats == UNKNOWN]
     born_before = (lt.alloc[unk] < 0) | (lt.start_state[unk] != IN_TRACE)
     why = np.where(born_before, np.where(lt.stack[unk] < 0, _BEFORE_NO_STACK, _BEFORE), _IN_TRACE)
@@ -979,8 +987,8 @@ def breakdown(acc: Accounting, lt: Lifetimes, ph: Phases, k: int, at: str, alloc
             got[label] = got.get(label, 0) + int(q)
         return dict(sorted(got.items(), key=lambda kv: (-kv[1], kv[0])))
 
-    counts = {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}
-    unknown_why = {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]}
+    counts: dict[BreakdownCategory, int] = {c: int(count[i]) for i, c in enumerate(CATEGORIES) if count[i]}
+    unknown_why: dict[UnknownWhy, int] = {w: int(per_why[i]) for i, w in enumerate(UNKNOWN_WHY) if per_why[i]}
     weight_copy_by, buffers_by = by_maker(WEIGHT_COPY), by_maker(BUFFERS)
     assert sum(unknown_why.values()) == categories["unknown"]
     assert sum(weight_copy_by.values()) == categories["weight_copy"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..ids import BreakdownPoint
 from ..trace.model import OOM, DeviceTrace, Trace
 from .accounting import Accounting, Breakdown, account, breakdown
 from .fragmentation import Anatomy, anatomy
@@ -62,7 +63,7 @@ class DeviceAnalysis:
             return self.peak_allocated[0]
         return int(self.timeline.allocated[k]) if k >= 0 else self.timeline.allocated_start
 
-    def breakdown_at(self, k: int, at: str) -> Breakdown:
+    def breakdown_at(self, k: int, at: BreakdownPoint) -> Breakdown:
         """Allocated bytes after event ``k`` by category; they add up to :meth:`allocated_at` (asserted)."""
         return breakdown(self.accounting, self.lifetimes, self.phases, k, at, self.allocated_at(k))
 

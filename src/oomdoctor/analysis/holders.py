@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ids import BreakdownCategory
 from ..trace.model import Trace
 from .accounting import CATEGORIES, Accounting
 from .lifetimes import IN_TRACE, Lifetimes
@@ -29,7 +30,7 @@ class Holder:
 
     frame: int
     label: str
-    category: str
+    category: BreakdownCategory
     phase: str
     bytes: int
     count: int

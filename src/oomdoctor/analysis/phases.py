@@ -72,6 +72,7 @@ from ..frameworks import (
     matches,
     normalize_path,
 )
+from ..ids import PHASE_SOURCES, PhaseSource
 from ..trace.model import ALLOC, OOM, Annotation, DeviceTrace, StackTable, Trace
 from ..trace.stackmatch import unmatched_allocations
 from .arrays import distinct
@@ -95,7 +96,8 @@ MAIN_THREAD, ENGINE_THREAD, PYTHON_THREAD, NO_PYTHON = range(4)
 
 # sources of a phase, strongest first (per event: ``Phases.source``)
 MARKERS, ANNOTATIONS, THREAD, FRAMES, INFERRED = range(5)
-SOURCE_NAMES: tuple[str, ...] = ("markers", "annotations", "autograd engine thread", "frames", "inferred")
+SOURCE_NAMES: tuple[PhaseSource, ...] = PHASE_SOURCES
+"""What set a phase, indexed by the source constants (the ids: :data:`oomdoctor.ids.PHASE_SOURCES`)."""
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,7 @@ class Phases:
             return PHASE_NAMES[SETUP_PHASE]
         return PHASE_NAMES[int(self.phase[min(k, self.phase.size - 1)])]
 
-    def source_name(self, k: int) -> str:
+    def source_name(self, k: int) -> PhaseSource:
         """What set the phase after event ``k`` (:data:`SOURCE_NAMES`; ``inferred`` before the first event)."""
         if k < 0 or self.source is None or self.source.size == 0:
             return SOURCE_NAMES[INFERRED]

@@ -97,7 +97,7 @@ def render_preflight_text(a: PreflightAnswer, width: int = 80) -> str:
     lines += ["", f"at the peak allocated ({a.breakdown_at.get('phase')}, step {a.breakdown_at.get('step')}):"]
     for cat, n in sorted(a.breakdown.items(), key=lambda kv: -kv[1]):
         if n:
-            src = a.breakdown_sources.get(cat)
+            src = a.breakdown_sources.get(cat) if cat != "rounding" else None  # rounding has no source
             lines.append(f"  {format_bytes(n):>12}  {cat.replace('_', ' ')}"
                          + (" (recorded by the tracer)" if src == "recorded" else ""))
     lines += ["", "allocator settings (PYTORCH_CUDA_ALLOC_CONF), replayed:"]

@@ -30,6 +30,7 @@ import typing_extensions
 from .._version import SCHEMA_VERSION
 from ..analysis.jobpeak import PEAK_SOURCES
 from ..detectors.finding import FIX_KINDS, SEVERITIES
+from ..ids import BREAKDOWN_LINES, BREAKDOWN_POINTS
 from ..report.verdict import ACTIONS, KINDS, REASONS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -195,7 +196,7 @@ def nested_options() -> dict[type, dict[str, Any]]:
         Breakdown: {"enums": {"at": BREAKDOWN_POINTS},
                     "values": {"categories": b(""), "sources": s("", ("recorded", "trace")), "counts": i(""),
                                "unknown_why": b(""), "weight_copy_by": b(""), "buffers_by": b("")}},
-        HolderRef: {"enums": {"category": CATEGORIES}},
+        HolderRef: {"enums": {"category": BREAKDOWN_LINES}},
     }
 
 
@@ -327,11 +328,8 @@ def document(command: str, body: Schema, optional: tuple[str, ...] = ()) -> Sche
 # ------------------------------------------------------------------------------------------ diagnose
 
 VERDICT_KINDS = KINDS
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication", "outputs",
-              "kv_cache", "workspaces", "weight_copy", "buffers", "unknown", "rounding")
 CAPACITY_KINDS = ("device", "fraction", "none")
 DEFERRED_FREES = ("recorded", "immediate")
-BREAKDOWN_POINTS = ("oom", "peak_allocated", "peak_reserved", "optimizer_start", "backward_end")
 
 
 def of(cls: type, d: str) -> Schema:

@@ -119,8 +119,7 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
     out += [hang(line, style="dim") for line in said.named]
     if r.holders:
         out.append(Text("  largest holders:", style="bold"))
-        label = breakdown_words.CATEGORY_LABEL
-        rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{label[h.category]}, {h.phase}", h.label)
+        rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{breakdown_words.line(h.category)}, {h.phase}", h.label)
                 for h in r.holders[:6]]
         out.append(_fitted_table(rows, width, justify=("right", "right", "left", "left"),
                                  headers=("  bytes", "blocks", "what, phase", "allocated at")))
@@ -565,7 +564,7 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
                      f"{format_bytes(bd.allocated_bytes)} allocated: " + ", ".join(breakdown_words.terms(bd)) + ".")
     if r.holders:
         lines.append("Largest holders: " + "; ".join(
-            f"{format_bytes(h.bytes)} {breakdown_words.CATEGORY_LABEL[h.category]} ({h.phase}) at {h.label}"
+            f"{format_bytes(h.bytes)} {breakdown_words.line(h.category)} ({h.phase}) at {h.label}"
             for h in r.holders[:holders]) + ".")
     f = r.fits
     if f is not None and f.batch_scale is not None:
@@ -593,6 +592,6 @@ def render_peak_holders(report: Report, *, holders: int = 5) -> str:
              + " + ".join(breakdown_words.terms(bd))]
     if r.holders:
         lines.append("largest holders:")
-        lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {breakdown_words.CATEGORY_LABEL[h.category]}  {h.label}"
+        lines += [f"  {format_bytes(h.bytes):>10}  {_count(h.count, 'block'):>10}  {breakdown_words.line(h.category)}  {h.label}"
                   for h in r.holders[:holders]]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from ..analysis.rounding import allocation_size
 from ..detectors.common import site_refs
 from ..detectors.context import torch_version
 from ..frameworks import detect_frameworks, running_files
+from ..ids import BreakdownPoint
 from .model import HolderRef, OomInfo, RankSummary, StackMatches, StackMatchStep
 
 SERIES_POINTS = 48
@@ -33,7 +34,7 @@ def downsample_max(values: np.ndarray, points: int = SERIES_POINTS) -> list[int]
     return [int(v) for v in np.maximum.reduceat(values, edges[:-1])]
 
 
-def step_points(ph: Phases) -> list[tuple[int, str]]:
+def step_points(ph: Phases) -> list[tuple[int, BreakdownPoint]]:
     """Where the gradients are all there: the event before each torch optimizer's ``step`` began
     (``Optimizer.step#`` annotations), else before each run of optimizer work, else (an optimizer the
     trace cannot see) the end of each backward: ``(event, "optimizer_start" | "backward_end")``."""

@@ -10,6 +10,7 @@ from typing_extensions import TypedDict  # pydantic (the schema) reads a TypedDi
 from ..analysis.accounting import Breakdown
 from ..analysis.fragmentation import Anatomy
 from ..detectors.finding import Finding, SiteRef
+from ..ids import BreakdownCategory
 from .fits import Fits
 from .verdict import Verdict
 
@@ -76,7 +77,7 @@ class HolderRef(SiteRef):
     """A holder of memory at the breakdown's event: a site and one category of what it holds, with the
     phase most of those bytes were allocated in (:mod:`oomdoctor.analysis.holders`)."""
 
-    category: str = ""
+    category: BreakdownCategory = "unknown"
     """what the blocks are (accounting category)"""
     phase: str = ""
     """the phase most of the bytes were allocated in"""

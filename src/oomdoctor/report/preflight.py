@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..ids import BreakdownCategory, BreakdownLine
 from ..simulate.capacity import Capacity
 from ..simulate.whatif import simulate
 from ..trace.load import MODULE_FACT_KINDS
@@ -109,10 +110,10 @@ class PreflightAnswer:
     """'traced' or 'not searched'"""
     micro_batch_traces: list[dict[str, Any]]
     """every trace: micro_batch, peak_allocated_bytes, peak_reserved_bytes, oom, trace_wall_s"""
-    breakdown: dict[str, int]
+    breakdown: dict[BreakdownLine, int]
     """bytes per category at the peak allocated (parameters, gradients, optimizer_state, activations, temporaries,
     ...); they add up to breakdown_at.allocated_bytes"""
-    breakdown_sources: dict[str, str]
+    breakdown_sources: dict[BreakdownCategory, str]
     """per category, where its bytes come from ('recorded': the tracer's facts; 'trace': the accounting's rules)"""
     breakdown_at: dict[str, Any]
     """the moment of the breakdown: event_index, step, phase, allocated_bytes"""
@@ -285,7 +286,7 @@ def largest_micro_batch(at: Callable[[int], Replayed], first: Replayed, room_byt
         spent += 1
 
 
-def breakdown_of(trace: Any) -> tuple[dict[str, int], dict[str, str], dict[str, Any]]:
+def breakdown_of(trace: Any) -> tuple[dict[BreakdownLine, int], dict[BreakdownCategory, str], dict[str, Any]]:
     """The accounting's lines at the traced snapshot's peak allocated (requested bytes)."""
     from ..analysis.device import analyze
 
