@@ -157,3 +157,29 @@ def test_the_json_of_a_notebook_diagnosis_is_the_json_of_its_report(snapshots):
 
     d = diagnose(snapshots / "ddp-imbalance")
     assert render_json(d) == render_json(d.report) == d.to_json()
+
+
+def test_the_tail_says_a_replayed_answer_an_estimate_or_why_none():
+    """What fits under a rank's breakdown (:func:`words.tail`): the replayed scales and their notes; an estimate that
+    refers to the verdict's list of assumptions when it is the same and lists its own otherwise; the last note where
+    nothing is said; nothing at all for a Fits with no answer and no note."""
+    replayed = words.tail(Fits(room_bytes=8 << 30, room_source="oom-device", batch_scale=4.0,
+                               batch_scale_at_limit=True, largest_micro_batch=16, expandable_batch_scale=1.5,
+                               margin_bytes=1 << 20, notes=["held-to-job-peak"]))
+    assert replayed == words.Tail(
+        lead="fits on this GPU (replayed): ",
+        answer=("at least 4.0x the micro-batch with the recorded settings (micro-batch 16); 1.5x with "
+                "expandable_segments, in 8.00 GiB of room less 1.00 MiB kept free"),
+        notes=[words.note("held-to-job-peak", {})], assumptions=[])
+    estimate = Fits(room_bytes=None, room_source="none", estimated_batch_scale=2.0, estimated_largest_micro_batch=6,
+                    bound="lower", notes=["first-forward-estimate"], assumptions=["parameters-trained"])
+    own = words.tail(estimate)
+    assert own is not None and own.lead == "what fits: " and own.assumptions == words.assumptions(estimate)
+    assert own.answer == "at least micro-batch 6, a lower bound from the first forward pass, not a replay, assuming:"
+    listed = words.tail(estimate, words.assumptions(estimate))
+    assert listed is not None and listed.assumptions == []
+    assert listed.answer.endswith(", not a replay, on the assumptions listed under the verdict")
+    none = words.tail(Fits(room_bytes=None, room_source="none", notes=["nothing-grows", "room-unknown"]))
+    assert none == words.Tail(lead="what fits: ", answer="not said: " + NOTE_WORDS["room-unknown"], notes=[],
+                              assumptions=[])
+    assert words.tail(Fits(room_bytes=None, room_source="none")) is None and words.tail(None) is None

@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .format import format_bytes, wrap_lines
+from .words import breakdown as breakdown_words
 
 if TYPE_CHECKING:  # annotations only
     from ..report.preflight import PreflightAnswer
@@ -98,7 +99,7 @@ def render_preflight_text(a: PreflightAnswer, width: int = 80) -> str:
     for cat, n in sorted(a.breakdown.items(), key=lambda kv: -kv[1]):
         if n:
             src = a.breakdown_sources.get(cat) if cat != "rounding" else None  # rounding has no source
-            lines.append(f"  {format_bytes(n):>12}  {cat.replace('_', ' ')}"
+            lines.append(f"  {format_bytes(n):>12}  {breakdown_words.line(cat)}"
                          + (" (recorded by the tracer)" if src == "recorded" else ""))
     lines += ["", "allocator settings (PYTORCH_CUDA_ALLOC_CONF), replayed:"]
     col = min(max((len(s["config"]) for s in a.settings), default=0), max(width - 2 - 31, 12))

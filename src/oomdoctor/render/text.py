@@ -123,38 +123,11 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
                 for h in r.holders[:6]]
         out.append(_fitted_table(rows, width, justify=("right", "right", "left", "left"),
                                  headers=("  bytes", "blocks", "what, phase", "allocated at")))
-    tail = Text()
-    f = r.fits
-    if f is not None and (f.batch_scale is not None or f.expandable_batch_scale is not None):
-        tail.append("fits on this GPU (replayed): ", style="bold")
-        bits = []
-        if f.batch_scale is not None:
-            bits.append(f"{fits_words.scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch with the recorded settings"
-                        + (f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""))
-        if f.expandable_batch_scale is not None:
-            bits.append(f"{fits_words.scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
-                        + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None else ""))
-        tail.append("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
-                    f"{format_bytes(f.margin_bytes)} kept free")
-        out.append(hang(tail))
-        out += [hang(n, 2, "note: ", style="dim") for n in fits_words.notes(f)]
-    elif f is not None and (f.estimated_batch_scale is not None or f.notes):
-        tail.append("what fits: ", style="bold")
-        own = fits_words.assumptions(f)
-        if f.estimated_batch_scale is not None:
-            n = f.estimated_largest_micro_batch
-            what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x the micro-batch"
-            source = ("from the job's peak reserved, scaled with the batch" if "generate-estimate" in f.notes
-                      else "from the first forward pass")
-            tail.append((f"at least {what}, a lower bound {source}" if f.bound == "lower" else
-                         f"about {what}, an estimate {source}") + ", not a replay"
-                        + (", on the assumptions listed under the verdict" if own and own == listed else
-                           ", assuming:" if own else ""))
-        else:
-            tail.append("not said: " + fits_words.note(f.notes[-1], f.note_values))
-        out.append(hang(tail))
-        if f.estimated_batch_scale is not None and own and own != listed:
-            out += [hang(a, 4, "- ") for a in own]
+    fits = fits_words.tail(r.fits, listed)
+    if fits is not None:
+        out.append(hang(Text.assemble((fits.lead, "bold"), fits.answer)))
+        out += [hang(n, 2, "note: ", style="dim") for n in fits.notes]
+        out += [hang(a, 4, "- ") for a in fits.assumptions]
     return Group(*out)
 
 
@@ -371,11 +344,14 @@ def render_text(report: Report, console: Console, *, all_ranks: bool = False) ->
 def _oom_text(oom, reach: str = "complete") -> Text:
     if oom is None:
         return Text(sim_words.NO_OOM[reach], style="green")
-    return Text(f"at {oom.event_index}", style="bold red")
+    return Text(sim_words.OOM_AT.format(event=oom.event_index), style="bold red")
+
+
+_MATCHES_STYLE = {True: "green", False: "bold red", None: ""}
 
 
 def _matches_text(m: bool | None) -> Text:
-    return {True: Text("exact", style="green"), False: Text("differs", style="bold red"), None: Text("")}[m]
+    return Text(sim_words.MATCHES[m], style=_MATCHES_STYLE[m])
 
 
 def _one_a_line(config: str) -> str:
@@ -392,16 +368,11 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     """Print an ``oomdoctor simulate`` result: the replays side by side, the self-replay check, and the
     recommendation."""
     console.print(Text(sim_words.headline(sim), style="bold"))
-    console.print(hang(sim.path + (f" (rank {sim.rank})" if sim.rank is not None else ""), 0, "file: "))
-    recorded = str(sim.recorded_config)
-    oom = f", OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None else ""
-    console.print(f"recorded: {sim.num_events} events, settings {recorded}, peak reserved "
-                  f"{format_bytes(sim.recorded_peak_reserved_bytes)}, peak allocated "
-                  f"{format_bytes(sim.recorded_peak_allocated_bytes)}{oom}")
+    console.print(hang(sim_words.file_line(sim), 0, "file: "))
+    console.print(sim_words.recorded(sim))
     console.print(hang(capacity_words.limit(sim.capacity, sim.recorded_oom_event), 0, "capacity: ", style="dim"))
     rec_id = id(sim.recommendation.result) if sim.recommendation else None
-    for mode, title in (("recorded", "frees as recorded (held for other streams where the job record_stream-ed)"),
-                        ("immediate", "frees made immediate (no record_stream)")):
+    for mode, title in sim_words.FREES.items():
         rows = [r for r in sim.results if r.deferred_frees == mode]
         if not rows:
             continue
@@ -423,38 +394,28 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
     v = sim.self_replay.validation
     if v is not None:
         style = "green" if v.exact else "bold red"
-        console.print(Text(
-            f"self-replay: {v.segment_events_differing} of {v.segment_events_compared} segment events differ "
-            f"({v.segment_events_recorded} recorded, {v.segment_events_simulated} simulated); reserved bytes differ "
-            f"after {v.reserved_events_differing} "
-            f"events (largest difference {format_bytes(v.max_reserved_difference_bytes)}); "
-            + (("recorded OOM " + ("reproduced" if v.oom_matches else "not reproduced"))
-               if v.oom_event_index_recorded is not None else
-               ("no OOM, as recorded" if v.oom_matches else "an OOM the recording does not have")), style=style))
+        console.print(Text(sim_words.self_replay(v), style=style))
     for r in sim.results:
         for w in r.warnings:
-            console.print(hang(w, 2, f"note on {r.config}, {r.deferred_frees} frees: ", style="yellow"))
+            console.print(hang(w, 2, sim_words.warning_lead(r), style="yellow"))
     for n in sim_words.notes(sim):
         console.print(Text(f"note: {n}", style="dim"))
-    rec = sim.recommendation
+    rec = sim_words.recommended(sim)
     if rec is not None:
         body = Text()
-        body.append(f"{rec.result.config}", style="bold")
-        if rec.result.deferred_frees == "immediate":
-            body.append(" with collectives' frees not deferred (no record_stream)", style="bold")
-        reason = sim_words.reason(rec.reason)
-        body.append(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, "
-                    f"{'gets past the recorded OOM' if sim.reach == 'recorded' else 'no OOM'}. "
-                    f"{reason[:1].upper()}{reason[1:]}.")
+        body.append(rec.setting, style="bold")
+        if rec.frees:
+            body.append(rec.frees, style="bold")
+        body.append(rec.outcome)
         parts: list = [body]
-        if sim.search_wall_s is not None:
-            parts.append(Text(f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s", style="dim"))
-        if rec.incompatibilities:
+        if rec.replays is not None:
+            parts.append(Text(rec.replays, style="dim"))
+        if rec.before:
             parts.append(Text("Before you set it:", style="bold"))
-            parts += [hang(sim_words.INCOMPATIBILITIES[i], 2, "- ") for i in rec.incompatibilities]
+            parts += [hang(x, 2, "- ") for x in rec.before]
         console.print(Panel(Group(*parts), title="recommendation", title_align="left", box=box.ROUNDED))
     elif sim.search_wall_s is not None:
-        console.print(Text("No setting tried avoids the OOM under this capacity.", style="bold red"))
+        console.print(Text(sim_words.NONE_AVOIDS, style="bold red"))
 
 
 def render_text_plain(report: Report, width: int = 120, *, all_ranks: bool = False) -> str:
@@ -480,14 +441,14 @@ _STATUS_STYLE = {"resolved": "bold green", "new": "bold red", "changed": "yellow
 def render_diff_text(diff: Diff, console: Console) -> None:
     """Print a before/after comparison: peaks per rank pair, findings by status, sites that moved."""
     console.print(Text(diff_words.headline(diff), style="bold"))
-    console.print(Text("peaks per rank; saved = before − after (negative: the after run needs more)", style="dim"))
+    console.print(Text(diff_words.PEAKS_LEGEND, style="dim"))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "peak", "before", "after", "saved", "OOM"):
         t.add_column(col, justify="left" if col in ("peak", "OOM") else "right", no_wrap=True)
     for r in diff.ranks:
-        oom = f"{'yes' if r.before_oom else 'no'} → {'yes' if r.after_oom else 'no'}"
         t.add_row(str(r.rank), "reserved", format_bytes(r.before_peak_reserved_bytes),
-                  format_bytes(r.after_peak_reserved_bytes), format_signed_bytes(r.peak_reserved_saved_bytes), oom)
+                  format_bytes(r.after_peak_reserved_bytes), format_signed_bytes(r.peak_reserved_saved_bytes),
+                  diff_words.oom(r))
         t.add_row("", "allocated", format_bytes(r.before_peak_allocated_bytes), format_bytes(r.after_peak_allocated_bytes),
                   format_signed_bytes(r.peak_allocated_saved_bytes), "")
     console.print(t)
@@ -495,35 +456,19 @@ def render_diff_text(diff: Diff, console: Console) -> None:
         for side, an in (("before", r.before_anatomy), ("after", r.after_anatomy)):
             if an is None:
                 continue
-            console.print(hang(
-                f"requested {format_bytes(an.requested_bytes)}, "
-                f"rounding {format_bytes(an.rounding_waste_bytes)}, pending free {format_bytes(an.pending_free_bytes)}, "
-                f"free in used segments {format_bytes(an.free_in_used_segments_bytes)}, "
-                f"free segments {format_bytes(an.free_segments_bytes)}", 2,
-                f"rank {r.rank} {side:>6} at peak reserved: "))
+            console.print(hang(diff_words.anatomy(an), 2, diff_words.anatomy_lead(r, side)))
     for n in diff.notes:
         console.print(Text(f"note: {n}", style="yellow"))
     console.print()
     if not diff.findings:
-        console.print(Text("No finding in either run.", style="green"))
+        console.print(Text(diff_words.NO_FINDING, style="green"))
     for f in diff.findings:
-        line = Text()
-        ranks = f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}"
-        saved = (f"the same blocks as {f.same_bytes_as}, whose saving it is" if f.same_bytes_as else
-                 f"peak reserved saved on {ranks}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
-        if f.status == "resolved":
-            line.append(f"{format_bytes(f.before_bytes)} at stake before; {saved}")
-        elif f.status == "new":
-            line.append(f"{format_bytes(f.after_bytes)} at stake on rank{'s' if len(f.after_ranks) > 1 else ''} {','.join(map(str, f.after_ranks))}")
-        else:
-            line.append(f"{format_bytes(f.before_bytes)} → {format_bytes(f.after_bytes)} at stake")
-            if f.status == "changed":
-                line.append(f"; {saved}")
-        console.print(hang(line, 0, Text.assemble((f"{f.status:>9} ", _STATUS_STYLE[f.status]), f"[{f.id}] ")))
+        lead = Text.assemble((f"{f.status:>9} ", _STATUS_STYLE[f.status]), f"[{f.id}] ")
+        console.print(hang(diff_words.finding(f), 0, lead))
     for r in diff.ranks:
         if not r.sites:
             continue
-        console.print(Text(f"rank {r.rank}: sites whose bytes at peak reserved moved", style="italic"))
+        console.print(Text(diff_words.sites_title(r), style="italic"))
         rows = [(format_bytes(x.before_bytes), format_bytes(x.after_bytes), format_signed_bytes(x.saved_bytes), x.label)
                 for x in r.sites]
         st = _fitted_table(rows, console.width, justify=("right", "right", "right", "left"),
@@ -543,39 +488,10 @@ def render_paragraph(report: Report, *, snapshot: str | None = None, width: int 
     after an out-of-memory error): the verdict, what holds the memory on the verdict's first rank
     (its breakdown and ``holders`` largest holders), what fits, the actions in the framework's words,
     and where the snapshot is. Plain text wrapped at ``width`` columns."""
-    from .words import fits as fits_words
-    from .words import verdict as verdict_words
-    v = report.verdict
-    if v is None or not report.ranks:
-        return f"oomdoctor: nothing to diagnose in {', '.join(report.inputs) or 'the recording'}"
-    by_rank = {r.rank: r for r in report.ranks}
-    r = by_rank.get(v.ranks[0] if v.ranks else -1, report.ranks[0])
-    many = len(v.ranks) > 1
-    lines = [f"oomdoctor: {v.kind.upper()} on rank{'s' if many else ''} {span(v.ranks)}. "
-             f"{verdict_words.summary(v)}"]
-    if verdict_words.assumptions(v):
-        lines.append("What fits assumes: " + " ".join(f"({i}) {a}." for i, a in
-                                                       enumerate(verdict_words.assumptions(v), 1)))
-    bd = r.breakdown
-    if bd is not None:
-        step = f"step {bd.step}, " if bd.step is not None else ""
-        at = breakdown_words.at(bd)
-        lines.append(f"{at[:1].upper()}{at[1:]} ({step}{bd.phase} phase) rank {r.rank} had "
-                     f"{format_bytes(bd.allocated_bytes)} allocated: " + ", ".join(breakdown_words.terms(bd)) + ".")
-    if r.holders:
-        lines.append("Largest holders: " + "; ".join(
-            f"{format_bytes(h.bytes)} {breakdown_words.line(h.category)} ({h.phase}) at {h.label}"
-            for h in r.holders[:holders]) + ".")
-    f = r.fits
-    if f is not None and f.batch_scale is not None:
-        mb = f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""
-        exp = (f", {fits_words.scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
-               if f.expandable_batch_scale is not None else "")
-        lines.append(f"Fits on this GPU (replayed): {fits_words.scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch{mb}{exp}.")
-    if v.to_do:
-        lines.append("What to do: " + " ".join(f"({i}) {a}" for i, a in enumerate(verdict_words.actions(v), 1)))
-    if snapshot:
-        lines.append(f"Snapshot: {snapshot} (full report: oomdoctor diagnose {snapshot}).")
+    from .words import paragraph as paragraph_words
+    lines = paragraph_words.lines(report, snapshot=snapshot, holders=holders)
+    if lines is None:
+        return paragraph_words.nothing(report)  # one line, as it is
     return "\n".join(textwrap.fill(x, width, subsequent_indent="  ", break_on_hyphens=False,
                                    break_long_words=False) for x in lines)
 

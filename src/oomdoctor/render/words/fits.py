@@ -4,10 +4,11 @@ messages in its ``note_values``. The JSON writes these words where the ids are (
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...ids import FITS_ASSUMPTIONS, FITS_NOTES, FitsAssumption, FitsNote
+from ..format import format_bytes
 from .capacity import room_source
 from .table import Words, table, text
 
@@ -152,6 +153,55 @@ def notes(f: Fits) -> list[str]:
 def assumptions(f: Fits) -> list[str]:
     """``f``'s assumptions in words, in order."""
     return [assumption(n, f.note_values) for n in f.assumptions]
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What fits in the words the terminal says it under a rank's breakdown, one attribute a part (each its own
+    style or indent there)."""
+
+    lead: str
+    """Which answer it is: ``fits on this GPU (replayed): `` or ``what fits: ``."""
+    answer: str
+    """The answer after the lead: the scales replayed and the room they fit in; an estimate, its kind and where its
+    assumptions are; or why none is said (its last note)."""
+    notes: list[str]
+    """A replayed answer's notes, in words (:func:`notes`)."""
+    assumptions: list[str]
+    """An estimate's assumptions, where the verdict did not list the same ones already (:func:`assumptions`)."""
+
+
+def tail(f: Fits | None, listed: list[str] | None = None) -> Tail | None:
+    """What fits ``f`` says under a rank's breakdown: a replayed answer; else an estimate or why there is none; None
+    where it says nothing (no Fits, or one with no answer and no note). ``listed``: the assumptions the verdict
+    already lists (an estimate resting on the same refers to them instead of listing them again)."""
+    if f is not None and (f.batch_scale is not None or f.expandable_batch_scale is not None):
+        bits = []
+        if f.batch_scale is not None:
+            bits.append(f"{scale(f.batch_scale, f.batch_scale_at_limit)} the micro-batch with the recorded settings"
+                        + (f" (micro-batch {f.largest_micro_batch})" if f.largest_micro_batch is not None else ""))
+        if f.expandable_batch_scale is not None:
+            bits.append(f"{scale(f.expandable_batch_scale, f.expandable_at_limit)} with expandable_segments"
+                        + (f" ({f.expandable_largest_micro_batch})" if f.expandable_largest_micro_batch is not None
+                           else ""))
+        answer = ("; ".join(bits) + f", in {format_bytes(f.room_bytes or 0)} of room less "
+                  f"{format_bytes(f.margin_bytes)} kept free")
+        return Tail(lead="fits on this GPU (replayed): ", answer=answer, notes=notes(f), assumptions=[])
+    if f is None or (f.estimated_batch_scale is None and not f.notes):
+        return None
+    if f.estimated_batch_scale is None:
+        return Tail(lead="what fits: ", answer="not said: " + note(f.notes[-1], f.note_values), notes=[],
+                    assumptions=[])
+    own = assumptions(f)
+    n = f.estimated_largest_micro_batch
+    what = f"micro-batch {n}" if n else f"{f.estimated_batch_scale}x the micro-batch"
+    source = ("from the job's peak reserved, scaled with the batch" if "generate-estimate" in f.notes
+              else "from the first forward pass")
+    answer = ((f"at least {what}, a lower bound {source}" if f.bound == "lower" else
+               f"about {what}, an estimate {source}") + ", not a replay"
+              + (", on the assumptions listed under the verdict" if own and own == listed else
+                 ", assuming:" if own else ""))
+    return Tail(lead="what fits: ", answer=answer, notes=[], assumptions=own if own and own != listed else [])
 
 
 def said_fields(f: Fits) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """The words of a simulation (:class:`oomdoctor.simulate.whatif.Simulation`): why a setting is recommended
 (``RECOMMENDATION_REASONS``), what it does not mix with (``INCOMPATIBILITIES``, each with its source), what a
-search says of itself (``SIMULATION_NOTES``) and how far its replays reach (``REACH``, ``NO_OOM``). The JSON writes these words where the ids are, as it always has."""
+search says of itself (``SIMULATION_NOTES``) and how far its replays reach (``REACH``, ``NO_OOM``), what was recorded and
+how the self-replay compares with it, and the recommendation's lines. The JSON writes these words where the ids are,
+as it always has."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...ids import RECOMMENDATION_REASONS, SIMULATION_NOTES, RecommendationReason
@@ -11,7 +14,7 @@ from ..format import count, format_bytes
 from .table import Words, table, text
 
 if TYPE_CHECKING:
-    from ...simulate.replay import ReplayResult
+    from ...simulate.replay import ReplayResult, Validation
     from ...simulate.whatif import Simulation
 
 REASONS = table("recommendation reason", RECOMMENDATION_REASONS, {
@@ -104,3 +107,84 @@ def headline(sim: Simulation) -> str:
         out += (f"; the lowest of the {len(tried)} settings tried: peak reserved "
                 f"{format_bytes(best.peak_reserved_bytes)} with {_setting(best)}")
     return out
+
+
+def file_line(sim: Simulation) -> str:
+    """The snapshot replayed, and its rank where it has one."""
+    return sim.path + (f" (rank {sim.rank})" if sim.rank is not None else "")
+
+
+def recorded(sim: Simulation) -> str:
+    """What the recording holds: its events, its settings, its peaks and where it ran out of memory."""
+    oom = f", OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None else ""
+    return (f"recorded: {sim.num_events} events, settings {sim.recorded_config}, peak reserved "
+            f"{format_bytes(sim.recorded_peak_reserved_bytes)}, peak allocated "
+            f"{format_bytes(sim.recorded_peak_allocated_bytes)}{oom}")
+
+
+#: how a table's replays free what the job record_stream-ed (``ReplayResult.deferred_frees``), said above it
+FREES = {
+    "recorded": "frees as recorded (held for other streams where the job record_stream-ed)",
+    "immediate": "frees made immediate (no record_stream)",
+}
+
+#: a replay that ran out of memory, in the OOM column: the event
+OOM_AT = "at {event}"
+
+#: a replay under the recorded settings against the recording, in the check column (``matches_recorded``)
+MATCHES = {True: "exact", False: "differs", None: ""}
+
+
+def self_replay(v: Validation) -> str:
+    """How the replay under the recorded settings compares with the recording: the segment events and reserved bytes
+    that differ, and whether the recorded OOM (or its absence) is reproduced."""
+    return (f"self-replay: {v.segment_events_differing} of {v.segment_events_compared} segment events differ "
+            f"({v.segment_events_recorded} recorded, {v.segment_events_simulated} simulated); reserved bytes differ "
+            f"after {v.reserved_events_differing} "
+            f"events (largest difference {format_bytes(v.max_reserved_difference_bytes)}); "
+            + (("recorded OOM " + ("reproduced" if v.oom_matches else "not reproduced"))
+               if v.oom_event_index_recorded is not None else
+               ("no OOM, as recorded" if v.oom_matches else "an OOM the recording does not have")))
+
+
+def warning_lead(r: ReplayResult) -> str:
+    """The lead of a replay's warning: the setting and how its frees were replayed."""
+    return f"note on {r.config}, {r.deferred_frees} frees: "
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """A search's recommendation in the words the terminal says it with, one attribute a part (each its own style
+    there)."""
+
+    setting: str
+    """The setting recommended."""
+    frees: str
+    """How its frees are replayed, where not as recorded; empty otherwise."""
+    outcome: str
+    """What it reaches and why it is the one: ``: peak reserved 30.00 GiB, no OOM. Lowest peak reserved...``."""
+    replays: str | None
+    """How many replays the search ran, and in how long; None where no search timed them."""
+    before: list[str]
+    """What it does not mix with, one each (:data:`INCOMPATIBILITIES`): to know before setting it."""
+
+
+def recommended(sim: Simulation) -> Recommended | None:
+    """The recommendation of ``sim`` in words; None where it has none (:data:`NONE_AVOIDS` after a search)."""
+    rec = sim.recommendation
+    if rec is None:
+        return None
+    why = reason(rec.reason)
+    return Recommended(
+        setting=f"{rec.result.config}",
+        frees=" with collectives' frees not deferred (no record_stream)" if rec.result.deferred_frees == "immediate"
+        else "",
+        outcome=(f": peak reserved {format_bytes(rec.result.peak_reserved_bytes)}, "
+                 f"{'gets past the recorded OOM' if sim.reach == 'recorded' else 'no OOM'}. "
+                 f"{why[:1].upper()}{why[1:]}."),
+        replays=f"{len(sim.results)} replays in {sim.search_wall_s:.2f} s" if sim.search_wall_s is not None else None,
+        before=[INCOMPATIBILITIES[i] for i in rec.incompatibilities])
+
+
+NONE_AVOIDS = "No setting tried avoids the OOM under this capacity."
+"""Said after a search that recommends nothing."""
