@@ -118,7 +118,7 @@ def _breakdown_text(r: RankSummary, width: int, listed: list[str] | None = None)
         out.append(hang(said.unknown, style="dim"))
     out += [hang(line, style="dim") for line in said.named]
     if r.holders:
-        out.append(Text("  largest holders:", style="bold"))
+        out.append(Text("  largest holders (their blocks' sizes, the allocator's rounding included):", style="bold"))
         rows = [(f"  {format_bytes(h.bytes)}", f"{h.count}", f"{breakdown_words.line(h.category)}, {h.phase}", h.label)
                 for h in r.holders[:6]]
         out.append(_fitted_table(rows, width, justify=("right", "right", "left", "left"),
@@ -188,7 +188,7 @@ def _finding_panel(i: int, f) -> Panel:
     if f.fixes:
         parts.append(Text("\nFix:", style="bold"))
         for n, fx in enumerate(f.fixes, 1):
-            mark, style = finding_words.APPLIES_MARK[fx.applies], _APPLIES_STYLE[fx.applies]
+            mark, style = finding_words.applies_mark(fx), _APPLIES_STYLE[fx.applies]
             line = Text.assemble((f"[{fx.versions}] ", "dim"), finding_words.fix_text(fx), (f"  {mark}", style))
             parts.append(hang(line, 2, f"{n}. "))
             if fx.prediction:

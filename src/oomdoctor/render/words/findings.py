@@ -284,6 +284,19 @@ FRAMEWORK_KNOBS: dict[str, str] = {"framework-eval-outputs": "eval-outputs"}
 #: whether it fits (its simulated prediction says that)
 APPLIES_MARK = {True: "✓ in your PyTorch", False: "✗ not in your PyTorch", None: "? check your PyTorch version"}
 
+ALREADY_MARK = "✗ already in your PyTorch"
+"""An upgrade's mark where the user's PyTorch is already at or past it (``Fix.kind == "upgrade"`` and
+``applies`` False): nothing to upgrade to, not a version too old for the fix."""
+
+
+def applies_mark(fx: Fix) -> str:
+    """The mark of ``fx`` by whether the user's PyTorch has it (:data:`APPLIES_MARK`); an upgrade the user's PyTorch
+    has already is said so (:data:`ALREADY_MARK`)."""
+    if fx.kind == "upgrade" and fx.applies is False:
+        return ALREADY_MARK
+    return APPLIES_MARK[fx.applies]
+
+
 def title_template(finding_id: str, variant: str) -> str:
     """The title of ``(finding_id, variant)``, a template over the finding's evidence.
 
