@@ -60,10 +60,13 @@ def anatomy(an: Anatomy) -> str:
 def finding(f: FindingChange) -> str:
     """What became of a finding's bytes at stake, by its status: before and what its drop saved (resolved), after and
     on which ranks (new), before → after (and, changed, what that saved); the saving is named as another finding's
-    where they hold the same blocks (``same_bytes_as``)."""
+    where they hold the same blocks (``same_bytes_as``). What a drop saved is said as a part of its ranks' saving (the
+    finding's share, :class:`oomdoctor.report.diff.FindingChange`), never as the ranks' whole saving, which the peaks
+    table says."""
     ranks = f"rank{'s' if len(f.before_ranks) > 1 else ''} {','.join(map(str, f.before_ranks))}"
     saved = (f"the same blocks as {f.same_bytes_as}, whose saving it is" if f.same_bytes_as else
-             f"peak reserved saved on {ranks}: {format_signed_bytes(f.peak_reserved_saved_bytes)}")
+             f"of the peak reserved saved on {ranks}, its own blocks account for "
+             f"{format_signed_bytes(f.peak_reserved_saved_bytes)}")
     if f.status == "resolved":
         return f"{format_bytes(f.before_bytes)} at stake before; {saved}"
     if f.status == "new":

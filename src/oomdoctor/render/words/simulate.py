@@ -84,14 +84,21 @@ def _setting(r: ReplayResult) -> str:
 
 
 def headline(sim: Simulation) -> str:
-    """The first line of ``oomdoctor simulate``: how the recorded run replays, then the answer of the settings tried
-    (the recommendation; how many get past a recorded OOM; else the lowest peak reserved). The file is named on the
+    """The first line of ``oomdoctor simulate``: how the recorded run replays (or, under a limit the recording did not
+    have, where its settings run out of memory), then the answer of the settings tried (the recommendation; how many
+    get past a recorded OOM; else the lowest peak reserved). The file is named on the
     next line, so that a long path never pushes the answer off the first one."""
     v = sim.self_replay.validation
     how = "is replayed" if v is None else "replays exactly" if v.exact else "replays approximately"
     seen = (f"OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None
             else f"peak reserved {format_bytes(sim.recorded_peak_reserved_bytes)}")
     out = f"oomdoctor simulate: the recorded run {how} ({seen})"
+    own = sim.self_replay.oom
+    capped = own is not None and sim.recorded_oom_event is None and sim.capacity.limit_bytes is not None
+    if capped and own is not None:
+        # a limit below what the recording needed (--cap): its own settings run out first, which is the answer
+        out = (f"oomdoctor simulate: under {format_bytes(sim.capacity.limit_bytes or 0)} the recorded settings run "
+               f"out of memory at event {own.event_index} (recorded: {seen}, no OOM)")
     tried = sim.results[1:]
     rec = sim.recommendation
     if rec is not None:
@@ -100,6 +107,9 @@ def headline(sim: Simulation) -> str:
     elif tried and sim.recorded_oom_event is not None:
         past = sum(1 for r in tried if r.oom is None)
         out += f"; {past} of {count(len(tried), 'setting')} tried get{'s' if past == 1 else ''} past the recorded OOM"
+    elif tried and capped:
+        under = sum(1 for r in tried if r.oom is None)
+        out += f"; {under} of {count(len(tried), 'setting')} tried run{'s' if under == 1 else ''} without an OOM under it"
     elif len(tried) == 1:
         out += f"; with {_setting(tried[0])}: peak reserved {format_bytes(tried[0].peak_reserved_bytes)}"
     elif tried:
