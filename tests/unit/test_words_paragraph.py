@@ -72,3 +72,43 @@ def test_a_verdict_on_several_ranks_names_them_as_a_span(report):
     rep = dataclasses.replace(report, verdict=dataclasses.replace(v, ranks=[0, 1, 2, 5]))
     head = (paragraph.lines(rep) or [""])[0]
     assert head.startswith("oomdoctor: DEFERRED-FREE on ranks 0–2, 5. Frees deferred by record_stream")
+
+
+def test_two_ranks_are_plural_and_the_breakdown_is_the_verdicts_first_ranks(report):
+    r0 = report.ranks[0]
+    r1 = dataclasses.replace(r0, rank=1, holders=r0.holders[1:])
+    v = dataclasses.replace(report.verdict, ranks=[1, 2])
+    said = paragraph.lines(dataclasses.replace(report, ranks=[r0, r1], verdict=v)) or []
+    assert said[0].startswith("oomdoctor: DEFERRED-FREE on ranks 1–2. ")
+    assert " rank 1 had 1.22 GiB allocated" in said[1]
+    assert said[2].startswith("Largest holders: 128.00 MiB temporaries (forward)")  # rank 1's, not rank 0's
+    # a verdict naming no rank (or one the report lacks) speaks of the report's first rank
+    for ranks in ([], [7]):
+        alone = paragraph.lines(dataclasses.replace(report, ranks=[r1, r0], verdict=dataclasses.replace(v, ranks=ranks)))
+        assert alone is not None and alone[2].startswith("Largest holders: 128.00 MiB temporaries")
+
+
+def test_an_estimates_assumptions_are_listed_numbered_after_the_verdict(report):
+    v = dataclasses.replace(report.verdict, evidence={
+        **report.verdict.evidence, "estimate_assumptions": ["parameters-trained", "optimizer-state-seen"]})
+    said = paragraph.lines(dataclasses.replace(report, verdict=v)) or []
+    assert said[1] == ("What fits assumes: (1) every parameter is trained: its gradient has its size. "
+                       "(2) the optimizer state seen.")
+
+
+def test_nothing_names_every_input():
+    from oomdoctor.report.model import Report
+
+    assert paragraph.nothing(Report(ranks=[], findings=[], inputs=["a.pickle", "b.pickle"], oomdoctor_version="0")) == \
+        "oomdoctor: nothing to diagnose in a.pickle, b.pickle"
+
+
+def test_a_verdict_without_ranks_speaks_of_the_first_rank_and_a_step_is_named(report):
+    r0 = report.ranks[0]
+    r1 = dataclasses.replace(r0, rank=1, holders=r0.holders[1:],
+                             breakdown=dataclasses.replace(r0.breakdown, step=3))
+    v = dataclasses.replace(report.verdict, ranks=[])
+    first = paragraph.lines(dataclasses.replace(report, ranks=[r0, r1], verdict=v)) or []
+    assert first[2].startswith("Largest holders: 1.00 GiB unknown (setup)")  # rank 0's
+    second = paragraph.lines(dataclasses.replace(report, ranks=[r0, r1], verdict=dataclasses.replace(v, ranks=[1])))
+    assert second is not None and second[1].startswith("At the peak of allocated memory (step 3, forward phase) rank 1")
