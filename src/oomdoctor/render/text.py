@@ -420,11 +420,8 @@ def render_simulation_text(sim: Simulation, console: Console) -> None:
 
 def render_text_plain(report: Report, width: int = 120, *, all_ranks: bool = False) -> str:
     """The text report as a string without colour (for files and logs)."""
-    parts = text_parts(report, width, all_ranks=all_ranks)
     buf = io.StringIO()
-    console = plain_console(buf, width)
-    for part in parts:
-        console.print(part)
+    render_text(report, plain_console(buf, width), all_ranks=all_ranks)
     return buf.getvalue()
 
 
