@@ -93,12 +93,13 @@ def headline(sim: Simulation) -> str:
     seen = (f"OOM at event {sim.recorded_oom_event}" if sim.recorded_oom_event is not None
             else f"peak reserved {format_bytes(sim.recorded_peak_reserved_bytes)}")
     out = f"oomdoctor simulate: the recorded run {how} ({seen})"
-    own = sim.self_replay.oom
-    capped = own is not None and sim.recorded_oom_event is None and sim.capacity.limit_bytes is not None
-    if capped and own is not None:
+    own, limit = sim.self_replay.oom, sim.capacity.limit_bytes
+    capped = False
+    if own is not None and limit is not None and sim.recorded_oom_event is None:
         # a limit below what the recording needed (--cap): its own settings run out first, which is the answer
-        out = (f"oomdoctor simulate: under {format_bytes(sim.capacity.limit_bytes or 0)} the recorded settings run "
-               f"out of memory at event {own.event_index} (recorded: {seen}, no OOM)")
+        capped = True
+        out = (f"oomdoctor simulate: under {format_bytes(limit)} the recorded settings run out of memory at event "
+               f"{own.event_index} (recorded: {seen}, no OOM)")
     tried = sim.results[1:]
     rec = sim.recommendation
     if rec is not None:
